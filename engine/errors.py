@@ -1,0 +1,104 @@
+"""The engine's small exception hierarchy (shape after temporalio's).
+
+Workflow code sees these from ``rt.execute_activity`` and ``rt.sleep``;
+activity code raises ``NonRetryableError`` to fail a step at once.
+"""
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+
+class Canceled(EngineError):
+    """The workflow was canceled (the seed's ErrCanceled).
+
+    Raised inside workflow code at the command in flight (activity or timer),
+    or at the next command after a cancel request. A workflow that lets it
+    propagate ends in state ``canceled``.
+    """
+
+
+class NonRetryableError(EngineError):
+    """Raised by an activity to fail its step at once, without retries.
+
+    ``type`` names the failure (e.g. ``"BadSpec"``) so that a RetryPolicy's
+    ``non_retryable`` list and the recorded history can name it.
+    """
+
+    def __init__(self, message: str, *, type: str = "NonRetryableError", details: object = None):
+        super().__init__(message)
+        self.type = type
+        self.details = details
+
+
+class ActivityError(EngineError):
+    """An activity failed for good: non-retryable, out of attempts, or timed out.
+
+    Raised in workflow code by ``rt.execute_activity``. ``__cause__`` holds a
+    ``Canceled`` when the activity ended because of a cancel.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        activity_id: str,
+        activity_name: str,
+        attempt: int,
+        type: str = "ActivityError",
+        non_retryable: bool = False,
+        details: object = None,
+    ):
+        super().__init__(message)
+        self.activity_id = activity_id
+        self.activity_name = activity_name
+        self.attempt = attempt
+        self.type = type
+        self.non_retryable = non_retryable
+        self.details = details
+
+
+class NondeterminismError(EngineError):
+    """Workflow code issued a command that differs from the recorded history.
+
+    The workflow stops in state ``failed`` with this error; nothing recorded is
+    re-run or rewritten.
+    """
+
+
+class WorkflowFailed(EngineError):
+    """``Engine.result`` of a workflow that ended failed; carries the recorded error."""
+
+    def __init__(self, message: str, *, workflow_id: str, type: str, details: object = None):
+        super().__init__(message)
+        self.workflow_id = workflow_id
+        self.type = type
+        self.details = details
+
+
+class WorkflowCanceled(Canceled):
+    """``Engine.result`` of a workflow that ended canceled."""
+
+    def __init__(self, message: str, *, workflow_id: str):
+        super().__init__(message)
+        self.workflow_id = workflow_id
+
+
+class NotFound(EngineError):
+    """No workflow with that id, or no workflow/activity registered under that name."""
+
+
+class BadInput(EngineError):
+    """A malformed id, an input that does not validate, a corrupt or foreign database."""
+
+
+def is_canceled(err: BaseException | None) -> bool:
+    """True when ``err`` is, or wraps (through ``__cause__``/``__context__``), a ``Canceled``."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, Canceled):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False

@@ -1,0 +1,38 @@
+"""Activity options: ids, timeouts and the retry policy (keyword-only, units last)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a failed activity attempt is retried."""
+
+    max_attempts: int = 3
+    """Attempts in all, the first included; 0 means unlimited."""
+    initial_interval_s: float = 1.0
+    """Wait before the second attempt."""
+    backoff: float = 2.0
+    """Each later wait is the previous one times this."""
+    max_interval_s: float = 60.0
+    """No wait is longer than this."""
+    non_retryable: tuple[str, ...] = ()
+    """Error types (``NonRetryableError.type`` or the exception class name) that fail at once."""
+
+    def delay_s(self, attempt: int) -> float:
+        """Wait before attempt ``attempt + 1`` after attempt ``attempt`` (1-based) failed."""
+        return min(self.initial_interval_s * self.backoff ** max(attempt - 1, 0), self.max_interval_s)
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Options of one activity command; ``id`` is its idempotency key within the workflow."""
+
+    id: str
+    """Unique within the workflow, stable across replays (e.g. ``train-000500``)."""
+    start_to_close_timeout_s: float | None = None
+    """An attempt running longer than this is timed out (and retried per ``retry``)."""
+    heartbeat_timeout_s: float | None = None
+    """An attempt silent for longer than this is timed out and redelivered."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Retry policy for failed or timed-out attempts."""

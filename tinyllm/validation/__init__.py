@@ -1,0 +1,1 @@
+"""Held-out validation during training (train-time-validation)."""
