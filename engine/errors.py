@@ -85,6 +85,18 @@ class WorkflowCanceled(Canceled):
         self.workflow_id = workflow_id
 
 
+class LeaseLost(EngineError):
+    """Raised by ``ctx.heartbeat`` (and the like) in an attempt that is no longer current.
+
+    Its lease timed out or another attempt (a higher fencing token) took over;
+    the stale attempt must stop. Whatever it returns afterwards is discarded.
+    """
+
+
+class WorkflowRunning(EngineError):
+    """``Engine.result`` of a workflow that has not finished yet."""
+
+
 class NotFound(EngineError):
     """No workflow with that id, or no workflow/activity registered under that name."""
 

@@ -1,7 +1,7 @@
 """Activity options: ids, timeouts and the retry policy (keyword-only, units last)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -36,3 +36,15 @@ class StepOptions:
     """An attempt silent for longer than this is timed out and redelivered."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Retry policy for failed or timed-out attempts."""
+
+    def to_json(self) -> dict:
+        """The options as recorded in history (JSON)."""
+        d = asdict(self)
+        d["retry"]["non_retryable"] = list(self.retry.non_retryable)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "StepOptions":
+        r = dict(d.get("retry") or {})
+        r["non_retryable"] = tuple(r.get("non_retryable") or ())
+        return cls(**{**d, "retry": RetryPolicy(**r)})

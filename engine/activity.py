@@ -1,0 +1,83 @@
+"""The context an activity function ``fn(ctx, input)`` gets (see ``engine.seam.ActivityContext``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .options import StepOptions
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+@dataclass
+class Lease:
+    """One leased attempt: what the worker needs to run it and to record its outcome."""
+
+    workflow_id: str
+    activity_id: str
+    name: str
+    cmd: int
+    attempt: int
+    input: Any
+    options: StepOptions
+    details: Any
+    started_at: float
+
+
+class LiveActivityContext:
+    """Backed by the engine's store: heartbeats are durable and fenced by the attempt number."""
+
+    def __init__(self, engine: "Engine", lease: Lease):
+        self._engine = engine
+        self._lease = lease
+        self._last_write = lease.started_at
+        self.clock = engine.clock
+        """The engine's clock (virtual in tests and the simulator)."""
+
+    @property
+    def workflow_id(self) -> str:
+        return self._lease.workflow_id
+
+    @property
+    def activity_id(self) -> str:
+        return self._lease.activity_id
+
+    @property
+    def activity_name(self) -> str:
+        return self._lease.name
+
+    @property
+    def attempt(self) -> int:
+        return self._lease.attempt
+
+    @property
+    def options(self) -> StepOptions:
+        return self._lease.options
+
+    @property
+    def last_heartbeat_details(self) -> Any:
+        return self._lease.details
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once the workflow's cancel was requested (or it ended, or this attempt lost its lease)."""
+        return self._engine._cancel_requested(self._lease)
+
+    def heartbeat(self, details: Any = None) -> None:
+        """Record ``details`` (when given) and extend the lease; raises ``LeaseLost`` in a stale attempt.
+
+        A heartbeat without details is throttled (at most one write per quarter
+        of the heartbeat timeout, or per 30 s without one).
+        """
+        now = self.clock.now()
+        if details is None:
+            hb = self._lease.options.heartbeat_timeout_s
+            if now - self._last_write < (hb / 4 if hb else 30.0):
+                return
+        self._engine._heartbeat(self._lease, details, now)
+        self._last_write = now
+
+    def record_child(self, pid: int) -> None:
+        """Record a subprocess's pid so that a recovering worker can kill it if this one dies."""
+        self._engine._record_child(self._lease, pid)

@@ -1,0 +1,376 @@
+"""The public engine: register workflows and activities, start, run a worker, inspect, cancel.
+
+    eng = Engine("home/.ctl/engine.db", clock=VirtualClock(), inline_activities=True)
+    eng.register_activity("add", lambda ctx, x: x + 1)
+    eng.register_workflow("count", count)           # async def count(rt, n): ...
+    eng.start("count", "count/1", 3)
+    eng.run_until_complete("count/1")
+    eng.result("count/1")
+
+See engine/worker.py for the transactions and engine/replay.py for replay.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import history as h
+from . import leases
+from .clock import SystemClock
+from .errors import BadInput, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
+from .history import Event, append_event, dumps, read_events, to_jsonable
+from .ids import check_id
+from .replay import Command, DrySink, Replayer
+from .store import Store
+from .worker import Worker
+
+TERMINAL = ("completed", "failed", "canceled")
+
+
+@dataclass
+class WorkflowStatus:
+    workflow_id: str
+    workflow: str
+    state: str  # running | completed | failed | canceled
+    created_at: float
+    updated_at: float
+    cancel_requested: bool
+    error: dict | None = None
+    result: Any = None
+    waiting_on: str | None = None
+    """What a running workflow waits for, e.g. ``activity train-000500 (running, attempt 2)``."""
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ActivityInfo:
+    activity_id: str
+    name: str
+    state: str  # scheduled | running | completed | failed | canceled
+    attempt: int
+    due_at: float
+    heartbeat_deadline: float | None
+    last_heartbeat_details: Any
+
+
+@dataclass
+class ReplayResult:
+    """A dry replay: the commands the code issued, and where it stopped."""
+
+    commands: list[Command]
+    done: bool
+    outcome: tuple[str, Any] | None  # ("completed", result) | ("failed"|"canceled", error)
+    new_commands: list[Command] = field(default_factory=list)
+
+
+@dataclass
+class _Registered:
+    name: str
+    fn: Callable
+    input_type: Any = None
+
+    def decode_input(self, raw: Any) -> Any:
+        if self.input_type is not None and hasattr(self.input_type, "model_validate"):
+            return self.input_type.model_validate(raw)
+        return raw
+
+
+def replay_history(fn: Callable, events: list[Event], *, workflow_id: str = "replay", input_type: Any = None) -> ReplayResult:
+    """Dry-replay workflow function ``fn`` over ``events`` (its input is the started event's)."""
+    if not events or events[0].type != h.WORKFLOW_STARTED:
+        raise BadInput("a history starts with a workflow_started event")
+    reg = _Registered("replay", fn, input_type)
+    sink = DrySink()
+    r = Replayer(workflow_id, fn, reg.decode_input(events[0].attrs.get("input")), sink)
+    r.feed(events)
+    r.advance()
+    return ReplayResult(list(r.issued), r.done, r.outcome, sink.new)
+
+
+class Engine(Worker):
+    """A durable workflow engine over one SQLite file; also an in-process worker.
+
+    ``inline_activities=True`` runs activities one at a time on the calling
+    thread (deterministic: tests, the simulator). Otherwise each activity runs
+    in its own thread (at most ``max_concurrent_activities``) while the loop
+    keeps polling the database for cancels, timeouts and timers.
+    """
+
+    def __init__(
+        self,
+        db_path: Any = None,
+        *,
+        clock: Any = None,
+        store: Store | None = None,
+        worker_id: str | None = None,
+        inline_activities: bool = False,
+        max_concurrent_activities: int = 4,
+        poll_interval_s: float = 0.1,
+    ):
+        if store is None:
+            if db_path is None:
+                raise BadInput("Engine needs a database path (or a store)")
+            store = Store(db_path)
+        self.store = store
+        self.clock = clock if clock is not None else SystemClock()
+        self.owner = leases.new_owner()
+        if worker_id:
+            self.owner["worker_id"] = worker_id
+        self._workflows: dict[str, _Registered] = {}
+        self._activities: dict[str, _Registered] = {}
+        self._inline = inline_activities
+        self._max_concurrent = max(1, max_concurrent_activities)
+        self.poll_interval_s = poll_interval_s
+        self._dead = False
+        self._init_worker()
+
+    # ---- registration ---------------------------------------------------------------------------
+
+    def register_workflow(self, name: str, fn: Callable, *, input_type: Any = None) -> None:
+        check_id(name, what="workflow name")
+        if not inspect.iscoroutinefunction(fn):
+            raise BadInput(f"workflow {name!r} must be an `async def f(rt, input)` function")
+        self._workflows[name] = _Registered(name, fn, input_type)
+
+    def register_activity(self, name: str, fn: Callable, *, input_type: Any = None) -> None:
+        check_id(name, what="activity name")
+        if not callable(fn) or inspect.iscoroutinefunction(fn):
+            raise BadInput(f"activity {name!r} must be a plain (synchronous) function fn(ctx, input)")
+        self._activities[name] = _Registered(name, fn, input_type)
+
+    # ---- starting, inspecting, canceling ----------------------------------------------------------
+
+    def start(self, workflow_name: str, workflow_id: str, input: Any = None) -> str:
+        """Start ``workflow_name`` as ``workflow_id``; an id that exists is returned unchanged."""
+        check_id(workflow_id)
+        reg = self._workflows.get(workflow_name)
+        if reg is None:
+            raise NotFound(f"no workflow registered as {workflow_name!r} (known: {', '.join(sorted(self._workflows)) or 'none'})")
+        if self.store.query_one("SELECT 1 FROM workflows WHERE id=?", (workflow_id,)):
+            return workflow_id
+        try:
+            raw = json.loads(dumps(input))
+            value = reg.decode_input(raw)
+            raw = json.loads(dumps(value)) if reg.input_type is not None else raw
+        except (TypeError, ValueError) as e:
+            raise BadInput(f"input of workflow {workflow_name!r} is invalid: {e}") from None
+        now = self.clock.now()
+        with self._tx("start") as (db, _after):
+            if db.execute("SELECT 1 FROM workflows WHERE id=?", (workflow_id,)).fetchone():
+                return workflow_id
+            db.execute(
+                "INSERT INTO workflows(id, name, input, state, created_at, updated_at, task_pending) "
+                "VALUES (?,?,?, 'running', ?, ?, 1)",
+                (workflow_id, workflow_name, dumps(raw), now, now),
+            )
+            append_event(db, workflow_id, 1, h.WORKFLOW_STARTED, now, {"workflow": workflow_name, "input": raw})
+        return workflow_id
+
+    def _row(self, workflow_id: str) -> tuple:
+        check_id(workflow_id)
+        row = self.store.query_one(
+            "SELECT id, name, state, created_at, updated_at, cancel_requested, error, result FROM workflows WHERE id=?",
+            (workflow_id,),
+        )
+        if row is None:
+            raise NotFound(f"no workflow with id {workflow_id!r}")
+        return row
+
+    def status(self, workflow_id: str) -> WorkflowStatus:
+        wid, name, state, created, updated, cancel, error, result = self._row(workflow_id)
+        st = WorkflowStatus(
+            wid, name, state, created, updated, bool(cancel),
+            json.loads(error) if error else None, json.loads(result) if result else None,
+        )
+        if state == "running":
+            st.waiting_on = self._waiting_on(workflow_id)
+        return st
+
+    def _waiting_on(self, workflow_id: str) -> str | None:
+        row = self.store.query_one(
+            "SELECT activity_id, state, attempt, due_at FROM activities WHERE workflow_id=? "
+            "AND state IN ('scheduled', 'running') ORDER BY cmd DESC LIMIT 1",
+            (workflow_id,),
+        )
+        if row:
+            aid, state, attempt, due = row
+            if state == "running":
+                return f"activity {aid} (running, attempt {attempt})"
+            return f"activity {aid} (scheduled, attempt {attempt + 1} due at {due:.3f})"
+        row = self.store.query_one(
+            "SELECT fire_at FROM timers WHERE workflow_id=? AND state='pending'", (workflow_id,)
+        )
+        if row:
+            return f"timer (fires at {row[0]:.3f})"
+        return "workflow task"
+
+    def result(self, workflow_id: str) -> Any:
+        """The recorded result; raises ``WorkflowFailed``, ``WorkflowCanceled`` or ``WorkflowRunning``."""
+        st = self.status(workflow_id)
+        if st.state == "completed":
+            return st.result
+        err = st.error or {}
+        if st.state == "failed":
+            raise WorkflowFailed(
+                f"workflow {workflow_id!r} failed: {err.get('type')}: {err.get('message')}",
+                workflow_id=workflow_id, type=err.get("type", "Error"), details=err.get("details"),
+            )
+        if st.state == "canceled":
+            raise WorkflowCanceled(f"workflow {workflow_id!r} was canceled: {err.get('message')}",
+                                   workflow_id=workflow_id)
+        raise WorkflowRunning(f"workflow {workflow_id!r} is still running ({st.waiting_on})")
+
+    def cancel(self, workflow_id: str) -> bool:
+        """Record a cancel request (any process may call this); False if ended or already requested."""
+        self._row(workflow_id)
+        with self._tx("cancel") as (db, _after):
+            state, cancel = db.execute(
+                "SELECT state, cancel_requested FROM workflows WHERE id=?", (workflow_id,)
+            ).fetchone()
+            if state != "running" or cancel:
+                return False
+            h.append_next(db, workflow_id, h.CANCEL_REQUESTED, self.clock.now(), {})
+            db.execute("UPDATE workflows SET cancel_requested=1, task_pending=1, updated_at=? WHERE id=?",
+                       (self.clock.now(), workflow_id))
+        return True
+
+    def history(self, workflow_id: str) -> list[Event]:
+        self._row(workflow_id)
+        with self.store._lock:
+            return read_events(self.store.conn, workflow_id)
+
+    def list_workflows(self) -> list[WorkflowStatus]:
+        rows = self.store.query("SELECT id FROM workflows ORDER BY created_at, id")
+        return [self.status(r[0]) for r in rows]
+
+    def activities(self, workflow_id: str) -> list[ActivityInfo]:
+        self._row(workflow_id)
+        rows = self.store.query(
+            "SELECT activity_id, name, state, attempt, due_at, hb_deadline, details FROM activities "
+            "WHERE workflow_id=? ORDER BY cmd",
+            (workflow_id,),
+        )
+        return [ActivityInfo(a, n, s, at, d, hb, json.loads(det) if det else None) for a, n, s, at, d, hb, det in rows]
+
+    def replay(self, workflow_id: str, events: list[Event] | None = None) -> ReplayResult:
+        """Re-run the workflow's code over its history (or ``events``) without recording anything."""
+        row = self._row(workflow_id)
+        reg = self._workflows.get(row[1])
+        if reg is None:
+            raise NotFound(f"no workflow registered as {row[1]!r}")
+        if events is None:
+            events = self.history(workflow_id)
+        return replay_history(reg.fn, events, workflow_id=workflow_id, input_type=reg.input_type)
+
+    # ---- running --------------------------------------------------------------------------------------
+
+    def _guard(self, f: Callable, *args: Any) -> Any:
+        """Run worker code; a crash (a BaseException that is not an Exception) kills this instance."""
+        if self._dead:
+            raise EngineError("this Engine crashed or was closed; open a new one on the same file")
+        try:
+            return f(*args)
+        except Exception:
+            raise
+        except BaseException:
+            self._dead = True
+            leases.mark_dead(self.owner)
+            self._cache.clear()
+            raise
+
+    def run_until_idle(self) -> None:
+        """Run every workflow task, activity and due timer runnable now; return when none is left."""
+        self._guard(self._until_idle)
+
+    def _until_idle(self) -> None:
+        while True:
+            if self._tick():
+                continue
+            if not self._inflight:
+                return
+            self._drain_done(timeout_s=self.poll_interval_s)
+
+    def run_until_complete(self, workflow_id: str, *, timeout_s: float | None = None) -> WorkflowStatus:
+        """Work until ``workflow_id`` has ended, waiting on the clock (a virtual clock just advances)."""
+        row = self._row(workflow_id)
+        if row[1] not in self._workflows:
+            raise NotFound(f"workflow {workflow_id!r} is a {row[1]!r}, which this engine has not registered")
+        return self._guard(self._until_complete, workflow_id, timeout_s)
+
+    def _until_complete(self, workflow_id: str, timeout_s: float | None) -> WorkflowStatus:
+        import time
+
+        give_up = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            self._until_idle()
+            st = self.status(workflow_id)
+            if st.state in TERMINAL:
+                return st
+            unknown = self.store.query_one(
+                "SELECT name FROM activities WHERE workflow_id=? AND state='scheduled'", (workflow_id,)
+            )
+            if unknown and unknown[0] not in self._activities:
+                raise NotFound(f"workflow {workflow_id!r} waits on activity {unknown[0]!r}, which this engine has not registered")
+            if give_up is not None and time.monotonic() > give_up:
+                raise TimeoutError(f"workflow {workflow_id!r} still running after {timeout_s} s ({st.waiting_on})")
+            self._wait()
+
+    def _wait(self) -> None:
+        """Idle: let time pass until the next wake-up (virtual: jump there), or one poll interval."""
+        wake = self._next_wake()
+        now = self.clock.now()
+        if getattr(self.clock, "virtual", False):
+            if wake is None:
+                raise EngineError("nothing is scheduled and no time can make progress (is a worker missing?)")
+            if wake <= now:
+                self._stalls = getattr(self, "_stalls", 0) + 1
+                if self._stalls > 1000:
+                    raise EngineError(f"work due at {wake} is not being run (stalled)")
+            else:
+                self._stalls = 0
+            self.clock.advance(max(0.0, wake - now))
+            return
+        delay = self.poll_interval_s if wake is None else min(max(wake - now, 0.0), self.poll_interval_s)
+        self._drain_done(timeout_s=delay) if self._inflight else self.clock.sleep(delay)
+
+    def run_forever(self, stop_event: threading.Event | None = None) -> None:
+        """The long-running worker loop; returns when ``stop_event`` is set."""
+        stop = stop_event or threading.Event()
+
+        def loop():
+            while not stop.is_set():
+                if self._tick():
+                    continue
+                if self._inflight:
+                    self._drain_done(timeout_s=self.poll_interval_s)
+                    continue
+                wake = self._next_wake() if getattr(self.clock, "virtual", False) else None
+                if wake is not None:
+                    self.clock.advance(max(0.0, wake - self.clock.now()))
+                else:
+                    stop.wait(self.poll_interval_s)
+
+        self._guard(loop)
+
+    def close(self) -> None:
+        if not self._dead:
+            self._dead = True
+            leases.mark_dead(self.owner)
+        try:
+            self.store.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+__all__ = ["Engine", "WorkflowStatus", "ActivityInfo", "ReplayResult", "replay_history", "to_jsonable"]

@@ -1,0 +1,175 @@
+"""The SQLite store: one connection, one transaction helper, schema checks on open.
+
+Every durable write of the engine goes through ``Store.transaction(label)``::
+
+    with store.transaction("complete") as db:   # BEGIN IMMEDIATE
+        db.execute(...)
+    # -> before_commit(label); COMMIT (fsync, synchronous=FULL); after_commit(label)
+
+Crash injection (the simulator): subclass ``Store`` and override
+``before_commit(label)`` / ``after_commit(label)`` to raise a ``BaseException``
+that is not an ``Exception``. Raised in ``before_commit`` the transaction is
+rolled back (as a real crash would lose it); raised in ``after_commit`` it is
+already durable. Either way it propagates out of ``Engine.run_until_idle`` /
+``run_until_complete`` untouched; throw the ``Engine`` away and open a new one
+on the same file. Pass the store with ``Engine(db_path, store=MyStore(db_path))``.
+``commits`` counts committed transactions (``commits_by_label`` per label).
+
+The database is opened in WAL mode with ``synchronous=FULL`` and a busy
+timeout, so several processes may share it; write transactions are
+``BEGIN IMMEDIATE`` so that two workers never interleave a read-modify-write.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from collections import Counter
+from typing import Iterator
+
+from . import schema
+from .errors import BadInput
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class Store:
+    """One SQLite connection (thread-safe behind a lock) and the single transaction helper."""
+
+    def __init__(self, path: str | os.PathLike, *, busy_timeout_s: float = 30.0):
+        self.path = os.fspath(path)
+        self.commits = 0
+        self.commits_by_label: Counter[str] = Counter()
+        self._lock = threading.RLock()
+        self._in_tx = False
+        self.conn = self._open(busy_timeout_s)
+
+    # ---- opening -------------------------------------------------------------------------
+
+    def _open(self, busy_timeout_s: float) -> sqlite3.Connection:
+        path = self.path
+        if os.path.isdir(path):
+            raise BadInput(f"engine database {path!r} is a directory, not a file")
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            with open(path, "rb") as f:
+                head = f.read(len(SQLITE_MAGIC))
+            if head != SQLITE_MAGIC:
+                raise BadInput(f"engine database {path!r} is not an SQLite database (left untouched)")
+        parent = os.path.dirname(os.path.abspath(path))
+        os.makedirs(parent, exist_ok=True)
+        try:
+            conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise BadInput(f"cannot open engine database {path!r}: {e}") from None
+        try:
+            self._check(conn)
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise BadInput(f"engine database {path!r}: cannot switch to WAL mode (got {mode})")
+            conn.execute("PRAGMA synchronous = FULL")
+            self._migrate(conn)
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise BadInput(f"engine database {path!r} is corrupt or unreadable: {e} (left untouched)") from None
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _check(self, conn: sqlite3.Connection) -> None:
+        """Refuse foreign or newer databases before anything is written."""
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not names:
+            return  # a new, empty file: ours to initialise
+        if "engine_meta" not in names or "schema_version" not in names:
+            raise BadInput(
+                f"engine database {self.path!r} is an SQLite database of something else "
+                f"(tables: {', '.join(sorted(names)[:5])}); refusing to touch it"
+            )
+        row = conn.execute("SELECT value FROM engine_meta WHERE key='app'").fetchone()
+        if row is None or row[0] != schema.APP:
+            raise BadInput(f"engine database {self.path!r} belongs to another application ({row and row[0]!r})")
+        v = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
+        if v is None or v > schema.VERSION:
+            raise BadInput(
+                f"engine database {self.path!r} has schema version {v}, this engine knows up to "
+                f"{schema.VERSION}; upgrade the software"
+            )
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for stmt in _split(schema.META):
+                conn.execute(stmt)
+            conn.execute("INSERT OR IGNORE INTO engine_meta(key, value) VALUES ('app', ?)", (schema.APP,))
+            v = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] or 0
+            for version, sql in schema.MIGRATIONS:
+                if version > v:
+                    for stmt in _split(sql):
+                        conn.execute(stmt)
+                    conn.execute("INSERT INTO schema_version(version) VALUES (?)", (version,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    # ---- the transaction helper ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def transaction(self, label: str) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on the shared connection; rolls back on any exception."""
+        with self._lock:
+            if self._in_tx:
+                raise RuntimeError(f"nested transaction {label!r}")
+            self.conn.execute("BEGIN IMMEDIATE")
+            self._in_tx = True
+            try:
+                yield self.conn
+                self.before_commit(label)
+                self.conn.execute("COMMIT")
+                self._in_tx = False
+                self.commits += 1
+                self.commits_by_label[label] += 1
+            except BaseException:
+                if self._in_tx:
+                    self._in_tx = False
+                    try:
+                        self.conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                raise
+            self.after_commit(label)
+
+    def before_commit(self, label: str) -> None:
+        """Hook: called inside the transaction, right before COMMIT (override to inject a crash)."""
+
+    def after_commit(self, label: str) -> None:
+        """Hook: called right after COMMIT returned (override to inject a crash)."""
+
+    # ---- reads -------------------------------------------------------------------------------
+
+    def query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        """A read outside any write transaction (a consistent WAL snapshot)."""
+        with self._lock:
+            return self.conn.execute(sql, params).fetchall()
+
+    def query_one(self, sql: str, params: tuple = ()) -> tuple | None:
+        with self._lock:
+            return self.conn.execute(sql, params).fetchone()
+
+    def close(self) -> None:
+        with self._lock:
+            self.conn.close()
+
+
+def _split(script: str) -> list[str]:
+    """Statements of a migration script (no semicolons inside statements by convention)."""
+    out = []
+    for part in script.split(";"):
+        lines = [ln.split("--")[0] for ln in part.splitlines()]
+        stmt = "\n".join(lines).strip()
+        if stmt:
+            out.append(stmt)
+    return out

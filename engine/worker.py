@@ -1,0 +1,537 @@
+"""The worker: state transitions of workflow tasks, activities and timers, and the polling loop.
+
+Everything a worker does is one ``Store.transaction``:
+
+- ``task``: replay the workflow code over its history and record what it asks
+  for next (activity scheduled, timer started, workflow ended). When this
+  worker can run a newly scheduled activity right away, its lease is taken in
+  the same transaction (eager dispatch).
+- ``lease``: attempt ``n+1`` of a due activity is leased (the fencing token).
+- ``complete`` / ``fail``: the attempt's outcome, then the workflow task that
+  follows, then the next eager lease: one transaction per activity in a chain.
+- ``expire``: a lease past its heartbeat or start-to-close deadline, or whose
+  owner is known dead, is timed out and redelivered (or fails for good).
+- ``timer``: a due timer fires, then the workflow task that follows.
+- ``heartbeat``: details and a later deadline, only for the current attempt.
+
+``Engine`` (engine/engine.py) mixes this in and adds the public API.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import queue
+import threading
+from collections import OrderedDict, deque
+from typing import Any
+
+from . import history as h
+from . import leases
+from .activity import Lease, LiveActivityContext
+from .errors import BadInput, LeaseLost, NonRetryableError
+from .history import append_event, append_next, dumps, read_events
+from .options import StepOptions
+from .replay import Replayer, error_to_json
+
+log = logging.getLogger("engine")
+
+CACHE_SIZE = 256
+
+
+class _LiveSink:
+    """Writes a replayer's new commands, cancels and end into the open transaction."""
+
+    def __init__(self, worker: "Worker", db):
+        self.w = worker
+        self.db = db
+        self.scheduled: list[tuple[str, str]] = []  # (activity_id, name)
+
+    def _append(self, r: Replayer, type: str, attrs: dict) -> h.Event:
+        ev = append_event(self.db, r.workflow_id, r.last_seq + 1, type, self.w.clock.now(), attrs)
+        r.record(ev)
+        return ev
+
+    def new_command(self, r, k, cmd, payload):
+        now = self.w.clock.now()
+        if cmd.kind == "activity":
+            opts: StepOptions = payload["options"]
+            self.db.execute(
+                "INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, due_at) "
+                "VALUES (?,?,?,?,?,?, 'scheduled', ?)",
+                (r.workflow_id, cmd.activity_id, k, cmd.name, dumps(payload["input"]), dumps(opts.to_json()), now),
+            )
+            self._append(
+                r,
+                h.ACTIVITY_SCHEDULED,
+                {"cmd": k, "activity_id": cmd.activity_id, "name": cmd.name, "input": payload["input"],
+                 "options": opts.to_json()},
+            )
+            self.scheduled.append((cmd.activity_id, cmd.name))
+        else:
+            fire_at = now + payload["seconds"]
+            self.db.execute(
+                "INSERT INTO timers(workflow_id, cmd, fire_at, state) VALUES (?,?,?, 'pending')",
+                (r.workflow_id, k, fire_at),
+            )
+            self._append(r, h.TIMER_STARTED, {"cmd": k, "seconds": payload["seconds"], "fire_at": fire_at})
+
+    def cancel_pending(self, r, k):
+        cmd = r.commands[k].command
+        if cmd.kind == "timer":
+            n = self.db.execute(
+                "UPDATE timers SET state='canceled' WHERE workflow_id=? AND cmd=? AND state='pending'",
+                (r.workflow_id, k),
+            ).rowcount
+            if n:
+                self._append(r, h.TIMER_CANCELED, {"cmd": k})
+            return
+        row = self.db.execute(
+            "SELECT state, attempt FROM activities WHERE workflow_id=? AND activity_id=?",
+            (r.workflow_id, cmd.activity_id),
+        ).fetchone()
+        if row is not None and row[0] == "scheduled":
+            self.db.execute(
+                "UPDATE activities SET state='canceled' WHERE workflow_id=? AND activity_id=?",
+                (r.workflow_id, cmd.activity_id),
+            )
+            self._append(
+                r, h.ACTIVITY_CANCELED,
+                {"cmd": k, "activity_id": cmd.activity_id, "attempt": row[1], "reason": "canceled before it ran"},
+            )
+        # running: the attempt sees ctx.cancel_requested; its outcome resolves the command
+
+    def finish(self, r, state, payload):
+        now = self.w.clock.now()
+        typ = {"completed": h.WORKFLOW_COMPLETED, "failed": h.WORKFLOW_FAILED, "canceled": h.WORKFLOW_CANCELED}[state]
+        self._append(r, typ, {"result": payload} if state == "completed" else {"error": payload})
+        self.db.execute(
+            "UPDATE workflows SET state=?, result=?, error=?, updated_at=?, task_pending=0 WHERE id=?",
+            (state, dumps(payload) if state == "completed" else None,
+             None if state == "completed" else dumps(payload), now, r.workflow_id),
+        )
+        # nothing is recorded after the end: a still-running attempt becomes stale (its heartbeat raises
+        # LeaseLost, its outcome is dropped, ctx.cancel_requested is True)
+        self.db.execute(
+            "UPDATE activities SET state='canceled' WHERE workflow_id=? AND state IN ('scheduled', 'running')",
+            (r.workflow_id,),
+        )
+        self.db.execute("UPDATE timers SET state='canceled' WHERE workflow_id=? AND state='pending'", (r.workflow_id,))
+        if state == "failed":
+            log.error("workflow %s failed: %s: %s", r.workflow_id, payload.get("type"), payload.get("message"))
+
+
+class Worker:
+    """Transitions and the loop; state set up by ``Engine.__init__``."""
+
+    # set by Engine.__init__: store, clock, owner, _workflows, _activities, _inline, _max_concurrent,
+    # poll_interval_s, _cache, _ready, _inflight, _done_q
+
+    def _init_worker(self) -> None:
+        self._cache: OrderedDict[str, Replayer] = OrderedDict()
+        self._ready: deque[Lease] = deque()
+        self._inflight: dict[tuple[str, str], threading.Thread] = {}
+        self._done_q: queue.Queue = queue.Queue()
+
+    @contextlib.contextmanager
+    def _tx(self, label: str):
+        after: list = []
+        with self.store.transaction(label) as db:
+            yield db, after
+        for f in after:
+            f()
+
+    # ---- workflow tasks ---------------------------------------------------------------------
+
+    def _run_task(self, db, after: list, workflow_id: str) -> None:
+        """Replay ``workflow_id`` and record its next commands; eagerly lease what we can run."""
+        row = db.execute("SELECT name, input, state FROM workflows WHERE id=?", (workflow_id,)).fetchone()
+        if row is None:
+            return
+        name, input_json, state = row
+        if state != "running":
+            db.execute("UPDATE workflows SET task_pending=0 WHERE id=?", (workflow_id,))
+            return
+        reg = self._workflows.get(name)
+        if reg is None:
+            db.execute("UPDATE workflows SET task_pending=1 WHERE id=?", (workflow_id,))
+            return  # another worker may know it; leave the task pending
+        sink = _LiveSink(self, db)
+        r = self._cache.pop(workflow_id, None)
+        if r is None:
+            r = self._new_replayer(reg, workflow_id, input_json, sink)
+        r.sink = sink
+        r.feed(read_events(db, workflow_id, r.last_seq))
+        r.advance()
+        if not r.done:
+            db.execute("UPDATE workflows SET task_pending=0, updated_at=? WHERE id=?", (self.clock.now(), workflow_id))
+            after.append(lambda: self._cache_put(workflow_id, r))
+        for activity_id, aname in sink.scheduled:
+            if self._can_take(aname):
+                lease = self._lease(db, workflow_id, activity_id)
+                if lease is not None:
+                    after.append(lambda lease=lease: self._ready.append(lease))
+
+    def _new_replayer(self, reg, workflow_id: str, input_json: str, sink) -> Replayer:
+        try:
+            value = reg.decode_input(json.loads(input_json))
+            fn = reg.fn
+        except Exception as e:  # noqa: BLE001 - recorded as the workflow's failure
+            err = BadInput(f"recorded input of workflow {workflow_id!r} no longer validates: {e}")
+
+            def fn(rt, _input, err=err):
+                raise err
+
+            value = None
+        return Replayer(workflow_id, fn, value, sink)
+
+    def _cache_put(self, workflow_id: str, r: Replayer) -> None:
+        self._cache[workflow_id] = r
+        while len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+
+    def _mark_task(self, db, workflow_id: str) -> None:
+        db.execute("UPDATE workflows SET task_pending=1 WHERE id=? AND state='running'", (workflow_id,))
+
+    # ---- activities ---------------------------------------------------------------------------
+
+    def _can_take(self, name: str) -> bool:
+        if name not in self._activities:
+            return False
+        if self._inline:
+            return True
+        return len(self._inflight) + len(self._ready) < self._max_concurrent
+
+    def _lease(self, db, workflow_id: str, activity_id: str) -> Lease | None:
+        row = db.execute(
+            "SELECT name, cmd, input, options, state, attempt, details, due_at FROM activities "
+            "WHERE workflow_id=? AND activity_id=?",
+            (workflow_id, activity_id),
+        ).fetchone()
+        now = self.clock.now()
+        if row is None or row[4] != "scheduled" or row[7] > now:
+            return None
+        name, cmd, input_json, options_json, _, attempt, details_json, _ = row
+        opts = StepOptions.from_json(json.loads(options_json))
+        attempt += 1
+        hb = now + opts.heartbeat_timeout_s if opts.heartbeat_timeout_s else None
+        close = now + opts.start_to_close_timeout_s if opts.start_to_close_timeout_s else None
+        db.execute(
+            "UPDATE activities SET state='running', attempt=?, hb_deadline=?, close_deadline=?, last_hb_at=?, "
+            "owner=?, child=NULL WHERE workflow_id=? AND activity_id=?",
+            (attempt, hb, close, now, dumps(self.owner), workflow_id, activity_id),
+        )
+        append_next(
+            db, workflow_id, h.ACTIVITY_STARTED, now,
+            {"cmd": cmd, "activity_id": activity_id, "attempt": attempt,
+             "worker": f"{self.owner['host']}:{self.owner['pid']}"},
+        )
+        details = json.loads(details_json) if details_json is not None else None
+        return Lease(workflow_id, activity_id, name, cmd, attempt, json.loads(input_json), opts, details, now)
+
+    def _execute(self, lease: Lease) -> tuple[bool, Any]:
+        """Run one attempt; ``(True, result_json)`` or ``(False, exception)``. Crashes propagate."""
+        reg = self._activities[lease.name]
+        ctx = LiveActivityContext(self, lease)
+        try:
+            try:
+                value = reg.decode_input(lease.input)
+            except Exception as e:  # noqa: BLE001 - a recorded input that does not validate never will
+                raise NonRetryableError(f"input of activity {lease.name!r} is invalid: {e}", type="BadInput") from None
+            result = reg.fn(ctx, value)
+            try:
+                return True, json.loads(dumps(result))
+            except (TypeError, ValueError) as e:
+                raise NonRetryableError(f"activity result is not JSON-able: {e}", type="BadResult") from None
+        except Exception as e:  # noqa: BLE001 - recorded as the attempt's failure
+            return False, e
+
+    def _record_outcome(self, lease: Lease, ok: bool, value: Any) -> None:
+        with self._tx("complete" if ok else "fail") as (db, after):
+            row = db.execute(
+                "SELECT state, attempt, hb_deadline, close_deadline, lost FROM activities "
+                "WHERE workflow_id=? AND activity_id=?",
+                (lease.workflow_id, lease.activity_id),
+            ).fetchone()
+            if row is None or row[0] != "running" or row[1] != lease.attempt:
+                log.warning("dropping the outcome of stale attempt %d of %s/%s", lease.attempt,
+                            lease.workflow_id, lease.activity_id)
+                return
+            now = self.clock.now()
+            late = _late(row[2], row[3], now)
+            if late:
+                self._time_out(db, lease.workflow_id, lease.activity_id, late, lost=False)
+            elif ok:
+                append_next(db, lease.workflow_id, h.ACTIVITY_COMPLETED, now,
+                            {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt,
+                             "result": value})
+                self._close_activity(db, lease, "completed")
+            else:
+                self._fail(db, lease, value, lost=row[4], now=now)
+            (pending,) = db.execute("SELECT task_pending FROM workflows WHERE id=?", (lease.workflow_id,)).fetchone()
+            if pending:
+                self._run_task(db, after, lease.workflow_id)
+
+    def _close_activity(self, db, lease: Lease, state: str) -> None:
+        db.execute(
+            "UPDATE activities SET state=?, hb_deadline=NULL, close_deadline=NULL, owner=NULL "
+            "WHERE workflow_id=? AND activity_id=?",
+            (state, lease.workflow_id, lease.activity_id),
+        )
+        self._mark_task(db, lease.workflow_id)
+
+    def _fail(self, db, lease: Lease, exc: BaseException, *, lost: int, now: float) -> None:
+        base = {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt}
+        err = error_to_json(exc)
+        (cancel,) = db.execute("SELECT cancel_requested FROM workflows WHERE id=?", (lease.workflow_id,)).fetchone()
+        if cancel:
+            append_next(db, lease.workflow_id, h.ACTIVITY_CANCELED, now, {**base, "error": err})
+            self._close_activity(db, lease, "canceled")
+            return
+        policy = lease.options.retry
+        non_retryable = (
+            isinstance(exc, NonRetryableError) or err["type"] in policy.non_retryable
+            or type(exc).__name__ in policy.non_retryable
+        )
+        err["non_retryable"] = non_retryable
+        counted = lease.attempt - lost
+        if non_retryable or (policy.max_attempts and counted >= policy.max_attempts):
+            append_next(db, lease.workflow_id, h.ACTIVITY_FAILED, now,
+                        {**base, "error": err, "final": True, "retryable": False})
+            self._close_activity(db, lease, "failed")
+            return
+        retry_at = now + policy.delay_s(counted)
+        append_next(db, lease.workflow_id, h.ACTIVITY_FAILED, now,
+                    {**base, "error": err, "final": False, "retryable": True, "retry_at": retry_at})
+        db.execute(
+            "UPDATE activities SET state='scheduled', due_at=?, hb_deadline=NULL, close_deadline=NULL, owner=NULL "
+            "WHERE workflow_id=? AND activity_id=?",
+            (retry_at, lease.workflow_id, lease.activity_id),
+        )
+
+    def _time_out(self, db, workflow_id: str, activity_id: str, kind: str, *, lost: bool) -> None:
+        """The running attempt is over (deadline passed, or its worker died): redeliver or fail for good."""
+        cmd, attempt, options_json, nlost = db.execute(
+            "SELECT cmd, attempt, options, lost FROM activities WHERE workflow_id=? AND activity_id=?",
+            (workflow_id, activity_id),
+        ).fetchone()
+        now = self.clock.now()
+        policy = StepOptions.from_json(json.loads(options_json)).retry
+        base = {"cmd": cmd, "activity_id": activity_id, "attempt": attempt, "kind": kind}
+        (cancel,) = db.execute("SELECT cancel_requested FROM workflows WHERE id=?", (workflow_id,)).fetchone()
+        lease = Lease(workflow_id, activity_id, "", cmd, attempt, None, None, None, now)  # type: ignore[arg-type]
+        if cancel:
+            append_next(db, workflow_id, h.ACTIVITY_CANCELED, now, {**base, "reason": f"{kind} after cancel"})
+            self._close_activity(db, lease, "canceled")
+            return
+        nlost += 1 if lost else 0
+        counted = attempt - nlost
+        err = {"type": "WorkerLost" if lost else "Timeout", "message": f"attempt {attempt}: {kind}"}
+        if not lost and policy.max_attempts and counted >= policy.max_attempts:
+            append_next(db, workflow_id, h.ACTIVITY_TIMED_OUT, now, {**base, "error": err, "final": True})
+            self._close_activity(db, lease, "failed")
+            return
+        retry_at = now if lost else now + policy.delay_s(counted)
+        append_next(db, workflow_id, h.ACTIVITY_TIMED_OUT, now,
+                    {**base, "error": err, "final": False, "retry_at": retry_at})
+        db.execute(
+            "UPDATE activities SET state='scheduled', due_at=?, lost=?, hb_deadline=NULL, close_deadline=NULL, "
+            "owner=NULL WHERE workflow_id=? AND activity_id=?",
+            (retry_at, nlost, workflow_id, activity_id),
+        )
+
+    def _heartbeat(self, lease: Lease, details: Any, now: float) -> None:
+        if details is not None:
+            details = json.loads(dumps(details))
+        lost = None
+        with self._tx("heartbeat") as (db, _after):
+            row = db.execute(
+                "SELECT state, attempt, hb_deadline, close_deadline FROM activities "
+                "WHERE workflow_id=? AND activity_id=?",
+                (lease.workflow_id, lease.activity_id),
+            ).fetchone()
+            late = _late(row[2], row[3], now) if row else None
+            if row is None or row[0] != "running" or row[1] != lease.attempt:
+                lost = f"attempt {lease.attempt} is no longer current"
+            elif late:
+                self._time_out(db, lease.workflow_id, lease.activity_id, late, lost=False)
+                lost = f"attempt {lease.attempt} {late}"
+            else:
+                hb = lease.options.heartbeat_timeout_s
+                db.execute(
+                    "UPDATE activities SET hb_deadline=?, last_hb_at=?, details=COALESCE(?, details) "
+                    "WHERE workflow_id=? AND activity_id=?",
+                    (now + hb if hb else None, now, dumps(details) if details is not None else None,
+                     lease.workflow_id, lease.activity_id),
+                )
+                if details is not None:
+                    append_next(db, lease.workflow_id, h.ACTIVITY_HEARTBEAT, now,
+                                {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt,
+                                 "details": details})
+        if lost:
+            raise LeaseLost(f"{lease.workflow_id}/{lease.activity_id}: {lost}; stop this attempt")
+
+    def _record_child(self, lease: Lease, pid: int) -> None:
+        child = {"pid": pid, "pstart": leases.proc_start(pid)}
+        with self._tx("child") as (db, _after):
+            db.execute(
+                "UPDATE activities SET child=? WHERE workflow_id=? AND activity_id=? AND attempt=? AND state='running'",
+                (dumps(child), lease.workflow_id, lease.activity_id, lease.attempt),
+            )
+
+    def _cancel_requested(self, lease: Lease) -> bool:
+        row = self.store.query_one(
+            "SELECT w.state, w.cancel_requested, a.state, a.attempt FROM workflows w JOIN activities a "
+            "ON a.workflow_id = w.id WHERE w.id=? AND a.activity_id=?",
+            (lease.workflow_id, lease.activity_id),
+        )
+        return row is None or row[0] != "running" or bool(row[1]) or row[2] != "running" or row[3] != lease.attempt
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def _tick(self) -> bool:
+        """Do one round of runnable work; False when nothing was runnable."""
+        if self._ready:
+            if self._inline:
+                lease = self._ready.popleft()
+                ok, value = self._execute(lease)
+                self._record_outcome(lease, ok, value)
+            else:
+                while self._ready:
+                    self._spawn(self._ready.popleft())
+            return True
+        did = self._drain_done()
+        did = self._expire() or did
+        did = self._fire_timers() or did
+        did = self._run_pending_tasks() or did
+        did = self._start_due() or did
+        return did
+
+    def _spawn(self, lease: Lease) -> None:
+        def main():
+            try:
+                ok, value = self._execute(lease)
+            except BaseException as crash:  # noqa: BLE001 - handed to the loop, which re-raises it
+                self._done_q.put((lease, None, crash))
+                return
+            self._done_q.put((lease, ok, value))
+
+        t = threading.Thread(target=main, name=f"activity {lease.workflow_id}/{lease.activity_id}", daemon=True)
+        self._inflight[(lease.workflow_id, lease.activity_id)] = t
+        t.start()
+
+    def _drain_done(self, timeout_s: float | None = None) -> bool:
+        did = False
+        while True:
+            try:
+                item = self._done_q.get(timeout=timeout_s) if (timeout_s and not did) else self._done_q.get_nowait()
+            except queue.Empty:
+                return did
+            lease, ok, value = item
+            self._inflight.pop((lease.workflow_id, lease.activity_id), None)
+            if ok is None:
+                raise value
+            self._record_outcome(lease, ok, value)
+            did = True
+
+    def _expire(self) -> bool:
+        now = self.clock.now()
+        rows = self.store.query(
+            "SELECT workflow_id, activity_id, attempt, hb_deadline, close_deadline, owner FROM activities "
+            "WHERE state='running' ORDER BY workflow_id, activity_id"
+        )
+        did = False
+        for wf, aid, attempt, hb, close, owner_json in rows:
+            owner = json.loads(owner_json) if owner_json else None
+            late = _late(hb, close, now)
+            dead = not late and leases.owner_dead(owner)
+            if not (late or dead):
+                continue
+            with self._tx("expire") as (db, after):
+                row = db.execute(
+                    "SELECT state, attempt, child FROM activities WHERE workflow_id=? AND activity_id=?", (wf, aid)
+                ).fetchone()
+                if row[0] != "running" or row[1] != attempt:
+                    continue
+                if dead:
+                    leases.kill_leftover(json.loads(row[2]) if row[2] else None)
+                    log.warning("worker of %s/%s attempt %d is gone; redelivering", wf, aid, attempt)
+                self._time_out(db, wf, aid, late or "worker lost", lost=dead)
+                (pending,) = db.execute("SELECT task_pending FROM workflows WHERE id=?", (wf,)).fetchone()
+                if pending:
+                    self._run_task(db, after, wf)
+            did = True
+        return did
+
+    def _fire_timers(self) -> bool:
+        rows = self.store.query(
+            "SELECT workflow_id, cmd FROM timers WHERE state='pending' AND fire_at<=? ORDER BY fire_at, workflow_id, cmd",
+            (self.clock.now(),),
+        )
+        for wf, cmd in rows:
+            with self._tx("timer") as (db, after):
+                n = db.execute(
+                    "UPDATE timers SET state='fired' WHERE workflow_id=? AND cmd=? AND state='pending'", (wf, cmd)
+                ).rowcount
+                if n:
+                    append_next(db, wf, h.TIMER_FIRED, self.clock.now(), {"cmd": cmd})
+                    self._mark_task(db, wf)
+                    self._run_task(db, after, wf)
+        return bool(rows)
+
+    def _run_pending_tasks(self) -> bool:
+        rows = self.store.query(
+            "SELECT id, name FROM workflows WHERE task_pending=1 AND state='running' ORDER BY created_at, id"
+        )
+        did = False
+        for wf, name in rows:
+            if name not in self._workflows:
+                continue
+            with self._tx("task") as (db, after):
+                (pending,) = db.execute("SELECT task_pending FROM workflows WHERE id=?", (wf,)).fetchone()
+                if pending:
+                    self._run_task(db, after, wf)
+            did = True
+        return did
+
+    def _start_due(self) -> bool:
+        room = 1_000_000 if self._inline else self._max_concurrent - len(self._inflight) - len(self._ready)
+        if room <= 0 or not self._activities:
+            return False
+        rows = self.store.query(
+            "SELECT workflow_id, activity_id, name FROM activities WHERE state='scheduled' AND due_at<=? "
+            "ORDER BY due_at, workflow_id, activity_id",
+            (self.clock.now(),),
+        )
+        rows = [r for r in rows if r[2] in self._activities][:room]
+        if not rows:
+            return False
+        with self._tx("lease") as (db, after):
+            for wf, aid, _ in rows:
+                lease = self._lease(db, wf, aid)
+                if lease is not None:
+                    after.append(lambda lease=lease: self._ready.append(lease))
+        return True
+
+    def _next_wake(self) -> float | None:
+        """The earliest time at which something becomes runnable without new events."""
+        names = list(self._activities) or [""]
+        marks = ",".join("?" * len(names))
+        (a,) = self.store.query_one(
+            f"SELECT MIN(due_at) FROM activities WHERE state='scheduled' AND name IN ({marks})", tuple(names)
+        )
+        (t,) = self.store.query_one("SELECT MIN(fire_at) FROM timers WHERE state='pending'")
+        hb, close = self.store.query_one(
+            "SELECT MIN(hb_deadline), MIN(close_deadline) FROM activities WHERE state='running'"
+        )
+        # a deadline expires strictly after it passes
+        cands = [x for x in (a, t) if x is not None] + [x + 1e-6 for x in (hb, close) if x is not None]
+        return min(cands) if cands else None
+
+
+def _late(hb_deadline: float | None, close_deadline: float | None, now: float) -> str | None:
+    if close_deadline is not None and now > close_deadline:
+        return "start-to-close timeout"
+    if hb_deadline is not None and now > hb_deadline:
+        return "heartbeat timeout"
+    return None

@@ -1,0 +1,109 @@
+"""The store: refuses corrupt, foreign and newer databases without touching them; WAL; one tx helper."""
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from engine import BadInput, Engine, Store, VirtualClock
+from engine import schema
+
+from eng_helpers import Crash, CrashStore
+
+
+def _bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_not_sqlite_file_is_refused_and_left_untouched(tmp_path):
+    p = tmp_path / "engine.db"
+    p.write_bytes(b"this is my thesis, not a database\n" * 10)
+    before = _bytes(p)
+    with pytest.raises(BadInput, match="is not an SQLite database"):
+        Engine(str(p))
+    assert _bytes(p) == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["engine.db"]
+
+
+def test_corrupt_sqlite_file_is_refused(tmp_path):
+    p = tmp_path / "engine.db"
+    p.write_bytes(b"SQLite format 3\x00" + b"\xff" * 4000)
+    before = _bytes(p)
+    with pytest.raises(BadInput, match="corrupt or unreadable"):
+        Engine(str(p))
+    assert _bytes(p) == before
+
+
+def test_foreign_sqlite_database_is_refused_and_left_untouched(tmp_path):
+    p = tmp_path / "other.db"
+    c = sqlite3.connect(p)
+    c.execute("CREATE TABLE customers (id INTEGER, name TEXT)")
+    c.execute("INSERT INTO customers VALUES (1, 'ada')")
+    c.commit()
+    c.close()
+    before = _bytes(p)
+    with pytest.raises(BadInput, match="SQLite database of something else"):
+        Engine(str(p))
+    assert _bytes(p) == before
+
+
+def test_newer_schema_is_refused(tmp_path):
+    p = str(tmp_path / "engine.db")
+    Store(p).close()
+    c = sqlite3.connect(p)
+    c.execute("INSERT INTO schema_version(version) VALUES (?)", (schema.VERSION + 1,))
+    c.commit()
+    c.close()
+    with pytest.raises(BadInput, match=f"schema version {schema.VERSION + 1}"):
+        Store(p)
+
+
+def test_directory_path_is_refused(tmp_path):
+    with pytest.raises(BadInput, match="is a directory"):
+        Engine(str(tmp_path))
+
+
+def test_fresh_store_is_wal_full_and_versioned(tmp_path):
+    s = Store(str(tmp_path / "engine.db"))
+    assert s.query_one("PRAGMA journal_mode")[0] == "wal"
+    assert s.query_one("PRAGMA synchronous")[0] == 2  # FULL
+    assert s.query_one("SELECT MAX(version) FROM schema_version")[0] == schema.VERSION
+    s.close()
+    s2 = Store(str(tmp_path / "engine.db"))  # reopening migrates nothing and keeps one version row
+    assert s2.query("SELECT version FROM schema_version") == [(v,) for v, _ in schema.MIGRATIONS]
+
+
+def test_crash_before_commit_rolls_back_and_after_commit_is_durable(tmp_path):
+    """The crash hooks: raised before COMMIT nothing is kept; raised after, the write is durable."""
+    p = str(tmp_path / "engine.db")
+    clock = VirtualClock()
+
+    async def wf(rt, _):
+        return 1
+
+    for crash_at, expect_rows in ((1, 0), (2, 1)):  # hook 1 = before the 'start' commit, 2 = after
+        s = CrashStore(p, crash_at=crash_at)
+        eng = Engine(store=s, clock=clock)
+        eng.register_workflow("wf", wf)
+        with pytest.raises(Crash):
+            eng.start("wf", f"w{crash_at}", None)
+        fresh = Store(p)  # the crashed connection holds no lock: a new one can write at once
+        assert fresh.query_one("SELECT COUNT(*) FROM workflows WHERE id=?", (f"w{crash_at}",))[0] == expect_rows
+        with fresh.transaction("probe"):
+            pass
+        fresh.close()
+
+
+def test_migrations_apply_in_order_and_keep_data(tmp_path, monkeypatch):
+    p = str(tmp_path / "engine.db")
+    s = Store(p)
+    with s.transaction("seed") as db:
+        db.execute("INSERT INTO workflows(id, name, input, state, created_at, updated_at) VALUES ('w', 'n', '1', 'running', 0, 0)")
+    s.close()
+    extra = (schema.VERSION + 1, "ALTER TABLE workflows ADD COLUMN note TEXT; UPDATE workflows SET note = 'migrated'")
+    monkeypatch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS + [extra])
+    monkeypatch.setattr(schema, "VERSION", extra[0])
+    s2 = Store(p)
+    assert s2.query("SELECT id, note FROM workflows") == [("w", "migrated")]
+    assert [v for (v,) in s2.query("SELECT version FROM schema_version ORDER BY version")][-2:] == [extra[0] - 1, extra[0]]
