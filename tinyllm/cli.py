@@ -1,0 +1,116 @@
+"""``tinyllm corpus|train|eval``: the subprocess contract (contracts/subprocess-activity.md).
+
+Exit codes: 0 done (last stdout line = JSON result), 2 bad input (one line on stderr, nothing
+written), 75 run locked by another live trainer, 130 stopped by SIGTERM after a checkpoint.
+Paths: ``--spec`` and ``--progress`` are ordinary paths (relative to the current directory);
+``--resume`` and checkpoint paths inside specs are relative to the home unless absolute.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import RunLocked
+from .spec import SpecError
+
+EXIT_BAD_INPUT = 2
+EXIT_LOCKED = 75
+EXIT_CANCELED = 130
+
+
+def resolve_home(home: str | None) -> Path:
+    return Path(home or os.environ.get("CTL_HOME") or os.getcwd()).absolute()
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"tinyllm: {message}", err=True)
+    sys.exit(code)
+
+
+def _emit(result: dict) -> None:
+    click.echo(json.dumps(result, sort_keys=True))
+
+
+home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
+                           help="Home folder (default: $CTL_HOME, else the current directory).")
+
+
+@click.group()
+def main() -> None:
+    """A tiny GPT: build corpora, train with bitwise-exact resume, evaluate checkpoints."""
+
+
+@main.command()
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False), default=None,
+              help="Corpus spec (JSON). Without it: the built-in corpus named 'default'.")
+@home_option
+def corpus(spec_path: str | None, home: str | None) -> None:
+    """Build corpora/<name>/ (idempotent)."""
+    from .corpus import build_corpus
+    from .spec import CorpusSpec, load_corpus_spec
+
+    try:
+        spec = load_corpus_spec(spec_path) if spec_path else CorpusSpec()
+        result = build_corpus(spec, resolve_home(home))
+    except SpecError as e:
+        _fail(str(e), EXIT_BAD_INPUT)
+    _emit(result)
+
+
+@main.command()
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False), required=True, help="Train spec (JSON).")
+@click.option("--progress", type=click.Path(dir_okay=False), default=None,
+              help="Append one JSON line per checkpoint to this file.")
+@click.option("--resume", type=click.Path(), default=None,
+              help="Checkpoint directory to resume from (default: runs/<name>/ckpt/LATEST, else fresh).")
+@home_option
+def train(spec_path: str, progress: str | None, resume: str | None, home: str | None) -> None:
+    """Train the spec's model to its `steps`, resuming where possible."""
+    import signal
+
+    from .errors import request_stop
+    from .spec import load_train_spec
+
+    for sig in (signal.SIGTERM, signal.SIGINT):  # a stop before the loop starts still exits 130
+        signal.signal(sig, request_stop)
+    home_dir = resolve_home(home)
+    try:
+        spec = load_train_spec(spec_path)  # before importing torch: a bad spec fails fast
+        from .trainer import Trainer
+
+        resume_path = None if resume is None else (Path(resume) if os.path.isabs(resume) else home_dir / resume)
+        trainer = Trainer(spec, home_dir, Path(progress).absolute() if progress else None, resume_path)
+        result = trainer.run()
+    except SpecError as e:
+        _fail(str(e), EXIT_BAD_INPUT)
+    except RunLocked as e:
+        _fail(str(e), EXIT_LOCKED)
+    _emit(result)
+    if result.get("canceled"):
+        click.echo("tinyllm: stopped by signal after checkpointing", err=True)
+        sys.exit(EXIT_CANCELED)
+
+
+@main.command(name="eval")
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False), required=True, help="Eval spec (JSON).")
+@home_option
+def eval_(spec_path: str, home: str | None) -> None:
+    """Run one suite (ppl or zoo) over the spec's subjects."""
+    from .spec import load_eval_spec
+
+    try:
+        spec = load_eval_spec(spec_path)  # before importing torch: a bad spec fails fast
+        from .evals import run_eval
+
+        result = run_eval(spec, resolve_home(home))
+    except SpecError as e:
+        _fail(str(e), EXIT_BAD_INPUT)
+    _emit(result)
+
+
+if __name__ == "__main__":
+    main()

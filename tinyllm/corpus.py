@@ -1,0 +1,177 @@
+"""Corpora: ``corpora/<name>/`` = tokens.bin (training), heldout.bin (held out), meta.json.
+
+Both token files are raw little-endian uint16 (``np.memmap``-able). The held-out part is explicit:
+either the user's ``heldout`` files, or the tail byte range of the source text (recorded in
+meta.json as ``{"kind": "tail", "start", "end"}``). Training reads only tokens.bin, so it never
+sees held-out text. Building is idempotent: an existing corpus whose source checksum matches is
+kept as is; one built from other sources is never overwritten (bad input, exit 2).
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from . import tokenizer
+from .builtin_text import builtin_text
+from .spec import CorpusSpec, SpecError
+
+FORMAT = 1
+DOC_SEPARATOR = b"\n\n"
+
+
+def corpus_dir(home: Path, name: str) -> Path:
+    return home / "corpora" / name
+
+
+def _expand(home: Path, patterns: list[str], what: str) -> list[Path]:
+    """Files of each pattern (a path or a glob, relative to home or absolute), pattern order, sorted within."""
+    files: list[Path] = []
+    for pattern in patterns:
+        full = pattern if os.path.isabs(pattern) else str(home / pattern)
+        matches = sorted(Path(m) for m in glob.glob(full, recursive=True) if Path(m).is_file())
+        if not matches:
+            raise SpecError(f"corpus {what} {pattern!r} matches no file (relative paths are under {home})")
+        for m in matches:
+            if m.resolve() not in {f.resolve() for f in files}:
+                files.append(m)
+    return files
+
+
+def _display(home: Path, f: Path) -> str:
+    try:
+        return str(f.resolve().relative_to(home.resolve()))
+    except ValueError:
+        return str(f.resolve())
+
+
+def _read(home: Path, files: list[Path]) -> tuple[bytes, list[dict]]:
+    parts, described = [], []
+    for f in files:
+        try:
+            data = f.read_bytes()
+        except OSError as e:
+            raise SpecError(f"cannot read corpus file {f}: {e.strerror}") from None
+        parts.append(data)
+        described.append({"path": _display(home, f), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    return DOC_SEPARATOR.join(parts), described
+
+
+def _sha(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a, dtype="<u2").tobytes()).hexdigest()
+
+
+def plan_corpus(spec: CorpusSpec, home: Path) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Read the sources and split them: (train tokens, held-out tokens, meta without timings)."""
+    if spec.sources:
+        train_files = _expand(home, spec.sources, "source")
+        train_bytes, train_desc = _read(home, train_files)
+        source = {"kind": "files", "description": f"{len(train_files)} user file(s)", "files": train_desc}
+    else:
+        train_bytes = builtin_text().encode("utf-8")
+        source = {"kind": "builtin", "description": "tinyllm built-in text: data/classics.txt + generated simple English",
+                  "bytes": len(train_bytes), "sha256": hashlib.sha256(train_bytes).hexdigest()}
+    if spec.heldout:
+        held_files = _expand(home, spec.heldout, "heldout")
+        overlap = {f.resolve() for f in held_files} & {f.resolve() for f in (train_files if spec.sources else [])}
+        if overlap:
+            raise SpecError(f"corpus held-out files overlap its sources: {sorted(str(p) for p in overlap)[0]}")
+        held_bytes, held_desc = _read(home, held_files)
+        source["heldout_files"] = held_desc
+        heldout = {"kind": "files", "files": [d["path"] for d in held_desc]}
+    else:
+        split = int(len(train_bytes) * (1.0 - spec.heldout_fraction))
+        train_bytes, held_bytes = train_bytes[:split], train_bytes[split:]
+        heldout = {"kind": "tail", "start": split, "end": split + len(held_bytes), "fraction": spec.heldout_fraction}
+    tokens = np.frombuffer(train_bytes, dtype=np.uint8).astype("<u2")  # byte-level: id = byte
+    held = np.frombuffer(held_bytes, dtype=np.uint8).astype("<u2")
+    if len(tokens) < 2 or len(held) < 2:
+        raise SpecError(f"corpus {spec.name!r} is too small: {len(tokens)} training and {len(held)} held-out tokens")
+    checksum_input = json.dumps({"spec": spec.model_dump(exclude={"name"}), "source": source, "heldout": heldout}, sort_keys=True)
+    meta = {
+        "format": FORMAT,
+        "name": spec.name,
+        "tokenizer": spec.tokenizer,
+        "vocab_size": tokenizer.VOCAB_SIZE,
+        "dtype": "uint16",
+        "source": source,
+        "heldout": heldout,
+        "tokens": int(len(tokens)),
+        "heldout_tokens": int(len(held)),
+        "tokens_sha256": _sha(tokens),
+        "heldout_sha256": _sha(held),
+        "checksum": hashlib.sha256(checksum_input.encode() + _sha(tokens).encode() + _sha(held).encode()).hexdigest(),
+    }
+    return tokens, held, meta
+
+
+def read_meta(path: Path) -> dict | None:
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        return meta if isinstance(meta, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _intact(path: Path, meta: dict) -> bool:
+    for fname, key in (("tokens.bin", "tokens_sha256"), ("heldout.bin", "heldout_sha256")):
+        try:
+            if hashlib.sha256((path / fname).read_bytes()).hexdigest() != meta.get(key):
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def build_corpus(spec: CorpusSpec, home: Path) -> dict:
+    """Build (or keep) ``corpora/<name>/``; return the CLI's result object."""
+    tokens, held, meta = plan_corpus(spec, home)
+    final = corpus_dir(home, spec.name)
+    built = True
+    existing = read_meta(final) if final.exists() else None
+    if final.exists() and existing is not None and existing.get("checksum") == meta["checksum"] and _intact(final, existing):
+        built = False
+    elif final.exists() and existing is not None and existing.get("checksum") != meta["checksum"]:
+        raise SpecError(f"corpus {spec.name!r} already exists at {final} with other sources; use another name or remove it")
+    elif final.exists() and existing is None and any(final.iterdir()):
+        raise SpecError(f"{final} exists but is not a corpus (no readable meta.json); remove it or use another name")
+    else:  # absent, empty, or same sources with damaged files: (re)build atomically
+        tmp = final.parent / f".tmp-{spec.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        _fsync_write(tmp / "tokens.bin", tokens.tobytes())
+        _fsync_write(tmp / "heldout.bin", held.tobytes())
+        _fsync_write(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True).encode())
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        fd = os.open(final.parent, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    return {"name": spec.name, "path": str(final.relative_to(home)), "tokens": meta["tokens"],
+            "heldout_tokens": meta["heldout_tokens"], "checksum": meta["checksum"], "built": built}
+
+
+def open_corpus(home: Path, name: str, part: str = "tokens") -> tuple[np.ndarray, dict]:
+    """Memory-map ``tokens.bin`` (``part="tokens"``) or ``heldout.bin`` (``part="heldout"``)."""
+    path = corpus_dir(home, name)
+    meta = read_meta(path)
+    if meta is None:
+        raise SpecError(f"corpus {name!r} not found at {path} (build it with: tinyllm corpus --spec FILE)")
+    fname, count = ("tokens.bin", meta.get("tokens")) if part == "tokens" else ("heldout.bin", meta.get("heldout_tokens"))
+    f = path / fname
+    if not f.exists() or f.stat().st_size != 2 * int(count or 0):
+        raise SpecError(f"corpus {name!r}: {f} is missing or not {count} tokens long (rebuild it with tinyllm corpus)")
+    return np.memmap(f, dtype="<u2", mode="r"), meta

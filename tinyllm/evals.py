@@ -1,0 +1,214 @@
+"""Evaluation suites over checkpoints: ``ppl`` (held-out perplexity) and ``zoo`` (small tasks).
+
+ppl: token-weighted mean negative log-likelihood over ``corpora/<corpus>/heldout.bin`` in
+consecutive non-overlapping windows of the model's block size (``max_items`` windows sampled by
+``seed`` when set); reports ``loss`` (nats/token), ``ppl`` = exp(loss), ``bpb`` (bits per byte).
+
+zoo: the tasks shipped in ``tinyllm/data/zoo/*.jsonl``, lm-evaluation-harness-like:
+``multiple_choice`` items (``context``, ``choices``, ``gold``) scored by the log-likelihood of each
+continuation (``acc``: highest sum, ``acc_norm``: highest per byte) and ``generate`` items
+(``context``, ``target``, ``until``, ``max_new_tokens``) decoded greedily and scored by exact match.
+
+Outputs are a pure function of (checkpoints, spec): no timestamps, fixed threads, so a repeat is
+byte-identical. Writes ``evals/<suite>/<run>/results.jsonl`` + ``summary.json`` atomically.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import zlib
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import tokenizer
+from .checkpoint import CheckpointError, load_checkpoint
+from .corpus import open_corpus
+from .model import GPT
+from .spec import EvalResult, EvalSpec, EvalSubject, EvalSummary, ModelConfig, SpecError
+
+_MASK64 = (1 << 64) - 1
+
+
+def load_subject(home: Path, subject: EvalSubject) -> tuple[GPT, int]:
+    """The subject's model (eval mode) and its training step; bad checkpoints are bad input."""
+    path = Path(subject.model) if os.path.isabs(subject.model) else home / subject.model
+    if not path.is_dir():
+        raise SpecError(f"subject {subject.id!r}: checkpoint not found: {path}")
+    try:
+        components, manifest = load_checkpoint(path)
+        cfg = ModelConfig.model_validate(manifest["meta"]["trajectory"]["model"])
+    except CheckpointError as e:
+        raise SpecError(f"subject {subject.id!r}: {e}") from None
+    except (KeyError, TypeError, ValueError):
+        raise SpecError(f"subject {subject.id!r}: {path} has no model config in its manifest") from None
+    if "model" not in components:
+        raise SpecError(f"subject {subject.id!r}: {path} holds no model")
+    model = GPT(cfg)
+    model.load_state_dict(components["model"])
+    model.eval()
+    return model, int(manifest["step"])
+
+
+def _sample(n: int, k: int | None, seed: int, salt: str) -> list[int]:
+    """All indices, or ``k`` of them chosen by (seed, salt), in ascending order."""
+    if k is None or k >= n:
+        return list(range(n))
+    rng = np.random.default_rng([seed & _MASK64, zlib.crc32(salt.encode())])
+    return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
+
+
+# -- ppl ---------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def heldout_nll(model: GPT, tokens: np.ndarray, max_items: int | None, seed: int, batch: int = 32) -> tuple[float, int]:
+    """(sum of token NLL in nats, token count) over the held-out windows."""
+    T = model.cfg.block_size
+    starts = list(range(0, len(tokens) - 1, T))
+    chosen = [starts[i] for i in _sample(len(starts), max_items, seed, "ppl")]
+    total, count = 0.0, 0
+    full = [s for s in chosen if s + T + 1 <= len(tokens)]
+    for i in range(0, len(full), batch):
+        rows = np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in full[i:i + batch]])  # (B, T+1)
+        x, y = torch.from_numpy(rows[:, :-1]), torch.from_numpy(rows[:, 1:])
+        logits, _ = model(x)  # (B, T, V)
+        total += F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum").double().item()
+        count += y.numel()
+    for s in chosen:  # the last, shorter window
+        if s + T + 1 > len(tokens):
+            row = torch.from_numpy(np.asarray(tokens[s:], dtype=np.int64))[None]  # (1, t+1)
+            logits, _ = model(row[:, :-1])
+            total += F.cross_entropy(logits[0], row[0, 1:], reduction="sum").double().item()
+            count += row.size(1) - 1
+    return total, count
+
+
+def run_ppl(spec: EvalSpec, home: Path, models: dict) -> list[EvalResult]:
+    tokens, _ = open_corpus(home, spec.corpus, "heldout")
+    rows = []
+    for subject in spec.subjects:
+        model, step = models[subject.id]
+        nll, n = heldout_nll(model, tokens, spec.max_items, spec.seed)
+        loss = nll / n
+        for metric, value in (("loss", loss), ("ppl", math.exp(loss)), ("bpb", loss / math.log(2))):
+            rows.append(_row(spec, subject, step, "heldout", metric, value, n))
+    return rows
+
+
+# -- zoo ---------------------------------------------------------------------------------------
+
+
+def zoo_tasks() -> dict[str, list[dict]]:
+    """Task name -> items, from the package's data/zoo/*.jsonl (sorted by task name)."""
+    tasks = {}
+    folder = resources.files("tinyllm").joinpath("data/zoo")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".jsonl"):
+            tasks[entry.name[:-6]] = [json.loads(line) for line in entry.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return tasks
+
+
+@torch.no_grad()
+def continuation_logprob(model: GPT, context: str, continuation: str) -> float:
+    """Sum of log p(continuation bytes | context), context cut from the left to fit the block."""
+    ctx, cont = tokenizer.encode(context).astype(np.int64), tokenizer.encode(continuation).astype(np.int64)
+    seq = np.concatenate([ctx, cont])[-(model.cfg.block_size + 1):]
+    x = torch.from_numpy(seq[:-1])[None]  # (1, t)
+    logits, _ = model(x)
+    logp = F.log_softmax(logits[0, -len(cont):].double(), dim=-1)  # (len(cont), V)
+    target = torch.from_numpy(seq[-len(cont):])
+    return logp.gather(1, target[:, None]).sum().item()
+
+
+@torch.no_grad()
+def greedy_generate(model: GPT, context: str, max_new_tokens: int, until: list[str]) -> str:
+    ids = list(tokenizer.encode(context).astype(np.int64))
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        x = torch.tensor(ids[-model.cfg.block_size:], dtype=torch.long)[None]
+        logits, _ = model(x)
+        nxt = int(torch.argmax(logits[0, -1]).item())  # ties: the lowest id
+        ids.append(nxt)
+        out.append(nxt)
+        text = tokenizer.decode(out)
+        if any(u in text for u in until):
+            break
+    text = tokenizer.decode(out)
+    for u in until:
+        text = text.split(u)[0] if u else text
+    return text
+
+
+def score_task(model: GPT, items: list[dict]) -> dict[str, float]:
+    kind = items[0]["type"]
+    if kind == "multiple_choice":
+        acc = acc_norm = 0
+        for item in items:
+            lls = [continuation_logprob(model, item["context"], c) for c in item["choices"]]
+            norm = [ll / max(1, len(c.encode())) for ll, c in zip(lls, item["choices"])]
+            acc += int(max(range(len(lls)), key=lambda i: (lls[i], -i)) == item["gold"])
+            acc_norm += int(max(range(len(norm)), key=lambda i: (norm[i], -i)) == item["gold"])
+        return {"acc": acc / len(items), "acc_norm": acc_norm / len(items)}
+    if kind == "generate":
+        hits = sum(
+            greedy_generate(model, it["context"], it.get("max_new_tokens", 16), it.get("until", ["\n"])).strip()
+            == it["target"].strip()
+            for it in items
+        )
+        return {"exact_match": hits / len(items)}
+    raise SpecError(f"zoo task item type {kind!r} is unknown")
+
+
+def run_zoo(spec: EvalSpec, models: dict) -> list[EvalResult]:
+    rows = []
+    tasks = zoo_tasks()
+    for subject in spec.subjects:
+        model, step = models[subject.id]
+        for task, items in tasks.items():
+            chosen = [items[i] for i in _sample(len(items), spec.max_items, spec.seed, task)]
+            for metric, value in score_task(model, chosen).items():
+                rows.append(_row(spec, subject, step, task, metric, value, len(chosen)))
+    return rows
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def _row(spec: EvalSpec, subject: EvalSubject, step: int, task: str, metric: str, value: float, n: int) -> EvalResult:
+    return EvalResult(suite=spec.suite, run=spec.run, subject=subject.id, model=subject.model, step=step,
+                      task=task, metric=metric, value=value, value_hex=float(value).hex(), n=n)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def run_eval(spec: EvalSpec, home: Path) -> dict:
+    """Run the suite, write its files, return the CLI's result object."""
+    torch.set_num_threads(spec.threads)
+    torch.use_deterministic_algorithms(True)
+    if spec.suite == "ppl":
+        open_corpus(home, spec.corpus, "heldout")  # a missing corpus is bad input, before any work
+    models = {s.id: load_subject(home, s) for s in spec.subjects}  # every subject checked first
+    rows = run_ppl(spec, home, models) if spec.suite == "ppl" else run_zoo(spec, models)
+    metrics: dict[str, dict[str, float]] = {}
+    for r in rows:
+        metrics.setdefault(r.subject, {})[f"{r.task}/{r.metric}"] = r.value
+    summary = EvalSummary(suite=spec.suite, run=spec.run, name=spec.name, tag=spec.tag, seed=spec.seed,
+                          results=rows, metrics=metrics)
+    out = home / "evals" / spec.suite / spec.run
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out / "results.jsonl", "".join(json.dumps(r.model_dump(mode="json"), sort_keys=True) + "\n" for r in rows))
+    _atomic_write(out / "summary.json", json.dumps(summary.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
+    return {"suite": spec.suite, "run": spec.run, "results": str((out / "results.jsonl").relative_to(home)),
+            "summary_path": str((out / "summary.json").relative_to(home)), "summary": summary.model_dump(mode="json")}

@@ -1,0 +1,298 @@
+"""The training loop with bitwise-exact resume.
+
+Everything the next step depends on is in the checkpoint: weights, AdamW moments and step
+counts, the torch CPU RNG (dropout), the data cursor (the stream is a function of seed and
+cursor), and the step (the LR schedule is a function of the step and spec, never of ``steps``).
+So a run killed anywhere and resumed from its last checkpoint takes the same steps on the same
+batches and ends with the same loss and weights, bit for bit.
+
+Hooks: ``Trainer.train_step`` builds a step's ``frame``; ``hooks.after_step(trainer, step, frame)``
+may add keys before ``reporter.report``; ``hooks.checkpoint_components(trainer, step)`` adds
+components to a checkpoint; ``hooks.on_resume(trainer, components)`` reads them back.
+
+Held-out validation (``spec.validation``, tinyllm/validation/README.md) runs at optimizer
+boundaries: at start (the fresh before-training pass, or the resume rules at the checkpoint step)
+and after each due update, where ``_validation_step`` writes the planned checkpoint (a full one
+carries the pending marker, before held-out data is read), validates, and reports the step's one
+frame (train/* and val/*). Validation failures are ``SpecError``s (exit 2) and stop training.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import checkpoint as ckpt
+from .corpus import open_corpus
+from .data import TokenStream
+from .errors import STOP, RunLocked, request_stop
+from .metrics import Reporter, default_reporter
+from .model import GPT, state_digest
+from .spec import SpecError, TrainSpec
+
+# Spec fields that do not change the trajectory: they may differ between a checkpoint and its resume.
+NON_TRAJECTORY_FIELDS = {"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every", "validation"}
+
+
+def lr_at(step: int, spec: TrainSpec) -> float:
+    """Learning rate of the optimizer step with 0-based index ``step``; independent of ``spec.steps``."""
+    if step < spec.warmup_steps:
+        return spec.lr * (step + 1) / spec.warmup_steps
+    if spec.lr_decay_steps is None:
+        return spec.lr
+    if step >= spec.lr_decay_steps:
+        return spec.min_lr
+    ratio = (step - spec.warmup_steps) / max(1, spec.lr_decay_steps - spec.warmup_steps)
+    return spec.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (spec.lr - spec.min_lr)
+
+
+def trajectory_fields(spec: TrainSpec) -> dict:
+    return spec.model_dump(mode="json", exclude=NON_TRAJECTORY_FIELDS)
+
+
+class TrainerHooks:
+    """No-op hooks; validation (tinyllm/validation) subclasses this."""
+
+    def on_start(self, trainer: "Trainer") -> None: ...
+
+    def on_resume(self, trainer: "Trainer", components: dict[str, Any]) -> None: ...
+
+    def after_step(self, trainer: "Trainer", step: int, frame: dict) -> None: ...
+
+    def checkpoint_components(self, trainer: "Trainer", step: int) -> dict[str, Any]:
+        return {}
+
+    def on_checkpoint(self, trainer: "Trainer", step: int, path: Path) -> None: ...
+
+    def on_end(self, trainer: "Trainer") -> None: ...
+
+
+class Trainer:
+    def __init__(self, spec: TrainSpec, home: Path, progress: Path | None = None, resume: Path | None = None,
+                 hooks: TrainerHooks | None = None, log=None):
+        self.spec, self.home, self.progress = spec, Path(home), progress
+        self.hooks = hooks or TrainerHooks()
+        self.log = log or sys.stderr
+        self.run_dir = self.home / "runs" / spec.name
+        cfg = spec.model
+        # Bad input is refused here, before anything is written.
+        if cfg.n_embd % cfg.n_head:
+            raise SpecError(f"invalid train spec: model.n_embd ({cfg.n_embd}) is not a multiple of model.n_head ({cfg.n_head})")
+        if cfg.vocab_size < 256:
+            raise SpecError(f"invalid train spec: model.vocab_size {cfg.vocab_size} < 256 (byte-level tokens)")
+        if resume is not None and not Path(resume).is_dir():
+            raise SpecError(f"--resume checkpoint not found: {resume}")
+        self.resume_arg = Path(resume) if resume is not None else None
+        tokens, self.corpus_meta = open_corpus(self.home, spec.corpus, "tokens")
+        try:
+            self.data = TokenStream(tokens, cfg.block_size, spec.batch_size, spec.seed)
+        except ValueError as e:
+            raise SpecError(f"corpus {spec.corpus!r}: {e}") from None
+        self.validator = None  # held-out validation (tinyllm/validation), when the spec enables it
+        if spec.validation is not None and spec.validation.enabled:
+            from .validation.runner import Validator
+
+            self.validator = Validator(spec, self.home, self.run_dir, log=self.log)  # bad held-out data: exit 2
+            self.validator.check_corpus(tokens, f"corpus {spec.corpus!r}")  # overlap with training: exit 2
+
+    # -- setup ---------------------------------------------------------------------------
+
+    def _lock(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock_file = open(self.run_dir / ".lock", "a+")
+        try:
+            fcntl.flock(self.lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunLocked(f"run {self.spec.name!r} is locked by another live trainer ({self.run_dir / '.lock'})") from None
+        self.lock_file.seek(0)
+        self.lock_file.truncate()
+        self.lock_file.write(f"{os.getpid()}\n")
+        self.lock_file.flush()
+
+    def _build(self) -> None:
+        torch.set_num_threads(self.spec.threads)
+        torch.use_deterministic_algorithms(True)
+        torch.manual_seed(self.spec.seed)
+        self.model = GPT(self.spec.model)
+        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=lr_at(0, self.spec), betas=(self.spec.beta1, self.spec.beta2), foreach=False,
+        )
+        self.step, self.cursor, self.loss = 0, 0, float("nan")
+
+    def _resume(self) -> None:
+        self.resumed_from = ckpt.find_resume_checkpoint(self.run_dir, self.resume_arg, self.log)
+        if self.resumed_from is None:
+            return
+        components, manifest = ckpt.load_checkpoint(self.resumed_from)
+        state = components["training_state"]
+        if state["step"] > self.spec.steps:
+            raise SpecError(f"checkpoint {self.resumed_from} is at step {state['step']}, beyond the spec's steps {self.spec.steps}")
+        saved = manifest.get("meta", {}).get("trajectory")
+        if saved is not None and saved != trajectory_fields(self.spec):
+            diff = sorted(k for k in set(saved) | set(trajectory_fields(self.spec)) if saved.get(k) != trajectory_fields(self.spec).get(k))
+            raise SpecError(f"checkpoint {self.resumed_from} was trained with a different spec (fields: {', '.join(diff)})")
+        self.model.load_state_dict(components["model"])
+        self.optimizer.load_state_dict(components["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.step, self.cursor, self.loss = state["step"], state["cursor"], state["loss"]
+        self.resume_marker = components.get("validation")  # a validation journal's pending marker
+        self.hooks.on_resume(self, components)
+        print(f"tinyllm: resumed {self.spec.name} from {self.rel(self.resumed_from)} at step {self.step}", file=self.log, flush=True)
+
+    def rel(self, path: Path | None) -> str | None:
+        if path is None:
+            return None
+        try:
+            return str(Path(path).resolve().relative_to(self.home.resolve()))
+        except ValueError:
+            return str(Path(path).resolve())
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def train_step(self) -> dict:
+        """One optimizer step (with gradient accumulation); returns the step's frame."""
+        t0 = time.perf_counter()
+        lr = lr_at(self.step, self.spec)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        accum = self.spec.grad_accum_steps
+        loss_sum = 0.0
+        for _ in range(accum):
+            x, y = self.data.batch(self.cursor)  # (B, T), (B, T)
+            self.cursor += 1
+            _, loss = self.model(x, y)
+            (loss / accum).backward()
+            loss_sum += loss.item()
+        max_norm = self.spec.grad_clip if self.spec.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.loss = loss_sum / accum
+        dt = time.perf_counter() - t0
+        tokens = accum * self.spec.batch_size * self.spec.model.block_size
+        return {"train/loss": self.loss, "train/tokens": self.cursor * self.spec.batch_size * self.spec.model.block_size,
+                "optim/lr": lr, "optim/grad_norm": grad_norm, "timer/step_s": dt, "timer/tokens_per_s": tokens / dt}
+
+    def components(self) -> dict[str, Any]:
+        state = {"step": self.step, "cursor": self.cursor, "torch_rng": torch.get_rng_state(),
+                 "loss": self.loss, "loss_hex": float(self.loss).hex()}
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "training_state": state,
+                **self.hooks.checkpoint_components(self, self.step)}
+
+    def save(self, extra: dict[str, Any] | None = None) -> Path:
+        path = ckpt.save_checkpoint(self.run_dir, self.step, {**self.components(), **(extra or {})},
+                                    meta={"name": self.spec.name, "trajectory": trajectory_fields(self.spec)})
+        self.last_saved, self.last_path = self.step, path
+        self.hooks.on_checkpoint(self, self.step, path)
+        if self.progress is not None:
+            line = {"step": self.step, "loss": self.loss, "loss_hex": float(self.loss).hex(),
+                    "checkpoint": self.rel(path), "time": time.time()}
+            self.progress.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.progress, "a", encoding="utf-8") as f:
+                f.write(json.dumps(line) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        return path
+
+    # -- validation (tinyllm/validation: schedule, planning, transaction) -------------------
+
+    def _validation_at_start(self) -> None:
+        """Fresh: the before-training pass at step 0 if due. Resumed: the resume rules at this step."""
+        if self.resumed_from is None:
+            if self.validator.due(0):
+                self._validation_step({}, regular_due=False)
+            return
+        step = self.step
+        self.validator.resume(step, self.resumed_from, self.resume_marker, self.model,
+                              publish=lambda f: self.reporter.report(step, f))
+
+    def _validation_step(self, frame: dict, regular_due: bool) -> bool:
+        """Validate at ``self.step`` (an optimizer boundary) per its checkpoint plan; the step's
+        frame is reported with the val/* metrics. False: stop (termination at this boundary)."""
+        from .validation.faults import maybe_kill
+
+        step = self.step
+        if any(p.grad is not None for p in self.model.parameters()):
+            raise RuntimeError(f"validation at step {step} with gradients in flight (inside gradient accumulation)")
+        plan = self.validator.plan(step, regular_due=regular_due, fresh=self.resumed_from is None,
+                                   termination_requested=self.stop_requested)
+        publish = lambda f: self.reporter.report(step, f)  # noqa: E731
+        if plan.kind == "full":  # the checkpoint, with the pending marker, before held-out data is read
+            maybe_kill("before_marker", step)
+            path = self.save(extra={"validation": self.validator.marker(step, self.model, frame)})
+            if plan.exit_before_validation:
+                self.validation_pending_exit = True  # evaluated on resume, before the next update
+                return False
+            self.validator.run(step, self.model, ckpt_dir=path, frame=frame, publish=publish)
+            return True
+        if plan.exit_before_validation:
+            return False  # fresh step 0 with a stop request: no evaluation, nothing saved
+        self.validator.run(step, self.model, ckpt_dir=None, frame=frame, publish=publish)
+        if plan.kind == "partial":  # non-resumable artifact, committed after validation; never LATEST
+            comps = self.components()
+            path = ckpt.save_checkpoint(self.run_dir, step, {c: comps[c] for c in plan.components},
+                                        meta={"name": self.spec.name, "trajectory": trajectory_fields(self.spec)})
+            self.validator.archive_artifact(path)
+        return True
+
+    @property
+    def stop_requested(self) -> bool:
+        """SIGTERM/SIGINT arrived (the handler sets tinyllm.errors.STOP); the loop stops after its step."""
+        return STOP["requested"]
+
+    def run(self, reporter: Reporter | None = None) -> dict:
+        """Train to ``spec.steps``; return the result object (``canceled`` when SIGTERM stopped it)."""
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self._lock()
+            ckpt.clean_temporaries(self.run_dir)
+            self._build()
+            self._resume()
+            self.last_saved = self.step if self.resumed_from is not None else 0  # step 0 is never saved
+            self.last_path = self.resumed_from
+            # a fresh start drops every frame of a killed earlier attempt (its step-0 validation frame too)
+            kept = self.step if self.resumed_from is not None else -1
+            self.reporter = reporter or default_reporter(self.run_dir, kept, self.spec.steps, self.spec.log_every)
+            self.hooks.on_start(self)
+            self.validation_pending_exit = False
+            if self.validator is not None:
+                self._validation_at_start()
+            self.model.train()
+            while self.step < self.spec.steps and not self.stop_requested:
+                frame = self.train_step()
+                self.hooks.after_step(self, self.step, frame)
+                regular_due = self.step % self.spec.checkpoint_every == 0 or self.step == self.spec.steps
+                if self.validator is not None and self.validator.due(self.step):
+                    if not self._validation_step(frame, regular_due):
+                        break
+                    continue
+                self.reporter.report(self.step, frame)
+                if regular_due:
+                    self.save()
+            if self.last_saved != self.step:  # stopped between checkpoints
+                self.save(extra=self.validator.completed_component(self.step) if self.validator else None)
+            self.hooks.on_end(self)
+            self.reporter.close()
+            loss = None if math.isnan(self.loss) else self.loss  # nan only when stopped before step 1
+            return {"name": self.spec.name, "steps": self.step, "checkpoint": self.rel(self.last_path),
+                    "final_loss": loss, "final_loss_hex": None if loss is None else loss.hex(),
+                    "digest": state_digest(self.model.state_dict()), "resumed_from": self.rel(self.resumed_from),
+                    "canceled": (self.stop_requested and self.step < self.spec.steps) or self.validation_pending_exit}
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            if getattr(self, "lock_file", None) is not None:
+                self.lock_file.close()  # releases the flock (in-process callers run several trainers)
+                self.lock_file = None

@@ -1,0 +1,26 @@
+"""Test-only fault injection: SIGKILL this process at a named phase of a durable validation.
+
+``TINYLLM_VALIDATION_KILL=<phase>@<step>`` (e.g. ``during_evaluation@4``) makes ``tinyllm train``
+send itself SIGKILL when validation at model step ``<step>`` reaches ``<phase>`` -- a real,
+uncatchable kill at a deterministic point, so tests need no timing. Unset in normal use; then
+``maybe_kill`` is a dictionary lookup and nothing else.
+
+Phases, in order: ``before_marker`` (update done, checkpoint with the pending marker not yet
+written), ``after_marker`` (checkpoint + pending marker durable, held-out data not yet read),
+``during_evaluation`` (after the first held-out batch), ``after_evaluation`` (publication-pending
+recorded with the metrics, archive/frame not yet done), ``after_publication`` (completion recorded
+and the frame emitted).
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "TINYLLM_VALIDATION_KILL"
+PHASES = ("before_marker", "after_marker", "during_evaluation", "after_evaluation", "after_publication")
+
+
+def maybe_kill(phase: str, step: int) -> None:
+    target = os.environ.get(ENV)
+    if target and target == f"{phase}@{step}":
+        os.kill(os.getpid(), signal.SIGKILL)

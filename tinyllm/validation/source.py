@@ -1,0 +1,121 @@
+"""The explicit held-out source: resolve, read, parse, identify, and check it is disjoint from training.
+
+The trainer loads it once at start (bad data fails before any work, exit 2) and again at every
+validation, comparing its identity (sha256 of the file's bytes) with the one recorded: a file that
+changed during a run is a data mismatch, fatal.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .config import ValidationConfig
+from .errors import ValidationDataError
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data" / "validation"
+MIN_OVERLAP_BYTES = 24  # held-out records at least this long must not occur verbatim in training
+
+
+def resolve_path(path: str, home: str | Path) -> Path:
+    """``builtin:<file>`` -> shipped file; relative -> under the home; absolute as is."""
+    if path.startswith("builtin:"):
+        return BUILTIN_DIR / path.removeprefix("builtin:")
+    p = Path(path)
+    return p if p.is_absolute() else Path(home) / p
+
+
+@dataclass(frozen=True)
+class HeldOutSource:
+    path: Path
+    sha256: str
+    size_bytes: int
+    text: str = ""  # lm: the whole text
+    prompts: list[dict] = field(default_factory=list)  # generation: {"prompt", "response"} in file order
+
+    def identity(self) -> dict:
+        return {"sha256": self.sha256, "size_bytes": self.size_bytes, "records": len(self.prompts) or None}
+
+    def records(self) -> list[str]:
+        """Texts that must not occur in training: lm lines, generation prompts and responses."""
+        if self.prompts:
+            out = [p["prompt"] for p in self.prompts] + [p["response"] for p in self.prompts if p["response"]]
+        else:
+            out = [line.strip() for line in self.text.splitlines()]
+        return [r for r in out if len(r.encode("utf-8")) >= MIN_OVERLAP_BYTES]
+
+
+def load_source(cfg: ValidationConfig, home: str | Path) -> HeldOutSource:
+    """Read and parse the held-out source; any problem is one ``ValidationDataError`` line."""
+    assert cfg.data is not None
+    path = resolve_path(cfg.data.path, home)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ValidationDataError(f"validation data file not found: {path}") from None
+    except OSError as e:
+        raise ValidationDataError(f"cannot read validation data file {path}: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValidationDataError(f"validation data file {path} is not UTF-8 text (byte {e.start})") from None
+    sha = hashlib.sha256(raw).hexdigest()
+    if cfg.objective == "lm":
+        if len(raw) < 2:
+            raise ValidationDataError(f"validation data file {path} has fewer than 2 tokens")
+        return HeldOutSource(path, sha, len(raw), text=text)
+    return HeldOutSource(path, sha, len(raw), prompts=_parse_prompts(cfg, path, text))
+
+
+def _parse_prompts(cfg: ValidationConfig, path: Path, text: str) -> list[dict]:
+    pcol, rcol = cfg.data.prompt_column, cfg.data.response_column
+    out = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValidationDataError(f"validation data {path} line {n} is not valid JSON: {e.msg}") from None
+        if not isinstance(row, dict):
+            raise ValidationDataError(f"validation data {path} line {n} is not a JSON object")
+        prompt = row.get(pcol)
+        if not isinstance(prompt, str) or not prompt:
+            raise ValidationDataError(f"validation data {path} line {n}: column {pcol!r} missing or not a non-empty string")
+        response = row.get(rcol) if rcol else None
+        if response is not None and not isinstance(response, str):
+            raise ValidationDataError(f"validation data {path} line {n}: column {rcol!r} is not a string")
+        out.append({"prompt": prompt, "response": response})
+    if not out:
+        raise ValidationDataError(f"validation data {path} has no prompts")
+    return out
+
+
+def check_disjoint(source: HeldOutSource, training_tokens: np.ndarray, corpus: str = "training corpus") -> None:
+    """Reject a held-out source that overlaps the training data (byte-level tokens = UTF-8 bytes).
+
+    Overlap: the whole held-out file, or any held-out record (lm line; generation prompt or
+    response) of at least ``MIN_OVERLAP_BYTES`` bytes, occurs verbatim in the training tokens.
+    """
+    train = np.asarray(training_tokens).astype(np.uint8).tobytes()
+    whole = (source.text or "").strip().encode("utf-8")
+    if len(whole) >= MIN_OVERLAP_BYTES and whole in train:
+        raise ValidationDataError(f"validation data {source.path} overlaps the {corpus}: the whole file occurs in it")
+    for rec in dict.fromkeys(source.records()):
+        if rec.encode("utf-8") in train:
+            shown = rec if len(rec) <= 60 else rec[:57] + "..."
+            raise ValidationDataError(
+                f"validation data {source.path} overlaps the {corpus}: {shown!r} occurs in the training data "
+                "(the held-out source must be disjoint from training)"
+            )
+
+
+def verify_unchanged(source: HeldOutSource, recorded: dict, step: int) -> None:
+    if source.identity() != recorded:
+        raise ValidationDataError(
+            f"validation data {source.path} changed: step {step} recorded sha256 {recorded.get('sha256', '?')[:12]}, "
+            f"the file now has {source.sha256[:12]}"
+        )
