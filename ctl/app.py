@@ -1,0 +1,272 @@
+"""The library under ``ctl``: home folder, engine, requests, runs and outcomes; no click.
+
+Domain problems are raised as ``CtlError`` (``BadRequest`` for bad input, exit 2); only
+``ctl/cli.py`` turns them into messages and exit codes.
+
+Run ids: ``ctl train`` of spec ``tiny`` is workflow ``train/tiny``. A run that ended
+canceled or failed is continued by a fresh workflow ``train/tiny/2`` (then ``/3``...)
+over the same run directory: its segments resume from the checkpoints already written.
+``train/tiny`` given to status/cancel/history names the newest of these.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import workflows
+from engine.errors import BadInput, NotFound
+from tinyllm.spec import IDENTIFIER_PATTERN, EvalSpec, SpecError, load_json_file, parse_train_spec
+from workflows.models import EvalSubject, EvalSuiteInput, TrainRunInput
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_CANCELED = 130
+ENDED = ("completed", "failed", "canceled")
+
+
+class CtlError(Exception):
+    """A problem to report in one line; ``exit_code`` says how ctl exits."""
+
+    exit_code = EXIT_FAILED
+
+
+class BadRequest(CtlError):
+    """Bad input: nothing was started and nothing written."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+# --- home and engine ---------------------------------------------------------------------
+
+
+def resolve_home(home: str | None) -> Path:
+    """``--home``, else ``$CTL_HOME``, else the current directory."""
+    path = Path(home or os.environ.get("CTL_HOME") or os.getcwd()).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise BadRequest(f"home {path} is not a directory")
+    return path
+
+
+def db_path(home: Path) -> Path:
+    return home / ".ctl" / "engine.db"
+
+
+def open_engine(home: Path, *, create: bool, **engine_kwargs: Any) -> Any:
+    """The engine of ``home`` with the workflows and the real activities registered.
+
+    ``create=False`` (read-only commands) refuses a home without a database, so that
+    ``ctl status`` in the wrong folder writes nothing.
+    """
+    from engine import Engine
+
+    path = db_path(home)
+    if not create and not path.exists():
+        raise BadRequest(f"no ctl database in {home} (looked for {path}); pass --home or set CTL_HOME")
+    try:
+        engine = Engine(path, **engine_kwargs)
+    except BadInput as e:
+        raise BadRequest(str(e)) from None
+    workflows.register(engine, activities=workflows.tinyllm_activities(home))
+    return engine
+
+
+# --- requests ----------------------------------------------------------------------------
+
+
+def _identifier(value: str, what: str) -> str:
+    if not re.match(IDENTIFIER_PATTERN, value or ""):
+        raise BadRequest(f"bad {what} {value!r}: use letters, digits and . _ - (starting with a letter or digit)")
+    return value
+
+
+def _check_suites(suites: list[str], name: str) -> None:
+    """Each suite must make a valid tinyllm eval spec (names the suite kinds tinyllm knows)."""
+    probe = EvalSuiteInput(name=name, suites=suites, subjects=[EvalSubject(id="probe", model="probe")])
+    for suite in suites:
+        _identifier(suite, "suite")
+        try:
+            EvalSpec.model_validate_json(workflows.marshal_spec(probe, suite))
+        except Exception as e:
+            known = getattr(EvalSpec.model_fields["suite"].annotation, "__args__", ())
+            raise BadRequest(f"unknown suite {suite!r} (known: {', '.join(known)})") from e
+    if len(set(suites)) != len(suites):
+        raise BadRequest(f"suite given twice: {suites}")
+
+
+def train_request(spec_file: str, suites: list[str], *, eval_seed: int = 0, eval_max_items: int | None = None,
+                  corpus_file: str | None = None) -> TrainRunInput:
+    """Read and validate a train spec (and optional corpus spec) into TrainRun's input."""
+    try:
+        raw = load_json_file(spec_file, "train spec")
+        spec = parse_train_spec(raw)
+    except SpecError as e:
+        raise BadRequest(str(e)) from None
+    try:
+        workflows.validate_spec(raw)  # the workflow's own checks, before anything is started
+    except Exception as e:
+        raise BadRequest(str(e)) from None
+    if corpus_file is not None:
+        try:
+            corpus = load_json_file(corpus_file, "corpus spec")
+        except SpecError as e:
+            raise BadRequest(str(e)) from None
+        if not isinstance(corpus, dict) or corpus.get("name", "default") != spec.corpus:
+            raise BadRequest(f"corpus spec {corpus_file} must build {spec.corpus!r}, the train spec's corpus")
+        corpus = {"name": spec.corpus, **corpus}
+    else:
+        corpus = {"name": spec.corpus}  # tinyllm's built-in text under that name (idempotent)
+    _check_suites(list(suites), spec.name)
+    if eval_max_items is not None and eval_max_items < 1:
+        raise BadRequest(f"--eval-max-items must be >= 1, got {eval_max_items}")
+    return TrainRunInput(spec=raw, corpus=corpus, eval_suites=list(suites), eval_seed=eval_seed,
+                         eval_max_items=eval_max_items)
+
+
+def eval_request(name: str, suites: list[str], subjects: list[str], *, tag: str = "", seed: int = 0,
+                 corpus: str = "default", max_items: int | None = None) -> EvalSuiteInput:
+    """``--subject ID=CHECKPOINT`` pairs and suites into EvalSuite's input."""
+    if not suites:
+        raise BadRequest("give at least one --suite")
+    if not subjects:
+        raise BadRequest("give at least one --subject ID=CHECKPOINT")
+    parsed = []
+    for raw in subjects:
+        sid, sep, model = raw.partition("=")
+        if not sep or not model:
+            raise BadRequest(f"bad --subject {raw!r}: expected ID=CHECKPOINT")
+        parsed.append(EvalSubject(id=_identifier(sid, "subject id"), model=model))
+    name = _identifier(name or parsed[0].id, "eval name")
+    if tag:
+        _identifier(tag, "tag")
+    _identifier(corpus, "corpus")
+    inp = EvalSuiteInput(name=name, tag=tag, suites=list(suites), subjects=parsed, seed=seed, corpus=corpus,
+                         max_items=max_items)
+    _check_suites(list(suites), name)
+    try:
+        EvalSpec.model_validate_json(workflows.marshal_spec(inp, suites[0]))
+    except Exception as e:
+        raise BadRequest(f"invalid eval request: {str(e).splitlines()[0]}") from None
+    return inp
+
+
+def train_workflow_id(name: str) -> str:
+    return f"train/{name}"
+
+
+# --- runs --------------------------------------------------------------------------------
+
+
+def _generation(workflow_id: str, base: str) -> int | None:
+    if workflow_id == base:
+        return 1
+    if workflow_id.startswith(base + "/") and workflow_id[len(base) + 1:].isdigit():
+        return int(workflow_id[len(base) + 1:])
+    return None
+
+
+def latest_run(engine: Any, base: str) -> Any | None:
+    """The newest workflow of run ``base`` (``train/tiny``, ``train/tiny/2``, ...), or None."""
+    best, best_gen = None, 0
+    for st in engine.list_workflows():
+        gen = _generation(st.workflow_id, base)
+        if gen is not None and gen > best_gen:
+            best, best_gen = st, gen
+    return best
+
+
+def resolve_id(engine: Any, workflow_id: str) -> str:
+    """An id as given, or for a run's base id its newest workflow; BadRequest when unknown."""
+    try:
+        from engine.ids import check_id
+
+        check_id(workflow_id)
+    except BadInput as e:
+        raise BadRequest(str(e)) from None
+    st = latest_run(engine, workflow_id)
+    if st is not None:
+        return st.workflow_id
+    try:
+        engine.status(workflow_id)
+    except NotFound:
+        raise BadRequest(f"no workflow {workflow_id!r} (see `ctl list`)") from None
+    return workflow_id
+
+
+def recorded_input(engine: Any, workflow_id: str) -> dict:
+    events = engine.history(workflow_id)
+    return events[0].attrs.get("input") if events else {}
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += _differences(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+@dataclass
+class Started:
+    workflow_id: str
+    new: bool  # False: attached to a running or finished workflow
+
+
+def start_run(engine: Any, workflow: str, base: str, inp: Any) -> Started:
+    """Start run ``base`` with input ``inp``, or attach to it; refuse a different input.
+
+    Running or completed: attach. Canceled or failed: a fresh workflow continues the run.
+    """
+    new_raw = json.loads(inp.model_dump_json())
+    current = latest_run(engine, base)
+    if current is not None:
+        old_raw = recorded_input(engine, current.workflow_id)
+        diff = _differences(old_raw, new_raw)
+        if diff:
+            raise BadRequest(
+                f"{current.workflow_id} was started with a different request ({', '.join(diff[:5])} differ); "
+                f"use another name, or the recorded spec (`ctl history {current.workflow_id} --json`)"
+            )
+        if current.state in ("running", "completed"):
+            return Started(current.workflow_id, new=False)
+        gen = _generation(current.workflow_id, base) or 1
+        workflow_id = f"{base}/{gen + 1}"
+    else:
+        workflow_id = base
+    try:
+        engine.start(workflow, workflow_id, inp)
+    except BadInput as e:
+        raise BadRequest(str(e)) from None
+    return Started(workflow_id, new=True)
+
+
+def outcome_json(st: Any) -> dict:
+    """``--json`` of an ended (or running) workflow: ``{workflow_id, workflow, state, result, error}``."""
+    error = None
+    if st.error:
+        error = {k: v for k, v in st.error.items() if k != "traceback"}
+    return {"workflow_id": st.workflow_id, "workflow": st.workflow, "state": st.state,
+            "cancel_requested": st.cancel_requested, "result": st.result, "error": error}
+
+
+def exit_code(state: str) -> int:
+    return {"completed": EXIT_OK, "canceled": EXIT_CANCELED, "failed": EXIT_FAILED}.get(state, EXIT_OK)
+
+
+def error_line(error: dict | None) -> str:
+    """One readable line of a recorded workflow error (its cause included)."""
+    if not error:
+        return ""
+    line = f"{error.get('type', 'error')}: {error.get('message', '')}"
+    cause = error.get("cause")
+    if isinstance(cause, dict) and cause.get("message"):
+        line += f" (cause: {cause.get('type', '')}: {cause['message']})"
+    details = error.get("details")
+    if isinstance(details, dict) and details.get("stderr_tail"):
+        line += f" | stderr: {details['stderr_tail'].strip().splitlines()[-1]}"
+    return line

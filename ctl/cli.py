@@ -1,0 +1,332 @@
+"""``ctl``: start, follow, cancel and inspect durable training runs (a thin click layer over ctl.app).
+
+Exit codes: 0 completed, 130 canceled (or interrupted), 2 bad input (one message, nothing
+started or written), 1 failed.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from . import app
+from .app import BadRequest, CtlError
+from .progress import summary_text
+
+home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
+                           help="Home folder (default: $CTL_HOME, else the current directory).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (stable shape, see README).")
+
+
+def _edge(fn: Callable) -> Callable:
+    """Turn domain errors into one line on stderr and the exit code (the only place that does)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CtlError as e:
+            click.echo(f"ctl: {e}", err=True)
+            sys.exit(e.exit_code)
+    return wrapper
+
+
+def _print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _when(t: float) -> str:
+    return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@click.group()
+def main() -> None:
+    """Durable, exactly-resumable training runs: kill anything, run the same command again."""
+
+
+def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool) -> Any:
+    """Run a worker in this process until ``workflow_id`` ends; show its progress on stderr."""
+    from .progress import Progress
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)  # a terminated ctl stops like Ctrl-C: the run stays resumable
+    progress = None if quiet else Progress(home, app.db_path(home), workflow_id)
+    try:
+        if progress:
+            progress.__enter__()
+        return engine.run_until_complete(workflow_id)
+    except KeyboardInterrupt:
+        if progress:
+            progress.stop()
+            progress = None
+        click.echo(f"ctl: interrupted; {workflow_id} keeps its checkpoints: run the same command to resume, "
+                   f"or `ctl cancel {workflow_id}`", err=True)
+        sys.stderr.flush()
+        os._exit(app.EXIT_CANCELED)  # like a kill: the trainer dies with us, the run resumes next time
+    finally:
+        if progress:
+            progress.stop()
+
+
+def _finish(st: Any, as_json: bool, describe: Callable[[Any], None]) -> None:
+    if as_json:
+        _print_json(app.outcome_json(st))
+    elif st.state == "completed":
+        describe(st.result)
+    elif st.state == "canceled":
+        click.echo(f"{st.workflow_id} canceled; its checkpoints are kept: run the same command to continue", err=True)
+    elif st.state == "failed":
+        click.echo(f"{st.workflow_id} failed: {app.error_line(st.error)}", err=True)
+    else:
+        click.echo(f"{st.workflow_id} is {st.state}: {st.waiting_on or ''}")
+    sys.exit(app.exit_code(st.state))
+
+
+def _describe_train(result: dict) -> None:
+    click.echo(f"run {result['name']}: {result['steps']} steps, checkpoint {result['checkpoint']}")
+    for seg in result["segments"]:
+        t = seg["train"]
+        line = f"  step {seg['until']:>7}  loss {t['final_loss']:.6f} ({t['final_loss_hex']})  digest {t['digest'][:16]}"
+        for s in (seg.get("evals") or {}).get("suites", []):
+            line += f"  {s['suite']}: {summary_text(s, limit=2)}"
+        click.echo(line)
+    click.echo(f"final_loss_hex {result['final_loss_hex']}  digest {result['digest']}")
+
+
+def _describe_eval(result: dict) -> None:
+    for s in result["suites"]:
+        click.echo(f"{s['suite']}: {s.get('summary_path', '')}")
+        for subject, values in ((s.get("summary") or {}).get("metrics") or {}).items():
+            click.echo(f"  {subject}: " + " ".join(f"{k}={v:.6g}" for k, v in values.items()))
+
+
+@main.command()
+@click.option("--spec", "spec_file", required=True, help="Train spec (JSON), e.g. specs/tiny.json.")
+@click.option("--suite", "suites", multiple=True, help="Evaluate each segment's checkpoint with this suite (repeatable).")
+@click.option("--corpus-spec", "corpus_file", default=None, help="Corpus spec (JSON); default: the built-in text.")
+@click.option("--eval-seed", type=int, default=0, show_default=True)
+@click.option("--eval-max-items", type=int, default=None, help="At most this many items per suite.")
+@click.option("--detach", is_flag=True, help="Start (or find) the run and return; `ctl worker` runs it.")
+@json_option
+@home_option
+@_edge
+def train(spec_file: str, suites: tuple[str, ...], corpus_file: str | None, eval_seed: int,
+          eval_max_items: int | None, detach: bool,
+          as_json: bool, home: str | None) -> None:
+    """Start workflow train/<name>, or attach to it, and run it to its end (resumes after any kill)."""
+    home_dir = app.resolve_home(home)
+    inp = app.train_request(spec_file, list(suites), eval_seed=eval_seed, eval_max_items=eval_max_items,
+                            corpus_file=corpus_file)
+    name = inp.spec["name"]
+    engine = app.open_engine(home_dir, create=True)
+    try:
+        started = app.start_run(engine, "TrainRun", app.train_workflow_id(name), inp)
+        wid = started.workflow_id
+        if not as_json:
+            verb = "started" if started.new else "attached to"
+            click.echo(f"ctl: {verb} {wid} (home {home_dir})", err=True)
+        st = engine.status(wid)
+        if detach and st.state == "running":
+            if as_json:
+                _print_json(app.outcome_json(st))
+            else:
+                click.echo(f"{wid} running; follow it with `ctl status {wid}`; run it with `ctl worker`")
+            return
+        if st.state == "running":
+            st = _follow(home_dir, engine, wid, quiet=False)
+        _finish(st, as_json, _describe_train)
+    finally:
+        engine.close()
+
+
+@main.command(name="eval")
+@click.option("--suite", "suites", multiple=True, required=True, help="Suite to run (repeatable, in order).")
+@click.option("--subject", "subjects", multiple=True, required=True, help="ID=CHECKPOINT (repeatable).")
+@click.option("--name", default="", help="Names workflow eval/<name> and evals/<suite>/<name>[-<tag>].")
+@click.option("--tag", default="", help="Evaluation point tag (ids eval-<tag>-<suite>).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--corpus", default="default", show_default=True, help="Corpus whose held-out part ppl reads.")
+@click.option("--max-items", type=int, default=None, help="At most this many items per suite.")
+@json_option
+@home_option
+@_edge
+def eval_(suites: tuple[str, ...], subjects: tuple[str, ...], name: str, tag: str, seed: int, corpus: str,
+          max_items: int | None, as_json: bool, home: str | None) -> None:
+    """Run an EvalSuite workflow: one activity per suite over the subjects."""
+    home_dir = app.resolve_home(home)
+    inp = app.eval_request(name, list(suites), list(subjects), tag=tag, seed=seed, corpus=corpus, max_items=max_items)
+    for s in inp.subjects:
+        path = Path(s.model) if Path(s.model).is_absolute() else home_dir / s.model
+        if not path.is_dir():
+            raise BadRequest(f"subject {s.id}: checkpoint {s.model} not found under {home_dir}")
+    engine = app.open_engine(home_dir, create=True)
+    try:
+        started = app.start_run(engine, "EvalSuite", f"eval/{inp.name}", inp)
+        st = engine.status(started.workflow_id)
+        if st.state == "running":
+            st = _follow(home_dir, engine, started.workflow_id, quiet=as_json)
+        _finish(st, as_json, _describe_eval)
+    finally:
+        engine.close()
+
+
+@main.command()
+@click.argument("workflow_id")
+@home_option
+@_edge
+def cancel(workflow_id: str, home: str | None) -> None:
+    """Cancel a run: it stops after the activity in flight checkpointed; nothing is deleted."""
+    engine = app.open_engine(app.resolve_home(home), create=False)
+    try:
+        wid = _resolved(engine, workflow_id)
+        if engine.cancel(wid):
+            click.echo(f"cancel requested for {wid}; it stops after its next checkpoint")
+        else:
+            st = engine.status(wid)
+            click.echo(f"{wid} is {st.state}" + (" (cancel already requested)" if st.cancel_requested else ""))
+    finally:
+        engine.close()
+
+
+@main.command()
+@click.argument("workflow_id", required=False)
+@json_option
+@home_option
+@_edge
+def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
+    """Show one workflow (exit code by its state), or all of them."""
+    engine = app.open_engine(app.resolve_home(home), create=False)
+    try:
+        if workflow_id is None:
+            rows = engine.list_workflows()
+            if as_json:
+                _print_json([app.outcome_json(s) for s in rows])
+            else:
+                _table(rows)
+            return
+        st = engine.status(_resolved(engine, workflow_id))
+        if as_json:
+            _print_json(app.outcome_json(st) | {"waiting_on": st.waiting_on})
+        else:
+            click.echo(f"{st.workflow_id} ({st.workflow}): {st.state}"
+                       + (" (cancel requested)" if st.cancel_requested and st.state == "running" else ""))
+            if st.waiting_on:
+                click.echo(f"  waiting on: {st.waiting_on}")
+            if st.error:
+                click.echo(f"  error: {app.error_line(st.error)}")
+            if st.state == "completed" and st.workflow == "TrainRun":
+                _describe_train(st.result)
+        sys.exit(app.exit_code(st.state))
+    finally:
+        engine.close()
+
+
+def _resolved(engine: Any, workflow_id: str) -> str:
+    wid = app.resolve_id(engine, workflow_id)
+    if wid != workflow_id:
+        click.echo(f"ctl: {workflow_id} -> {wid} (its newest run; `ctl list` shows all)", err=True)
+    return wid
+
+
+def _table(rows: list) -> None:
+    if not rows:
+        click.echo("no workflows")
+        return
+    click.echo(f"{'WORKFLOW ID':<32} {'KIND':<12} {'STATE':<10} {'UPDATED':<19}")
+    for s in rows:
+        state = s.state + ("*" if s.cancel_requested and s.state == "running" else "")
+        click.echo(f"{s.workflow_id:<32} {s.workflow:<12} {state:<10} {_when(s.updated_at):<19}")
+
+
+@main.command(name="list")
+@json_option
+@home_option
+@_edge
+def list_(as_json: bool, home: str | None) -> None:
+    """List every workflow of the home folder."""
+    engine = app.open_engine(app.resolve_home(home), create=False)
+    try:
+        rows = engine.list_workflows()
+        if as_json:
+            _print_json([app.outcome_json(s) for s in rows])
+        else:
+            _table(rows)
+    finally:
+        engine.close()
+
+
+def _event_line(e: Any) -> str:
+    a = dict(e.attrs)
+    head = f"{e.seq:>4}  {_when(e.time)}  {e.type:<20}"
+    if "activity_id" in a:
+        head += f" {a.pop('activity_id')}"
+        if "attempt" in a:
+            head += f"#{a.pop('attempt')}"
+    a.pop("cmd", None)
+    a.pop("input", None) if e.type == "activity_scheduled" else None
+    a.pop("options", None)
+    for key in ("result", "error"):
+        if isinstance(a.get(key), dict):
+            v = a.pop(key)
+            keep = {k: v[k] for k in ("steps", "final_loss_hex", "suite", "checkpoint", "type", "message") if k in v}
+            a[key] = keep
+    if e.type == "workflow_started":
+        spec = (a.pop("input", {}) or {}).get("spec", {})
+        a["spec"] = {k: spec.get(k) for k in ("name", "steps", "eval_every") if k in spec}
+    rest = json.dumps(a, sort_keys=True) if a else ""
+    return f"{head}  {rest}" if rest else head
+
+
+@main.command()
+@click.argument("workflow_id")
+@json_option
+@home_option
+@_edge
+def history(workflow_id: str, as_json: bool, home: str | None) -> None:
+    """The recorded events of a workflow, in order."""
+    engine = app.open_engine(app.resolve_home(home), create=False)
+    try:
+        wid = _resolved(engine, workflow_id)
+        events = engine.history(wid)
+        if as_json:
+            _print_json({"workflow_id": wid, "events": [e.to_json() for e in events]})
+        else:
+            for e in events:
+                click.echo(_event_line(e))
+    finally:
+        engine.close()
+
+
+@main.command()
+@home_option
+@_edge
+def worker(home: str | None) -> None:
+    """Run workflows of the home folder until SIGINT/SIGTERM (for runs started with --detach)."""
+    home_dir = app.resolve_home(home)
+    engine = app.open_engine(home_dir, create=True)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    click.echo(f"ctl worker: serving {app.db_path(home_dir)} (SIGINT/SIGTERM to stop)", err=True)
+    try:
+        engine.run_forever(stop)
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()

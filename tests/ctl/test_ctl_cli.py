@@ -1,0 +1,116 @@
+"""ctl's edges without training: bad input (exit 2, one message, nothing written), starting
+and attaching (--detach: nothing runs), refusing a different spec under the same name, and
+the read commands (status, list, history) on a real database. In process, via click's runner."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ctl.cli import main
+
+SPEC = {"name": "mini", "steps": 24, "eval_every": 12, "checkpoint_every": 3, "batch_size": 4, "threads": 1,
+        "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32}}
+
+
+def run(home: Path, *args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(main, [*args, "--home", str(home)], catch_exceptions=False)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def write_spec(home: Path, file: str = "spec.json", **over) -> Path:
+    p = home / file
+    p.write_text(json.dumps({**SPEC, **over}))
+    return p
+
+
+def files_under(home: Path) -> set[str]:
+    return {str(p.relative_to(home)) for p in home.rglob("*")}
+
+
+BAD_TRAIN = {
+    "missing file": (lambda h: ["train", "--spec", str(h / "nope.json")], "not found"),
+    "not json": (lambda h: ["train", "--spec", str(_raw(h, "{name: "))], "not valid JSON"),
+    "no name": (lambda h: ["train", "--spec", str(_raw(h, json.dumps({"steps": 5})))], "name"),
+    "bad name": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json", **{"name": "../up"}))], "name"),
+    "negative eval_every": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json", eval_every=-1))], "eval_every"),
+    "unknown suite": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--suite", "nosuch"], "nosuch"),
+}
+
+
+def _raw(home: Path, text: str) -> Path:
+    p = home / "raw.json"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TRAIN))
+def test_bad_train_input_exits_2_and_writes_nothing(tmp_path: Path, case: str) -> None:
+    args, needle = BAD_TRAIN[case]
+    argv = args(tmp_path)
+    before = files_under(tmp_path)
+    code, out, err = run(tmp_path, *argv)
+    assert code == 2, (code, out, err)
+    assert needle in err and err.startswith("ctl: ") and len(err.strip().splitlines()) == 1, err
+    assert files_under(tmp_path) == before  # no database, no run directory
+
+
+def test_read_commands_need_a_database(tmp_path: Path) -> None:
+    for args in (["status"], ["list"], ["history", "train/mini"], ["cancel", "train/mini"]):
+        code, _, err = run(tmp_path, *args)
+        assert code == 2 and "no ctl database" in err
+    assert files_under(tmp_path) == set()
+
+
+def test_detach_attach_and_different_spec_refused(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    code, out, err = run(tmp_path, "train", "--spec", str(spec), "--detach", "--json")
+    assert code == 0, err
+    assert json.loads(out)["workflow_id"] == "train/mini" and json.loads(out)["state"] == "running"
+    code, out, err = run(tmp_path, "train", "--spec", str(spec), "--detach")
+    assert code == 0 and "attached to train/mini" in err
+
+    other = write_spec(tmp_path, file="other.json", seed=99)
+    code, out, err = run(tmp_path, "train", "--spec", str(other), "--detach")
+    assert code == 2 and "different" in err and "spec.seed" in err, err
+    code, out, err = run(tmp_path, "train", "--spec", str(spec), "--suite", "ppl", "--detach")
+    assert code == 2 and "eval_suites" in err, err
+
+    code, out, _ = run(tmp_path, "status", "train/mini", "--json")
+    assert code == 0 and json.loads(out)["state"] == "running"
+    code, out, _ = run(tmp_path, "list")
+    assert code == 0 and "train/mini" in out and "running" in out
+    code, out, _ = run(tmp_path, "history", "train/mini", "--json")
+    events = json.loads(out)["events"]
+    assert code == 0 and events[0]["type"] == "workflow_started"
+    assert events[0]["attrs"]["input"]["spec"]["name"] == "mini"
+    code, out, _ = run(tmp_path, "history", "train/mini")
+    assert code == 0 and "workflow_started" in out
+
+    code, out, _ = run(tmp_path, "cancel", "train/mini")
+    assert code == 0 and "cancel requested" in out
+    code, out, _ = run(tmp_path, "status", "train/mini")
+    assert "cancel requested" in out
+    assert not (tmp_path / "runs").exists()  # nothing ran: no worker
+
+
+def test_unknown_and_malformed_ids(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    run(tmp_path, "train", "--spec", str(spec), "--detach")
+    code, _, err = run(tmp_path, "status", "train/nosuch")
+    assert code == 2 and "no workflow" in err
+    code, _, err = run(tmp_path, "history", "../etc")
+    assert code == 2 and "malformed" in err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["eval", "--suite", "ppl", "--subject", "no-equals-sign"], "ID=CHECKPOINT"),
+    (["eval", "--suite", "ppl", "--subject", "a=runs/x/ckpt/step-000001"], "not found"),
+    (["eval", "--suite", "bogus", "--subject", "a=b"], "bogus"),
+])
+def test_bad_eval_input(tmp_path: Path, args: list[str], needle: str) -> None:
+    code, _, err = run(tmp_path, *args)
+    assert code == 2 and needle in err, err
+    assert files_under(tmp_path) == set()

@@ -1,0 +1,144 @@
+"""The real activities: ``tinyllm train|eval|corpus`` as subprocesses through the engine's runner.
+
+Nothing of tinyllm is imported (no torch in the worker): everything crosses as a command
+line, files under the home folder and an exit code (contracts/subprocess-activity.md).
+Each activity writes its spec (atomically) and its progress file under
+``runs/<name>/activity/<activity-id>/``; ``train`` passes ``--resume`` with the last
+heartbeated checkpoint when its attempt is a redelivery.
+
+The implementations are pluggable: ``workflows.register(engine, activities=...)`` takes any
+mapping of activity name to ``fn(ctx, input)``; ``tinyllm_activities(home)`` builds this one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.seam import ActivityContext
+
+from .models import (
+    ACTIVITY_CORPUS,
+    ACTIVITY_EVAL,
+    ACTIVITY_TRAIN,
+    CorpusBuildInput,
+    CorpusBuildResult,
+    EvalActivityInput,
+    SuiteOutputs,
+    TrainActivityInput,
+    TrainActivityResult,
+)
+
+_STEP_DIR = re.compile(r"^step-(\d{6,})$")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file, fsync and rename (never a torn file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step a ``.../step-NNNNNN`` checkpoint path names, or None."""
+    m = _STEP_DIR.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def choose_resume(home: Path, name: str, until: int, attempt: int, details: Any) -> str | None:
+    """The checkpoint a segment ending at ``until`` resumes from (None: tinyllm's own LATEST).
+
+    A redelivered attempt resumes from its last heartbeated checkpoint. Otherwise LATEST is
+    right, unless it lies beyond ``until`` (a canceled earlier run went further): then the
+    newest checkpoint at or before ``until``, so that the segment still ends at its step.
+    """
+    if attempt > 1 and isinstance(details, dict) and details.get("checkpoint"):
+        ckpt = str(details["checkpoint"])
+        step = checkpoint_step(ckpt)
+        if (home / ckpt).is_dir() and (step is None or step <= until):
+            return ckpt
+    ckpt_dir = home / "runs" / name / "ckpt"
+    try:
+        latest = (ckpt_dir / "LATEST").read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    latest_step = checkpoint_step(latest)
+    if latest_step is None or latest_step <= until:
+        return None
+    steps = sorted(
+        s for p in ckpt_dir.iterdir() if p.is_dir() and (s := checkpoint_step(p)) is not None and s <= until
+    )
+    return f"runs/{name}/ckpt/step-{steps[-1]:06d}" if steps else None
+
+
+class TinyllmActivities:
+    """``train``, ``eval`` and ``corpus`` over ``tinyllm`` subprocesses in one home folder."""
+
+    def __init__(self, home: str | Path, *, python: str = sys.executable, env: dict[str, str] | None = None):
+        self.home = Path(home).resolve()
+        self.python = python
+        self.env = env
+
+    def _argv(self, command: str, spec_path: Path, *extra: str) -> list[str]:
+        return [self.python, "-m", "tinyllm.cli", command, "--spec", str(spec_path), "--home", str(self.home), *extra]
+
+    def _workdir(self, name: str, activity_id: str) -> Path:
+        return self.home / "runs" / name / "activity" / activity_id
+
+    def _run(self, ctx: ActivityContext, argv: list[str], progress_path: Path) -> Any:
+        from engine.subprocess_runner import run_subprocess  # the engine's runner
+
+        progress_path.unlink(missing_ok=True)  # an attempt's heartbeats come from its own lines
+        done = run_subprocess(ctx, argv, progress_path=str(progress_path), cwd=str(self.home), env=self.env)
+        if not isinstance(done.result, dict):
+            raise RuntimeError(f"{argv[3]} printed no JSON result line; stderr: {done.stderr_tail[-500:]}")
+        return done.result
+
+    def train(self, ctx: ActivityContext, input: Any) -> TrainActivityResult:
+        inp = TrainActivityInput.model_validate(input)
+        name, until = str(inp.spec["name"]), int(inp.spec["steps"])
+        work = self._workdir(name, ctx.activity_id)
+        spec_path = work / "spec.json"
+        atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
+        resume = choose_resume(self.home, name, until, ctx.attempt, ctx.last_heartbeat_details)
+        extra = ["--progress", str(work / f"progress-{ctx.attempt}.jsonl")]
+        if resume:
+            extra += ["--resume", resume]
+        out = self._run(ctx, self._argv("train", spec_path, *extra), work / f"progress-{ctx.attempt}.jsonl")
+        return TrainActivityResult.model_validate(out)
+
+    def eval(self, ctx: ActivityContext, input: Any) -> SuiteOutputs:
+        inp = EvalActivityInput.model_validate(input)
+        work = self._workdir(str(inp.spec["name"]), ctx.activity_id)
+        spec_path = work / "spec.json"
+        atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
+        out = self._run(ctx, self._argv("eval", spec_path), work / f"progress-{ctx.attempt}.jsonl")
+        return SuiteOutputs.model_validate(out)
+
+    def corpus(self, ctx: ActivityContext, input: Any) -> CorpusBuildResult:
+        inp = CorpusBuildInput.model_validate(input)
+        work = self.home / ".ctl" / "activity" / ctx.activity_id
+        spec_path = work / "spec.json"
+        atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
+        out = self._run(ctx, self._argv("corpus", spec_path), work / f"progress-{ctx.attempt}.jsonl")
+        return CorpusBuildResult.model_validate(out)
+
+    def as_dict(self) -> dict[str, Callable[[ActivityContext, Any], Any]]:
+        return {ACTIVITY_TRAIN: self.train, ACTIVITY_EVAL: self.eval, ACTIVITY_CORPUS: self.corpus}
+
+
+def tinyllm_activities(home: str | Path, **kwargs: Any) -> dict[str, Callable[[ActivityContext, Any], Any]]:
+    """The real activities of one home folder, by name, for ``workflows.register``."""
+    return TinyllmActivities(home, **kwargs).as_dict()

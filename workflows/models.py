@@ -1,0 +1,144 @@
+"""Typed inputs and results of the workflows and their activities.
+
+Every model round-trips through JSON (``Model.model_validate_json(m.model_dump_json()) == m``):
+the engine records them in the history as JSON, and ``ctl ... --json`` prints them.
+Results produced by tinyllm keep any extra fields it adds (``extra="allow"``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ACTIVITY_TRAIN = "train"
+ACTIVITY_EVAL = "eval"
+ACTIVITY_CORPUS = "corpus"
+
+WORKFLOW_TRAIN_RUN = "TrainRun"
+WORKFLOW_EVAL_SUITE = "EvalSuite"
+WORKFLOW_CORPUS_BUILD = "CorpusBuild"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Result(BaseModel):
+    """A result printed by tinyllm: the known fields typed, extra ones kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# --- activities -------------------------------------------------------------------------
+
+
+class CorpusBuildInput(_Model):
+    """CorpusBuild's input: a tinyllm corpus spec (``{"name": ..., ...}``), passed as is."""
+
+    spec: dict[str, Any]
+
+
+class CorpusBuildResult(_Result):
+    """What ``tinyllm corpus`` prints."""
+
+    name: str
+    path: str = ""
+    tokens: int = 0
+    heldout_tokens: int = 0
+    checksum: str = ""
+
+
+class TrainActivityInput(_Model):
+    """One segment: the run's train spec with ``steps`` set to the segment's end."""
+
+    spec: dict[str, Any]
+
+
+class TrainActivityResult(_Result):
+    """What ``tinyllm train`` prints as its last line."""
+
+    name: str
+    steps: int
+    checkpoint: str  # relative to the home, e.g. runs/tiny/ckpt/step-000500
+    final_loss: float
+    final_loss_hex: str  # float.hex of final_loss: the bitwise check
+    digest: str  # sha256 of the model state
+    resumed_from: str | None = None
+
+
+class EvalActivityInput(_Model):
+    """One suite: the eval spec ``marshal_spec`` built for it."""
+
+    spec: dict[str, Any]
+
+
+class SuiteOutputs(_Result):
+    """What ``tinyllm eval`` prints: one suite's results over its subjects."""
+
+    suite: str
+    run: str = ""  # <name> or <name>-<tag>
+    results: str = ""  # evals/<suite>/<run>/results.jsonl, relative to the home
+    summary_path: str = ""  # evals/<suite>/<run>/summary.json
+    summary: dict[str, Any] = Field(default_factory=dict)  # summary.json's content (metrics per subject, rows)
+
+    def metrics(self) -> dict[str, dict[str, float]]:
+        """``{subject: {"task/metric": value}}`` from the summary."""
+        m = self.summary.get("metrics")
+        return m if isinstance(m, dict) else {}
+
+
+# --- workflows ----------------------------------------------------------------------------
+
+
+class EvalSubject(_Model):
+    """A model to evaluate: ``id`` names it in the results, ``model`` is its checkpoint path."""
+
+    id: str
+    model: str
+
+
+class EvalSuiteInput(_Model):
+    """EvalSuite: each suite in order over the subjects; ``tag`` names the evaluation point."""
+
+    name: str
+    tag: str = ""
+    suites: list[str]
+    subjects: list[EvalSubject]
+    seed: int = 0
+    corpus: str = "default"  # the ppl suite reads this corpus's held-out tokens
+    max_items: int | None = None  # per suite: ppl windows, zoo items per task (None: all)
+
+
+class EvalSuiteResult(_Model):
+    suites: list[SuiteOutputs] = Field(default_factory=list)
+
+
+class TrainRunInput(_Model):
+    """TrainRun: a train spec and optional corpus spec (raw JSON, validated by the workflow)."""
+
+    spec: dict[str, Any]
+    corpus: dict[str, Any] | None = None  # a tinyllm corpus spec; None: no CorpusBuild step
+    eval_suites: list[str] = Field(default_factory=list)
+    eval_seed: int = 0
+    eval_max_items: int | None = Field(None, ge=1)  # per suite (None: all items)
+    train_heartbeat_timeout_s: float = Field(60.0, gt=0)  # a silent trainer is redelivered after this
+    train_max_attempts: int = Field(5, ge=1)
+
+
+class Segment(_Model):
+    """One finished segment: its end step, its checkpoint, the trainer's result, its evaluation."""
+
+    until: int
+    checkpoint: str
+    train: TrainActivityResult
+    evals: EvalSuiteResult | None = None
+
+
+class TrainRunResult(_Model):
+    name: str
+    steps: int
+    checkpoint: str
+    segments: list[Segment]
+    corpus: CorpusBuildResult | None = None
+    final_loss_hex: str = ""  # the last segment's, for convenience
+    digest: str = ""

@@ -1,0 +1,60 @@
+"""Step options of the workflows' activities: idempotency-key ids, timeouts, retries.
+
+Ids name what they do (pitfall 2): ``train-000500`` is the segment ending at step 500,
+``eval-000500-ppl`` the ppl suite on that checkpoint, ``eval-zoo`` a suite with no tag.
+"""
+from __future__ import annotations
+
+from engine.options import RetryPolicy, StepOptions
+
+TRAIN_HEARTBEAT_TIMEOUT_S = 60.0  # a trainer silent this long is presumed dead and redelivered
+TRAIN_START_TO_CLOSE_S = 7 * 24 * 3600.0  # a segment may train for days
+EVAL_HEARTBEAT_TIMEOUT_S = 120.0
+EVAL_START_TO_CLOSE_S = 24 * 3600.0
+CORPUS_START_TO_CLOSE_S = 6 * 3600.0
+NON_RETRYABLE = ("BadInput",)
+
+
+def step_tag(step: int) -> str:
+    """The zero-padded end step that names a segment (``000500``)."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"{step:06d}"
+
+
+def train_options(
+    until: int, *, heartbeat_timeout_s: float = TRAIN_HEARTBEAT_TIMEOUT_S, max_attempts: int = 5
+) -> StepOptions:
+    """Options of the segment that trains up to step ``until``: retried, heartbeat-watched."""
+    return StepOptions(
+        id=f"train-{step_tag(until)}",
+        start_to_close_timeout_s=TRAIN_START_TO_CLOSE_S,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+        retry=RetryPolicy(
+            max_attempts=max_attempts,
+            initial_interval_s=1.0,
+            backoff=2.0,
+            max_interval_s=60.0,
+            non_retryable=NON_RETRYABLE,
+        ),
+    )
+
+
+def eval_options(tag: str, suite: str) -> StepOptions:
+    """Options of one suite's evaluation: ``eval-<tag>-<suite>``, or ``eval-<suite>`` untagged."""
+    return StepOptions(
+        id=f"eval-{tag}-{suite}" if tag else f"eval-{suite}",
+        start_to_close_timeout_s=EVAL_START_TO_CLOSE_S,
+        heartbeat_timeout_s=EVAL_HEARTBEAT_TIMEOUT_S,
+        retry=RetryPolicy(max_attempts=3, initial_interval_s=1.0, non_retryable=NON_RETRYABLE),
+    )
+
+
+def corpus_options(name: str) -> StepOptions:
+    """Options of the corpus build of ``name``."""
+    return StepOptions(
+        id=f"corpus-{name}",
+        start_to_close_timeout_s=CORPUS_START_TO_CLOSE_S,
+        heartbeat_timeout_s=None,
+        retry=RetryPolicy(max_attempts=3, initial_interval_s=1.0, non_retryable=NON_RETRYABLE),
+    )

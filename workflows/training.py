@@ -1,0 +1,140 @@
+"""TrainRun: corpus, then train in segments up to each evaluation point, evaluate, wait, go on.
+
+Segment i is one ``train`` activity (id ``train-NNNNNN``, its end step) whose spec is the
+run's spec with only ``steps`` changed; it resumes from the run's LATEST checkpoint. When
+suites are given, EvalSuite evaluates each boundary's checkpoint once per suite, then the
+workflow durably sleeps ``eval_interval_seconds`` before the next segment (never after the
+last). A kill replays finished work from history; a cancel stops after the activity in
+flight checkpointed and deletes nothing.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from engine.errors import ActivityError, Canceled, NonRetryableError, is_canceled
+from engine.seam import Runtime
+from tinyllm.spec import SpecError, TrainSpec, parse_train_spec
+
+from .corpus import corpus_build
+from .evaluation import eval_suite
+from .models import (
+    ACTIVITY_TRAIN,
+    CorpusBuildInput,
+    EvalSubject,
+    EvalSuiteInput,
+    Segment,
+    TrainActivityInput,
+    TrainActivityResult,
+    TrainRunInput,
+    TrainRunResult,
+)
+from .options import step_tag, train_options
+
+
+def segments(steps: int, eval_every: int) -> list[int]:
+    """End steps ``[e, 2e, ..., N]``, ending exactly at N; ``e = 0`` or ``e >= N`` is one segment."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if eval_every < 0:
+        raise ValueError(f"eval_every must be >= 0, got {eval_every}")
+    if eval_every == 0 or eval_every >= steps:
+        return [steps]
+    ends = list(range(eval_every, steps, eval_every))
+    return ends + [steps]
+
+
+def bad_input(message: str) -> NonRetryableError:
+    return NonRetryableError(message, type="BadInput")
+
+
+def validate_spec(raw: Any) -> TrainSpec:
+    """Parse and check a train spec; any problem is a non-retryable ``BadInput`` (one line)."""
+    if not isinstance(raw, dict):
+        raise bad_input("invalid train spec: expected a JSON object")
+    if not raw.get("name"):
+        raise bad_input("invalid train spec: name: missing")
+    if "steps" not in raw:
+        raise bad_input("invalid train spec: steps: missing")
+    for key in ("eval_every", "eval_interval_seconds"):
+        value = raw.get(key, 0)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise bad_input(f"invalid train spec: {key}: must be >= 0, got {value}")
+    try:
+        return parse_train_spec(raw)
+    except SpecError as e:
+        raise bad_input(str(e)) from None
+
+
+def segment_spec(run_spec: dict[str, Any], until: int) -> dict[str, Any]:
+    """The run's spec with only ``steps`` changed (pitfall 3: not every segment to the end)."""
+    out = dict(run_spec)
+    out["steps"] = until
+    return out
+
+
+async def cadence_wait(rt: Runtime, seconds: float) -> None:
+    """The wait between an evaluation and the next segment: a durable timer (pitfall 11)."""
+    await rt.sleep(seconds)  # its fire time is recorded: a restart waits only the remainder
+
+
+async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
+    """The TrainRun workflow (see the module docstring)."""
+    spec = validate_spec(input.spec)  # fail fast: before the corpus, before any activity
+    run_spec = input.spec  # tinyllm's schedule never depends on `steps`: segments equal one run
+    if input.corpus is not None and input.corpus.get("name") != spec.corpus:
+        raise bad_input(
+            f"corpus spec builds {input.corpus.get('name')!r} but the train spec trains on {spec.corpus!r}"
+        )
+    try:
+        corpus = None
+        if input.corpus is not None:
+            corpus = await corpus_build(rt, CorpusBuildInput(spec=input.corpus))
+        done: list[Segment] = []
+        ends = segments(spec.steps, spec.eval_every)
+        for i, until in enumerate(ends):
+            trained = await rt.execute_activity(
+                ACTIVITY_TRAIN,
+                TrainActivityInput(spec=segment_spec(run_spec, until)),
+                train_options(
+                    until,
+                    heartbeat_timeout_s=input.train_heartbeat_timeout_s,
+                    max_attempts=input.train_max_attempts,
+                ),
+                result_type=TrainActivityResult,
+            )
+            trained = TrainActivityResult.model_validate(trained)
+            if trained.steps != until:  # evaluations must see the checkpoint of their boundary
+                raise NonRetryableError(
+                    f"segment train-{step_tag(until)} ended at step {trained.steps}, not {until}", type="BadResult"
+                )
+            evals = None
+            if input.eval_suites:
+                evals = await eval_suite(
+                    rt,
+                    EvalSuiteInput(
+                        name=spec.name,
+                        tag=step_tag(until),
+                        suites=list(input.eval_suites),
+                        subjects=[EvalSubject(id=f"{spec.name}-{step_tag(until)}", model=trained.checkpoint)],
+                        seed=input.eval_seed,
+                        corpus=spec.corpus,
+                        max_items=input.eval_max_items,
+                    ),
+                )
+            done.append(Segment(until=until, checkpoint=trained.checkpoint, train=trained, evals=evals))
+            if spec.eval_interval_seconds > 0 and i < len(ends) - 1:
+                await cadence_wait(rt, spec.eval_interval_seconds)
+    except ActivityError as e:
+        if is_canceled(e):  # pitfall 5: a cancel ends the run, it is not "move on"
+            raise Canceled(f"{rt.workflow_id} canceled during {e.activity_id}") from e
+        raise
+    last = done[-1]
+    return TrainRunResult(
+        name=spec.name,
+        steps=last.until,
+        checkpoint=last.checkpoint,
+        segments=done,
+        corpus=corpus,
+        final_loss_hex=last.train.final_loss_hex,
+        digest=last.train.digest,
+    )
