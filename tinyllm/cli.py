@@ -16,6 +16,7 @@ import click
 
 from .errors import RunLocked
 from .spec import SpecError
+from .validation.errors import ArchiveError
 
 EXIT_BAD_INPUT = 2
 EXIT_LOCKED = 75
@@ -89,6 +90,8 @@ def train(spec_path: str, progress: str | None, resume: str | None, home: str | 
         _fail(str(e), EXIT_BAD_INPUT)
     except RunLocked as e:
         _fail(str(e), EXIT_LOCKED)
+    except ArchiveError as e:  # retryable: the resumed run retries only the publication
+        _fail(str(e), e.exit_code)
     _emit(result)
     if result.get("canceled"):
         click.echo("tinyllm: stopped by signal after checkpointing", err=True)
