@@ -1,18 +1,10 @@
-"""Shared fixtures: a home with the built-in corpus, the small test spec, subprocess helpers."""
+"""Shared fixtures: a home with the built-in corpus (helpers live in tl_helpers.py)."""
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-SMALL_SPEC = REPO / "specs" / "test-small.json"
 
 
 @pytest.fixture(scope="session")
@@ -32,66 +24,3 @@ def home(tmp_path, built_corpus) -> Path:
     h.mkdir()
     shutil.copytree(built_corpus, h / "corpora")
     return h
-
-
-def write_spec(path: Path, **changes) -> Path:
-    data = json.loads(SMALL_SPEC.read_text())
-    data.update(changes)
-    path.write_text(json.dumps(data))
-    return path
-
-
-def tinyllm_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tinyllm.cli", *args]
-
-
-def run_tinyllm(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(tinyllm_cmd(*args, "--home", str(home)), capture_output=True, text=True, timeout=timeout, cwd=home)
-
-
-def start_tinyllm(home: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(tinyllm_cmd(*args, "--home", str(home)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=home)
-
-
-def last_json(stdout: str) -> dict:
-    return json.loads(stdout.strip().splitlines()[-1])
-
-
-def wait_for_progress(path: Path, min_step: int, proc: subprocess.Popen, deadline_s: float = 90) -> dict:
-    """Poll the progress file until a line with step >= min_step appears (no fixed sleeps)."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue
-                if entry["step"] >= min_step:
-                    return entry
-        if proc.poll() is not None:
-            raise AssertionError(f"trainer exited {proc.returncode} before step {min_step}: {proc.stderr.read()}")
-        time.sleep(0.01)
-    raise AssertionError(f"no progress line with step >= {min_step} within {deadline_s}s")
-
-
-def tree(path: Path) -> list[str]:
-    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
-
-
-def cli_in_process(home: Path, *args: str):
-    """The real CLI through click's runner, in this process (no torch import per call): for exit
-    codes and messages of checks that happen after the spec loads. Signal handlers are restored."""
-    import signal
-
-    from click.testing import CliRunner
-
-    from tinyllm.cli import main
-
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return CliRunner().invoke(main, [*args, "--home", str(home)])
-    finally:
-        for s, handler in saved.items():
-            signal.signal(s, handler)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import SMALL_SPEC, run_tinyllm, tree, write_spec
+from tl_helpers import SMALL_SPEC, run_tinyllm, tree, write_spec
 
 
 @pytest.mark.parametrize("changes,needle", [

@@ -10,7 +10,7 @@ from tinyllm.builtin_text import builtin_text, zoo_items
 from tinyllm.corpus import build_corpus, open_corpus
 from tinyllm.spec import CorpusSpec, SpecError
 
-from conftest import run_tinyllm
+from tl_helpers import run_tinyllm
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_cli_refuses_other_sources_for_an_existing_corpus_and_unmatched_globs(te
 
 def test_training_never_reads_the_heldout_part(home, tmp_path):
     """With heldout.bin made unreadable, training still runs: the trainer reads only tokens.bin."""
-    from conftest import write_spec
+    from tl_helpers import write_spec
 
     from tinyllm.metrics import Reporter
     from tinyllm.spec import load_train_spec

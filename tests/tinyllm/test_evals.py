@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from tinyllm.schemas import render
 from tinyllm.spec import EvalSummary
 
-from conftest import cli_in_process, last_json, run_tinyllm, tree, write_spec
+from tl_helpers import cli_in_process, last_json, run_tinyllm, tree, write_spec
 from jsonschema_lite import errors as schema_errors
 
 

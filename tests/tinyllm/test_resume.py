@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SMALL_SPEC, cli_in_process, last_json, run_tinyllm, start_tinyllm, wait_for_progress, write_spec
+from tl_helpers import SMALL_SPEC, cli_in_process, last_json, run_tinyllm, start_tinyllm, wait_for_progress, write_spec
 
 
 @pytest.fixture(scope="module")
