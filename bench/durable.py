@@ -8,6 +8,7 @@
    segment) to the first resumed training step appearing in runs/<name>/metrics.jsonl.
 
 Usage: python bench/durable.py [--spec specs/tiny.json] [--suite ppl ...]
+(without --suite, ctl train runs with --no-eval: the same work as the bare commands)
 """
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ def timed(argv: list[str], **kw) -> tuple[float, subprocess.CompletedProcess]:
 
 
 def ctl_argv(spec: Path, home: Path, suites: list[str]) -> list[str]:
+    """ctl train with the given suites; without any, --no-eval (the bare commands evaluate nothing)."""
     return [sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec), "--home", str(home), "--json",
-            *[a for s in suites for a in ("--suite", s)]]
+            *([a for s in suites for a in ("--suite", s)] or ["--no-eval"])]
 
 
 def bare_run(spec: dict, home: Path) -> tuple[float, str]:

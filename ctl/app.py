@@ -5,15 +5,17 @@ Domain problems are raised as ``CtlError`` (``BadRequest`` for bad input, exit 2
 
 Run ids: ``ctl train`` of spec ``tiny`` is workflow ``train/tiny``. A run that ended
 canceled or failed is continued by a fresh workflow ``train/tiny/2`` (then ``/3``...)
-over the same run directory: its segments resume from the checkpoints already written.
-``train/tiny`` given to status/cancel/history names the newest of these.
+over the same run directory: its segments resume from the checkpoints already written, and
+segments and evaluations the earlier workflows finished are passed in its input, not rerun.
+``train/tiny`` given to status/cancel/history names the newest of these; ``train/tiny/1``
+names the first one itself.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_CANCELED = 130
 ENDED = ("completed", "failed", "canceled")
+DEFAULT_SUITES = ("ppl",)  # what `ctl train` evaluates each checkpoint with unless told otherwise
 
 
 class CtlError(Exception):
@@ -193,8 +196,19 @@ def resolve_id(engine: Any, workflow_id: str) -> str:
     try:
         engine.status(workflow_id)
     except NotFound:
+        first = workflow_id[: -len("/1")] if workflow_id.endswith("/1") else None
+        if first and _exists(engine, first):  # train/tiny/1: the run's first workflow itself
+            return first
         raise BadRequest(f"no workflow {workflow_id!r} (see `ctl list`)") from None
     return workflow_id
+
+
+def _exists(engine: Any, workflow_id: str) -> bool:
+    try:
+        engine.status(workflow_id)
+        return True
+    except (NotFound, BadInput):
+        return False
 
 
 def recorded_input(engine: Any, workflow_id: str) -> dict:
@@ -215,18 +229,31 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
 class Started:
     workflow_id: str
     new: bool  # False: attached to a running or finished workflow
+    reused: list[str] = field(default_factory=list)  # activity ids an earlier workflow finished (continued run)
+
+
+def run_generations(engine: Any, base: str) -> list[Any]:
+    """Every workflow of run ``base`` (``train/tiny``, ``train/tiny/2``, ...), oldest first."""
+    found = [(g, st) for st in engine.list_workflows() if (g := _generation(st.workflow_id, base)) is not None]
+    return [st for _, st in sorted(found, key=lambda x: x[0])]
+
+
+def _without_prior(raw: Any) -> Any:
+    return {k: v for k, v in raw.items() if k != "prior"} if isinstance(raw, dict) else raw
 
 
 def start_run(engine: Any, workflow: str, base: str, inp: Any) -> Started:
     """Start run ``base`` with input ``inp``, or attach to it; refuse a different input.
 
-    Running or completed: attach. Canceled or failed: a fresh workflow continues the run.
+    Running or completed: attach. Canceled or failed: a fresh workflow continues the run;
+    for a TrainRun its input carries the work earlier workflows finished (``prior``), so
+    finished segments and evaluations are not run again.
     """
     new_raw = json.loads(inp.model_dump_json())
     current = latest_run(engine, base)
     if current is not None:
         old_raw = recorded_input(engine, current.workflow_id)
-        diff = _differences(old_raw, new_raw)
+        diff = _differences(_without_prior(old_raw), _without_prior(new_raw))
         if diff:
             raise BadRequest(
                 f"{current.workflow_id} was started with a different request ({', '.join(diff[:5])} differ); "
@@ -236,13 +263,17 @@ def start_run(engine: Any, workflow: str, base: str, inp: Any) -> Started:
             return Started(current.workflow_id, new=False)
         gen = _generation(current.workflow_id, base) or 1
         workflow_id = f"{base}/{gen + 1}"
+        if isinstance(inp, TrainRunInput):
+            earlier = [engine.history(st.workflow_id) for st in run_generations(engine, base)]
+            inp = inp.model_copy(update={"prior": workflows.collect_prior(earlier)})
     else:
         workflow_id = base
     try:
         engine.start(workflow, workflow_id, inp)
     except BadInput as e:
         raise BadRequest(str(e)) from None
-    return Started(workflow_id, new=True)
+    prior = getattr(inp, "prior", None)
+    return Started(workflow_id, new=True, reused=sorted([*prior.train, *prior.evals]) if prior else [])
 
 
 def outcome_json(st: Any) -> dict:

@@ -47,9 +47,25 @@ def _when(t: float) -> str:
     return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
 
-@click.group()
+@click.group(context_settings={"max_content_width": 100})
 def main() -> None:
-    """Durable, exactly-resumable training runs: kill anything, run the same command again."""
+    """Durable, exactly-resumable training runs: kill anything, run the same command again.
+
+    Everything lives under one home folder (--home, else $CTL_HOME, else the current
+    directory): the engine's database <home>/.ctl/engine.db, runs/<name>/, evals/.
+
+    \b
+    Exit codes: 0 completed, 130 canceled (or ctl interrupted),
+                2 bad input (one line on stderr, nothing started or written), 1 failed.
+
+    \b
+    Example:
+      ctl train --spec specs/tiny.json     # train/tiny: train, evaluate (ppl), resume after any kill
+      ctl status train/tiny                # its state; `ctl history train/tiny` its events
+      ctl cancel train/tiny                # stops after a checkpoint; the same `ctl train` continues
+
+    Run `ctl COMMAND --help` for each command.
+    """
 
 
 def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool) -> Any:
@@ -111,21 +127,45 @@ def _describe_eval(result: dict) -> None:
 
 
 @main.command()
-@click.option("--spec", "spec_file", required=True, help="Train spec (JSON), e.g. specs/tiny.json.")
-@click.option("--suite", "suites", multiple=True, help="Evaluate each segment's checkpoint with this suite (repeatable).")
-@click.option("--corpus-spec", "corpus_file", default=None, help="Corpus spec (JSON); default: the built-in text.")
-@click.option("--eval-seed", type=int, default=0, show_default=True)
-@click.option("--eval-max-items", type=int, default=None, help="At most this many items per suite.")
-@click.option("--detach", is_flag=True, help="Start (or find) the run and return; `ctl worker` runs it.")
+@click.option("--spec", "spec_file", required=True, metavar="FILE", help="Train spec (JSON), e.g. specs/tiny.json.")
+@click.option("--suite", "suites", multiple=True,
+              help="Evaluate each segment's checkpoint with this suite: ppl or zoo (repeatable, in order). "
+                   "Default: ppl.")
+@click.option("--no-eval", is_flag=True, help="Evaluate nothing (no --suite then).")
+@click.option("--corpus-spec", "corpus_file", default=None, metavar="FILE",
+              help="Corpus spec (JSON), e.g. {\"name\": \"mine\", \"sources\": [\"my.txt\"]}; its name must be the "
+                   "train spec's corpus. Default: the built-in text under that name.")
+@click.option("--eval-seed", type=int, default=0, show_default=True, help="Seed of the evaluations.")
+@click.option("--eval-max-items", type=int, default=None, help="At most this many items per suite [default: all].")
+@click.option("--detach", is_flag=True, help="Start (or find) the run and return at once; `ctl worker` runs it.")
 @json_option
 @home_option
 @_edge
-def train(spec_file: str, suites: tuple[str, ...], corpus_file: str | None, eval_seed: int,
+def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: str | None, eval_seed: int,
           eval_max_items: int | None, detach: bool,
           as_json: bool, home: str | None) -> None:
-    """Start workflow train/<name>, or attach to it, and run it to its end (resumes after any kill)."""
+    """Start workflow train/<name> (or attach to it) and run it here to its end.
+
+    Builds the corpus, trains in segments up to each eval_every boundary, evaluates each
+    checkpoint once per suite (ppl unless --suite or --no-eval), waits eval_interval_seconds,
+    goes on. Progress goes to stderr; the result to stdout. Kill it at any moment and run the
+    same command again: it resumes from the last checkpoint, with a bitwise-equal final loss.
+    After a cancel or failure the same command continues as train/<name>/2, reusing every
+    finished segment and evaluation. A different spec under the same name is refused (exit 2).
+
+    \b
+    Exit codes: 0 completed, 130 canceled/interrupted, 2 bad input, 1 failed.
+    \b
+    Examples:
+      ctl train --spec specs/tiny.json
+      ctl train --spec specs/tiny.json --suite ppl --suite zoo --json
+      ctl train --spec my.json --corpus-spec my-corpus.json --no-eval --detach && ctl worker
+    """
     home_dir = app.resolve_home(home)
-    inp = app.train_request(spec_file, list(suites), eval_seed=eval_seed, eval_max_items=eval_max_items,
+    if no_eval and suites:
+        raise BadRequest("--no-eval and --suite exclude each other")
+    chosen = [] if no_eval else (list(suites) or list(app.DEFAULT_SUITES))
+    inp = app.train_request(spec_file, chosen, eval_seed=eval_seed, eval_max_items=eval_max_items,
                             corpus_file=corpus_file)
     name = inp.spec["name"]
     engine = app.open_engine(home_dir, create=True)
@@ -135,6 +175,9 @@ def train(spec_file: str, suites: tuple[str, ...], corpus_file: str | None, eval
         if not as_json:
             verb = "started" if started.new else "attached to"
             click.echo(f"ctl: {verb} {wid} (home {home_dir})", err=True)
+            if started.reused:
+                click.echo(f"ctl: continuing the run; done earlier, not run again: {', '.join(started.reused)}",
+                           err=True)
         st = engine.status(wid)
         if detach and st.state == "running":
             if as_json:
@@ -150,19 +193,32 @@ def train(spec_file: str, suites: tuple[str, ...], corpus_file: str | None, eval
 
 
 @main.command(name="eval")
-@click.option("--suite", "suites", multiple=True, required=True, help="Suite to run (repeatable, in order).")
-@click.option("--subject", "subjects", multiple=True, required=True, help="ID=CHECKPOINT (repeatable).")
-@click.option("--name", default="", help="Names workflow eval/<name> and evals/<suite>/<name>[-<tag>].")
-@click.option("--tag", default="", help="Evaluation point tag (ids eval-<tag>-<suite>).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--suite", "suites", multiple=True, required=True, help="Suite to run: ppl or zoo (repeatable, in order).")
+@click.option("--subject", "subjects", multiple=True, required=True,
+              help="ID=CHECKPOINT: a name and a checkpoint directory, relative to the home (repeatable).")
+@click.option("--name", default="", help="Names workflow eval/<name> and evals/<suite>/<name>[-<tag>] "
+                                         "[default: the first subject's id].")
+@click.option("--tag", default="", help="Evaluation point tag (activity ids eval-<tag>-<suite>) [default: none].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the evaluation.")
 @click.option("--corpus", default="default", show_default=True, help="Corpus whose held-out part ppl reads.")
-@click.option("--max-items", type=int, default=None, help="At most this many items per suite.")
+@click.option("--max-items", type=int, default=None, help="At most this many items per suite [default: all].")
 @json_option
 @home_option
 @_edge
 def eval_(suites: tuple[str, ...], subjects: tuple[str, ...], name: str, tag: str, seed: int, corpus: str,
           max_items: int | None, as_json: bool, home: str | None) -> None:
-    """Run an EvalSuite workflow: one activity per suite over the subjects."""
+    """Evaluate checkpoints: workflow eval/<name>, one activity per suite over the subjects.
+
+    Each suite writes evals/<suite>/<name>[-<tag>]/results.jsonl and summary.json. Like
+    train, it runs here to its end and resumes after a kill; the same command on a finished
+    evaluation prints its result.
+
+    \b
+    Exit codes: 0 completed, 130 canceled/interrupted, 2 bad input, 1 failed.
+    \b
+    Example:
+      ctl eval --suite ppl --suite zoo --subject final=runs/tiny/ckpt/step-000300 --name tiny-final
+    """
     home_dir = app.resolve_home(home)
     inp = app.eval_request(name, list(suites), list(subjects), tag=tag, seed=seed, corpus=corpus, max_items=max_items)
     for s in inp.subjects:
@@ -185,7 +241,17 @@ def eval_(suites: tuple[str, ...], subjects: tuple[str, ...], name: str, tag: st
 @home_option
 @_edge
 def cancel(workflow_id: str, home: str | None) -> None:
-    """Cancel a run: it stops after the activity in flight checkpointed; nothing is deleted."""
+    """Request the cancel of WORKFLOW_ID (train/<name> names its newest workflow).
+
+    The run stops after the activity in flight checkpointed; nothing is deleted, and the
+    same `ctl train` later continues it. The `ctl train` following the run exits 130.
+
+    \b
+    Exit codes: 0 cancel recorded (or the workflow had already ended), 2 unknown id or no database.
+    \b
+    Example:
+      ctl cancel train/tiny
+    """
     engine = app.open_engine(app.resolve_home(home), create=False)
     try:
         wid = _resolved(engine, workflow_id)
@@ -204,7 +270,16 @@ def cancel(workflow_id: str, home: str | None) -> None:
 @home_option
 @_edge
 def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
-    """Show one workflow (exit code by its state), or all of them."""
+    """Show WORKFLOW_ID's state (waiting on what, error, result), or every workflow.
+
+    \b
+    Exit codes: 0 completed or running (or no id given), 130 canceled, 1 failed,
+                2 unknown id or no database.
+    \b
+    Examples:
+      ctl status                  # a table of all workflows
+      ctl status train/tiny --json
+    """
     engine = app.open_engine(app.resolve_home(home), create=False)
     try:
         if workflow_id is None:
@@ -253,7 +328,14 @@ def _table(rows: list) -> None:
 @home_option
 @_edge
 def list_(as_json: bool, home: str | None) -> None:
-    """List every workflow of the home folder."""
+    """List every workflow of the home folder: id, kind, state (* = cancel requested), last update.
+
+    \b
+    Exit codes: 0, or 2 when the home has no database.
+    \b
+    Example:
+      ctl list --json
+    """
     engine = app.open_engine(app.resolve_home(home), create=False)
     try:
         rows = engine.list_workflows()
@@ -293,7 +375,16 @@ def _event_line(e: Any) -> str:
 @home_option
 @_edge
 def history(workflow_id: str, as_json: bool, home: str | None) -> None:
-    """The recorded events of a workflow, in order."""
+    """Print WORKFLOW_ID's recorded events in order: seq, time, event, activity#attempt, details.
+
+    --json prints every event in full: {"workflow_id", "events": [{"seq", "type", "time", "attrs"}]}.
+
+    \b
+    Exit codes: 0, or 2 for an unknown id or no database.
+    \b
+    Example:
+      ctl history train/tiny --json
+    """
     engine = app.open_engine(app.resolve_home(home), create=False)
     try:
         wid = _resolved(engine, workflow_id)
@@ -311,7 +402,19 @@ def history(workflow_id: str, as_json: bool, home: str | None) -> None:
 @home_option
 @_edge
 def worker(home: str | None) -> None:
-    """Run workflows of the home folder until SIGINT/SIGTERM (for runs started with --detach)."""
+    """Run the workflows of the home folder until SIGINT/SIGTERM (runs started with --detach).
+
+    Resumes every open workflow of <home>/.ctl/engine.db, then serves new ones. On SIGTERM
+    or SIGINT it stops and exits 0; an activity in flight is abandoned as after a kill (its
+    trainer dies with the worker) and resumes from its last checkpoint with the next worker
+    or `ctl train`. Cancel a run with `ctl cancel`, not by stopping the worker.
+
+    \b
+    Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad home or corrupt database.
+    \b
+    Example:
+      ctl train --spec specs/tiny.json --detach && ctl worker
+    """
     home_dir = app.resolve_home(home)
     engine = app.open_engine(home_dir, create=True)
     stop = threading.Event()

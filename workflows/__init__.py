@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from .activities import TinyllmActivities, tinyllm_activities
+from .continuation import collect_prior
 from .corpus import corpus_build
 from .evaluation import eval_suite, marshal_spec
 from .models import (
@@ -26,6 +27,7 @@ from .models import (
     EvalSubject,
     EvalSuiteInput,
     EvalSuiteResult,
+    PriorWork,
     Segment,
     SuiteOutputs,
     TrainActivityInput,
@@ -62,8 +64,8 @@ __all__ = [
     "ACTIVITY_CORPUS", "ACTIVITY_EVAL", "ACTIVITY_TRAIN", "WORKFLOWS",
     "WORKFLOW_CORPUS_BUILD", "WORKFLOW_EVAL_SUITE", "WORKFLOW_TRAIN_RUN",
     "CorpusBuildInput", "CorpusBuildResult", "EvalActivityInput", "EvalSubject", "EvalSuiteInput",
-    "EvalSuiteResult", "Segment", "SuiteOutputs", "TinyllmActivities", "TrainActivityInput",
-    "TrainActivityResult", "TrainRunInput", "TrainRunResult", "corpus_build", "corpus_options",
+    "EvalSuiteResult", "PriorWork", "Segment", "SuiteOutputs", "TinyllmActivities", "TrainActivityInput",
+    "TrainActivityResult", "TrainRunInput", "TrainRunResult", "collect_prior", "corpus_build", "corpus_options",
     "eval_options", "eval_suite", "marshal_spec", "register", "segment_spec", "segments", "step_tag",
     "tinyllm_activities", "train_options", "train_run", "validate_spec",
 ]

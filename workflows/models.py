@@ -113,6 +113,19 @@ class EvalSuiteResult(_Model):
     suites: list[SuiteOutputs] = Field(default_factory=list)
 
 
+class PriorWork(_Model):
+    """What earlier workflows of the same run finished (see workflows/continuation.py).
+
+    ``train``: segment results by id (``train-000500``); ``evals``: suite outputs by id
+    (``eval-000500-ppl``); ``scheduled``: every activity id an earlier workflow scheduled.
+    TrainRun reuses these instead of running them again; empty for a first run.
+    """
+
+    train: dict[str, TrainActivityResult] = Field(default_factory=dict)
+    evals: dict[str, SuiteOutputs] = Field(default_factory=dict)
+    scheduled: list[str] = Field(default_factory=list)
+
+
 class TrainRunInput(_Model):
     """TrainRun: a train spec and optional corpus spec (raw JSON, validated by the workflow)."""
 
@@ -123,6 +136,7 @@ class TrainRunInput(_Model):
     eval_max_items: int | None = Field(None, ge=1)  # per suite (None: all items)
     train_heartbeat_timeout_s: float = Field(60.0, gt=0)  # a silent trainer is redelivered after this
     train_max_attempts: int = Field(5, ge=1)
+    prior: PriorWork = Field(default_factory=PriorWork)  # a continued run: work already done
 
 
 class Segment(_Model):

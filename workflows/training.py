@@ -22,13 +22,15 @@ from .models import (
     CorpusBuildInput,
     EvalSubject,
     EvalSuiteInput,
+    EvalSuiteResult,
     Segment,
+    SuiteOutputs,
     TrainActivityInput,
     TrainActivityResult,
     TrainRunInput,
     TrainRunResult,
 )
-from .options import step_tag, train_options
+from .options import eval_options, step_tag, train_options
 
 
 def segments(steps: int, eval_every: int) -> list[int]:
@@ -91,17 +93,20 @@ async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
             corpus = await corpus_build(rt, CorpusBuildInput(spec=input.corpus))
         done: list[Segment] = []
         ends = segments(spec.steps, spec.eval_every)
+        prior = input.prior
         for i, until in enumerate(ends):
-            trained = await rt.execute_activity(
-                ACTIVITY_TRAIN,
-                TrainActivityInput(spec=segment_spec(run_spec, until)),
-                train_options(
-                    until,
-                    heartbeat_timeout_s=input.train_heartbeat_timeout_s,
-                    max_attempts=input.train_max_attempts,
-                ),
-                result_type=TrainActivityResult,
+            options = train_options(
+                until, heartbeat_timeout_s=input.train_heartbeat_timeout_s, max_attempts=input.train_max_attempts
             )
+            if options.id in prior.train:  # finished by an earlier workflow of this run: not again
+                trained = prior.train[options.id]
+            else:
+                trained = await rt.execute_activity(
+                    ACTIVITY_TRAIN,
+                    TrainActivityInput(spec=segment_spec(run_spec, until)),
+                    options,
+                    result_type=TrainActivityResult,
+                )
             trained = TrainActivityResult.model_validate(trained)
             if trained.steps != until:  # evaluations must see the checkpoint of their boundary
                 raise NonRetryableError(
@@ -109,21 +114,30 @@ async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
                 )
             evals = None
             if input.eval_suites:
-                evals = await eval_suite(
-                    rt,
-                    EvalSuiteInput(
-                        name=spec.name,
-                        tag=step_tag(until),
-                        suites=list(input.eval_suites),
-                        subjects=[EvalSubject(id=f"{spec.name}-{step_tag(until)}", model=trained.checkpoint)],
-                        seed=input.eval_seed,
-                        corpus=spec.corpus,
-                        max_items=input.eval_max_items,
-                    ),
+                request = EvalSuiteInput(
+                    name=spec.name,
+                    tag=step_tag(until),
+                    suites=list(input.eval_suites),
+                    subjects=[EvalSubject(id=f"{spec.name}-{step_tag(until)}", model=trained.checkpoint)],
+                    seed=input.eval_seed,
+                    corpus=spec.corpus,
+                    max_items=input.eval_max_items,
                 )
+                done_before = {s: prior.evals.get(eval_options(request.tag, s).id) for s in request.suites}
+                missing = [s for s in request.suites if done_before[s] is None]
+                if len(missing) == len(request.suites):
+                    evals = await eval_suite(rt, request)
+                else:  # an earlier workflow finished some suites: run only the others, keep the order
+                    fresh: dict[str, SuiteOutputs] = {}
+                    if missing:
+                        ran = await eval_suite(rt, request.model_copy(update={"suites": missing}))
+                        fresh = {o.suite: o for o in ran.suites}
+                    evals = EvalSuiteResult(suites=[done_before[s] or fresh[s] for s in request.suites])
             done.append(Segment(until=until, checkpoint=trained.checkpoint, train=trained, evals=evals))
             if spec.eval_interval_seconds > 0 and i < len(ends) - 1:
-                await cadence_wait(rt, spec.eval_interval_seconds)
+                next_id = train_options(ends[i + 1]).id
+                if next_id not in prior.train and next_id not in prior.scheduled:  # else it was waited already
+                    await cadence_wait(rt, spec.eval_interval_seconds)
     except ActivityError as e:
         if is_canceled(e):  # pitfall 5: a cancel ends the run, it is not "move on"
             raise Canceled(f"{rt.workflow_id} canceled during {e.activity_id}") from e

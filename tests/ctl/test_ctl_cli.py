@@ -37,6 +37,18 @@ BAD_TRAIN = {
     "bad name": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json", **{"name": "../up"}))], "name"),
     "negative eval_every": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json", eval_every=-1))], "eval_every"),
     "unknown suite": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--suite", "nosuch"], "nosuch"),
+    "suite and no-eval": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--suite", "ppl",
+                                     "--no-eval"], "--no-eval"),
+    "missing corpus spec": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--corpus-spec",
+                                       str(h / "nope.json")], "not found"),
+    "malformed corpus spec": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--corpus-spec",
+                                         str(_raw(h, "[1, "))], "not valid JSON"),
+    "corpus spec of another corpus": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json")),
+                                                 "--corpus-spec", str(_raw(h, json.dumps({"name": "other"})))],
+                                      "'default'"),
+    "bad eval-max-items": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--eval-max-items",
+                                      "0"], "--eval-max-items"),
+    "spec is a list": (lambda h: ["train", "--spec", str(_raw(h, "[]"))], "spec"),
 }
 
 
@@ -76,6 +88,8 @@ def test_detach_attach_and_different_spec_refused(tmp_path: Path) -> None:
     code, out, err = run(tmp_path, "train", "--spec", str(other), "--detach")
     assert code == 2 and "different" in err and "spec.seed" in err, err
     code, out, err = run(tmp_path, "train", "--spec", str(spec), "--suite", "ppl", "--detach")
+    assert code == 0 and "attached to train/mini" in err  # ppl is the default suite: the same request
+    code, out, err = run(tmp_path, "train", "--spec", str(spec), "--no-eval", "--detach")
     assert code == 2 and "eval_suites" in err, err
 
     code, out, _ = run(tmp_path, "status", "train/mini", "--json")
@@ -86,8 +100,11 @@ def test_detach_attach_and_different_spec_refused(tmp_path: Path) -> None:
     events = json.loads(out)["events"]
     assert code == 0 and events[0]["type"] == "workflow_started"
     assert events[0]["attrs"]["input"]["spec"]["name"] == "mini"
+    assert events[0]["attrs"]["input"]["eval_suites"] == ["ppl"]  # evaluated by default
     code, out, _ = run(tmp_path, "history", "train/mini")
     assert code == 0 and "workflow_started" in out
+    code, out, err = run(tmp_path, "history", "train/mini/1", "--json")  # the first workflow itself
+    assert code == 0 and json.loads(out)["workflow_id"] == "train/mini", err
 
     code, out, _ = run(tmp_path, "cancel", "train/mini")
     assert code == 0 and "cancel requested" in out
@@ -96,19 +113,65 @@ def test_detach_attach_and_different_spec_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()  # nothing ran: no worker
 
 
-def test_unknown_and_malformed_ids(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["status", "cancel", "history"])
+def test_unknown_and_malformed_ids(tmp_path: Path, command: str) -> None:
     spec = write_spec(tmp_path)
     run(tmp_path, "train", "--spec", str(spec), "--detach")
-    code, _, err = run(tmp_path, "status", "train/nosuch")
-    assert code == 2 and "no workflow" in err
-    code, _, err = run(tmp_path, "history", "../etc")
-    assert code == 2 and "malformed" in err
+    for wid, needle in (("train/nosuch", "no workflow"), ("../etc", "malformed")):
+        code, out, err = run(tmp_path, command, wid)
+        assert code == 2 and needle in err and err.startswith("ctl: ") and len(err.strip().splitlines()) == 1, err
+        assert out == ""
+    code, out, _ = run(tmp_path, "status", "train/mini", "--json")
+    assert json.loads(out)["cancel_requested"] is False  # the bad cancel touched nothing
+
+
+@pytest.mark.parametrize("args", [["status"], ["list"], ["history", "train/mini"], ["cancel", "train/mini"],
+                                  ["worker"], ["train", "--spec", "spec.json", "--detach"],
+                                  ["eval", "--suite", "ppl", "--subject", "a=ckpt"]])
+def test_corrupt_database_is_one_line_exit_2_and_left_untouched(tmp_path: Path, args: list[str]) -> None:
+    write_spec(tmp_path)
+    (tmp_path / "ckpt").mkdir()
+    db = tmp_path / ".ctl" / "engine.db"
+    db.parent.mkdir()
+    garbage = b"this is not a database, but somebody's file\n" * 10
+    db.write_bytes(garbage)
+    args = [str(tmp_path / a) if a == "spec.json" else a for a in args]
+    code, out, err = run(tmp_path, *args)
+    assert code == 2 and "not an SQLite database" in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in out + err
+    assert db.read_bytes() == garbage and sorted(p.name for p in db.parent.iterdir()) == ["engine.db"]
+
+
+COMMANDS = ["train", "eval", "cancel", "status", "list", "history", "worker"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_subcommand_explains_itself(command: str) -> None:
+    r = CliRunner().invoke(main, [command, "--help"])
+    assert r.exit_code == 0
+    text = " ".join(r.stdout.split())
+    assert "Exit codes:" in text and ("Example:" in text or "Examples:" in text), text
+    assert f"ctl {command}" in text  # the example is a command line
+    assert "--home" in text and "$CTL_HOME" in text
+
+
+def test_ctl_help_names_every_command_and_the_exit_codes() -> None:
+    r = CliRunner().invoke(main, ["--help"])
+    text = " ".join(r.stdout.split())
+    assert r.exit_code == 0 and "Exit codes:" in text and "ctl train --spec specs/tiny.json" in text
+    assert all(c in text for c in COMMANDS)
+    train_help = " ".join(CliRunner().invoke(main, ["train", "--help"]).stdout.split())
+    assert "Default: ppl" in train_help and "--no-eval" in train_help
 
 
 @pytest.mark.parametrize("args,needle", [
     (["eval", "--suite", "ppl", "--subject", "no-equals-sign"], "ID=CHECKPOINT"),
     (["eval", "--suite", "ppl", "--subject", "a=runs/x/ckpt/step-000001"], "not found"),
     (["eval", "--suite", "bogus", "--subject", "a=b"], "bogus"),
+    (["eval", "--suite", "ppl", "--subject", "a=b", "--name", "../x"], "eval name"),
+    (["eval", "--suite", "ppl", "--subject", "../x=b"], "subject id"),
+    (["eval", "--suite", "ppl", "--subject", "a="], "ID=CHECKPOINT"),
+    (["eval", "--suite", "ppl", "--subject", "a=b", "--tag", "a/b"], "tag"),
 ])
 def test_bad_eval_input(tmp_path: Path, args: list[str], needle: str) -> None:
     code, _, err = run(tmp_path, *args)

@@ -2,7 +2,8 @@
 of its second segment, run again, ends with the final loss and model digest of an
 uninterrupted run (another home), each checkpoint evaluated exactly once, and only the
 steps since the last checkpoint redone. A ``ctl cancel`` during a segment ends the run
-canceled (exit 130) with its checkpoints in place; the same command later finishes it.
+canceled (exit 130) with its checkpoints in place; the same command later finishes it,
+without evaluating again what the canceled workflow evaluated.
 
 Nothing is faked: ctl, the engine, the subprocess runner and tinyllm (torch) all run.
 Waits poll files with a generous deadline; nothing sleeps and hopes.
@@ -38,8 +39,9 @@ def ctl(home: Path, *args: str, check: bool = True) -> subprocess.CompletedProce
 
 
 def train_args(spec_path: Path, evals: bool = True) -> list[str]:
-    """The ctl train command line; evaluations (ppl on 4 windows) only where the test counts them."""
-    return ["train", "--spec", str(spec_path)] + (["--suite", "ppl", "--eval-max-items", "4"] if evals else [])
+    """The ctl train command line; evaluations (the default suite, ppl, on 4 windows) only where
+    the test counts them."""
+    return ["train", "--spec", str(spec_path)] + (["--eval-max-items", "4"] if evals else ["--no-eval"])
 
 
 def spawn_train(home: Path, spec_path: Path, evals: bool = True) -> subprocess.Popen:
@@ -72,6 +74,11 @@ def checkpoint_in_segment_2(home: Path) -> int | None:
 
 def history(home: Path, wid: str) -> list[dict]:
     return json.loads(ctl(home, "history", wid, "--json").stdout)["events"]
+
+
+def completed_ids(home: Path, *wids: str) -> list[str]:
+    """Activity ids completed in the given workflows (`ctl history --json`), sorted, repeats kept."""
+    return sorted(e["attrs"]["activity_id"] for w in wids for e in history(home, w) if e["type"] == "activity_completed")
 
 
 def make_home(tmp_path_factory, label: str) -> tuple[Path, Path]:
@@ -167,8 +174,11 @@ def test_kill_in_second_segment_resumes_bitwise(tmp_path_factory, reference: Ref
 
 
 def test_cancel_during_a_segment_then_same_command_finishes(tmp_path_factory, reference: Reference) -> None:
+    """Canceled during segment 2 (after eval-000012-ppl): the same command continues as
+    train/mini/2, which trains only what is missing and evaluates only step 24: across the two
+    workflows each segment and each evaluation completed exactly once."""
     home, spec_path = make_home(tmp_path_factory, "cancel")
-    proc = spawn_train(home, spec_path, evals=False)
+    proc = spawn_train(home, spec_path)
     wait_for(lambda: checkpoint_in_segment_2(home), "a checkpoint in segment 2", proc)
     ctl(home, "cancel", "train/mini")
     stdout, stderr = proc.communicate(timeout=DEADLINE_S)
@@ -182,10 +192,21 @@ def test_cancel_during_a_segment_then_same_command_finishes(tmp_path_factory, re
     st = ctl(home, "status", "train/mini", "--json", check=False)
     assert st.returncode == 130 and json.loads(st.stdout)["state"] == "canceled"
     scheduled = [e["attrs"]["activity_id"] for e in history(home, "train/mini") if e["type"] == "activity_scheduled"]
-    assert scheduled == ["corpus-default", "train-000012", "train-000024"]  # nothing after the canceled segment
+    # nothing after the canceled segment
+    assert scheduled == ["corpus-default", "train-000012", "eval-000012-ppl", "train-000024"]
 
-    again = json.loads(ctl(home, *train_args(spec_path, evals=False), "--json").stdout)
+    again = json.loads(ctl(home, *train_args(spec_path), "--json").stdout)
     assert again["state"] == "completed" and again["workflow_id"] == "train/mini/2"
-    assert again["result"]["final_loss_hex"] == reference.result()["final_loss_hex"]
-    assert again["result"]["digest"] == reference.result()["digest"]
+    res, ref = again["result"], reference.result()
+    assert res["final_loss_hex"] == ref["final_loss_hex"] and res["digest"] == ref["digest"]
+    assert [(s["until"], s["train"]["final_loss_hex"], s["train"]["digest"]) for s in res["segments"]] == [
+        (s["until"], s["train"]["final_loss_hex"], s["train"]["digest"]) for s in ref["segments"]]
+    # every segment listed with its evaluation, as an uninterrupted run lists them
+    assert [[(e["suite"], e["run"]) for e in s["evals"]["suites"]] for s in res["segments"]] == [
+        [("ppl", "mini-000012")], [("ppl", "mini-000024")]]
+    assert completed_ids(home, "train/mini/1", "train/mini/2") == [
+        "corpus-default", "corpus-default", "eval-000012-ppl", "eval-000024-ppl", "train-000012", "train-000024"]
+    scheduled_2 = [e["attrs"]["activity_id"] for e in history(home, "train/mini/2") if e["type"] == "activity_scheduled"]
+    # (train-000024 too, unless it had finished before the cancel reached it)
+    assert scheduled_2 in (["corpus-default", "train-000024", "eval-000024-ppl"], ["corpus-default", "eval-000024-ppl"])
     assert set(kept) <= {p.name for p in ckpts.iterdir()}  # nothing deleted

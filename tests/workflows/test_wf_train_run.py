@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import workflows
 from workflows import evaluation as eval_mod
 from workflows import training as tr_mod
 from workflows.models import TrainRunInput, TrainRunResult
@@ -207,7 +208,8 @@ class TestCancelStopsTheRun:
     def test_same_spec_continues_later(self, world: World) -> None:
         self.check(world)
         world.fakes.on_step = None
-        st = world.run("TrainRun", WID + "/2", hand_input())  # what `ctl train` starts after a cancel
+        prior = workflows.collect_prior([world.events(WID)])  # what `ctl train` starts after a cancel
+        st = world.run("TrainRun", WID + "/2", {**hand_input(), "prior": prior.model_dump(mode="json")})
         assert st.state == "completed", st.error
         res = TrainRunResult.model_validate(st.result)
         assert res.final_loss_hex == reference_loss(1200, 7).hex()
