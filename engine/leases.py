@@ -52,8 +52,15 @@ def new_owner() -> dict:
 
 
 def mark_dead(owner: dict) -> None:
+    """Forget an Engine instance of this process: its leases are redelivered at once."""
     with _LIVE_LOCK:
         _LIVE.discard(owner["instance"])
+
+
+def mark_live(owner: dict) -> None:
+    """Undo ``mark_dead`` (the simulator pauses a worker, then lets it go on)."""
+    with _LIVE_LOCK:
+        _LIVE.add(owner["instance"])
 
 
 def owner_dead(owner: dict | None) -> bool:

@@ -1,0 +1,12 @@
+"""The deterministic simulator: the real engine and the real TrainRun, killed at every position.
+
+- ``fakes``: fake train/eval/corpus activities (float-recurrence trainer, real checkpoint files);
+- ``faults``: the fault plan (one seed), a crashing ``Store`` subclass and clock wrapper;
+- ``scenario``: one simulated run, restarted on the same files after every kill;
+- ``checks``: the oracle (seed section 3) and the comparison with the uninterrupted run;
+- ``sweep``: kill at every position, random multi-kills, kills during cancel;
+- ``mutants``: TrainRun with the seed's pitfalls planted, which the simulator must catch;
+- ``kill_loop``: SIGKILL the real ``ctl train`` and compare bit for bit.
+
+Run ``python -m simulator --help``.
+"""

@@ -1,0 +1,213 @@
+"""``python -m simulator``: kill the worker at every position, or kill real processes in a loop.
+
+    python -m simulator kill-every-position --steps 1200 --eval-every 500 --eval-interval 30 --suites ppl
+    python -m simulator random-kills --runs 200 --kills 5 --seed 1
+    python -m simulator cancels --runs 100 --seed 1
+    python -m simulator kill-at --steps 1200 ... --kills 17,230 [--cancel-at 40] [--mutant s05-train-to-end]
+    python -m simulator mutants                      # every planted pitfall must be caught
+    python -m simulator kill-loop --spec specs/tiny.json --kills 3 --seed 1
+
+Exit status: 0 when every run matched, 1 on any mismatch, 2 on bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .scenario import Scenario
+
+SUITES = ("ppl", "zoo")
+
+
+def _suites(text: str) -> tuple[str, ...]:
+    out = tuple(s for s in text.split(",") if s) if text not in ("", "none") else ()
+    for s in out:
+        if s not in SUITES:
+            raise argparse.ArgumentTypeError(f"unknown suite {s!r} (known: {', '.join(SUITES)})")
+    return out
+
+
+def _ints(text: str) -> list[int]:
+    if text in ("", "none"):
+        return []
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if any(x < 0 for x in out):
+        raise argparse.ArgumentTypeError("positions are >= 0")
+    return out
+
+
+def _oom(text: str) -> tuple[tuple[int, int], ...]:
+    try:
+        return tuple((int(a), int(b)) for a, b in (part.split("x") for part in text.split(",") if part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected STEPxTIMES[,...], got {text!r}") from None
+
+
+def _scenario_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=int, default=1200, help="optimizer steps (default 1200: the seed's hand example)")
+    p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--eval-interval", type=float, default=30.0, help="durable wait after an evaluation, seconds")
+    p.add_argument("--suites", type=_suites, default=("ppl",), help="comma-separated: ppl,zoo (or none)")
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--seed", type=int, default=7, help="the spec's seed, and the seed of random kills")
+    p.add_argument("--corpus", action="store_true", help="CorpusBuild first")
+    p.add_argument("--fail-suites", type=_suites, default=(), help="suites that fail for good")
+    p.add_argument("--oom-at", type=_oom, default=(), help="STEPxTIMES: retryable trainer failures")
+    p.add_argument("--mutant", default=None, help="replace TrainRun by a mutant (see `mutants`)")
+    p.add_argument("--keep", action="store_true", help="keep the home folder of a mismatching run")
+
+
+def _bad(message: str) -> None:
+    """Bad input: one line on stderr, exit 2, nothing run."""
+    print(f"simulator: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _scenario(a: argparse.Namespace) -> Scenario:
+    if a.steps < 1 or a.eval_every < 0 or a.eval_interval < 0 or a.checkpoint_every < 1:
+        _bad("--steps and --checkpoint-every must be >= 1, --eval-every and --eval-interval >= 0")
+    if set(a.fail_suites) - set(a.suites):
+        _bad(f"--fail-suites {','.join(a.fail_suites)} must be among --suites {','.join(a.suites)}")
+    return Scenario(
+        steps=a.steps, eval_every=a.eval_every, eval_interval_s=a.eval_interval, suites=a.suites,
+        checkpoint_every=a.checkpoint_every, seed=a.seed, corpus=a.corpus, fail_suites=a.fail_suites,
+        oom_at=a.oom_at,
+    )
+
+
+def _simulator(a: argparse.Namespace):
+    from .mutants import MUTANTS, make_mutant
+    from .sweep import Simulator
+
+    fn = None
+    if a.mutant:
+        if a.mutant not in MUTANTS:
+            _bad(f"unknown mutant {a.mutant!r} (known: {', '.join(MUTANTS)})")
+        fn = make_mutant(a.mutant)
+    return Simulator(_scenario(a), workflow_fn=fn, mutant=a.mutant, keep_failed=a.keep)
+
+
+def _print_report(report) -> int:
+    for m in report.mismatches[:20]:
+        print(m)
+    if len(report.mismatches) > 20:
+        print(f"... {len(report.mismatches) - 20} more mismatches")
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+def cmd_kill_every_position(a: argparse.Namespace) -> int:
+    sim = _simulator(a)
+    positions = None
+    if a.sample:
+        import random
+
+        n = len(sim.reference().plan.trace)
+        positions = sorted(random.Random(a.seed).sample(range(n), min(a.sample, n)))
+    return _print_report(sim.kill_every_position(positions=positions, stop_at_first=a.stop_at_first, jobs=a.jobs,
+                                                 mode=a.mode))
+
+
+def cmd_random_kills(a: argparse.Namespace) -> int:
+    sim = _simulator(a)
+    return _print_report(sim.random_kills(seed=a.seed, runs=a.runs, kills_per_run=a.kills))
+
+
+def cmd_cancels(a: argparse.Namespace) -> int:
+    sim = _simulator(a)
+    return _print_report(sim.cancels(seed=a.seed, runs=a.runs))
+
+
+def cmd_kill_at(a: argparse.Namespace) -> int:
+    sim = _simulator(a)
+    sim.reference()
+    o = sim.run(a.kills, cancel_at=a.cancel_at)
+    for c in o.plan.crashes:
+        print(f"killed at position {c.position}: {c.kind} {c.label}")
+    print(f"ended {o.state} after {o.lives} worker lives; cancel recorded: {o.cancel_done}")
+    m = sim.check(o, what="cancel" if a.cancel_at is not None else "kill", kills=a.kills, cancel_at=a.cancel_at)
+    if m is None:
+        print("matched")
+        return 0
+    print(m)
+    if a.keep and o.home.exists():
+        ledger = o.home / "sim-ledger.jsonl"
+        o.ledger.dump(ledger)
+        print(f"files and ledger kept: {o.home} ({ledger.name})")
+    else:
+        from .scenario import remove_home
+
+        remove_home(o.home)
+    return 1
+
+
+def cmd_mutants(a: argparse.Namespace) -> int:
+    from .mutants import MUTANTS, catch_mutant
+
+    missed = 0
+    for name, (pitfall, what) in MUTANTS.items():
+        found = catch_mutant(name)
+        status = f"caught: {found[0]}" if found else "NOT CAUGHT"
+        missed += not found
+        print(f"pitfall {pitfall:2d} {name:34s} {status[:150]}")
+    print(f"{len(MUTANTS) - missed}/{len(MUTANTS)} mutants caught")
+    return 1 if missed else 0
+
+
+def cmd_kill_loop(a: argparse.Namespace) -> int:
+    from .kill_loop import kill_loop
+
+    return kill_loop(a.spec, kills=a.kills, seed=a.seed, home=a.home, timeout_s=a.timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m simulator", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("kill-every-position", help="kill once at every position of the run")
+    _scenario_args(p)
+    p.add_argument("--sample", type=int, default=0, help="only this many positions, drawn by --seed")
+    p.add_argument("--stop-at-first", action="store_true")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (each run is independent)")
+    p.add_argument("--mode", choices=("dedup", "snapshot", "rerun"), default="dedup",
+                   help="rerun: run again from the start and kill in-process; snapshot: recover from the files "
+                        "copied at the kill; dedup (fastest): snapshots, one recovery per distinct durable state")
+    p.set_defaults(fn=cmd_kill_every_position)
+
+    p = sub.add_parser("random-kills", help="runs killed several times at seeded random positions")
+    _scenario_args(p)
+    p.add_argument("--runs", type=int, default=100)
+    p.add_argument("--kills", type=int, default=5, help="at most this many kills per run")
+    p.set_defaults(fn=cmd_random_kills)
+
+    p = sub.add_parser("cancels", help="a cancel at a random position, kills around it, then the spec again")
+    _scenario_args(p)
+    p.add_argument("--runs", type=int, default=100)
+    p.set_defaults(fn=cmd_cancels)
+
+    p = sub.add_parser("kill-at", help="one run killed at the given positions (reproduces a mismatch)")
+    _scenario_args(p)
+    p.add_argument("--kills", type=_ints, required=True, help="comma-separated positions, or none")
+    p.add_argument("--cancel-at", type=int, default=None)
+    p.set_defaults(fn=cmd_kill_at)
+
+    p = sub.add_parser("mutants", help="plant each pitfall of the seed and show the simulator catches it")
+    p.set_defaults(fn=cmd_mutants)
+
+    p = sub.add_parser("kill-loop", help="SIGKILL the real `ctl train` at seeded random moments")
+    p.add_argument("--spec", required=True, help="a train spec file")
+    p.add_argument("--kills", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--home", default=None, help="home folder of the killed run (default: a new temporary one)")
+    p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+    p.set_defaults(fn=cmd_kill_loop)
+
+    a = ap.parse_args(argv)
+    return a.fn(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

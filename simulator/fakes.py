@@ -1,0 +1,379 @@
+"""Fake train, eval and corpus activities for the simulator: cheap, deterministic, real files.
+
+They take and return the same shapes as the real activities (``workflows/models.py``:
+``TrainActivityInput`` -> ``TrainActivityResult``, ``EvalActivityInput`` -> ``SuiteOutputs``,
+``CorpusBuildInput`` -> ``CorpusBuildResult``) and follow tinyllm's file contract
+(``contracts/subprocess-activity.md``): checkpoints under ``runs/<name>/ckpt/step-NNNNNN/``
+written to a temporary name then renamed, ``LATEST`` replaced atomically, one heartbeat per
+checkpoint whose details are the progress line (``checkpoint`` relative to the home). The fake
+trainer resumes from the checkpoint the real train activity would pass as ``--resume``
+(``workflows.activities.choose_resume``: the newer of LATEST and the last heartbeat's), else LATEST,
+else fresh, exactly as ``tinyllm train`` does.
+
+The fake trainer's "model" is (step, loss, h): ``loss`` follows a float recurrence seeded by
+(seed, step) and the spec's learning-rate schedule, ``h`` a 64-bit hash chain of every step
+taken. A skipped, repeated or reordered step, or a segment spec with another schedule, changes
+the final ``loss`` bits and the digest. No fsync: crashes are simulated in-process at hook
+points, so a write is never torn by a simulated kill.
+
+Every step, checkpoint, heartbeat and evaluation is recorded in the simulator's ``Ledger``.
+``plan.point(kind, label)`` is called at each position where the simulator may kill the
+worker; a run of training steps with no kill among them is taken in bulk (``plan.free(n)``),
+numbered as if each step had been its own position.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import Canceled, NonRetryableError
+
+from workflows.activities import choose_resume
+
+from .ledger import Ledger
+
+
+
+class NoFaults:
+    """A plan with no positions to kill at (the fakes outside the simulator's sweep)."""
+
+    def point(self, kind: str, label: str) -> None:
+        pass
+
+    def free(self, n: int) -> int:
+        return n
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: a cheap, well-spread 64-bit hash."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _noise(seed: int, step: int) -> float:
+    """A number in [0, 1) fixed by (seed, step)."""
+    return _mix((seed * 1_000_003 + step) & _MASK) / 18446744073709551616.0
+
+
+_SCHEDULES: dict[tuple, tuple[list[float], list[float]]] = {}
+
+
+def _schedule_key(spec: dict[str, Any]) -> tuple[int, int | None, int, float, float]:
+    """The spec fields the trajectory depends on (never ``steps``, as in tinyllm)."""
+    decay = spec.get("lr_decay_steps")
+    return (int(spec.get("seed", 0)), None if decay is None else int(decay),
+            int(spec.get("warmup_steps", 10)), float(spec.get("lr", 1e-3)), float(spec.get("min_lr", 1e-4)))
+
+
+def _schedule(spec: dict[str, Any], steps: int) -> tuple[list[float], list[float]]:
+    """Per-step factors (a_k, b_k) of the recurrence loss_k = loss_{k-1} * a_k + b_k, k = 1..steps.
+
+    They depend on the seed and on the learning rate of each step, computed as tinyllm's
+    ``lr_at`` does (linear warmup, then a cosine decay to ``min_lr`` at ``lr_decay_steps``, or
+    a constant rate when it is None). Cached: the simulator runs one spec thousands of times.
+    """
+    key = _schedule_key(spec)
+    seed, decay, warmup, lr_max, lr_min = key
+    a, b = _SCHEDULES.get(key) or ([1.0], [0.0])
+    for k in range(len(a), steps + 1):
+        i = k - 1  # tinyllm's 0-based index of the optimizer step
+        if i < warmup:
+            lr = lr_max * (i + 1) / warmup
+        elif decay is None:
+            lr = lr_max
+        elif i >= decay:
+            lr = lr_min
+        else:
+            ratio = (i - warmup) / max(1, decay - warmup)
+            lr = lr_min + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr_max - lr_min)
+        u = _noise(seed, k)
+        a.append(1.0 - lr * (0.5 + u))
+        b.append(lr * 1.5 * u)
+    _SCHEDULES[key] = (a, b)
+    return a, b
+
+
+@dataclass
+class FakeState:
+    """The fake model: everything the next step depends on (like a real checkpoint).
+
+    ``loss`` is a float recurrence over the steps taken: a skipped, repeated or reordered step
+    changes its bits, so the final loss and the digest are a bitwise check of exact resume.
+    """
+
+    step: int
+    loss: float
+
+    @classmethod
+    def fresh(cls, seed: int) -> "FakeState":
+        return cls(step=0, loss=5.5 + _noise(seed, 0))
+
+    def digest(self, name: str) -> str:
+        return hashlib.sha256(f"{name}:{self.step}:{self.loss.hex()}".encode()).hexdigest()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "loss_hex": self.loss.hex()}
+
+    @staticmethod
+    def trajectory(spec: dict[str, Any]) -> list:
+        return list(_schedule_key(spec))
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "FakeState":
+        return cls(step=int(d["step"]), loss=float.fromhex(d["loss_hex"]))
+
+
+_REFERENCE: dict[tuple, list[float]] = {}
+
+
+def reference_state(spec: dict[str, Any], steps: int) -> FakeState:
+    """The fake model after ``steps`` uninterrupted steps of ``spec`` (the simulator's oracle).
+
+    A plain loop over the recurrence, from step 0, with no engine, no files and no resume;
+    the losses of every step are cached per spec.
+    """
+    seed = int(spec.get("seed", 0))
+    a, b = _schedule(spec, steps)
+    losses = _REFERENCE.setdefault(_schedule_key(spec), [FakeState.fresh(seed).loss])
+    for k in range(len(losses), steps + 1):
+        losses.append(losses[-1] * a[k] + b[k])
+    return FakeState(steps, losses[steps])
+
+
+def _spec_of(input: Any) -> dict[str, Any]:
+    spec = input.get("spec") if isinstance(input, dict) else getattr(input, "spec", None)
+    if not isinstance(spec, dict):
+        raise NonRetryableError("fake activity: input has no spec object", type="BadInput")
+    return spec
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class FakeActivities:
+    """The three fake activities over one home folder, reporting to one ledger and one plan.
+
+    ``fail_suites``: suites whose evaluation fails for good (non-retryable).
+    ``oom_at``: {step: times}: the trainer raises a retryable error at that step, ``times`` times.
+    ``fail_corpus``: the corpus build fails for good.
+    ``cancel_poll_steps``: the trainer asks ``ctx.cancel_requested`` (a database read) after each
+    checkpoint and every this many steps, as the real runner polls for a cancel before it sends
+    SIGTERM; a cancel that comes after the last poll of the last segment loses the race: the
+    run completes.
+    """
+
+    CANCEL_POLL_STEPS = 50
+
+    def __init__(
+        self,
+        home: str | Path,
+        ledger: Ledger,
+        plan: Any = None,
+        *,
+        fail_suites: tuple[str, ...] = (),
+        oom_at: dict[int, int] | None = None,
+        fail_corpus: bool = False,
+        cancel_poll_steps: int = 50,
+    ):
+        self.home = Path(home)
+        self.ledger = ledger
+        self.plan = plan if plan is not None else NoFaults()
+        self.hook = self.plan.point
+        self.fail_suites = set(fail_suites)
+        self.oom_left = dict(oom_at or {})
+        self.fail_corpus = fail_corpus
+        self.cancel_poll_steps = max(1, cancel_poll_steps)
+        self.writes = 0  # file writes so far (checkpoints, eval outputs, corpora): part of a state's identity
+
+    # --- train ------------------------------------------------------------------------------
+
+    def _load(self, rel: str, trajectory: list | None = None) -> FakeState:
+        """A checkpoint's state; like tinyllm, refuse one of another trajectory (exit 2)."""
+        with open(os.path.join(self.home, rel, "state.json")) as f:
+            d = json.load(f)
+        if trajectory is not None and d.get("trajectory") != trajectory:
+            raise NonRetryableError(f"checkpoint {rel} was trained with another spec "
+                                    f"({d.get('trajectory')} != {trajectory})", type="BadInput")
+        return FakeState.from_json(d)
+
+    def _checkpoint(self, name: str, state: FakeState, trajectory: list) -> str:
+        """``runs/<name>/ckpt/step-NNNNNN/state.json`` via a temporary directory, then LATEST."""
+        self.writes += 1
+        rel_dir = f"runs/{name}/ckpt"
+        ckpt_dir = os.path.join(self.home, rel_dir)
+        os.makedirs(ckpt_dir, exist_ok=True)
+        base = f"step-{state.step:06d}"
+        final, tmp = os.path.join(ckpt_dir, base), os.path.join(ckpt_dir, f".tmp-{base}")
+        os.makedirs(tmp, exist_ok=True)
+        with open(os.path.join(tmp, "state.json"), "w") as f:
+            json.dump({**state.to_json(), "trajectory": trajectory}, f, sort_keys=True)
+        if os.path.exists(final):  # a step redone after a kill: same bits, replace the old copy
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        latest_tmp = os.path.join(ckpt_dir, ".LATEST.tmp")
+        with open(latest_tmp, "w") as f:
+            f.write(base)
+        os.replace(latest_tmp, os.path.join(ckpt_dir, "LATEST"))
+        return f"{rel_dir}/{base}"
+
+    def train(self, ctx: Any, input: Any) -> dict[str, Any]:
+        """The fake ``tinyllm train --spec S --progress P [--resume CKPT]``."""
+        spec = _spec_of(input)
+        name, steps = str(spec["name"]), int(spec["steps"])
+        every = int(spec.get("checkpoint_every", 100))
+        seed = int(spec.get("seed", 0))
+        wf, aid = ctx.workflow_id, ctx.activity_id
+        # the real activity's choice of --resume (workflows.activities), then tinyllm's own rule
+        resume = choose_resume(self.home, name, steps, ctx.attempt, ctx.last_heartbeat_details)
+        latest = self.home / "runs" / name / "ckpt" / "LATEST"
+        if resume is None and latest.exists():
+            resume = f"runs/{name}/ckpt/{latest.read_text().strip()}"
+        self._trajectory = FakeState.trajectory(spec)
+        state = self._load(resume, self._trajectory) if resume else FakeState.fresh(seed)
+        if state.step > steps:  # as tinyllm: a spec below its checkpoint is bad input (exit 2)
+            raise NonRetryableError(f"spec steps {steps} is below checkpoint {resume}'s step {state.step}",
+                                    type="BadInput")
+        record, hook, poll = self.ledger.record, self.hook, self.cancel_poll_steps
+        record("train-start", wf=wf, run=name, activity=aid, attempt=ctx.attempt, from_step=state.step)
+        a, b = _schedule(spec, steps)
+        checkpoint, k, loss = resume, state.step, state.loss
+        start, free, oom = k, self.plan.free, self.oom_left
+        saved = k if resume else None  # the step of the newest checkpoint on disk
+        while k < steps:
+            if ((k - start) % poll == 0 or saved == k) and ctx.cancel_requested:
+                # the runner saw the cancel and sent SIGTERM: checkpoint, exit 130
+                if saved != k:
+                    checkpoint = self._checkpoint_and_heartbeat(ctx, name, FakeState(k, loss))
+                record("train-canceled", wf=wf, run=name, activity=aid, step=k)
+                raise Canceled(f"{aid} stopped by cancel at step {k}")
+            # the steps up to the next cancel poll, checkpoint or end: one position each
+            stop = min(steps, (k // every + 1) * every, k + poll - (k - start) % poll)
+            n = 0 if oom and any(oom.get(s, 0) > 0 for s in range(k + 1, stop + 1)) else free(stop - k)
+            if n:  # no kill among these positions: take them in bulk
+                first = k + 1
+                for k in range(first, k + n + 1):
+                    loss = loss * a[k] + b[k]
+                record("steps", wf=wf, run=name, activity=aid, first=first, last=k)
+            else:  # one position, one step
+                hook("step", f"{aid}:{k + 1}")
+                if oom.get(k + 1, 0) > 0:
+                    oom[k + 1] -= 1
+                    record("oom", wf=wf, run=name, activity=aid, step=k + 1)
+                    raise RuntimeError(f"simulated out of memory at step {k + 1}")
+                k += 1
+                loss = loss * a[k] + b[k]
+                record("steps", wf=wf, run=name, activity=aid, first=k, last=k)
+            if k % every == 0 or k == steps:
+                checkpoint = self._checkpoint_and_heartbeat(ctx, name, FakeState(k, loss))
+                saved = k
+        state = FakeState(k, loss)
+        if checkpoint is None:  # nothing to train and nothing to resume: checkpoint step 0
+            checkpoint = self._checkpoint_and_heartbeat(ctx, name, state)
+        return {
+            "name": name,
+            "steps": state.step,
+            "checkpoint": checkpoint,
+            "final_loss": state.loss,
+            "final_loss_hex": state.loss.hex(),
+            "digest": state.digest(name),
+            "resumed_from": resume,
+            "canceled": False,
+        }
+
+    def _checkpoint_and_heartbeat(self, ctx: Any, name: str, state: FakeState) -> str:
+        rel = self._checkpoint(name, state, self._trajectory)
+        wf, aid = ctx.workflow_id, ctx.activity_id
+        self.ledger.record("ckpt", wf=wf, run=name, activity=aid, step=state.step)
+        self.hook("ckpt", f"{aid}:{state.step}")
+        line = {"step": state.step, "loss": state.loss, "loss_hex": state.loss.hex(), "checkpoint": rel}
+        ctx.heartbeat(line)
+        self.ledger.record("hb", wf=wf, run=name, activity=aid, step=state.step)
+        return rel
+
+    # --- eval ------------------------------------------------------------------------------
+
+    def eval(self, ctx: Any, input: Any) -> dict[str, Any]:
+        """The fake ``tinyllm eval --spec S``: one suite over its subjects.
+
+        A spec with ``suites`` (a list) instead of ``suite`` runs them all in this one
+        activity; only the pitfall-8 mutant sends that.
+        """
+        spec = _spec_of(input)
+        if "suites" in spec:
+            return {"suites": [self._one_suite(ctx, spec, s) for s in spec["suites"]]}
+        return self._one_suite(ctx, spec, str(spec["suite"]))
+
+    def _one_suite(self, ctx: Any, spec: dict[str, Any], suite: str) -> dict[str, Any]:
+        name, tag, seed = str(spec["name"]), spec.get("tag") or None, int(spec.get("seed", 0))
+        run = f"{name}-{tag}" if tag else name
+        aid = ctx.activity_id
+        evaluated = []
+        for subject in spec["subjects"]:
+            state = self._load(subject["model"])
+            evaluated.append((subject, state))
+        steps = [s.step for _, s in evaluated]
+        self.ledger.record("eval-start", wf=ctx.workflow_id, run=run, suite=suite, activity=aid,
+                           attempt=ctx.attempt, steps=steps)
+        self.hook("eval", f"{aid}:{suite}")
+        if suite in self.fail_suites:
+            self.ledger.record("eval-failed", wf=ctx.workflow_id, run=run, suite=suite, activity=aid)
+            raise NonRetryableError(f"simulated failure of suite {suite}", type="EvalFailed")
+        results = []
+        for subject, state in evaluated:
+            u = _noise(seed, state.step)
+            value = math.exp(state.loss) if suite == "ppl" else 1.0 / (1.0 + state.loss + u)
+            metric = "ppl" if suite == "ppl" else "acc"
+            results.append({
+                "suite": suite, "run": run, "subject": subject["id"], "model": subject["model"],
+                "step": state.step, "task": "heldout" if suite == "ppl" else "fake",
+                "metric": metric, "value": value, "value_hex": value.hex(), "n": 1,
+            })
+        out_dir = self.home / "evals" / suite / run
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.writes += 1
+        _atomic_write(out_dir / "results.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in results))
+        summary = {
+            "suite": suite, "run": run, "name": name, "tag": tag, "seed": seed, "results": results,
+            "metrics": {r["subject"]: {f"{r['task']}/{r['metric']}": r["value"]} for r in results},
+        }
+        _atomic_write(out_dir / "summary.json", json.dumps(summary, sort_keys=True))
+        self.ledger.record("eval-done", wf=ctx.workflow_id, run=run, suite=suite, activity=aid, steps=steps)
+        self.hook("eval-done", f"{aid}:{suite}")
+        rel = f"evals/{suite}/{run}"
+        return {"suite": suite, "run": run, "results": f"{rel}/results.jsonl",
+                "summary_path": f"{rel}/summary.json", "summary": summary}
+
+    # --- corpus ----------------------------------------------------------------------------
+
+    def corpus(self, ctx: Any, input: Any) -> dict[str, Any]:
+        """The fake ``tinyllm corpus --spec S``: idempotent, tiny files."""
+        spec = _spec_of(input)
+        name = str(spec.get("name", "default"))
+        self.hook("corpus", f"{ctx.activity_id}")
+        self.ledger.record("corpus", wf=ctx.workflow_id, name=name, activity=ctx.activity_id, attempt=ctx.attempt)
+        if self.fail_corpus:
+            raise NonRetryableError(f"simulated failure of corpus {name}", type="CorpusFailed")
+        out = self.home / "corpora" / name
+        out.mkdir(parents=True, exist_ok=True)
+        tokens = bytes(range(256)) * 4
+        checksum = hashlib.sha256(tokens).hexdigest()
+        (out / "tokens.bin").write_bytes(tokens)
+        (out / "heldout.bin").write_bytes(tokens[:128])
+        self.writes += 1
+        _atomic_write(out / "meta.json", json.dumps({"name": name, "checksum": checksum}))
+        return {
+            "name": name, "path": str(out.relative_to(self.home)), "tokens": len(tokens),
+            "heldout_tokens": 128, "checksum": checksum,
+        }

@@ -1,0 +1,245 @@
+"""One simulated TrainRun: the real engine and workflow code, fake activities, a virtual clock.
+
+``run_scenario`` runs a ``Scenario`` in a home folder under a ``FaultPlan``. Whenever the plan
+kills the worker (``SimulatedCrash``), the Engine object is dropped with everything it held in
+memory (its store connection closed, as a dead process's would be) and a fresh Engine is opened
+on the same database and files, which recovers and runs on, until the workflow ends. The
+virtual clock and the ledger belong to the simulator and survive; nothing else does.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import workflows
+from engine import Engine
+from engine.clock import VirtualClock
+from engine.errors import NotFound
+from engine.history import Event
+from workflows.models import ACTIVITY_CORPUS, ACTIVITY_EVAL, ACTIVITY_TRAIN, WORKFLOW_TRAIN_RUN, TrainRunInput
+
+from .fakes import FakeActivities
+from .faults import FaultPlan, FaultyClock, FaultyStore, SimulatedCrash
+from .ledger import Ledger
+
+START_TIME = 1_700_000_000.0
+MAX_LIVES = 10_000  # a scenario that never ends is a bug of the engine: stop and say so
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A TrainRun to simulate (defaults: the seed's hand example, section 3)."""
+
+    name: str = "tiny"
+    steps: int = 1200
+    eval_every: int = 500
+    eval_interval_s: float = 30.0
+    suites: tuple[str, ...] = ("ppl",)
+    checkpoint_every: int = 100
+    seed: int = 7
+    corpus: bool = False  # CorpusBuild first (TrainRun's optional first step)
+    fail_suites: tuple[str, ...] = ()  # suites that fail for good (pitfall 9)
+    oom_at: tuple[tuple[int, int], ...] = ()  # (step, times): retryable trainer failures (pitfall 4)
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "steps": self.steps, "eval_every": self.eval_every,
+            "eval_interval_seconds": self.eval_interval_s, "checkpoint_every": self.checkpoint_every,
+            "seed": self.seed,
+        }
+
+    def input(self) -> dict[str, Any]:
+        return TrainRunInput(
+            spec=self.spec(), corpus={"name": "default"} if self.corpus else None,
+            eval_suites=list(self.suites), eval_seed=self.seed,
+        ).model_dump(mode="json")
+
+    @property
+    def workflow_id(self) -> str:
+        return f"train/{self.name}"
+
+    def ends(self) -> list[int]:
+        """The seed's b_i = min(i*e, N) until b_i = N (section 2.1), written out independently."""
+        if self.eval_every <= 0 or self.eval_every >= self.steps:
+            return [self.steps]
+        out, b = [], self.eval_every
+        while b < self.steps:
+            out.append(b)
+            b += self.eval_every
+        return out + [self.steps]
+
+    def flags(self) -> str:
+        """The command-line flags that rebuild this scenario."""
+        out = (f"--steps {self.steps} --eval-every {self.eval_every} --eval-interval {self.eval_interval_s:g} "
+               f"--suites {','.join(self.suites) or 'none'} --checkpoint-every {self.checkpoint_every} "
+               f"--seed {self.seed}")
+        if self.corpus:
+            out += " --corpus"
+        if self.fail_suites:
+            out += f" --fail-suites {','.join(self.fail_suites)}"
+        if self.oom_at:
+            out += " --oom-at " + ",".join(f"{s}x{n}" for s, n in self.oom_at)
+        return out
+
+
+@dataclass
+class Outcome:
+    """What one simulated run left behind."""
+
+    scenario: Scenario
+    workflow_id: str
+    home: Path
+    state: str
+    result: Any
+    error: dict | None
+    events: list[Event]
+    ledger: Ledger
+    plan: FaultPlan
+    lives: int
+    clock: VirtualClock | None = None
+    cancel_done: bool = False  # a cancel was requested and recorded while the run was running
+    continued: "Outcome | None" = None  # the same spec started again after a cancel
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def new_home(prefix: str = "sim-") -> Path:
+    """A fresh home folder, on tmpfs when there is one (fsync is free there)."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+def remove_home(home: Path) -> None:
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _open_engine(db: Path, clock, plan: FaultPlan, fakes: FakeActivities, workflow_fn: Callable | None) -> Engine:
+    eng = Engine(store=FaultyStore(db, plan), clock=FaultyClock(clock, plan), inline_activities=True)
+    workflows.register(eng, activities={
+        ACTIVITY_TRAIN: fakes.train, ACTIVITY_EVAL: fakes.eval, ACTIVITY_CORPUS: fakes.corpus,
+    })
+    if workflow_fn is not None:  # a mutant replaces TrainRun
+        eng.register_workflow(WORKFLOW_TRAIN_RUN, workflow_fn, input_type=TrainRunInput)
+    return eng
+
+
+def _crash_cleanup(eng: Engine | None) -> None:
+    """The process died: its connection goes away (any open transaction is rolled back)."""
+    if eng is None:
+        return
+    from engine import leases
+
+    leases.mark_dead(eng.owner)
+    eng.store.close()
+
+
+def run_scenario(
+    scn: Scenario,
+    home: Path,
+    plan: FaultPlan,
+    *,
+    workflow_fn: Callable | None = None,
+    cancel_at: int | None = None,
+    workflow_id: str | None = None,
+    ledger: Ledger | None = None,
+    clock: VirtualClock | None = None,
+    oom_left: dict[int, int] | None = None,
+    live: dict | None = None,
+) -> Outcome:
+    """Run ``scn`` to its end under ``plan``, restarting the worker after every simulated kill.
+
+    ``cancel_at``: at that position (or the first one after it outside a transaction) a cancel
+    of the workflow is recorded, as ``ctl cancel`` would from another process.
+    ``oom_left``: the trainer failures still to come (default: the scenario's).
+    ``live``: filled with the current ``engine`` and ``fakes`` (for ``snapshot``).
+    """
+    ledger = ledger if ledger is not None else Ledger()
+    clock = clock if clock is not None else VirtualClock(START_TIME)
+    wid = workflow_id or scn.workflow_id
+    db = home / ".ctl" / "engine.db"
+    fakes = FakeActivities(home, ledger, plan, fail_suites=scn.fail_suites,
+                           oom_at=dict(scn.oom_at) if oom_left is None else oom_left)
+    live = live if live is not None else {}
+    live["fakes"] = fakes
+    out = {"cancel_done": False}
+
+    def request_cancel(kind: str) -> bool:
+        if kind == "before-commit":
+            return False  # a transaction is open on the worker's connection; ctl waits for it
+        other = Engine(db, clock=clock)
+        try:
+            try:
+                done = other.cancel(wid)
+            except NotFound:
+                return False  # not started yet: cancel right after it is
+        finally:
+            other.close()
+        out["cancel_done"] = out["cancel_done"] or done
+        ledger.record("cancel", wf=wid, recorded=done)
+        return True
+
+    if cancel_at is not None:
+        plan.actions[cancel_at] = request_cancel
+    lives = 0
+    while True:
+        lives += 1
+        if lives > MAX_LIVES:
+            raise RuntimeError(f"{wid}: still running after {MAX_LIVES} worker lives")
+        eng = None
+        try:
+            eng = _open_engine(db, clock, plan, fakes, workflow_fn)
+            live["engine"] = eng
+            eng.start(WORKFLOW_TRAIN_RUN, wid, scn.input())
+            status = eng.run_until_complete(wid)
+            break
+        except SimulatedCrash as crash:
+            ledger.record("crash", position=crash.position, where=f"{crash.kind} {crash.label}")
+            _crash_cleanup(eng)
+    events = eng.history(wid)
+    eng.close()
+    return Outcome(
+        scenario=scn, workflow_id=wid, home=home, state=status.state, result=status.result, error=status.error,
+        events=events, ledger=ledger, plan=plan, lives=lives, clock=clock, cancel_done=out["cancel_done"],
+    )
+
+
+@contextlib.contextmanager
+def _owner_dead(owner: dict):
+    """While a snapshot recovers, the paused uninterrupted worker counts as dead (it "crashed").
+
+    The engine tells a dead in-process owner by its instance id missing from the live set
+    (``engine.leases``); the paused worker's id is put back before it resumes.
+    """
+    from engine import leases
+
+    leases.mark_dead(owner)
+    try:
+        yield
+    finally:
+        leases.mark_live(owner)
+
+
+def recover_from_snapshot(
+    scn: Scenario, src_home: Path, position: int, where: str, live: dict, ledger: Ledger, clock: VirtualClock,
+    *, workflow_fn: Callable | None = None,
+) -> Outcome:
+    """The worker of ``src_home`` dies at ``position``: a new worker recovers from a copy of its files.
+
+    What survives a kill is exactly the files (the database with what was committed, the
+    checkpoints) and the simulator's own ledger and clock: so a run killed at ``position``
+    is the files copied at that moment, then a fresh Engine on them, run to the end. The
+    uninterrupted run is paused meanwhile and carries on afterwards, untouched.
+    """
+    home = new_home()
+    shutil.copytree(src_home, home, dirs_exist_ok=True, ignore=shutil.ignore_patterns("engine.db-shm"))
+    led = Ledger()
+    led.entries = list(ledger.entries)
+    led.record("crash", position=position, where=where)
+    plan = FaultPlan(count=position + 1)
+    with _owner_dead(live["engine"].owner):
+        return run_scenario(scn, home, plan, workflow_fn=workflow_fn, ledger=led,
+                            clock=VirtualClock(clock.now()), oom_left=dict(live["fakes"].oom_left))

@@ -1,0 +1,381 @@
+"""Kill the worker at every position, at random sequences of positions, and during cancels.
+
+``kill_every_position`` runs a scenario once uninterrupted (recording its positions), then for
+each position k: the run killed at k (all in-memory state lost), a fresh engine on the same
+files run to the end, and every check of ``checks`` against the oracle and the uninterrupted
+run. Three modes make the same runs (a test compares them run for run): ``rerun`` runs from
+the start in a fresh home and kills in-process; ``snapshot`` copies the files of a paused
+uninterrupted run at k; ``dedup`` (default) also shares one recovery among positions that
+leave the same durable state, checking each position's own ledger.
+Every mismatch carries the seed/positions that reproduce it and a one-line command.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable
+
+from engine.clock import VirtualClock
+
+from .checks import (
+    check_canceled,
+    check_completed_ledger,
+    check_completed_state,
+    check_continued,
+    check_failed_suite,
+    compare_with,
+)
+from .fakes import FakeActivities
+from .faults import FaultPlan, random_kills
+from .ledger import Ledger
+from .scenario import START_TIME, Outcome, Scenario, new_home, recover_from_snapshot, remove_home, run_scenario
+
+
+@dataclass
+class Mismatch:
+    what: str  # "kill", "kills", "cancel", "reference", "oom", "failed-suite"
+    kills: list[int]
+    lines: list[str]
+    command: str
+    cancel_at: int | None = None
+    seed: int | None = None
+    home: str | None = None
+
+    def __str__(self) -> str:
+        where = f"kills at {self.kills}" if self.kills else "no kill"
+        if self.cancel_at is not None:
+            where += f", cancel at {self.cancel_at}"
+        if self.seed is not None:
+            where += f", seed {self.seed}"
+        head = f"MISMATCH ({self.what}; {where}):"
+        body = "\n".join(f"  - {line}" for line in self.lines[:8])
+        more = f"\n  ... {len(self.lines) - 8} more" if len(self.lines) > 8 else ""
+        home = f"\n  files kept in {self.home}" if self.home else ""
+        return f"{head}\n{body}{more}{home}\n  rerun: {self.command}"
+
+
+@dataclass
+class Report:
+    name: str
+    tried: int = 0
+    matched: int = 0
+    positions: int = 0
+    elapsed_s: float = 0.0
+    mismatches: list[Mismatch] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches and self.tried == self.matched
+
+    def summary(self) -> str:
+        rate = self.tried / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return (f"{self.name}: {self.tried} tried, {self.matched} matched, {len(self.mismatches)} mismatched "
+                f"({self.positions} positions in the uninterrupted run; {self.elapsed_s:.1f}s, {rate:.0f}/s)")
+
+
+def quiet_engine_logs() -> None:
+    """The engine logs every redelivery at WARNING; a sweep makes thousands on purpose."""
+    logging.getLogger("engine").setLevel(logging.CRITICAL)
+
+
+def _state_key(live: dict, clock: VirtualClock) -> tuple:
+    """What a kill here leaves, within one uninterrupted run: its committed transactions, the
+    files written, the time, the faults still to come (the same key: byte-identical files)."""
+    fakes = live["fakes"]
+    return live["engine"].store.commits, fakes.writes, clock.now(), tuple(sorted(fakes.oom_left.items()))
+
+
+_WORKER_FN: Callable | None = None
+
+
+def _call(item):
+    return _WORKER_FN(item)
+
+
+def _map(fn: Callable, items: list, jobs: int):
+    """``map(fn, items)`` in order; over ``jobs`` forked processes when jobs > 1 (Linux)."""
+    if jobs <= 1 or len(items) < 2:
+        yield from map(fn, items)
+        return
+    import multiprocessing
+
+    global _WORKER_FN
+    _WORKER_FN = fn  # inherited by the forked workers: nothing of the simulator is pickled
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(jobs) as pool:
+        yield from pool.imap(_call, items, chunksize=8)
+
+
+def rerun_command(scn: Scenario, kills: Iterable[int], *, cancel_at: int | None = None,
+                  mutant: str | None = None) -> str:
+    cmd = f"python -m simulator kill-at {scn.flags()} --kills {','.join(map(str, kills)) or 'none'}"
+    if cancel_at is not None:
+        cmd += f" --cancel-at {cancel_at}"
+    if mutant:
+        cmd += f" --mutant {mutant}"
+    return cmd
+
+
+class Simulator:
+    """Runs one scenario (and one workflow function: the real one, or a mutant) many times."""
+
+    def __init__(self, scn: Scenario, *, workflow_fn: Callable | None = None, mutant: str | None = None,
+                 keep_failed: bool = False):
+        self.scn = scn
+        self.workflow_fn = workflow_fn
+        self.mutant = mutant
+        self.keep_failed = keep_failed
+        self._ref: Outcome | None = None
+        self._ref_mismatch: Mismatch | None = None
+        self.trace: list[tuple[str, str]] = []
+        self.stats: Counter[str] = Counter()  # how runs ended, and how many kills they took
+        self.on_outcome: Callable[[str, list[int], Outcome], None] | None = None  # sees every checked run
+        quiet_engine_logs()
+
+    # ---- single runs -------------------------------------------------------------------------
+
+    def run(self, kills: Iterable[int] = (), *, cancel_at: int | None = None, record: bool = False) -> Outcome:
+        home = new_home()
+        plan = FaultPlan(kills=set(kills), record=record)
+        o = run_scenario(self.scn, home, plan, workflow_fn=self.workflow_fn, cancel_at=cancel_at)
+        if cancel_at is not None and o.cancel_done and o.state == "canceled":
+            o.extra["ledger_start"] = len(o.ledger.entries)
+            o.continued = run_scenario(
+                self.scn, home, FaultPlan(), workflow_fn=self.workflow_fn,
+                workflow_id=f"{self.scn.workflow_id}/2", ledger=o.ledger, clock=o.clock,
+            )
+        return o
+
+    def reference(self) -> Outcome:
+        """The uninterrupted run (once), with its positions recorded."""
+        if self._ref is None:
+            self._ref = self.run(record=True)
+            self.trace = list(self._ref.plan.trace)
+            self._ref_mismatch = self.check(self._ref, what="reference", kills=[])
+            self._finish(self._ref, self._ref_mismatch)
+        return self._ref
+
+    def check(self, o: Outcome, *, what: str, kills: list[int], cancel_at: int | None = None,
+              seed: int | None = None, state_lines: list[str] | None = None) -> Mismatch | None:
+        """Every check of a finished run; ``state_lines``: its outcome/files checks, already made."""
+        scn = self.scn
+        if self.on_outcome is not None:
+            self.on_outcome(what, kills, o)
+        if what != "reference":
+            self.stats[f"ended {o.state}"] += 1
+            self.stats[f"{max(len(o.plan.crashes), int(what == 'kill'))} kills"] += 1
+        if o.continued is not None:
+            self.stats[f"restarted after cancel, ended {o.continued.state}"] += 1
+        if cancel_at is not None:
+            lines = check_canceled(o, poll_steps=FakeActivities.CANCEL_POLL_STEPS)
+            if o.continued is not None:
+                start = o.extra["ledger_start"]
+                lines += [f"restart: {x}" for x in check_continued(o.continued, o, ledger_start=start)]
+                lines += [f"restart: {x}" for x in compare_with(o.continued, self.reference())]
+        elif scn.fail_suites:
+            lines = check_failed_suite(o)
+        else:
+            if state_lines is None:
+                state_lines = self.state_lines(o, what=what)
+            lines = state_lines + check_completed_ledger(o)
+        if not lines:
+            remove_home(o.home)
+            return None
+        return Mismatch(what, kills, lines, rerun_command(scn, kills, cancel_at=cancel_at, mutant=self.mutant),
+                        cancel_at=cancel_at, seed=seed, home=str(o.home) if self.keep_failed else None)
+
+    def state_lines(self, o: Outcome, *, what: str = "kill") -> list[str]:
+        """The checks of a completed run's outcome and files (all but the ledger's)."""
+        lines = check_completed_state(o)
+        if what != "reference":
+            lines += compare_with(o, self.reference())
+        return lines
+
+    def _finish(self, o: Outcome, m: Mismatch | None) -> None:
+        if m is not None and not self.keep_failed:
+            remove_home(o.home)
+
+    # ---- sweeps ----------------------------------------------------------------------------------
+
+    def check_reference(self) -> Mismatch | None:
+        """The uninterrupted run against the oracle (checked once)."""
+        self.reference()
+        return self._ref_mismatch
+
+    def kill_once(self, k: int) -> Mismatch | None:
+        """One run killed at position ``k``, checked."""
+        o = self.run([k])
+        m = self.check(o, what="kill", kills=[k])
+        if m is not None:
+            m.lines.insert(0, f"killed at position {k}: {self.where(k)}")
+            self._finish(o, m)
+        return m
+
+    def kill_every_position(self, *, positions: Iterable[int] | None = None, stop_at_first: bool = False,
+                            jobs: int = 1, mode: str = "dedup") -> Report:
+        """Kill once at each position of the uninterrupted run (or at ``positions``).
+
+        ``mode="rerun"``: for each position, a fresh home, the run from the start killed
+        in-process at that position (the Engine dropped), a fresh Engine on the same files.
+        ``mode="snapshot"`` (faster, the same runs): one more uninterrupted run is paused at each
+        position while its files are copied to a fresh home, where a fresh Engine recovers and
+        runs to the end; what a kill leaves is exactly the files, so the runs are the same.
+        ``mode="dedup"`` (the default, fastest): snapshots, where positions that leave the same
+        durable state share one recovery (see ``snapshot_kills``); every position is still
+        checked with its own ledger. ``tests/simulator`` checks that the modes agree run for run.
+        ``jobs`` > 1 splits the positions over that many forked processes.
+        """
+        if mode not in ("dedup", "snapshot", "rerun"):
+            raise ValueError(f"mode must be dedup, snapshot or rerun, got {mode!r}")
+        t0 = time.perf_counter()
+        report = Report(f"kill-every-position ({mode})")
+        m = self.check_reference()
+        report.positions = len(self.trace)
+        if m is not None:
+            report.mismatches.append(m)
+            if stop_at_first:
+                report.elapsed_s = time.perf_counter() - t0
+                return report
+        todo = list(range(len(self.trace)) if positions is None else positions)
+        if mode == "rerun":
+            results = ([m] for m in _map(self.kill_once, todo, jobs))
+        else:
+            jobs = max(1, min(jobs, len(todo)))
+            parts = [todo[j::jobs] for j in range(jobs)]
+            dedup = mode == "dedup"
+            results = _map(lambda part: self.snapshot_kills(part, stop_at_first=stop_at_first, dedup=dedup),
+                           parts, jobs)
+        for part in results:
+            for m in part:
+                report.tried += 1
+                if m is None:
+                    report.matched += 1
+                else:
+                    report.mismatches.append(m)
+            if stop_at_first and report.mismatches:
+                break
+        report.elapsed_s = time.perf_counter() - t0
+        return report
+
+    def snapshot_kills(self, positions: list[int], *, stop_at_first: bool = False,
+                       dedup: bool = True) -> list[Mismatch | None]:
+        """Kills at ``positions`` (increasing), recovered from snapshots of one uninterrupted run.
+
+        ``dedup``: positions where the durable state is the same (same committed transactions,
+        same files written, same clock; e.g. the steps between two checkpoints, where nothing is
+        written) recover identically, since the recovery is deterministic and reads nothing
+        else: the first is run, the others reuse its outcome with their own ledger (what the
+        worker did before the kill), on which the ledger checks run again.
+        """
+        self.reference()
+        todo, out = set(positions), []
+        home, ledger, clock, live = new_home(), Ledger(), VirtualClock(START_TIME), {}
+        seen: dict[tuple, tuple[Outcome, list[str] | None, list[dict]]] = {}
+
+        def observe(n: int, kind: str, label: str) -> None:
+            if n not in todo:
+                return
+            where = f"{kind} {label}"
+            key = _state_key(live, clock)
+            if dedup and key in seen:
+                rep, state_lines, suffix = seen[key]
+                led = Ledger()
+                led.entries = list(ledger.entries)
+                led.record("crash", position=n, where=where)
+                led.entries += [{**e, "seq": len(led.entries) + i} for i, e in enumerate(suffix)]
+                o = replace(rep, ledger=led)
+                m = self.check(o, what="kill", kills=[n], state_lines=state_lines)
+            else:
+                try:
+                    o = recover_from_snapshot(self.scn, home, n, where, live, ledger, clock,
+                                              workflow_fn=self.workflow_fn)
+                except Exception as e:  # noqa: BLE001 - an engine error is a finding, not a crash of the sweep
+                    out.append(Mismatch("kill", [n], [f"killed at position {n}: {where}", f"recovery raised {e!r}"],
+                                        rerun_command(self.scn, [n], mutant=self.mutant)))
+                    return
+                state_lines = self.state_lines(o) if not self.scn.fail_suites else None
+                crash = len(ledger.entries)
+                seen[key] = (o, state_lines, o.ledger.entries[crash + 1:])
+                m = self.check(o, what="kill", kills=[n], state_lines=state_lines)
+            if m is not None:
+                m.lines.insert(0, f"killed at position {n}: {where}")
+                self._finish(o, m)
+            out.append(m)
+            if stop_at_first and m is not None:
+                todo.clear()
+
+        try:
+            src = run_scenario(self.scn, home, FaultPlan(observer=observe), workflow_fn=self.workflow_fn,
+                               ledger=ledger, clock=clock, live=live)
+        finally:
+            remove_home(home)
+        if compare_with(src, self.reference()):
+            out.append(Mismatch("reference", [], ["two uninterrupted runs differ: the simulation is not "
+                                                  "deterministic"] + compare_with(src, self.reference()),
+                                rerun_command(self.scn, [], mutant=self.mutant)))
+        return out
+
+    def count_states(self) -> int:
+        """How many distinct durable states the positions of the uninterrupted run leave (dedup's runs)."""
+        keys: set[tuple] = set()
+        home, clock, live = new_home(), VirtualClock(START_TIME), {}
+        try:
+            run_scenario(self.scn, home, FaultPlan(observer=lambda n, kind, label: keys.add(_state_key(live, clock))),
+                         workflow_fn=self.workflow_fn, clock=clock, live=live)
+        finally:
+            remove_home(home)
+        return len(keys)
+
+    def where(self, k: int) -> str:
+        return " ".join(self.trace[k]) if 0 <= k < len(self.trace) else "(past the uninterrupted run's end)"
+
+    def random_kills(self, *, seed: int, runs: int, kills_per_run: int, stop_at_first: bool = False) -> Report:
+        """``runs`` runs, each killed ``1..kills_per_run`` times at positions drawn by ``seed``."""
+        t0 = time.perf_counter()
+        report = Report("random-kills")
+        self.reference()
+        report.positions = len(self.trace)
+        rng = random.Random(seed)
+        for _ in range(runs):
+            run_seed = rng.randrange(2**31)
+            n = random.Random(run_seed).randint(1, kills_per_run)
+            kills = random_kills(run_seed, len(self.trace), n)
+            o = self.run(kills)
+            report.tried += 1
+            m = self.check(o, what="kills", kills=kills, seed=run_seed)
+            if m is None:
+                report.matched += 1
+            else:
+                report.mismatches.append(m)
+                self._finish(o, m)
+                if stop_at_first:
+                    break
+        report.elapsed_s = time.perf_counter() - t0
+        return report
+
+    def cancels(self, *, seed: int, runs: int, stop_at_first: bool = False) -> Report:
+        """Cancel at a random position and kill at another (before or after it), then restart the spec."""
+        t0 = time.perf_counter()
+        report = Report("kills-during-cancel")
+        self.reference()
+        n = len(self.trace)
+        report.positions = n
+        rng = random.Random(seed)
+        for _ in range(runs):
+            cancel_at = rng.randrange(n)
+            kills = sorted({rng.randrange(n) for _ in range(rng.randint(1, 2))})
+            o = self.run(kills, cancel_at=cancel_at)
+            report.tried += 1
+            m = self.check(o, what="cancel", kills=kills, cancel_at=cancel_at, seed=seed)
+            if m is None:
+                report.matched += 1
+            else:
+                report.mismatches.append(m)
+                self._finish(o, m)
+                if stop_at_first:
+                    break
+        report.elapsed_s = time.perf_counter() - t0
+        return report

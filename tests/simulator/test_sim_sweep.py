@@ -1,0 +1,143 @@
+"""The simulator on the real engine and the real TrainRun: kills at every position, many kills, cancels.
+
+Fakes stand in for tinyllm here (simulator/fakes.py: a float-recurrence trainer with real
+checkpoint files), because the point is the engine's and the workflow's behaviour under kills,
+not the model; tests/simulator/test_sim_kill_loop.py kills the real processes.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from simulator.mutants import make_mutant
+from simulator.scenario import Scenario
+from simulator.sweep import Simulator
+
+
+def test_hand_example_killed_at_every_position():
+    """Section 3's run (1200 steps, eval_every 500, 30 s waits, ppl; checkpoints every 100)."""
+    sim = Simulator(Scenario())
+    report = sim.kill_every_position()
+    assert report.mismatches == [], "\n".join(str(m) for m in report.mismatches[:3])
+    # every position of the uninterrupted run was a kill: each step, each commit, each timer wait
+    kinds = {kind for kind, _ in sim.trace}
+    assert {"step", "ckpt", "before-commit", "after-commit", "eval", "eval-done", "timer-wait"} <= kinds
+    assert sum(1 for kind, _ in sim.trace if kind == "step") == 1200
+    assert sum(1 for kind, _ in sim.trace if kind == "timer-wait") == 2
+    assert report.tried == report.matched == len(sim.trace)
+    # and literally: every 10th position run again from the start and killed in-process
+    literal = sim.kill_every_position(positions=range(0, len(sim.trace), 10), mode="rerun")
+    assert literal.ok and literal.tried == len(range(0, len(sim.trace), 10))
+
+
+def test_seeded_runs_with_several_kills():
+    sim = Simulator(Scenario(suites=("ppl", "zoo"), corpus=True))
+    report = sim.random_kills(seed=11, runs=25, kills_per_run=5)
+    assert report.ok, "\n".join(str(m) for m in report.mismatches[:3])
+    assert sim.stats["ended completed"] == 25
+    assert sum(n for key, n in sim.stats.items() if key in ("3 kills", "4 kills", "5 kills")) > 0
+
+
+def test_kills_during_cancel_end_canceled_and_the_spec_continues():
+    sim = Simulator(Scenario(suites=("ppl", "zoo")))
+    report = sim.cancels(seed=5, runs=25)
+    assert report.ok, "\n".join(str(m) for m in report.mismatches[:3])
+    assert sim.stats["ended canceled"] > 0
+    assert sim.stats["restarted after cancel, ended completed"] == sim.stats["ended canceled"]
+
+
+def test_a_retryable_trainer_failure_resumes_from_its_checkpoint():
+    """TestRetryResumesFromLatest: an OOM at step 740 redoes only steps 701..740."""
+    sim = Simulator(Scenario(oom_at=((740, 2),)))
+    assert sim.check_reference() is None
+    starts = [e for e in sim.reference().ledger.entries if e["kind"] == "train-start"]
+    assert [(e["activity"], e["attempt"], e["from_step"]) for e in starts] == [
+        ("train-000500", 1, 0), ("train-001000", 1, 500), ("train-001000", 2, 700), ("train-001000", 3, 700),
+        ("train-001200", 1, 1000),
+    ]
+    report = sim.kill_every_position(positions=range(0, len(sim.trace), 37))
+    assert report.ok, "\n".join(str(m) for m in report.mismatches[:3])
+
+
+def test_a_suite_failing_for_good_stops_the_run_under_kills():
+    sim = Simulator(Scenario(suites=("ppl", "zoo"), fail_suites=("ppl",)))
+    sim.reference()
+    report = sim.kill_every_position(positions=range(0, len(sim.trace), 5))
+    assert report.ok, "\n".join(str(m) for m in report.mismatches[:3])
+    assert sim.reference().state == "failed"
+
+
+def test_a_mismatch_names_its_positions_and_a_command_that_reproduces_it():
+    sim = Simulator(Scenario(steps=300, eval_every=100, checkpoint_every=50), mutant="s05-train-to-end",
+                    workflow_fn=make_mutant("s05-train-to-end"))
+    report = sim.kill_every_position(positions=[40], stop_at_first=False)
+    assert not report.ok
+    text = str(report.mismatches[-1])
+    assert "kills at [40]" in text and "killed at position 40" in text
+    command = text.split("rerun: ")[1].strip()
+    assert command.startswith("python -m simulator kill-at ") and "--mutant s05-train-to-end" in command
+    rerun = subprocess.run([sys.executable, "-m", *command.split()[2:]], capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 1, rerun.stdout + rerun.stderr
+    assert "killed at position 40: step train-000100:37" in rerun.stdout
+    assert text.split("\n")[2] in rerun.stdout  # the same first finding
+
+
+def _merged(entries):
+    """Ledger entries without sequence numbers, runs of steps merged (bulk stepping is an optimisation)."""
+    out = []
+    for e in entries:
+        e = {k: v for k, v in e.items() if k not in ("seq", "where")}
+        prev = out[-1] if out else None
+        if (e["kind"] == "steps" and prev and prev["kind"] == "steps" and prev["activity"] == e["activity"]
+                and prev["last"] + 1 == e["first"]):
+            prev["last"] = e["last"]
+        else:
+            out.append(e)
+    return out
+
+
+def test_the_fast_modes_make_the_same_runs_as_the_literal_one():
+    """Literal (run again, killed in-process), snapshot (files copied at the kill) and dedup (one
+    recovery per distinct durable state, each position's own ledger) agree, run for run."""
+    seen: dict[str, dict] = {"rerun": {}, "snapshot": {}, "dedup": {}}
+
+    def record(mode):
+        def on_outcome(what, kills, o):
+            if what == "kill":
+                seen[mode][kills[0]] = (o.state, o.result, [(e.type, e.time, e.attrs) for e in o.events],
+                                        _merged(o.ledger.entries))
+        return on_outcome
+
+    sim = Simulator(Scenario(steps=400, eval_every=150, checkpoint_every=50, suites=("ppl", "zoo")))
+    sim.reference()
+    positions = list(range(0, len(sim.trace), 3))
+    for mode in ("rerun", "snapshot", "dedup"):
+        sim.on_outcome = record(mode)
+        assert sim.kill_every_position(positions=positions, mode=mode).ok
+    assert sorted(seen["rerun"]) == sorted(seen["snapshot"]) == sorted(seen["dedup"]) == positions
+    for k in positions:
+        assert seen["rerun"][k] == seen["snapshot"][k] == seen["dedup"][k], f"position {k}: {sim.where(k)}"
+
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "simulator", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_the_command_prints_positions_tried_and_matched_and_exits_by_the_outcome():
+    small = ["--steps", "120", "--eval-every", "50", "--eval-interval", "30", "--suites", "ppl,zoo",
+             "--checkpoint-every", "20"]
+    ok = _cli("kill-every-position", *small)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    tried = int(ok.stdout.split(" tried")[0].split()[-1])
+    assert f"{tried} tried, {tried} matched, 0 mismatched" in ok.stdout and tried > 120
+    bad = _cli("kill-every-position", *small, "--mutant", "s01-last-dropped", "--stop-at-first")
+    assert bad.returncode == 1 and "MISMATCH" in bad.stdout and "rerun: python -m simulator kill-at" in bad.stdout
+
+
+def test_bad_arguments_exit_2_before_any_run():
+    for args in (["kill-at", "--kills", "3", "--steps", "0"], ["kill-at", "--kills", "x"],
+                 ["kill-every-position", "--suites", "nope"], ["kill-at", "--kills", "1", "--mutant", "nope"]):
+        r = _cli(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.stderr.strip()
