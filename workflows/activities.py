@@ -60,23 +60,31 @@ def checkpoint_step(path: str | Path) -> int | None:
 def choose_resume(home: Path, name: str, until: int, attempt: int, details: Any) -> str | None:
     """The checkpoint a segment ending at ``until`` resumes from (None: tinyllm's own LATEST).
 
-    A redelivered attempt resumes from its last heartbeated checkpoint. Otherwise LATEST is
-    right, unless it lies beyond ``until`` (a canceled earlier run went further): then the
-    newest checkpoint at or before ``until``, so that the segment still ends at its step.
+    Candidates are the last heartbeated checkpoint (a redelivered attempt) and LATEST; the newer
+    one at or before ``until`` wins, so a kill between a checkpoint's write and its heartbeat
+    redoes no steps. LATEST beyond ``until`` (a canceled earlier run went further) gives way to
+    the newest checkpoint at or before ``until``, so that the segment still ends at its step.
+    tinyllm verifies whichever it gets and falls back to an older valid one if it is corrupt.
     """
+    heartbeated: str | None = None
     if attempt > 1 and isinstance(details, dict) and details.get("checkpoint"):
         ckpt = str(details["checkpoint"])
         step = checkpoint_step(ckpt)
         if (home / ckpt).is_dir() and (step is None or step <= until):
-            return ckpt
+            heartbeated = ckpt
     ckpt_dir = home / "runs" / name / "ckpt"
     try:
         latest = (ckpt_dir / "LATEST").read_text(encoding="utf-8").strip()
     except OSError:
-        return None
+        return heartbeated
     latest_step = checkpoint_step(latest)
     if latest_step is None or latest_step <= until:
-        return None
+        hb_step = checkpoint_step(heartbeated) if heartbeated else None
+        if heartbeated and (latest_step is None or (hb_step is not None and hb_step >= latest_step)):
+            return heartbeated
+        return None  # LATEST is the newest usable checkpoint
+    if heartbeated:
+        return heartbeated
     steps = sorted(
         s for p in ckpt_dir.iterdir() if p.is_dir() and (s := checkpoint_step(p)) is not None and s <= until
     )

@@ -28,6 +28,12 @@ class TestChooseResume:
         got = choose_resume(tmp_path, "tiny", 1000, 2, {"step": 700, "checkpoint": "runs/tiny/ckpt/step-000700"})
         assert got == "runs/tiny/ckpt/step-000700"
 
+    def test_redelivery_prefers_a_newer_latest_than_the_heartbeat(self, tmp_path: Path) -> None:
+        """A kill between writing step 740 and heartbeating it: the redelivered attempt resumes from
+        LATEST (740, tinyllm's default), not the heartbeated 700, so steps 701..740 are not redone."""
+        make_ckpts(tmp_path, [500, 700, 740], 740)
+        assert choose_resume(tmp_path, "tiny", 1000, 2, {"checkpoint": "runs/tiny/ckpt/step-000700"}) is None
+
     def test_redelivery_with_missing_checkpoint_falls_back(self, tmp_path: Path) -> None:
         make_ckpts(tmp_path, [500], 500)
         assert choose_resume(tmp_path, "tiny", 1000, 2, {"checkpoint": "runs/tiny/ckpt/step-000700"}) is None
