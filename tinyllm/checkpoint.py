@@ -100,12 +100,17 @@ def write_checkpoint_dir(final: Path, step: int, components: Mapping[str, Any], 
     return final
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically: temp file, fsync, ``os.replace``, dir fsync."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    _write_file(tmp, text.encode("utf-8"))
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
 def publish_latest(ckpt_root: Path, dir_name: str) -> None:
     """Point ``ckpt_root/LATEST`` at ``dir_name``, atomically."""
-    tmp = ckpt_root / f".LATEST.tmp-{os.getpid()}"
-    _write_file(tmp, (dir_name + "\n").encode())
-    os.replace(tmp, ckpt_root / "LATEST")
-    _fsync_dir(ckpt_root)
+    write_text_atomic(ckpt_root / "LATEST", dir_name + "\n")
 
 
 def save_checkpoint(run_dir: Path, step: int, components: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> Path:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import tokenizer
-from .checkpoint import CheckpointError, load_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, write_text_atomic
 from .corpus import open_corpus
 from .model import GPT
 from .spec import EvalResult, EvalSpec, EvalSubject, EvalSummary, ModelConfig, SpecError
@@ -184,15 +184,6 @@ def _row(spec: EvalSpec, subject: EvalSubject, step: int, task: str, metric: str
                       task=task, metric=metric, value=value, value_hex=float(value).hex(), n=n)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def run_eval(spec: EvalSpec, home: Path) -> dict:
     """Run the suite, write its files, return the CLI's result object."""
     torch.set_num_threads(spec.threads)
@@ -208,7 +199,7 @@ def run_eval(spec: EvalSpec, home: Path) -> dict:
                           results=rows, metrics=metrics)
     out = home / "evals" / spec.suite / spec.run
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / "results.jsonl", "".join(json.dumps(r.model_dump(mode="json"), sort_keys=True) + "\n" for r in rows))
-    _atomic_write(out / "summary.json", json.dumps(summary.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
+    write_text_atomic(out / "results.jsonl", "".join(json.dumps(r.model_dump(mode="json"), sort_keys=True) + "\n" for r in rows))
+    write_text_atomic(out / "summary.json", json.dumps(summary.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
     return {"suite": spec.suite, "run": spec.run, "results": str((out / "results.jsonl").relative_to(home)),
             "summary_path": str((out / "summary.json").relative_to(home)), "summary": summary.model_dump(mode="json")}

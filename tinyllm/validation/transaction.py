@@ -31,6 +31,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ..checkpoint import write_text_atomic
 from .errors import NonFiniteMetricError, ValidationIdentityError
 
 Phase = Literal["pending_evaluation", "publication_pending", "completed"]
@@ -60,20 +61,6 @@ def _unhex(v: str):
 
 def _hex(v) -> str:
     return f"int:{v}" if isinstance(v, int) else float(v).hex()
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_journal(ckpt_dir: Path, marker: dict | None) -> Journal | None:
@@ -150,7 +137,7 @@ class ValidationTransaction:
         self.journal.evaluated_pid = os.getpid()
         self.journal.phase = "publication_pending"
         if self.durable:
-            _atomic_write(self.ckpt_dir / PHASE_FILE, self.journal.model_dump_json(indent=1))
+            write_text_atomic(self.ckpt_dir / PHASE_FILE, self.journal.model_dump_json(indent=1))
         self.state = "evaluated"
 
     def resume_publication(self) -> None:
@@ -163,7 +150,7 @@ class ValidationTransaction:
         self.journal.completed_pid = os.getpid()
         self.journal.phase = "completed"
         if self.durable:
-            _atomic_write(self.ckpt_dir / PHASE_FILE, self.journal.model_dump_json(indent=1))
+            write_text_atomic(self.ckpt_dir / PHASE_FILE, self.journal.model_dump_json(indent=1))
         self.state = "completed"
 
     def failed(self) -> None:
