@@ -70,6 +70,15 @@ class Report:
     def ok(self) -> bool:
         return not self.mismatches and self.tried == self.matched
 
+    def record(self, mismatch: Mismatch | None) -> bool:
+        """Count one run; True when it mismatched."""
+        self.tried += 1
+        if mismatch is None:
+            self.matched += 1
+            return False
+        self.mismatches.append(mismatch)
+        return True
+
     def summary(self) -> str:
         rate = self.tried / self.elapsed_s if self.elapsed_s > 0 else 0.0
         return (f"{self.name}: {self.tried} tried, {self.matched} matched, {len(self.mismatches)} mismatched "
@@ -250,11 +259,7 @@ class Simulator:
                            parts, jobs)
         for part in results:
             for m in part:
-                report.tried += 1
-                if m is None:
-                    report.matched += 1
-                else:
-                    report.mismatches.append(m)
+                report.record(m)
             if stop_at_first and report.mismatches:
                 break
         report.elapsed_s = time.perf_counter() - t0
@@ -344,12 +349,8 @@ class Simulator:
             n = random.Random(run_seed).randint(1, kills_per_run)
             kills = random_kills(run_seed, len(self.trace), n)
             o = self.run(kills)
-            report.tried += 1
             m = self.check(o, what="kills", kills=kills, seed=run_seed)
-            if m is None:
-                report.matched += 1
-            else:
-                report.mismatches.append(m)
+            if report.record(m):
                 self._finish(o, m)
                 if stop_at_first:
                     break
@@ -368,12 +369,8 @@ class Simulator:
             cancel_at = rng.randrange(n)
             kills = sorted({rng.randrange(n) for _ in range(rng.randint(1, 2))})
             o = self.run(kills, cancel_at=cancel_at)
-            report.tried += 1
             m = self.check(o, what="cancel", kills=kills, cancel_at=cancel_at, seed=seed)
-            if m is None:
-                report.matched += 1
-            else:
-                report.mismatches.append(m)
+            if report.record(m):
                 self._finish(o, m)
                 if stop_at_first:
                     break

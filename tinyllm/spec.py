@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -168,11 +168,18 @@ def load_json_file(path: str | Path, what: str) -> object:
         raise SpecError(f"{what} file {p} is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
 
 
-def parse_train_spec(data: object) -> TrainSpec:
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _parse(model: type[_M], data: object, what: str) -> _M:
     try:
-        return TrainSpec.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as e:
-        raise SpecError(format_validation_error(e, "train spec")) from None
+        raise SpecError(format_validation_error(e, what)) from None
+
+
+def parse_train_spec(data: object) -> TrainSpec:
+    return _parse(TrainSpec, data, "train spec")
 
 
 def load_train_spec(path: str | Path) -> TrainSpec:
@@ -180,10 +187,7 @@ def load_train_spec(path: str | Path) -> TrainSpec:
 
 
 def parse_corpus_spec(data: object) -> CorpusSpec:
-    try:
-        return CorpusSpec.model_validate(data)
-    except ValidationError as e:
-        raise SpecError(format_validation_error(e, "corpus spec")) from None
+    return _parse(CorpusSpec, data, "corpus spec")
 
 
 def load_corpus_spec(path: str | Path) -> CorpusSpec:
@@ -191,10 +195,7 @@ def load_corpus_spec(path: str | Path) -> CorpusSpec:
 
 
 def parse_eval_spec(data: object) -> EvalSpec:
-    try:
-        return EvalSpec.model_validate(data)
-    except ValidationError as e:
-        raise SpecError(format_validation_error(e, "eval spec")) from None
+    return _parse(EvalSpec, data, "eval spec")
 
 
 def load_eval_spec(path: str | Path) -> EvalSpec:
