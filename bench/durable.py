@@ -13,7 +13,6 @@ Usage: python bench/durable.py [--spec specs/tiny.json] [--suite ppl ...]
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tinyllm import runlock  # noqa: E402
 from workflows import segments  # noqa: E402
 
 
@@ -56,21 +56,6 @@ def bare_run(spec: dict, home: Path) -> tuple[float, str]:
         _, p = timed([sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(seg), "--home", str(home)])
         last = json.loads(p.stdout.strip().splitlines()[-1])
     return time.perf_counter() - t0, last["final_loss_hex"]
-
-
-def lock_free(path: Path) -> bool:
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def poll(cond, what: str, deadline_s: float = 600.0):
@@ -103,7 +88,7 @@ def restart_latency(spec_path: Path, spec: dict, home: Path, suites: list[str]) 
     poll(ckpt_in_segment_2, "a checkpoint in segment 2")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    poll(lambda: lock_free(home / "runs" / name / ".lock"), "the trainer to die")
+    poll(lambda: not runlock.is_locked(home / "runs" / name), "the trainer to die")
     latest = int((home / "runs" / name / "ckpt" / "LATEST").read_text().strip().split("-")[1])
     metrics = home / "runs" / name / "metrics.jsonl"
     t0_wall = time.time()

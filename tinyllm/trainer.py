@@ -18,7 +18,6 @@ frame (train/* and val/*). Validation failures are ``SpecError``s (exit 2) and s
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -31,9 +30,10 @@ from typing import Any
 import torch
 
 from . import checkpoint as ckpt
+from . import runlock
 from .corpus import open_corpus
 from .data import TokenStream
-from .errors import STOP, RunLocked, request_stop
+from .errors import STOP, request_stop
 from .metrics import Reporter, default_reporter
 from .model import GPT, state_digest
 from .spec import SpecError, TrainSpec
@@ -106,16 +106,7 @@ class Trainer:
     # -- setup ---------------------------------------------------------------------------
 
     def _lock(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.lock_file = open(self.run_dir / ".lock", "a+")
-        try:
-            fcntl.flock(self.lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunLocked(f"run {self.spec.name!r} is locked by another live trainer ({self.run_dir / '.lock'})") from None
-        self.lock_file.seek(0)
-        self.lock_file.truncate()
-        self.lock_file.write(f"{os.getpid()}\n")
-        self.lock_file.flush()
+        self.lock_file = runlock.acquire(self.run_dir, self.spec.name)
 
     def _build(self) -> None:
         torch.set_num_threads(self.spec.threads)

@@ -10,7 +10,6 @@ Waits poll files with a generous deadline; nothing sleeps and hopes.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -20,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tinyllm import runlock
 
 SPEC = {
     "name": "mini", "steps": 24, "seed": 5, "eval_every": 12, "eval_interval_seconds": 0,
@@ -90,18 +91,7 @@ def make_home(tmp_path_factory, label: str) -> tuple[Path, Path]:
 
 def trainer_gone(home: Path) -> bool:
     """True once no trainer holds the run's lock (the killed ctl's trainer died with it)."""
-    try:
-        fd = os.open(home / "runs/mini/.lock", os.O_RDWR)
-    except FileNotFoundError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
+    return not runlock.is_locked(home / "runs/mini")
 
 
 class Reference:

@@ -111,13 +111,16 @@ def test_schema_check_detects_a_stale_file(tmp_path):
 
 
 def test_shipped_specs_are_valid():
+    """Every spec under specs/ parses (a bad one raises SpecError), and the README's tiny.json is there."""
     from pathlib import Path
 
+    parsed = {}
     for path in sorted((Path(__file__).resolve().parents[2] / "specs").glob("*.json")):
         data = json.loads(path.read_text())
         if "suite" in data:
-            parse_eval_spec(data)
+            parsed[path.name] = parse_eval_spec(data)
         elif "steps" in data:
-            parse_train_spec(data)
+            parsed[path.name] = parse_train_spec(data)
         else:
-            parse_corpus_spec(data)
+            parsed[path.name] = parse_corpus_spec(data)
+    assert parsed["tiny.json"].name == "tiny" and parsed["tiny.json"].eval_every > 0

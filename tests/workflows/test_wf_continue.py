@@ -18,23 +18,13 @@ from engine import VirtualClock
 from workflows.models import PriorWork, TrainRunInput, TrainRunResult
 
 from wf_fakes import Fakes, reference_loss
-from wf_world import World, hand_spec
+from wf_world import World, commands, hand_spec
 
 WID = "train/tiny"
 
 
 def request(suites=("ppl",)) -> dict:
     return {"spec": hand_spec(), "corpus": {"name": "default"}, "eval_suites": list(suites)}
-
-
-def commands(world: World, wid: str) -> list[str]:
-    out = []
-    for e in world.events(wid):
-        if e.type == "activity_scheduled":
-            out.append(e.attrs["activity_id"])
-        elif e.type == "timer_started":
-            out.append(f"sleep {e.attrs['seconds']:g}s")
-    return out
 
 
 def completed(world: World, *wids: str) -> Counter:

@@ -17,7 +17,7 @@ from workflows import training as tr_mod
 from workflows.models import TrainRunInput, TrainRunResult
 
 import wf_mutants as m
-from wf_world import World, hand_spec, small_spec
+from wf_world import World, commands, hand_spec, small_spec
 from wf_fakes import reference_loss
 
 WID = "train/tiny"
@@ -25,17 +25,6 @@ WID = "train/tiny"
 
 def hand_input(**over) -> dict:
     return {"spec": hand_spec(**over), "corpus": {"name": "default"}, "eval_suites": ["ppl"]}
-
-
-def commands(world: World, wid: str = WID) -> list[str]:
-    """The workflow's commands in order: activity ids and ``sleep <s>s`` for timers."""
-    out = []
-    for e in world.events(wid):
-        if e.type == "activity_scheduled":
-            out.append(e.attrs["activity_id"])
-        elif e.type == "timer_started":
-            out.append(f"sleep {e.attrs['seconds']:g}s")
-    return out
 
 
 class TestHandExampleSegmentsAndEvals:

@@ -68,3 +68,14 @@ def hand_spec(**over: Any) -> dict:
 def small_spec(**over: Any) -> dict:
     """A smaller run for loops: 3 segments of 20, 20, 10 steps, checkpoints every 5."""
     return hand_spec(steps=50, eval_every=20, checkpoint_every=5, **over)
+
+
+def commands(world: World, wid: str = "train/tiny") -> list[str]:
+    """The workflow's commands in order: activity ids and ``sleep <s>s`` for timers."""
+    out = []
+    for e in world.events(wid):
+        if e.type == "activity_scheduled":
+            out.append(e.attrs["activity_id"])
+        elif e.type == "timer_started":
+            out.append(f"sleep {e.attrs['seconds']:g}s")
+    return out
