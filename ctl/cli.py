@@ -76,7 +76,7 @@ def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool) -> Any:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)  # a terminated ctl stops like Ctrl-C: the run stays resumable
-    progress = None if quiet else Progress(home, app.db_path(home), workflow_id)
+    progress = None if quiet else Progress(home, engine, workflow_id)
     try:
         if progress:
             progress.__enter__()

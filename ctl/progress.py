@@ -1,6 +1,8 @@
 """The live progress of a run, read from its history and its metrics file (rich, on stderr).
 
-A thread polls the engine's database (through its own Engine) and ``runs/<name>/metrics.jsonl``:
+A thread polls the history through the ``ctl`` process's own Engine (one connection per process:
+never a second Engine or any other open of engine.db, see engine/store.py) and
+``runs/<name>/metrics.jsonl``:
 finished steps of the history are printed as lines (segment, checkpoint, evaluation, wait);
 on a terminal a live status line shows the segment, step and loss of the trainer in flight.
 """
@@ -50,9 +52,10 @@ def summary_text(result: dict, limit: int = 4) -> str:
 class Progress:
     """Follows workflow ``workflow_id`` until ``stop()``; prints to stderr."""
 
-    def __init__(self, home: Path, db_path: Path, workflow_id: str, *, poll_s: float = 0.5,
+    def __init__(self, home: Path, engine: Any, workflow_id: str, *, poll_s: float = 0.5,
                  console: Console | None = None):
-        self.home, self.db_path, self.workflow_id, self.poll_s = home, db_path, workflow_id, poll_s
+        """``engine``: the Engine this process runs the workflow with (its reads are thread-safe)."""
+        self.home, self.engine, self.workflow_id, self.poll_s = home, engine, workflow_id, poll_s
         self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ctl-progress", daemon=True)
@@ -73,12 +76,7 @@ class Progress:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        from engine import Engine
-
-        try:
-            engine = Engine(self.db_path)
-        except Exception:
-            return
+        engine = self.engine
         try:
             if self.console.is_terminal:
                 with Live(Text(""), console=self.console, refresh_per_second=4, transient=True) as live:
@@ -95,8 +93,6 @@ class Progress:
             self._poll(engine, self.console.print)
         except Exception as e:  # the display must never break the run
             self.console.print(f"(progress display stopped: {e})")
-        finally:
-            engine.close()
 
     def _segment_label(self, activity_id: str) -> str:
         try:

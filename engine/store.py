@@ -31,7 +31,6 @@ from typing import Iterator
 from . import schema
 from .errors import BadInput
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 class Store:
@@ -51,11 +50,7 @@ class Store:
         path = self.path
         if os.path.isdir(path):
             raise BadInput(f"engine database {path!r} is a directory, not a file")
-        if os.path.exists(path) and os.path.getsize(path) > 0:
-            with open(path, "rb") as f:
-                head = f.read(len(SQLITE_MAGIC))
-            if head != SQLITE_MAGIC:
-                raise BadInput(f"engine database {path!r} is not an SQLite database (left untouched)")
+        existed = os.path.exists(path) and os.path.getsize(path) > 0
         parent = os.path.dirname(os.path.abspath(path))
         os.makedirs(parent, exist_ok=True)
         try:
@@ -63,6 +58,8 @@ class Store:
         except sqlite3.Error as e:
             raise BadInput(f"cannot open engine database {path!r}: {e}") from None
         try:
+            if existed:
+                _refuse_foreign_file(conn, path)
             self._check(conn)
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
@@ -162,6 +159,25 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self.conn.close()
+
+
+def _refuse_foreign_file(conn: sqlite3.Connection, path: str) -> None:
+    """A file that is not an SQLite database is refused before anything is written to it.
+
+    The check goes through SQLite itself, never Python's ``open()``: closing any other file
+    descriptor of the database drops every POSIX lock this process holds on it, after which
+    another process's close believes it is the last connection and deletes the live WAL
+    (sqlite.org/howtocorrupt.html, section 2.2). Reading the schema makes SQLite read the
+    header; a foreign file (or one whose header is damaged) fails with "file is not a database"
+    and is not modified.
+    """
+    try:
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as e:
+        if "not a database" in str(e):
+            raise BadInput(f"engine database {path!r} is not an SQLite database, or is corrupt or unreadable "
+                           f"({e}; left untouched)") from None
+        raise
 
 
 def _split(script: str) -> list[str]:

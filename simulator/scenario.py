@@ -223,6 +223,27 @@ def _owner_dead(owner: dict):
         leases.mark_live(owner)
 
 
+def _copy_committed(src: Path, dst: Path) -> None:
+    """What a kill leaves of database ``src``: its committed transactions, copied by SQLite.
+
+    Never a file copy: a Python open()/close() of a database file this process has open
+    drops the live connection's POSIX locks (see engine/store.py). A fresh connection sees
+    only what was committed, as recovery after a crash would.
+    """
+    import sqlite3
+
+    if not src.exists():
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    source = sqlite3.connect(src.resolve().as_uri() + "?mode=ro", uri=True)
+    target = sqlite3.connect(dst)
+    try:
+        source.backup(target)
+    finally:
+        target.close()
+        source.close()
+
+
 def recover_from_snapshot(
     scn: Scenario, src_home: Path, position: int, where: str, live: dict, ledger: Ledger, clock: VirtualClock,
     *, workflow_fn: Callable | None = None,
@@ -235,7 +256,8 @@ def recover_from_snapshot(
     uninterrupted run is paused meanwhile and carries on afterwards, untouched.
     """
     home = new_home()
-    shutil.copytree(src_home, home, dirs_exist_ok=True, ignore=shutil.ignore_patterns("engine.db-shm"))
+    shutil.copytree(src_home, home, dirs_exist_ok=True, ignore=shutil.ignore_patterns("engine.db*"))
+    _copy_committed(src_home / ".ctl" / "engine.db", home / ".ctl" / "engine.db")
     led = Ledger()
     led.entries = list(ledger.entries)
     led.record("crash", position=position, where=where)

@@ -107,3 +107,32 @@ def test_migrations_apply_in_order_and_keep_data(tmp_path, monkeypatch):
     s2 = Store(p)
     assert s2.query("SELECT id, note FROM workflows") == [("w", "migrated")]
     assert [v for (v,) in s2.query("SELECT version FROM schema_version ORDER BY version")][-2:] == [extra[0] - 1, extra[0]]
+
+
+def test_a_second_store_in_this_process_keeps_its_locks_and_another_process_keeps_the_wal(tmp_path):
+    """Opening a Store never opens the file outside SQLite (defect 1 of issue 9).
+
+    A Python open()/close() of engine.db drops every POSIX lock this process holds on it; then
+    another process closing its connection believes it is the last one and deletes the WAL
+    that the first connection still commits into.
+    """
+    import subprocess
+    import sys
+
+    p = str(tmp_path / "engine.db")
+    live = Store(p)
+    with live.transaction("seed") as db:
+        db.execute("INSERT INTO workflows(id, name, input, state, created_at, updated_at) "
+                   "VALUES ('w1', 'n', '1', 'running', 0, 0)")
+    Store(p).close()  # a second store of this process (as the old progress display opened)
+    reader = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+              "print(c.execute('SELECT COUNT(*) FROM workflows').fetchone()[0]); c.close()")
+    out = subprocess.run([sys.executable, "-c", reader, p], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+    assert (tmp_path / "engine.db-wal").exists(), "another process's close deleted the live WAL"
+    with live.transaction("more") as db:
+        db.execute("INSERT INTO workflows(id, name, input, state, created_at, updated_at) "
+                   "VALUES ('w2', 'n', '1', 'running', 0, 0)")
+    out = subprocess.run([sys.executable, "-c", reader, p], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "2"  # what the live connection commits reaches other processes
+    live.close()
