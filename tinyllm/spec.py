@@ -4,6 +4,7 @@ Importable without torch: workflows and ctl validate specs with these models.
 """
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
@@ -22,7 +23,7 @@ class SpecError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Strict):
@@ -146,36 +147,119 @@ class EvalSummary(_Strict):
     metrics: dict[str, dict[str, float]]  # subject -> "task/metric" -> value
 
 
-def format_validation_error(err: ValidationError, what: str) -> str:
-    """One line naming the first problem of a pydantic ValidationError."""
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ())) or "(top level)"
-    return f"invalid {what}: {where}: {first.get('msg', 'invalid')}"
+def format_validation_error(err: ValidationError, what: str, model: type[BaseModel] | None = None) -> str:
+    """One line listing every problem of a pydantic ValidationError, unknown fields first.
+
+    An unknown field names the closest known one (``stpes: unknown field (did you mean steps?)``);
+    a wrong type says what JSON value the schema wants (strict types: ``"300"`` or ``true`` is
+    not an integer).
+    """
+    problems = [_problem(e, model) for e in err.errors()]
+    problems.sort(key=lambda p: not p[0])  # unknown fields first, otherwise in the schema's order
+    return f"invalid {what}: " + "; ".join(text for _, text in problems)
+
+
+_TYPE_WORDS = {
+    "int_type": "must be an integer (a JSON number)", "int_from_float": "must be an integer (a JSON number)",
+    "int_parsing": "must be an integer (a JSON number)", "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false", "float_type": "must be a number", "float_parsing": "must be a number",
+    "string_type": "must be a string", "list_type": "must be a list", "tuple_type": "must be a list",
+    "dict_type": "must be an object", "model_type": "must be an object", "model_attributes_type": "must be an object",
+    "finite_number": "must be a finite number",
+}
+
+
+def _problem(e: dict, model: type[BaseModel] | None) -> tuple[bool, str]:
+    """(is an unknown field, one phrase) for one pydantic error."""
+    loc = [p for p in e.get("loc", ()) if not (isinstance(p, str) and p.startswith(("function-", "lax-", "strict-")))]
+    where = ".".join(str(p) for p in loc) or "(top level)"
+    kind = e.get("type", "")
+    if kind == "extra_forbidden":
+        known = _known_fields(model, loc[:-1]) if model is not None else []
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6) if loc else []
+        hint = f" (did you mean {close[0]}?)" if close else (f" (known: {', '.join(known)})" if known else "")
+        return True, f"{where}: unknown field{hint}"
+    if kind == "missing":
+        return False, f"{where}: required field missing"
+    if kind in _TYPE_WORDS:
+        return False, f"{where}: {_TYPE_WORDS[kind]}, got {_shown(e.get('input'))}"
+    return False, f"{where}: {e.get('msg', 'invalid')}"
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value, ensure_ascii=True, default=str) if not isinstance(value, BaseModel) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _known_fields(model: type[BaseModel], loc: list) -> list[str]:
+    """The field names of the (nested) model at ``loc``, or [] where it is not a model."""
+    current: object = model
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an item of a list: same item model
+        fields = getattr(current, "model_fields", None)
+        if not fields or part not in fields:
+            return []
+        current = _model_in(fields[part].annotation)
+        if current is None:
+            return []
+    return list(getattr(current, "model_fields", {}) or [])
+
+
+def _model_in(annotation: object) -> type[BaseModel] | None:
+    """The pydantic model inside ``annotation`` (``M``, ``M | None``, ``list[M]``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _refuse_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def load_json_file(path: str | Path, what: str) -> object:
     """Read a JSON file, turning every failure into one ``SpecError`` line."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except FileNotFoundError:
         raise SpecError(f"{what} file not found: {p}") from None
+    except IsADirectoryError:
+        raise SpecError(f"{what} {p} is a directory, not a file") from None
     except OSError as e:
         raise SpecError(f"cannot read {what} file {p}: {e.strerror}") from None
     try:
-        return json.loads(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{what} file {p} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as e:
         raise SpecError(f"{what} file {p} is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    except (ValueError, RecursionError) as e:
+        raise SpecError(f"{what} file {p} is not valid JSON: {str(e) or 'nested too deeply'}") from None
 
 
 _M = TypeVar("_M", bound=BaseModel)
 
 
 def _parse(model: type[_M], data: object, what: str) -> _M:
+    """Validate ``data`` with strict types: a JSON number where the schema says integer, true/false
+    where it says boolean (``"steps": "300"`` and ``"steps": true`` are refused, not coerced)."""
     try:
-        return model.model_validate(data)
+        text = json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        text = None  # not plain JSON data (e.g. a model instance): validate it as Python
+    try:
+        if text is None:
+            return model.model_validate(data, strict=True)
+        return model.model_validate_json(text, strict=True)
     except ValidationError as e:
-        raise SpecError(format_validation_error(e, what)) from None
+        raise SpecError(format_validation_error(e, what, model)) from None
 
 
 def parse_train_spec(data: object) -> TrainSpec:
