@@ -27,6 +27,7 @@ from workflows.models import EvalSubject, EvalSuiteInput, TrainRunInput
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_DISK_FULL = 74  # sysexits' EX_IOERR: a write failed for lack of space; free some, run the same command
 EXIT_CANCELED = 130
 ENDED = ("completed", "failed", "canceled")
 DEFAULT_SUITES = ("ppl",)  # what `ctl train` evaluates each checkpoint with unless told otherwise
@@ -44,6 +45,12 @@ class BadRequest(CtlError):
     exit_code = EXIT_BAD_INPUT
 
 
+class DiskFull(CtlError):
+    """A write failed for lack of space (ENOSPC, SQLite's "database or disk is full")."""
+
+    exit_code = EXIT_DISK_FULL
+
+
 # --- home and engine ---------------------------------------------------------------------
 
 
@@ -59,18 +66,28 @@ def db_path(home: Path) -> Path:
     return home / ".ctl" / "engine.db"
 
 
-def open_engine(home: Path, *, create: bool, **engine_kwargs: Any) -> Any:
+def open_engine(home: Path, *, create: bool, readonly: bool = False, **engine_kwargs: Any) -> Any:
     """The engine of ``home`` with the workflows and the real activities registered.
 
     ``create=False`` (read-only commands) refuses a home without a database, so that
     ``ctl status`` in the wrong folder writes nothing.
+    ``readonly=True`` (status, list, history) opens the database so that it can never be
+    written, which also works in a read-only home.
     """
     from engine import Engine
+    from engine.store import Store
 
     path = db_path(home)
     if not create and not path.exists():
         raise BadRequest(f"no ctl database in {home} (looked for {path}); pass --home or set CTL_HOME")
+    if create:
+        from .homecheck import check_home_writable, refuse_lost_history
+
+        check_home_writable(home)
+        refuse_lost_history(home, path)
     try:
+        if readonly:
+            engine_kwargs = {"store": Store(path, readonly=True), **engine_kwargs}
         engine = Engine(path, **engine_kwargs)
     except BadInput as e:
         raise BadRequest(str(e)) from None
@@ -175,11 +192,17 @@ def _generation(workflow_id: str, base: str) -> int | None:
 def latest_run(engine: Any, base: str) -> Any | None:
     """The newest workflow of run ``base`` (``train/tiny``, ``train/tiny/2``, ...), or None."""
     best, best_gen = None, 0
-    for st in engine.list_workflows():
+    for st in readable_workflows(engine):
         gen = _generation(st.workflow_id, base)
         if gen is not None and gen > best_gen:
             best, best_gen = st, gen
     return best
+
+
+def readable_workflows(engine: Any) -> list[Any]:
+    """Every workflow whose record can be read (damaged ones are reported where they are asked for)."""
+    lister = getattr(engine, "list_readable", None)
+    return lister()[0] if lister else engine.list_workflows()
 
 
 def resolve_id(engine: Any, workflow_id: str) -> str:
@@ -234,7 +257,7 @@ class Started:
 
 def run_generations(engine: Any, base: str) -> list[Any]:
     """Every workflow of run ``base`` (``train/tiny``, ``train/tiny/2``, ...), oldest first."""
-    found = [(g, st) for st in engine.list_workflows() if (g := _generation(st.workflow_id, base)) is not None]
+    found = [(g, st) for st in readable_workflows(engine) if (g := _generation(st.workflow_id, base)) is not None]
     return [st for _, st in sorted(found, key=lambda x: x[0])]
 
 
@@ -287,6 +310,18 @@ def outcome_json(st: Any) -> dict:
 
 def exit_code(state: str) -> int:
     return {"completed": EXIT_OK, "canceled": EXIT_CANCELED, "failed": EXIT_FAILED}.get(state, EXIT_OK)
+
+
+def disk_full_message(error: Any) -> str | None:
+    """The "disk full writing <path>" line of a recorded failure (any cause level), or None."""
+    for _ in range(8):
+        if not isinstance(error, dict):
+            return None
+        if error.get("type") == "DiskFull":
+            msg = str(error.get("message", "disk full"))
+            return msg.split("tinyllm: ", 1)[-1].split("; free some space")[0]
+        error = error.get("cause")
+    return None
 
 
 def error_line(error: dict | None) -> str:

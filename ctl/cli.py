@@ -9,6 +9,7 @@ import datetime as dt
 import json
 import os
 import signal
+import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any, Callable
 import click
 
 from . import app
+from engine.errors import BadInput as EngineBadInput
+
 from .app import BadRequest, CtlError
 from .progress import summary_text
 
@@ -34,9 +37,24 @@ def _edge(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except CtlError as e:
-            click.echo(f"ctl: {e}", err=True)
-            sys.exit(e.exit_code)
+            _exit_with(e)
+        except EngineBadInput as e:  # a damaged record met while running: nothing was written
+            _exit_with(BadRequest(str(e)))
+        except (sqlite3.Error, OSError) as e:
+            from .homecheck import as_ctl_error
+
+            home = kwargs.get("home")
+            err = as_ctl_error(e, app.resolve_home(home) if "home" in kwargs else None)
+            if err is None:
+                raise
+            _exit_with(err)
     return wrapper
+
+
+def _exit_with(e: CtlError) -> None:
+    click.echo(f"ctl: {e}", err=True)
+    sys.stderr.flush()
+    sys.exit(e.exit_code)
 
 
 def _print_json(value: Any) -> None:
@@ -56,7 +74,10 @@ def main() -> None:
 
     \b
     Exit codes: 0 completed, 130 canceled (or ctl interrupted),
-                2 bad input (one line on stderr, nothing started or written), 1 failed.
+                2 bad input (one line on stderr, nothing started or written: a bad spec, a
+                  damaged or foreign database, a read-only home), 1 failed,
+                74 disk full (free space, run the same command: it resumes).
+    `ctl doctor` checks a home and says what each problem means for which run.
 
     \b
     Example:
@@ -101,6 +122,10 @@ def _finish(st: Any, as_json: bool, describe: Callable[[Any], None]) -> None:
         describe(st.result)
     elif st.state == "canceled":
         click.echo(f"{st.workflow_id} canceled; its checkpoints are kept: run the same command to continue", err=True)
+    elif st.state == "failed" and (full := app.disk_full_message(st.error)):
+        click.echo(f"ctl: {full}; free some space and run the same command again: it resumes from the last "
+                   f"checkpoint", err=True)
+        sys.exit(app.EXIT_DISK_FULL)
     elif st.state == "failed":
         click.echo(f"{st.workflow_id} failed: {app.error_line(st.error)}", err=True)
     else:
@@ -154,7 +179,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     finished segment and evaluation. A different spec under the same name is refused (exit 2).
 
     \b
-    Exit codes: 0 completed, 130 canceled/interrupted, 2 bad input, 1 failed.
+    Exit codes: 0 completed, 130 canceled/interrupted, 2 bad input, 1 failed, 74 disk full.
     \b
     Examples:
       ctl train --spec specs/tiny.json
@@ -214,7 +239,7 @@ def eval_(suites: tuple[str, ...], subjects: tuple[str, ...], name: str, tag: st
     evaluation prints its result.
 
     \b
-    Exit codes: 0 completed, 130 canceled/interrupted, 2 bad input, 1 failed.
+    Exit codes: 0 completed, 130 canceled/interrupted, 2 bad input, 1 failed, 74 disk full.
     \b
     Example:
       ctl eval --suite ppl --suite zoo --subject final=runs/tiny/ckpt/step-000300 --name tiny-final
@@ -280,14 +305,10 @@ def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
       ctl status                  # a table of all workflows
       ctl status train/tiny --json
     """
-    engine = app.open_engine(app.resolve_home(home), create=False)
+    engine = app.open_engine(app.resolve_home(home), create=False, readonly=True)
     try:
         if workflow_id is None:
-            rows = engine.list_workflows()
-            if as_json:
-                _print_json([app.outcome_json(s) for s in rows])
-            else:
-                _table(rows)
+            _list_all(engine, as_json)
             return
         st = engine.status(_resolved(engine, workflow_id))
         if as_json:
@@ -336,15 +357,24 @@ def list_(as_json: bool, home: str | None) -> None:
     Example:
       ctl list --json
     """
-    engine = app.open_engine(app.resolve_home(home), create=False)
+    engine = app.open_engine(app.resolve_home(home), create=False, readonly=True)
     try:
-        rows = engine.list_workflows()
-        if as_json:
-            _print_json([app.outcome_json(s) for s in rows])
-        else:
-            _table(rows)
+        _list_all(engine, as_json)
     finally:
         engine.close()
+
+
+def _list_all(engine: Any, as_json: bool) -> None:
+    """Every readable workflow; each damaged one as a line on stderr, then exit 2."""
+    rows, damaged = engine.list_readable()
+    if as_json:
+        _print_json([app.outcome_json(s) for s in rows])
+    else:
+        _table(rows)
+    for e in damaged:
+        click.echo(f"ctl: {e}", err=True)
+    if damaged:
+        sys.exit(app.EXIT_BAD_INPUT)
 
 
 def _event_line(e: Any) -> str:
@@ -385,7 +415,7 @@ def history(workflow_id: str, as_json: bool, home: str | None) -> None:
     Example:
       ctl history train/tiny --json
     """
-    engine = app.open_engine(app.resolve_home(home), create=False)
+    engine = app.open_engine(app.resolve_home(home), create=False, readonly=True)
     try:
         wid = _resolved(engine, workflow_id)
         events = engine.history(wid)

@@ -38,6 +38,16 @@ def _tail_json(path: Path, max_bytes: int = 8192) -> dict | None:
     return None
 
 
+def start_line(workflow_id: str, inp: dict, ends: list[int]) -> str:
+    """The header of a run: a training's segments, or an evaluation's suites and subjects."""
+    if isinstance(inp.get("suites"), list) and isinstance(inp.get("subjects"), list):
+        subjects = [str(s.get("id")) if isinstance(s, dict) else str(s) for s in inp["subjects"]]
+        shown = ", ".join(subjects[:4]) + (" ..." if len(subjects) > 4 else "")
+        return (f"[bold]{workflow_id}[/]: evaluating {len(subjects)} subject(s) ({shown}) with "
+                f"{', '.join(map(str, inp['suites']))}")
+    return f"[bold]{workflow_id}[/]: {len(ends)} segment(s) to step {ends[-1] if ends else '?'}"
+
+
 def summary_text(result: dict, limit: int = 4) -> str:
     """``task/metric=value ...`` of an eval result's summary (first subject), or ``done``."""
     metrics = (result.get("summary") or {}).get("metrics") or {}
@@ -114,7 +124,7 @@ class Progress:
                     self._ends = workflows.segments(int(spec.get("steps", 0)), int(spec.get("eval_every", 0)))
                 except (TypeError, ValueError):
                     self._ends = []
-                emit(f"[bold]{self.workflow_id}[/]: {len(self._ends)} segment(s) to step {self._ends[-1] if self._ends else '?'}")
+                emit(start_line(self.workflow_id, a.get("input") or {}, self._ends))
             elif e.type == "activity_started":
                 self._current = aid
                 label = self._segment_label(aid) if aid.startswith("train-") else aid

@@ -20,8 +20,8 @@ from typing import Any, Callable
 from . import history as h
 from . import leases
 from .clock import SystemClock
-from .errors import BadInput, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
-from .history import Event, append_event, dumps, read_events, to_jsonable
+from .errors import BadInput, DamagedRecord, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
+from .history import Event, append_event, damaged, decode_json, dumps, read_events, to_jsonable
 from .ids import check_id
 from .replay import Command, DrySink, Replayer
 from .store import Store
@@ -183,10 +183,15 @@ class Engine(Worker):
 
     def status(self, workflow_id: str) -> WorkflowStatus:
         wid, name, state, created, updated, cancel, error, result = self._row(workflow_id)
-        st = WorkflowStatus(
-            wid, name, state, created, updated, bool(cancel),
-            json.loads(error) if error else None, json.loads(result) if result else None,
-        )
+        with self.store._lock:
+            db = self.store.conn
+            if state not in ("running", *TERMINAL) or not isinstance(name, str):
+                raise damaged(db, workflow_id, "its workflow row", f"unknown state {state!r}")
+            st = WorkflowStatus(
+                wid, name, state, created, updated, bool(cancel),
+                decode_json(db, error, workflow_id=wid, record="its error") if error else None,
+                decode_json(db, result, workflow_id=wid, record="its result") if result else None,
+            )
         if state == "running":
             st.waiting_on = self._waiting_on(workflow_id)
         return st
@@ -247,6 +252,28 @@ class Engine(Worker):
     def list_workflows(self) -> list[WorkflowStatus]:
         rows = self.store.query("SELECT id FROM workflows ORDER BY created_at, id")
         return [self.status(r[0]) for r in rows]
+
+    def list_readable(self) -> tuple[list[WorkflowStatus], list[DamagedRecord]]:
+        """Every workflow whose row can be read, and the damage found in the others."""
+        import sqlite3
+
+        try:
+            rows = self.store.query("SELECT CAST(id AS BLOB) FROM workflows ORDER BY created_at, id")
+        except sqlite3.DatabaseError as e:
+            with self.store._lock:
+                raise damaged(self.store.conn, "(all)", "the workflow table", f"SQLite: {e}") from None
+        good, bad = [], []
+        for (raw,) in rows:
+            try:
+                wid = bytes(raw).decode("utf-8")
+                check_id(wid)
+                good.append(self.status(wid))
+            except (UnicodeDecodeError, BadInput, sqlite3.DatabaseError) as e:
+                if not isinstance(e, DamagedRecord):
+                    with self.store._lock:
+                        e = damaged(self.store.conn, repr(bytes(raw))[2:-1], "its workflow row", str(e))
+                bad.append(e)
+        return good, bad
 
     def activities(self, workflow_id: str) -> list[ActivityInfo]:
         self._row(workflow_id)

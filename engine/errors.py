@@ -105,6 +105,17 @@ class BadInput(EngineError):
     """A malformed id, an input that does not validate, a corrupt or foreign database."""
 
 
+class DamagedRecord(BadInput):
+    """A record of the database that cannot be read back as written (bad JSON or UTF-8, a checksum
+    that does not match, a page SQLite calls malformed). Nothing is written on its account: the
+    message names the database, the workflow and the record; ``ctl doctor`` lists them all."""
+
+    def __init__(self, message: str, *, workflow_id: str | None = None, record: str | None = None):
+        super().__init__(message)
+        self.workflow_id = workflow_id
+        self.record = record
+
+
 def is_canceled(err: BaseException | None) -> bool:
     """True when ``err`` is, or wraps (through ``__cause__``/``__context__``), a ``Canceled``."""
     seen: set[int] = set()

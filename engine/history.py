@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import zlib
 from typing import Any, NamedTuple
+
+from .errors import DamagedRecord
 
 WORKFLOW_STARTED = "workflow_started"
 WORKFLOW_COMPLETED = "workflow_completed"
@@ -58,19 +61,79 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-def read_events(db: sqlite3.Connection, workflow_id: str, after_seq: int = 0) -> list[Event]:
-    rows = db.execute(
-        "SELECT seq, type, time, attrs FROM events WHERE workflow_id=? AND seq>? ORDER BY seq",
-        (workflow_id, after_seq),
-    ).fetchall()
-    return [Event(seq, typ, t, json.loads(a)) for seq, typ, t, a in rows]
+def event_crc(workflow_id: str, seq: int, type: str, time: float, attrs_json: str) -> int:
+    """The checksum stored beside each event: damage inside a page that SQLite cannot see (its
+    integrity check stays ok) is found when the event is read back."""
+    text = f"{workflow_id}\x00{seq}\x00{type}\x00{float(time).hex()}\x00{attrs_json}"
+    return zlib.crc32(text.encode("utf-8"))
+
+
+def database_file(db: sqlite3.Connection) -> str:
+    """The file behind a connection (for messages), from SQLite itself."""
+    try:
+        return str(db.execute("PRAGMA database_list").fetchone()[2] or "(in memory)")
+    except sqlite3.Error:
+        return "(unknown)"
+
+
+def decode_json(db: sqlite3.Connection, raw: str | bytes | None, *, workflow_id: str, record: str) -> Any:
+    """JSON of one stored record, or ``DamagedRecord`` naming the database, workflow and record."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        if text is None:
+            raise ValueError("empty")
+        return json.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise damaged(db, workflow_id, record, f"not valid JSON ({type(e).__name__})") from None
+
+
+def damaged(db: sqlite3.Connection, workflow_id: str, record: str, why: str) -> DamagedRecord:
+    return DamagedRecord(
+        f"engine database {database_file(db)} is damaged: workflow {workflow_id}: {record} cannot be read ({why}); "
+        f"nothing was written; `ctl doctor` lists every damaged record",
+        workflow_id=workflow_id, record=record,
+    )
+
+
+def read_events(db: sqlite3.Connection, workflow_id: str, after_seq: int = 0, limit: int = -1) -> list[Event]:
+    """The events after ``after_seq`` (at most ``limit``), each checked against its checksum
+    (``DamagedRecord`` if not)."""
+    try:
+        rows = db.execute(
+            "SELECT seq, CAST(type AS BLOB), time, CAST(attrs AS BLOB), crc FROM events "
+            "WHERE workflow_id=? AND seq>? ORDER BY seq LIMIT ?",
+            (workflow_id, after_seq, limit),
+        ).fetchall()
+    except sqlite3.DatabaseError as e:
+        raise damaged(db, workflow_id, "its history", f"SQLite: {e}") from None
+    out = []
+    expect = after_seq + 1
+    for seq, typ, t, attrs, crc in rows:
+        record = f"event {seq}"
+        try:
+            typ_s, attrs_s = bytes(typ).decode("utf-8"), bytes(attrs).decode("utf-8")
+        except (TypeError, UnicodeDecodeError):
+            raise damaged(db, workflow_id, record, "not UTF-8 text") from None
+        if not isinstance(seq, int) or not isinstance(t, (int, float)):
+            raise damaged(db, workflow_id, record, "a number column holds something else")
+        if crc is not None and crc != event_crc(workflow_id, seq, typ_s, t, attrs_s):
+            raise damaged(db, workflow_id, record, "checksum mismatch")
+        if seq != expect:
+            raise damaged(db, workflow_id, f"event {expect}", f"missing (next recorded is {seq})")
+        value = decode_json(db, attrs_s, workflow_id=workflow_id, record=record)
+        if not isinstance(value, dict):
+            raise damaged(db, workflow_id, record, "attributes are not an object")
+        out.append(Event(seq, typ_s, t, value))
+        expect += 1
+    return out
 
 
 def append_event(db: sqlite3.Connection, workflow_id: str, seq: int, type: str, time: float, attrs: dict) -> Event:
     """Append one event at ``seq`` (the caller knows the last seq; the primary key guards it)."""
+    text = dumps(attrs)
     db.execute(
-        "INSERT INTO events(workflow_id, seq, type, time, attrs) VALUES (?,?,?,?,?)",
-        (workflow_id, seq, type, time, dumps(attrs)),
+        "INSERT INTO events(workflow_id, seq, type, time, attrs, crc) VALUES (?,?,?,?,?,?)",
+        (workflow_id, seq, type, time, text, event_crc(workflow_id, seq, type, time, text)),
     )
     return Event(seq, type, time, attrs)
 

@@ -64,6 +64,13 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX timers_state ON timers(state, fire_at);
         """,
     ),
+    (
+        2,
+        """
+        -- crc32 of each event as written (engine.history.event_crc), NULL for events of version 1
+        ALTER TABLE events ADD COLUMN crc INTEGER;
+        """,
+    ),
 ]
 
 VERSION = MIGRATIONS[-1][0]

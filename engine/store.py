@@ -25,6 +25,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import urllib.parse
 from collections import Counter
 from typing import Iterator
 
@@ -36,13 +37,14 @@ from .errors import BadInput
 class Store:
     """One SQLite connection (thread-safe behind a lock) and the single transaction helper."""
 
-    def __init__(self, path: str | os.PathLike, *, busy_timeout_s: float = 30.0):
+    def __init__(self, path: str | os.PathLike, *, busy_timeout_s: float = 30.0, readonly: bool = False):
         self.path = os.fspath(path)
         self.commits = 0
         self.commits_by_label: Counter[str] = Counter()
         self._lock = threading.RLock()
         self._in_tx = False
-        self.conn = self._open(busy_timeout_s)
+        self.readonly = readonly
+        self.conn = open_readonly(self.path, busy_timeout_s, self._check) if readonly else self._open(busy_timeout_s)
 
     # ---- opening -------------------------------------------------------------------------
 
@@ -81,15 +83,18 @@ class Store:
         if not names:
             return  # a new, empty file: ours to initialise
         if "engine_meta" not in names or "schema_version" not in names:
+            refuse_if_damaged(conn, self.path)
             raise BadInput(
                 f"engine database {self.path!r} is an SQLite database of something else "
                 f"(tables: {', '.join(sorted(names)[:5])}); refusing to touch it"
             )
         row = conn.execute("SELECT value FROM engine_meta WHERE key='app'").fetchone()
         if row is None or row[0] != schema.APP:
+            refuse_if_damaged(conn, self.path)  # an unreadable meta row is damage, not another application
             raise BadInput(f"engine database {self.path!r} belongs to another application ({row and row[0]!r})")
         v = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
-        if v is None or v > schema.VERSION:
+        if not isinstance(v, int) or v > schema.VERSION:
+            refuse_if_damaged(conn, self.path)
             raise BadInput(
                 f"engine database {self.path!r} has schema version {v}, this engine knows up to "
                 f"{schema.VERSION}; upgrade the software"
@@ -178,6 +183,72 @@ def _refuse_foreign_file(conn: sqlite3.Connection, path: str) -> None:
             raise BadInput(f"engine database {path!r} is not an SQLite database, or is corrupt or unreadable "
                            f"({e}; left untouched)") from None
         raise
+
+
+def damage_report(conn: sqlite3.Connection, limit: int = 5) -> list[str]:
+    """SQLite's own integrity check: [] when the file is sound, else its first problems."""
+    try:
+        rows = conn.execute(f"PRAGMA integrity_check({int(limit)})").fetchall()
+    except sqlite3.DatabaseError as e:
+        return [str(e)]
+    problems = [str(r[0]) for r in rows]
+    return [] if problems == ["ok"] else problems
+
+
+def refuse_if_damaged(conn: sqlite3.Connection, path: str) -> None:
+    """``BadInput`` saying the database is damaged (not foreign, not newer) when SQLite finds damage."""
+    problems = damage_report(conn, limit=3)
+    if problems:
+        raise BadInput(
+            f"engine database {path!r} is damaged (SQLite: {'; '.join(problems)[:300]}); left untouched: "
+            f"restore it from a backup, or run `ctl doctor` for what each run can still use"
+        )
+
+
+def open_readonly(path: str, busy_timeout_s: float, check) -> sqlite3.Connection:
+    """A connection that can never write: ``mode=ro``, or ``immutable=1`` where SQLite cannot make its
+    shared-memory file (a read-only home) and no write-ahead log holds newer data. Only SQLite
+    touches the file (``os.stat`` for sizes, never ``open()``)."""
+    if os.path.isdir(path):
+        raise BadInput(f"engine database {path!r} is a directory, not a file")
+    if not os.path.exists(path):
+        raise BadInput(f"no engine database {path!r}")
+    if os.path.getsize(path) == 0:
+        raise BadInput(f"engine database {path!r} is empty (0 bytes): it holds no history")
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    try:
+        conn = _connect_checked(uri, busy_timeout_s)
+    except sqlite3.OperationalError as e:
+        wal = path + "-wal"
+        if "unable to open" not in str(e) or (os.path.exists(wal) and os.path.getsize(wal) > 0):
+            raise BadInput(f"cannot read engine database {path!r} read-only: {e} (left untouched)") from None
+        conn = _connect_checked(uri + "&immutable=1", busy_timeout_s)  # nobody can be writing it
+    except sqlite3.DatabaseError as e:
+        raise BadInput(f"engine database {path!r} is not an SQLite database or is damaged: {e} (left untouched)") from None
+    try:
+        check(conn)
+        v = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
+        if v != schema.VERSION:
+            raise BadInput(f"engine database {path!r} has schema version {v}; open it once where it is writable "
+                           f"(any ctl train) to upgrade it to {schema.VERSION}")
+        conn.execute("PRAGMA query_only = 1")
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        raise BadInput(f"engine database {path!r} is damaged: {e} (left untouched)") from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _connect_checked(uri: str, busy_timeout_s: float) -> sqlite3.Connection:
+    conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _split(script: str) -> list[str]:

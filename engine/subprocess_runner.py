@@ -31,6 +31,7 @@ from .errors import Canceled, NonRetryableError
 
 PR_SET_PDEATHSIG = 1
 EXIT_BAD_INPUT = 2
+EXIT_DISK_FULL = 74  # the trainer found no space (contracts/subprocess-activity.md): non-retryable DiskFull
 EXIT_LOCKED = 75
 EXIT_CANCELED = 130
 
@@ -178,6 +179,9 @@ def run_subprocess(
     last = next((ln for ln in reversed(stderr_tail.splitlines()) if ln.strip()), "")
     if rc == EXIT_BAD_INPUT:
         raise NonRetryableError(last or f"{argv[0]}: bad input (exit 2)", type="BadInput",
+                                details={"returncode": rc, "stderr_tail": stderr_tail[-2000:]})
+    if rc == EXIT_DISK_FULL:  # retrying cannot help until space is freed; the run resumes then
+        raise NonRetryableError(last or f"{argv[0]}: disk full (exit {rc})", type="DiskFull",
                                 details={"returncode": rc, "stderr_tail": stderr_tail[-2000:]})
     what = "run directory locked by another trainer" if rc == EXIT_LOCKED else f"exit {rc}"
     raise SubprocessFailed(f"{argv[0]} failed ({what}): {last}", returncode=rc, stderr_tail=stderr_tail)

@@ -173,8 +173,9 @@ class Worker:
                     after.append(lambda lease=lease: self._ready.append(lease))
 
     def _new_replayer(self, reg, workflow_id: str, input_json: str, sink) -> Replayer:
+        raw = _recorded_input(sink.db, workflow_id, input_json)  # DamagedRecord: nothing is written
         try:
-            value = reg.decode_input(json.loads(input_json))
+            value = reg.decode_input(raw)
             fn = reg.fn
         except Exception as e:  # noqa: BLE001 - recorded as the workflow's failure
             err = BadInput(f"recorded input of workflow {workflow_id!r} no longer validates: {e}")
@@ -535,3 +536,14 @@ def _late(hb_deadline: float | None, close_deadline: float | None, now: float) -
     if hb_deadline is not None and now > hb_deadline:
         return "heartbeat timeout"
     return None
+
+
+def _recorded_input(db, workflow_id: str, input_json: str) -> Any:
+    """The workflow's input, which must equal the (checksummed) input of its started event."""
+    from .history import damaged, decode_json
+
+    raw = decode_json(db, input_json, workflow_id=workflow_id, record="its input")
+    first = read_events(db, workflow_id, 0, limit=1)
+    if first and first[0].attrs.get("input") != raw:
+        raise damaged(db, workflow_id, "its input", "differs from the input recorded in event 1")
+    return raw

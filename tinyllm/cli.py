@@ -1,7 +1,7 @@
 """``tinyllm corpus|train|eval``: the subprocess contract (contracts/subprocess-activity.md).
 
 Exit codes: 0 done (last stdout line = JSON result), 2 bad input (one line on stderr, nothing
-written), 75 run locked by another live trainer, 130 stopped by SIGTERM after a checkpoint.
+written), 74 disk full (one line naming the file; this process's temporaries removed), 75 run locked by another live trainer, 130 stopped by SIGTERM after a checkpoint.
 Paths: ``--spec`` and ``--progress`` are ordinary paths (relative to the current directory);
 ``--resume`` and checkpoint paths inside specs are relative to the home unless absolute.
 """
@@ -19,6 +19,7 @@ from .spec import SpecError
 from .validation.errors import ArchiveError
 
 EXIT_BAD_INPUT = 2
+EXIT_DISK_FULL = 74  # tinyllm.diskfull: a write found no space; own temporaries removed, resumable
 EXIT_LOCKED = 75
 EXIT_CANCELED = 130
 
@@ -30,6 +31,15 @@ def resolve_home(home: str | None) -> Path:
 def _fail(message: str, code: int) -> None:
     click.echo(f"tinyllm: {message}", err=True)
     sys.exit(code)
+
+
+def _disk_full(err: OSError, home: Path) -> None:
+    """Remove this process's temporaries, then one line and exit 74 (nothing written is lost)."""
+    from .diskfull import remove_own_temporaries
+
+    remove_own_temporaries(home)
+    _fail(f"disk full writing {err.filename or home}; free some space and run the same command again",
+          EXIT_DISK_FULL)
 
 
 def _emit(result: dict) -> None:
@@ -54,11 +64,17 @@ def corpus(spec_path: str | None, home: str | None) -> None:
     from .corpus import build_corpus
     from .spec import CorpusSpec, load_corpus_spec
 
+    from .diskfull import is_disk_full
+
     try:
         spec = load_corpus_spec(spec_path) if spec_path else CorpusSpec()
         result = build_corpus(spec, resolve_home(home))
     except SpecError as e:
         _fail(str(e), EXIT_BAD_INPUT)
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        _disk_full(e, resolve_home(home))
     _emit(result)
 
 
@@ -92,6 +108,12 @@ def train(spec_path: str, progress: str | None, resume: str | None, home: str | 
         _fail(str(e), EXIT_LOCKED)
     except ArchiveError as e:  # retryable: the resumed run retries only the publication
         _fail(str(e), e.exit_code)
+    except OSError as e:
+        from .diskfull import is_disk_full
+
+        if not is_disk_full(e):
+            raise
+        _disk_full(e, home_dir)
     _emit(result)
     if result.get("canceled"):
         click.echo("tinyllm: stopped by signal after checkpointing", err=True)
@@ -112,6 +134,12 @@ def eval_(spec_path: str, home: str | None) -> None:
         result = run_eval(spec, resolve_home(home))
     except SpecError as e:
         _fail(str(e), EXIT_BAD_INPUT)
+    except OSError as e:
+        from .diskfull import is_disk_full
+
+        if not is_disk_full(e):
+            raise
+        _disk_full(e, resolve_home(home))
     _emit(result)
 
 

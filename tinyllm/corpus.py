@@ -129,7 +129,9 @@ def _intact(path: Path, meta: dict) -> bool:
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
+    from .diskfull import writing
+
+    with writing(path), open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -76,9 +76,15 @@ class JsonlSink:
                     kept.append(line + "\n")
             except ValueError:
                 continue  # a line torn by a kill
+        from .diskfull import writing
+
         tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        try:
+            with writing(tmp):
+                tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)  # gone after the replace; a torn temporary never stays
 
     def write(self, step: int, frame: dict) -> None:
         self.file.write(json.dumps({"step": step, "time": time.time(), **frame}) + "\n")

@@ -191,7 +191,9 @@ class Trainer:
             line = {"step": self.step, "loss": self.loss, "loss_hex": float(self.loss).hex(),
                     "checkpoint": self.rel(path), "time": time.time()}
             self.progress.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.progress, "a", encoding="utf-8") as f:
+            from .diskfull import writing
+
+            with writing(self.progress), open(self.progress, "a", encoding="utf-8") as f:
                 f.write(json.dumps(line) + "\n")
                 f.flush()
                 os.fsync(f.fileno())

@@ -11,6 +11,7 @@ mapping of activity name to ``fn(ctx, input)``; ``tinyllm_activities(home)`` bui
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from engine.errors import NonRetryableError
 from engine.seam import ActivityContext
 
 from .models import (
@@ -37,13 +39,19 @@ _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file, fsync and rename (never a torn file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            raise NonRetryableError(f"disk full writing {path}", type="DiskFull") from None
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
