@@ -80,11 +80,12 @@ def open_engine(home: Path, *, create: bool, readonly: bool = False, **engine_kw
     path = db_path(home)
     if not create and not path.exists():
         raise BadRequest(f"no ctl database in {home} (looked for {path}); pass --home or set CTL_HOME")
-    if create:
+    if not readonly:
         from .homecheck import check_home_writable, refuse_lost_history
 
         check_home_writable(home)
-        refuse_lost_history(home, path)
+        if create:
+            refuse_lost_history(home, path)
     try:
         if readonly:
             engine_kwargs = {"store": Store(path, readonly=True), **engine_kwargs}

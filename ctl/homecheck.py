@@ -19,7 +19,7 @@ _READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def _read_only_message(home: Path) -> str:
-    return (f"home {home} is read-only: ctl train needs to write its database and runs there "
+    return (f"home {home} is read-only: this command writes its database and runs there "
             f"(status, list and history work read-only); pass a writable --home")
 
 
