@@ -36,7 +36,7 @@ from .models import (
     TrainRunResult,
 )
 from .options import corpus_options, eval_options, step_tag, train_options
-from .training import segment_spec, segments, train_run, validate_spec
+from .training import MAX_SEGMENTS, segment_spec, segments, train_run, validate_spec
 
 WORKFLOWS = {
     WORKFLOW_TRAIN_RUN: (train_run, TrainRunInput),
@@ -66,6 +66,6 @@ __all__ = [
     "CorpusBuildInput", "CorpusBuildResult", "EvalActivityInput", "EvalSubject", "EvalSuiteInput",
     "EvalSuiteResult", "PriorWork", "Segment", "SuiteOutputs", "TinyllmActivities", "TrainActivityInput",
     "TrainActivityResult", "TrainRunInput", "TrainRunResult", "collect_prior", "corpus_build", "corpus_options",
-    "eval_options", "eval_suite", "marshal_spec", "register", "segment_spec", "segments", "step_tag",
+    "MAX_SEGMENTS", "eval_options", "eval_suite", "marshal_spec", "register", "segment_spec", "segments", "step_tag",
     "tinyllm_activities", "train_options", "train_run", "validate_spec",
 ]

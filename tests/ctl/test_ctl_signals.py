@@ -1,0 +1,93 @@
+"""SIGTERM and Ctrl-C (SIGINT) to `ctl` are honoured; a spec with too many segments is refused.
+
+Defect 8 of issue 9: `steps: 1000000000, eval_every: 1` built a list of a billion segments
+(24 GB, OOM-killed, SIGTERM ignored meanwhile, the workflow left "running"). Now the segment
+count is bounded before any work (exit 2, one line naming the limit, nothing written), and a
+`ctl train` or a busy `ctl worker` stops on SIGTERM/SIGINT, its trainer with it. Real
+processes and signals; waits are bounded polls, never timing assertions (the time from the
+signal to the exit is measured in the note: milliseconds).
+"""
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+import workflows
+from simulator import procs
+
+BOUND_S = 120
+SPEC = {
+    "name": "sig", "steps": 4000, "seed": 5, "eval_every": 0, "checkpoint_every": 5,
+    "batch_size": 2, "warmup_steps": 1, "lr_decay_steps": 4000, "threads": 1, "log_every": 50,
+    "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
+}
+
+
+def _trainers(home: Path) -> list:
+    return [p for p in procs.processes_in(home) if "tinyllm" in p[1]]
+
+
+def _checkpoints(home: Path) -> int:
+    return sum(f.read_bytes().count(b"\n") for f in home.glob("runs/sig/activity/*/progress-*.jsonl"))
+
+
+def _checkpointed(home: Path) -> bool:
+    return _checkpoints(home) > 0
+
+
+def test_ctl_train_stops_on_sigterm_and_on_ctrl_c_with_its_trainer(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    spec = tmp_path / "sig.json"
+    spec.write_text(json.dumps(SPEC))
+    for sig in (signal.SIGTERM, signal.SIGINT):  # the second run resumes the first, then gets Ctrl-C
+        before = _checkpoints(home)
+        p = procs.spawn(home, "train", "--spec", str(spec), "--no-eval")
+        try:
+            procs.wait_for("a checkpoint", lambda: _checkpoints(home) > before and _trainers(home),
+                           timeout_s=BOUND_S, alive=p)
+            p.send_signal(sig)  # to ctl alone, as `kill` or Ctrl-C would (the trainer is in its own group)
+            _, err = p.communicate(timeout=BOUND_S)
+        finally:
+            if p.poll() is None:
+                procs.killpg(p)
+        assert p.returncode == 130, err[-2000:]
+        assert "interrupted" in err and "Traceback" not in err
+        procs.wait_for("the trainer to die with ctl", lambda: not _trainers(home), timeout_s=BOUND_S)
+        st = procs.run(home, "status", "train/sig", "--json")
+        assert json.loads(st.stdout)["state"] == "running"  # resumable: the same command continues it
+
+
+def test_a_busy_worker_stops_on_sigterm_with_its_trainer(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    spec = tmp_path / "sig.json"
+    spec.write_text(json.dumps(SPEC))
+    assert procs.run(home, "train", "--spec", str(spec), "--no-eval", "--detach").returncode == 0
+    w = procs.spawn(home, "worker")
+    try:
+        procs.wait_for("a checkpoint", lambda: _checkpointed(home) and _trainers(home), timeout_s=BOUND_S, alive=w)
+        w.send_signal(signal.SIGTERM)
+        _, err = w.communicate(timeout=BOUND_S)
+    finally:
+        if w.poll() is None:
+            procs.killpg(w)
+    assert w.returncode == 0, err[-2000:]
+    procs.wait_for("the trainer to die with the worker", lambda: not _trainers(home), timeout_s=BOUND_S)
+
+
+def test_too_many_segments_is_bad_input_before_any_work(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    spec = tmp_path / "big.json"
+    spec.write_text(json.dumps({**SPEC, "name": "big", "steps": 1_000_000_000, "eval_every": 1}))
+    p = procs.run(home, "train", "--spec", str(spec))
+    assert p.returncode == 2
+    [line] = p.stderr.splitlines()
+    assert f"at most {workflows.MAX_SEGMENTS}" in line and "1000000000 segments" in line
+    assert list(home.iterdir()) == []  # nothing written, not even the database
+    ok = {**SPEC, "steps": workflows.MAX_SEGMENTS * 3, "eval_every": 3}  # exactly at the bound: accepted
+    assert len(workflows.segments(ok["steps"], ok["eval_every"])) == workflows.MAX_SEGMENTS
+    with pytest.raises(ValueError, match="at most"):
+        workflows.segments(ok["steps"] + 1, 3)
