@@ -11,6 +11,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .objectives.config import DPOConfig, RefConfig, RLConfig, check_train_spec
 from .validation.config import ValidationConfig
 
 IDENTIFIER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -71,6 +72,18 @@ class TrainSpec(_Strict):
     log_every: int = Field(10, ge=1)  # console progress line every this many steps
     model: ModelConfig = ModelConfig()
     validation: ValidationConfig | None = None  # held-out validation during training (opt-in)
+    # post-training (tinyllm/objectives): lm = pre-training; dpo, grpo, opd start from init_from
+    objective: Literal["lm", "dpo", "grpo", "opd"] = "lm"
+    init_from: str | None = Field(None, min_length=1)  # <run>@<step> or a checkpoint dir: weights of step 0
+    ref: RefConfig | None = None  # dpo: build_ref (the frozen reference, from init_from)
+    teacher: str | None = Field(None, min_length=1)  # opd: the frozen teacher checkpoint (<run>@<step> or a dir)
+    dpo: DPOConfig | None = None
+    rl: RLConfig | None = None  # grpo and opd: prompts, rewards, rollout sampling, n_mini
+
+    @model_validator(mode="after")
+    def _objective_fields(self) -> "TrainSpec":
+        check_train_spec(self)
+        return self
 
 
 class CorpusSpec(_Strict):

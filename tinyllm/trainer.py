@@ -91,17 +91,27 @@ class Trainer:
         if resume is not None and not Path(resume).is_dir():
             raise SpecError(f"--resume checkpoint not found: {resume}")
         self.resume_arg = Path(resume) if resume is not None else None
-        tokens, self.corpus_meta = open_corpus(self.home, spec.corpus, "tokens")
-        try:
-            self.data = TokenStream(tokens, cfg.block_size, spec.batch_size, spec.seed)
-        except ValueError as e:
-            raise SpecError(f"corpus {spec.corpus!r}: {e}") from None
+        self.objective = None  # post-training (tinyllm/objectives): its data, init_from, ref, teacher
+        if spec.objective != "lm":
+            from .objectives import build_objective
+
+            self.objective = build_objective(spec, self.home, self.log)  # bad input: exit 2, nothing written
+        else:
+            tokens, self.corpus_meta = open_corpus(self.home, spec.corpus, "tokens")
+            try:
+                self.data = TokenStream(tokens, cfg.block_size, spec.batch_size, spec.seed)
+            except ValueError as e:
+                raise SpecError(f"corpus {spec.corpus!r}: {e}") from None
         self.validator = None  # held-out validation (tinyllm/validation), when the spec enables it
         if spec.validation is not None and spec.validation.enabled:
             from .validation.runner import Validator
 
-            self.validator = Validator(spec, self.home, self.run_dir, log=self.log)  # bad held-out data: exit 2
-            self.validator.check_corpus(tokens, f"corpus {spec.corpus!r}")  # overlap with training: exit 2
+            self.validator = Validator(spec, self.home, self.run_dir, log=self.log,
+                                       objective=self.objective)  # bad held-out data: exit 2
+            if self.objective is None:
+                self.validator.check_corpus(tokens, f"corpus {spec.corpus!r}")  # overlap with training: exit 2
+            elif spec.validation.objective != "lm":
+                self.objective.check_heldout(self.validator.source)  # overlap with training data: exit 2
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -120,6 +130,8 @@ class Trainer:
             lr=lr_at(0, self.spec), betas=(self.spec.beta1, self.spec.beta2), foreach=False,
         )
         self.step, self.cursor, self.loss = 0, 0, float("nan")
+        if self.objective is not None:
+            self.objective.attach(self)  # init_from weights; reference, teacher, rollout module
 
     def _resume(self) -> None:
         self.resumed_from = ckpt.find_resume_checkpoint(self.run_dir, self.resume_arg, self.log)
@@ -133,11 +145,15 @@ class Trainer:
         if saved is not None and saved != trajectory_fields(self.spec):
             diff = sorted(k for k in set(saved) | set(trajectory_fields(self.spec)) if saved.get(k) != trajectory_fields(self.spec).get(k))
             raise SpecError(f"checkpoint {self.resumed_from} was trained with a different spec (fields: {', '.join(diff)})")
+        if self.objective is not None:
+            self.objective.check_identity(manifest.get("meta", {}).get("posttrain"), self.resumed_from)
         self.model.load_state_dict(components["model"])
         self.optimizer.load_state_dict(components["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         self.step, self.cursor, self.loss = state["step"], state["cursor"], state["loss"]
         self.resume_marker = components.get("validation")  # a validation journal's pending marker
+        if self.objective is not None:
+            self.objective.on_resume(self, components)
         self.hooks.on_resume(self, components)
         print(f"tinyllm: resumed {self.spec.name} from {self.rel(self.resumed_from)} at step {self.step}", file=self.log, flush=True)
 
@@ -153,6 +169,8 @@ class Trainer:
 
     def train_step(self) -> dict:
         """One optimizer step (with gradient accumulation); returns the step's frame."""
+        if self.objective is not None:  # dpo: one update; grpo/opd: one collected batch (n_mini updates)
+            return self.objective.train_step(self)
         t0 = time.perf_counter()
         lr = lr_at(self.step, self.spec)
         for group in self.optimizer.param_groups:
@@ -180,11 +198,18 @@ class Trainer:
         state = {"step": self.step, "cursor": self.cursor, "torch_rng": torch.get_rng_state(),
                  "loss": self.loss, "loss_hex": float(self.loss).hex()}
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "training_state": state,
+                **(self.objective.components(self) if self.objective is not None else {}),
                 **self.hooks.checkpoint_components(self, self.step)}
+
+    def checkpoint_meta(self) -> dict:
+        meta = {"name": self.spec.name, "trajectory": trajectory_fields(self.spec)}
+        if self.objective is not None:
+            meta["posttrain"] = self.objective.identity()  # init/ref/teacher digests, sampling, tokenizer
+        return meta
 
     def save(self, extra: dict[str, Any] | None = None) -> Path:
         path = ckpt.save_checkpoint(self.run_dir, self.step, {**self.components(), **(extra or {})},
-                                    meta={"name": self.spec.name, "trajectory": trajectory_fields(self.spec)})
+                                    meta=self.checkpoint_meta())
         self.last_saved, self.last_path = self.step, path
         self.hooks.on_checkpoint(self, self.step, path)
         if self.progress is not None:
@@ -236,7 +261,7 @@ class Trainer:
         if plan.kind == "partial":  # non-resumable artifact, committed after validation; never LATEST
             comps = self.components()
             path = ckpt.save_checkpoint(self.run_dir, step, {c: comps[c] for c in plan.components},
-                                        meta={"name": self.spec.name, "trajectory": trajectory_fields(self.spec)})
+                                        meta=self.checkpoint_meta())
             self.validator.archive_artifact(path)
         return True
 

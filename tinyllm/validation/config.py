@@ -23,8 +23,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 COMPONENTS: tuple[str, ...] = ("model", "optimizer", "training_state")  # all three = exact resume
-REWARDS: tuple[str, ...] = ("exact_match", "prefix_match", "contains", "nonempty")
-ANSWER_REWARDS: frozenset[str] = frozenset({"exact_match", "prefix_match", "contains"})
+REWARDS: tuple[str, ...] = ("exact_match", "prefix_match", "contains", "numeric", "nonempty")
+ANSWER_REWARDS: frozenset[str] = frozenset({"exact_match", "prefix_match", "contains", "numeric"})
 DEFAULT_MAX_TOKENS = 32  # tinyllm has no training rollout limit to inherit; this is its default
 
 
@@ -87,9 +87,9 @@ class ValidationConfig(_Strict):
     batch_size: int = Field(1, ge=1)  # physical validation batch size
     max_samples: int | None = Field(None, ge=1)  # cap: lm windows / generation prompts
     seed: int = 0  # validation-only seed (per-sample sampling randomness)
-    objective: Literal["lm", "generation"] = "lm"
+    objective: Literal["lm", "generation", "dpo"] = "lm"  # dpo: held-out pairs (training objective dpo)
     data: ValidationData | None = None
-    reward: list[str] = []  # generation: rule rewards, summed per rollout; [] inherits (none in tinyllm)
+    reward: list[str] = []  # generation: rule rewards, summed per rollout; [] inherits the training (rl) reward
     sampling: SamplingConfig = SamplingConfig()
     checkpoint: ValidationCheckpointConfig = ValidationCheckpointConfig()
 
@@ -124,21 +124,18 @@ class ValidationConfig(_Strict):
             raise ValueError(f"unknown reward(s) {unknown}; choose from " + ", ".join(REWARDS))
         if len(set(self.reward)) != len(self.reward):
             raise ValueError(f"duplicate reward(s) in {self.reward}")
-        if self.objective == "lm":
+        if self.objective in ("lm", "dpo"):
             if self.reward:
-                raise ValueError("validation.reward applies to objective 'generation' only, not 'lm'")
+                raise ValueError(f"validation.reward applies to objective 'generation' only, not {self.objective!r}")
             if "sampling" in self.model_fields_set:
-                raise ValueError("validation.sampling applies to objective 'generation' only, not 'lm'")
+                raise ValueError(f"validation.sampling applies to objective 'generation' only, not {self.objective!r}")
             if self.data is not None and (self.data.prompt_column or self.data.response_column):
                 raise ValueError("validation.data.prompt_column/response_column apply to objective 'generation' only")
         elif self.enabled or self.data is not None:
             if self.data is None or not self.data.prompt_column:
                 raise ValueError("objective 'generation' requires validation.data.prompt_column")
-            if not self.reward:
-                raise ValueError(
-                    "validation.reward is empty and tinyllm's lm training has no reward to inherit; "
-                    "name one of " + ", ".join(REWARDS)
-                )
+            # an empty reward inherits the training reward: checked with the whole train spec
+            # (tinyllm.objectives.config.check_train_spec), since only it knows the training objective
             needs_answer = sorted(set(self.reward) & ANSWER_REWARDS)
             if needs_answer and not self.data.response_column:
                 raise ValueError(f"reward(s) {needs_answer} check answers and require validation.data.response_column")

@@ -91,15 +91,18 @@ def evaluate_generation(
     seed: int,
     max_samples: int | None = None,
     on_batch: Callable[[int], None] | None = None,
+    generate_fn: Callable[..., list[str]] | None = None,
 ) -> tuple[dict[str, float], list[dict]]:
-    """(metrics, rollouts): val/reward_* over all rollouts and val/<reward>, val/<reward>_count."""
+    """(metrics, rollouts): val/reward_* over all rollouts and val/<reward>, val/<reward>_count.
+
+    ``generate_fn(prompts, seeds, block_size=, sampling=)``: the rollout module of a GRPO/OPD run
+    (pinned to the validated model step); default: ``generate`` with ``model``."""
     rows = prompts[:max_samples] if max_samples is not None else prompts
     jobs = [(i, g) for i in range(len(rows)) for g in range(sampling["n_generation"])]
     rollouts: list[dict] = []
     for b in range(0, len(jobs), batch_size):
         chunk = jobs[b : b + batch_size]
-        texts = generate(
-            model,
+        texts = (generate_fn or (lambda *a, **k: generate(model, *a, **k)))(
             [rows[i]["prompt"] for i, _ in chunk],
             [rollout_seed(seed, i, g) for i, g in chunk],
             block_size=block_size,

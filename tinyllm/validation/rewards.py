@@ -25,6 +25,19 @@ def contains(completion: str, reference: str) -> float:
     return float(bool(ref) and ref in completion)
 
 
+def _number(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
+
+
+def numeric(completion: str, reference: str) -> float:
+    """1 when the completion is a number within 1e-6 (relative, at least absolute) of the reference."""
+    got, want = _number(completion), _number(reference)
+    return float(got is not None and want is not None and abs(got - want) <= 1e-6 * max(1.0, abs(want)))
+
+
 def nonempty(completion: str, reference: str | None) -> float:
     return float(bool(completion.strip()))
 
@@ -33,6 +46,7 @@ REWARD_FUNCTIONS: dict[str, Callable[[str, str | None], float]] = {
     "exact_match": exact_match,
     "prefix_match": prefix_match,
     "contains": contains,
+    "numeric": numeric,
     "nonempty": nonempty,
 }
 

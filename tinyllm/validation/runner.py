@@ -16,6 +16,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,10 @@ import torch
 
 from .. import tokenizer
 from ..model import state_digest
+from ..objectives.config import effective_validation_reward
 from .config import ValidationConfig
 from .errors import ArchiveError, ValidationIdentityError
+from .metric_schema import check_rollout_count, check_schema, declared_schema
 from .faults import maybe_kill
 from .generation import evaluate_generation
 from .isolation import isolated
@@ -38,14 +41,19 @@ Publish = Callable[[dict], None]
 
 
 class Validator:
-    def __init__(self, spec, home: str | Path, run_dir: str | Path, log=None):
+    def __init__(self, spec, home: str | Path, run_dir: str | Path, log=None, objective=None):
         self.spec = spec
         self.cfg: ValidationConfig = spec.validation
         assert self.cfg is not None and self.cfg.enabled
         self.home = Path(home)
         self.run_dir = Path(run_dir)
         self.log = log or sys.stderr
-        self.source: HeldOutSource = load_source(self.cfg, self.home)
+        # post-training (tinyllm/objectives): trainer step k is model step k * scale (grpo/opd: n_mini
+        # updates per collected batch); generation goes through the objective's rollout module
+        self.objective = objective
+        self.scale = objective.updates_per_step if objective is not None else 1
+        self.reward = effective_validation_reward(spec)
+        self.source: HeldOutSource = load_source(self.cfg, self.home, self.spec.model.block_size)
         self.rollouts: list[dict] = []  # generation: the last pass's rollouts (for inspection)
 
     # -- start ---------------------------------------------------------------------------------
@@ -53,7 +61,7 @@ class Validator:
         check_disjoint(self.source, training_tokens, corpus)
 
     def due(self, step: int) -> bool:
-        return is_validation_step(step, self.spec.steps, self.cfg)
+        return is_validation_step(step * self.scale, self.spec.steps * self.scale, self.cfg)
 
     def plan(self, step: int, *, regular_due: bool, fresh: bool, termination_requested: bool = False) -> StepPlan:
         return plan_step(step, self.spec.steps, validation_due=self.due(step), regular_due=regular_due,
@@ -64,7 +72,8 @@ class Validator:
         return {
             "config": self.cfg.identity(),
             "source": self.source.identity(),
-            "model": {"config": self.spec.model.model_dump(mode="json"), "tokenizer": "byte"},
+            "model": {"config": self.spec.model.model_dump(mode="json"), "tokenizer": "byte",
+                      **({"posttrain": self.objective.identity()} if self.objective is not None else {})},
             "weights_digest": state_digest(model.state_dict()),
         }
 
@@ -88,10 +97,13 @@ class Validator:
         tx.begin()
         try:
             t0 = time.perf_counter()
-            self.source = load_source(self.cfg, self.home)  # read the held-out data now
+            self.source = load_source(self.cfg, self.home, self.spec.model.block_size)  # read the held-out data now
             verify_unchanged(self.source, identity["source"], step)
             metrics = self._evaluate(step, model)
             metrics["timer/validation_s"] = time.perf_counter() - t0
+            check_schema(metrics, declared_schema(self.cfg, self.reward), step)  # keys/types: fatal
+            if self.cfg.objective == "generation":
+                check_rollout_count(metrics, len(self._rows()) * self.cfg.sampling.n_generation, step)
             if state_digest(model.state_dict()) != identity["weights_digest"]:  # pinned weight version
                 raise ValidationIdentityError(f"validation at step {step}: the model's weights changed during evaluation")
             tx.evaluated(metrics)  # non-finite: raises, nothing recorded, nothing published
@@ -101,6 +113,10 @@ class Validator:
         if tx.durable:
             maybe_kill("after_evaluation", step)
         return self._publish(tx, publish)
+
+    def _rows(self) -> list:
+        rows = self.source.prompts
+        return rows[: self.cfg.max_samples] if self.cfg.max_samples is not None else rows
 
     def _evaluate(self, step: int, model: torch.nn.Module) -> dict:
         cfg, block = self.cfg, self.spec.model.block_size
@@ -113,13 +129,19 @@ class Validator:
             if cfg.objective == "lm":
                 metrics = evaluate_lm(model, tokenizer.encode(self.source.text), block_size=block,
                                       batch_size=cfg.batch_size, max_samples=cfg.max_samples, on_batch=on_batch)
+            elif cfg.objective == "dpo":  # the training objective, in inference mode, over held-out pairs
+                metrics = self.objective.evaluate(model, self.source.pairs, cfg.batch_size, cfg.max_samples, on_batch)
             else:
+                generate_fn = None
+                rollout = self.objective.validation_model(None) if self.objective is not None else None
+                if rollout is not None:  # pinned to the scheduled model step: another version is fatal
+                    generate_fn = partial(rollout.generate_texts, expected_version=step * self.scale)
                 metrics, self.rollouts = evaluate_generation(
                     model, self.source.prompts, block_size=block, batch_size=cfg.batch_size,
-                    sampling=cfg.sampling.resolved(), rewards=cfg.reward, seed=cfg.seed,
-                    max_samples=cfg.max_samples, on_batch=on_batch)
-                metrics["val/step"] = step
-                metrics["val/train_total_steps"] = self.spec.steps
+                    sampling=cfg.sampling.resolved(), rewards=self.reward, seed=cfg.seed,
+                    max_samples=cfg.max_samples, on_batch=on_batch, generate_fn=generate_fn)
+                metrics["val/step"] = step * self.scale
+                metrics["val/train_total_steps"] = self.spec.steps * self.scale
         return metrics
 
     def _publish(self, tx: ValidationTransaction, publish: Publish) -> dict:

@@ -35,9 +35,10 @@ class HeldOutSource:
     size_bytes: int
     text: str = ""  # lm: the whole text
     prompts: list[dict] = field(default_factory=list)  # generation: {"prompt", "response"} in file order
+    pairs: list[dict] = field(default_factory=list)  # dpo: {"prompt", "chosen", "rejected"} in file order
 
     def identity(self) -> dict:
-        return {"sha256": self.sha256, "size_bytes": self.size_bytes, "records": len(self.prompts) or None}
+        return {"sha256": self.sha256, "size_bytes": self.size_bytes, "records": len(self.prompts or self.pairs) or None}
 
     def records(self) -> list[str]:
         """Texts that must not occur in training: lm lines, generation prompts and responses."""
@@ -48,7 +49,7 @@ class HeldOutSource:
         return [r for r in out if len(r.encode("utf-8")) >= MIN_OVERLAP_BYTES]
 
 
-def load_source(cfg: ValidationConfig, home: str | Path) -> HeldOutSource:
+def load_source(cfg: ValidationConfig, home: str | Path, block_size: int = 1 << 30) -> HeldOutSource:
     """Read and parse the held-out source; any problem is one ``ValidationDataError`` line."""
     assert cfg.data is not None
     path = resolve_path(cfg.data.path, home)
@@ -67,6 +68,15 @@ def load_source(cfg: ValidationConfig, home: str | Path) -> HeldOutSource:
         if len(raw) < 2:
             raise ValidationDataError(f"validation data file {path} has fewer than 2 tokens")
         return HeldOutSource(path, sha, len(raw), text=text)
+    if cfg.objective == "dpo":  # the training pairs' format (tinyllm.objectives.data)
+        from ..objectives.data import load_pairs
+        from ..spec import SpecError
+
+        try:
+            pairs = load_pairs(str(path), home, block_size, "validation data").rows
+        except SpecError as e:
+            raise ValidationDataError(str(e)) from None
+        return HeldOutSource(path, sha, len(raw), pairs=pairs)
     return HeldOutSource(path, sha, len(raw), prompts=_parse_prompts(cfg, path, text))
 
 

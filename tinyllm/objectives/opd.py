@@ -1,0 +1,55 @@
+"""On-policy distillation: the student samples, a frozen (larger) teacher scores the sampled tokens.
+
+Per response token t of the student's own rollout, the reverse-KL estimate is
+``k_t = log p_student_old(t) - log p_teacher(t)``. It is minimised as a per-token advantage
+``A_t = -k_t`` in the same clipped update as GRPO (tinyllm.objectives.grpo), not as a direct loss:
+the expectation is over the student's own samples, so the gradient of the reverse KL is the
+score-function estimator ``E[grad log pi * (-k)]``, which is exactly a policy gradient with that
+advantage; and with ``n_mini > 1`` the later slices are off-policy, which the ratio and its clip
+correct and bound (a direct loss would not). Training frame: train/teacher_kl (mean k_t over
+response tokens) and the rollout metrics; rule rewards (rl.reward, optional) are only reported.
+The teacher is never used in validation (held-out rollout and reward only).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..spec import SpecError
+from .common import pack, token_logps
+from .grpo import GRPOObjective
+from .init import load_frozen
+
+
+class OPDObjective(GRPOObjective):
+    name = "opd"
+
+    def __init__(self, spec, home, log):
+        super().__init__(spec, home, log)
+        self.teacher_ckpt = load_frozen(spec.teacher, self.home, "teacher")
+        mine = {"kind": "byte", "vocab_size": spec.model.vocab_size}
+        if self.teacher_ckpt.tokenizer != mine:
+            raise SpecError(f"teacher checkpoint {spec.teacher!r} has another tokenizer "
+                            f"({self.teacher_ckpt.tokenizer} != the student's {mine})")
+        if self.teacher_ckpt.config.block_size < spec.model.block_size:
+            raise SpecError(f"teacher checkpoint {spec.teacher!r} has block_size {self.teacher_ckpt.config.block_size}, "
+                            f"smaller than the student's {spec.model.block_size}")
+
+    def identity(self) -> dict:
+        return {**super().identity(), "teacher_digest": self.teacher_ckpt.digest,
+                "teacher_tokenizer": self.teacher_ckpt.tokenizer}
+
+    def attach(self, trainer) -> None:
+        super().attach(trainer)
+        self.teacher = self.teacher_ckpt.frozen_model()
+
+    def advantages(self, rollouts, rewards, mask, timer):
+        t0 = time.perf_counter()
+        x, y, _ = pack(rollouts.prompts, rollouts.completions)
+        with torch.no_grad():
+            teacher_logp = token_logps(self.teacher, x, y)
+        timer.add("teacher", t0)
+        reverse_kl = (rollouts.old_logps - teacher_logp) * mask
+        return -reverse_kl, {"train/teacher_kl": float(reverse_kl.sum() / mask.sum())}
+
