@@ -21,7 +21,7 @@ ROLLOUT_OBJECTIVES = frozenset({"grpo", "opd"})
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RefConfig(_Strict):
