@@ -6,13 +6,13 @@ Shapes: B batch, T time (tokens), C channels (n_embd), H heads, V vocab.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .digest import state_digest  # noqa: F401  (re-exported: tinyllm.model.state_digest)
 from .spec import ModelConfig
 
 
@@ -118,15 +118,3 @@ class GPT(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
-
-
-def state_digest(state: dict[str, torch.Tensor]) -> str:
-    """sha256 over a state dict in canonical order: sorted keys, each with dtype, shape and raw bytes."""
-    h = hashlib.sha256()
-    for key in sorted(state):
-        t = state[key].detach().cpu().contiguous()
-        h.update(key.encode())
-        h.update(str(t.dtype).encode())
-        h.update(repr(tuple(t.shape)).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()

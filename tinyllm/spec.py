@@ -11,10 +11,9 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .names import IDENTIFIER_PATTERN  # shared with the torch-only helper (tinyllm.durable)
 from .objectives.config import DPOConfig, RefConfig, RLConfig, check_train_spec
 from .validation.config import ValidationConfig
-
-IDENTIFIER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 Identifier = Annotated[str, Field(pattern=IDENTIFIER_PATTERN, max_length=128)]
 

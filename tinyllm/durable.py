@@ -1,0 +1,499 @@
+"""Make your own PyTorch training loop durable and exactly resumable (torch only).
+
+``from tinyllm.durable import DurableRun, DurableSampler`` imports torch and a few torch-only
+tinyllm modules (checkpoint, run lock, digest, metrics file), nothing else of the project (no
+pydantic, click or engine). A loop that uses it follows the trainer contract
+(contracts/subprocess-activity.md), so ``ctl train`` can run it durably and ``ctl verify-resume``
+can prove it exact::
+
+    run = DurableRun.from_args()               # --spec FILE [--progress FILE] [--resume CKPT] [--home DIR]
+    cfg = run.config                           # the spec's "config" object (your hyperparameters)
+    torch.manual_seed(run.seed)
+    model, opt, sched = ..., ..., ...
+    sampler = DurableSampler(len(dataset), seed=run.seed)        # shuffles; remembers its position
+    loader = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=sampler)
+    run.track(model=model, optimizer=opt, scheduler=sched, data=sampler)
+    batches = run.batches(loader)              # epoch after epoch, never touching the global RNG
+    for step in run.steps():                   # resumes, checkpoints, stops cleanly on SIGTERM
+        x, y = next(batches)
+        loss = ...; loss.backward(); opt.step(); opt.zero_grad(); sched.step()
+        run.log(loss, batch=(x, y))            # the step's loss (and, optionally, its batch)
+    # the loop's end printed the result line (stdout); print nothing else to stdout after it
+
+What a checkpoint holds (``runs/<name>/ckpt/step-NNNNNN/``, written with tinyllm's atomic,
+checksummed protocol, then ``LATEST``): ``model``, ``optimizer``, ``scheduler`` and ``scaler`` (when
+tracked), and ``training_state``: step, loss, the data position (``data.state_dict()`` of a sampler or
+``StatefulDataLoader``-style object, and ``run.cursor``, an int you may use instead), and every RNG
+state (Python ``random``, NumPy's global generator, torch CPU and CUDA, and each registered
+generator). Resuming puts all of it back before the first step.
+
+Progress (the contract's liveness rule): one line on start/resume, one per checkpoint (fsynced),
+and a line at least every ``progress_interval_s`` (1 s) while steps complete, so a trainer is
+heartbeated only while it makes progress. Each step's frame goes to ``runs/<name>/metrics.jsonl``.
+SIGTERM/SIGINT: the step in flight finishes, a checkpoint is written, the result line says
+``"canceled": true`` and the process exits 130.
+
+Test-only switches (``ctl verify-resume`` sets them): ``DURABLE_FINGERPRINT=1`` adds the state
+fingerprint to every step's frame; ``DURABLE_FAULT=checkpoint-write@N`` SIGKILLs the process in the
+middle of its N-th checkpoint write (after some files are written, before the manifest).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+import torch
+
+from . import checkpoint as ckpt
+from . import runlock
+from .digest import state_digest
+from .durable_state import (
+    capture_rng,
+    check_generators,
+    digest,
+    learning_rates,
+    optimizer_entries,
+    restore_rng,
+)
+from .errors import RunLocked
+from .metrics import JsonlSink
+from .names import IDENTIFIER_PATTERN
+
+EXIT_BAD_INPUT = 2
+EXIT_LOCKED = 75
+EXIT_CANCELED = 130
+# Spec keys that may change between a checkpoint and its resume (the rest is the trajectory).
+NON_TRAJECTORY_KEYS = frozenset({"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every",
+                                 "trainer"})
+FINGERPRINT_ENV = "DURABLE_FINGERPRINT"
+FAULT_ENV = "DURABLE_FAULT"
+
+
+class DurableError(Exception):
+    """Bad input to the helper (spec, arguments, checkpoint contents): exit 2 with this one line."""
+
+
+def _fail(message: str, code: int) -> "NoReturn":  # noqa: F821
+    print(f"durable: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+class _ArgParser(argparse.ArgumentParser):
+    def error(self, message: str) -> "NoReturn":  # noqa: F821  (one line, exit 2: the contract's bad input)
+        _fail(f"bad arguments: {message}", EXIT_BAD_INPUT)
+
+
+def parse_contract_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The trainer contract's arguments: ``--spec FILE [--progress FILE] [--resume CKPT] [--home DIR]``."""
+    p = _ArgParser(prog=Path(sys.argv[0]).name, description="A durable training loop (trainer contract).")
+    p.add_argument("--spec", required=True, help="train spec (JSON object with name, steps, ...)")
+    p.add_argument("--progress", default=None, help="append JSON progress lines to this file")
+    p.add_argument("--resume", default=None, help="checkpoint directory (relative to the home unless absolute)")
+    p.add_argument("--home", default=None, help="home folder (default: $CTL_HOME, else the current directory)")
+    return p.parse_args(argv)
+
+
+def load_spec(path: str | Path) -> dict:
+    """Read and check the parts of a train spec the helper relies on (``DurableError`` otherwise)."""
+    p = Path(path)
+    try:
+        spec = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DurableError(f"train spec file not found: {p}") from None
+    except OSError as e:
+        raise DurableError(f"cannot read train spec file {p}: {e.strerror}") from None
+    except ValueError as e:
+        raise DurableError(f"train spec file {p} is not valid JSON: {e}") from None
+    if not isinstance(spec, dict):
+        raise DurableError(f"train spec {p}: expected a JSON object")
+    name = spec.get("name")
+    if not isinstance(name, str) or not re.match(IDENTIFIER_PATTERN, name) or len(name) > 128:
+        raise DurableError(f"train spec {p}: name: {name!r} is not a plain identifier ([A-Za-z0-9][A-Za-z0-9._-]*)")
+    for key, default, low in (("steps", None, 1), ("checkpoint_every", 100, 1), ("seed", 0, None), ("log_every", 10, 1)):
+        value = spec.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or (low is not None and value < low):
+            raise DurableError(f"train spec {p}: {key}: expected an integer" + (f" >= {low}" if low else "")
+                               + f", got {value!r}")
+    if not isinstance(spec.get("config", {}), dict):
+        raise DurableError(f"train spec {p}: config: expected a JSON object")
+    return spec
+
+
+def trajectory(spec: Mapping[str, Any]) -> dict:
+    return {k: v for k, v in spec.items() if k not in NON_TRAJECTORY_KEYS}
+
+
+class DurableSampler(torch.utils.data.Sampler):
+    """A shuffling sampler that remembers where it is: its ``state_dict`` is (seed, epoch, position).
+
+    Epoch ``e`` visits ``randperm(n)`` drawn from its own generator seeded with ``seed + e`` (the global
+    RNG is never touched); ``position`` counts the indices handed out in the epoch, so after a resume
+    the loader continues with the next batch (single-process loading: ``num_workers=0``; for worker
+    processes use a ``StatefulDataLoader``-style object as ``data``). ``shuffle=False`` keeps order.
+    """
+
+    def __init__(self, n: int, *, seed: int = 0, shuffle: bool = True):
+        if n < 1:
+            raise ValueError(f"DurableSampler needs at least one item, got n={n}")
+        self.n, self.seed, self.shuffle = int(n), int(seed), bool(shuffle)
+        self.epoch, self.position = 0, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        if self.position >= self.n:  # the previous epoch was used up: (e, n) is (e + 1, 0)
+            self.epoch, self.position = self.epoch + 1, 0
+        if self.shuffle:
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        else:
+            order = list(range(self.n))
+        while self.position < self.n:
+            index = order[self.position]
+            self.position += 1
+            yield index
+
+    def state_dict(self) -> dict:
+        return {"n": self.n, "seed": self.seed, "shuffle": self.shuffle, "epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if (state["n"], state["seed"], state["shuffle"]) != (self.n, self.seed, self.shuffle):
+            raise DurableError(f"data sampler state is for n={state['n']} seed={state['seed']} shuffle={state['shuffle']}, "
+                               f"this sampler has n={self.n} seed={self.seed} shuffle={self.shuffle}")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+class _FaultOnSave:
+    """Test-only: pickling this object (while a checkpoint is being written) SIGKILLs the process."""
+
+    def __reduce_ex__(self, protocol: int):
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError("unreachable")  # pragma: no cover
+
+
+def _batch_digest(batch: Any) -> str:
+    return digest(batch)
+
+
+class DurableRun:
+    """One run of a user's training loop under the trainer contract (see the module docstring)."""
+
+    def __init__(self, spec: Mapping[str, Any], *, home: str | Path | None = None, progress: str | Path | None = None,
+                 resume: str | Path | None = None, progress_interval_s: float = 1.0, console=None):
+        self.spec = dict(spec)
+        self.name: str = self.spec["name"]
+        self.total_steps: int = int(self.spec["steps"])
+        self.checkpoint_every: int = int(self.spec.get("checkpoint_every", 100))
+        self.log_every: int = int(self.spec.get("log_every", 10))
+        self.seed: int = int(self.spec.get("seed", 0))
+        self.config: dict = dict(self.spec.get("config", {}))
+        self.home = Path(home or os.environ.get("CTL_HOME") or os.getcwd()).absolute()
+        self.run_dir = self.home / "runs" / self.name
+        self.progress = Path(progress).absolute() if progress else None
+        self.resume_arg = None
+        if resume is not None:
+            self.resume_arg = Path(resume) if os.path.isabs(resume) else self.home / resume
+            if not self.resume_arg.is_dir():
+                raise DurableError(f"--resume checkpoint not found: {resume}")
+        self.progress_interval_s = float(progress_interval_s)
+        self.console = console or sys.stderr
+        self.step, self.cursor, self.loss = 0, 0, float("nan")
+        self.model = self.optimizer = self.scheduler = self.scaler = self.data = None
+        self.generators: dict[str, Any] = {}
+        self.resumed_from: Path | None = None
+        self.last_path: Path | None = None
+        self._stop = False
+        self._started = False
+        self._fingerprint_steps = os.environ.get(FINGERPRINT_ENV) == "1"
+        self._fault_at = self._parse_fault(os.environ.get(FAULT_ENV, ""))
+        self._saves = 0
+
+    # -- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def from_args(cls, argv: list[str] | None = None, **kwargs: Any) -> "DurableRun":
+        """Parse the contract's arguments and the spec; bad input exits 2 with one line on stderr.
+
+        Installs the SIGTERM/SIGINT handler at once, so a stop during setup still ends in a clean 130.
+        """
+        run_stop = {"requested": False}
+
+        def early(signum: int, frame: Any) -> None:
+            run_stop["requested"] = True
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, early)
+        args = parse_contract_args(argv)
+        try:
+            run = cls(load_spec(args.spec), home=args.home, progress=args.progress, resume=args.resume, **kwargs)
+        except DurableError as e:
+            _fail(str(e), EXIT_BAD_INPUT)
+        run._stop = run_stop["requested"]
+        run._install_signals()
+        return run
+
+    @staticmethod
+    def _parse_fault(value: str) -> int | None:
+        m = re.fullmatch(r"checkpoint-write@(\d+)", value)
+        return int(m.group(1)) if m else None
+
+    def _install_signals(self) -> None:
+        def stop(signum: int, frame: Any) -> None:
+            self._stop = True
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, stop)
+
+    def track(self, *, model: torch.nn.Module, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
+              data: Any = None, generators: Mapping[str, Any] | None = None) -> "DurableRun":
+        """Register what a checkpoint saves and a resume restores (call once, before ``steps()``)."""
+        if self._started:
+            raise RuntimeError("track() must be called before steps()")
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        for what, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler), ("data", data)):
+            if obj is not None and not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"{what} must have state_dict() and load_state_dict(), got {type(obj).__name__}")
+        check_generators(generators or {})
+        self.model, self.optimizer, self.scheduler, self.scaler, self.data = model, optimizer, scheduler, scaler, data
+        self.generators = dict(generators or {})
+        return self
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def batches(self, loader: Iterable) -> Iterator[Any]:
+        """Batches of ``loader`` epoch after epoch, forever. Starting each epoch's iterator leaves the
+        global torch RNG as it was (a DataLoader draws a seed from it), so a resume mid-epoch and an
+        uninterrupted run see the same random numbers."""
+        empty = 0
+        while empty < 2:
+            state = torch.get_rng_state()
+            it = iter(loader)
+            torch.set_rng_state(state)
+            got = False
+            for batch in it:
+                got = True
+                yield batch
+            empty = 0 if got else empty + 1
+        raise RuntimeError("the data loader yields no batches")
+
+    def log(self, loss: Any, *, batch: Any = None) -> None:
+        """Record this step's loss (a float or a 0-d tensor) and, optionally, its batch's digest."""
+        value = float(loss.detach().item() if isinstance(loss, torch.Tensor) else loss)
+        self._logged = value
+        self._batch = None if batch is None else _batch_digest(batch)
+
+    def steps(self) -> Iterator[int]:
+        """Yield the steps still to run (1-based): resumes first; after each step, frames, checkpoints,
+        progress lines and the SIGTERM stop; at the end the final checkpoint and the result line."""
+        if self.model is None:
+            raise RuntimeError("call run.track(model=..., ...) before run.steps()")
+        if self._started:
+            raise RuntimeError("steps() runs once per process")
+        self._started = True
+        try:
+            self.lock_file = runlock.acquire(self.run_dir, self.name)
+        except RunLocked as e:
+            _fail(str(e), EXIT_LOCKED)
+        try:
+            ckpt.clean_temporaries(self.run_dir)
+            try:
+                self._resume()
+            except DurableError as e:
+                _fail(str(e), EXIT_BAD_INPUT)
+            self.last_saved = self.step if self.resumed_from is not None else 0
+            self.last_path = self.resumed_from
+            self.metrics = JsonlSink(self.run_dir / "metrics.jsonl", self.step if self.resumed_from else -1)
+            self._last_line = time.monotonic()
+            self._emit({"event": "resume" if self.resumed_from else "start", "state": self.fingerprint(),
+                        "resumed_from": self.rel(self.resumed_from)})
+            while self.step < self.total_steps and not self._stop:
+                self._logged = None
+                yield self.step + 1
+                if self._logged is None:
+                    raise RuntimeError(f"step {self.step + 1}: call run.log(loss) once in every step")
+                self.step += 1
+                self.loss = self._logged
+                self._after_step()
+            self._finish()
+        finally:
+            metrics = getattr(self, "metrics", None)
+            if metrics is not None:
+                metrics.close()
+            self.lock_file.close()
+
+    def _after_step(self) -> None:
+        opt = self._optimizer_seen()
+        lrs = learning_rates(opt)
+        frame: dict[str, Any] = {"train/loss": self.loss, "train/loss_hex": self.loss.hex()}
+        if lrs:
+            frame["optim/lr"] = float.fromhex(lrs[0])
+            frame["optim/lr_hex"] = lrs
+        if self._batch is not None:
+            frame["data/batch"] = self._batch
+        if self._fingerprint_steps:
+            frame["state"] = self.fingerprint()
+        self.metrics.write(self.step, frame)
+        if self.step % self.log_every == 0 or self.step == self.total_steps:
+            lr = f" | lr {frame['optim/lr']:.3e}" if lrs else ""
+            print(f"{self.name}: step {self.step:>6}/{self.total_steps} | loss {self.loss:.4f}{lr}", file=self.console, flush=True)
+        if self.step % self.checkpoint_every == 0 or self.step == self.total_steps or self._stop:
+            self.save()
+        elif time.monotonic() - self._last_line >= self.progress_interval_s:
+            self._emit({"event": "step"})
+
+    def _finish(self) -> None:
+        if self.last_saved != self.step:
+            self.save()
+        canceled = self._stop and self.step < self.total_steps
+        loss = None if math.isnan(self.loss) else self.loss
+        result = {"name": self.name, "steps": self.step, "checkpoint": self.rel(self.last_path),
+                  "final_loss": loss, "final_loss_hex": None if loss is None else loss.hex(),
+                  "digest": state_digest(self.model.state_dict()), "resumed_from": self.rel(self.resumed_from),
+                  "canceled": canceled}
+        sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+        sys.stdout.flush()
+        if canceled:
+            print(f"{self.name}: stopped by signal after checkpointing step {self.step}", file=self.console, flush=True)
+            self.metrics.close()
+            self.lock_file.close()
+            sys.exit(EXIT_CANCELED)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _optimizer_seen(self) -> Any:
+        """The optimizer, tracked or reachable through the scheduler (seen in fingerprints only)."""
+        return self.optimizer if self.optimizer is not None else getattr(self.scheduler, "optimizer", None)
+
+    def tracked(self) -> list[str]:
+        pieces = ["model"] + [n for n in ("optimizer", "scheduler", "scaler", "data") if getattr(self, n) is not None]
+        return pieces + [f"rng/{n}" for n in sorted(self.generators)]
+
+    def components(self) -> dict[str, Any]:
+        state = {"format": "durable/1", "step": self.step, "loss": self.loss, "loss_hex": float(self.loss).hex(),
+                 "cursor": int(self.cursor), "rng": capture_rng(self.generators),
+                 "data": None if self.data is None else self.data.state_dict()}
+        comps: dict[str, Any] = {"model": self.model.state_dict(),
+                                 "optimizer": {} if self.optimizer is None else self.optimizer.state_dict(),
+                                 "training_state": state}
+        if self.scheduler is not None:
+            comps["scheduler"] = self.scheduler.state_dict()
+        if self.scaler is not None:
+            comps["scaler"] = self.scaler.state_dict()
+        return comps
+
+    def save(self) -> Path:
+        """Write the checkpoint of this step (atomic; then LATEST) and its progress line."""
+        comps = self.components()
+        self._saves += 1
+        if self._fault_at == self._saves:
+            comps["zz_fault"] = _FaultOnSave()  # sorted last: the other files are written, no manifest yet
+        path = ckpt.save_checkpoint(self.run_dir, self.step, comps,
+                                    meta={"name": self.name, "trainer": "tinyllm.durable", "tracked": self.tracked(),
+                                          "trajectory": trajectory(self.spec)})
+        self.last_saved, self.last_path = self.step, path
+        self._emit({"event": "checkpoint", "state": self.fingerprint()}, sync=True)
+        return path
+
+    def _resume(self) -> None:
+        self.resumed_from = ckpt.find_resume_checkpoint(self.run_dir, self.resume_arg, self.console)
+        if self.resumed_from is None:
+            return
+        try:
+            comps, manifest = ckpt.load_checkpoint(self.resumed_from)
+        except ckpt.CheckpointError as e:
+            raise DurableError(str(e)) from None
+        where = self.rel(self.resumed_from)
+        state = comps.get("training_state")
+        if not isinstance(state, dict) or state.get("format") != "durable/1":
+            raise DurableError(f"checkpoint {where} was not written by tinyllm.durable")
+        if state["step"] > self.total_steps:
+            raise DurableError(f"checkpoint {where} is at step {state['step']}, beyond the spec's steps {self.total_steps}")
+        saved = manifest.get("meta", {}).get("trajectory")
+        if saved is not None and saved != trajectory(self.spec):
+            keys = sorted(k for k in set(saved) | set(trajectory(self.spec)) if saved.get(k) != self.spec.get(k))
+            raise DurableError(f"checkpoint {where} was trained with a different spec (fields: {', '.join(keys)})")
+        for piece in ("scheduler", "scaler"):
+            obj = getattr(self, piece)
+            if obj is not None and piece not in comps:
+                raise DurableError(f"checkpoint {where} has no {piece} state, but a {piece} is tracked now")
+            if obj is None and piece in comps:
+                print(f"durable: warning: checkpoint {where} has {piece} state but no {piece} is tracked: not restored",
+                      file=self.console, flush=True)
+        if self.data is not None and state.get("data") is None:
+            raise DurableError(f"checkpoint {where} has no data position, but data is tracked now")
+        if self.data is None and state.get("data") is not None:
+            print(f"durable: warning: checkpoint {where} has a data position but no data is tracked: not restored",
+                  file=self.console, flush=True)
+        self.model.load_state_dict(comps["model"])
+        if self.optimizer is not None:
+            if not comps["optimizer"]:
+                raise DurableError(f"checkpoint {where} has no optimizer state, but an optimizer is tracked now")
+            self.optimizer.load_state_dict(comps["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(comps["scheduler"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(comps["scaler"])
+        if self.data is not None:
+            self.data.load_state_dict(state["data"])
+        try:
+            restore_rng(state["rng"], self.generators)
+        except KeyError as e:
+            raise DurableError(f"checkpoint {where}: {e.args[0]}") from None
+        self.step, self.cursor, self.loss = int(state["step"]), int(state["cursor"]), float(state["loss"])
+        print(f"durable: resumed {self.name} from {where} at step {self.step}", file=self.console, flush=True)
+
+    # -- progress and fingerprints -------------------------------------------------------------
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Short digests of every piece of state the helper can see now (tracked or reachable)."""
+        fp: dict[str, Any] = {"model": digest(self.model.state_dict()), "cursor": int(self.cursor)}
+        opt = self._optimizer_seen()
+        if opt is not None:
+            fp["optimizer"] = digest(opt.state_dict()["state"])
+            fp["optimizer/entries"] = optimizer_entries(opt)
+            fp["lr"] = learning_rates(opt)
+        if self.scheduler is not None:
+            fp["scheduler"] = digest(self.scheduler.state_dict())
+        if self.scaler is not None:
+            fp["scaler"] = digest(self.scaler.state_dict())
+        if self.data is not None:
+            fp["data"] = digest(self.data.state_dict())
+        rng = capture_rng(self.generators)
+        for key in ("python", "numpy", "torch", "cuda"):
+            if rng[key] is not None:
+                fp[f"rng/{key}"] = digest(rng[key])
+        for name, state in rng["generators"].items():
+            fp[f"rng/{name}"] = digest(state)
+        return fp
+
+    def rel(self, path: Path | None) -> str | None:
+        if path is None:
+            return None
+        try:
+            return str(Path(path).resolve().relative_to(self.home.resolve()))
+        except ValueError:
+            return str(Path(path).resolve())
+
+    def _emit(self, extra: Mapping[str, Any], sync: bool = False) -> None:
+        """Append one progress line (the contract's fields plus ``extra``)."""
+        self._last_line = time.monotonic()
+        if self.progress is None:
+            return
+        loss = None if math.isnan(self.loss) else self.loss
+        line = {"step": self.step, "loss": loss, "loss_hex": None if loss is None else loss.hex(),
+                "checkpoint": self.rel(self.last_path), "time": time.time(), "tracked": self.tracked(), **extra}
+        self.progress.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.progress, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line, sort_keys=True) + "\n")
+            f.flush()
+            if sync:
+                os.fsync(f.fileno())

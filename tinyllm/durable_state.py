@@ -1,0 +1,186 @@
+"""State capture for ``tinyllm.durable`` (torch only; numpy when installed): RNGs and fingerprints.
+
+RNG states: Python ``random``, NumPy's global generator, torch CPU, torch CUDA (every device, when
+CUDA is initialised) and any registered generator (``torch.Generator``, ``numpy.random.Generator``,
+``random.Random``). Torch states stay tensors; Python and NumPy states are stored as JSON text (NumPy
+arrays as lists, big integers exact), so a checkpoint loads with ``torch.load(weights_only=True)``.
+
+A *fingerprint* is a short digest of every piece of state the helper can see at a step boundary;
+``ctl verify-resume`` compares the fingerprint right after a resume with the uninterrupted run's at
+the same step, which names the piece that was not restored.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from typing import Any, Mapping
+
+import torch
+
+try:  # numpy is optional for the helper
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy ships with this project
+    np = None
+
+
+# --- JSON encoding of Python/NumPy RNG states ------------------------------------------------
+
+
+def _to_json(obj: Any) -> Any:
+    if np is not None and isinstance(obj, np.ndarray):
+        return {"__ndarray__": obj.tolist(), "dtype": str(obj.dtype)}
+    if np is not None and isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_to_json(x) for x in obj]}
+    if isinstance(obj, list):
+        return [_to_json(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _to_json(v) for k, v in obj.items()}
+    return obj
+
+
+def _from_json(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if "__ndarray__" in obj:
+            return np.array(obj["__ndarray__"], dtype=obj["dtype"])
+        if "__tuple__" in obj:
+            return tuple(_from_json(x) for x in obj["__tuple__"])
+        return {k: _from_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_from_json(x) for x in obj]
+    return obj
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(_to_json(obj), sort_keys=True)
+
+
+def _load(text: str) -> Any:
+    return _from_json(json.loads(text))
+
+
+# --- RNGs ------------------------------------------------------------------------------------
+
+
+def _generator_kind(gen: Any) -> str:
+    if isinstance(gen, torch.Generator):
+        return "torch"
+    if np is not None and isinstance(gen, np.random.Generator):
+        return "numpy"
+    if np is not None and isinstance(gen, np.random.RandomState):
+        return "numpy-legacy"
+    if isinstance(gen, random.Random):
+        return "python"
+    raise TypeError(f"cannot save generator of type {type(gen).__name__}: register torch.Generator, "
+                    "numpy.random.Generator, numpy.random.RandomState or random.Random")
+
+
+def check_generators(generators: Mapping[str, Any]) -> None:
+    for name, gen in generators.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"generator names must be non-empty strings, got {name!r}")
+        _generator_kind(gen)
+
+
+def _generator_state(gen: Any) -> Any:
+    kind = _generator_kind(gen)
+    if kind == "torch":
+        return gen.get_state()
+    if kind == "numpy":
+        return _dump(gen.bit_generator.state)
+    if kind == "numpy-legacy":
+        return _dump(gen.get_state())
+    return _dump(gen.getstate())
+
+
+def _set_generator_state(gen: Any, state: Any) -> None:
+    kind = _generator_kind(gen)
+    if kind == "torch":
+        gen.set_state(state)
+    elif kind == "numpy":
+        gen.bit_generator.state = _load(state)
+    elif kind == "numpy-legacy":
+        gen.set_state(_load(state))
+    else:
+        gen.setstate(_load(state))
+
+
+def _cuda_ready() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def capture_rng(generators: Mapping[str, Any]) -> dict[str, Any]:
+    """Every RNG state: {"python", "numpy", "torch", "cuda" (list, or None), "generators": {name: state}}."""
+    return {
+        "python": _dump(random.getstate()),
+        "numpy": _dump(np.random.get_state()) if np is not None else None,
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if _cuda_ready() else None,
+        "generators": {name: _generator_state(g) for name, g in sorted(generators.items())},
+    }
+
+
+def restore_rng(state: Mapping[str, Any], generators: Mapping[str, Any]) -> None:
+    """Put back what ``capture_rng`` saw; a registered generator the checkpoint lacks is an error."""
+    random.setstate(_load(state["python"]))
+    if np is not None and state.get("numpy") is not None:
+        np.random.set_state(_load(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("generators", {})
+    missing = sorted(set(generators) - set(saved))
+    if missing:
+        raise KeyError(f"the checkpoint has no state for generator(s) {', '.join(missing)}")
+    for name, gen in generators.items():
+        _set_generator_state(gen, saved[name])
+
+
+# --- digests and fingerprints -------------------------------------------------------------------
+
+
+def _feed(h: "hashlib._Hash", obj: Any) -> None:
+    """Canonical hashing of nested state: tensors by dtype/shape/bytes, floats by their bits."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, dict):
+        h.update(b"{")
+        for k in sorted(obj, key=lambda k: (type(k).__name__, str(k))):
+            h.update(repr(k).encode() + b":")
+            _feed(h, obj[k])
+        h.update(b"}")
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"[")
+        for x in obj:
+            _feed(h, x)
+        h.update(b"]")
+    elif isinstance(obj, float):
+        h.update(b"f" + obj.hex().encode())
+    elif np is not None and isinstance(obj, np.ndarray):
+        h.update(f"A{obj.dtype}{obj.shape}".encode() + obj.tobytes())
+    else:
+        h.update(repr(obj).encode())
+
+
+def digest(obj: Any, length: int = 16) -> str:
+    """A short digest of any nested state (dicts, lists, tensors, numbers, strings)."""
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()[:length]
+
+
+def optimizer_entries(optimizer: Any) -> int:
+    """How many parameters have optimizer state (0: a fresh optimizer, no moments)."""
+    return sum(1 for v in optimizer.state.values() if v)
+
+
+def learning_rates(optimizer: Any | None) -> list[str] | None:
+    """The param groups' learning rates as ``float.hex`` (None without an optimizer)."""
+    if optimizer is None:
+        return None
+    return [float(g["lr"]).hex() for g in optimizer.param_groups]
