@@ -22,6 +22,7 @@ from typing import Any
 import workflows
 from engine.errors import BadInput, NotFound
 from tinyllm.spec import IDENTIFIER_PATTERN, EvalSpec, SpecError, load_json_file, parse_train_spec
+from tinyllm.trainer_spec import has_trainer
 from workflows.models import EvalSubject, EvalSuiteInput, TrainRunInput
 
 EXIT_OK = 0
@@ -119,11 +120,24 @@ def _check_suites(suites: list[str], name: str) -> None:
         raise BadRequest(f"suite given twice: {suites}")
 
 
-def train_request(spec_file: str, suites: list[str], *, eval_seed: int = 0, eval_max_items: int | None = None,
+def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 0, eval_max_items: int | None = None,
                   corpus_file: str | None = None) -> TrainRunInput:
-    """Read and validate a train spec (and optional corpus spec) into TrainRun's input."""
+    """Read and validate a train spec (and optional corpus spec) into TrainRun's input.
+
+    ``suites`` None: the default (ppl for tinyllm; none for a spec naming its own trainer).
+    """
     try:
         raw = load_json_file(spec_file, "train spec")
+    except SpecError as e:
+        raise BadRequest(str(e)) from None
+    if has_trainer(raw):  # a user's trainer (ctl/trainers.py)
+        from .trainers import custom_train_request
+
+        return custom_train_request(raw, suites, eval_seed=eval_seed, eval_max_items=eval_max_items,
+                                    corpus_file=corpus_file)
+    if suites is None:
+        suites = list(DEFAULT_SUITES)
+    try:
         spec = parse_train_spec(raw)
     except SpecError as e:
         raise BadRequest(str(e)) from None

@@ -189,7 +189,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     home_dir = app.resolve_home(home)
     if no_eval and suites:
         raise BadRequest("--no-eval and --suite exclude each other")
-    chosen = [] if no_eval else (list(suites) or list(app.DEFAULT_SUITES))
+    chosen = [] if no_eval else (list(suites) or None)  # None: the default (ppl; none for an own trainer)
     inp = app.train_request(spec_file, chosen, eval_seed=eval_seed, eval_max_items=eval_max_items,
                             corpus_file=corpus_file)
     name = inp.spec["name"]

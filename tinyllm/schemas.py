@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 
 from .spec import CorpusSpec, EvalSpec, EvalSummary, TrainSpec
+from .trainer_spec import CustomTrainSpec
 
 CONTRACTS = Path(__file__).resolve().parent.parent / "contracts"
 
 MODELS = {
     "train-spec.schema.json": TrainSpec,
+    "custom-train-spec.schema.json": CustomTrainSpec,  # a spec naming its own "trainer"
     "corpus-spec.schema.json": CorpusSpec,
     "eval-spec.schema.json": EvalSpec,
     "eval-result.schema.json": EvalSummary,  # summary.json; each results.jsonl line is its $defs/EvalResult

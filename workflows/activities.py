@@ -6,6 +6,9 @@ Each activity writes its spec (atomically) and its progress file under
 ``runs/<name>/activity/<activity-id>/``; ``train`` passes ``--resume`` with the last
 heartbeated checkpoint when its attempt is a redelivery.
 
+A spec that names its own ``trainer`` runs that command instead of tinyllm's (same arguments, same
+contract; workflows/trainer_command.py builds the command line and checks the contract's rules).
+
 The implementations are pluggable: ``workflows.register(engine, activities=...)`` takes any
 mapping of activity name to ``fn(ctx, input)``; ``tinyllm_activities(home)`` builds this one.
 """
@@ -33,6 +36,7 @@ from .models import (
     TrainActivityInput,
     TrainActivityResult,
 )
+from .trainer_command import Invocation, check_eval_result, check_progress, check_train_result, invocation
 
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
@@ -113,14 +117,25 @@ class TinyllmActivities:
     def _workdir(self, name: str, activity_id: str) -> Path:
         return self.home / "runs" / name / "activity" / activity_id
 
-    def _run(self, ctx: ActivityContext, argv: list[str], progress_path: Path) -> Any:
+    def _run(self, ctx: ActivityContext, argv: list[str], progress_path: Path, how: Invocation | None = None) -> Any:
         from engine.subprocess_runner import run_subprocess  # the engine's runner
 
         progress_path.unlink(missing_ok=True)  # an attempt's heartbeats come from its own lines
-        done = run_subprocess(ctx, argv, progress_path=str(progress_path), cwd=str(self.home), env=self.env)
+        cwd, env = (how.cwd, how.env) if how is not None else (str(self.home), self.env)
+        done = run_subprocess(ctx, argv, progress_path=str(progress_path), cwd=cwd, env=env)
+        if how is not None and how.custom:  # a spec's own trainer: the contract's rules, named when broken
+            return done.result
         if not isinstance(done.result, dict):
             raise RuntimeError(f"{argv[3]} printed no JSON result line; stderr: {done.stderr_tail[-500:]}")
         return done.result
+
+    def _invocation(self, spec: dict, kind: str, spec_path: Path, *extra: str) -> tuple[list[str], Invocation]:
+        """tinyllm's command line, or the spec's own trainer's (workflows/trainer_command.py)."""
+        how = invocation(spec, kind, home=self.home, python=self.python, env=self.env,
+                         default=self._argv(kind, spec_path, *extra))
+        if not how.custom:
+            return how.argv, how
+        return [*how.argv, "--spec", str(spec_path), "--home", str(self.home), *extra], how
 
     def train(self, ctx: ActivityContext, input: Any) -> TrainActivityResult:
         inp = TrainActivityInput.model_validate(input)
@@ -132,7 +147,12 @@ class TinyllmActivities:
         extra = ["--progress", str(work / f"progress-{ctx.attempt}.jsonl")]
         if resume:
             extra += ["--resume", resume]
-        out = self._run(ctx, self._argv("train", spec_path, *extra), work / f"progress-{ctx.attempt}.jsonl")
+        progress = work / f"progress-{ctx.attempt}.jsonl"
+        argv, how = self._invocation(inp.spec, "train", spec_path, *extra)
+        out = self._run(ctx, argv, progress, how)
+        if how.custom:
+            check_progress(progress, home=self.home)
+            out = check_train_result(out, home=self.home, name=name)
         return TrainActivityResult.model_validate(out)
 
     def eval(self, ctx: ActivityContext, input: Any) -> SuiteOutputs:
@@ -140,7 +160,10 @@ class TinyllmActivities:
         work = self._workdir(str(inp.spec["name"]), ctx.activity_id)
         spec_path = work / "spec.json"
         atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
-        out = self._run(ctx, self._argv("eval", spec_path), work / f"progress-{ctx.attempt}.jsonl")
+        argv, how = self._invocation(inp.spec, "eval", spec_path)
+        out = self._run(ctx, argv, work / f"progress-{ctx.attempt}.jsonl", how)
+        if how.custom:
+            out = check_eval_result(out)
         return SuiteOutputs.model_validate(out)
 
     def corpus(self, ctx: ActivityContext, input: Any) -> CorpusBuildResult:

@@ -30,6 +30,8 @@ def marshal_spec(input: EvalSuiteInput, suite: str) -> str:
         spec["tag"] = input.tag
     if input.max_items is not None:
         spec["max_items"] = input.max_items
+    if input.trainer is not None:
+        spec["trainer"] = input.trainer
     return json.dumps(spec, sort_keys=True)
 
 

@@ -107,6 +107,7 @@ class EvalSuiteInput(_Model):
     seed: int = 0
     corpus: str = "default"  # the ppl suite reads this corpus's held-out tokens
     max_items: int | None = None  # per suite: ppl windows, zoo items per task (None: all)
+    trainer: dict[str, Any] | None = None  # a spec's own trainer: its eval_command runs each suite
 
 
 class EvalSuiteResult(_Model):

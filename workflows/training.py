@@ -13,7 +13,8 @@ from typing import Any
 
 from engine.errors import ActivityError, Canceled, NonRetryableError, is_canceled
 from engine.seam import Runtime
-from tinyllm.spec import SpecError, TrainSpec, parse_train_spec
+from tinyllm.spec import SpecError
+from tinyllm.trainer_spec import RunSpec, parse_run_spec
 
 from .corpus import corpus_build
 from .evaluation import eval_suite
@@ -64,8 +65,9 @@ def bad_input(message: str) -> NonRetryableError:
     return NonRetryableError(message, type="BadInput")
 
 
-def validate_spec(raw: Any) -> TrainSpec:
-    """Parse and check a train spec; any problem is a non-retryable ``BadInput`` (one line)."""
+def validate_spec(raw: Any) -> RunSpec:
+    """Parse and check a train spec (tinyllm's, or one naming its own ``trainer``); any problem is a
+    non-retryable ``BadInput`` (one line)."""
     if not isinstance(raw, dict):
         raise bad_input("invalid train spec: expected a JSON object")
     if not raw.get("name"):
@@ -77,7 +79,7 @@ def validate_spec(raw: Any) -> TrainSpec:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             raise bad_input(f"invalid train spec: {key}: must be >= 0, got {value}")
     try:
-        spec = parse_train_spec(raw)
+        spec = parse_run_spec(raw)
     except SpecError as e:
         raise bad_input(str(e)) from None
     try:
@@ -103,6 +105,8 @@ async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
     """The TrainRun workflow (see the module docstring)."""
     spec = validate_spec(input.spec)  # fail fast: before the corpus, before any activity
     run_spec = input.spec  # tinyllm's schedule never depends on `steps`: segments equal one run
+    if input.corpus is not None and spec.corpus is None:
+        raise bad_input("a spec with its own trainer brings its own data: give no corpus spec")
     if input.corpus is not None and input.corpus.get("name") != spec.corpus:
         raise bad_input(
             f"corpus spec builds {input.corpus.get('name')!r} but the train spec trains on {spec.corpus!r}"
@@ -140,8 +144,9 @@ async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
                     suites=list(input.eval_suites),
                     subjects=[EvalSubject(id=f"{spec.name}-{step_tag(until)}", model=trained.checkpoint)],
                     seed=input.eval_seed,
-                    corpus=spec.corpus,
+                    corpus=spec.corpus or "default",
                     max_items=input.eval_max_items,
+                    trainer=input.spec.get("trainer"),  # its eval_command evaluates (None: tinyllm eval)
                 )
                 done_before = {s: prior.evals.get(eval_options(request.tag, s).id) for s in request.suites}
                 missing = [s for s in request.suites if done_before[s] is None]

@@ -1,0 +1,124 @@
+"""A spec's own trainer (``"trainer": {...}``) as an activity's command line, and the contract's checks.
+
+Kept apart from workflows/activities.py: the activities ask ``invocation()`` which command to run
+(tinyllm's unless the spec names a trainer) and hand what came back to ``check_train_result`` /
+``check_eval_result`` / ``check_progress``, which name the contract rule a trainer broke
+(contracts/subprocess-activity.md, "Rules"). A broken rule does not mend itself on a retry, so it
+is a ``NonRetryableError(type="ContractViolation")``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from engine.errors import NonRetryableError
+
+PYTHON_WORDS = ("python", "python3")  # as a command's first word: the interpreter running the worker
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What to run: ``argv`` (to which the contract's arguments are appended), where, with what env."""
+
+    argv: list[str]
+    cwd: str
+    env: dict[str, str] | None
+    custom: bool  # a spec's own trainer (not tinyllm)
+
+
+def contract_violation(rule: str, message: str) -> NonRetryableError:
+    return NonRetryableError(f"trainer broke the contract ({rule}): {message}", type="ContractViolation",
+                             details={"rule": rule})
+
+
+def invocation(spec: Mapping[str, Any], kind: str, *, home: Path, python: str, env: dict[str, str] | None,
+               default: list[str]) -> Invocation:
+    """The command of ``kind`` (``train`` or ``eval``) for ``spec``: its trainer's, else ``default``."""
+    trainer = spec.get("trainer")
+    if not isinstance(trainer, Mapping):
+        return Invocation(list(default), str(home), env, custom=False)
+    words = trainer.get("command") if kind == "train" else trainer.get("eval_command")
+    if not words:
+        raise NonRetryableError(f"the spec's trainer has no {'command' if kind == 'train' else 'eval_command'}",
+                                type="BadInput")
+    argv = [python if words[0] in PYTHON_WORDS else words[0], *words[1:]]
+    cwd = Path(trainer.get("cwd") or home)
+    if not cwd.is_absolute():
+        cwd = home / cwd
+    if not cwd.is_dir():
+        raise NonRetryableError(f"the trainer's cwd {cwd} is not a directory", type="BadInput")
+    merged = {**(env if env is not None else os.environ), **dict(trainer.get("env") or {})}
+    return Invocation(argv, str(cwd), merged, custom=True)
+
+
+def _result_object(result: Any) -> dict:
+    if not isinstance(result, dict):
+        raise contract_violation("result line", "it exited 0, but its last stdout line is not a JSON object")
+    return result
+
+
+def check_train_result(result: Any, *, home: Path, name: str) -> dict:
+    """The rules on ``train``'s result line: fields, ``float.hex`` loss, the checkpoint and LATEST."""
+    result = _result_object(result)
+    for key, kind in (("name", str), ("steps", int), ("checkpoint", str), ("final_loss_hex", str), ("digest", str)):
+        if not isinstance(result.get(key), kind) or isinstance(result.get(key), bool):
+            raise contract_violation("result line", f"field {key!r} must be a {kind.__name__}, got {result.get(key)!r}")
+    loss = result.get("final_loss")
+    if not isinstance(loss, (int, float)) or isinstance(loss, bool) or not math.isfinite(loss):
+        raise contract_violation("result line", f"field 'final_loss' must be a finite number, got {loss!r}")
+    if float(loss).hex() != result["final_loss_hex"]:
+        raise contract_violation("result line", f"final_loss_hex {result['final_loss_hex']!r} is not "
+                                                f"float.hex(final_loss) = {float(loss).hex()!r}")
+    if result["name"] != name:
+        raise contract_violation("result line", f"name {result['name']!r} is not the spec's name {name!r}")
+    ckpt = home / result["checkpoint"]
+    if not (ckpt / "manifest.json").is_file():
+        raise contract_violation("checkpoint layout", f"the result's checkpoint {result['checkpoint']} is not there "
+                                                      "(no manifest.json)")
+    if Path(result["checkpoint"]).parent != Path("runs", name, "ckpt"):
+        raise contract_violation("checkpoint layout", f"the result's checkpoint {result['checkpoint']} is not under "
+                                                      f"runs/{name}/ckpt/")
+    try:
+        latest = (home / "runs" / name / "ckpt" / "LATEST").read_text(encoding="utf-8").strip()
+    except OSError:
+        raise contract_violation("LATEST", f"runs/{name}/ckpt/LATEST is missing") from None
+    if latest != ckpt.name:
+        raise contract_violation("LATEST", f"runs/{name}/ckpt/LATEST names {latest!r}, not the final checkpoint "
+                                           f"{ckpt.name!r}")
+    return result
+
+
+def check_eval_result(result: Any) -> dict:
+    result = _result_object(result)
+    if not isinstance(result.get("suite"), str):
+        raise contract_violation("result line", f"the eval result needs a string 'suite', got {result.get('suite')!r}")
+    return result
+
+
+def check_progress(path: Path, *, home: Path) -> None:
+    """Every progress line is a JSON object with an integer ``step``; a named checkpoint exists."""
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return
+    last_ckpt = None
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            raise contract_violation("progress lines", f"line {number} of {path.name} is not JSON: "
+                                                       f"{raw[:80].decode('utf-8', 'replace')!r}") from None
+        if not isinstance(line, dict) or not isinstance(line.get("step"), int) or isinstance(line.get("step"), bool):
+            raise contract_violation("progress lines", f"line {number} of {path.name} is not a JSON object with an "
+                                                       "integer 'step'")
+        if line.get("checkpoint"):
+            last_ckpt = str(line["checkpoint"])
+    if last_ckpt is not None and not (home / last_ckpt).is_dir():
+        raise contract_violation("progress lines", f"the last progress line names checkpoint {last_ckpt}, "
+                                                   "which is not there")
