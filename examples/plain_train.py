@@ -1,7 +1,7 @@
 """A plain PyTorch training script: not durable (the README shows the diff that makes it so).
 
 A small MLP with dropout learns three interleaved spirals it generates, from a shuffling DataLoader,
-with AdamW, a StepLR schedule and a noise augmentation drawn from its own generator.
+with AdamW, a warmup-then-decay LambdaLR schedule and a noise augmentation drawn from its own generator.
 Run: python examples/plain_train.py examples/specs/durable.json
 """
 import json
@@ -26,7 +26,8 @@ def build(cfg: dict) -> tuple:
                                 torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Dropout(p),
                                 torch.nn.Linear(hidden, 3))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.get("lr", 0.01), foreach=False)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=cfg.get("lr_step", 7), gamma=0.8)
+    warmup, decay = cfg.get("warmup", 5), cfg.get("decay", 0.97)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * decay ** s)
     return model, opt, sched
 
 

@@ -8,7 +8,7 @@ can prove it exact::
 
     run = DurableRun.from_args()               # --spec FILE [--progress FILE] [--resume CKPT] [--home DIR]
     cfg = run.config                           # the spec's "config" object (your hyperparameters)
-    torch.manual_seed(run.seed)
+                                               # (Python random, NumPy and torch are seeded with run.seed)
     model, opt, sched = ..., ..., ...
     sampler = DurableSampler(len(dataset), seed=run.seed)        # shuffles; remembers its position
     loader = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=sampler)
@@ -127,6 +127,20 @@ def load_spec(path: str | Path) -> dict:
     return spec
 
 
+def seed_everything(seed: int) -> None:
+    """Seed Python ``random``, NumPy's global generator and torch (CPU and CUDA) with ``seed``."""
+    import random
+
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover
+        pass
+    torch.manual_seed(seed)
+
+
 def trajectory(spec: Mapping[str, Any]) -> dict:
     return {k: v for k, v in spec.items() if k not in NON_TRAJECTORY_KEYS}
 
@@ -187,7 +201,8 @@ class DurableRun:
     """One run of a user's training loop under the trainer contract (see the module docstring)."""
 
     def __init__(self, spec: Mapping[str, Any], *, home: str | Path | None = None, progress: str | Path | None = None,
-                 resume: str | Path | None = None, progress_interval_s: float = 1.0, console=None):
+                 resume: str | Path | None = None, progress_interval_s: float = 1.0, console=None,
+                 seed_rngs: bool = True):
         self.spec = dict(spec)
         self.name: str = self.spec["name"]
         self.total_steps: int = int(self.spec["steps"])
@@ -215,6 +230,8 @@ class DurableRun:
         self._fingerprint_steps = os.environ.get(FINGERPRINT_ENV) == "1"
         self._fault_at = self._parse_fault(os.environ.get(FAULT_ENV, ""))
         self._saves = 0
+        if seed_rngs:  # a fresh run is reproducible; a resume restores every RNG from the checkpoint anyway
+            seed_everything(self.seed)
 
     # -- construction ------------------------------------------------------------------------
 

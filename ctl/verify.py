@@ -1,0 +1,433 @@
+"""``ctl verify-resume``: prove that a trainer resumes exactly, or say what it fails to restore.
+
+The trainer (tinyllm, or the spec's own ``trainer``) runs twice from scratch in scratch homes under
+``<home>/.ctl/verify/<name>/``: once uninterrupted (``ref/``), once (``kills/``) with ``kills``
+seeded interruptions -- SIGKILL or SIGTERM once the run has passed a seeded step, and, for trainers
+built on ``tinyllm.durable``, SIGKILL in the middle of a checkpoint write -- each followed by a
+restart that resumes from LATEST, as the contract says. Exact means: equal ``final_loss_hex``,
+equal model ``digest`` and equal per-step records (``runs/<name>/metrics.jsonl``: the loss bits,
+and where the trainer writes them the learning rates and the batch digest).
+
+When they differ, ``diagnose`` names the first differing step, the resume it follows, and the state
+most likely not restored, by comparing the state fingerprint the helper printed right after that
+resume with the uninterrupted run's at the same step (``DURABLE_FINGERPRINT=1`` makes the reference
+run record one at every step), then the pattern of what differs at the first step.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tinyllm.spec import SpecError, load_json_file
+from tinyllm.trainer_spec import has_trainer, parse_run_spec
+
+from .app import BadRequest, CtlError
+
+SIGNALS = ("kill", "term", "both")
+EXPLAIN = {
+    "model": "the model weights",
+    "optimizer": "the optimizer state (its moments)",
+    "optimizer/entries": "the optimizer state (its moments)",
+    "lr": "the optimizer's learning rates",
+    "scheduler": "the LR scheduler",
+    "scaler": "the gradient scaler",
+    "data": "the data position",
+    "cursor": "the data position (cursor)",
+}
+
+
+class VerifyFailed(CtlError):
+    """A run of the trainer failed in a way that is not a planned interruption (exit 1)."""
+
+
+def _explain(key: str) -> str:
+    return EXPLAIN.get(key, f"the RNG {key[4:]}" if key.startswith("rng/") else key)
+
+
+@dataclass
+class Attempt:
+    mode: str  # ref | kill | term | checkpoint-write | final
+    target_step: int | None
+    resumed_step: int  # the step of LATEST when it started (0: fresh)
+    returncode: int
+    reached_step: int | None
+    resume_state: dict | None = None  # the helper's fingerprint right after its resume
+
+
+@dataclass
+class Report:
+    name: str
+    exact: bool
+    kills_planned: int
+    kills_landed: int
+    final_loss_hex: dict
+    digest: dict
+    steps_compared: int
+    first_differing_step: int | None = None
+    diagnosis: str = ""
+    suspects: list[str] = field(default_factory=list)
+    attempts: list[dict] = field(default_factory=list)
+    workdir: str = ""
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+# --- per-step records and diagnosis (pure) ----------------------------------------------------
+
+
+def step_records(metrics_path: Path) -> dict[int, dict]:
+    """``{step: record}`` of a run's metrics.jsonl: loss bits, lr bits, batch digest, state fingerprint."""
+    out: dict[int, dict] = {}
+    try:
+        text = metrics_path.read_text(encoding="utf-8")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            frame = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(frame, dict) or not isinstance(frame.get("step"), int) or "train/loss" not in frame:
+            continue
+        rec = {"loss": frame.get("train/loss_hex") or float(frame["train/loss"]).hex()}
+        if "optim/lr_hex" in frame:
+            rec["lr"] = frame["optim/lr_hex"]
+        elif isinstance(frame.get("optim/lr"), float):
+            rec["lr"] = [frame["optim/lr"].hex()]
+        if "data/batch" in frame:
+            rec["batch"] = frame["data/batch"]
+        if isinstance(frame.get("state"), dict):
+            rec["state"] = frame["state"]
+        out[frame["step"]] = rec
+    return out
+
+
+def first_difference(ref: dict[int, dict], got: dict[int, dict]) -> tuple[int | None, list[str]]:
+    """The first step whose loss, lr or batch differs (or that one run lacks), and which of them."""
+    for step in sorted(set(ref) | set(got)):
+        a, b = ref.get(step), got.get(step)
+        if a is None or b is None:
+            return step, ["missing"]
+        keys = [k for k in ("batch", "loss", "lr") if k in a and k in b and a[k] != b[k]]
+        if keys:
+            return step, keys
+    return None, []
+
+
+def diagnose(ref: dict[int, dict], got: dict[int, dict], resumes: list[tuple[int, dict | None]],
+             ref_states: dict[int, dict], tracked: list[str] | None = None) -> tuple[int | None, str, list[str]]:
+    """(first differing step, one-paragraph diagnosis, suspected state keys); (None, "", []) when equal."""
+    step, what = first_difference(ref, got)
+    if step is None:
+        return None, "", []
+    if what == ["missing"]:
+        return step, f"step {step} is recorded by only one of the runs (the resumed run skipped or repeated steps)", ["steps"]
+    before = [r for r in resumes if r[0] < step]
+    if not before:
+        return step, (f"step {step} differs ({', '.join(what)}) before any resume: the trainer is not deterministic "
+                      "from run to run (seeds, nondeterministic kernels, thread counts)"), ["determinism"]
+    r_step, r_state = max(before, key=lambda r: r[0])
+    head = f"step {step} is the first " + ("after" if step == r_step + 1 else f"{step - r_step} steps after") + \
+        f" the resume from step {r_step} and differs ({', '.join(what)})"
+    ref_state = ref_states.get(r_step)
+    facts = []
+    if r_step in ref and r_step in got:
+        facts.append(f"step {r_step}'s loss equal")
+    if r_state is not None and ref_state is not None:
+        differing = sorted(k for k in set(ref_state) | set(r_state) if ref_state.get(k) != r_state.get(k))
+        if differing:
+            suspects = _dedupe(differing)
+            detail = ""
+            if "optimizer/entries" in differing and r_state.get("optimizer/entries") == 0:
+                detail = " (the resumed optimizer has no state at all: a fresh optimizer)"
+            untracked = [k for k in suspects if tracked is not None and k not in tracked and not k.startswith("rng/")]
+            hint = f"; not tracked by the helper: {', '.join(untracked)}" if untracked else ""
+            return step, (f"{head}: not restored: {', '.join(_explain(k) for k in suspects)}{detail} -- right after "
+                          f"the resume these differ from the uninterrupted run's at step {r_step}: "
+                          f"{', '.join(differing)}{hint}"), suspects
+        facts.append("weights, optimizer, scheduler, data position and RNGs the helper sees equal at the resume")
+    same = f" ({'; '.join(facts)})" if facts else ""
+    if "batch" in what:
+        return step, f"{head}: the data position was not restored (step {step}'s batch differs){same}", ["data"]
+    if what == ["lr"]:
+        return step, (f"{head}: the LR scheduler was not restored (the learning rate after step {step} differs "
+                      f"while its loss is equal){same}"), ["scheduler"]
+    if step == r_step + 1:
+        if all("batch" in ref.get(s, {}) for s in (step,)):
+            return step, (f"{head}: an RNG the helper does not see was not restored (step {step}'s batch is equal; "
+                          f"register it: run.track(generators={{...}})){same}"), ["rng"]
+        return step, f"{head}: the data position or an RNG was not restored{same}", ["data", "rng"]
+    return step, (f"{head}: the update after the resume differed: the optimizer state (moments) or the LR "
+                  f"schedule was not restored{same}"), ["optimizer", "scheduler"]
+
+
+def _dedupe(keys: list[str]) -> list[str]:
+    out = []
+    for k in keys:
+        k = "optimizer" if k == "optimizer/entries" else k
+        if k == "lr" and "optimizer" in keys:
+            continue  # the learning rates live in the optimizer state
+        if k not in out:
+            out.append(k)
+    return out
+
+
+# --- running the trainer -----------------------------------------------------------------------
+
+
+class Trainer:
+    """Starts the trainer of one spec in a scratch home, as the activity would (the contract's args)."""
+
+    def __init__(self, spec_raw: dict, workdir: Path, *, python: str = sys.executable):
+        from workflows.trainer_command import invocation
+
+        self.spec = spec_raw
+        self.name = spec_raw["name"]
+        self.workdir = workdir
+        self.python = python
+        self.spec_path = workdir / "spec.json"
+        self.spec_path.write_text(json.dumps(spec_raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        self._invocation = invocation
+        self.custom = has_trainer(spec_raw)
+
+    def argv(self, home: Path, progress: Path) -> tuple[list[str], str, dict]:
+        default = [self.python, "-m", "tinyllm.cli", "train"]
+        how = self._invocation(self.spec, "train", home=home, python=self.python, env=None, default=default)
+        argv = [*how.argv, "--spec", str(self.spec_path), "--home", str(home), "--progress", str(progress)]
+        return argv, how.cwd, dict(how.env if how.env is not None else os.environ)
+
+    def start(self, home: Path, progress: Path, extra_env: dict[str, str]) -> subprocess.Popen:
+        argv, cwd, env = self.argv(home, progress)
+        env.update(extra_env)
+        log = open(home / f"{progress.stem}.stderr", "wb")
+        out = open(home / f"{progress.stem}.stdout", "wb")
+        try:
+            return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=log,
+                                    start_new_session=True)
+        finally:
+            log.close()
+            out.close()
+
+
+def _latest_step(home: Path, name: str) -> int:
+    try:
+        latest = (home / "runs" / name / "ckpt" / "LATEST").read_text(encoding="utf-8").strip()
+        return int(latest.removeprefix("step-"))
+    except (OSError, ValueError):
+        return 0
+
+
+def _last_step(metrics: Path) -> int | None:
+    try:
+        with open(metrics, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            lines = f.read().split(b"\n")
+    except OSError:
+        return None
+    for raw in reversed(lines):
+        try:
+            return int(json.loads(raw)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _result(home: Path, stem: str) -> dict | None:
+    try:
+        lines = [ln for ln in (home / f"{stem}.stdout").read_text(encoding="utf-8").splitlines() if ln.strip()]
+        value = json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _stderr_last(home: Path, stem: str) -> str:
+    try:
+        lines = [ln for ln in (home / f"{stem}.stderr").read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def _progress_lines(path: Path) -> list[dict]:
+    out = []
+    try:
+        for raw in path.read_text(encoding="utf-8").splitlines():
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(line, dict):
+                out.append(line)
+    except OSError:
+        pass
+    return out
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise VerifyFailed(f"the trainer ran longer than {timeout_s:.0f} s; stopped it") from None
+
+
+def _stop_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: int | None, timeout_s: float,
+                 fingerprint: bool, log: Callable[[str], None]) -> Attempt:
+    progress = home / f"attempt-{index}.jsonl"
+    resumed = _latest_step(home, trainer.name)
+    env = {"DURABLE_FINGERPRINT": "1"} if fingerprint else {}
+    if mode == "checkpoint-write":
+        env["DURABLE_FAULT"] = "checkpoint-write@1"
+    proc = trainer.start(home, progress, env)
+    metrics = home / "runs" / trainer.name / "metrics.jsonl"
+    deadline = time.monotonic() + timeout_s
+    if mode in ("kill", "term") and target is not None:
+        while proc.poll() is None and time.monotonic() < deadline:
+            step = _last_step(metrics)
+            if step is not None and step >= target:
+                _stop_group(proc, signal.SIGKILL if mode == "kill" else signal.SIGTERM)
+                break
+            time.sleep(0.01)
+    rc = _wait(proc, max(1.0, deadline - time.monotonic()))
+    _stop_group(proc, signal.SIGKILL)  # nothing of the attempt outlives it
+    lines = _progress_lines(progress)
+    resume_state = next((ln.get("state") for ln in lines if ln.get("event") in ("resume", "start")), None)
+    attempt = Attempt(mode, target, resumed, rc, _last_step(metrics), resume_state)
+    log(f"  attempt {index} ({mode}{'' if target is None else f' after step {target}'}): resumed at step {resumed}, "
+        f"reached step {attempt.reached_step}, exit {rc}")
+    return attempt
+
+
+def plan_kills(kills: int, steps: int, seed: int, signal_mode: str, helper: bool) -> list[tuple[str, int]]:
+    """Seeded (mode, step) interruptions: increasing steps in 1..steps-1; every third a checkpoint-write
+    kill for trainers built on the helper; ``both`` alternates SIGKILL and SIGTERM."""
+    rng = random.Random(seed)
+    count = min(kills, max(0, steps - 1))
+    targets = sorted(rng.sample(range(1, steps), count)) if count else []
+    plan = []
+    for i, target in enumerate(targets):
+        mode = {"kill": "kill", "term": "term"}.get(signal_mode) or ("kill" if rng.random() < 0.5 else "term")
+        if helper and signal_mode != "term" and i % 3 == 2:
+            mode = "checkpoint-write"
+        plan.append((mode, target))
+    return plan
+
+
+def _prepare_home(home: Path, user_home: Path, spec: Any, custom: bool, python: str) -> None:
+    home.mkdir(parents=True)
+    if custom:
+        return
+    corpus = spec.corpus
+    source = user_home / "corpora" / corpus
+    if not source.is_dir():  # tinyllm's built-in text under that name, as ctl train would build it
+        corpus_spec = home.parent / "corpus.json"
+        corpus_spec.write_text(json.dumps({"name": corpus}), encoding="utf-8")
+        done = subprocess.run([python, "-m", "tinyllm.cli", "corpus", "--home", str(user_home), "--spec",
+                               str(corpus_spec)], capture_output=True)
+        if done.returncode != 0:
+            raise BadRequest(f"cannot build corpus {corpus!r}: {done.stderr.decode(errors='replace').strip()[-300:]}")
+    (home / "corpora").mkdir()
+    os.symlink(source, home / "corpora" / corpus)
+
+
+def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int = 0, signal_mode: str = "both",
+                  timeout_s: float = 600.0, python: str = sys.executable,
+                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
+    """Run the comparison (module docstring); ``BadRequest`` for bad input, before anything runs."""
+    if kills < 0:
+        raise BadRequest(f"--kills must be >= 0, got {kills}")
+    if signal_mode not in SIGNALS:
+        raise BadRequest(f"--signal must be one of {', '.join(SIGNALS)}, got {signal_mode!r}")
+    try:
+        raw = load_json_file(spec_file, "train spec")
+        spec = parse_run_spec(raw)
+    except SpecError as e:
+        raise BadRequest(str(e)) from None
+    if has_trainer(raw):
+        from .trainers import resolved_spec
+
+        raw, spec = resolved_spec(raw)
+    name = spec.name
+    workdir = user_home / ".ctl" / "verify" / name
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    trainer = Trainer(raw, workdir, python=python)
+    ref_home, kill_home = workdir / "ref", workdir / "kills"
+    _prepare_home(ref_home, user_home, spec, trainer.custom, python)
+    _prepare_home(kill_home, user_home, spec, trainer.custom, python)
+
+    log(f"verify-resume {name}: uninterrupted run ({spec.steps} steps) in {ref_home}")
+    ref = _run_attempt(trainer, ref_home, 0, "ref", None, timeout_s, True, log)
+    ref_result = _result(ref_home, "attempt-0")
+    if ref.returncode != 0 or ref_result is None:
+        why = _stderr_last(ref_home, "attempt-0")
+        err = BadRequest if ref.returncode == 2 else VerifyFailed
+        raise err(f"the uninterrupted run failed (exit {ref.returncode}): {why}")
+    ref_lines = _progress_lines(ref_home / "attempt-0.jsonl")
+    helper = any("tracked" in ln for ln in ref_lines)
+    plan = plan_kills(kills, spec.steps, seed, signal_mode, helper)
+    log(f"verify-resume {name}: interrupted run, {len(plan)} interruption(s) (seed {seed}) in {kill_home}")
+    attempts: list[Attempt] = []
+    for i, (mode, target) in enumerate(plan, 1):
+        a = _run_attempt(trainer, kill_home, i, mode, target, timeout_s, False, log)
+        attempts.append(a)
+        if a.returncode == 0 and _latest_step(kill_home, name) >= spec.steps:
+            break  # finished before this interruption landed
+        if a.returncode not in (0, 130, -signal.SIGKILL, -signal.SIGTERM):
+            raise VerifyFailed(f"attempt {i} failed (exit {a.returncode}): {_stderr_last(kill_home, f'attempt-{i}')}")
+    if not attempts or _latest_step(kill_home, name) < spec.steps or attempts[-1].returncode != 0:
+        final = _run_attempt(trainer, kill_home, len(attempts) + 1, "final", None, timeout_s, False, log)
+        attempts.append(final)
+        if final.returncode != 0:
+            raise VerifyFailed(f"the resumed run failed (exit {final.returncode}): "
+                               f"{_stderr_last(kill_home, f'attempt-{len(attempts)}')}")
+    got_result = _result(kill_home, f"attempt-{len(attempts)}") or {}
+    landed = sum(1 for a in attempts if a.mode != "final" and a.returncode != 0)
+
+    ref_steps = step_records(ref_home / "runs" / name / "metrics.jsonl")
+    got_steps = step_records(kill_home / "runs" / name / "metrics.jsonl")
+    ref_states = {s: r["state"] for s, r in ref_steps.items() if "state" in r}
+    start = next((ln.get("state") for ln in ref_lines if ln.get("event") == "start"), None)
+    if start is not None:
+        ref_states[0] = start
+    resumes = [(a.resumed_step, a.resume_state) for a in attempts[1:]]  # the restarts (attempt 1 starts fresh)
+    tracked = next((ln.get("tracked") for ln in ref_lines if "tracked" in ln), None)
+    step, text, suspects = diagnose(ref_steps, got_steps, resumes, ref_states, tracked)
+    loss_equal = ref_result.get("final_loss_hex") == got_result.get("final_loss_hex")
+    digest_equal = ref_result.get("digest") == got_result.get("digest")
+    if step is None and not (loss_equal and digest_equal):
+        text = ("the per-step records are equal but the final " + ("loss" if not loss_equal else "model digest")
+                + " differs: state changed after the last step (or the result line is wrong)")
+        suspects = ["final"]
+    exact = step is None and loss_equal and digest_equal and bool(ref_steps)
+    if not ref_steps:
+        text = text or f"no per-step records in runs/{name}/metrics.jsonl: only the final loss and digest compared"
+        exact = loss_equal and digest_equal
+    return Report(name=name, exact=exact, kills_planned=len(plan), kills_landed=landed,
+                  final_loss_hex={"uninterrupted": ref_result.get("final_loss_hex"),
+                                  "resumed": got_result.get("final_loss_hex")},
+                  digest={"uninterrupted": ref_result.get("digest"), "resumed": got_result.get("digest")},
+                  steps_compared=len(set(ref_steps) & set(got_steps)), first_differing_step=step, diagnosis=text,
+                  suspects=suspects, attempts=[asdict(a) for a in [ref, *attempts]], workdir=str(workdir))
