@@ -137,8 +137,11 @@ def diagnose(ref: dict[int, dict], got: dict[int, dict], resumes: list[tuple[int
         return step, (f"step {step} differs ({', '.join(what)}) before any resume: the trainer is not deterministic "
                       "from run to run (seeds, nondeterministic kernels, thread counts)"), ["determinism"]
     r_step, r_state = max(before, key=lambda r: r[0])
-    head = f"step {step} is the first " + ("after" if step == r_step + 1 else f"{step - r_step} steps after") + \
-        f" the resume from step {r_step} and differs ({', '.join(what)})"
+    if step == r_step + 1:
+        head = f"step {step} is the first after the resume from step {r_step} and differs ({', '.join(what)})"
+    else:
+        head = (f"step {step} is the first that differs ({', '.join(what)}), {step - r_step} steps after the resume "
+                f"from step {r_step}")
     ref_state = ref_states.get(r_step)
     facts = []
     if r_step in ref and r_step in got:
@@ -155,15 +158,21 @@ def diagnose(ref: dict[int, dict], got: dict[int, dict], resumes: list[tuple[int
             return step, (f"{head}: not restored: {', '.join(_explain(k) for k in suspects)}{detail} -- right after "
                           f"the resume these differ from the uninterrupted run's at step {r_step}: "
                           f"{', '.join(differing)}{hint}"), suspects
-        facts.append("weights, optimizer, scheduler, data position and RNGs the helper sees equal at the resume")
+        facts.append(f"all the helper sees was equal at the resume: {', '.join(sorted(ref_state))}")
     same = f" ({'; '.join(facts)})" if facts else ""
+
+    def hint(piece: str) -> str:
+        if tracked is None or piece in tracked:
+            return ""
+        return f"; no {piece} is tracked: pass {piece}=... to run.track()"
+
     if "batch" in what:
-        return step, f"{head}: the data position was not restored (step {step}'s batch differs){same}", ["data"]
+        return step, f"{head}: the data position was not restored (step {step}'s batch differs){hint('data')}{same}", ["data"]
     if what == ["lr"]:
         return step, (f"{head}: the LR scheduler was not restored (the learning rate after step {step} differs "
-                      f"while its loss is equal){same}"), ["scheduler"]
+                      f"while its loss is equal){hint('scheduler')}{same}"), ["scheduler"]
     if step == r_step + 1:
-        if all("batch" in ref.get(s, {}) for s in (step,)):
+        if "batch" in ref.get(step, {}) and "batch" in got.get(step, {}):
             return step, (f"{head}: an RNG the helper does not see was not restored (step {step}'s batch is equal; "
                           f"register it: run.track(generators={{...}})){same}"), ["rng"]
         return step, f"{head}: the data position or an RNG was not restored{same}", ["data", "rng"]
