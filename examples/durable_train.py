@@ -5,6 +5,8 @@ durable workflow and `ctl verify-resume --spec examples/specs/durable.json` prov
 The spec's config may name pieces to `forget` (not track): the broken variants in
 examples/specs/forget-*.json, which verify-resume catches and diagnoses.
 """
+import time
+
 import torch
 from torch.utils.data import DataLoader
 
@@ -37,6 +39,7 @@ def main() -> None:
         opt.step()
         sched.step()
         run.log(loss, batch=batch)
+        time.sleep(cfg.get("step_sleep_s", 0))  # a stand-in for a bigger model (the tests' kills need time)
 
 
 if __name__ == "__main__":

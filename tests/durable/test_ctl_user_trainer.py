@@ -1,0 +1,81 @@
+"""``ctl train`` of a spec naming its own trainer (the durable example): killed with SIGKILL and
+run again, it ends bitwise equal to an uninterrupted run; canceled, it stops after a checkpoint
+(exit 130) and the same command finishes it, bitwise equal too. Real ctl, engine, runner, trainer.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, example_spec, lines, wait_for
+
+from tinyllm import runlock
+
+NAME = "usr"
+SPEC = example_spec(name=NAME, steps=60, checkpoint_every=5, config={
+    **example_spec()["config"], "step_sleep_s": 0.05})
+
+
+def ctl(home: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "ctl.cli", *args, "--home", str(home)], capture_output=True, text=True,
+                       cwd=ROOT, timeout=600)
+    if check and p.returncode != 0:
+        raise AssertionError(f"ctl {' '.join(args)} exited {p.returncode}: {p.stderr[-2000:]}")
+    return p
+
+
+def spawn(home: Path, spec_path: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec_path), "--json", "--home",
+                             str(home)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def checkpointed(home: Path) -> int | None:
+    """A checkpoint step between 10 and the end, from the attempt's progress file."""
+    steps = [ln["step"] for ln in lines(home / f"runs/{NAME}/activity/train-000060/progress-1.jsonl")
+             if ln.get("event") == "checkpoint" and 10 <= ln["step"] < 60]
+    return max(steps) if steps else None
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    home = tmp_path_factory.mktemp("ref")
+    (home / "spec.json").write_text(json.dumps(SPEC))
+    out = json.loads(ctl(home, "train", "--spec", str(home / "spec.json"), "--json").stdout)
+    assert out["state"] == "completed"
+    return out["result"]
+
+
+def test_killed_then_run_again_ends_bitwise_equal(tmp_path: Path, reference: dict) -> None:
+    (tmp_path / "spec.json").write_text(json.dumps(SPEC))
+    proc = spawn(tmp_path, tmp_path / "spec.json")
+    wait_for(lambda: checkpointed(tmp_path), "a checkpoint", proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    wait_for(lambda: not runlock.is_locked(tmp_path / "runs" / NAME), "the trainer to die with its worker")
+    out = json.loads(ctl(tmp_path, "train", "--spec", str(tmp_path / "spec.json"), "--json").stdout)
+    assert out["state"] == "completed"
+    res = out["result"]
+    assert (res["final_loss_hex"], res["digest"]) == (reference["final_loss_hex"], reference["digest"])
+    assert res["segments"][0]["train"]["resumed_from"] is not None  # it resumed, it did not start over
+
+
+def test_canceled_then_the_same_command_finishes_it(tmp_path: Path, reference: dict) -> None:
+    (tmp_path / "spec.json").write_text(json.dumps(SPEC))
+    proc = spawn(tmp_path, tmp_path / "spec.json")
+    wait_for(lambda: checkpointed(tmp_path), "a checkpoint", proc)
+    ctl(tmp_path, "cancel", f"train/{NAME}")
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert json.loads(stdout)["state"] == "canceled"
+    latest = (tmp_path / f"runs/{NAME}/ckpt/LATEST").read_text().strip()
+    assert (tmp_path / f"runs/{NAME}/ckpt" / latest / "manifest.json").is_file()
+    last = lines(tmp_path / f"runs/{NAME}/activity/train-000060/progress-1.jsonl")[-1]
+    assert last["event"] == "checkpoint" and f"step-{last['step']:06d}" == latest  # SIGTERM: checkpoint, exit 130
+    out = json.loads(ctl(tmp_path, "train", "--spec", str(tmp_path / "spec.json"), "--json").stdout)
+    assert out["state"] == "completed" and out["workflow_id"] == f"train/{NAME}/2"
+    assert (out["result"]["final_loss_hex"], out["result"]["digest"]) == (reference["final_loss_hex"], reference["digest"])
