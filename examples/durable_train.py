@@ -30,8 +30,7 @@ def main() -> None:
     run.track(**pieces)
     batches = run.batches(loader)
     for _ in run.steps():
-        x, y = next(batches)
-        batch = (x, y)
+        x, y = batch = next(batches)
         x = x + cfg.get("noise", 0.05) * torch.randn(x.shape, generator=noise)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()

@@ -4,6 +4,7 @@ A small MLP with dropout learns three interleaved spirals it generates, from a s
 with AdamW, a warmup-then-decay LambdaLR schedule and a noise augmentation drawn from its own generator.
 Run: python examples/plain_train.py examples/specs/durable.json
 """
+import itertools
 import json
 import sys
 
@@ -40,20 +41,16 @@ def main() -> None:
     model, opt, sched = build(cfg)
     noise = torch.Generator().manual_seed(seed + 1)
     loader = DataLoader(data, batch_size=cfg.get("batch_size", 16), shuffle=True)
-    step = 0
-    while step < spec["steps"]:
-        for x, y in loader:
-            x = x + cfg.get("noise", 0.05) * torch.randn(x.shape, generator=noise)
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            step += 1
-            if step == spec["steps"]:
-                break
-    print(json.dumps({"steps": step, "final_loss": loss.item()}))
-
+    batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
+    for _ in range(spec["steps"]):
+        x, y = next(batches)
+        x = x + cfg.get("noise", 0.05) * torch.randn(x.shape, generator=noise)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    print(json.dumps({"steps": spec["steps"], "final_loss": loss.item()}))
 
 if __name__ == "__main__":
     main()

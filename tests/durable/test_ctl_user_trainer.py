@@ -1,4 +1,5 @@
-"""``ctl train`` of a spec naming its own trainer (the durable example): killed with SIGKILL and
+"""``ctl train`` of a spec naming its own trainer (the durable example, evaluated by its eval_command
+in the reference run): killed with SIGKILL and
 run again, it ends bitwise equal to an uninterrupted run; canceled, it stops after a checkpoint
 (exit 130) and the same command finishes it, bitwise equal too. Real ctl, engine, runner, trainer.
 """
@@ -17,7 +18,7 @@ from helpers import ROOT, example_spec, lines, wait_for
 from tinyllm import runlock
 
 NAME = "usr"
-SPEC = example_spec(name=NAME, steps=60, checkpoint_every=5, config={
+SPEC = example_spec(name=NAME, steps=60, checkpoint_every=5, eval_every=0, config={
     **example_spec()["config"], "step_sleep_s": 0.05})
 
 
@@ -43,10 +44,16 @@ def checkpointed(home: Path) -> int | None:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict:
+    """An uninterrupted run, in two segments each evaluated by the trainer's eval_command (suite acc):
+    segments and evaluations do not change the training, so its final loss and digest are the reference."""
     home = tmp_path_factory.mktemp("ref")
-    (home / "spec.json").write_text(json.dumps(SPEC))
-    out = json.loads(ctl(home, "train", "--spec", str(home / "spec.json"), "--json").stdout)
+    (home / "spec.json").write_text(json.dumps({**SPEC, "eval_every": 30}))
+    out = json.loads(ctl(home, "train", "--spec", str(home / "spec.json"), "--suite", "acc", "--json").stdout)
     assert out["state"] == "completed"
+    evals = [s["evals"]["suites"][0] for s in out["result"]["segments"]]
+    assert [(e["suite"], e["run"]) for e in evals] == [("acc", f"{NAME}-000030"), ("acc", f"{NAME}-000060")]
+    assert all(0.0 <= e["summary"]["metrics"][f"{NAME}-{e['run'][-6:]}"]["spirals/acc"] <= 1.0 for e in evals)
+    assert (home / evals[1]["summary_path"]).is_file()
     return out["result"]
 
 
