@@ -1,0 +1,348 @@
+"""``TemporalEngine``: the embedded ``Engine``'s surface (register, start, status, history, cancel,
+list, run a worker) over a Temporal cluster, so that ``ctl`` and tests drive either backend alike.
+
+Workflow ids are Temporal workflow ids (``train/tiny``), started with a reuse policy that refuses
+a second workflow under an id that was ever used (as the embedded engine does). The input is the
+model's JSON; the activities are the registered ``fn(ctx, input)`` functions behind one dynamic
+Temporal activity; the workflows the registered ``async def f(rt, input)`` functions behind one
+dynamic Temporal workflow (engine/temporal/workflow.py). A worker runs in this process while
+``run_until_complete`` or ``run_forever`` runs; other workers may serve the same task queue from
+other hosts (they must share the home folder, see docs/scale-out.md).
+
+The SDK is asynchronous; this class runs one event loop in a daemon thread and offers blocking
+methods, like the embedded engine's.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+from temporalio import client as tc
+from temporalio.api.enums.v1 import EventType, PendingActivityState
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from ..engine import WorkflowStatus
+from ..errors import BadInput, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
+from ..history import Event, to_jsonable
+from ..ids import check_id
+from .activity import seam_activity
+from .config import TemporalConfig
+from .history import convert_history
+from .runtime import register_workflow
+from .workflow import SeamWorkflow
+
+PASSTHROUGH_MODULES = ("engine", "workflows", "tinyllm", "pydantic", "pydantic_core", "annotated_types")
+_STATES = {
+    WorkflowExecutionStatus.RUNNING: "running",
+    WorkflowExecutionStatus.COMPLETED: "completed",
+    WorkflowExecutionStatus.FAILED: "failed",
+    WorkflowExecutionStatus.CANCELED: "canceled",
+    WorkflowExecutionStatus.TERMINATED: "failed",
+    WorkflowExecutionStatus.TIMED_OUT: "failed",
+    WorkflowExecutionStatus.CONTINUED_AS_NEW: "completed",
+}
+MAX_GENERATIONS = 10_000
+MAX_LISTED = 10_000
+
+
+class Unreachable(EngineError):
+    """The Temporal cluster cannot be reached (address, TLS, API key or namespace)."""
+
+
+def _read(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+def _tls(cfg: TemporalConfig) -> bool | TLSConfig:
+    if not cfg.uses_tls:
+        return False
+    if cfg.tls_cert or cfg.tls_ca:
+        return TLSConfig(server_root_ca_cert=_read(cfg.tls_ca), client_cert=_read(cfg.tls_cert),
+                         client_private_key=_read(cfg.tls_key))
+    return True
+
+
+class TemporalEngine:
+    """The embedded engine's surface over a Temporal cluster (see the module docstring)."""
+
+    backend = "temporal"
+
+    def __init__(
+        self,
+        config: TemporalConfig,
+        *,
+        max_concurrent_activities: int = 4,
+        heartbeat_throttle_s: float = 1.0,
+        on_heartbeat: Callable[[str, Any], None] | None = None,
+        connect_timeout_s: float = 10.0,
+    ):
+        self.config = config
+        self.max_concurrent_activities = max_concurrent_activities
+        self.heartbeat_throttle_s = heartbeat_throttle_s
+        self.on_heartbeat = on_heartbeat
+        self._workflows: dict[str, tuple[Callable, Any]] = {}
+        self._activities: dict[str, Callable] = {}
+        logging.getLogger("temporalio").setLevel(logging.ERROR)  # no SDK tracebacks on the user's terminal
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="temporal-loop", daemon=True)
+        self._thread.start()
+        try:
+            self.client: Client = self._call(self._connect(connect_timeout_s))
+        except BaseException:
+            self.close()
+            raise
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _call(self, coro: Any, timeout_s: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    async def _connect(self, timeout_s: float) -> Client:
+        cfg = self.config
+        try:
+            return await asyncio.wait_for(
+                Client.connect(cfg.address, namespace=cfg.namespace, api_key=cfg.api_key, tls=_tls(cfg)),
+                timeout_s,
+            )
+        except (asyncio.TimeoutError, RuntimeError, RPCError) as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if cfg.api_key:
+                first = first.replace(cfg.api_key, "***")
+            raise Unreachable(f"cannot reach {cfg.describe()}: {first[:300]}") from None
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> "TemporalEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --- registration (workflows.register calls these) ----------------------------------------
+
+    def register_workflow(self, name: str, fn: Callable, *, input_type: Any = None) -> None:
+        register_workflow(name, fn, input_type)
+        self._workflows[name] = (fn, input_type)
+
+    def register_activity(self, name: str, fn: Callable, *, input_type: Any = None) -> None:
+        self._activities[name] = fn
+
+    def workflow_function(self, name: str) -> Callable:
+        """The function registered as workflow ``name`` (the same object on both backends)."""
+        return self._workflows[name][0]
+
+    # --- starting and inspecting -------------------------------------------------------------
+
+    def start(self, workflow_name: str, workflow_id: str, input: Any = None) -> str:
+        check_id(workflow_id)
+        if workflow_name not in self._workflows:
+            raise NotFound(f"no workflow registered under {workflow_name!r}")
+        _, input_type = self._workflows[workflow_name]
+        if input_type is not None and hasattr(input_type, "model_validate"):
+            try:
+                input = input_type.model_validate(to_jsonable(input))
+            except Exception as e:  # noqa: BLE001
+                raise BadInput(f"invalid input for {workflow_name}: {str(e).splitlines()[0]}") from None
+
+        async def go() -> None:
+            await self.client.start_workflow(
+                workflow_name, to_jsonable(input), id=workflow_id, task_queue=self.config.task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            )
+
+        try:
+            self._call(go())
+        except WorkflowAlreadyStartedError:
+            raise BadInput(f"workflow {workflow_id!r} already exists") from None
+        return workflow_id
+
+    async def _describe(self, workflow_id: str) -> Any:
+        try:
+            return await self.client.get_workflow_handle(workflow_id).describe()
+        except RPCError as e:
+            if e.status == RPCStatusCode.NOT_FOUND:
+                raise NotFound(f"no workflow {workflow_id!r}") from None
+            raise
+
+    async def _events(self, workflow_id: str) -> list[Any]:
+        try:
+            hist = await self.client.get_workflow_handle(workflow_id).fetch_history()
+        except RPCError as e:
+            if e.status == RPCStatusCode.NOT_FOUND:
+                raise NotFound(f"no workflow {workflow_id!r}") from None
+            raise
+        return list(hist.events)
+
+    def history(self, workflow_id: str) -> list[Event]:
+        return convert_history(self._call(self._events(workflow_id)), self.client.data_converter.payload_converter)
+
+    def raw_history(self, workflow_id: str) -> Any:
+        """Temporal's own ``WorkflowHistory`` (protos), e.g. to check what the server recorded."""
+        return self._call(self.client.get_workflow_handle(workflow_id).fetch_history())
+
+    def status(self, workflow_id: str) -> WorkflowStatus:
+        desc = self._call(self._describe(workflow_id))
+        events = self.history(workflow_id)
+        state = _STATES.get(desc.status, "running")
+        st = WorkflowStatus(
+            workflow_id, desc.workflow_type, state, desc.start_time.timestamp(),
+            (desc.close_time or desc.execution_time or desc.start_time).timestamp(),
+            any(e.type == "cancel_requested" for e in events),
+        )
+        last = events[-1] if events else None
+        if state == "completed" and last is not None and last.type == "workflow_completed":
+            st.result = last.attrs.get("result")
+            st.updated_at = last.time
+        elif state in ("failed", "canceled") and last is not None:
+            st.error = last.attrs.get("error") or {"type": state, "message": f"workflow {state}"}
+            st.updated_at = last.time
+        elif state == "running":
+            st.waiting_on = self._waiting_on(desc, events)
+            if events:
+                st.updated_at = events[-1].time
+        return st
+
+    @staticmethod
+    def _waiting_on(desc: Any, events: list[Event]) -> str:
+        pending = list(desc.raw_description.pending_activities)
+        if pending:
+            p = pending[-1]
+            started = p.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+            what = "running" if started else "scheduled"
+            return f"activity {p.activity_id} ({what}, attempt {p.attempt})"
+        fired = {e.attrs.get("timer_id") for e in events if e.type in ("timer_fired", "timer_canceled")}
+        for e in reversed(events):
+            if e.type == "timer_started" and e.attrs.get("timer_id") not in fired:
+                return f"timer (fires at {e.attrs['fire_at']:.3f})"
+        return "workflow task"
+
+    def last_heartbeat_details(self, workflow_id: str) -> dict[str, Any]:
+        """The pending activities' last heartbeat details, by activity id."""
+        desc = self._call(self._describe(workflow_id))
+        conv = self.client.data_converter.payload_converter
+        out = {}
+        for p in desc.raw_description.pending_activities:
+            values = conv.from_payloads(p.heartbeat_details.payloads) if p.heartbeat_details.payloads else []
+            out[p.activity_id] = values[0] if values else None
+        return out
+
+    def result(self, workflow_id: str) -> Any:
+        st = self.status(workflow_id)
+        if st.state == "completed":
+            return st.result
+        err = st.error or {}
+        if st.state == "failed":
+            raise WorkflowFailed(f"workflow {workflow_id!r} failed: {err.get('type')}: {err.get('message')}",
+                                 workflow_id=workflow_id, type=err.get("type", "Error"), details=err.get("details"))
+        if st.state == "canceled":
+            raise WorkflowCanceled(f"workflow {workflow_id!r} was canceled", workflow_id=workflow_id)
+        raise WorkflowRunning(f"workflow {workflow_id!r} is still running")
+
+    def cancel(self, workflow_id: str) -> bool:
+        """Request the cancel; False when the workflow already ended or its cancel was requested."""
+        st = self.status(workflow_id)
+        if st.state != "running" or st.cancel_requested:
+            return False
+        self._call(self.client.get_workflow_handle(workflow_id).cancel())
+        return True
+
+    def list_workflows(self) -> list[WorkflowStatus]:
+        """Every workflow of the namespace (Temporal's visibility: may trail a fresh start by a moment)."""
+
+        async def go() -> list[WorkflowStatus]:
+            rows: list[WorkflowStatus] = []
+            async for w in self.client.list_workflows(limit=MAX_LISTED):
+                rows.append(WorkflowStatus(
+                    w.id, w.workflow_type, _STATES.get(w.status, "running"), w.start_time.timestamp(),
+                    (w.close_time or w.start_time).timestamp(), False))
+            return sorted(rows, key=lambda s: (s.created_at, s.workflow_id))
+
+        return self._call(go())
+
+    def generations(self, base: str) -> list[WorkflowStatus]:
+        """The workflows of run ``base`` (``base``, ``base/2``, ...), oldest first, read consistently."""
+        try:
+            found = [self.status(base)]
+        except NotFound:
+            return []
+        for n in range(2, MAX_GENERATIONS):
+            try:
+                found.append(self.status(f"{base}/{n}"))
+            except NotFound:
+                break
+        return found
+
+    # --- running a worker here ---------------------------------------------------------------
+
+    def _worker(self) -> Worker:
+        restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES)
+        return Worker(
+            self.client,
+            task_queue=self.config.task_queue,
+            workflows=[SeamWorkflow],
+            activities=[seam_activity(self._activities, self.on_heartbeat)],
+            activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=self.max_concurrent_activities),
+            max_concurrent_activities=self.max_concurrent_activities,
+            workflow_runner=SandboxedWorkflowRunner(restrictions=restrictions),
+            max_heartbeat_throttle_interval=timedelta(seconds=self.heartbeat_throttle_s),
+            default_heartbeat_throttle_interval=timedelta(seconds=self.heartbeat_throttle_s),
+            graceful_shutdown_timeout=timedelta(seconds=60),
+        )
+
+    async def _serve(self, until: Callable[[], Any]) -> None:
+        worker = self._worker()
+        run = asyncio.ensure_future(worker.run())
+        done = asyncio.ensure_future(until())
+        try:
+            finished, _ = await asyncio.wait({run, done}, return_when=asyncio.FIRST_COMPLETED)
+            if run in finished:
+                run.result()  # a fatal worker error surfaces here
+        finally:
+            done.cancel()
+            if not run.done():
+                await worker.shutdown()
+            await asyncio.gather(run, return_exceptions=True)
+
+    def run_until_complete(self, workflow_id: str, *, timeout_s: float | None = None) -> WorkflowStatus:
+        """Serve the task queue here until ``workflow_id`` ends; its final status."""
+
+        async def ended() -> None:
+            try:
+                await self.client.get_workflow_handle(workflow_id).result(follow_runs=False)
+            except (tc.WorkflowFailureError, RPCError):
+                pass
+
+        async def go() -> None:
+            await asyncio.wait_for(self._serve(ended), timeout_s)
+
+        self._call(go())
+        return self.status(workflow_id)
+
+    def run_forever(self, stop_event: threading.Event | None = None) -> None:
+        """Serve the task queue here until ``stop_event`` is set (then shut down gracefully)."""
+        stop = stop_event or threading.Event()
+
+        async def stopped() -> None:
+            while not stop.is_set():
+                await asyncio.sleep(0.2)
+
+        self._call(self._serve(stopped))
+
+
+def is_history_event(ev: Any, name: str) -> bool:
+    """True when proto event ``ev`` is of Temporal type ``name`` (e.g. ``ACTIVITY_TASK_SCHEDULED``)."""
+    return ev.event_type == EventType.Value(f"EVENT_TYPE_{name}")
