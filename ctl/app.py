@@ -78,6 +78,14 @@ def open_engine(home: Path, *, create: bool, readonly: bool = False, **engine_kw
     from engine import Engine
     from engine.store import Store
 
+    from . import backends
+
+    if backends.chosen().name == backends.TEMPORAL:  # the run's files stay in home; the state on the cluster
+        if not readonly:
+            from .homecheck import check_home_writable
+
+            check_home_writable(home)
+        return backends.open_temporal(home)
     path = db_path(home)
     if not create and not path.exists():
         raise BadRequest(f"no ctl database in {home} (looked for {path}); pass --home or set CTL_HOME")
@@ -206,6 +214,9 @@ def _generation(workflow_id: str, base: str) -> int | None:
 
 def latest_run(engine: Any, base: str) -> Any | None:
     """The newest workflow of run ``base`` (``train/tiny``, ``train/tiny/2``, ...), or None."""
+    if hasattr(engine, "generations"):  # Temporal: read by id, not from its (eventually consistent) list
+        found = engine.generations(base)
+        return found[-1] if found else None
     best, best_gen = None, 0
     for st in readable_workflows(engine):
         gen = _generation(st.workflow_id, base)
@@ -272,6 +283,8 @@ class Started:
 
 def run_generations(engine: Any, base: str) -> list[Any]:
     """Every workflow of run ``base`` (``train/tiny``, ``train/tiny/2``, ...), oldest first."""
+    if hasattr(engine, "generations"):
+        return engine.generations(base)
     found = [(g, st) for st in readable_workflows(engine) if (g := _generation(st.workflow_id, base)) is not None]
     return [st for _, st in sorted(found, key=lambda x: x[0])]
 

