@@ -66,8 +66,10 @@ class DevServer:
     """Start (and stop) a dev server on loopback; ``address`` is HOST:PORT for the clients."""
 
     def __init__(self, *, port: int | None = None, db_filename: str | os.PathLike | None = None,
-                 log_path: str | os.PathLike | None = None, ip: str = "127.0.0.1"):
+                 log_path: str | os.PathLike | None = None, ip: str = "127.0.0.1",
+                 namespaces: tuple[str, ...] = ()):
         self.ip = ip
+        self.namespaces = namespaces
         self.port = port or free_port(ip)
         self.db_filename = str(db_filename) if db_filename else None
         self.log_path = Path(log_path) if log_path else None
@@ -78,7 +80,8 @@ class DevServer:
         return f"{self.ip}:{self.port}"
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> "DevServer":
-        argv = dev_server_argv(find_temporal_binary(), port=self.port, db_filename=self.db_filename, ip=self.ip)
+        argv = dev_server_argv(find_temporal_binary(), port=self.port, db_filename=self.db_filename, ip=self.ip,
+                               namespaces=tuple(self.namespaces))
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,

@@ -1,0 +1,173 @@
+"""The real workflow functions on a real Temporal dev server, over the fake activities of
+tests/workflows/wf_fakes.py (the trainer is not the point here; test_tmp_ctl.py runs the real one).
+
+The hand example of the seed (section 3) gives the same commands, results and evaluations on
+Temporal as on the embedded engine; a worker restart during the durable wait neither repeats the
+evaluation before it nor the wait; a failed attempt resumes from the checkpoint its heartbeat
+recorded (``activity.info().heartbeat_details``); a bad spec fails the workflow at once,
+non-retryable, before any activity.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("temporalio", reason="the [temporal] extra is not installed: pip install -e '.[temporal]'")
+
+import workflows  # noqa: E402
+from engine import Engine, VirtualClock  # noqa: E402
+from engine.temporal import TemporalEngine  # noqa: E402
+from wf_fakes import Fakes, reference_loss  # noqa: E402
+from wf_world import World, hand_spec  # noqa: E402
+
+DEADLINE_S = 180
+
+
+def commands(events) -> list[str]:
+    out = []
+    for e in events:
+        if e.type == "activity_scheduled":
+            out.append(e.attrs["activity_id"])
+        elif e.type == "timer_started":
+            out.append(f"sleep {e.attrs['seconds']:g}s")
+    return out
+
+
+def hand_input(**over) -> dict:
+    return {"spec": hand_spec(**over), "corpus": {"name": "default"}, "eval_suites": ["ppl"]}
+
+
+def temporal(cfg, fakes: Fakes) -> TemporalEngine:
+    eng = TemporalEngine(cfg)
+    workflows.register(eng, activities=fakes.activities())
+    return eng
+
+
+def wait_for(cond, what: str, deadline_s: float = DEADLINE_S):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.1)  # a poll interval, not a wait for the outcome
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.ns("hand")
+def test_hand_example_same_as_embedded(temporal_config, tmp_path: Path) -> None:
+    # a 2 s wait instead of 30 s: Temporal's timers are real time (the dev server skips no time)
+    inp = hand_input(eval_interval_seconds=2)
+    clock = VirtualClock()
+    world = World(home=tmp_path / "embedded", clock=clock, fakes=Fakes(home=tmp_path / "embedded", clock=clock))
+    embedded = world.run("TrainRun", "train/tiny", inp)
+    assert embedded.state == "completed", embedded.error
+    embedded_commands = commands(world.events("train/tiny"))
+
+    fakes = Fakes(home=tmp_path / "temporal")
+    with temporal(temporal_config, fakes) as eng:
+        assert eng.workflow_function("TrainRun") is workflows.train_run  # the same function objects
+        assert world.engine._workflows["TrainRun"].fn is workflows.train_run
+        eng.start("TrainRun", "train/tiny", inp)
+        st = eng.run_until_complete("train/tiny", timeout_s=DEADLINE_S)
+        assert st.state == "completed", st.error
+        events = eng.history("train/tiny")
+    world.engine.close()
+
+    expected = ["corpus-default", "train-000500", "eval-000500-ppl", "sleep 2s", "train-001000", "eval-001000-ppl",
+                "sleep 2s", "train-001200", "eval-001200-ppl"]
+    assert commands(events) == embedded_commands == expected
+    assert st.result == embedded.result  # segments, checkpoints, losses, evaluations: all equal
+    assert st.result["final_loss_hex"] == reference_loss(1200, 7).hex()
+    assert fakes.steps_taken == 1200
+    evals = [(c.activity_id, c.input["subjects"][0]["model"]) for c in fakes.calls if c.name == "eval"]
+    assert evals == [("eval-000500-ppl", "runs/tiny/ckpt/step-000500"),
+                     ("eval-001000-ppl", "runs/tiny/ckpt/step-001000"),
+                     ("eval-001200-ppl", "runs/tiny/ckpt/step-001200")]
+    completed = [e.attrs["activity_id"] for e in events if e.type == "activity_completed"]
+    assert sorted(completed) == sorted(expected[:2] + expected[2:3] + expected[4:6] + expected[7:])
+    # the activity id is the idempotency key: Temporal's activity id, and the activity's second argument
+    raw = eng_history_inputs(events)
+    assert all(aid == arg for aid, arg in raw)
+
+
+def eng_history_inputs(events) -> list[tuple[str, str]]:
+    return [(e.attrs["activity_id"], e.attrs["options"]["id"]) for e in events if e.type == "activity_scheduled"]
+
+
+@pytest.mark.ns("restart")
+def test_durable_wait_not_repeated_on_worker_restart(temporal_config, tmp_path: Path) -> None:
+    spec = hand_spec(steps=40, eval_every=20, checkpoint_every=5, eval_interval_seconds=4)
+    inp = {"spec": spec, "corpus": {"name": "default"}, "eval_suites": ["ppl"]}
+    fakes = Fakes(home=tmp_path)
+    first = temporal(temporal_config, fakes)
+    first.start("TrainRun", "train/tiny", inp)
+    stop = threading.Event()
+    serving = threading.Thread(target=first.run_forever, args=(stop,))
+    serving.start()
+    try:
+        timer = wait_for(lambda: next((e for e in first.history("train/tiny") if e.type == "timer_started"), None),
+                         "the durable wait to start")
+    finally:
+        stop.set()  # the worker goes away during the wait
+        serving.join(timeout=DEADLINE_S)
+    first.close()
+    assert [c.activity_id for c in fakes.calls] == ["corpus-default", "train-000020", "eval-000020-ppl"]
+
+    second = temporal(temporal_config, fakes)  # a new worker, after the wait's fire time or not
+    with second:
+        st = second.run_until_complete("train/tiny", timeout_s=DEADLINE_S)
+        assert st.state == "completed", st.error
+        events = second.history("train/tiny")
+    assert commands(events) == ["corpus-default", "train-000020", "eval-000020-ppl", "sleep 4s", "train-000040",
+                                "eval-000040-ppl"]
+    assert [e.type for e in events].count("timer_fired") == 1
+    assert next(e for e in events if e.type == "timer_started").attrs["fire_at"] == timer.attrs["fire_at"]
+    # the evaluation before the wait ran once; nothing ran twice
+    assert [c.activity_id for c in fakes.calls] == ["corpus-default", "train-000020", "eval-000020-ppl",
+                                                    "train-000040", "eval-000040-ppl"]
+    assert st.result["final_loss_hex"] == reference_loss(40, 7).hex()
+
+
+@pytest.mark.ns("same")
+def test_failed_attempt_resumes_from_heartbeated_checkpoint(temporal_config, tmp_path: Path) -> None:
+    spec = hand_spec(steps=40, eval_every=0, checkpoint_every=5, eval_interval_seconds=0)
+    fakes = Fakes(home=tmp_path)
+    fakes.fail_train[("train-000040", 1)] = 13  # a retryable failure ("CUDA out of memory") at step 13
+    seen: list = []
+
+    def train(ctx, input):
+        seen.append(ctx.last_heartbeat_details)
+        return fakes.train(ctx, input)
+
+    with TemporalEngine(temporal_config) as eng:
+        workflows.register(eng, activities={**fakes.activities(), "train": train})
+        eng.start("TrainRun", "train/tiny", {"spec": spec})
+        st = eng.run_until_complete("train/tiny", timeout_s=DEADLINE_S)
+        events = eng.history("train/tiny")
+    assert st.state == "completed", st.error
+    assert [(c.activity_id, c.attempt) for c in fakes.calls] == [("train-000040", 1), ("train-000040", 2)]
+    assert seen[0] is None and seen[1]["checkpoint"] == "runs/tiny/ckpt/step-000010"  # the heartbeat's details
+    assert fakes.resumed_from == [None, "runs/tiny/ckpt/step-000010"]  # attempt 2 from the heartbeat's checkpoint
+    assert st.result["final_loss_hex"] == reference_loss(40, 7).hex()
+    assert [(e.type, e.attrs.get("attempt")) for e in events if e.type.startswith("activity_")] == [
+        ("activity_scheduled", None), ("activity_started", 2), ("activity_completed", 2)]
+
+
+@pytest.mark.ns("badspec")
+def test_bad_spec_fails_fast_non_retryable(temporal_config, tmp_path: Path) -> None:
+    fakes = Fakes(home=tmp_path)
+    with temporal(temporal_config, fakes) as eng:
+        eng.start("TrainRun", "train/bad", {"spec": {"name": "bad", "eval_every": 5}})  # no steps
+        st = eng.run_until_complete("train/bad", timeout_s=DEADLINE_S)
+        events = eng.history("train/bad")
+        raw = eng.raw_history("train/bad")
+    assert st.state == "failed"
+    assert st.error["type"] == "BadInput" and st.error["non_retryable"] is True
+    assert "steps: missing" in st.error["message"]
+    assert fakes.calls == []
+    assert [e.type for e in events] == ["workflow_started", "workflow_failed"]  # no activity scheduled
+    started_tasks = [ev for ev in raw.events if ev.event_type == 6]  # EVENT_TYPE_WORKFLOW_TASK_STARTED
+    assert len(started_tasks) == 1  # failed in its first workflow task, not retried
