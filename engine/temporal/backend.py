@@ -273,6 +273,10 @@ class TemporalEngine:
 
         return self._call(go())
 
+    def list_readable(self) -> tuple[list[WorkflowStatus], list[Any]]:
+        """``list_workflows()`` and no damaged records (the cluster's state is not a file here)."""
+        return self.list_workflows(), []
+
     def generations(self, base: str) -> list[WorkflowStatus]:
         """The workflows of run ``base`` (``base``, ``base/2``, ...), oldest first, read consistently."""
         try:
@@ -300,7 +304,8 @@ class TemporalEngine:
             workflow_runner=SandboxedWorkflowRunner(restrictions=restrictions),
             max_heartbeat_throttle_interval=timedelta(seconds=self.heartbeat_throttle_s),
             default_heartbeat_throttle_interval=timedelta(seconds=self.heartbeat_throttle_s),
-            graceful_shutdown_timeout=timedelta(seconds=60),
+            graceful_shutdown_timeout=timedelta(0),  # on stop: cancel at once; the trainer checkpoints, exits 130
+            # and the attempt is retried (by another worker) from that checkpoint
         )
 
     async def _serve(self, until: Callable[[], Any]) -> None:

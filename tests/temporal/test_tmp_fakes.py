@@ -36,6 +36,11 @@ def commands(events) -> list[str]:
     return out
 
 
+def kinds(events) -> list[str]:
+    """Event types without the workflow-task bookkeeping (a task that timed out on a loaded machine)."""
+    return [e.type for e in events if not e.type.startswith("workflow_task_")]
+
+
 def hand_input(**over) -> dict:
     return {"spec": hand_spec(**over), "corpus": {"name": "default"}, "eval_suites": ["ppl"]}
 
@@ -168,6 +173,66 @@ def test_bad_spec_fails_fast_non_retryable(temporal_config, tmp_path: Path) -> N
     assert st.error["type"] == "BadInput" and st.error["non_retryable"] is True
     assert "steps: missing" in st.error["message"]
     assert fakes.calls == []
-    assert [e.type for e in events] == ["workflow_started", "workflow_failed"]  # no activity scheduled
-    started_tasks = [ev for ev in raw.events if ev.event_type == 6]  # EVENT_TYPE_WORKFLOW_TASK_STARTED
-    assert len(started_tasks) == 1  # failed in its first workflow task, not retried
+    assert kinds(events) == ["workflow_started", "workflow_failed"]  # no activity scheduled
+    failed_tasks = [ev for ev in raw.events if ev.event_type == 9]  # EVENT_TYPE_WORKFLOW_TASK_FAILED
+    assert failed_tasks == []  # the workflow failed for good; its task did not fail and retry
+
+
+@pytest.mark.ns("ctl")
+def test_ctl_read_commands_and_cancel_on_temporal(temporal_config, tmp_path: Path) -> None:
+    """train --detach, status, list, history, cancel through ctl (in process); a worker with the fakes
+    then ends the run canceled before any segment, and the same train command continues it as /2."""
+    import json
+
+    from click.testing import CliRunner
+
+    from ctl.cli import main
+
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({"name": "mini", "steps": 10, "eval_every": 5, "checkpoint_every": 5}))
+    env = {"CTL_BACKEND": "temporal", "CTL_TEMPORAL_ADDRESS": temporal_config.address,
+           "CTL_TEMPORAL_NAMESPACE": temporal_config.namespace, "CTL_TEMPORAL_TASK_QUEUE": temporal_config.task_queue}
+
+    def ctl(*args: str) -> tuple[int, str, str]:
+        r = CliRunner().invoke(main, [*args, "--home", str(tmp_path)], env=env, catch_exceptions=False)
+        return r.exit_code, r.stdout, r.stderr
+
+    train = ("train", "--spec", str(spec), "--no-eval", "--detach", "--json")
+    code, out, err = ctl(*train)
+    assert code == 0 and json.loads(out)["workflow_id"] == "train/mini" and json.loads(out)["state"] == "running"
+    code, out, _ = ctl("status", "train/mini", "--json")
+    assert code == 0 and json.loads(out)["state"] == "running" and json.loads(out)["workflow"] == "TrainRun"
+    wait_for(lambda: "train/mini" in ctl("list")[1], "the run in Temporal's list")
+    code, out, _ = ctl("history", "train/mini", "--json")
+    events = json.loads(out)["events"]
+    assert code == 0 and events[0]["type"] == "workflow_started"
+    assert events[0]["attrs"]["input"]["spec"]["name"] == "mini"
+    code, out, _ = ctl("cancel", "train/mini")
+    assert code == 0 and "cancel requested" in out
+    code, out, _ = ctl("cancel", "train/mini")
+    assert code == 0 and "cancel already requested" in out
+
+    fakes = Fakes(home=tmp_path)
+    with temporal(temporal_config, fakes) as eng:
+        st = eng.run_until_complete("train/mini", timeout_s=DEADLINE_S)
+    assert st.state == "canceled" and fakes.calls == []  # canceled at its first command
+    code, out, _ = ctl("status", "train/mini", "--json")
+    assert code == 130 and json.loads(out)["state"] == "canceled"
+    code, out, err = ctl(*train)  # the same command continues the run
+    assert code == 0 and json.loads(out)["workflow_id"] == "train/mini/2"
+    code, out, _ = ctl("history", "train/mini/1")  # train/mini names the newest workflow of the run
+    assert code == 0 and "cancel_requested" in out and "workflow_canceled" in out
+
+
+@pytest.mark.ns("badspec")
+def test_non_retryable_activity_failure_fails_the_run_at_once(temporal_config, tmp_path: Path) -> None:
+    fakes = Fakes(home=tmp_path)
+    fakes.fail_corpus = True  # NonRetryableError(type="BadInput"), as tinyllm's exit 2 becomes
+    with temporal(temporal_config, fakes) as eng:
+        eng.start("TrainRun", "train/nocorpus", hand_input(steps=10, eval_every=5))
+        st = eng.run_until_complete("train/nocorpus", timeout_s=DEADLINE_S)
+        events = eng.history("train/nocorpus")
+    assert st.state == "failed" and st.error["type"] == "BadInput" and st.error["non_retryable"] is True
+    assert [(c.name, c.attempt) for c in fakes.calls] == [("corpus", 1)]  # one attempt, no retry
+    assert kinds(events) == ["workflow_started", "activity_scheduled", "activity_started", "activity_failed",
+                             "workflow_failed"]

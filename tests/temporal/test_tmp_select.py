@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,27 @@ def test_api_key_not_in_repr() -> None:
 
     cfg = TemporalConfig(address="h:7233", api_key="s3cr3t-value")
     assert "s3cr3t" not in repr(cfg) and "s3cr3t" not in cfg.describe() and cfg.uses_tls
+
+
+def test_ctl_server_starts_a_local_dev_server(tmp_path: Path) -> None:
+    pytest.importorskip("temporalio", reason="the [temporal] extra is not installed")
+    import signal
+
+    from engine.temporal import TemporalConfig, TemporalEngine
+    from engine.temporal.server import _listening, free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ctl.cli", "server", "--port", str(port), "--home", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _listening("127.0.0.1", port):
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            assert time.monotonic() < deadline, "ctl server did not listen"
+            time.sleep(0.1)
+        with TemporalEngine(TemporalConfig(address=f"127.0.0.1:{port}")) as eng:
+            assert isinstance(eng.list_workflows(), list)
+        assert (tmp_path / ".ctl" / "temporal-dev.db").is_file()  # its state, in the home by default
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
