@@ -236,3 +236,41 @@ def test_non_retryable_activity_failure_fails_the_run_at_once(temporal_config, t
     assert [(c.name, c.attempt) for c in fakes.calls] == [("corpus", 1)]  # one attempt, no retry
     assert kinds(events) == ["workflow_started", "activity_scheduled", "activity_started", "activity_failed",
                              "workflow_failed"]
+
+
+class _Deaf:
+    """An activity context whose activity never sees the cancel (it finishes as if just before it)."""
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    @property
+    def cancel_requested(self) -> bool:
+        return False
+
+
+@pytest.mark.ns("same")
+def test_cancel_reaches_the_next_command_when_the_activity_completed(temporal_config, tmp_path: Path) -> None:
+    """A cancel that arrives as the segment completes: the workflow ends canceled at its next command
+    (no evaluation, no next segment), as on the embedded engine."""
+    fakes = Fakes(home=tmp_path)
+    holder: dict = {}
+
+    def train(ctx, input):
+        holder["engine"].cancel("train/late")
+        wait_for(lambda: (ctx.heartbeat(), ctx.cancel_requested)[1], "the cancel to reach the activity (a heartbeat's answer)")
+        return fakes.train(_Deaf(ctx), input)
+
+    with TemporalEngine(temporal_config) as eng:
+        holder["engine"] = eng
+        workflows.register(eng, activities={**fakes.activities(), "train": train})
+        eng.start("TrainRun", "train/late", {"spec": hand_spec(steps=10, eval_every=5, checkpoint_every=5),
+                                             "eval_suites": ["ppl"]})
+        st = eng.run_until_complete("train/late", timeout_s=DEADLINE_S)
+        events = eng.history("train/late")
+    assert st.state == "canceled"
+    assert commands(events) == ["train-000005"]
+    assert [e.attrs["activity_id"] for e in events if e.type == "activity_completed"] == ["train-000005"]
