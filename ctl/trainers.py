@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 import workflows
 from tinyllm.spec import IDENTIFIER_PATTERN, SpecError
@@ -60,6 +59,3 @@ def custom_train_request(raw: dict, suites: list[str] | None, *, eval_seed: int 
     return TrainRunInput(spec=spec_raw, corpus=None, eval_suites=suites, eval_seed=eval_seed,
                          eval_max_items=eval_max_items)
 
-
-def trainer_of(raw: Any) -> dict | None:
-    return raw.get("trainer") if isinstance(raw, dict) and isinstance(raw.get("trainer"), dict) else None

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from tinyllm.spec import SpecError, load_json_file
 from tinyllm.trainer_spec import has_trainer, parse_run_spec
+from workflows.trainer_command import invocation
 
 from .app import BadRequest, CtlError
 
@@ -198,20 +199,17 @@ class Trainer:
     """Starts the trainer of one spec in a scratch home, as the activity would (the contract's args)."""
 
     def __init__(self, spec_raw: dict, workdir: Path, *, python: str = sys.executable):
-        from workflows.trainer_command import invocation
-
         self.spec = spec_raw
         self.name = spec_raw["name"]
         self.workdir = workdir
         self.python = python
         self.spec_path = workdir / "spec.json"
         self.spec_path.write_text(json.dumps(spec_raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        self._invocation = invocation
         self.custom = has_trainer(spec_raw)
 
     def argv(self, home: Path, progress: Path) -> tuple[list[str], str, dict]:
         default = [self.python, "-m", "tinyllm.cli", "train"]
-        how = self._invocation(self.spec, "train", home=home, python=self.python, env=None, default=default)
+        how = invocation(self.spec, "train", home=home, python=self.python, env=None, default=default)
         argv = [*how.argv, "--spec", str(self.spec_path), "--home", str(home), "--progress", str(progress)]
         return argv, how.cwd, dict(how.env if how.env is not None else os.environ)
 

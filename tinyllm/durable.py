@@ -48,7 +48,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, NoReturn
 
 import torch
 
@@ -81,13 +81,13 @@ class DurableError(Exception):
     """Bad input to the helper (spec, arguments, checkpoint contents): exit 2 with this one line."""
 
 
-def _fail(message: str, code: int) -> "NoReturn":  # noqa: F821
+def _fail(message: str, code: int) -> NoReturn:
     print(f"durable: {message}", file=sys.stderr, flush=True)
     sys.exit(code)
 
 
 class _ArgParser(argparse.ArgumentParser):
-    def error(self, message: str) -> "NoReturn":  # noqa: F821  (one line, exit 2: the contract's bad input)
+    def error(self, message: str) -> NoReturn:  # one line, exit 2: the contract's bad input
         _fail(f"bad arguments: {message}", EXIT_BAD_INPUT)
 
 
@@ -191,10 +191,6 @@ class _FaultOnSave:
     def __reduce_ex__(self, protocol: int):
         os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError("unreachable")  # pragma: no cover
-
-
-def _batch_digest(batch: Any) -> str:
-    return digest(batch)
 
 
 class DurableRun:
@@ -306,7 +302,7 @@ class DurableRun:
         """Record this step's loss (a float or a 0-d tensor) and, optionally, its batch's digest."""
         value = float(loss.detach().item() if isinstance(loss, torch.Tensor) else loss)
         self._logged = value
-        self._batch = None if batch is None else _batch_digest(batch)
+        self._batch = None if batch is None else digest(batch)
 
     def steps(self) -> Iterator[int]:
         """Yield the steps still to run (1-based): resumes first; after each step, frames, checkpoints,
