@@ -6,6 +6,7 @@
     python -m simulator kill-at --steps 1200 ... --kills 17,230 [--cancel-at 40] [--mutant s05-train-to-end]
     python -m simulator mutants                      # every planted pitfall must be caught
     python -m simulator kill-loop --spec specs/tiny.json --kills 3 --seed 1
+    python -m simulator campaign --seed 1 --runs 2   # real processes, seeded random faults, an oracle
 
 Exit status: 0 when every run matched, 1 on any mismatch, 2 on bad arguments.
 """
@@ -163,6 +164,14 @@ def cmd_kill_loop(a: argparse.Namespace) -> int:
     return kill_loop(a.spec, kills=a.kills, seed=a.seed, home=a.home, timeout_s=a.timeout)
 
 
+def cmd_campaign(a: argparse.Namespace) -> int:
+    from .campaign import campaign
+
+    if a.runs < 1 or a.faults < 0:
+        _bad("--runs must be >= 1 and --faults >= 0")
+    return campaign(a.seed, a.runs, faults_per_run=a.faults, keep=a.keep)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m simulator", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -204,6 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--home", default=None, help="home folder of the killed run (default: a new temporary one)")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     p.set_defaults(fn=cmd_kill_loop)
+
+    p = sub.add_parser("campaign", help="real ctl/worker/trainer processes under seeded random faults, with an oracle")
+    p.add_argument("--seed", type=int, default=0, help="draws each run's mode, faults and their moments")
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--faults", type=int, default=4, help="faults per run")
+    p.add_argument("--keep", action="store_true", help="keep the files of failed runs")
+    p.set_defaults(fn=cmd_campaign)
 
     a = ap.parse_args(argv)
     return a.fn(a)

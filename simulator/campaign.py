@@ -1,0 +1,419 @@
+"""The real-process fault campaign: ``python -m simulator campaign --seed S [--runs N]``.
+
+Each campaign run trains a tiny spec (two segments, a ppl evaluation of each, a durable wait
+between them) to its end with real ``ctl train`` or ``ctl train --detach`` + ``ctl worker``
+processes, while seeded random faults hit it at random moments:
+
+- ``readers``: ``ctl status``, ``ctl list``, ``ctl history --json`` in other processes;
+- ``cancel``: ``ctl cancel`` from another process, then the same command continues the run;
+- ``kill-ctl`` / ``kill-worker``: SIGKILL of the process running the workflow, then it is started again;
+- ``kill-trainer``: SIGKILL of the ``tinyllm`` child in flight (train, eval or corpus);
+- ``stop-trainer``: SIGSTOP of that child for up to two seconds, then SIGCONT;
+- ``second-train``: a second ``ctl train`` of the same spec, concurrently.
+
+The oracle, after every run (``Run.check``):
+
+- every event any reader printed is still in the final history of its workflow, unchanged;
+- a cancel that ``ctl cancel`` reported as recorded ends that workflow canceled;
+- each evaluation completed exactly once over all of the run's workflows, and its output files
+  were never rewritten after they first appeared;
+- no two trainer attempts wrote checkpoints during overlapping intervals (one trainer at a time),
+  and no checkpoint step was written twice (no step redone beyond the newest checkpoint);
+- the final ``final_loss_hex`` and digest (and each segment's) equal an uninterrupted run's;
+- no process of the run is left when it ends.
+
+A failure prints its seed and fault sequence; ``--seed S --runs N`` replays the same faults in
+the same order (their timing follows the machine's speed). Exit 0 when every run passed, 1 on
+any violation, 2 on bad arguments.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import procs
+from .kill_loop import compare
+
+NAME = "camp"
+WID = f"train/{NAME}"
+SPEC = {  # two segments of a tiny model; a checkpoint every 2 steps; a durable 1 s wait between segments
+    "name": NAME, "steps": 20, "seed": 11, "eval_every": 10, "eval_interval_seconds": 1, "checkpoint_every": 2,
+    "batch_size": 2, "lr": 0.003, "warmup_steps": 2, "lr_decay_steps": 20, "threads": 1, "log_every": 10,
+    "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16, "dropout": 0.0},
+}
+TRAIN_ARGS = ("--eval-max-items", "2", "--json")
+FAULTS = ("readers", "cancel", "kill-ctl", "kill-trainer", "stop-trainer", "second-train")
+RUN_TIMEOUT_S = 900.0
+POLL_S = 0.1
+MAX_CHILD_KILLS = 2  # per activity: below every step's max_attempts, so the run can always finish
+
+
+def _sha(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+class Monitor:
+    """Watches the run's files from outside (never the database): progress lines and eval outputs."""
+
+    def __init__(self, home: Path):
+        self.home = home
+        self.progress: dict[tuple[str, float], list[dict]] = {}  # (file, first line's time) -> its lines
+        self.outputs: dict[str, tuple] = {}  # eval output -> (inode, mtime_ns, size, sha) when first seen
+        self.rewritten: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="campaign-monitor", daemon=True)
+
+    def __enter__(self) -> "Monitor":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.sample()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_S):
+            self.sample()
+
+    def sample(self) -> None:
+        for f in self.home.glob(f"runs/{NAME}/activity/train-*/progress-*.jsonl"):
+            try:
+                lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip().endswith("}")]
+            except (OSError, ValueError):
+                continue
+            if not lines:
+                continue
+            key = (str(f), lines[0]["time"])  # one attempt's file (a redelivery replaces it)
+            if len(lines) >= len(self.progress.get(key, [])):
+                self.progress[key] = lines
+        for f in list(self.home.glob("evals/*/*/summary.json")) + list(self.home.glob("evals/*/*/results.jsonl")):
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+            first = self.outputs.get(str(f))
+            if first is None:
+                self.outputs[str(f)] = (*sig, _sha(f))
+            elif first[:3] != sig and str(f) not in self.rewritten:
+                self.rewritten.append(str(f))
+
+    def violations(self) -> list[str]:
+        bad = [f"eval output rewritten after it first appeared: {p}" for p in self.rewritten]
+        spans, steps = [], {}
+        for (path, t0), lines in sorted(self.progress.items()):
+            who = f"{Path(path).parent.name}/{Path(path).name}@{t0:.3f}"
+            spans.append((lines[0]["time"], lines[-1]["time"], who))
+            for ln in lines:
+                if ln["step"] in steps and steps[ln["step"]] != who:
+                    bad.append(f"checkpoint step {ln['step']} written by {steps[ln['step']]} and again by {who}")
+                steps.setdefault(ln["step"], who)
+        spans.sort()
+        for (a0, a1, wa), (b0, b1, wb) in zip(spans, spans[1:]):
+            if b0 < a1:
+                bad.append(f"two trainers at once: {wa} wrote checkpoints until {a1:.3f}, {wb} from {b0:.3f}")
+        return bad
+
+
+@dataclass
+class Run:
+    """One campaign run: its home, processes, the faults applied and what readers saw."""
+
+    index: int
+    seed: int
+    base: Path
+    spec: Path
+    rng: random.Random
+    worker_mode: bool
+    home: Path = field(init=False)
+    primary: subprocess.Popen | None = None
+    extras: list = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+    seen: list[tuple[str, list[dict]]] = field(default_factory=list)
+    canceled: list[str] = field(default_factory=list)
+    child_kills: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    result: dict | None = None
+
+    def __post_init__(self) -> None:
+        self.home = self.base / f"run-{self.index}"
+
+    # ---- processes ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """(Re)start what runs the workflow: ``ctl train``, or ``ctl train --detach`` then a ``ctl worker``."""
+        if self.worker_mode:
+            p = procs.run(self.home, "train", "--spec", str(self.spec), *TRAIN_ARGS, "--detach")
+            if p.returncode != 0:
+                self.problems.append(f"ctl train --detach exited {p.returncode}: {p.stderr.strip()[-300:]}")
+            if self.primary is None or self.primary.poll() is not None:
+                self.primary = procs.spawn(self.home, "worker", stdout=subprocess.DEVNULL)
+        else:
+            self.primary = procs.spawn(self.home, "train", "--spec", str(self.spec), *TRAIN_ARGS)
+
+    def children(self) -> list[tuple[int, str]]:
+        """Live tinyllm children of this home (train, eval, corpus), with the activity id each serves."""
+        out = []
+        for pid, cmd in procs.processes_in(self.home):
+            if "tinyllm" in cmd and "ctl.cli" not in cmd:
+                parts = [p for p in cmd.split() if p.endswith("spec.json")]
+                out.append((pid, Path(parts[0]).parent.name if parts else "?"))
+        return out
+
+    def _wait_gone(self, what: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.children() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        if self.children():
+            self.problems.append(f"{what}: tinyllm processes {self.children()} outlived it")
+
+    # ---- faults ---------------------------------------------------------------------------
+
+    def fault(self, kind: str) -> str:
+        """Apply one fault now; what was done, in words (or why nothing could be)."""
+        if kind == "readers":
+            for args in (("status", WID), ("list",), ("status",)):
+                p = procs.run(self.home, *args)
+                if p.returncode not in (0, 130) and "no workflow" not in p.stderr and "no ctl database" not in p.stderr:
+                    self.problems.append(f"ctl {' '.join(args)} exited {p.returncode}: {p.stderr.strip()[-300:]}")
+            p = procs.run(self.home, "history", WID, "--json")
+            if p.returncode == 0:
+                out = json.loads(p.stdout)
+                self.seen.append((out["workflow_id"], out["events"]))
+                return f"readers (saw {len(out['events'])} events of {out['workflow_id']})"
+            return "readers (no workflow yet)"
+        if kind == "cancel":
+            p = procs.run(self.home, "cancel", WID)
+            if p.returncode == 0 and "cancel requested for " in p.stdout:
+                wid = p.stdout.split("cancel requested for ", 1)[1].split(";")[0].strip()
+                self.canceled.append(wid)
+                self._after_cancel()
+                return f"cancel of {wid}, then continued"
+            return f"cancel (not recorded: {(p.stdout + p.stderr).strip()[-120:]})"
+        if kind == "kill-ctl":
+            if self.primary is None or self.primary.poll() is not None:
+                return "kill-ctl (nothing running)"
+            self.primary.kill()
+            self.primary.wait()
+            what = "worker" if self.worker_mode else "ctl train"
+            if not self.extras_alive():
+                self._wait_gone(f"SIGKILL of {what}")
+            self.start()
+            return f"SIGKILL of {what}, started again"
+        if kind in ("kill-trainer", "stop-trainer"):
+            kids = [(pid, aid) for pid, aid in self.children() if self.child_kills.get(aid, 0) < MAX_CHILD_KILLS]
+            if not kids:
+                return f"{kind} (no child in flight)"
+            pid, aid = self.rng.choice(kids)
+            if kind == "kill-trainer":
+                self.child_kills[aid] = self.child_kills.get(aid, 0) + 1
+                _signal(pid, signal.SIGKILL)
+                return f"SIGKILL of tinyllm {aid} (pid {pid})"
+            pause = round(self.rng.uniform(0.2, 2.0), 2)
+            _signal(pid, signal.SIGSTOP)
+            time.sleep(pause)
+            _signal(pid, signal.SIGCONT)
+            return f"SIGSTOP of tinyllm {aid} (pid {pid}) for {pause} s, then SIGCONT"
+        if kind == "second-train":
+            self.extras.append(procs.spawn(self.home, "train", "--spec", str(self.spec), *TRAIN_ARGS))
+            return "a second ctl train of the same spec"
+        raise ValueError(kind)
+
+    def extras_alive(self) -> bool:
+        return any(p.poll() is None for p in self.extras)
+
+    def _after_cancel(self) -> None:
+        """A recorded cancel: the run's process ends it (ctl train exits 130); the same command continues."""
+        if not self.worker_mode and self.primary is not None:
+            try:
+                self.primary.wait(timeout=RUN_TIMEOUT_S / 3)
+            except subprocess.TimeoutExpired:
+                self.problems.append("ctl train did not exit after a recorded cancel")
+                return
+            if self.primary.returncode not in (130, 0):
+                self.problems.append(f"ctl train exited {self.primary.returncode} after a cancel (expected 130)")
+        else:
+            deadline = time.monotonic() + RUN_TIMEOUT_S / 3
+            while time.monotonic() < deadline:
+                st = procs.run(self.home, "status", self.canceled[-1], "--json")
+                if json.loads(st.stdout or "{}").get("state") != "running":
+                    break
+                time.sleep(0.5)
+        self.start()
+
+    # ---- the run -----------------------------------------------------------------------------
+
+    def drive(self, n_faults: int) -> None:
+        plan = [self.rng.choice(FAULTS) for _ in range(n_faults)]
+        if self.worker_mode:
+            plan = ["kill-worker" if k == "kill-ctl" else k for k in plan]
+        delays = [round(self.rng.uniform(0.5, 6.0), 2) for _ in plan]
+        self.start()
+        for kind, delay in zip(plan, delays):
+            time.sleep(delay)
+            if self.finished():
+                self.faults.append(f"{kind} after {delay} s: missed, the run had ended")
+                continue
+            self.faults.append(f"{kind} after {delay} s: " + self.fault("kill-ctl" if kind == "kill-worker" else kind))
+        self.finish()
+
+    def finished(self) -> bool:
+        if self.worker_mode:
+            st = procs.run(self.home, "status", WID, "--json")
+            return st.returncode == 0 and json.loads(st.stdout).get("state") == "completed"
+        return self.primary is not None and self.primary.poll() == 0
+
+    def finish(self) -> None:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.worker_mode:
+                if self.finished():
+                    self.primary.send_signal(signal.SIGTERM)
+                    self.primary.wait(timeout=60)
+                    break
+                if self.primary.poll() is not None:
+                    self.problems.append(f"ctl worker exited {self.primary.returncode} on its own")
+                    self.start()
+                time.sleep(0.5)
+                continue
+            try:
+                out, err = self.primary.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
+            if self.primary.returncode == 0:
+                break
+            self.problems.append(f"ctl train exited {self.primary.returncode} unasked: {err.strip()[-300:]}")
+            self.start()
+        else:
+            self.problems.append(f"the run did not finish within {RUN_TIMEOUT_S} s")
+        for p in self.extras:
+            try:
+                _, err = p.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.problems.append("a second ctl train did not end after the run completed")
+                continue
+            if p.returncode not in (0, 130):
+                self.problems.append(f"a second ctl train exited {p.returncode}: {err.strip()[-300:]}")
+        st = procs.run(self.home, "status", WID, "--json")
+        out = json.loads(st.stdout or "{}")
+        if out.get("state") == "completed":
+            self.result = out["result"]
+        else:
+            self.problems.append(f"{WID} ended {out.get('state')}: {out.get('error')}")
+
+    def stop_all(self) -> None:
+        for p in [self.primary, *self.extras]:
+            if p is not None and p.poll() is None:
+                procs.killpg(p)
+        for pid, _ in procs.processes_in(self.home):
+            _signal(pid, signal.SIGKILL)
+
+    # ---- the oracle ----------------------------------------------------------------------------
+
+    def check(self, monitor: Monitor, want: dict) -> list[str]:
+        bad = list(self.problems)
+        self._wait_gone("the end of the run", timeout_s=30)
+        left = procs.processes_in(self.home)
+        bad += [f"process left at the end: {pid} {cmd[:120]}" for pid, cmd in left]
+        histories: dict[str, list[dict]] = {}
+        for st in json.loads(procs.run(self.home, "list", "--json").stdout or "[]"):
+            histories[st["workflow_id"]] = procs.history(self.home, st["workflow_id"]) or []
+            if st["workflow_id"] in self.canceled and st["state"] != "canceled":
+                bad.append(f"ctl cancel recorded a cancel of {st['workflow_id']}, which ended {st['state']}")
+        for wid, events in self.seen:
+            bad += [f"{wid}: a reader saw {m}" for m in procs.missing_events(events, histories.get(wid, []))]
+        evals: dict[str, int] = {}
+        for events in histories.values():
+            for e in events:
+                aid = e["attrs"].get("activity_id", "")
+                if e["type"] == "activity_completed" and aid.startswith("eval-"):
+                    evals[aid] = evals.get(aid, 0) + 1
+        bad += [f"{aid} completed {n} times" for aid, n in sorted(evals.items()) if n != 1]
+        bad += monitor.violations()
+        if self.result is not None:
+            bad += compare(self.result, want)
+            got_evals = [[s["summary"] for s in (seg.get("evals") or {}).get("suites", [])] for seg in self.result["segments"]]
+            want_evals = [[s["summary"] for s in (seg.get("evals") or {}).get("suites", [])] for seg in want["segments"]]
+            if len(evals) != len(want["segments"]) or got_evals != want_evals:
+                bad.append(f"evaluations differ from the uninterrupted run's ({len(evals)} completed)")
+        return bad
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def reference(base: Path, spec: Path) -> subprocess.Popen:
+    """The uninterrupted run (in the background meanwhile)."""
+    return procs.spawn(base / "uninterrupted", "train", "--spec", str(spec), *TRAIN_ARGS)
+
+
+def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = False, log=print) -> int:
+    """The command ``python -m simulator campaign``: 0 when every run passed the oracle, 1 otherwise."""
+    base = Path(tempfile.mkdtemp(prefix="campaign-"))
+    spec = base / f"{NAME}.json"
+    spec.write_text(json.dumps(SPEC))
+    ref = reference(base, spec)
+    want = None
+    injected = survived = failed_runs = 0
+    try:
+        for i in range(runs):
+            rng = random.Random(f"{seed}:{i}")
+            run = Run(i, seed, base, spec, rng, worker_mode=rng.random() < 0.3)
+            mode = "ctl worker" if run.worker_mode else "ctl train"
+            try:
+                with Monitor(run.home) as monitor:
+                    run.drive(faults_per_run)
+                if want is None:
+                    out, err = ref.communicate(timeout=RUN_TIMEOUT_S)
+                    res = json.loads(out or "{}")
+                    if res.get("state") != "completed":
+                        log(f"campaign: the uninterrupted run ended {res.get('state')} (exit {ref.returncode}): {err[-500:]}")
+                        return 1
+                    want = res["result"]
+                bad = run.check(monitor, want)
+            finally:
+                run.stop_all()
+            applied = sum(1 for f in run.faults if ": missed" not in f and "(no child" not in f
+                          and "(nothing running)" not in f and "(not recorded" not in f)
+            injected += applied
+            if bad:
+                failed_runs += 1
+                log(f"run {i} ({mode}) FAILED (seed {seed}; rerun: python -m simulator campaign --seed {seed} "
+                    f"--runs {i + 1}); faults in order:")
+                for f in run.faults:
+                    log(f"    {f}")
+                for b in bad:
+                    log(f"  - {b}")
+                if keep:
+                    log(f"  its files are kept in {run.home}")
+            else:
+                survived += applied
+                log(f"run {i} ({mode}): {applied} faults, oracle passed (so far {injected} injected, "
+                    f"{survived} survived): " + "; ".join(run.faults))
+                shutil.rmtree(run.home, ignore_errors=True)
+        log(f"campaign seed {seed}: {runs} runs, {injected} faults injected, {survived} survived, "
+            f"{failed_runs} runs failed")
+        return 1 if failed_runs else 0
+    finally:
+        if ref.poll() is None:
+            procs.killpg(ref)
+        if not (keep and failed_runs):
+            shutil.rmtree(base, ignore_errors=True)
