@@ -165,8 +165,14 @@ def cmd_kill_loop(a: argparse.Namespace) -> int:
 
 
 def cmd_campaign(a: argparse.Namespace) -> int:
+    import signal
+
     from .campaign import campaign
 
+    def stop(signum, frame):  # a terminated campaign still kills the processes of its run
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     if a.runs < 1 or a.faults < 0:
         _bad("--runs must be >= 1 and --faults >= 0")
     return campaign(a.seed, a.runs, faults_per_run=a.faults, keep=a.keep)

@@ -331,7 +331,8 @@ class Run:
         bad += [f"process left at the end: {pid} {cmd[:120]}" for pid, cmd in left]
         histories: dict[str, list[dict]] = {}
         for st in json.loads(procs.run(self.home, "list", "--json").stdout or "[]"):
-            histories[st["workflow_id"]] = procs.history(self.home, st["workflow_id"]) or []
+            wid = st["workflow_id"]  # the run's first workflow is train/camp/1 to ctl (train/camp: the newest)
+            histories[wid] = procs.history(self.home, wid + "/1" if wid == WID else wid) or []
             if st["workflow_id"] in self.canceled and st["state"] != "canceled":
                 bad.append(f"ctl cancel recorded a cancel of {st['workflow_id']}, which ended {st['state']}")
         for wid, events in self.seen:
