@@ -175,7 +175,9 @@ def cmd_campaign(a: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     if a.runs < 1 or a.faults < 0:
         _bad("--runs must be >= 1 and --faults >= 0")
-    return campaign(a.seed, a.runs, faults_per_run=a.faults, keep=a.keep)
+    if a.jobs < 1 or (a.only is not None and a.only < 0):
+        _bad("--jobs must be >= 1 and --only >= 0")
+    return campaign(a.seed, a.runs, faults_per_run=a.faults, keep=a.keep, jobs=a.jobs, only=a.only)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--faults", type=int, default=4, help="faults per run")
     p.add_argument("--keep", action="store_true", help="keep the files of failed runs")
+    p.add_argument("--jobs", type=int, default=1, help="campaign runs at once (each in its own home)")
+    p.add_argument("--only", type=int, default=None, help="run only this run index (reproduce a failure)")
     p.set_defaults(fn=cmd_campaign)
 
     a = ap.parse_args(argv)

@@ -55,6 +55,7 @@ TRAIN_ARGS = ("--eval-max-items", "2", "--json")
 FAULTS = ("readers", "cancel", "kill-ctl", "kill-trainer", "stop-trainer", "second-train")
 RUN_TIMEOUT_S = 900.0
 POLL_S = 0.1
+SKIPPED = (": missed", "(no child", "(nothing running)", "(not recorded")  # faults that found nothing to hit
 MAX_CHILD_KILLS = 2  # per activity: below every step's max_attempts, so the run can always finish
 
 
@@ -129,7 +130,7 @@ class Monitor:
         return bad
 
 
-@dataclass
+@dataclass(eq=False)
 class Run:
     """One campaign run: its home, processes, the faults applied and what readers saw."""
 
@@ -156,6 +157,8 @@ class Run:
 
     def start(self) -> None:
         """(Re)start what runs the workflow: ``ctl train``, or ``ctl train --detach`` then a ``ctl worker``."""
+        if _STOPPING.is_set():
+            raise KeyboardInterrupt("campaign interrupted")
         if self.worker_mode:
             p = procs.run(self.home, "train", "--spec", str(self.spec), *TRAIN_ARGS, "--detach")
             if p.returncode != 0:
@@ -229,6 +232,8 @@ class Run:
             _signal(pid, signal.SIGCONT)
             return f"SIGSTOP of tinyllm {aid} (pid {pid}) for {pause} s, then SIGCONT"
         if kind == "second-train":
+            if _STOPPING.is_set():
+                raise KeyboardInterrupt("campaign interrupted")
             self.extras.append(procs.spawn(self.home, "train", "--spec", str(self.spec), *TRAIN_ARGS))
             return "a second ctl train of the same spec"
         raise ValueError(kind)
@@ -354,6 +359,10 @@ class Run:
         return bad
 
 
+_STOPPING = threading.Event()  # the campaign was interrupted: runs start no more processes
+_ACTIVE: set = set()
+
+
 def _signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
@@ -361,44 +370,85 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def reference(base: Path, spec: Path) -> subprocess.Popen:
-    """The uninterrupted run (in the background meanwhile)."""
-    return procs.spawn(base / "uninterrupted", "train", "--spec", str(spec), *TRAIN_ARGS)
+class Reference:
+    """The uninterrupted run, in the background from the start; its result, once, to every caller."""
+
+    def __init__(self, base: Path, spec: Path, want: dict | None = None):
+        self.want = want
+        self.proc = None if want is not None else procs.spawn(base / "uninterrupted", "train", "--spec", str(spec),
+                                                              *TRAIN_ARGS)
+        self._lock = threading.Lock()
+
+    def result(self) -> dict:
+        with self._lock:
+            if self.want is None:
+                out, err = self.proc.communicate(timeout=RUN_TIMEOUT_S)
+                res = json.loads(out or "{}")
+                if res.get("state") != "completed":
+                    raise RuntimeError(f"the uninterrupted run ended {res.get('state')} (exit "
+                                       f"{self.proc.returncode}): {err[-500:]}")
+                self.want = res["result"]
+            return self.want
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            procs.killpg(self.proc)
 
 
-def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = False, log=print) -> int:
-    """The command ``python -m simulator campaign``: 0 when every run passed the oracle, 1 otherwise."""
+def uninterrupted() -> dict:
+    """The result of the campaign's spec run without faults (tests share it between seeds)."""
+    base = Path(tempfile.mkdtemp(prefix="campaign-ref-"))
+    spec = base / f"{NAME}.json"
+    spec.write_text(json.dumps(SPEC))
+    ref = Reference(base, spec)
+    try:
+        return ref.result()
+    finally:
+        ref.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def one_run(seed: int, i: int, base: Path, spec: Path, ref: Reference, faults_per_run: int) -> tuple[Run, list[str]]:
+    """Campaign run ``i`` of ``seed``: drawn mode and faults, driven to its end, checked by the oracle."""
+    rng = random.Random(f"{seed}:{i}")
+    run = Run(i, seed, base, spec, rng, worker_mode=rng.random() < 0.3)
+    _ACTIVE.add(run)
+    try:
+        with Monitor(run.home) as monitor:
+            run.drive(faults_per_run)
+        return run, run.check(monitor, ref.result())
+    finally:
+        run.stop_all()
+        _ACTIVE.discard(run)
+
+
+def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = False, jobs: int = 1,
+             only: int | None = None, want: dict | None = None, log=print) -> int:
+    """The command ``python -m simulator campaign``: 0 when every run passed the oracle, 1 otherwise.
+
+    ``jobs`` runs that many campaign runs at once (each in its own home); ``only`` runs just that
+    one (a failure's reproduction); ``want`` is the uninterrupted result when already known.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     base = Path(tempfile.mkdtemp(prefix="campaign-"))
     spec = base / f"{NAME}.json"
     spec.write_text(json.dumps(SPEC))
-    ref = reference(base, spec)
-    want = None
-    injected = survived = failed_runs = 0
-    try:
-        for i in range(runs):
-            rng = random.Random(f"{seed}:{i}")
-            run = Run(i, seed, base, spec, rng, worker_mode=rng.random() < 0.3)
-            mode = "ctl worker" if run.worker_mode else "ctl train"
-            try:
-                with Monitor(run.home) as monitor:
-                    run.drive(faults_per_run)
-                if want is None:
-                    out, err = ref.communicate(timeout=RUN_TIMEOUT_S)
-                    res = json.loads(out or "{}")
-                    if res.get("state") != "completed":
-                        log(f"campaign: the uninterrupted run ended {res.get('state')} (exit {ref.returncode}): {err[-500:]}")
-                        return 1
-                    want = res["result"]
-                bad = run.check(monitor, want)
-            finally:
-                run.stop_all()
-            applied = sum(1 for f in run.faults if ": missed" not in f and "(no child" not in f
-                          and "(nothing running)" not in f and "(not recorded" not in f)
-            injected += applied
+    ref = Reference(base, spec, want)
+    tally = {"injected": 0, "survived": 0, "failed": 0, "runs": 0}
+    lock = threading.Lock()
+
+    def job(i: int) -> None:
+        run, bad = one_run(seed, i, base, spec, ref, faults_per_run)
+        applied = sum(1 for f in run.faults if not any(x in f for x in SKIPPED))
+        mode = "ctl worker" if run.worker_mode else "ctl train"
+        with lock:
+            tally["runs"] += 1
+            tally["injected"] += applied
             if bad:
-                failed_runs += 1
+                tally["failed"] += 1
                 log(f"run {i} ({mode}) FAILED (seed {seed}; rerun: python -m simulator campaign --seed {seed} "
-                    f"--runs {i + 1}); faults in order:")
+                    f"--only {i}); faults in order:")
                 for f in run.faults:
                     log(f"    {f}")
                 for b in bad:
@@ -406,15 +456,28 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
                 if keep:
                     log(f"  its files are kept in {run.home}")
             else:
-                survived += applied
-                log(f"run {i} ({mode}): {applied} faults, oracle passed (so far {injected} injected, "
-                    f"{survived} survived): " + "; ".join(run.faults))
+                tally["survived"] += applied
+                log(f"run {i} ({mode}): {applied} faults, oracle passed (so far {tally['runs']} runs, "
+                    f"{tally['injected']} injected, {tally['survived']} survived): " + "; ".join(run.faults))
                 shutil.rmtree(run.home, ignore_errors=True)
-        log(f"campaign seed {seed}: {runs} runs, {injected} faults injected, {survived} survived, "
-            f"{failed_runs} runs failed")
-        return 1 if failed_runs else 0
+
+    indices = [only] if only is not None else list(range(runs))
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        for f in [pool.submit(job, i) for i in indices]:
+            f.result()
+        log(f"campaign seed {seed}: {tally['runs']} runs, {tally['injected']} faults injected, "
+            f"{tally['survived']} survived, {tally['failed']} runs failed")
+        return 1 if tally["failed"] else 0
+    except KeyboardInterrupt:  # SIGTERM or Ctrl-C: kill what the runs started, keep nothing running
+        _STOPPING.set()
+        for run in list(_ACTIVE):
+            run.stop_all()
+        log(f"campaign seed {seed} interrupted after {tally['runs']} runs: {tally['injected']} faults injected, "
+            f"{tally['survived']} survived, {tally['failed']} runs failed")
+        return 130
     finally:
-        if ref.poll() is None:
-            procs.killpg(ref)
-        if not (keep and failed_runs):
+        pool.shutdown(wait=False, cancel_futures=True)
+        ref.close()
+        if not (keep and tally["failed"]):
             shutil.rmtree(base, ignore_errors=True)
