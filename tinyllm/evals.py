@@ -10,7 +10,8 @@ continuation (``acc``: highest sum, ``acc_norm``: highest per byte) and ``genera
 (``context``, ``target``, ``until``, ``max_new_tokens``) decoded greedily and scored by exact match.
 
 Outputs are a pure function of (checkpoints, spec): no timestamps, fixed threads, so a repeat is
-byte-identical. Writes ``evals/<suite>/<run>/results.jsonl`` + ``summary.json`` atomically.
+byte-identical. Writes ``evals/<suite>/<run>/results.jsonl`` + ``summary.json`` atomically, then
+``complete.json`` (the spec): a repeat of the same spec returns those outputs without rewriting them.
 """
 from __future__ import annotations
 
@@ -184,8 +185,39 @@ def _row(spec: EvalSpec, subject: EvalSubject, step: int, task: str, metric: str
                       task=task, metric=metric, value=value, value_hex=float(value).hex(), n=n)
 
 
+COMPLETE = "complete.json"
+"""Written last, holding the eval spec: the outputs beside it are complete for exactly that spec."""
+
+
+def _result(spec: EvalSpec, home: Path, out: Path, summary: dict) -> dict:
+    return {"suite": spec.suite, "run": spec.run, "results": str((out / "results.jsonl").relative_to(home)),
+            "summary_path": str((out / "summary.json").relative_to(home)), "summary": summary}
+
+
+def finished_before(spec: EvalSpec, home: Path) -> dict | None:
+    """The result of an earlier run of exactly this spec whose outputs are complete, else None.
+
+    An evaluation killed after writing its files but before its result was recorded is then
+    not run again, and its outputs are never rewritten (each checkpoint is evaluated once).
+    """
+    out = home / "evals" / spec.suite / spec.run
+    try:
+        done = json.loads((out / COMPLETE).read_text(encoding="utf-8"))
+        if done != spec.model_dump(mode="json"):
+            return None
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not (out / "results.jsonl").is_file():
+        return None
+    return _result(spec, home, out, summary)
+
+
 def run_eval(spec: EvalSpec, home: Path) -> dict:
-    """Run the suite, write its files, return the CLI's result object."""
+    """Run the suite, write its files, return the CLI's result object (an earlier complete run's, if any)."""
+    earlier = finished_before(spec, home)
+    if earlier is not None:
+        return earlier
     torch.set_num_threads(spec.threads)
     torch.use_deterministic_algorithms(True)
     if spec.suite == "ppl":
@@ -201,5 +233,6 @@ def run_eval(spec: EvalSpec, home: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "results.jsonl", "".join(json.dumps(r.model_dump(mode="json"), sort_keys=True) + "\n" for r in rows))
     write_text_atomic(out / "summary.json", json.dumps(summary.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
-    return {"suite": spec.suite, "run": spec.run, "results": str((out / "results.jsonl").relative_to(home)),
-            "summary_path": str((out / "summary.json").relative_to(home)), "summary": summary.model_dump(mode="json")}
+    (out / COMPLETE).unlink(missing_ok=True)  # (an older spec's marker; the files are this spec's now)
+    write_text_atomic(out / COMPLETE, json.dumps(spec.model_dump(mode="json"), sort_keys=True) + "\n")
+    return _result(spec, home, out, summary.model_dump(mode="json"))

@@ -56,9 +56,15 @@ def test_eval_outputs_match_the_schema_and_repeat_exactly(trained, suite, extra)
     assert {line["subject"] for line in lines} == {"s10", "s20"} and {line["step"] for line in lines} == {10, 20}
     result = last_json(first.stdout)
     assert result["results"] == f"evals/{suite}/small-000020/results.jsonl" and result["summary"] == summary
+    mtimes = {name: (out / name).stat().st_mtime_ns for name in files}
+    again = cli_in_process(trained, "eval", "--spec", str(spec))  # complete outputs of this spec: not rewritten
+    assert again.exit_code == 0 and again.stdout == first.stdout
+    assert {name: (out / name).stat().st_mtime_ns for name in files} == mtimes
+    (out / "complete.json").unlink()  # as if killed before the marker: evaluated again, the same bytes
     second = cli_in_process(trained, "eval", "--spec", str(spec))  # the repeat: this process, same bytes
     assert second.exit_code == 0 and second.stdout == first.stdout
     assert {name: (out / name).read_bytes() for name in files} == files
+    assert (out / "complete.json").is_file()
     if suite == "ppl":
         m = summary["metrics"]
         assert m["s20"]["heldout/loss"] < m["s10"]["heldout/loss"]  # more training, lower held-out loss
