@@ -152,3 +152,11 @@ def effective_validation_reward(spec) -> list[str]:
     if spec.validation is not None and spec.validation.reward:
         return list(spec.validation.reward)
     return list(spec.rl.reward) if spec.rl is not None else []
+
+
+def effective_validation_sampling(spec) -> dict:
+    """validation.sampling resolved; a null max_tokens inherits the training rollout limit (rl)."""
+    sampling = spec.validation.sampling.resolved()
+    if spec.validation.sampling.max_tokens is None and spec.rl is not None:
+        sampling["max_tokens"] = spec.rl.sampling.max_tokens
+    return sampling

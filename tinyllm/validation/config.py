@@ -7,9 +7,11 @@ by ``tinyllm.validation.source`` when the trainer starts, before any work.
 
 Decisions (documented in tinyllm/validation/README.md):
 - ``objective`` is ``lm`` (held-out loss/perplexity over a text file) or ``generation`` (held-out
-  prompts -> rollout -> rule rewards). ``dpo``/``grpo`` come later and reuse this machinery.
-- ``reward`` empty inherits the training reward; tinyllm's ``lm`` training has none, so a
-  ``generation`` validation with no reward is rejected at load (nothing to inherit).
+  prompts -> rollout -> rule rewards), or ``dpo`` (held-out preference pairs, training objective dpo).
+- ``reward`` empty inherits the training reward (grpo/opd: ``rl.reward``); ``lm`` training has
+  none, so there a ``generation`` validation with no reward is rejected at load (nothing to
+  inherit; tinyllm.objectives.config.check_train_spec). ``sampling.max_tokens`` null inherits
+  ``rl.sampling.max_tokens`` for grpo/opd, else DEFAULT_MAX_TOKENS.
 - ``checkpoint.archive_dir`` lives in this block (the train spec has no checkpoint block): the
   directory a validation-step checkpoint is copied to (strict for full plans, best-effort for
   partial artifacts).

@@ -24,7 +24,7 @@ import torch
 
 from .. import tokenizer
 from ..model import state_digest
-from ..objectives.config import effective_validation_reward
+from ..objectives.config import effective_validation_reward, effective_validation_sampling
 from .config import ValidationConfig
 from .errors import ArchiveError, ValidationIdentityError
 from .metric_schema import check_rollout_count, check_schema, declared_schema
@@ -53,6 +53,7 @@ class Validator:
         self.objective = objective
         self.scale = objective.updates_per_step if objective is not None else 1
         self.reward = effective_validation_reward(spec)
+        self.sampling = effective_validation_sampling(spec)
         self.source: HeldOutSource = load_source(self.cfg, self.home, self.spec.model.block_size)
         self.rollouts: list[dict] = []  # generation: the last pass's rollouts (for inspection)
 
@@ -70,7 +71,7 @@ class Validator:
     # -- identity ------------------------------------------------------------------------------
     def identity(self, model: torch.nn.Module) -> dict:
         return {
-            "config": self.cfg.identity(),
+            "config": {**self.cfg.identity(), "sampling": self.sampling, "reward": self.reward},
             "source": self.source.identity(),
             "model": {"config": self.spec.model.model_dump(mode="json"), "tokenizer": "byte",
                       **({"posttrain": self.objective.identity()} if self.objective is not None else {})},
@@ -138,7 +139,7 @@ class Validator:
                     generate_fn = partial(rollout.generate_texts, expected_version=step * self.scale)
                 metrics, self.rollouts = evaluate_generation(
                     model, self.source.prompts, block_size=block, batch_size=cfg.batch_size,
-                    sampling=cfg.sampling.resolved(), rewards=self.reward, seed=cfg.seed,
+                    sampling=self.sampling, rewards=self.reward, seed=cfg.seed,
                     max_samples=cfg.max_samples, on_batch=on_batch, generate_fn=generate_fn)
                 metrics["val/step"] = step * self.scale
                 metrics["val/train_total_steps"] = self.spec.steps * self.scale
