@@ -274,3 +274,18 @@ def test_cancel_reaches_the_next_command_when_the_activity_completed(temporal_co
     assert st.state == "canceled"
     assert commands(events) == ["train-000005"]
     assert [e.attrs["activity_id"] for e in events if e.type == "activity_completed"] == ["train-000005"]
+
+
+@pytest.mark.ns("hand")
+def test_eval_suite_and_corpus_build_workflows(temporal_config, tmp_path: Path) -> None:
+    fakes = Fakes(home=tmp_path)
+    inp = {"name": "final", "suites": ["ppl", "zoo"], "subjects": [{"id": "a", "model": "runs/tiny/ckpt/step-000010"}]}
+    with temporal(temporal_config, fakes) as eng:
+        eng.start("EvalSuite", "eval/final", inp)
+        eng.start("CorpusBuild", "corpus/default", {"spec": {"name": "default"}})
+        ev = eng.run_until_complete("eval/final", timeout_s=DEADLINE_S)
+        co = eng.run_until_complete("corpus/default", timeout_s=DEADLINE_S)
+        assert eng.result("eval/final") == ev.result
+    assert ev.state == "completed" and [s["suite"] for s in ev.result["suites"]] == ["ppl", "zoo"]
+    assert co.state == "completed" and co.result["name"] == "default"
+    assert sorted(fakes.ids()) == ["corpus-default", "eval-ppl", "eval-zoo"]
