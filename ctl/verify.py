@@ -321,8 +321,9 @@ def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: in
     lines = _progress_lines(progress)
     resume_state = next((ln.get("state") for ln in lines if ln.get("event") in ("resume", "start")), None)
     attempt = Attempt(mode, target, resumed, rc, _last_step(metrics), resume_state)
-    log(f"  attempt {index} ({mode}{'' if target is None else f' after step {target}'}): resumed at step {resumed}, "
-        f"reached step {attempt.reached_step}, exit {rc}")
+    what = {"kill": f"SIGKILL after step {target}", "term": f"SIGTERM after step {target}",
+            "checkpoint-write": "SIGKILL inside its first checkpoint write"}.get(mode, mode)
+    log(f"  attempt {index} ({what}): resumed at step {resumed}, reached step {attempt.reached_step}, exit {rc}")
     return attempt
 
 
@@ -377,13 +378,16 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
         raw, spec = resolved_spec(raw)
     name = spec.name
     workdir = user_home / ".ctl" / "verify" / name
-    if workdir.exists():
-        shutil.rmtree(workdir)
-    workdir.mkdir(parents=True)
-    trainer = Trainer(raw, workdir, python=python)
-    ref_home, kill_home = workdir / "ref", workdir / "kills"
-    _prepare_home(ref_home, user_home, spec, trainer.custom, python)
-    _prepare_home(kill_home, user_home, spec, trainer.custom, python)
+    try:
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        workdir.mkdir(parents=True)
+        trainer = Trainer(raw, workdir, python=python)
+        ref_home, kill_home = workdir / "ref", workdir / "kills"
+        _prepare_home(ref_home, user_home, spec, trainer.custom, python)
+        _prepare_home(kill_home, user_home, spec, trainer.custom, python)
+    except OSError as e:
+        raise BadRequest(f"cannot prepare the scratch folder {workdir}: {e.strerror or e}") from None
 
     log(f"verify-resume {name}: uninterrupted run ({spec.steps} steps) in {ref_home}")
     ref = _run_attempt(trainer, ref_home, 0, "ref", None, timeout_s, True, log)
