@@ -96,6 +96,7 @@ class Monitor:
                 lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip().endswith("}")]
             except (OSError, ValueError):
                 continue
+            lines = [x for x in lines if isinstance(x, dict) and "checkpoint" in x]  # not liveness lines
             if not lines:
                 continue
             key = (str(f), lines[0]["time"])  # one attempt's file (a redelivery replaces it)

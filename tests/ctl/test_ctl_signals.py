@@ -31,7 +31,7 @@ def _trainers(home: Path) -> list:
 
 
 def _checkpoints(home: Path) -> int:
-    return sum(f.read_bytes().count(b"\n") for f in home.glob("runs/sig/activity/*/progress-*.jsonl"))
+    return sum(f.read_bytes().count(b'"checkpoint"') for f in home.glob("runs/sig/activity/*/progress-*.jsonl"))
 
 
 def _checkpointed(home: Path) -> bool:

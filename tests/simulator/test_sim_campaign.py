@@ -54,11 +54,13 @@ def _progress(home, activity, attempt, lines):
 def test_the_oracle_sees_two_trainers_at_once_a_redone_step_and_a_rewritten_eval(tmp_path):
     home = tmp_path
     m = Monitor(home)
-    _progress(home, "train-000010", 1, [{"step": 2, "time": 1.0}, {"step": 4, "time": 3.0}])
-    _progress(home, "train-000010", 2, [{"step": 6, "time": 4.0}])
+    ck = {"checkpoint": "runs/camp/ckpt/step-00000N"}
+    _progress(home, "train-000010", 1, [{"event": "starting", "time": 0.5}, {"step": 2, "time": 1.0, **ck},
+                                        {"step": 4, "time": 3.0, **ck}, {"step": 5, "time": 9.0}])
+    _progress(home, "train-000010", 2, [{"step": 6, "time": 4.0, **ck}])
     m.sample()
     assert m.violations() == []  # one trainer after the other, each step once
-    _progress(home, "train-000010", 3, [{"step": 4, "time": 2.5}])  # started before 1 stopped, redid step 4
+    _progress(home, "train-000010", 3, [{"step": 4, "time": 2.5, **ck}])  # started before 1 stopped, redid step 4
     summary = home / "evals/ppl/camp-000010/summary.json"
     summary.parent.mkdir(parents=True)
     summary.write_text("{}")
