@@ -78,7 +78,8 @@ def restart_latency(spec_path: Path, spec: dict, home: Path, suites: list[str]) 
 
     def ckpt_in_segment_2():
         try:
-            steps = [json.loads(x)["step"] for x in progress.read_text().splitlines() if x.strip()]
+            lines = [json.loads(x) for x in progress.read_text().splitlines() if x.strip()]
+            steps = [x["step"] for x in lines if "checkpoint" in x]  # not the liveness lines
         except (OSError, ValueError):
             return None
         steps = [s for s in steps if ends[0] < s < ends[1]]

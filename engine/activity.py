@@ -56,6 +56,11 @@ class LiveActivityContext:
         return self._lease.options
 
     @property
+    def process_tag(self) -> str:
+        """The tag every process of this attempt carries (engine/proctree.py)."""
+        return self._engine._process_tag(self._lease.workflow_id, self._lease.activity_id, self._lease.attempt)
+
+    @property
     def last_heartbeat_details(self) -> Any:
         return self._lease.details
 

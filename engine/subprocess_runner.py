@@ -1,24 +1,35 @@
-"""Run a command line as (the body of) an activity: heartbeats from its progress file, cancel, no orphans.
+"""Run a command line as (the body of) an activity: heartbeats on progress only, cancel, no orphans.
 
 The child runs in its own process group (``start_new_session``) with a
 parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGKILL)``): if the worker dies,
 the kernel kills the child. ``PR_SET_PDEATHSIG`` fires when the *thread* that
 forked exits, so ``run_subprocess`` blocks in its calling thread until the
-child has ended. The child's pid is also recorded with the lease
-(``ctx.record_child``) so that a recovering worker kills a leftover group
-before it redelivers the attempt.
+child has ended. Every process of the attempt, grandchildren in their own
+sessions included, carries the attempt's tag (``DURABLE_ATTEMPT``, see
+engine/proctree.py): before the child starts, whatever is left of earlier
+attempts of the same activity is stopped (SIGTERM, a bounded wait for a
+trainer still checkpointing, then SIGKILL), and when the attempt ends, however
+it ends, nothing of it is left. The child's pid is recorded with the lease
+(``ctx.record_child``) and a recovering worker kills a dead worker's attempt
+by its tag before it redelivers it.
 
-Each new complete line of ``progress_path`` (JSON) becomes
-``ctx.heartbeat(line)``; in between, plain heartbeats keep the lease alive.
-On ``ctx.cancel_requested`` the group gets SIGTERM, then SIGKILL after
-``term_grace_s``. Exit codes (contracts/subprocess-activity.md): 0 done, 130
-``Canceled``, 2 ``NonRetryableError(type="BadInput")``, anything else a
-retryable ``SubprocessFailed``.
+Heartbeats mean progress: each new complete line of ``progress_path`` (JSON)
+extends the lease; a line with a ``checkpoint`` key is recorded as the
+heartbeat's details (the redelivered attempt resumes from it), others are
+liveness lines (``ctx.heartbeat()``, throttled). A child silent for longer than
+the heartbeat timeout is presumed hung: its tree is stopped and the attempt
+fails with a retryable ``ProgressTimeout``, so it is redelivered. On
+``ctx.cancel_requested`` (a cancel, or this attempt lost its lease) the tree
+gets SIGTERM, then SIGKILL after ``term_grace_s``. Exit codes
+(contracts/subprocess-activity.md): 0 done, 130 ``Canceled``, 2
+``NonRetryableError(type="BadInput")``, anything else a retryable
+``SubprocessFailed``.
 """
 from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -27,7 +38,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from . import proctree
 from .errors import Canceled, NonRetryableError
+
+log = logging.getLogger("engine")
 
 PR_SET_PDEATHSIG = 1
 EXIT_BAD_INPUT = 2
@@ -62,6 +76,12 @@ class SubprocessFailed(Exception):
         self.details = {"returncode": returncode, "stderr_tail": stderr_tail[-2000:]}
 
 
+class ProgressTimeout(SubprocessFailed):
+    """The command wrote no progress line for longer than the heartbeat timeout: presumed hung (retryable)."""
+
+    type = "ProgressTimeout"
+
+
 def _preexec(parent_pid: int):
     def setup() -> None:  # runs in the child between fork and exec
         if _prctl is not None:
@@ -70,13 +90,6 @@ def _preexec(parent_pid: int):
             os._exit(137)
 
     return setup
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _tail(f, limit: int) -> str:
@@ -113,6 +126,18 @@ class _Progress:
         return out
 
 
+def _attempt_tag(ctx: Any) -> str:
+    tag = getattr(ctx, "process_tag", None)
+    if tag:
+        return str(tag)
+    return proctree.attempt_tag("", ctx.workflow_id, ctx.activity_id, ctx.attempt)
+
+
+def _heartbeat_timeout_s(ctx: Any) -> float | None:
+    options = getattr(ctx, "options", None)
+    return getattr(options, "heartbeat_timeout_s", None)
+
+
 def run_subprocess(
     ctx: Any,
     argv: Sequence[str],
@@ -122,51 +147,72 @@ def run_subprocess(
     env: dict[str, str] | None = None,
     poll_interval_s: float = 0.2,
     term_grace_s: float = 30.0,
+    heartbeat_timeout_s: float | None = None,
     tail_bytes: int = 8192,
 ) -> SubprocessResult:
-    """Run ``argv`` to its end under ``ctx`` (see the module docstring); returns or raises by exit code."""
+    """Run ``argv`` to its end under ``ctx`` (see the module docstring); returns or raises by exit code.
+
+    ``heartbeat_timeout_s`` (None: the activity's) is how long the child may go without a progress
+    line before the runner presumes it hung (0: never; the lease still expires without progress).
+    """
+    tag = _attempt_tag(ctx)
+    silence_s = heartbeat_timeout_s if heartbeat_timeout_s is not None else _heartbeat_timeout_s(ctx)
+    # an earlier attempt's trainer may still be checkpointing in its SIGTERM grace: wait for it (bounded,
+    # heartbeating: the wait ends by itself), never start beside it
+    left = proctree.stop(lambda: proctree.of_earlier_attempts(tag), grace_s=term_grace_s, on_wait=ctx.heartbeat)
+    if left:
+        raise SubprocessFailed(f"{argv[0]}: processes of an earlier attempt could not be stopped (pids "
+                               f"{sorted(left)}); not starting beside them", returncode=-1, stderr_tail="")
     progress = _Progress(progress_path)
     out = tempfile.TemporaryFile()
     err = tempfile.TemporaryFile()
+    child_env = dict(os.environ if env is None else env)
+    child_env[proctree.ENV_TAG] = tag
     proc = subprocess.Popen(
-        list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+        list(argv), cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
         start_new_session=True, preexec_fn=_preexec(os.getpid()),
     )
+    stopping: str | None = None  # why the tree is being stopped: "cancel" or "hung"
     try:
         record = getattr(ctx, "record_child", None)
         if record is not None:
             record(proc.pid)
-        term_at: float | None = None
-        killed = False
+        last_progress = time.monotonic()
         while True:
             try:
                 proc.wait(timeout=poll_interval_s)
             except subprocess.TimeoutExpired:
                 pass
             for line in progress.new_lines():
-                ctx.heartbeat(line)
+                last_progress = time.monotonic()
+                if isinstance(line, dict) and "checkpoint" in line:
+                    ctx.heartbeat(line)  # durable details: where a redelivered attempt resumes
+                else:
+                    ctx.heartbeat()  # liveness: extends the lease (throttled)
             if proc.returncode is not None:
                 break
-            if term_at is None and ctx.cancel_requested:
-                _signal_group(proc.pid, signal.SIGTERM)
-                term_at = time.monotonic()
-            elif term_at is not None and not killed and time.monotonic() - term_at > term_grace_s:
-                _signal_group(proc.pid, signal.SIGKILL)
-                killed = True
-            ctx.heartbeat()
+            if ctx.cancel_requested:
+                stopping = "cancel"
+            elif silence_s and time.monotonic() - last_progress > silence_s:
+                stopping = "hung"
+            if stopping:
+                break
     finally:
-        if proc.poll() is None:  # leaving early (lease lost, a crash): stop the child first
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=term_grace_s)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc.pid, signal.SIGKILL)
-                proc.wait()
-        _signal_group(proc.pid, signal.SIGKILL)  # whatever is left of its group
+        # however the attempt ends (done, cancel, hung, lease lost, a crash): nothing of it is left
+        left = proctree.stop(lambda: proctree.of_attempt(tag), groups=[proc.pid],
+                             grace_s=term_grace_s if proc.poll() is None else 0)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if left:
+            log.error("processes %s of attempt %s could not be killed", sorted(left), tag)
     rc = proc.returncode
     stdout_tail, stderr_tail = _tail(out, tail_bytes), _tail(err, tail_bytes)
     out.close()
     err.close()
+    if stopping == "hung":
+        raise ProgressTimeout(f"{argv[0]} wrote no progress line for {silence_s:g} s; stopped it (exit {rc})",
+                              returncode=rc, stderr_tail=stderr_tail)
     if rc == 0:
         lines = [ln for ln in stdout_tail.splitlines() if ln.strip()]
         try:
@@ -174,7 +220,7 @@ def run_subprocess(
         except ValueError:
             result = None
         return SubprocessResult(rc, result, stdout_tail, stderr_tail)
-    if rc == EXIT_CANCELED or (term_at is not None and rc in (-signal.SIGTERM, -signal.SIGKILL)):
+    if rc == EXIT_CANCELED or (stopping == "cancel" and rc in (-signal.SIGTERM, -signal.SIGKILL)):
         raise Canceled(f"{argv[0]} stopped on cancel (exit {rc})")
     last = next((ln for ln in reversed(stderr_tail.splitlines()) if ln.strip()), "")
     if rc == EXIT_BAD_INPUT:

@@ -27,7 +27,7 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from . import history as h
-from . import leases
+from . import leases, proctree
 from .activity import Lease, LiveActivityContext
 from .errors import BadInput, LeaseLost, NonRetryableError
 from .history import append_event, append_next, dumps, read_events
@@ -372,6 +372,21 @@ class Worker:
         if lost:
             raise LeaseLost(f"{lease.workflow_id}/{lease.activity_id}: {lost}; stop this attempt")
 
+    def _process_tag(self, workflow_id: str, activity_id: str, attempt: int) -> str:
+        if not hasattr(self, "_scope"):
+            self._scope = proctree.scope_of(self.store.path)
+        return proctree.attempt_tag(self._scope, workflow_id, activity_id, attempt)
+
+    def _kill_dead_attempt(self, workflow_id: str, activity_id: str, attempt: int, child_json: str | None) -> None:
+        """Before a dead worker's attempt is redelivered: every process it started is gone (engine/proctree.py)."""
+        child = json.loads(child_json) if child_json else None
+        if leases.kill_leftover(child):
+            log.warning("killed the leftover process group of %s/%s attempt %d", workflow_id, activity_id, attempt)
+        left = proctree.kill_attempt(self._process_tag(workflow_id, activity_id, attempt))
+        if left:
+            log.error("processes %s of %s/%s attempt %d could not be killed", sorted(left), workflow_id,
+                      activity_id, attempt)
+
     def _record_child(self, lease: Lease, pid: int) -> None:
         child = {"pid": pid, "pstart": leases.proc_start(pid)}
         with self._tx("child") as (db, _after):
@@ -448,14 +463,17 @@ class Worker:
             dead = not late and leases.owner_dead(owner)
             if not (late or dead):
                 continue
+            if dead:  # outside the transaction (it waits for the kills); the dead owner cannot renew the lease
+                (child_json,) = self.store.query_one(
+                    "SELECT child FROM activities WHERE workflow_id=? AND activity_id=?", (wf, aid))
+                self._kill_dead_attempt(wf, aid, attempt, child_json)
             with self._tx("expire") as (db, after):
                 row = db.execute(
-                    "SELECT state, attempt, child FROM activities WHERE workflow_id=? AND activity_id=?", (wf, aid)
+                    "SELECT state, attempt FROM activities WHERE workflow_id=? AND activity_id=?", (wf, aid)
                 ).fetchone()
                 if row[0] != "running" or row[1] != attempt:
                     continue
                 if dead:
-                    leases.kill_leftover(json.loads(row[2]) if row[2] else None)
                     log.warning("worker of %s/%s attempt %d is gone; redelivering", wf, aid, attempt)
                 self._time_out(db, wf, aid, late or "worker lost", lost=dead)
                 (pending,) = db.execute("SELECT task_pending FROM workflows WHERE id=?", (wf,)).fetchone()

@@ -64,7 +64,8 @@ def progress_lines(home: Path) -> int:
     n = 0
     for f in home.glob("runs/*/activity/*/progress-*.jsonl"):
         try:
-            n += f.read_bytes().count(b"\n")
+            # liveness lines ({"event": ...}, tinyllm/progress.py) carry no "checkpoint" key
+            n += sum(b'"checkpoint"' in line for line in f.read_bytes().splitlines())
         except OSError:
             pass
     return n

@@ -81,7 +81,7 @@ def corpus(spec_path: str | None, home: str | None) -> None:
 @main.command()
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), required=True, help="Train spec (JSON).")
 @click.option("--progress", type=click.Path(dir_okay=False), default=None,
-              help="Append one JSON line per checkpoint to this file.")
+              help="Append one JSON line per checkpoint, and a liveness line every few seconds, to this file.")
 @click.option("--resume", type=click.Path(), default=None,
               help="Checkpoint directory to resume from (default: runs/<name>/ckpt/LATEST, else fresh).")
 @home_option
@@ -97,8 +97,13 @@ def train(spec_path: str, progress: str | None, resume: str | None, home: str | 
     home_dir = resolve_home(home)
     try:
         spec = load_train_spec(spec_path)  # before importing torch: a bad spec fails fast
+        from .progress import ProgressFile
+
+        liveness = ProgressFile(progress)
+        liveness.event("starting", pid=os.getpid())  # alive before the torch import (seconds on a busy host)
         from .trainer import Trainer
 
+        liveness.event("imported")
         resume_path = None if resume is None else (Path(resume) if os.path.isabs(resume) else home_dir / resume)
         trainer = Trainer(spec, home_dir, Path(progress).absolute() if progress else None, resume_path)
         result = trainer.run()
@@ -122,13 +127,17 @@ def train(spec_path: str, progress: str | None, resume: str | None, home: str | 
 
 @main.command(name="eval")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), required=True, help="Eval spec (JSON).")
+@click.option("--progress", type=click.Path(dir_okay=False), default=None,
+              help="Append a JSON liveness line to this file every few seconds of work.")
 @home_option
-def eval_(spec_path: str, home: str | None) -> None:
+def eval_(spec_path: str, progress: str | None, home: str | None) -> None:
     """Run one suite (ppl or zoo) over the spec's subjects."""
+    from .progress import activate
     from .spec import load_eval_spec
 
     try:
         spec = load_eval_spec(spec_path)  # before importing torch: a bad spec fails fast
+        activate(progress).event("starting", pid=os.getpid())  # alive before the torch import
         from .evals import run_eval
 
         result = run_eval(spec, resolve_home(home))

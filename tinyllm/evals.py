@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import tokenizer
+from . import progress, tokenizer
 from .checkpoint import CheckpointError, load_checkpoint, write_text_atomic
 from .corpus import open_corpus
 from .model import GPT
@@ -78,6 +78,7 @@ def heldout_nll(model: GPT, tokens: np.ndarray, max_items: int | None, seed: int
         rows = np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in full[i:i + batch]])  # (B, T+1)
         x, y = torch.from_numpy(rows[:, :-1]), torch.from_numpy(rows[:, 1:])
         logits, _ = model(x)  # (B, T, V)
+        progress.tick(done=i, of=len(full))
         total += F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum").double().item()
         count += y.numel()
     for s in chosen:  # the last, shorter window
@@ -150,17 +151,18 @@ def score_task(model: GPT, items: list[dict]) -> dict[str, float]:
     if kind == "multiple_choice":
         acc = acc_norm = 0
         for item in items:
+            progress.tick()
             lls = [continuation_logprob(model, item["context"], c) for c in item["choices"]]
             norm = [ll / max(1, len(c.encode())) for ll, c in zip(lls, item["choices"])]
             acc += int(max(range(len(lls)), key=lambda i: (lls[i], -i)) == item["gold"])
             acc_norm += int(max(range(len(norm)), key=lambda i: (norm[i], -i)) == item["gold"])
         return {"acc": acc / len(items), "acc_norm": acc_norm / len(items)}
     if kind == "generate":
-        hits = sum(
-            greedy_generate(model, it["context"], it.get("max_new_tokens", 16), it.get("until", ["\n"])).strip()
-            == it["target"].strip()
-            for it in items
-        )
+        hits = 0
+        for it in items:
+            progress.tick()
+            out = greedy_generate(model, it["context"], it.get("max_new_tokens", 16), it.get("until", ["\n"]))
+            hits += out.strip() == it["target"].strip()
         return {"exact_match": hits / len(items)}
     raise SpecError(f"zoo task item type {kind!r} is unknown")
 

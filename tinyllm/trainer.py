@@ -18,9 +18,7 @@ frame (train/* and val/*). Validation failures are ``SpecError``s (exit 2) and s
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import signal
 import sys
 import time
@@ -36,6 +34,7 @@ from .data import TokenStream
 from .errors import STOP, request_stop
 from .metrics import Reporter, default_reporter
 from .model import GPT, state_digest
+from .progress import ProgressFile
 from .spec import SpecError, TrainSpec
 
 # Spec fields that do not change the trajectory: they may differ between a checkpoint and its resume.
@@ -79,6 +78,7 @@ class Trainer:
     def __init__(self, spec: TrainSpec, home: Path, progress: Path | None = None, resume: Path | None = None,
                  hooks: TrainerHooks | None = None, log=None):
         self.spec, self.home, self.progress = spec, Path(home), progress
+        self.progress_file = ProgressFile(progress)  # checkpoint lines, and liveness lines every few seconds
         self.hooks = hooks or TrainerHooks()
         self.log = log or sys.stderr
         self.run_dir = self.home / "runs" / spec.name
@@ -212,17 +212,18 @@ class Trainer:
                                     meta=self.checkpoint_meta())
         self.last_saved, self.last_path = self.step, path
         self.hooks.on_checkpoint(self, self.step, path)
-        if self.progress is not None:
-            line = {"step": self.step, "loss": self.loss, "loss_hex": float(self.loss).hex(),
-                    "checkpoint": self.rel(path), "time": time.time()}
-            self.progress.parent.mkdir(parents=True, exist_ok=True)
-            from .diskfull import writing
-
-            with writing(self.progress), open(self.progress, "a", encoding="utf-8") as f:
-                f.write(json.dumps(line) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+        self.progress_file.write({"step": self.step, "loss": self.loss, "loss_hex": float(self.loss).hex(),
+                                  "checkpoint": self.rel(path)}, durable=True)
         return path
+
+    def _liveness(self, event: str | None = None) -> None:
+        """A liveness line (tinyllm/progress.py): ``event`` now, else a timed ``progress`` line."""
+        fields = {"step": self.step, "loss": None if math.isnan(self.loss) else self.loss,
+                  "last_checkpoint": self.rel(self.last_path)}
+        if event is None:
+            self.progress_file.tick(**fields)
+        else:
+            self.progress_file.event(event, **fields)
 
     # -- validation (tinyllm/validation: schedule, planning, transaction) -------------------
 
@@ -284,11 +285,13 @@ class Trainer:
             kept = self.step if self.resumed_from is not None else -1
             self.reporter = reporter or default_reporter(self.run_dir, kept, self.spec.steps, self.spec.log_every)
             self.hooks.on_start(self)
+            self._liveness("ready")
             self.validation_pending_exit = False
             if self.validator is not None:
                 self._validation_at_start()
             self.model.train()
             while self.step < self.spec.steps and not self.stop_requested:
+                self._liveness()  # at most every few seconds: the loop itself says it is alive
                 frame = self.train_step()
                 self.hooks.after_step(self, self.step, frame)
                 regular_due = self.step % self.spec.checkpoint_every == 0 or self.step == self.spec.steps

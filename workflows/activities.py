@@ -160,8 +160,9 @@ class TinyllmActivities:
         work = self._workdir(str(inp.spec["name"]), ctx.activity_id)
         spec_path = work / "spec.json"
         atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
-        argv, how = self._invocation(inp.spec, "eval", spec_path)
-        out = self._run(ctx, argv, work / f"progress-{ctx.attempt}.jsonl", how)
+        progress = work / f"progress-{ctx.attempt}.jsonl"
+        argv, how = self._invocation(inp.spec, "eval", spec_path, "--progress", str(progress))
+        out = self._run(ctx, argv, progress, how)
         if how.custom:
             out = check_eval_result(out)
         return SuiteOutputs.model_validate(out)

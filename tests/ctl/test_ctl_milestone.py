@@ -69,7 +69,7 @@ def checkpoint_in_segment_2(home: Path) -> int | None:
         lines = [json.loads(x) for x in progress.read_text().splitlines() if x.strip()]
     except (OSError, ValueError):
         return None
-    steps = [x["step"] for x in lines if 12 < x["step"] < 24]
+    steps = [x["step"] for x in lines if "checkpoint" in x and 12 < x["step"] < 24]
     return max(steps) if steps else None
 
 

@@ -48,7 +48,7 @@ def wait_for_progress(path: Path, min_step: int, proc: subprocess.Popen, deadlin
                     entry = json.loads(line)
                 except ValueError:
                     continue
-                if entry["step"] >= min_step:
+                if "checkpoint" in entry and entry["step"] >= min_step:  # a checkpoint line
                     return entry
         if proc.poll() is not None:
             raise AssertionError(f"trainer exited {proc.returncode} before step {min_step}: {proc.stderr.read()}")
