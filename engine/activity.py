@@ -83,6 +83,7 @@ class LiveActivityContext:
         self._engine._heartbeat(self._lease, details, now)
         self._last_write = now
 
-    def record_child(self, pid: int) -> None:
-        """Record a subprocess's pid so that a recovering worker can kill it if this one dies."""
+    def record_child(self, pid: int | None) -> None:
+        """Record a subprocess's pid (None: one is about to start) so that a recovering worker kills
+        this attempt's processes if this worker dies."""
         self._engine._record_child(self._lease, pid)

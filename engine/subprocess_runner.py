@@ -14,9 +14,9 @@ it ends, nothing of it is left. The child's pid is recorded with the lease
 by its tag before it redelivers it.
 
 Heartbeats mean progress: each new complete line of ``progress_path`` (JSON)
-extends the lease; a line with a ``checkpoint`` key is recorded as the
-heartbeat's details (the redelivered attempt resumes from it), others are
-liveness lines (``ctx.heartbeat()``, throttled). A child silent for longer than
+extends the lease; a line naming a ``checkpoint`` not named before is recorded
+as the heartbeat's details (the redelivered attempt resumes from it), the
+others are liveness lines (``ctx.heartbeat()``, throttled: no history event). A child silent for longer than
 the heartbeat timeout is presumed hung: its tree is stopped and the attempt
 fails with a retryable ``ProgressTimeout``, so it is redelivered. On
 ``ctx.cancel_requested`` (a cancel, or this attempt lost its lease) the tree
@@ -163,6 +163,9 @@ def run_subprocess(
     if left:
         raise SubprocessFailed(f"{argv[0]}: processes of an earlier attempt could not be stopped (pids "
                                f"{sorted(left)}); not starting beside them", returncode=-1, stderr_tail="")
+    record = getattr(ctx, "record_child", None)
+    if record is not None:
+        record(None)  # a worker dying between here and the next record still has its attempt's processes killed
     progress = _Progress(progress_path)
     out = tempfile.TemporaryFile()
     err = tempfile.TemporaryFile()
@@ -174,10 +177,10 @@ def run_subprocess(
     )
     stopping: str | None = None  # why the tree is being stopped: "cancel" or "hung"
     try:
-        record = getattr(ctx, "record_child", None)
         if record is not None:
             record(proc.pid)
         last_progress = time.monotonic()
+        last_checkpoint: str | None = None
         while True:
             try:
                 proc.wait(timeout=poll_interval_s)
@@ -185,10 +188,12 @@ def run_subprocess(
                 pass
             for line in progress.new_lines():
                 last_progress = time.monotonic()
-                if isinstance(line, dict) and "checkpoint" in line:
+                ckpt = line.get("checkpoint") if isinstance(line, dict) else None
+                if isinstance(ckpt, str) and ckpt and ckpt != last_checkpoint:
                     ctx.heartbeat(line)  # durable details: where a redelivered attempt resumes
+                    last_checkpoint = ckpt
                 else:
-                    ctx.heartbeat()  # liveness: extends the lease (throttled)
+                    ctx.heartbeat()  # liveness (or the same checkpoint again): extends the lease, throttled
             if proc.returncode is not None:
                 break
             if ctx.cancel_requested:

@@ -378,8 +378,13 @@ class Worker:
         return proctree.attempt_tag(self._scope, workflow_id, activity_id, attempt)
 
     def _kill_dead_attempt(self, workflow_id: str, activity_id: str, attempt: int, child_json: str | None) -> None:
-        """Before a dead worker's attempt is redelivered: every process it started is gone (engine/proctree.py)."""
-        child = json.loads(child_json) if child_json else None
+        """Before a dead worker's attempt is redelivered: every process it started is gone (engine/proctree.py).
+
+        An attempt that recorded no child started no process (the runner records one before it spawns), so
+        no scan of /proc is needed for it (the simulator expires thousands of those)."""
+        if not child_json:
+            return
+        child = json.loads(child_json)
         if leases.kill_leftover(child):
             log.warning("killed the leftover process group of %s/%s attempt %d", workflow_id, activity_id, attempt)
         left = proctree.kill_attempt(self._process_tag(workflow_id, activity_id, attempt))
@@ -387,8 +392,8 @@ class Worker:
             log.error("processes %s of %s/%s attempt %d could not be killed", sorted(left), workflow_id,
                       activity_id, attempt)
 
-    def _record_child(self, lease: Lease, pid: int) -> None:
-        child = {"pid": pid, "pstart": leases.proc_start(pid)}
+    def _record_child(self, lease: Lease, pid: int | None) -> None:
+        child = {"pid": pid, "pstart": leases.proc_start(pid) if pid is not None else None}
         with self._tx("child") as (db, _after):
             db.execute(
                 "UPDATE activities SET child=? WHERE workflow_id=? AND activity_id=? AND attempt=? AND state='running'",

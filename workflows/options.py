@@ -7,11 +7,16 @@ from __future__ import annotations
 
 from engine.options import RetryPolicy, StepOptions
 
-TRAIN_HEARTBEAT_TIMEOUT_S = 60.0  # a trainer silent this long is presumed dead and redelivered
+# A command that writes no progress line for its heartbeat timeout is presumed hung: its process tree is
+# stopped and the attempt redelivered (engine/subprocess_runner.py). The timeout must cover the longest
+# silent phase: tinyllm writes a liveness line before and after the torch import, when set up, and every
+# 2 s of training or evaluation, so what remains is one import, one step, one checkpoint write or one
+# validation pass (a few seconds for tinyllm on CPU; raise it with TrainRunInput.train_heartbeat_timeout_s).
+TRAIN_HEARTBEAT_TIMEOUT_S = 60.0
 TRAIN_START_TO_CLOSE_S = 7 * 24 * 3600.0  # a segment may train for days
-EVAL_HEARTBEAT_TIMEOUT_S = 120.0
+EVAL_HEARTBEAT_TIMEOUT_S = 120.0  # tinyllm eval --progress: liveness lines every 2 s of work
 EVAL_START_TO_CLOSE_S = 24 * 3600.0
-CORPUS_START_TO_CLOSE_S = 6 * 3600.0
+CORPUS_START_TO_CLOSE_S = 6 * 3600.0  # tinyllm corpus writes no progress lines: no heartbeat timeout
 NON_RETRYABLE = ("BadInput",)
 
 

@@ -100,7 +100,8 @@ def check_eval_result(result: Any) -> dict:
 
 
 def check_progress(path: Path, *, home: Path) -> None:
-    """Every progress line is a JSON object with an integer ``step``; a named checkpoint exists."""
+    """Every progress line is a JSON object with an integer ``step`` (a liveness line with an ``event``
+    may omit it); a named checkpoint exists."""
     try:
         lines = path.read_bytes().split(b"\n")
     except FileNotFoundError:
@@ -114,6 +115,8 @@ def check_progress(path: Path, *, home: Path) -> None:
         except ValueError:
             raise contract_violation("progress lines", f"line {number} of {path.name} is not JSON: "
                                                        f"{raw[:80].decode('utf-8', 'replace')!r}") from None
+        if isinstance(line, dict) and "event" in line and "step" not in line:
+            continue  # a liveness line (contracts/subprocess-activity.md)
         if not isinstance(line, dict) or not isinstance(line.get("step"), int) or isinstance(line.get("step"), bool):
             raise contract_violation("progress lines", f"line {number} of {path.name} is not a JSON object with an "
                                                        "integer 'step'")
