@@ -30,7 +30,8 @@ KILL_ENV = {"grpo-pending": {"TINYLLM_VALIDATION_KILL": "during_evaluation@2"}}
 
 def _progress_step(path) -> int:
     try:
-        return max((json.loads(x)["step"] for x in path.read_text().splitlines() if x.strip()), default=-1)
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        return max((x["step"] for x in lines if "checkpoint" in x), default=-1)  # checkpoint lines only
     except (OSError, ValueError):
         return -1
 
