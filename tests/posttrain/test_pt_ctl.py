@@ -28,7 +28,8 @@ def ctl_cmd(home, spec_path):
 def progress_in_segment_2(home, s) -> bool:
     p = home / "runs" / s["name"] / "activity" / f"train-{s['steps']:06d}" / "progress-1.jsonl"
     try:
-        return any(json.loads(x)["step"] > s["eval_every"] for x in p.read_text().splitlines() if x.strip())
+        lines = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+        return any(x["step"] > s["eval_every"] for x in lines if "checkpoint" in x)  # checkpoint lines only
     except (OSError, ValueError):
         return False
 
