@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import procs
+
 POLL_S = 0.05
 
 
@@ -29,17 +31,10 @@ def _ctl(spec: Path, home: Path) -> list[str]:
     return [sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec), "--home", str(home), "--json"]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("CTL_HOME", None)
-    env.setdefault("PYTHONHASHSEED", "0")
-    return env
-
-
 def start(spec: Path, home: Path) -> subprocess.Popen:
     """``ctl train --json`` in the background (its own process group)."""
     return subprocess.Popen(_ctl(spec, home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=_env())
+                            start_new_session=True, env=procs.env())
 
 
 def outcome(p: subprocess.Popen, timeout_s: float) -> dict:
@@ -73,19 +68,7 @@ def progress_lines(home: Path) -> int:
 
 def trainers_of(home: Path) -> list[int]:
     """Pids of live ``tinyllm`` processes working in ``home``."""
-    out = []
-    needle = str(home).encode()
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes()
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"tinyllm" in cmd and needle in cmd and state not in ("Z", "X"):
-            out.append(int(d.name))
-    return out
+    return [pid for pid, cmd in procs.processes_in(home) if "tinyllm" in cmd]
 
 
 def kill_once(spec: Path, home: Path, rng: random.Random, deadline: float) -> str:
@@ -94,7 +77,7 @@ def kill_once(spec: Path, home: Path, rng: random.Random, deadline: float) -> st
     wait_lines = rng.randint(1, 3)
     extra_s = rng.random() * 0.1  # a fraction of a checkpoint interval: kills land between checkpoints
     p = subprocess.Popen(_ctl(spec, home), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True, env=_env())
+                         start_new_session=True, env=procs.env())
     try:
         while time.monotonic() < deadline:
             if p.poll() is not None:
