@@ -130,6 +130,8 @@ def stop(find, *, grace_s: float, groups: Iterable[int] = (), on_wait=None) -> d
     """
     groups = list(groups)
     procs = find()
+    if not procs and not groups:  # nothing of it is alive, so nothing can fork any more
+        return procs
     if grace_s > 0 and (procs or groups):
         for sig in (signal.SIGTERM, signal.SIGCONT):
             for g in groups:
@@ -154,6 +156,6 @@ def stop(find, *, grace_s: float, groups: Iterable[int] = (), on_wait=None) -> d
             on_wait()
 
 
-def kill_attempt(tag: str, *, groups: Iterable[int] = ()) -> dict[int, str | None]:
+def kill_attempt(tag: str) -> dict[int, str | None]:
     """SIGKILL every process of attempt ``tag`` (a dead worker's) and wait until they are gone."""
-    return stop(lambda: of_attempt(tag), grace_s=0, groups=groups)
+    return stop(lambda: of_attempt(tag), grace_s=0)
