@@ -87,7 +87,7 @@ class Objective:
             raise SpecError(f"checkpoint {where} was written with another post-training identity ({shown[:300]}); "
                             "refusing to resume")
 
-    def validation_model(self, trainer):
+    def validation_model(self):
         """What validation evaluates (GRPO/OPD: the rollout module; DPO: the policy with its reference)."""
         return None
 

@@ -104,7 +104,7 @@ class GRPOObjective(Objective):
                             f"{model_step}; refusing to resume")
         self.rollout.sync(trainer.model, model_step)
 
-    def validation_model(self, trainer):
+    def validation_model(self):
         return self.rollout
 
     # -- one collected batch --------------------------------------------------------------------

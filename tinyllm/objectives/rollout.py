@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 
 from .. import tokenizer
-from ..model import state_digest
 from ..validation.errors import ValidationIdentityError
 from ..validation.generation import STOP_TOKEN, _next_token, generate
 from .common import pack, token_logps
@@ -56,9 +55,6 @@ class RolloutModule:
             for dst, src in zip(self.model.state_dict().values(), policy.state_dict().values()):
                 dst.copy_(src)
         self.version = version
-
-    def digest(self) -> str:
-        return state_digest(self.model.state_dict())
 
     def _check(self, expected_version: int) -> None:
         if self.version != expected_version:

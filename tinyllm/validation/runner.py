@@ -134,7 +134,7 @@ class Validator:
                 metrics = self.objective.evaluate(model, self.source.pairs, cfg.batch_size, cfg.max_samples, on_batch)
             else:
                 generate_fn = None
-                rollout = self.objective.validation_model(None) if self.objective is not None else None
+                rollout = self.objective.validation_model() if self.objective is not None else None
                 if rollout is not None:  # pinned to the scheduled model step: another version is fatal
                     generate_fn = partial(rollout.generate_texts, expected_version=step * self.scale)
                 metrics, self.rollouts = evaluate_generation(
