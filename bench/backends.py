@@ -135,8 +135,14 @@ def main() -> None:
         spec = json.loads(Path(args.spec).read_text())
         if len(workflows.segments(spec["steps"], spec.get("eval_every", 0))) < 2:
             spec["eval_every"] = spec["steps"] // 2
-        spec_path = root / "spec.json"
-        spec_path.write_text(json.dumps(spec))
+
+        def spec_file(label: str) -> tuple[Path, dict]:
+            """The spec under a name of its own: on Temporal, workflow ids (train/<name>) are namespace-wide."""
+            named = {**spec, "name": f"{spec['name']}-{label}-{run_id}"}
+            path = root / f"spec-{label}.json"
+            path.write_text(json.dumps(named))
+            return path, named
+
         base_argv = durable.ctl_argv
         durable.ctl_argv = lambda *a: base_argv(*a) + ["--heartbeat-timeout", f"{args.heartbeat_timeout:g}"]
         env_temporal = {"CTL_BACKEND": "temporal", "CTL_TEMPORAL_ADDRESS": address,
@@ -150,10 +156,12 @@ def main() -> None:
                 continue
             env = {**os.environ, **(env_temporal if backend == "temporal" else {"CTL_BACKEND": "embedded"})}
             os.environ.update(env)  # durable.restart_latency's processes inherit it
+            spec_path, _ = spec_file(backend)
             t, p = durable.timed(durable.ctl_argv(spec_path, home, []), cwd=ROOT, env=env)
             times[backend], losses[backend] = t, json.loads(p.stdout)["result"]["final_loss_hex"]
             (root / f"restart-{backend}").mkdir()
-            restarts[backend] = durable.restart_latency(spec_path, spec, root / f"restart-{backend}", [])
+            spec_path, named = spec_file(f"restart-{backend}")
+            restarts[backend] = durable.restart_latency(spec_path, named, root / f"restart-{backend}", [])
 
         print(f"fake TrainRun, {n} activities ({args.segments} segments, no waits):")
         print(f"  embedded  {t_emb:8.3f} s   {1000 * t_emb / n:8.2f} ms/activity")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from temporalio import client as tc
-from temporalio.api.enums.v1 import EventType, PendingActivityState
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -84,7 +84,7 @@ class TemporalEngine:
         max_concurrent_activities: int = 4,
         heartbeat_throttle_s: float = 1.0,
         on_heartbeat: Callable[[str, Any], None] | None = None,
-        connect_timeout_s: float = 10.0,
+        connect_timeout_s: float = 30.0,
     ):
         self.config = config
         self.max_concurrent_activities = max_concurrent_activities
@@ -108,17 +108,25 @@ class TemporalEngine:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
     async def _connect(self, timeout_s: float) -> Client:
+        """Connect; a frontend that is up but "not healthy yet" (a dev server just started) is retried."""
         cfg = self.config
-        try:
-            return await asyncio.wait_for(
-                Client.connect(cfg.address, namespace=cfg.namespace, api_key=cfg.api_key, tls=_tls(cfg)),
-                timeout_s,
-            )
-        except (asyncio.TimeoutError, RuntimeError, RPCError) as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            if cfg.api_key:
-                first = first.replace(cfg.api_key, "***")
-            raise Unreachable(f"cannot reach {cfg.describe()}: {first[:300]}") from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                return await asyncio.wait_for(
+                    Client.connect(cfg.address, namespace=cfg.namespace, api_key=cfg.api_key, tls=_tls(cfg)),
+                    max(deadline - loop.time(), 0.1),
+                )
+            except (asyncio.TimeoutError, RuntimeError, RPCError) as e:
+                text = str(e)
+                if "not healthy yet" in text and loop.time() < deadline:
+                    await asyncio.sleep(0.5)
+                    continue
+                first = text.splitlines()[0] if text else type(e).__name__
+                if cfg.api_key:
+                    first = first.replace(cfg.api_key, "***")
+                raise Unreachable(f"cannot reach {cfg.describe()}: {first[:300]}") from None
 
     def close(self) -> None:
         if self._loop.is_running():
@@ -347,7 +355,3 @@ class TemporalEngine:
 
         self._call(self._serve(stopped))
 
-
-def is_history_event(ev: Any, name: str) -> bool:
-    """True when proto event ``ev`` is of Temporal type ``name`` (e.g. ``ACTIVITY_TASK_SCHEDULED``)."""
-    return ev.event_type == EventType.Value(f"EVENT_TYPE_{name}")

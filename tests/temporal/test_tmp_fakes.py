@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("temporalio", reason="the [temporal] extra is not installed: pip install -e '.[temporal]'")
 
 import workflows  # noqa: E402
-from engine import Engine, VirtualClock  # noqa: E402
+from engine import VirtualClock  # noqa: E402
 from engine.temporal import TemporalEngine  # noqa: E402
 from wf_fakes import Fakes, reference_loss  # noqa: E402
 from wf_world import World, hand_spec  # noqa: E402
