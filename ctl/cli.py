@@ -7,21 +7,23 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import signal
 import sqlite3
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
-from . import app
 from engine.errors import BadInput as EngineBadInput
 
+from . import app, historyview, runstatus
 from .app import BadRequest, CtlError
-from .progress import summary_text
+from .runview import figures_text, first_subject_metrics
 
 home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
                            help="Home folder (default: $CTL_HOME, else the current directory).")
@@ -116,13 +118,14 @@ def main(backend: str, address: str | None, namespace: str | None, task_queue: s
 
 def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool) -> Any:
     """Run a worker in this process until ``workflow_id`` ends; show its progress on stderr."""
-    from .progress import Progress
+    from .display import LiveDisplay
 
     def interrupted(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)  # a terminated ctl stops like Ctrl-C: the run stays resumable
-    progress = None if quiet else Progress(home, engine, workflow_id)
+    logging.getLogger("engine").addHandler(logging.NullHandler())  # the display (or --quiet) speaks instead
+    progress = None if quiet else LiveDisplay(home, engine, workflow_id)
     try:
         if progress:
             progress.__enter__()
@@ -164,7 +167,7 @@ def _describe_train(result: dict) -> None:
         t = seg["train"]
         line = f"  step {seg['until']:>7}  loss {t['final_loss']:.6f} ({t['final_loss_hex']})  digest {t['digest'][:16]}"
         for s in (seg.get("evals") or {}).get("suites", []):
-            line += f"  {s['suite']}: {summary_text(s, limit=2)}"
+            line += f"  {s['suite']}: {figures_text(first_subject_metrics(s), limit=2) or 'done'}"
         click.echo(line)
     click.echo(f"final_loss_hex {result['final_loss_hex']}  digest {result['digest']}")
 
@@ -192,11 +195,12 @@ def _describe_eval(result: dict) -> None:
               show_default=True, metavar="SECONDS",
               help="A trainer silent this long (no progress line) is stopped and its segment redelivered; on "
                    "Temporal also how soon a dead worker's segment moves to another worker.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress display on stderr (the result still goes to stdout).")
 @json_option
 @home_option
 @_edge
 def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: str | None, eval_seed: int,
-          eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float,
+          eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float, quiet: bool,
           as_json: bool, home: str | None) -> None:
     """Start workflow train/<name> (or attach to it) and run it here to its end.
 
@@ -204,6 +208,8 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     checkpoint once per suite (ppl unless --suite or --no-eval), waits eval_interval_seconds,
     goes on. Progress goes to stderr; the result to stdout. Kill it at any moment and run the
     same command again: it resumes from the last checkpoint, with a bitwise-equal final loss.
+    On a terminal a live display shows the whole run's progress (step/total, loss, tokens/s,
+    elapsed, ETA) and its phase; otherwise plain lines (--quiet: none).
     After a cancel or failure the same command continues as train/<name>/2, reusing every
     finished segment and evaluation. A different spec under the same name is refused (exit 2).
 
@@ -226,7 +232,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     try:
         started = app.start_run(engine, "TrainRun", app.train_workflow_id(name), inp)
         wid = started.workflow_id
-        if not as_json:
+        if not (as_json or quiet):
             verb = "started" if started.new else "attached to"
             click.echo(f"ctl: {verb} {wid} (home {home_dir})", err=True)
             if started.reused:
@@ -240,7 +246,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
                 click.echo(f"{wid} running; follow it with `ctl status {wid}`; run it with `ctl worker`")
             return
         if st.state == "running":
-            st = _follow(home_dir, engine, wid, quiet=False)
+            st = _follow(home_dir, engine, wid, quiet=quiet)
         _finish(st, as_json, _describe_train)
     finally:
         engine.close()
@@ -367,7 +373,12 @@ def cancel(workflow_id: str, home: str | None) -> None:
 @home_option
 @_edge
 def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
-    """Show WORKFLOW_ID's state (waiting on what, error, result), or every workflow.
+    """Show WORKFLOW_ID's state, or a table of every workflow.
+
+    For a run: whether a live worker holds it (pid, host, lease age) or nobody does, the
+    current step and last loss, the last checkpoint, the last evaluation's figures, the ETA,
+    and pending timers in local time with the time remaining. --json adds the fields
+    "worker", "progress" and "timers" (README, "Watching a run").
 
     \b
     Exit codes: 0 completed or running (or no id given), 130 canceled, 1 failed,
@@ -377,19 +388,24 @@ def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
       ctl status                  # a table of all workflows
       ctl status train/tiny --json
     """
-    engine = app.open_engine(app.resolve_home(home), create=False, readonly=True)
+    home_dir = app.resolve_home(home)
+    engine = app.open_engine(home_dir, create=False, readonly=True)
     try:
         if workflow_id is None:
             _list_all(engine, as_json)
             return
         st = engine.status(_resolved(engine, workflow_id))
+        now = time.time()
+        extra = runstatus.describe(engine, home_dir, st, now)
         if as_json:
-            _print_json(app.outcome_json(st) | {"waiting_on": st.waiting_on})
+            _print_json(app.outcome_json(st) | {"waiting_on": st.waiting_on} | extra)
         else:
             click.echo(f"{st.workflow_id} ({st.workflow}): {st.state}"
                        + (" (cancel requested)" if st.cancel_requested and st.state == "running" else ""))
-            if st.waiting_on:
-                click.echo(f"  waiting on: {st.waiting_on}")
+            if st.waiting_on and not st.waiting_on.startswith("timer"):  # timers: below, in local time
+                click.echo(f"  waiting on: {runstatus.readable(st.waiting_on)}")
+            for line in runstatus.status_lines(st, extra, now):
+                click.echo(line)
             if st.error:
                 click.echo(f"  error: {app.error_line(st.error)}")
             if st.state == "completed" and st.workflow == "TrainRun":
@@ -449,35 +465,15 @@ def _list_all(engine: Any, as_json: bool) -> None:
         sys.exit(app.EXIT_BAD_INPUT)
 
 
-def _event_line(e: Any) -> str:
-    a = dict(e.attrs)
-    head = f"{e.seq:>4}  {_when(e.time)}  {e.type:<20}"
-    if "activity_id" in a:
-        head += f" {a.pop('activity_id')}"
-        if "attempt" in a:
-            head += f"#{a.pop('attempt')}"
-    a.pop("cmd", None)
-    a.pop("input", None) if e.type == "activity_scheduled" else None
-    a.pop("options", None)
-    for key in ("result", "error"):
-        if isinstance(a.get(key), dict):
-            v = a.pop(key)
-            keep = {k: v[k] for k in ("steps", "final_loss_hex", "suite", "checkpoint", "type", "message") if k in v}
-            a[key] = keep
-    if e.type == "workflow_started":
-        spec = (a.pop("input", {}) or {}).get("spec", {})
-        a["spec"] = {k: spec.get(k) for k in ("name", "steps", "eval_every") if k in spec}
-    rest = json.dumps(a, sort_keys=True) if a else ""
-    return f"{head}  {rest}" if rest else head
-
-
 @main.command()
 @click.argument("workflow_id")
 @json_option
 @home_option
 @_edge
 def history(workflow_id: str, as_json: bool, home: str | None) -> None:
-    """Print WORKFLOW_ID's recorded events in order: seq, time, event, activity#attempt, details.
+    """Print WORKFLOW_ID's recorded events as aligned columns: seq, ISO local time, event,
+    activity#attempt, and the details that matter (checkpoint, loss, evaluation figures,
+    error class and message, a timer's fire time).
 
     --json prints every event in full: {"workflow_id", "events": [{"seq", "type", "time", "attrs"}]}.
 
@@ -494,8 +490,51 @@ def history(workflow_id: str, as_json: bool, home: str | None) -> None:
         if as_json:
             _print_json({"workflow_id": wid, "events": [e.to_json() for e in events]})
         else:
-            for e in events:
-                click.echo(_event_line(e))
+            for line in historyview.table(events):
+                click.echo(line)
+    finally:
+        engine.close()
+
+
+def _train_run(engine: Any, workflow_id: str) -> tuple[Any, list]:
+    """A TrainRun's status and history; BadRequest for another kind of workflow."""
+    wid = _resolved(engine, workflow_id)
+    st = engine.status(wid)
+    if st.workflow != "TrainRun":
+        raise BadRequest(f"{wid} is a {st.workflow}, not a training run (train/<name>)")
+    return st, engine.history(wid)
+
+
+@main.command()
+@click.argument("workflow_id", metavar="train/NAME")
+@json_option
+@home_option
+@_edge
+def show(workflow_id: str, as_json: bool, home: str | None) -> None:
+    """Show a training run as a table: each segment with its end step, state, checkpoint,
+    train loss, time taken, attempts and each suite's figure; then, when the spec has held-out
+    validation, every validation frame of runs/<name>/metrics.jsonl.
+
+    \b
+    Exit codes: 0, or 2 for an unknown id, not a training run, or no database.
+    \b
+    Example:
+      ctl show train/tiny
+    """
+    from .runview import run_view
+    from .show import show as show_run
+
+    home_dir = app.resolve_home(home)
+    engine = app.open_engine(home_dir, create=False, readonly=True)
+    try:
+        st, events = _train_run(engine, workflow_id)
+        view = run_view(st.workflow_id, events, st.state)
+        lines, data = show_run(view, home_dir, app.recorded_input(engine, st.workflow_id).get("spec") or {})
+        if as_json:
+            _print_json(data)
+        else:
+            for line in lines:
+                click.echo(line)
     finally:
         engine.close()
 

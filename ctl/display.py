@@ -1,0 +1,327 @@
+"""The live display of ``ctl train`` (rich, on stderr).
+
+On a terminal: one progress bar over the whole run's steps (step/total, smoothed and last
+loss, tokens/s, elapsed, ETA) and a second row for the phase: training segment k/n (its own
+step range), evaluating suite s of checkpoint c (against the previous evaluations' duration),
+or waiting until HH:MM:SS with a countdown. Each checkpoint, finished segment and evaluation
+is printed above it as one permanent line with its figure (``ppl 7.41 at step 200``).
+
+Not a terminal (CI logs): the same permanent lines, the phase changes, and a status line
+every ``CTL_PROGRESS_EVERY_S`` seconds (default 10) instead of the bar.
+
+On resume (the history already has events when ``ctl train`` starts), one line says what
+happens ("resumed train-000200 (segment 2/3) from step 150; 12 steps since that checkpoint
+are redone") instead of replaying old events; the loss of the dead attempt's lease that the
+engine records right after is not shown again.
+
+It reads the history through the ``ctl`` process's own Engine (one connection per process:
+never a second Engine, never an open() of engine.db) and follows ``runs/<name>/metrics.jsonl``.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+
+from .runview import (MetricsTail, RunView, figures_text, first_subject_metrics, fmt_duration, headline, local_time,
+                      run_view)
+
+DEFAULT_PLAIN_EVERY_S = 10.0
+MAX_EVENTS_PER_POLL = 10_000  # a bounded read per poll; the rest comes with the next one
+
+
+def _plain_every_s() -> float:
+    try:
+        return max(0.2, float(os.environ.get("CTL_PROGRESS_EVERY_S", DEFAULT_PLAIN_EVERY_S)))
+    except ValueError:
+        return DEFAULT_PLAIN_EVERY_S
+
+
+def _loss(x: float | None) -> str:
+    return "?" if x is None else f"{x:.4f}"
+
+
+def _rate(tok_s: float | None) -> str:
+    if tok_s is None:
+        return "? tok/s"
+    return f"{tok_s / 1000:.1f}k tok/s" if tok_s >= 1000 else f"{tok_s:.0f} tok/s"
+
+
+class LiveDisplay:
+    """Follows workflow ``workflow_id`` of ``engine`` from ``start()`` to ``stop()``."""
+
+    def __init__(self, home: Path, engine: Any, workflow_id: str, *, console: Console | None = None,
+                 poll_s: float = 0.5, clock: Callable[[], float] = time.time):
+        self.home, self.engine, self.workflow_id, self.poll_s, self.clock = Path(home), engine, workflow_id, poll_s, clock
+        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
+        self.live = self.console.is_terminal
+        self.plain_every_s = _plain_every_s()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ctl-display", daemon=True)
+        self.events: list[Any] = []
+        self.tail: MetricsTail | None = None
+        self._t0 = clock()
+        self._last_plain = 0.0
+        self._last_phase = ""
+        self._suppress: set[str] = set()  # "activity#attempt" of the dead attempt a resume replaces
+        self._progress: Progress | None = None
+        self._tasks: dict[str, Any] = {}
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    def __enter__(self) -> "LiveDisplay":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Print the opening line (a new run's plan, or the resume line), then follow in a thread."""
+        self._read_events()
+        view = self._view()
+        if view.name:
+            self.tail = MetricsTail(self.home / "runs" / view.name / "metrics.jsonl")
+            self.tail.poll()  # the file as the last attempt left it (its last step is what a resume redoes)
+        self.console.print(self._opening_line(view))
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _read_events(self) -> list[Any]:
+        from engine.history import read_events
+
+        after = self.events[-1].seq if self.events else 0
+        store = self.engine.store
+        with store._lock:  # the engine's own connection; its reads are serialized by this lock
+            new = read_events(store.conn, self.workflow_id, after)[:MAX_EVENTS_PER_POLL]
+        self.events.extend(new)
+        return new
+
+    def _view(self) -> RunView:
+        return run_view(self.workflow_id, self.events)
+
+    # -- the opening line ----------------------------------------------------------------
+
+    def _opening_line(self, view: RunView) -> str:
+        inp = (self.events[0].attrs.get("input") or {}) if self.events else {}
+        if not view.name and isinstance(inp.get("subjects"), list):  # an EvalSuite workflow (ctl eval)
+            subjects = [str(s.get("id")) if isinstance(s, dict) else str(s) for s in inp["subjects"]]
+            shown = ", ".join(subjects[:4]) + (" ..." if len(subjects) > 4 else "")
+            return (f"[bold]{self.workflow_id}[/]: evaluating {len(subjects)} subject(s) ({shown}) with "
+                    f"{', '.join(map(str, inp.get('suites') or []))}")
+        n = len(view.segments)
+        plan = (f"{view.total_steps} steps in {n} segment(s)"
+                + (f", each checkpoint evaluated with {', '.join(view.suites)}" if view.suites else ", no evaluation"))
+        if len(self.events) <= 1 and not any(s.reused for s in view.segments):
+            return f"[bold]{self.workflow_id}[/]: {plan}"
+        return f"[bold]{self.workflow_id}[/]: " + self._resume_text(view)
+
+    def _resume_text(self, view: RunView) -> str:
+        from .runstatus import worker_info
+
+        done = len([s for s in view.segments if s.state == "done"])
+        head = f"segments {done}/{len(view.segments)} done"
+        p = view.phase
+        if p.kind in ("training", "evaluating", "corpus") and p.activity_id:
+            started = {f"{e.attrs.get('activity_id')}#{e.attrs.get('attempt')}": e.time
+                       for e in self.events if e.type == "activity_started"}
+            w = worker_info(self.engine, self.workflow_id, self.clock(), started)
+            if w.get("live") and w.get("pid") != os.getpid():
+                return f"attached; pid {w['pid']} on {w['host']} runs {p.activity_id} ({head})"
+            self._suppress.add(f"{p.activity_id}#{p.attempt}")
+        if p.kind == "training" and p.activity_id:
+            return self._resume_training(view, p.activity_id)
+        if p.kind == "evaluating":
+            return f"resumed ({head}): {p.text} is run again (its attempt was interrupted)"
+        if p.kind == "waiting" and p.until is not None:
+            left = max(0.0, p.until - self.clock())
+            return f"resumed ({head}): waiting until {local_time(p.until)} ({fmt_duration(left)} left, the recorded timer)"
+        reused = [s for s in view.segments if s.reused]
+        if reused:
+            return f"continuing the run ({head}, finished by earlier workflows: not run again)"
+        return f"resumed ({head}), at step {view.steps_done()}/{view.total_steps}"
+
+    def _resume_training(self, view: RunView, activity_id: str) -> str:
+        from workflows.activities import checkpoint_step, choose_resume
+
+        seg = view.segment(activity_id)
+        label = f"{activity_id} (segment {seg.index}/{len(view.segments)})" if seg else activity_id
+        details = next((e.attrs.get("details") for e in reversed(self.events)
+                        if e.type == "activity_heartbeat" and e.attrs.get("activity_id") == activity_id), None)
+        until = seg.until if seg else view.total_steps
+        ckpt = choose_resume(self.home, view.name, until, (seg.attempts if seg else 1) + 1, details)
+        if ckpt is None:
+            try:
+                ckpt = f"runs/{view.name}/ckpt/" + (self.home / "runs" / view.name / "ckpt" / "LATEST").read_text().strip()
+            except OSError:
+                ckpt = None
+        from_step = checkpoint_step(ckpt) if ckpt else None
+        last = self.tail.step if self.tail is not None else None
+        if from_step is None:
+            lost = f"; {last} step(s) are redone" if last else ""
+            return f"resumed {label} from the start (no checkpoint yet){lost}"
+        redone = max(0, (last or from_step) - from_step)
+        return (f"resumed {label} from step {from_step} ({ckpt}); "
+                f"{redone} step(s) since that checkpoint are redone")
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            if self.live:
+                self._progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=28),
+                                          TextColumn("{task.fields[info]}"), console=self.console,
+                                          transient=True, refresh_per_second=4)
+                with self._progress:
+                    self._tasks["run"] = self._progress.add_task("run", total=1, info="")
+                    self._tasks["phase"] = self._progress.add_task("", total=None, info="")
+                    self._loop()
+                self._progress = None
+            else:
+                self._loop()
+            self._poll()  # whatever ended the run
+        except Exception as e:  # noqa: BLE001 - the display must never break the run
+            self.console.print(f"(progress display stopped: {type(e).__name__}: {e})")
+
+    def _loop(self) -> None:
+        while True:
+            self._poll()
+            if self._stop.wait(self.poll_s):
+                return
+
+    def _emit(self, text: str) -> None:
+        (self._progress.console if self._progress else self.console).print(text)
+
+    def _poll(self) -> None:
+        new = self._read_events()
+        if self.tail is None and self.events:
+            name = self._view().name
+            if name:
+                self.tail = MetricsTail(self.home / "runs" / name / "metrics.jsonl")
+        if self.tail is not None:
+            self.tail.poll()
+        view = self._view()
+        for e in new:
+            line = self._event_line(view, e)
+            if line:
+                self._emit(line)
+        now = self.clock()
+        self._update(view, now)
+
+    def _event_line(self, view: RunView, e: Any) -> str | None:
+        a = e.attrs if isinstance(e.attrs, dict) else {}
+        aid = str(a.get("activity_id", ""))
+        if f"{aid}#{a.get('attempt')}" in self._suppress and e.type in ("activity_timed_out", "activity_failed"):
+            return None
+        if e.type == "activity_heartbeat":
+            d = a.get("details")
+            if isinstance(d, dict) and d.get("checkpoint"):
+                return f"  checkpoint step {d.get('step')}  loss {_loss(d.get('loss'))}  {d['checkpoint']}"
+        elif e.type == "activity_completed":
+            seg = view.segment(aid)
+            if seg is not None:
+                took = fmt_duration(seg.duration_s) if seg.duration_s is not None else "?"
+                return (f"segment {seg.index}/{len(view.segments)} done: step {seg.until}, "
+                        f"loss {_loss(seg.final_loss)} ({seg.final_loss_hex}), {took}")
+            ev = next((x for x in view.evals() if x.activity_id == aid), None)
+            if ev is not None:
+                return f"[green]{headline(ev.suite, ev.metrics)}[/] at step {ev.step}  ({ev.suite}: {figures_text(ev.metrics)})"
+            if aid.startswith("eval-"):  # an EvalSuite workflow's suite
+                r = a.get("result") if isinstance(a.get("result"), dict) else {}
+                metrics = first_subject_metrics(r)
+                return f"[green]{headline(str(r.get('suite', aid)), metrics)}[/]  ({aid}: {figures_text(metrics)})"
+        elif e.type in ("activity_failed", "activity_timed_out"):
+            err = a.get("error") or {}
+            msg = (err.get("message", "") if isinstance(err, dict) else str(err)).strip().splitlines()
+            how = "failed for good" if a.get("final") else "will retry"
+            return f"[yellow]{aid} attempt {a.get('attempt')} {e.type.split('_', 1)[1]} ({how})[/]: {msg[0] if msg else ''}"
+        elif e.type == "timer_started" and not self.live:
+            fire = a.get("fire_at")
+            return f"waiting {a.get('seconds')} s, until {local_time(fire) if isinstance(fire, (int, float)) else '?'}"
+        elif e.type == "cancel_requested":
+            return "[yellow]cancel requested[/]: stopping after a checkpoint"
+        elif e.type == "workflow_completed":
+            return f"[green]{self.workflow_id} completed[/] in {fmt_duration(e.time - view.started_at if view.started_at else None)}"
+        elif e.type == "workflow_canceled":
+            return f"[yellow]{self.workflow_id} canceled[/] (checkpoints kept; the same command continues it)"
+        elif e.type == "workflow_failed":
+            return f"[red]{self.workflow_id} failed[/]"
+        return None
+
+    # -- the live part ---------------------------------------------------------------------
+
+    def _figures(self, view: RunView, now: float) -> dict:
+        tail = self.tail
+        step = (tail.step if tail and tail.step is not None else None) or view.last_checkpoint_step or view.steps_done()
+        step_rate, tok_rate = tail.rates() if tail else (None, None)
+        return {"step": step, "smoothed": tail.smoothed if tail else None, "last": tail.last_loss if tail else None,
+                "tok_s": tok_rate, "eta_s": view.remaining_work_s(step, step_rate, now),
+                "elapsed_s": now - self._t0}
+
+    def run_line(self, view: RunView, now: float) -> str:
+        f = self._figures(view, now)
+        pct = 100.0 * f["step"] / view.total_steps if view.total_steps else 0.0
+        return (f"step {f['step']}/{view.total_steps} ({pct:.0f}%) | loss {_loss(f['smoothed'])} "
+                f"(last {_loss(f['last'])}) | {_rate(f['tok_s'])} | elapsed {fmt_duration(f['elapsed_s'])} "
+                f"| ETA {fmt_duration(f['eta_s'])}")
+
+    def phase_line(self, view: RunView, now: float) -> tuple[str, float | None, float]:
+        """(text, total, completed) of the phase row."""
+        p = view.phase
+        if p.kind == "training" and p.segment:
+            seg = view.segments[p.segment - 1]
+            lo = view.segments[p.segment - 2].until if p.segment > 1 else 0
+            step = self.tail.step if self.tail and self.tail.step is not None else lo
+            done = min(max(0, step - lo), seg.until - lo)
+            return f"{p.text}: steps {lo + 1}..{seg.until}", float(seg.until - lo), float(done)
+        if p.kind == "evaluating":
+            took = [e.duration_s for e in view.evals() if e.duration_s is not None and not e.reused]
+            elapsed = max(0.0, now - (p.since or now))
+            if took:
+                expect = sum(took) / len(took)
+                return f"{p.text}: {fmt_duration(elapsed)} of ~{fmt_duration(expect)}", expect, min(elapsed, expect)
+            return f"{p.text}: {fmt_duration(elapsed)}", None, 0.0
+        if p.kind == "waiting" and p.until is not None:
+            total = max(0.0, p.until - (p.since or p.until))
+            left = max(0.0, p.until - now)
+            return f"waiting until {local_time(p.until)}: {fmt_duration(left)} left", total or 1.0, total - left
+        return p.text, None, 0.0
+
+    def _update(self, view: RunView, now: float) -> None:
+        if view.phase.kind == "ended":
+            return
+        if not view.total_steps:  # not a training run: the phase only
+            if self._progress is not None:
+                phase, ptotal, pdone = self.phase_line(view, now)
+                self._progress.update(self._tasks["run"], visible=False)
+                self._progress.update(self._tasks["phase"], description=phase, total=ptotal, completed=pdone)
+            elif view.phase.text != self._last_phase and view.phase.kind == "evaluating":
+                self._last_phase = view.phase.text
+                self.console.print(view.phase.text)
+            return
+        phase, ptotal, pdone = self.phase_line(view, now)
+        if self._progress is not None:
+            f = self._figures(view, now)
+            run_info = self.run_line(view, now)
+            self._progress.update(self._tasks["run"], description=f"[bold]{self.workflow_id}[/]",
+                                  total=max(1, view.total_steps), completed=f["step"], info=run_info)
+            self._progress.update(self._tasks["phase"], description=phase, total=ptotal, completed=pdone, info="")
+            return
+        key = view.phase.text
+        if key != self._last_phase and view.phase.kind in ("training", "evaluating", "corpus"):
+            self._last_phase = key
+            self.console.print(key)
+        if now - self._last_plain >= self.plain_every_s and view.phase.kind != "starting":
+            self._last_plain = now
+            self.console.print(f"{phase} | {self.run_line(view, now)}")

@@ -1,0 +1,140 @@
+"""``ctl status ID`` of a training run: who runs it, how far it is, what it waits for.
+
+``describe(engine, home, workflow_id, now)`` returns the ``--json`` fields that ``ctl status``
+adds to ``app.outcome_json`` (stable; README "Watching a run" documents them):
+
+* ``worker``: ``{"live": bool, "activity_id", "attempt", "pid", "host", "lease_age_s",
+  "heartbeat_age_s"}`` of the activity attempt in flight, or, when nothing is in flight,
+  ``{"live": false/null, ...}``; ``null`` for an ended workflow. ``live`` is false when the
+  lease's owner process is known dead or the heartbeat deadline passed, or when a timer or an
+  activity has been due for longer than ``OVERDUE_S`` without any worker taking it.
+* ``progress``: ``{"phase", "step", "total_steps", "last_loss", "last_checkpoint",
+  "last_checkpoint_step", "last_eval", "eta_s", "segments_done", "segments"}``.
+* ``timers``: ``[{"fire_at", "fire_at_local", "remaining_s"}]`` of pending timers.
+
+Reads the engine's tables through the engine's own connection (``engine.store.query``) and
+``runs/<name>/metrics.jsonl``; writes nothing.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from engine import leases
+
+from .runview import MetricsTail, RunView, local_time, run_view
+
+OVERDUE_S = 15.0  # due work nobody took for this long: no worker is running the home folder
+
+
+def _activity_rows(engine: Any, workflow_id: str) -> list[tuple]:
+    return engine.store.query(
+        "SELECT activity_id, state, attempt, due_at, hb_deadline, last_hb_at, owner FROM activities "
+        "WHERE workflow_id=? AND state IN ('scheduled', 'running') ORDER BY cmd", (workflow_id,))
+
+
+def _timer_rows(engine: Any, workflow_id: str) -> list[float]:
+    return [r[0] for r in engine.store.query(
+        "SELECT fire_at FROM timers WHERE workflow_id=? AND state='pending' ORDER BY fire_at", (workflow_id,))]
+
+
+def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str, float]) -> dict:
+    """Whether a live worker holds the workflow (see the module docstring)."""
+    rows = _activity_rows(engine, workflow_id)
+    for aid, state, attempt, due_at, hb_deadline, last_hb_at, owner_json in rows:
+        if state != "running":
+            continue
+        owner = json.loads(owner_json) if owner_json else None
+        late = hb_deadline is not None and now > hb_deadline
+        live = not late and not leases.owner_dead(owner)
+        since = started_at.get(f"{aid}#{attempt}")
+        return {"live": live, "activity_id": aid, "attempt": attempt,
+                "pid": (owner or {}).get("pid"), "host": (owner or {}).get("host"),
+                "lease_age_s": None if since is None else max(0.0, now - since),
+                "heartbeat_age_s": None if last_hb_at is None else max(0.0, now - last_hb_at),
+                "reason": None if live else ("heartbeat overdue" if late else "lease owner process is gone")}
+    due = [r[3] for r in rows if r[1] == "scheduled"] + _timer_rows(engine, workflow_id)
+    if due and now - min(due) > OVERDUE_S:
+        return {"live": False, "activity_id": None, "attempt": None, "pid": None, "host": None,
+                "lease_age_s": None, "heartbeat_age_s": None,
+                "reason": f"work due since {local_time(min(due))} and no worker took it"}
+    return {"live": None, "activity_id": None, "attempt": None, "pid": None, "host": None,
+            "lease_age_s": None, "heartbeat_age_s": None, "reason": "nothing in flight"}
+
+
+def progress_info(view: RunView, tail: MetricsTail, now: float) -> dict:
+    step = tail.step if tail.step is not None else view.last_checkpoint_step or view.steps_done()
+    step_rate, _ = tail.rates()
+    last = view.last_eval()
+    loss = tail.last_loss if tail.last_loss is not None else view.last_heartbeat_loss
+    return {
+        "phase": view.phase.text if view.state == "running" else view.state,
+        "step": step, "total_steps": view.total_steps, "last_loss": loss,
+        "last_checkpoint": view.last_checkpoint, "last_checkpoint_step": view.last_checkpoint_step,
+        "last_eval": None if last is None else {"activity_id": last.activity_id, "suite": last.suite,
+                                                "step": last.step, "metrics": last.metrics},
+        "eta_s": view.remaining_work_s(step or 0, step_rate, now),
+        "segments_done": len([s for s in view.segments if s.state == "done"]),
+        "segments": len(view.segments),
+    }
+
+
+def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
+    """The extra ``--json`` fields of ``ctl status`` for workflow status ``st``."""
+    events = engine.history(st.workflow_id)
+    timers = [{"fire_at": t, "fire_at_local": local_time(t, date=True), "remaining_s": max(0.0, t - now)}
+              for t in _timer_rows(engine, st.workflow_id)] if st.state == "running" else []
+    out: dict[str, Any] = {"worker": None, "progress": None, "timers": timers}
+    if st.state == "running":
+        started = {f"{e.attrs.get('activity_id')}#{e.attrs.get('attempt')}": e.time
+                   for e in events if e.type == "activity_started"}
+        out["worker"] = worker_info(engine, st.workflow_id, now, started)
+    if st.workflow == "TrainRun":
+        view = run_view(st.workflow_id, events, st.state)
+        tail = MetricsTail(home / "runs" / view.name / "metrics.jsonl") if view.name else None
+        if tail is not None:
+            tail.poll()
+            out["progress"] = progress_info(view, tail, now)
+    return out
+
+
+def status_lines(st: Any, extra: dict, now: float) -> list[str]:
+    """The human lines of ``ctl status ID`` below its state line."""
+    from .runview import figures_text, fmt_duration
+
+    lines = []
+    w = extra.get("worker")
+    if w is not None:
+        if w["live"]:
+            lines.append(f"  worker: live, pid {w['pid']} on {w['host']}, {w['activity_id']} attempt {w['attempt']}"
+                         f" (lease held {fmt_duration(w['lease_age_s'])}, last heartbeat "
+                         f"{fmt_duration(w['heartbeat_age_s'])} ago)")
+        elif w["live"] is False:
+            what = f"{w['activity_id']} attempt {w['attempt']}: " if w["activity_id"] else ""
+            lines.append(f"  worker: no live worker ({what}{w['reason']}): run the same `ctl train` or "
+                         f"`ctl worker` to continue")
+    p = extra.get("progress")
+    if p is not None:
+        loss = f", last loss {p['last_loss']:.4f}" if isinstance(p["last_loss"], (int, float)) else ""
+        lines.append(f"  progress: step {p['step'] or 0}/{p['total_steps']}{loss}; segments {p['segments_done']}/"
+                     f"{p['segments']} done; {p['phase']}")
+        if p["last_checkpoint"]:
+            lines.append(f"  last checkpoint: {p['last_checkpoint']} (step {p['last_checkpoint_step']})")
+        ev = p["last_eval"]
+        if ev:
+            lines.append(f"  last evaluation: {ev['suite']} at step {ev['step']}: {figures_text(ev['metrics'])}")
+        if st.state == "running":
+            eta = p["eta_s"]
+            lines.append(f"  ETA: {fmt_duration(eta)}" + (f" (about {local_time(now + eta)})" if eta is not None else
+                                                         " (no recent steps to measure)"))
+    for t in extra.get("timers") or []:
+        lines.append(f"  timer: fires at {t['fire_at_local']} (in {fmt_duration(t['remaining_s'])})")
+    return lines
+
+
+def readable(text: str) -> str:
+    """Epoch seconds in an engine message (``due at 1796106682.433``) as local time."""
+    import re
+
+    return re.sub(r"\b(1\d{9}(?:\.\d+)?)\b", lambda m: local_time(float(m.group(1)), date=True), text)

@@ -1,0 +1,427 @@
+"""What a training run looks like now, derived from its history and its metrics file (no click, no rich).
+
+``run_view(events, ...)`` folds a TrainRun's recorded events (plus the work earlier workflows
+of the same run finished, ``prior`` in its input) into a ``RunView``: its segments with their
+end step, checkpoint, loss, attempts, time taken and evaluation figures; the phase it is in
+(training segment k/n, evaluating suite s of a checkpoint, waiting on a timer); the last
+checkpoint; the last evaluation. ``MetricsTail`` reads ``runs/<name>/metrics.jsonl``
+incrementally (current step, last and smoothed loss, tokens/s, a step rate for the ETA).
+
+Everything here reads; nothing writes. ``ctl status``, ``ctl show`` and the live display of
+``ctl train`` share it, so they agree on every figure.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+MAX_FRAMES_KEPT = 512  # the rate window and the smoothing only need the recent frames
+SMOOTHING = 0.9  # exponential moving average of the training loss (as TensorBoard's slider)
+MAX_READ_BYTES = 1 << 20  # per poll: a huge backlog is skipped to its tail
+
+
+def step_of(activity_id: str) -> int | None:
+    """``train-000500`` / ``eval-000500-ppl`` -> 500; None for other ids."""
+    parts = activity_id.split("-")
+    if len(parts) >= 2 and parts[0] in ("train", "eval") and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def suite_of(activity_id: str) -> str:
+    """``eval-000500-ppl`` -> ``ppl``; ``eval-ppl`` (no tag) -> ``ppl``."""
+    if not activity_id.startswith("eval-"):
+        return ""
+    rest = activity_id[len("eval-"):]
+    head, _, tail = rest.partition("-")
+    return tail if head.isdigit() and tail else rest
+
+
+def first_subject_metrics(result: Any) -> dict[str, float]:
+    """``{"heldout/ppl": 7.41, ...}`` of an eval activity's result (its first subject)."""
+    metrics = ((result or {}).get("summary") or {}).get("metrics") if isinstance(result, dict) else None
+    if not isinstance(metrics, dict):
+        return {}
+    for values in metrics.values():
+        if isinstance(values, dict):
+            return {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {}
+
+
+HEADLINE = ("heldout/ppl", "ppl", "heldout/loss")
+
+
+def headline(suite: str, metrics: dict[str, float]) -> str:
+    """The one figure to show of a suite: ``ppl 7.41`` for ppl, else ``task/metric value`` (the first)."""
+    for key in HEADLINE:
+        if key in metrics:
+            return f"{key.rsplit('/', 1)[-1]} {metrics[key]:.4g}"
+    if metrics:
+        key = sorted(metrics)[0]
+        return f"{key} {metrics[key]:.4g}"
+    return f"{suite} done"
+
+
+def figures_text(metrics: dict[str, float], limit: int = 4) -> str:
+    return " ".join(f"{k}={v:.4g}" for k, v in list(metrics.items())[:limit])
+
+
+@dataclass
+class EvalView:
+    activity_id: str
+    suite: str
+    step: int
+    state: str = "pending"  # pending | running | done | failed
+    attempts: int = 0
+    started_at: float | None = None
+    ended_at: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    reused: bool = False  # finished by an earlier workflow of the run
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.started_at is None or self.ended_at is None else self.ended_at - self.started_at
+
+    def to_json(self) -> dict:
+        return {"activity_id": self.activity_id, "suite": self.suite, "step": self.step, "state": self.state,
+                "attempts": self.attempts, "duration_s": self.duration_s, "metrics": self.metrics,
+                "reused": self.reused}
+
+
+@dataclass
+class SegmentView:
+    index: int  # 1-based
+    until: int
+    activity_id: str
+    state: str = "pending"  # pending | running | done | failed
+    attempts: int = 0
+    started_at: float | None = None
+    ended_at: float | None = None
+    checkpoint: str | None = None
+    final_loss: float | None = None
+    final_loss_hex: str | None = None
+    resumed_from: str | None = None
+    reused: bool = False
+    evals: list[EvalView] = field(default_factory=list)
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.started_at is None or self.ended_at is None else self.ended_at - self.started_at
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "until": self.until, "activity_id": self.activity_id, "state": self.state,
+                "attempts": self.attempts, "duration_s": self.duration_s, "checkpoint": self.checkpoint,
+                "final_loss": self.final_loss, "final_loss_hex": self.final_loss_hex,
+                "resumed_from": self.resumed_from, "reused": self.reused,
+                "evals": [e.to_json() for e in self.evals]}
+
+
+@dataclass
+class Phase:
+    kind: str  # starting | corpus | training | evaluating | waiting | ended
+    text: str
+    segment: int | None = None  # 1-based segment in flight / before the wait
+    activity_id: str | None = None
+    attempt: int | None = None
+    since: float | None = None  # when this phase began (the attempt's start, the timer's start)
+    until: float | None = None  # waiting: the timer's fire time
+    suite_index: int | None = None  # evaluating: 1-based suite of the checkpoint's suites
+    suites: int | None = None
+
+
+@dataclass
+class RunView:
+    workflow_id: str
+    name: str
+    total_steps: int
+    suites: list[str]
+    segments: list[SegmentView]
+    phase: Phase
+    state: str = "running"
+    started_at: float | None = None
+    ended_at: float | None = None
+    last_checkpoint: str | None = None
+    last_checkpoint_step: int | None = None
+    last_heartbeat_loss: float | None = None
+    interval_s: float = 0.0
+    timers_started: int = 0
+
+    def evals(self) -> list[EvalView]:
+        return [e for s in self.segments for e in s.evals]
+
+    def last_eval(self) -> EvalView | None:
+        done = [e for e in self.evals() if e.state == "done"]
+        return done[-1] if done else None
+
+    def segment(self, activity_id: str) -> SegmentView | None:
+        return next((s for s in self.segments if s.activity_id == activity_id), None)
+
+    def steps_done(self) -> int:
+        """The end step of the last finished segment (0 before any)."""
+        done = [s.until for s in self.segments if s.state == "done"]
+        return max(done) if done else 0
+
+    def remaining_work_s(self, step: int, step_rate: float | None, now: float) -> float | None:
+        """Seconds left, measured in this run: the segment in flight at ``step_rate``, the segments
+        after it at the pace of the finished ones (trainer start-up included), evaluations at their
+        mean duration, and the cadence waits not yet over. None while nothing was measured."""
+        if self.state != "running":
+            return 0.0
+        finished = [s for s in self.segments if s.state == "done" and not s.reused and s.duration_s]
+        prev_end = {s.index: (self.segments[s.index - 2].until if s.index > 1 else 0) for s in self.segments}
+        seg_rate = (sum(s.until - prev_end[s.index] for s in finished) / sum(s.duration_s for s in finished)
+                    if finished else None)
+        total = 0.0
+        for s in self.segments:
+            if s.state == "done":
+                continue
+            if s.state == "running" and self.phase.kind == "training" and self.phase.segment == s.index:
+                rate = step_rate or seg_rate
+                left = max(0, s.until - max(step, prev_end[s.index]))
+            else:
+                rate = seg_rate or step_rate
+                left = s.until - prev_end[s.index]
+            if left and not rate:
+                return None
+            total += left / rate if left else 0.0
+        durations = [e.duration_s for e in self.evals() if e.duration_s is not None and not e.reused]
+        mean_eval = sum(durations) / len(durations) if durations else 0.0
+        left_evals = [e for e in self.evals() if e.state in ("pending", "running")]
+        total += mean_eval * len(left_evals)
+        if self.phase.kind == "evaluating" and self.phase.since is not None:
+            total -= min(mean_eval, max(0.0, now - self.phase.since))
+        first_open = next((s.index for s in self.segments if not s.reused), len(self.segments))
+        waits_total = max(0, len(self.segments) - first_open) if self.interval_s > 0 else 0
+        total += max(0, waits_total - self.timers_started) * self.interval_s
+        if self.phase.kind == "waiting" and self.phase.until is not None:
+            total += max(0.0, self.phase.until - now)
+        return max(0.0, total)
+
+
+def _spec_of(events: list[Any]) -> tuple[dict, dict]:
+    if not events or events[0].type != "workflow_started":
+        return {}, {}
+    inp = events[0].attrs.get("input") or {}
+    return (inp.get("spec") or {}), inp
+
+
+def run_view(workflow_id: str, events: list[Any], state: str = "running") -> RunView:
+    """Fold a TrainRun's history into a ``RunView`` (see the module docstring)."""
+    from workflows import segments as segment_ends
+
+    spec, inp = _spec_of(events)
+    name = str(spec.get("name", ""))
+    steps = int(spec.get("steps", 0) or 0)
+    try:
+        ends = segment_ends(steps, int(spec.get("eval_every", 0) or 0))
+    except (TypeError, ValueError):
+        ends = []
+    suites = [str(s) for s in inp.get("eval_suites") or inp.get("suites") or []]
+    segs = [SegmentView(i + 1, until, f"train-{until:06d}") for i, until in enumerate(ends)]
+    for seg in segs:
+        seg.evals = [EvalView(f"eval-{seg.until:06d}-{s}", s, seg.until) for s in suites]
+    view = RunView(workflow_id, name, steps, suites, segs, Phase("starting", "starting"), state=state,
+                   interval_s=float(spec.get("eval_interval_seconds", 0) or 0))
+    by_id: dict[str, Any] = {s.activity_id: s for s in segs}
+    by_id.update({e.activity_id: e for s in segs for e in s.evals})
+    prior = inp.get("prior") or {}
+    for aid, result in (prior.get("train") or {}).items():
+        if aid in by_id:
+            _train_done(view, by_id[aid], result, None)
+            by_id[aid].reused = True
+    for aid, result in (prior.get("evals") or {}).items():
+        if aid in by_id:
+            ev = by_id[aid]
+            ev.state, ev.metrics, ev.reused = "done", first_subject_metrics(result), True
+    if events:
+        view.started_at = events[0].time
+    for e in events:
+        _apply(view, by_id, e)
+    if state != "running":
+        view.phase = Phase("ended", state)
+    return view
+
+
+def _train_done(view: RunView, seg: SegmentView, result: Any, t: float | None) -> None:
+    r = result if isinstance(result, dict) else {}
+    seg.state, seg.ended_at = "done", t
+    seg.checkpoint = r.get("checkpoint")
+    seg.final_loss = r.get("final_loss")
+    seg.final_loss_hex = r.get("final_loss_hex")
+    seg.resumed_from = r.get("resumed_from")
+    if seg.checkpoint:
+        view.last_checkpoint, view.last_checkpoint_step = seg.checkpoint, seg.until
+
+
+def _apply(view: RunView, by_id: dict[str, Any], e: Any) -> None:
+    a = e.attrs if isinstance(e.attrs, dict) else {}
+    aid = str(a.get("activity_id", ""))
+    item = by_id.get(aid)
+    if e.type == "activity_started":
+        attempt = int(a.get("attempt", 1) or 1)
+        if item is not None:
+            item.state, item.attempts = "running", max(item.attempts, attempt)
+            item.started_at = item.started_at or e.time
+        view.phase = _phase_of(view, aid, attempt, e.time)
+    elif e.type == "activity_heartbeat":
+        d = a.get("details")
+        if isinstance(d, dict) and d.get("checkpoint"):
+            view.last_checkpoint = str(d["checkpoint"])
+            view.last_checkpoint_step = d.get("step") if isinstance(d.get("step"), int) else view.last_checkpoint_step
+            if isinstance(d.get("loss"), (int, float)):
+                view.last_heartbeat_loss = float(d["loss"])
+    elif e.type == "activity_completed":
+        if isinstance(item, SegmentView):
+            _train_done(view, item, a.get("result"), e.time)
+        elif isinstance(item, EvalView):
+            item.state, item.ended_at = "done", e.time
+            item.metrics = first_subject_metrics(a.get("result"))
+        view.phase = Phase("between", "working")
+    elif e.type in ("activity_failed", "activity_timed_out", "activity_canceled"):
+        if item is not None and (a.get("final") or e.type == "activity_canceled"):
+            item.state = "failed"
+        view.phase = Phase("between", "working")
+    elif e.type == "timer_started":
+        view.timers_started += 1
+        seg = max((s.index for s in view.segments if s.state == "done"), default=0)
+        fire_at = a.get("fire_at")
+        view.phase = Phase("waiting", "waiting", segment=seg or None, since=e.time,
+                           until=float(fire_at) if isinstance(fire_at, (int, float)) else None)
+    elif e.type == "timer_fired":
+        view.phase = Phase("between", "working")
+    elif e.type in ("workflow_completed", "workflow_failed", "workflow_canceled"):
+        view.ended_at = e.time
+
+
+def _phase_of(view: RunView, aid: str, attempt: int, t: float) -> Phase:
+    if aid.startswith("train-"):
+        seg = next((s for s in view.segments if s.activity_id == aid), None)
+        k = seg.index if seg else None
+        text = f"training segment {k}/{len(view.segments)}" if k else f"training {aid}"
+        return Phase("training", text, segment=k, activity_id=aid, attempt=attempt, since=t)
+    if aid.startswith("eval-"):
+        suite, step = suite_of(aid), step_of(aid)
+        idx = view.suites.index(suite) + 1 if suite in view.suites else None
+        of = f" of step-{step:06d}" if step is not None else ""
+        text = f"evaluating {suite}" + (f" ({idx}/{len(view.suites)})" if idx else "") + of
+        return Phase("evaluating", text, activity_id=aid, attempt=attempt, since=t, suite_index=idx,
+                     suites=len(view.suites))
+    if aid.startswith("corpus-"):
+        return Phase("corpus", f"building corpus ({aid})", activity_id=aid, attempt=attempt, since=t)
+    return Phase("running", aid, activity_id=aid, attempt=attempt, since=t)
+
+
+# --- metrics.jsonl ---------------------------------------------------------------------------
+
+
+def read_frames(path: Path) -> list[dict]:
+    """Every complete frame of a metrics.jsonl (torn or foreign lines skipped), in file order."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            frame = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(frame, dict) and isinstance(frame.get("step"), int):
+            out.append(frame)
+    return out
+
+
+class MetricsTail:
+    """Follows ``metrics.jsonl`` by offset; a file that shrank (a resume rewrote it) is re-read."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        self.frames: list[dict] = []
+        self.smoothed: float | None = None
+        self.last_loss: float | None = None
+        self._partial = b""
+
+    def poll(self) -> list[dict]:
+        """New frames since the last poll."""
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return []
+        if size < self.offset:  # rewritten on resume: start over
+            self.offset, self.frames, self._partial, self.smoothed = 0, [], b"", None
+        if size == self.offset:
+            return []
+        start = max(self.offset, size - MAX_READ_BYTES)
+        with open(self.path, "rb") as f:
+            f.seek(start)
+            data = f.read(size - start)
+        if start > self.offset:  # skipped a backlog: drop the torn first line
+            self._partial, data = b"", data.split(b"\n", 1)[-1]
+        self.offset = size
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()  # an unfinished last line waits for the next poll
+        new = []
+        for line in lines:
+            try:
+                frame = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(frame, dict) and isinstance(frame.get("step"), int):
+                new.append(frame)
+                loss = frame.get("train/loss")
+                if isinstance(loss, (int, float)):
+                    self.last_loss = float(loss)
+                    self.smoothed = loss if self.smoothed is None else SMOOTHING * self.smoothed + (1 - SMOOTHING) * loss
+        self.frames = (self.frames + new)[-MAX_FRAMES_KEPT:]
+        return new
+
+    @property
+    def step(self) -> int | None:
+        return self.frames[-1]["step"] if self.frames else None
+
+    def rates(self, window: int = 50) -> tuple[float | None, float | None]:
+        """(steps/s, tokens/s) over the last ``window`` frames of one uninterrupted stretch, by wall clock."""
+        frames = [f for f in self.frames[-window:] if isinstance(f.get("time"), (int, float))]
+        gaps = sorted(b["time"] - a["time"] for a, b in zip(frames, frames[1:]))
+        typical = gaps[len(gaps) // 2] if gaps else 0.0
+        for i in range(len(frames) - 1, 0, -1):  # one stretch: cut at a resume or a pause (eval, wait)
+            gap = frames[i]["time"] - frames[i - 1]["time"]
+            if frames[i]["step"] <= frames[i - 1]["step"] or gap > max(1.0, 5 * typical):
+                frames = frames[i:]
+                break
+        if len(frames) < 2:
+            return None, None
+        dt = frames[-1]["time"] - frames[0]["time"]
+        if dt <= 0:
+            return None, None
+        steps = (frames[-1]["step"] - frames[0]["step"]) / dt
+        tok = frames[-1].get("train/tokens"), frames[0].get("train/tokens")
+        tokens = (tok[0] - tok[1]) / dt if all(isinstance(x, (int, float)) for x in tok) else None
+        return steps, tokens
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``1:02:03`` / ``2:03``; ``?`` when unknown."""
+    if seconds is None:
+        return "?"
+    s = int(round(max(0.0, seconds)))
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def local_time(t: float, *, date: bool = False) -> str:
+    import datetime as dt
+
+    stamp = dt.datetime.fromtimestamp(t).astimezone()
+    return stamp.isoformat(timespec="seconds") if date else stamp.strftime("%H:%M:%S")
+
+
+def iter_runs(frames: Iterable[dict], key: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of frames that carry ``key``."""
+    return [(f["step"], float(f[key])) for f in frames if isinstance(f.get(key), (int, float))]

@@ -1,0 +1,55 @@
+"""``ctl show train/<name>``: the run as tables (segments with their evaluations; validation frames).
+
+One row per segment: its end step, state, checkpoint, train loss, time taken, attempts, and
+one column per evaluation suite with its headline figure (``ppl 7.41``). When the spec has
+held-out validation, a second table lists every frame of ``metrics.jsonl`` that carries
+``val/*`` metrics. ``--json`` prints the same as objects (``RunView`` segments, frames).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .runview import RunView, fmt_duration, headline, read_frames
+from .tables import align
+
+
+def segment_table(view: RunView) -> list[str]:
+    header = ["SEG", "END STEP", "STATE", "CHECKPOINT", "TRAIN LOSS", "TIME", "ATTEMPTS", *view.suites]
+    body = []
+    for s in view.segments:
+        loss = f"{s.final_loss:.4f}" if isinstance(s.final_loss, (int, float)) else "-"
+        took = "earlier run" if s.reused else (fmt_duration(s.duration_s) if s.duration_s is not None else "-")
+        row = [f"{s.index}/{len(view.segments)}", str(s.until), s.state, s.checkpoint or "-", loss, took,
+               str(s.attempts) if s.attempts else "-"]
+        for ev in s.evals:
+            row.append(headline(ev.suite, ev.metrics) if ev.state == "done" else ev.state)
+        body.append(row)
+    return align(header, body, right=(1, 6))
+
+
+def validation_frames(frames: list[dict]) -> list[dict]:
+    return [f for f in frames if any(k.startswith("val/") for k in f)]
+
+
+def validation_table(frames: list[dict]) -> list[str]:
+    keys = sorted({k for f in frames for k in f if k.startswith("val/")})
+    body = []
+    for f in frames:
+        loss = f.get("train/loss")
+        body.append([str(f["step"]), f"{loss:.4f}" if isinstance(loss, (int, float)) else "-"]
+                    + [f"{f[k]:.4g}" if isinstance(f.get(k), (int, float)) else "-" for k in keys])
+    return align(["STEP", "TRAIN LOSS", *keys], body, right=(0,))
+
+
+def show(view: RunView, home: Path, spec: dict[str, Any]) -> tuple[list[str], dict]:
+    """(lines, json) of ``ctl show`` for a run."""
+    frames = read_frames(home / "runs" / view.name / "metrics.jsonl")
+    lines = [f"{view.workflow_id}: {view.state}; {view.total_steps} steps in {len(view.segments)} segment(s); "
+             f"suites {', '.join(view.suites) or 'none'}", *segment_table(view)]
+    val = validation_frames(frames) if spec.get("validation") else []
+    if spec.get("validation"):
+        lines += ["", f"validation ({len(val)} frame(s)):", *(validation_table(val) if val else ["  none yet"])]
+    data = {"workflow_id": view.workflow_id, "state": view.state, "name": view.name, "total_steps": view.total_steps,
+            "suites": view.suites, "segments": [s.to_json() for s in view.segments], "validation_frames": val}
+    return lines, data

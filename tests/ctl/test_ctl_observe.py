@@ -1,0 +1,141 @@
+"""Seeing a run through the CLI, with real processes: the plain progress lines of `ctl train`
+when stderr is not a terminal, --quiet, `ctl status` (--json fields), `ctl history` (aligned
+columns, ISO local times, figures), `ctl show`. Every figure is checked against the files the
+run wrote (metrics.jsonl, the evaluations' summary.json)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from obs_helpers import SPEC, ctl, write_spec
+
+ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> tuple[Path, str]:
+    """One run of the mini spec (2 segments, ppl after each, a 1 s wait), stderr in a pipe."""
+    home = tmp_path_factory.mktemp("obs")
+    spec = write_spec(home)
+    p = ctl(home, "train", "--spec", str(spec), "--eval-max-items", "4", extra_env={"CTL_PROGRESS_EVERY_S": "0.5"})
+    return home, p.stderr
+
+
+def frames(home: Path) -> list[dict]:
+    return [json.loads(x) for x in (home / "runs/mini/metrics.jsonl").read_text().splitlines()]
+
+
+def summary(home: Path, step: int) -> dict:
+    return json.loads((home / f"evals/ppl/mini-{step:06d}/summary.json").read_text())["metrics"][f"mini-{step:06d}"]
+
+
+def test_plain_progress_lines_when_stderr_is_not_a_terminal(finished) -> None:
+    home, err = finished
+    assert "\x1b[" not in err  # no terminal codes in a log
+    assert "train/mini: 24 steps in 2 segment(s), each checkpoint evaluated with ppl" in err
+    for k in (1, 2):
+        assert f"training segment {k}/2" in err
+    ppl12 = summary(home, 12)["heldout/ppl"]
+    assert f"ppl {ppl12:.4g} at step 12" in err  # each evaluation: one line with its figure
+    assert re.search(r"segment 1/2 done: step 12, loss \d+\.\d{4}", err)
+    assert "  checkpoint step 3  loss" in err and "runs/mini/ckpt/step-000024" in err
+    assert re.search(r"step \d+/24 \(\d+%\) \| loss .* \| elapsed \d+:\d\d \| ETA ", err)  # the periodic status line
+    assert "waiting 1.0 s, until" in err
+    assert "train/mini completed in" in err
+
+
+def test_quiet_prints_nothing_on_stderr(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, name="q", steps=3, eval_every=0)
+    p = ctl(tmp_path, "train", "--spec", str(spec), "--no-eval", "--quiet")
+    assert p.stderr == ""
+    assert "run q: 3 steps" in p.stdout
+
+
+def test_status_json_fields_match_the_run_files(finished) -> None:
+    home, _ = finished
+    st = json.loads(ctl(home, "status", "train/mini", "--json").stdout)
+    assert st["state"] == "completed" and st["worker"] is None and st["timers"] == []
+    p = st["progress"]
+    last = frames(home)[-1]
+    assert p["step"] == 24 == last["step"] and p["total_steps"] == 24
+    assert float.hex(p["last_loss"]) == float.hex(last["train/loss"])
+    assert p["last_checkpoint"] == "runs/mini/ckpt/step-000024" and p["last_checkpoint_step"] == 24
+    assert p["last_eval"]["activity_id"] == "eval-000024-ppl" and p["last_eval"]["step"] == 24
+    assert p["last_eval"]["metrics"] == summary(home, 24)
+    assert p["segments_done"] == p["segments"] == 2 and p["eta_s"] == 0.0
+    text = ctl(home, "status", "train/mini").stdout
+    assert "progress: step 24/24, last loss" in text and "last evaluation: ppl at step 24: heldout/bpb=" in text
+
+
+def test_history_is_aligned_with_iso_local_times_and_figures(finished) -> None:
+    home, _ = finished
+    lines = ctl(home, "history", "train/mini").stdout.splitlines()
+    header, body = lines[0], lines[1:]
+    events = json.loads(ctl(home, "history", "train/mini", "--json").stdout)["events"]
+    assert len(body) == len(events)
+    starts = [header.index(c) for c in ("TIME", "EVENT", "ACTIVITY", "DETAILS")]
+    for line, e in zip(body, events):
+        assert re.match(r"\s*\d+  " + ISO + "  ", line), line
+        time_col = line[starts[0]:starts[1]].strip()
+        assert dt.datetime.fromisoformat(time_col) == dt.datetime.fromtimestamp(int(e["time"])).astimezone()
+        assert line[starts[1]:starts[2]].strip() == e["type"]  # every column starts at its header
+        act = e["attrs"].get("activity_id", "")
+        if act:
+            assert line[starts[2]:starts[3]].strip().split("#")[0] == act
+    text = "\n".join(body)
+    ppl = summary(home, 12)
+    assert f"ppl: heldout/bpb={ppl['heldout/bpb']:.4g}" in text  # an evaluation shows its figures
+    assert re.search(r"timer_started\s+fires at \d\d:\d\d:\d\d \(1\.0 s\)", text)
+    assert "step 12 loss" in text and "checkpoint runs/mini/ckpt/step-000012" in text
+    assert "1796" not in text and "{" not in text  # no raw epoch seconds, no raw JSON
+
+
+def test_show_is_a_table_of_segments_with_their_figures(finished) -> None:
+    home, _ = finished
+    lines = ctl(home, "show", "train/mini").stdout.splitlines()
+    assert lines[0].startswith("train/mini: completed; 24 steps in 2 segment(s); suites ppl")
+    assert lines[1].split() == ["SEG", "END", "STEP", "STATE", "CHECKPOINT", "TRAIN", "LOSS", "TIME", "ATTEMPTS", "ppl"]
+    by_step = {f["step"]: f for f in frames(home)}
+    for row, step in zip(lines[2:4], (12, 24)):
+        cells = row.split()
+        assert cells[:4] == [f"{step // 12}/2", str(step), "done", f"runs/mini/ckpt/step-{step:06d}"]
+        assert cells[4] == f"{by_step[step]['train/loss']:.4f}"
+        assert cells[-2:] == ["ppl", f"{summary(home, step)['heldout/ppl']:.4g}"]
+    data = json.loads(ctl(home, "show", "train/mini", "--json").stdout)
+    assert [s["until"] for s in data["segments"]] == [12, 24]
+    assert data["segments"][1]["evals"][0]["metrics"] == summary(home, 24)
+
+
+def test_show_refuses_what_is_not_a_training_run(finished) -> None:
+    home, _ = finished
+    p = ctl(home, "show", "train/nosuch", check=False)
+    assert p.returncode == 2 and p.stderr.startswith("ctl: ") and "nosuch" in p.stderr
+
+
+def test_status_shows_a_pending_timer_in_local_time(tmp_path: Path) -> None:
+    """A workflow durably waiting: the timer as local time and time remaining, never epoch seconds."""
+    from engine import Engine
+
+    async def sleeper(rt, _input):
+        await rt.sleep(3600)
+
+    (tmp_path / ".ctl").mkdir()
+    eng = Engine(tmp_path / ".ctl" / "engine.db")
+    eng.register_workflow("Sleeper", sleeper)
+    eng.start("Sleeper", "sleep/1", None)
+    eng.run_until_idle()
+    eng.close()
+    p = ctl(tmp_path, "status", "sleep/1")
+    m = re.search(r"timer: fires at (" + ISO + r") \(in ([\d:]+)\)", p.stdout)
+    assert m, p.stdout
+    parts = [int(x) for x in m.group(2).split(":")]
+    left_s = sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
+    assert 3000 < left_s <= 3600
+    assert not re.search(r"\b1\d{9}\b", p.stdout)  # no epoch seconds anywhere
+    st = json.loads(ctl(tmp_path, "status", "sleep/1", "--json").stdout)
+    (timer,) = st["timers"]
+    assert 3000 < timer["remaining_s"] <= 3600 and dt.datetime.fromisoformat(timer["fire_at_local"]).timestamp() == int(timer["fire_at"])
