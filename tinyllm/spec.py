@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .names import IDENTIFIER_PATTERN  # shared with the torch-only helper (tinyllm.durable)
 from .objectives.config import DPOConfig, RefConfig, RLConfig, check_train_spec
+from .retention import KeepCheckpoints
 from .validation.config import ValidationConfig
 
 Identifier = Annotated[str, Field(pattern=IDENTIFIER_PATTERN, max_length=128)]
@@ -71,6 +72,7 @@ class TrainSpec(_Strict):
     log_every: int = Field(10, ge=1)  # console progress line every this many steps
     model: ModelConfig = ModelConfig()
     validation: ValidationConfig | None = None  # held-out validation during training (opt-in)
+    keep_checkpoints: KeepCheckpoints | None = None  # prune older checkpoints (tinyllm/retention.py); None: keep all
     # post-training (tinyllm/objectives): lm = pre-training; dpo, grpo, opd start from init_from
     objective: Literal["lm", "dpo", "grpo", "opd"] = "lm"
     init_from: str | None = Field(None, min_length=1)  # <run>@<step> or a checkpoint dir: weights of step 0

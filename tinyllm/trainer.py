@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import checkpoint as ckpt
-from . import runlock
+from . import retention, runlock
 from .corpus import open_corpus
 from .data import TokenStream
 from .errors import STOP, request_stop
@@ -38,7 +38,8 @@ from .progress import ProgressFile
 from .spec import SpecError, TrainSpec
 
 # Spec fields that do not change the trajectory: they may differ between a checkpoint and its resume.
-NON_TRAJECTORY_FIELDS = {"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every", "validation"}
+NON_TRAJECTORY_FIELDS = {"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every", "validation",
+                         "keep_checkpoints"}
 
 
 def lr_at(step: int, spec: TrainSpec) -> float:
@@ -214,7 +215,18 @@ class Trainer:
         self.hooks.on_checkpoint(self, self.step, path)
         self.progress_file.write({"step": self.step, "loss": self.loss, "loss_hex": float(self.loss).hex(),
                                   "checkpoint": self.rel(path)}, durable=True)
+        self._prune()
         return path
+
+    def _prune(self) -> None:
+        """keep_checkpoints (tinyllm/retention.py), after the new checkpoint's progress line; never fatal."""
+        try:
+            retention.prune(self.run_dir, self.home, self.spec.keep_checkpoints, step=self.step,
+                            eval_every=self.spec.eval_every, final_step=self.spec.steps,
+                            resumed_from=self.resumed_from, log=self.log)
+        except OSError as e:
+            print(f"tinyllm: warning: pruning checkpoints failed ({e}); all kept, training goes on", file=self.log,
+                  flush=True)
 
     def _liveness(self, event: str | None = None) -> None:
         """A liveness line (tinyllm/progress.py): ``event`` now, else a timed ``progress`` line."""

@@ -20,7 +20,7 @@ ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"
 def finished(tmp_path_factory) -> tuple[Path, str]:
     """One run of the mini spec (2 segments, ppl after each, a 1 s wait), stderr in a pipe."""
     home = tmp_path_factory.mktemp("obs")
-    spec = write_spec(home)
+    spec = write_spec(home, keep_checkpoints={"last": 1, "boundaries": False})
     p = ctl(home, "train", "--spec", str(spec), "--eval-max-items", "4", extra_env={"CTL_PROGRESS_EVERY_S": "0.5"})
     return home, p.stderr
 
@@ -108,6 +108,14 @@ def test_show_is_a_table_of_segments_with_their_figures(finished) -> None:
     data = json.loads(ctl(home, "show", "train/mini", "--json").stdout)
     assert [s["until"] for s in data["segments"]] == [12, 24]
     assert data["segments"][1]["evals"][0]["metrics"] == summary(home, 24)
+
+
+def test_retention_through_ctl_keeps_what_the_evaluations_name(finished) -> None:
+    home, _ = finished
+    kept = sorted(p.name for p in (home / "runs/mini/ckpt").glob("step-*"))
+    assert kept == ["step-000012", "step-000024"]  # the evaluated ones; steps 3..21 pruned
+    status = json.loads(ctl(home, "status", "train/mini", "--json").stdout)
+    assert (home / status["progress"]["last_checkpoint"]).is_dir()
 
 
 def test_show_refuses_what_is_not_a_training_run(finished) -> None:
