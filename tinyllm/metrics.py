@@ -7,8 +7,9 @@ disabled alone with one warning on stderr and training goes on.
 
 Sinks: console (a progress line on stderr every ``every`` steps and at the last step), JSONL
 (``runs/<name>/metrics.jsonl``, one object per frame with ``step`` and wall ``time``; on resume,
-frames after the resumed step are dropped so the file reads as one run), TensorBoard (only when
-``torch.utils.tensorboard`` imports).
+frames after the resumed step are dropped so the file reads as one run), TensorBoard
+(``tinyllm/tensorboard_sink.py``: ``runs/<name>/tensorboard/``, the same names, one event per
+frame, cut back to the resumed step likewise; only when the ``[tensorboard]`` extra is installed).
 """
 from __future__ import annotations
 
@@ -94,23 +95,6 @@ class JsonlSink:
         self.file.close()
 
 
-class TensorBoardSink:
-    name = "tensorboard"
-
-    def __init__(self, log_dir: Path):
-        from torch.utils.tensorboard import SummaryWriter  # ImportError when tensorboard is absent
-
-        self.writer = SummaryWriter(log_dir=str(log_dir))
-
-    def write(self, step: int, frame: dict) -> None:
-        for key, value in frame.items():
-            if isinstance(value, (int, float)):
-                self.writer.add_scalar(key, value, step)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 class Reporter:
     """Fans each step's frame out to its sinks; a failing sink is disabled, never fatal."""
 
@@ -141,7 +125,9 @@ class Reporter:
 def default_reporter(run_dir: Path, resumed_step: int, total_steps: int, log_every: int) -> Reporter:
     sinks: list = [ConsoleSink(log_every, total_steps), JsonlSink(run_dir / "metrics.jsonl", resumed_step)]
     try:
-        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+        from .tensorboard_sink import TensorBoardSink
+
+        sinks.append(TensorBoardSink(run_dir / "tensorboard", resumed_step))
     except Exception:
         pass  # tensorboard is optional
     return Reporter(sinks)
