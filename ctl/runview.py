@@ -303,7 +303,8 @@ def _phase_of(view: RunView, aid: str, attempt: int, t: float) -> Phase:
         text = f"training segment {k}/{len(view.segments)}" if k else f"training {aid}"
         return Phase("training", text, segment=k, activity_id=aid, attempt=attempt, since=t)
     if aid.startswith("eval-"):
-        suite, step = suite_of(aid), step_of(aid)
+        known = [x for x in view.suites if aid == f"eval-{x}" or aid.endswith(f"-{x}")]
+        suite, step = (known[0] if known else suite_of(aid)), step_of(aid)
         idx = view.suites.index(suite) + 1 if suite in view.suites else None
         of = f" of step-{step:06d}" if step is not None else ""
         text = f"evaluating {suite}" + (f" ({idx}/{len(view.suites)})" if idx else "") + of
