@@ -102,3 +102,19 @@ def test_kill_during_pruning_then_resume_is_exact(home: Path, phase: str, monkey
     # the leftover is gone; the checkpoint this attempt resumed from stays while it runs
     assert _ckpts(home) == ["retention.log", "step-000006", "step-000010"]
     assert resumed["final_loss_hex"] == uninterrupted["final_loss_hex"] and resumed["digest"] == uninterrupted["digest"]
+
+
+def test_checkpoints_named_by_init_from_teacher_or_an_evaluation_are_found(tmp_path: Path) -> None:
+    from tinyllm.retention import evaluated, init_from_named
+
+    root = tmp_path / "runs/base/ckpt"
+    for s in (2, 4, 6, 8):
+        (root / f"step-{s:06d}").mkdir(parents=True)
+    act = tmp_path / "runs/dpo/activity/train-000010"
+    act.mkdir(parents=True)
+    (act / "spec.json").write_text(json.dumps({"init_from": "base@4", "teacher": "runs/base/ckpt/step-000006"}))
+    assert init_from_named(tmp_path, root) == {"step-000004", "step-000006"}
+    ev = tmp_path / "evals/zoo/base-000008"
+    ev.mkdir(parents=True)
+    (ev / "results.jsonl").write_text(json.dumps({"model": str(root / "step-000008")}) + "\n")
+    assert evaluated(tmp_path, root) == {"step-000008"}
