@@ -22,6 +22,7 @@ import click
 from engine.errors import BadInput as EngineBadInput
 
 from . import app, historyview, runstatus
+from .workerlog import WorkerLog
 from .app import BadRequest, CtlError
 from .runview import figures_text, first_subject_metrics
 
@@ -540,10 +541,62 @@ def show(workflow_id: str, as_json: bool, home: str | None) -> None:
 
 
 @main.command()
+@click.argument("workflow_id", metavar="train/NAME")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
+              help="Write a PNG (matplotlib) instead of plotting in the terminal (plotext).")
+@json_option
+@home_option
+@_edge
+def plot(workflow_id: str, output: str | None, as_json: bool, home: str | None) -> None:
+    """Plot a training run: training loss (and its smoothed curve), held-out validation
+    curves and each checkpoint's evaluation figure over steps, and the learning rate.
+
+    The curves come from runs/<name>/metrics.jsonl, the evaluations from the run's history.
+    Without -o it draws in the terminal (no dependency); -o needs the optional extra
+    pip install 'durable-train[plot]' (matplotlib). --json prints the plotted series instead.
+
+    \b
+    Exit codes: 0, 2 for an unknown id, not a training run, no metrics yet or no database,
+                1 when matplotlib (for -o) is not installed.
+    \b
+    Examples:
+      ctl plot train/tiny
+      ctl plot train/tiny -o tiny.png
+    """
+    from . import plot as plotting
+    from .runview import run_view
+
+    home_dir = app.resolve_home(home)
+    engine = app.open_engine(home_dir, create=False, readonly=True)
+    try:
+        st, events = _train_run(engine, workflow_id)
+        s = plotting.series(run_view(st.workflow_id, events, st.state), home_dir)
+    finally:
+        engine.close()
+    if as_json:
+        _print_json(s.to_json())
+        return
+    if not s.loss:
+        raise BadRequest(f"{st.workflow_id} has no training steps in runs/*/metrics.jsonl yet; nothing to plot")
+    try:
+        if output:
+            path = plotting.write_png(s, Path(output))
+            click.echo(f"wrote {path} ({len(s.loss)} steps, {len(s.evals)} evaluation(s))")
+        else:
+            size = os.get_terminal_size(sys.stdout.fileno()) if sys.stdout.isatty() else os.terminal_size((100, 30))
+            click.echo(plotting.terminal(s, width=size.columns, height=min(size.lines, 40), color=sys.stdout.isatty()))
+    except plotting.PlotUnavailable as e:
+        raise CtlError(str(e)) from None
+
+
+@main.command()
 @home_option
 @_edge
 def worker(home: str | None) -> None:
     """Run the workflows of the home folder until SIGINT/SIGTERM (runs started with --detach).
+
+    Logs on stderr each activity attempt it starts and ends (id#attempt, duration, outcome
+    with its figures or error) and each workflow it finishes.
 
     Resumes every open workflow of <home>/.ctl/engine.db, then serves new ones. On SIGTERM
     or SIGINT it stops and exits 0; an activity in flight is abandoned as after a kill (its
@@ -566,10 +619,17 @@ def worker(home: str | None) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     where = engine.config.describe() if getattr(engine, "backend", "") == "temporal" else app.db_path(home_dir)
-    click.echo(f"ctl worker: serving {where} (SIGINT/SIGTERM to stop)", err=True)
+    click.echo(f"ctl worker: serving {where} as pid {os.getpid()} (SIGINT/SIGTERM to stop)", err=True)
+    handler = logging.StreamHandler(sys.stderr)  # the engine's own warnings (a lost worker redelivered...)
+    handler.setFormatter(logging.Formatter("%(asctime)s engine: %(message)s", "%Y-%m-%dT%H:%M:%S"))
+    logging.getLogger("engine").addHandler(handler)
+    log = WorkerLog(engine, lambda line: click.echo(line, err=True))
     try:
+        log.start()
         engine.run_forever(stop)
     finally:
+        log.stop()
+        click.echo("ctl worker: stopped", err=True)
         engine.close()
 
 

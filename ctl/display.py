@@ -88,7 +88,7 @@ class LiveDisplay:
         if view.name:
             self.tail = MetricsTail(self.home / "runs" / view.name / "metrics.jsonl")
             self.tail.poll()  # the file as the last attempt left it (its last step is what a resume redoes)
-        self.console.print(self._opening_line(view))
+        self._emit(self._opening_line(view))
         self._thread.start()
 
     def stop(self) -> None:
@@ -104,7 +104,7 @@ class LiveDisplay:
         after = self.events[-1].seq if self.events else 0
         store = self.engine.store
         with store._lock:  # the engine's own connection; its reads are serialized by this lock
-            new = read_events(store.conn, self.workflow_id, after)[:MAX_EVENTS_PER_POLL]
+            new = read_events(store.conn, self.workflow_id, after, MAX_EVENTS_PER_POLL)
         self.events.extend(new)
         return new
 
@@ -180,7 +180,7 @@ class LiveDisplay:
     def _run(self) -> None:
         try:
             if self.live:
-                self._progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=28),
+                self._progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24),
                                           TextColumn("{task.fields[info]}"), console=self.console,
                                           transient=True, refresh_per_second=4)
                 with self._progress:
@@ -272,52 +272,55 @@ class LiveDisplay:
     def run_line(self, view: RunView, now: float) -> str:
         f = self._figures(view, now)
         pct = 100.0 * f["step"] / view.total_steps if view.total_steps else 0.0
-        return (f"step {f['step']}/{view.total_steps} ({pct:.0f}%) | loss {_loss(f['smoothed'])} "
-                f"(last {_loss(f['last'])}) | {_rate(f['tok_s'])} | elapsed {fmt_duration(f['elapsed_s'])} "
-                f"| ETA {fmt_duration(f['eta_s'])}")
+        return (f"step {f['step']}/{view.total_steps} ({pct:.0f}%) | ETA {fmt_duration(f['eta_s'])} | "
+                f"loss {_loss(f['smoothed'])} (last {_loss(f['last'])}) | {_rate(f['tok_s'])} | "
+                f"elapsed {fmt_duration(f['elapsed_s'])}")
 
-    def phase_line(self, view: RunView, now: float) -> tuple[str, float | None, float]:
-        """(text, total, completed) of the phase row."""
+    def phase_line(self, view: RunView, now: float) -> tuple[str, str, float | None, float]:
+        """(what, detail, total, completed) of the phase row."""
         p = view.phase
         if p.kind == "training" and p.segment:
             seg = view.segments[p.segment - 1]
             lo = view.segments[p.segment - 2].until if p.segment > 1 else 0
             step = self.tail.step if self.tail and self.tail.step is not None else lo
             done = min(max(0, step - lo), seg.until - lo)
-            return f"{p.text}: steps {lo + 1}..{seg.until}", float(seg.until - lo), float(done)
+            return p.text, f"steps {lo + 1}..{seg.until}", float(seg.until - lo), float(done)
         if p.kind == "evaluating":
+            what, _, of = p.text.partition(" of ")
+            of = f"{of}: " if of else ""
             took = [e.duration_s for e in view.evals() if e.duration_s is not None and not e.reused]
             elapsed = max(0.0, now - (p.since or now))
             if took:
                 expect = sum(took) / len(took)
-                return f"{p.text}: {fmt_duration(elapsed)} of ~{fmt_duration(expect)}", expect, min(elapsed, expect)
-            return f"{p.text}: {fmt_duration(elapsed)}", None, 0.0
+                return what, f"{of}{fmt_duration(elapsed)} of ~{fmt_duration(expect)}", expect, min(elapsed, expect)
+            return what, f"{of}{fmt_duration(elapsed)}", None, 0.0
         if p.kind == "waiting" and p.until is not None:
             total = max(0.0, p.until - (p.since or p.until))
             left = max(0.0, p.until - now)
-            return f"waiting until {local_time(p.until)}: {fmt_duration(left)} left", total or 1.0, total - left
-        return p.text, None, 0.0
+            return "waiting", f"until {local_time(p.until)}: {fmt_duration(left)} left", total or 1.0, total - left
+        return p.text, "", None, 0.0
 
     def _update(self, view: RunView, now: float) -> None:
         if view.phase.kind == "ended":
             return
         if not view.total_steps:  # not a training run: the phase only
             if self._progress is not None:
-                phase, ptotal, pdone = self.phase_line(view, now)
+                what, detail, ptotal, pdone = self.phase_line(view, now)
                 self._progress.update(self._tasks["run"], visible=False)
-                self._progress.update(self._tasks["phase"], description=phase, total=ptotal, completed=pdone)
+                self._progress.update(self._tasks["phase"], description=what, total=ptotal, completed=pdone,
+                                      info=detail)
             elif view.phase.text != self._last_phase and view.phase.kind == "evaluating":
                 self._last_phase = view.phase.text
                 self.console.print(view.phase.text)
             return
-        phase, ptotal, pdone = self.phase_line(view, now)
+        what, detail, ptotal, pdone = self.phase_line(view, now)
         if self._progress is not None:
             f = self._figures(view, now)
-            run_info = self.run_line(view, now)
             self._progress.update(self._tasks["run"], description=f"[bold]{self.workflow_id}[/]",
-                                  total=max(1, view.total_steps), completed=f["step"], info=run_info)
-            self._progress.update(self._tasks["phase"], description=phase, total=ptotal, completed=pdone, info="")
+                                  total=max(1, view.total_steps), completed=f["step"], info=self.run_line(view, now))
+            self._progress.update(self._tasks["phase"], description=what, total=ptotal, completed=pdone, info=detail)
             return
+        phase = f"{what}: {detail}" if detail else what
         key = view.phase.text
         if key != self._last_phase and view.phase.kind in ("training", "evaluating", "corpus"):
             self._last_phase = key

@@ -142,7 +142,7 @@ def test_corrupt_database_is_one_line_exit_2_and_left_untouched(tmp_path: Path, 
     assert db.read_bytes() == garbage and sorted(p.name for p in db.parent.iterdir()) == ["engine.db"]
 
 
-COMMANDS = ["train", "eval", "cancel", "status", "list", "history", "show", "worker"]
+COMMANDS = ["train", "eval", "cancel", "status", "list", "history", "show", "plot", "worker"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

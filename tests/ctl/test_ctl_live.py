@@ -21,9 +21,9 @@ def test_live_display_then_kill_then_one_resume_line(tmp_path: Path) -> None:
     try:
         term.wait_text(r"train/slow: 4000 steps in 2 segment\(s\)", "the opening line")
         wait_for(lambda: last_step(metrics) >= 12, "a checkpoint and a few steps more")
-        term.wait_text(r"train/slow\s+\S*━+.*step \d+/4000 \(\d+%\) \| loss \d+\.\d{4} \(last \d+\.\d{4}\) \| "
-                       r"[\d.]+k? tok/s \| elapsed \d+:\d\d \| ETA \d+:\d\d", "the whole-run bar with its ETA")
-        term.wait_text(r"training segment 1/2: steps 1\.\.2000", "the phase row")
+        term.wait_text(r"train/slow\s+\S*━+.*step \d+/4000 \(\d+%\) \| ETA \d+:\d\d \| loss \d+\.\d{4} "
+                       r"\(last \d+\.\d{4}\) \| [\d.]+k? tok/s \| elapsed \d+:\d\d", "the whole-run bar with its ETA")
+        term.wait_text(r"training segment 1/2\s+\S*━+\S*\s+steps 1\.\.2000", "the phase row")
         term.wait_text(r"checkpoint step 10  loss \d+\.\d{4}  runs/slow/ckpt/step-000010", "a checkpoint line")
         status = ctl(home, "status", "train/slow").stdout
         assert re.search(rf"worker: live, pid {term.proc.pid} on \S+, train-002000 attempt 1", status), status

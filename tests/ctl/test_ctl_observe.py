@@ -43,7 +43,7 @@ def test_plain_progress_lines_when_stderr_is_not_a_terminal(finished) -> None:
     assert f"ppl {ppl12:.4g} at step 12" in err  # each evaluation: one line with its figure
     assert re.search(r"segment 1/2 done: step 12, loss \d+\.\d{4}", err)
     assert "  checkpoint step 3  loss" in err and "runs/mini/ckpt/step-000024" in err
-    assert re.search(r"step \d+/24 \(\d+%\) \| loss .* \| elapsed \d+:\d\d \| ETA ", err)  # the periodic status line
+    assert re.search(r"step \d+/24 \(\d+%\) \| ETA \S+ \| loss .* \| elapsed \d+:\d\d", err)  # the periodic line
     assert "waiting 1.0 s, until" in err
     assert "train/mini completed in" in err
 
@@ -147,3 +147,45 @@ def test_status_shows_a_pending_timer_in_local_time(tmp_path: Path) -> None:
     st = json.loads(ctl(tmp_path, "status", "sleep/1", "--json").stdout)
     (timer,) = st["timers"]
     assert 3000 < timer["remaining_s"] <= 3600 and dt.datetime.fromisoformat(timer["fire_at_local"]).timestamp() == int(timer["fire_at"])
+
+
+def test_plot_series_are_the_run_files(finished) -> None:
+    home, _ = finished
+    s = json.loads(ctl(home, "plot", "train/mini", "--json").stdout)
+    jsonl = frames(home)
+    assert s["loss"] == [[f["step"], f["train/loss"]] for f in jsonl]  # exact floats, every step
+    assert s["lr"] == [[f["step"], f["optim/lr"]] for f in jsonl]
+    assert [(e["step"], e["value"]) for e in s["evals"]] == [(st, summary(home, st)["heldout/loss"]) for st in (12, 24)]
+    assert s["evals"][0]["label"] == f"ppl {summary(home, 12)['heldout/ppl']:.4g}"
+    text = ctl(home, "plot", "train/mini").stdout  # in a pipe: the terminal chart, no colours
+    assert text.startswith("train/mini (completed)") and "\x1b[" not in text
+    assert f"◆ ppl {summary(home, 24)['heldout/ppl']:.4g} at step 24" in text
+    assert f"{max(f['train/loss'] for f in jsonl):.3g}┤" in text  # the loss axis spans the data
+    assert any(0x2800 < ord(c) <= 0x28FF for c in text)  # braille dots were drawn
+
+
+def test_plot_png_is_written_and_draws_the_run(finished, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from ctl import plot
+    from ctl.runview import run_view
+    from engine import Engine
+
+    home, _ = finished
+    out = tmp_path / "sub" / "mini.png"
+    p = ctl(home, "plot", "train/mini", "-o", str(out))
+    assert f"wrote {out} (24 steps, 2 evaluation(s))" in p.stdout
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(data[16:20], "big") == 900  # 9 in at 100 dpi
+    eng = Engine(home / ".ctl" / "engine.db")
+    try:
+        view = run_view("train/mini", eng.history("train/mini"), "completed")
+    finally:
+        eng.close()
+    fig = plot.figure(plot.series(view, home))
+    ax, ax_lr = fig.axes
+    loss_line = ax.get_lines()[0]
+    assert list(loss_line.get_xdata()) == [f["step"] for f in frames(home)]
+    assert list(loss_line.get_ydata()) == [f["train/loss"] for f in frames(home)]
+    assert list(ax_lr.get_lines()[0].get_ydata()) == [f["optim/lr"] for f in frames(home)]
+    marks = ax.collections[0].get_offsets()
+    assert [tuple(m) for m in marks] == [(st, summary(home, st)["heldout/loss"]) for st in (12, 24)]

@@ -8,6 +8,7 @@ it: one segment of 6 steps. Waits poll with a generous deadline.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -68,6 +69,14 @@ def test_detached_run_served_by_a_worker_on_a_user_corpus(tmp_path: Path) -> Non
         _, err = worker.communicate(timeout=DEADLINE_S)
         assert worker.returncode == 0, err[-2000:]
         assert "Traceback" not in err
+        # its log: each attempt it started and ended (id#attempt, duration, outcome, figures), the workflow's end
+        iso = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"
+        for aid in ("corpus-mine", "train-000006", "eval-000006-ppl"):
+            assert re.search(rf"^{iso} start  train/own {aid}#1$", err, re.M), err
+            assert re.search(rf"^{iso} end    train/own {aid}#1 completed in \d+:\d\d", err, re.M), err
+        assert re.search(r"train-000006#1 completed in \d+:\d\d: step 6 loss \d+\.\d{4} checkpoint runs/own", err)
+        assert re.search(r"eval-000006-ppl#1 completed in \d+:\d\d: ppl: heldout/bpb=", err)
+        assert re.search(rf"^{iso} workflow train/own completed in \d+:\d\d", err, re.M), err
     finally:
         if worker.poll() is None:
             worker.kill()
