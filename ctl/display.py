@@ -102,9 +102,12 @@ class LiveDisplay:
         from engine.history import read_events
 
         after = self.events[-1].seq if self.events else 0
-        store = self.engine.store
-        with store._lock:  # the engine's own connection; its reads are serialized by this lock
-            new = read_events(store.conn, self.workflow_id, after, MAX_EVENTS_PER_POLL)
+        store = getattr(self.engine, "store", None)
+        if store is None:  # another backend (Temporal): its own history call
+            new = [e for e in self.engine.history(self.workflow_id) if e.seq > after][:MAX_EVENTS_PER_POLL]
+        else:
+            with store._lock:  # the engine's own connection; its reads are serialized by this lock
+                new = read_events(store.conn, self.workflow_id, after, MAX_EVENTS_PER_POLL)
         self.events.extend(new)
         return new
 

@@ -35,12 +35,17 @@ def _activity_rows(engine: Any, workflow_id: str) -> list[tuple]:
 
 
 def _timer_rows(engine: Any, workflow_id: str) -> list[float]:
+    if getattr(engine, "store", None) is None:  # another backend: no local timer table
+        return []
     return [r[0] for r in engine.store.query(
         "SELECT fire_at FROM timers WHERE workflow_id=? AND state='pending' ORDER BY fire_at", (workflow_id,))]
 
 
 def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str, float]) -> dict:
     """Whether a live worker holds the workflow (see the module docstring)."""
+    if getattr(engine, "store", None) is None:  # another backend: its server knows, not this table
+        return {"live": None, "activity_id": None, "attempt": None, "pid": None, "host": None,
+                "lease_age_s": None, "heartbeat_age_s": None, "reason": "not known on this backend"}
     rows = _activity_rows(engine, workflow_id)
     for aid, state, attempt, due_at, hb_deadline, last_hb_at, owner_json in rows:
         if state != "running":

@@ -34,13 +34,16 @@ class WorkerLog:
         self._thread = threading.Thread(target=self._run, name="ctl-worker-log", daemon=True)
 
     def start(self) -> None:
+        if getattr(self.engine, "store", None) is None:  # another backend: its server keeps the log
+            return
         self._poll(initial=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            return
+        self._thread.join(timeout=5)
         try:
             self._poll()
         except Exception:  # noqa: BLE001 - the log must never break the worker
