@@ -23,7 +23,6 @@ from typing import Any
 from .runview import SMOOTHING, RunView, headline, read_frames
 
 INSTALL_HINT = "pip install 'durable-train[plot]'"
-VAL_KEYS = ("val/loss", "val/ppl", "val/objective", "val/reward", "val/exact_match")
 
 
 class PlotUnavailable(Exception):

@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 MAX_FRAMES_KEPT = 512  # the rate window and the smoothing only need the recent frames
 SMOOTHING = 0.9  # exponential moving average of the training loss (as TensorBoard's slider)
@@ -421,8 +421,3 @@ def local_time(t: float, *, date: bool = False) -> str:
 
     stamp = dt.datetime.fromtimestamp(t).astimezone()
     return stamp.isoformat(timespec="seconds") if date else stamp.strftime("%H:%M:%S")
-
-
-def iter_runs(frames: Iterable[dict], key: str) -> list[tuple[int, float]]:
-    """``(step, value)`` of frames that carry ``key``."""
-    return [(f["step"], float(f[key])) for f in frames if isinstance(f.get(key), (int, float))]
