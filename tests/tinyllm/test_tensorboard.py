@@ -12,6 +12,9 @@ import pytest
 
 pytest.importorskip("tensorboard")
 
+from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader  # noqa: E402
+from tensorboard.compat.proto.event_pb2 import Event  # noqa: E402
+
 from tinyllm.tensorboard_sink import event_files, read_scalars  # noqa: E402
 from tl_helpers import run_tinyllm, write_spec  # noqa: E402
 
@@ -30,6 +33,10 @@ def test_resumed_run_continues_the_step_axis_without_duplicates(home: Path) -> N
     p = run_tinyllm(home, "train", "--spec", str(write_spec(home / "a.json", steps=8, **TINY)))
     assert p.returncode == 0, p.stderr
     assert [s for s, _ in read_scalars(home / "runs/small/tensorboard")["train/loss"]] == list(range(1, 9))
+    (first,) = event_files(home / "runs/small/tensorboard")
+    events = [e for r in RawEventFileLoader(str(first)).Load() if (e := Event.FromString(r)).HasField("summary")]
+    assert [e.step for e in events] == list(range(1, 9))  # one event per frame, all of its scalars in it
+    assert {v.tag for v in events[0].summary.value} == {k for k in frames(home)[0] if k not in ("step", "time")}
     # resume from the older checkpoint at step 4: the events of steps 5..8 are written again
     p = run_tinyllm(home, "train", "--spec", str(write_spec(home / "b.json", steps=10, **TINY)),
                     "--resume", str(home / "runs/small/ckpt/step-000004"))
@@ -41,16 +48,3 @@ def test_resumed_run_continues_the_step_axis_without_duplicates(home: Path) -> N
         assert [s for s, _ in scalars[tag]] == list(range(1, 11)), tag  # no duplicate, no gap
         assert [v for _, v in scalars[tag]] == [f32(f[tag]) for f in jsonl], tag  # the same figures
     assert len(event_files(home / "runs/small/tensorboard")) == 2  # one per invocation, the first cut back
-
-
-
-def test_one_event_per_frame(home: Path) -> None:
-    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
-    from tensorboard.compat.proto.event_pb2 import Event
-
-    p = run_tinyllm(home, "train", "--spec", str(write_spec(home / "a.json", steps=3, **TINY)))
-    assert p.returncode == 0, p.stderr
-    (path,) = event_files(home / "runs/small/tensorboard")
-    events = [e for r in RawEventFileLoader(str(path)).Load() if (e := Event.FromString(r)).HasField("summary")]
-    assert [e.step for e in events] == [1, 2, 3]
-    assert {v.tag for v in events[0].summary.value} == {k for k in frames(home)[0] if k not in ("step", "time")}
