@@ -419,7 +419,8 @@ def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
 def _resolved(engine: Any, workflow_id: str) -> str:
     wid = app.resolve_id(engine, workflow_id)
     if wid != workflow_id:
-        click.echo(f"ctl: {workflow_id} -> {wid} (its newest run; `ctl list` shows all)", err=True)
+        why = "the run's first workflow" if workflow_id == f"{wid}/1" else "its newest run; `ctl list` shows all"
+        click.echo(f"ctl: {workflow_id} -> {wid} ({why})", err=True)
     return wid
 
 
