@@ -1,6 +1,6 @@
 """The durable example's `eval_command`: accuracy of each subject checkpoint on held-out spirals.
 
-Called by EvalSuite's `eval` activity as `python examples/eval_spirals.py --spec FILE --home DIR`
+Called by EvalSuite's `eval` activity as `python examples/eval_spirals.py --spec FILE --home DIR --progress FILE`
 with one suite's eval spec ({"name", "suite", "subjects": [{"id", "model"}], "seed", "tag"?, ...}).
 It rebuilds each model from the config recorded in its checkpoint's manifest, writes
 evals/<suite>/<run>/results.jsonl and summary.json, and prints the contract's result line.
@@ -20,6 +20,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--spec", required=True)
     p.add_argument("--home", required=True)
+    p.add_argument("--progress", default=None)  # liveness: a line per subject evaluated
     args = p.parse_args()
     spec, home = json.loads(Path(args.spec).read_text()), Path(args.home)
     run = f"{spec['name']}-{spec['tag']}" if spec.get("tag") else spec["name"]
@@ -41,6 +42,9 @@ def main() -> None:
         rows.append({"suite": spec["suite"], "run": run, "subject": subject["id"], "model": subject["model"],
                      "step": manifest["step"], "task": "spirals", "metric": "acc", "value": acc,
                      "value_hex": acc.hex(), "n": len(y)})
+        if args.progress:
+            with open(args.progress, "a") as f:
+                f.write(json.dumps({"event": "evaluated", "subject": subject["id"]}) + "\n")
     out = home / "evals" / spec["suite"] / run
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "results.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))

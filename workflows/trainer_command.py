@@ -117,9 +117,12 @@ def check_progress(path: Path, *, home: Path) -> None:
                                                        f"{raw[:80].decode('utf-8', 'replace')!r}") from None
         if isinstance(line, dict) and "event" in line and "step" not in line:
             continue  # a liveness line (contracts/subprocess-activity.md)
-        if not isinstance(line, dict) or not isinstance(line.get("step"), int) or isinstance(line.get("step"), bool):
-            raise contract_violation("progress lines", f"line {number} of {path.name} is not a JSON object with an "
-                                                       "integer 'step'")
+        if not isinstance(line, dict):
+            raise contract_violation("progress lines", f"line {number} of {path.name} is not a JSON object")
+        step = line.get("step")
+        if ("step" in line or "event" not in line) and (not isinstance(step, int) or isinstance(step, bool)):
+            raise contract_violation("progress lines", f"line {number} of {path.name} has no integer 'step' "
+                                                       "(only a liveness line with an 'event' may omit it)")
         if line.get("checkpoint"):
             last_ckpt = str(line["checkpoint"])
     if last_ckpt is not None and not (home / last_ckpt).is_dir():

@@ -93,7 +93,11 @@ def test_progress_line_rules(tmp_path: Path) -> None:
     p = tmp_path / "progress-1.jsonl"
     p.write_text('{"step": 1, "checkpoint": null}\n')
     check_progress(p, home=tmp_path)
+    p.write_text('{"event": "starting"}\n{"step": 1}\n')  # a liveness line may omit the step
+    check_progress(p, home=tmp_path)
     p.write_text('{"step": "one"}\n')
+    assert rule_of(check_progress, p, home=tmp_path) == "progress lines"
+    p.write_text('{"loss": 1.0}\n')
     assert rule_of(check_progress, p, home=tmp_path) == "progress lines"
     p.write_text('{"step": 1, "checkpoint": "runs/r/ckpt/step-000001"}\n')
     assert rule_of(check_progress, p, home=tmp_path) == "progress lines"
