@@ -13,7 +13,8 @@ processes, while seeded random faults hit it at random moments:
 
 The oracle, after every run (``Run.check``):
 
-- every event any reader printed is still in the final history of its workflow, unchanged;
+- every event any reader printed is still in the final history of its workflow, unchanged, and
+  no ctl process of the run ever holds a deleted engine.db* file open (a dropped lock, defect 1);
 - a cancel that ``ctl cancel`` reported as recorded ends that workflow canceled;
 - each evaluation completed exactly once over all of the run's workflows, and its output files
   were never rewritten after they first appeared;
@@ -69,8 +70,10 @@ def _sha(path: Path) -> str | None:
 class Monitor:
     """Watches the run's files from outside (never the database): progress lines and eval outputs."""
 
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, pids=lambda: []):
         self.home = home
+        self.pids = pids  # the run's live ctl processes: none may hold a deleted engine.db* open
+        self.deleted: dict[int, list[str]] = {}
         self.progress: dict[tuple[str, float], list[dict]] = {}  # (file, first line's time) -> its lines
         self.outputs: dict[str, tuple] = {}  # eval output -> (inode, mtime_ns, size, sha) when first seen
         self.rewritten: list[str] = []
@@ -91,6 +94,10 @@ class Monitor:
             self.sample()
 
     def sample(self) -> None:
+        for pid in self.pids():
+            gone = procs.deleted_db_files(pid)
+            if gone and pid not in self.deleted:
+                self.deleted[pid] = gone
         for f in self.home.glob(f"runs/{NAME}/activity/train-*/progress-*.jsonl"):
             try:
                 lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip().endswith("}")]
@@ -116,6 +123,7 @@ class Monitor:
 
     def violations(self) -> list[str]:
         bad = [f"eval output rewritten after it first appeared: {p}" for p in self.rewritten]
+        bad += [f"ctl process {pid} commits into a deleted file: {', '.join(files)}" for pid, files in self.deleted.items()]
         spans, steps = [], {}
         for (path, t0), lines in sorted(self.progress.items()):
             who = f"{Path(path).parent.name}/{Path(path).name}@{t0:.3f}"
@@ -238,6 +246,10 @@ class Run:
             self.extras.append(procs.spawn(self.home, "train", "--spec", str(self.spec), *TRAIN_ARGS))
             return "a second ctl train of the same spec"
         raise ValueError(kind)
+
+    def pids(self) -> list[int]:
+        """The run's ctl processes still alive (the one running the workflow and any second ctl train)."""
+        return [p.pid for p in [self.primary, *self.extras] if p is not None and p.poll() is None]
 
     def extras_alive(self) -> bool:
         return any(p.poll() is None for p in self.extras)
@@ -415,7 +427,7 @@ def one_run(seed: int, i: int, base: Path, spec: Path, ref: Reference, faults_pe
     run = Run(i, seed, base, spec, rng, worker_mode=rng.random() < 0.3)
     _ACTIVE.add(run)
     try:
-        with Monitor(run.home) as monitor:
+        with Monitor(run.home, run.pids) as monitor:
             run.drive(faults_per_run)
         return run, run.check(monitor, ref.result())
     finally:

@@ -78,3 +78,17 @@ def test_the_oracle_sees_a_lost_event():
             {"seq": 2, "type": "activity_started", "attrs": {"activity_id": "train-000010", "attempt": 1}}]
     assert procs.missing_events(seen, seen) == []
     assert procs.missing_events(seen, seen[:1]) == ["seq 2 activity_started train-000010: missing"]
+
+
+def test_the_oracle_sees_a_ctl_process_writing_into_a_deleted_wal(tmp_path):
+    import os
+
+    wal = tmp_path / "engine.db-wal"  # not a database: a stand-in held open by this process, then deleted
+    wal.write_bytes(b"")
+    with open(wal, "rb"):
+        m = Monitor(tmp_path, pids=lambda: [os.getpid()])
+        m.sample()
+        assert m.violations() == []
+        wal.unlink()
+        m.sample()
+    assert any("commits into a deleted file" in b and "engine.db-wal (deleted)" in b for b in m.violations())
