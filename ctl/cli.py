@@ -591,6 +591,49 @@ def plot(workflow_id: str, output: str | None, as_json: bool, home: str | None) 
 
 
 @main.command()
+@click.option("--fix", is_flag=True, help="Remove leftover temporaries of unfinished writes (nothing else).")
+@json_option
+@home_option
+@_edge
+def doctor(fix: bool, as_json: bool, home: str | None) -> None:
+    """Check the home folder and say what each problem means for which run.
+
+    Checks the database (SQLite integrity, application and schema, every workflow's row and
+    history with each event's checksum, activities leased to a worker that is gone), each
+    run's checkpoints against their manifests and its LATEST pointer, each corpus against its
+    checksums, and leftover temporaries of writes that did not finish. Read-only: it repairs
+    nothing unless --fix, which removes leftover temporaries only (run locks are kernel locks,
+    never stale; a lease of a dead worker is expired by the next `ctl train` or `ctl worker`).
+
+    \b
+    Exit codes: 0 clean (or everything found was fixed), 1 problems found, 2 bad home.
+    \b
+    Example:
+      ctl doctor --home runs-home && ctl doctor --fix
+    """
+    from . import doctor as doc
+
+    home_dir = app.resolve_home(home)
+    if not home_dir.is_dir():
+        raise BadRequest(f"home {home_dir} does not exist")
+    report = doc.examine(home_dir)
+    removed = doc.fix(home_dir, report) if fix else []
+    left = [f for f in report.findings if f.path not in removed]
+    if as_json:
+        _print_json(report.to_json() | {"removed": removed})
+    else:
+        for f in left:
+            click.echo(f.line())
+        for r in removed:
+            click.echo(f"removed  {r}")
+        c = report.checked
+        click.echo(f"checked {c['workflows']} workflow(s), {c['events']} event(s), {c['runs']} run(s), "
+                   f"{c['checkpoints']} checkpoint(s), {c['corpora']} corpus(es): "
+                   + ("no problems" if not left else f"{len(left)} problem(s)"))
+    sys.exit(app.EXIT_FAILED if left else app.EXIT_OK)
+
+
+@main.command()
 @home_option
 @_edge
 def worker(home: str | None) -> None:

@@ -204,7 +204,7 @@ def find_resume_checkpoint(run_dir: Path, explicit: Path | None = None, log=None
     if candidate is None:
         latest = ckpt_root / "LATEST"
         if latest.exists():
-            candidate = ckpt_root / latest.read_text().strip()
+            candidate = ckpt_root / read_latest(latest)
         else:
             candidates = list_step_dirs(ckpt_root)
             candidate = candidates[0] if candidates else None
@@ -229,6 +229,18 @@ def find_resume_checkpoint(run_dir: Path, explicit: Path | None = None, log=None
             print(f"tinyllm: refusing checkpoint: {e}", file=log)
     print("tinyllm: no valid checkpoint left; starting fresh", file=log)
     return None
+
+
+def read_latest(latest: Path) -> str:
+    """The directory name ``LATEST`` points at; a damaged pointer reads as ``"(damaged LATEST)"``,
+    a name that fails verification, so the newest valid checkpoint is used instead."""
+    try:
+        name = latest.read_bytes().decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return "(damaged LATEST)"
+    if not name or "/" in name or "\x00" in name or name in (".", ".."):
+        return "(damaged LATEST)"
+    return name
 
 
 def _step_of(path: Path) -> int | None:

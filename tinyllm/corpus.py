@@ -174,6 +174,22 @@ def open_corpus(home: Path, name: str, part: str = "tokens") -> tuple[np.ndarray
         raise SpecError(f"corpus {name!r} not found at {path} (build it with: tinyllm corpus --spec FILE)")
     fname, count = ("tokens.bin", meta.get("tokens")) if part == "tokens" else ("heldout.bin", meta.get("heldout_tokens"))
     f = path / fname
-    if not f.exists() or f.stat().st_size != 2 * int(count or 0):
+    try:
+        n = int(count or 0)
+    except (TypeError, ValueError):
+        n = -1
+    if not f.exists() or f.stat().st_size != 2 * n:
         raise SpecError(f"corpus {name!r}: {f} is missing or not {count} tokens long (rebuild it with tinyllm corpus)")
+    key = "tokens_sha256" if part == "tokens" else "heldout_sha256"
+    if _file_sha(f) != meta.get(key):  # never train or evaluate on silently damaged data
+        raise SpecError(f"corpus {name!r}: {f} fails its sha256 checksum (damaged); rebuild it with tinyllm corpus "
+                        f"(ctl train rebuilds it by itself)")
     return np.memmap(f, dtype="<u2", mode="r"), meta
+
+
+def _file_sha(path: Path, chunk_bytes: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_bytes):
+            h.update(block)
+    return h.hexdigest()

@@ -86,8 +86,8 @@ def choose_resume(home: Path, name: str, until: int, attempt: int, details: Any)
             heartbeated = ckpt
     ckpt_dir = home / "runs" / name / "ckpt"
     try:
-        latest = (ckpt_dir / "LATEST").read_text(encoding="utf-8").strip()
-    except OSError:
+        latest = (ckpt_dir / "LATEST").read_bytes().decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):  # none, or damaged: tinyllm finds the newest valid one
         return heartbeated
     latest_step = checkpoint_step(latest)
     if latest_step is None or latest_step <= until:

@@ -67,7 +67,13 @@ def read_journal(ckpt_dir: Path, marker: dict | None) -> Journal | None:
     """The journal of a checkpoint: its phase file if any, else its marker component, else None."""
     phase_file = Path(ckpt_dir) / PHASE_FILE
     if phase_file.exists():
-        return Journal.model_validate_json(phase_file.read_text())
+        try:
+            return Journal.model_validate_json(phase_file.read_bytes())
+        except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+            from ..spec import SpecError
+
+            raise SpecError(f"validation phase file {phase_file} is damaged ({type(e).__name__}); restore it, or "
+                            f"remove that checkpoint directory to resume from the one before") from None
     if marker is not None:
         return Journal.model_validate(json.loads(marker["json"]))
     return None
