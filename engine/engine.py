@@ -174,12 +174,21 @@ class Engine(Worker):
     def _row(self, workflow_id: str) -> tuple:
         check_id(workflow_id)
         row = self.store.query_one(
-            "SELECT id, name, state, created_at, updated_at, cancel_requested, error, result FROM workflows WHERE id=?",
+            "SELECT id, CAST(name AS BLOB), CAST(state AS BLOB), created_at, updated_at, cancel_requested, "
+            "CAST(error AS BLOB), CAST(result AS BLOB) FROM workflows WHERE id=?",
             (workflow_id,),
         )
         if row is None:
             raise NotFound(f"no workflow with id {workflow_id!r}")
-        return row
+        out = list(row)
+        for i, column in ((1, "name"), (2, "state"), (6, "error"), (7, "result")):
+            if out[i] is not None:
+                try:
+                    out[i] = bytes(out[i]).decode("utf-8")
+                except UnicodeDecodeError:
+                    with self.store._lock:
+                        raise damaged(self.store.conn, workflow_id, f"its {column}", "not UTF-8 text") from None
+        return tuple(out)
 
     def status(self, workflow_id: str) -> WorkflowStatus:
         wid, name, state, created, updated, cancel, error, result = self._row(workflow_id)
