@@ -69,7 +69,11 @@ def as_ctl_error(err: BaseException, home: Path | None) -> CtlError | None:
             return BadRequest(_read_only_message(home) if home else f"{db} is read-only")
         if "disk i/o error" in text:
             return CtlError(f"I/O error on {db}: {err}; check the disk, then `ctl doctor`")
-        return None
+        if "locked" in text or "busy" in text:
+            return CtlError(f"{db} stayed locked by another process ({err}); try again")
+    if isinstance(err, sqlite3.DatabaseError):  # "database disk image is malformed" and the like
+        return BadRequest(f"engine database {db} is damaged: {err}; nothing was written; `ctl doctor` says "
+                          f"what each run can still use")
     if isinstance(err, OSError):
         if err.errno in _FULL:
             return DiskFull(f"disk full writing {err.filename or home}; free some space and run the same command "

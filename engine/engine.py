@@ -256,7 +256,10 @@ class Engine(Worker):
     def history(self, workflow_id: str) -> list[Event]:
         self._row(workflow_id)
         with self.store._lock:
-            return read_events(self.store.conn, workflow_id)
+            events = read_events(self.store.conn, workflow_id)
+            if not events or events[0].type != h.WORKFLOW_STARTED:  # started and its event are one transaction
+                raise damaged(self.store.conn, workflow_id, "event 1", "missing: no workflow_started event")
+            return events
 
     def list_workflows(self) -> list[WorkflowStatus]:
         rows = self.store.query("SELECT id FROM workflows ORDER BY created_at, id")

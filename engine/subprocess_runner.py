@@ -99,6 +99,17 @@ def _tail(f, limit: int) -> str:
     return f.read().decode("utf-8", errors="replace")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"non-finite number {text}")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
 class _Progress:
     """Reads complete new lines of the progress file (starting at its size when the run began)."""
 
@@ -120,9 +131,11 @@ class _Progress:
         for line in lines:
             if line.strip():
                 try:
-                    out.append(json.loads(line))
-                except ValueError:
+                    value = json.loads(line, parse_float=_finite, parse_constant=_no_constant)
+                except (ValueError, RecursionError):
                     continue  # a malformed progress line is not worth failing the run for
+                if isinstance(value, dict):  # a damaged line that is still JSON is not a heartbeat
+                    out.append(value)
         return out
 
 

@@ -89,6 +89,7 @@ def write_checkpoint_dir(final: Path, step: int, components: Mapping[str, Any], 
         "files": files,
         "meta": dict(meta or {}),
     }
+    manifest["manifest_sha256"] = manifest_digest(manifest)
     _write_file(tmp / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
     _fsync_dir(tmp)
     replaced = None
@@ -138,7 +139,16 @@ def read_manifest(path: Path) -> dict:
         raise CheckpointError(f"{path}: unreadable manifest.json: {e}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
         raise CheckpointError(f"{path}: manifest.json has an unknown format")
+    if "manifest_sha256" in manifest and manifest["manifest_sha256"] != manifest_digest(manifest):
+        raise CheckpointError(f"{path}: manifest.json fails its own checksum (corrupt)")
     return manifest
+
+
+def manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON without its own digest: a damaged step, meta or
+    ``resumable`` flag is refused like a damaged file (manifests without it are still read)."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _read_verified(path: Path, name: str, entry: Mapping[str, Any]) -> bytes:
@@ -217,7 +227,9 @@ def find_resume_checkpoint(run_dir: Path, explicit: Path | None = None, log=None
         return candidate
     except CheckpointError as e:
         print(f"tinyllm: refusing checkpoint: {e}", file=log)
-        refused_step = _step_of(candidate)
+        # only a checkpoint that exists bounds the fallback: a damaged LATEST naming a step that
+        # is not there (e.g. truncated to "step-0") must not hide the valid checkpoints
+        refused_step = _step_of(candidate) if Path(candidate).is_dir() else None
     for older in list_step_dirs(ckpt_root):
         if refused_step is not None and int(older.name[5:]) >= refused_step:
             continue

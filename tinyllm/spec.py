@@ -30,11 +30,11 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     """A small decoder-only transformer (nanoGPT shape)."""
 
-    vocab_size: int = Field(256, ge=256)  # byte-level tokens (ids 0..255) need at least 256
-    block_size: int = Field(64, ge=2)  # context length in tokens
-    n_layer: int = Field(2, ge=1)  # transformer blocks
-    n_head: int = Field(2, ge=1)  # attention heads per block
-    n_embd: int = Field(64, ge=1)  # width; a multiple of n_head
+    vocab_size: int = Field(256, ge=256, le=1 << 20)  # byte-level tokens (ids 0..255) need at least 256
+    block_size: int = Field(64, ge=2, le=1 << 16)  # context length in tokens
+    n_layer: int = Field(2, ge=1, le=1024)  # transformer blocks
+    n_head: int = Field(2, ge=1, le=1024)  # attention heads per block
+    n_embd: int = Field(64, ge=1, le=1 << 16)  # width; a multiple of n_head
     dropout: float = Field(0.0, ge=0.0, lt=1.0)  # >0 makes the RNG state part of exact resume
     bias: bool = False  # biases in Linear and LayerNorm
 
@@ -49,14 +49,14 @@ class TrainSpec(_Strict):
     """What ``tinyllm train --spec`` trains; TrainRun's segments change only ``steps``."""
 
     name: Identifier  # names runs/<name>/ and workflow train/<name>
-    steps: int = Field(ge=1)  # optimizer steps in all
+    steps: int = Field(ge=1, le=1 << 40)  # optimizer steps in all
     corpus: Identifier = "default"  # trains on corpora/<corpus>/ (built by tinyllm corpus)
-    seed: int = 0  # model init, data order, dropout
+    seed: int = Field(0, ge=0, lt=1 << 63)  # model init, data order, dropout (torch takes 64 bits)
     eval_every: int = Field(0, ge=0)  # TrainRun: evaluate every this many steps (0: only at the end)
     eval_interval_seconds: float = Field(0.0, ge=0.0)  # TrainRun: durable wait after each evaluation but the last
     checkpoint_every: int = Field(100, ge=1)  # also one at the end of every invocation
-    batch_size: int = Field(16, ge=1)
-    grad_accum_steps: int = Field(1, ge=1)  # micro-batches per optimizer step
+    batch_size: int = Field(16, ge=1, le=1 << 20)
+    grad_accum_steps: int = Field(1, ge=1, le=1 << 20)  # micro-batches per optimizer step
     lr: float = Field(1e-3, gt=0.0)  # peak learning rate
     min_lr: float = Field(1e-4, ge=0.0)  # floor of the cosine decay
     warmup_steps: int = Field(10, ge=0)
@@ -68,7 +68,7 @@ class TrainSpec(_Strict):
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
     beta2: float = Field(0.95, ge=0.0, lt=1.0)
     grad_clip: float = Field(1.0, ge=0.0)  # 0 disables clipping
-    threads: int = Field(2, ge=1)  # torch intra-op threads; fixed for bitwise repeatability
+    threads: int = Field(2, ge=1, le=1024)  # torch intra-op threads; fixed for bitwise repeatability
     log_every: int = Field(10, ge=1)  # console progress line every this many steps
     model: ModelConfig = ModelConfig()
     validation: ValidationConfig | None = None  # held-out validation during training (opt-in)
@@ -120,7 +120,7 @@ class EvalSpec(_Strict):
     seed: int = 0  # item sampling when max_items is set
     corpus: Identifier = "default"  # ppl reads corpora/<corpus>/heldout.bin
     max_items: int | None = Field(None, ge=1)  # ppl: windows; zoo: items per task
-    threads: int = Field(1, ge=1)  # torch threads; evals run many tiny forwards, where 1 is fastest
+    threads: int = Field(1, ge=1, le=1024)  # torch threads; evals run many tiny forwards, where 1 is fastest
 
     @model_validator(mode="after")
     def _unique_subjects(self) -> "EvalSpec":

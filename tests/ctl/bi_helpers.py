@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = {"name": "mini", "steps": 6, "eval_every": 3, "checkpoint_every": 3, "batch_size": 2, "threads": 1,
+SPEC = {"name": "mini", "steps": 6, "eval_every": 0, "checkpoint_every": 3, "batch_size": 2, "threads": 1,
         "log_every": 1, "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 8}}
 
 

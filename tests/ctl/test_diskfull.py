@@ -43,7 +43,9 @@ def test_disk_full_exit_74_one_line_no_temporaries_then_resumes_bitwise(tmp_path
             pytest.skip(f"a real full disk needs a tmpfs mount: {fs.why}")
         home = fs.path / "home"
         home.mkdir()
-        spec = write_json(tmp_path / "spec.json", SPEC)  # the spec lives outside the full disk
+        # two segments (3 + 3 steps): the disk fills while the second trainer starts; segments are
+        # bitwise the one-segment reference run. The spec lives outside the full disk.
+        spec = write_json(tmp_path / "spec.json", {**SPEC, "eval_every": 3})
         argv = [sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec), "--no-eval", "--home", str(home)]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
         first = home / "runs" / "mini" / "ckpt" / "step-000003"
