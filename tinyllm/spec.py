@@ -51,7 +51,7 @@ class TrainSpec(_Strict):
     name: Identifier  # names runs/<name>/ and workflow train/<name>
     steps: int = Field(ge=1, le=1 << 40)  # optimizer steps in all
     corpus: Identifier = "default"  # trains on corpora/<corpus>/ (built by tinyllm corpus)
-    seed: int = Field(0, ge=0, lt=1 << 63)  # model init, data order, dropout (torch takes 64 bits)
+    seed: int = Field(0, ge=-(1 << 63), lt=1 << 64)  # model init, data order, dropout (the range torch takes)
     eval_every: int = Field(0, ge=0)  # TrainRun: evaluate every this many steps (0: only at the end)
     eval_interval_seconds: float = Field(0.0, ge=0.0)  # TrainRun: durable wait after each evaluation but the last
     checkpoint_every: int = Field(100, ge=1)  # also one at the end of every invocation

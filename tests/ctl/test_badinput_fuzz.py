@@ -97,7 +97,7 @@ def test_mutated_train_specs_are_valid_or_one_clean_line(data):
         assert str(e).startswith("invalid train spec: ")
     else:
         assert isinstance(spec.steps, int) and not isinstance(spec.steps, bool)
-        assert spec.seed >= 0 and spec.model.n_embd % spec.model.n_head == 0
+        assert -(2 ** 63) <= spec.seed < 2 ** 64 and spec.model.n_embd % spec.model.n_head == 0
     # what ctl train does with the same file, before anything is started
     import tempfile
 
