@@ -21,7 +21,8 @@ from typing import Any
 
 import workflows
 from engine.errors import BadInput, NotFound
-from tinyllm.spec import IDENTIFIER_PATTERN, EvalSpec, SpecError, load_json_file, parse_train_spec
+from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, load_json_file, parse_corpus_spec,
+                          parse_train_spec)
 from tinyllm.trainer_spec import has_trainer
 from workflows.models import EvalSubject, EvalSuiteInput, TrainRunInput
 
@@ -161,6 +162,10 @@ def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 
         if not isinstance(corpus, dict) or corpus.get("name", "default") != spec.corpus:
             raise BadRequest(f"corpus spec {corpus_file} must build {spec.corpus!r}, the train spec's corpus")
         corpus = {"name": spec.corpus, **corpus}
+        try:
+            parse_corpus_spec(corpus)  # strict types, unknown fields: refused before anything starts
+        except SpecError as e:
+            raise BadRequest(str(e)) from None
     else:
         corpus = {"name": spec.corpus}  # tinyllm's built-in text under that name (idempotent)
     _check_suites(list(suites), spec.name)

@@ -192,3 +192,13 @@ def test_ctl_doctor_clean_home_and_fix_removes_only_leftovers(finished_home, tmp
     after = snapshot(home)
     assert set(before) - set(after) == {"runs/mini/ckpt/.tmp-step-000009-999999", "runs/mini/metrics.jsonl.tmp-999998"}
     assert all(after[k] == v for k, v in before.items() if k in after)
+
+
+def test_corpus_spec_is_checked_strictly_before_anything_starts(tmp_path):
+    home = tmp_path / "h"
+    home.mkdir()
+    spec = write_json(tmp_path / "s.json", SPEC)
+    corpus = write_json(tmp_path / "c.json", {"name": "default", "sourcs": ["a.txt"], "heldout_fraction": "0.1"})
+    one_line_error(ctl(home, "train", "--spec", str(spec), "--corpus-spec", str(corpus)), 2,
+                   "sourcs: unknown field (did you mean sources?)", "heldout_fraction: must be a number")
+    assert snapshot(home) == {}
