@@ -18,6 +18,7 @@ named after the error (``SubprocessFailed``...).
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any, Callable, Mapping
 
@@ -25,7 +26,9 @@ from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, CancelledError
 
+from .. import proctree
 from ..errors import NonRetryableError, is_canceled
+from ..options import StepOptions
 
 
 class TemporalActivityContext:
@@ -59,6 +62,18 @@ class TemporalActivityContext:
     @property
     def last_heartbeat_details(self) -> Any:
         return self._earlier
+
+    @property
+    def options(self) -> StepOptions:
+        """The attempt's options as far as the runner needs them (its heartbeat timeout: hung-child limit)."""
+        hb = self._info.heartbeat_timeout
+        return StepOptions(id=self._activity_id, heartbeat_timeout_s=hb.total_seconds() if hb else None)
+
+    @property
+    def process_tag(self) -> str:
+        """Tags the attempt's processes (engine/proctree.py): scope = the cluster and namespace."""
+        scope = hashlib.sha256(f"temporal|{self._info.workflow_namespace}".encode()).hexdigest()[:16]
+        return proctree.attempt_tag(scope, self.workflow_id, self._activity_id, self.attempt)
 
     @property
     def cancel_requested(self) -> bool:
