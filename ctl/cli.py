@@ -170,6 +170,9 @@ def _describe_train(result: dict) -> None:
         for s in (seg.get("evals") or {}).get("suites", []):
             line += f"  {s['suite']}: {figures_text(first_subject_metrics(s), limit=2) or 'done'}"
         click.echo(line)
+        for r in t.get("refused_checkpoints") or []:
+            click.echo(f"    refused checkpoint {r['checkpoint']}: {r['reason']}; "
+                       f"resumed from {t.get('resumed_from') or 'scratch'}")
     click.echo(f"final_loss_hex {result['final_loss_hex']}  digest {result['digest']}")
 
 

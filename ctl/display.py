@@ -52,6 +52,18 @@ def _rate(tok_s: float | None) -> str:
     return f"{tok_s / 1000:.1f}k tok/s" if tok_s >= 1000 else f"{tok_s:.0f} tok/s"
 
 
+
+def resume_lines(details: dict) -> list[str]:
+    """What a trainer's resume progress line says: each refused checkpoint and why, then what it used."""
+    lines = [f"  [yellow]refused checkpoint[/] {r.get('checkpoint')}: {r.get('reason')}"
+             for r in details.get("refused") or [] if isinstance(r, dict)]
+    used = details.get("resumed_from")
+    if used and lines:
+        at = f" at step {details['step']}" if isinstance(details.get("step"), int) else ""
+        lines.append(f"  resumed from {used}{at} instead")
+    return lines
+
+
 class LiveDisplay:
     """Follows workflow ``workflow_id`` of ``engine`` from ``start()`` to ``stop()``."""
 
@@ -229,6 +241,8 @@ class LiveDisplay:
             return None
         if e.type == "activity_heartbeat":
             d = a.get("details")
+            if isinstance(d, dict) and d.get("event") == "resume":
+                return "\n".join(resume_lines(d)) or None
             if isinstance(d, dict) and d.get("checkpoint"):
                 return f"  checkpoint step {d.get('step')}  loss {_loss(d.get('loss'))}  {d['checkpoint']}"
         elif e.type == "activity_completed":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from .errors import RunLocked
+from .errors import CheckpointError, RunLocked
 from .spec import SpecError
 from .validation.errors import ArchiveError
 
@@ -83,9 +83,14 @@ def corpus(spec_path: str | None, home: str | None) -> None:
 @click.option("--progress", type=click.Path(dir_okay=False), default=None,
               help="Append one JSON line per checkpoint, and a liveness line every few seconds, to this file.")
 @click.option("--resume", type=click.Path(), default=None,
-              help="Checkpoint directory to resume from (default: runs/<name>/ckpt/LATEST, else fresh).")
+              help="Checkpoint directory to resume from (default: runs/<name>/ckpt/LATEST, else fresh). "
+                   "A corrupt one is refused (said on stderr, in --progress and in the result's "
+                   "refused_checkpoints) and the newest valid checkpoint is used instead.")
+@click.option("--total-steps", type=click.IntRange(min=1), default=None,
+              help="The run's last step when this invocation trains one segment of it (to the spec's "
+                   "`steps`); validation's schedule and final step follow the run [default: the spec's steps].")
 @home_option
-def train(spec_path: str, progress: str | None, resume: str | None, home: str | None) -> None:
+def train(spec_path: str, progress: str | None, resume: str | None, total_steps: int | None, home: str | None) -> None:
     """Train the spec's model to its `steps`, resuming where possible."""
     import signal
 
@@ -105,10 +110,13 @@ def train(spec_path: str, progress: str | None, resume: str | None, home: str | 
 
         liveness.event("imported")
         resume_path = None if resume is None else (Path(resume) if os.path.isabs(resume) else home_dir / resume)
-        trainer = Trainer(spec, home_dir, Path(progress).absolute() if progress else None, resume_path)
+        trainer = Trainer(spec, home_dir, Path(progress).absolute() if progress else None, resume_path,
+                          total_steps=total_steps)
         result = trainer.run()
     except SpecError as e:
         _fail(str(e), EXIT_BAD_INPUT)
+    except CheckpointError as e:  # found corrupt after it was chosen (verified at choice): never a traceback
+        _fail(f"corrupt checkpoint: {e}", EXIT_BAD_INPUT)
     except RunLocked as e:
         _fail(str(e), EXIT_LOCKED)
     except ArchiveError as e:  # retryable: the resumed run retries only the publication

@@ -1,8 +1,13 @@
 """tinyllm's failure kinds that map to exit codes (importable without torch).
 
-``SpecError`` (bad input, exit 2) lives in tinyllm.spec; ``RunLocked`` (exit 75) is here.
+``SpecError`` (bad input, exit 2) lives in tinyllm.spec; ``RunLocked`` (exit 75) and
+``CheckpointError`` (a corrupt checkpoint: refused, another one used; exit 2 if it surfaces) are here.
 """
 from __future__ import annotations
+
+
+class CheckpointError(Exception):
+    """A checkpoint that must not be loaded (missing, torn, corrupt); the message names why."""
 
 
 class RunLocked(Exception):

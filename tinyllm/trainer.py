@@ -77,7 +77,10 @@ class TrainerHooks:
 
 class Trainer:
     def __init__(self, spec: TrainSpec, home: Path, progress: Path | None = None, resume: Path | None = None,
-                 hooks: TrainerHooks | None = None, log=None):
+                 hooks: TrainerHooks | None = None, log=None, total_steps: int | None = None):
+        """``spec.steps`` is where this invocation stops; ``total_steps`` (default: the same) is the
+        run's last step when the invocation is one segment of a longer run (a TrainRun segment):
+        validation's schedule, its final step and ``val/train_total_steps`` follow the run."""
         self.spec, self.home, self.progress = spec, Path(home), progress
         self.progress_file = ProgressFile(progress)  # checkpoint lines, and liveness lines every few seconds
         self.hooks = hooks or TrainerHooks()
@@ -89,6 +92,9 @@ class Trainer:
             raise SpecError(f"invalid train spec: model.n_embd ({cfg.n_embd}) is not a multiple of model.n_head ({cfg.n_head})")
         if cfg.vocab_size < 256:
             raise SpecError(f"invalid train spec: model.vocab_size {cfg.vocab_size} < 256 (byte-level tokens)")
+        self.total_steps = spec.steps if total_steps is None else total_steps
+        if self.total_steps < spec.steps:
+            raise SpecError(f"--total-steps {self.total_steps} is below the spec's steps {spec.steps}")
         if resume is not None and not Path(resume).is_dir():
             raise SpecError(f"--resume checkpoint not found: {resume}")
         self.resume_arg = Path(resume) if resume is not None else None
@@ -107,7 +113,7 @@ class Trainer:
         if spec.validation is not None and spec.validation.enabled:
             from .validation.runner import Validator
 
-            self.validator = Validator(spec, self.home, self.run_dir, log=self.log,
+            self.validator = Validator(spec, self.home, self.run_dir, log=self.log, total_steps=self.total_steps,
                                        objective=self.objective)  # bad held-out data: exit 2
             if self.objective is None:
                 self.validator.check_corpus(tokens, f"corpus {spec.corpus!r}")  # overlap with training: exit 2
@@ -135,7 +141,11 @@ class Trainer:
             self.objective.attach(self)  # init_from weights; reference, teacher, rollout module
 
     def _resume(self) -> None:
-        self.resumed_from = ckpt.find_resume_checkpoint(self.run_dir, self.resume_arg, self.log)
+        choice = ckpt.choose_resume(self.run_dir, self.resume_arg, max_step=self.spec.steps)
+        self.resumed_from = choice.path
+        self.refused = [{"checkpoint": self.rel(r.checkpoint), "reason": r.reason} for r in choice.refused]
+        for line in ckpt.describe_choice(choice, self.rel):
+            print(line, file=self.log, flush=True)
         if self.resumed_from is None:
             return
         components, manifest = ckpt.load_checkpoint(self.resumed_from)
@@ -157,6 +167,14 @@ class Trainer:
             self.objective.on_resume(self, components)
         self.hooks.on_resume(self, components)
         print(f"tinyllm: resumed {self.spec.name} from {self.rel(self.resumed_from)} at step {self.step}", file=self.log, flush=True)
+
+    def _report_resume(self) -> None:
+        """One progress line saying where this invocation starts and which checkpoints it refused."""
+        if self.resumed_from is None and not self.refused:
+            return
+        # it names the checkpoint it resumed from, so the runner records it as the heartbeat's details
+        self.progress_file.write({"event": "resume", "step": self.step, "checkpoint": self.rel(self.resumed_from),
+                                  "resumed_from": self.rel(self.resumed_from), "refused": self.refused}, durable=True)
 
     def rel(self, path: Path | None) -> str | None:
         if path is None:
@@ -288,14 +306,16 @@ class Trainer:
         previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             self._lock()
-            ckpt.clean_temporaries(self.run_dir)
+            ckpt.recover_interrupted_writes(self.run_dir, self.log)
             self._build()
+            self.refused: list[dict] = []
             self._resume()
+            self._report_resume()
             self.last_saved = self.step if self.resumed_from is not None else 0  # step 0 is never saved
             self.last_path = self.resumed_from
             # a fresh start drops every frame of a killed earlier attempt (its step-0 validation frame too)
             kept = self.step if self.resumed_from is not None else -1
-            self.reporter = reporter or default_reporter(self.run_dir, kept, self.spec.steps, self.spec.log_every)
+            self.reporter = reporter or default_reporter(self.run_dir, kept, self.total_steps, self.spec.log_every)
             self.hooks.on_start(self)
             self._liveness("ready")
             self.validation_pending_exit = False
@@ -322,6 +342,7 @@ class Trainer:
             return {"name": self.spec.name, "steps": self.step, "checkpoint": self.rel(self.last_path),
                     "final_loss": loss, "final_loss_hex": None if loss is None else loss.hex(),
                     "digest": state_digest(self.model.state_dict()), "resumed_from": self.rel(self.resumed_from),
+                    "refused_checkpoints": self.refused,
                     "canceled": (self.stop_requested and self.step < self.spec.steps) or self.validation_pending_exit}
         finally:
             for s, handler in previous.items():

@@ -149,6 +149,8 @@ class TinyllmActivities:
             extra += ["--resume", resume]
         progress = work / f"progress-{ctx.attempt}.jsonl"
         argv, how = self._invocation(inp.spec, "train", spec_path, *extra)
+        if not how.custom and inp.total_steps is not None and inp.total_steps != until:
+            argv = [*argv, "--total-steps", str(inp.total_steps)]  # tinyllm's; not in the public contract
         out = self._run(ctx, argv, progress, how)
         if how.custom:
             check_progress(progress, home=self.home)

@@ -49,9 +49,19 @@ class CorpusBuildResult(_Result):
 
 
 class TrainActivityInput(_Model):
-    """One segment: the run's train spec with ``steps`` set to the segment's end."""
+    """One segment: the run's train spec with ``steps`` set to the segment's end, and the run's
+    own last step (``tinyllm train --total-steps``), so validation's schedule is the run's, not
+    the segment's (None: the segment is the whole run)."""
 
     spec: dict[str, Any]
+    total_steps: int | None = Field(None, ge=1)
+
+
+class RefusedCheckpoint(_Result):
+    """A checkpoint the trainer refused (corrupt, torn, missing, not resumable), and why."""
+
+    checkpoint: str  # relative to the home
+    reason: str
 
 
 class TrainActivityResult(_Result):
@@ -64,6 +74,7 @@ class TrainActivityResult(_Result):
     final_loss_hex: str  # float.hex of final_loss: the bitwise check
     digest: str  # sha256 of the model state
     resumed_from: str | None = None
+    refused_checkpoints: list[RefusedCheckpoint] = Field(default_factory=list)  # refused before resuming
 
 
 class EvalActivityInput(_Model):

@@ -1,7 +1,9 @@
 """TrainRun: corpus, then train in segments up to each evaluation point, evaluate, wait, go on.
 
 Segment i is one ``train`` activity (id ``train-NNNNNN``, its end step) whose spec is the
-run's spec with only ``steps`` changed; it resumes from the run's LATEST checkpoint. When
+run's spec with only ``steps`` changed, plus the run's ``total_steps`` (so held-out validation
+keeps the run's schedule: a segment end is not a final step); it resumes from the run's LATEST
+checkpoint. The segments of a run equal one uninterrupted ``tinyllm train``, bit for bit. When
 suites are given, EvalSuite evaluates each boundary's checkpoint once per suite, then the
 workflow durably sleeps ``eval_interval_seconds`` before the next segment (never after the
 last). A kill replays finished work from history; a cancel stops after the activity in
@@ -104,7 +106,7 @@ async def cadence_wait(rt: Runtime, seconds: float) -> None:
 async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
     """The TrainRun workflow (see the module docstring)."""
     spec = validate_spec(input.spec)  # fail fast: before the corpus, before any activity
-    run_spec = input.spec  # tinyllm's schedule never depends on `steps`: segments equal one run
+    run_spec = input.spec  # the LR schedule never depends on `steps`; validation's gets total_steps
     if input.corpus is not None and spec.corpus is None:
         raise bad_input("a spec with its own trainer brings its own data: give no corpus spec")
     if input.corpus is not None and input.corpus.get("name") != spec.corpus:
@@ -127,7 +129,7 @@ async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
             else:
                 trained = await rt.execute_activity(
                     ACTIVITY_TRAIN,
-                    TrainActivityInput(spec=segment_spec(run_spec, until)),
+                    TrainActivityInput(spec=segment_spec(run_spec, until), total_steps=spec.steps),
                     options,
                     result_type=TrainActivityResult,
                 )

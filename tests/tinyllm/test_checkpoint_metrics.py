@@ -24,9 +24,9 @@ def test_full_set_moves_latest_and_subset_is_an_artifact(tmp_path):
     assert art == run / "checkpoint_artifacts/iter_000015"
     assert (run / "ckpt/LATEST").read_text().strip() == "step-000010"
     assert ckpt.verify_checkpoint(art)["resumable"] is False
-    assert ckpt.find_resume_checkpoint(run, log=io.StringIO()) == p10
-    log = io.StringIO()
-    assert ckpt.find_resume_checkpoint(run, art, log=log) is not None and "not a resumable" in log.getvalue()
+    assert ckpt.choose_resume(run).path == p10
+    choice = ckpt.choose_resume(run, art)
+    assert choice.path == p10 and "not a resumable" in choice.refused[0].reason
     components, manifest = ckpt.load_checkpoint(p10)
     assert torch.equal(components["model"]["w"], torch.full((3,), 10.0)) and manifest["step"] == 10
 
@@ -36,7 +36,7 @@ def test_resave_of_a_step_and_leftover_temporaries(tmp_path):
     ckpt.save_checkpoint(run, 10, _full(10))
     (run / "ckpt/.tmp-step-000020-999").mkdir()  # what a kill mid-write leaves
     ckpt.save_checkpoint(run, 10, _full(10))
-    ckpt.clean_temporaries(run)
+    ckpt.recover_interrupted_writes(run, io.StringIO())
     assert sorted(p.name for p in (run / "ckpt").iterdir()) == ["LATEST", "step-000010"]
 
 
@@ -44,9 +44,9 @@ def test_missing_latest_target_falls_back(tmp_path):
     run = tmp_path / "run"
     ckpt.save_checkpoint(run, 10, _full(10))
     ckpt.publish_latest(run / "ckpt", "step-000020")  # points at nothing
-    log = io.StringIO()
-    assert ckpt.find_resume_checkpoint(run, log=log) == run / "ckpt/step-000010"
-    assert "refusing" in log.getvalue()
+    choice = ckpt.choose_resume(run)
+    assert choice.path == run / "ckpt/step-000010"
+    assert [r.reason for r in choice.refused] == ["LATEST names step-000020, which does not exist"]
 
 
 class _Boom:

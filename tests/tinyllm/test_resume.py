@@ -105,8 +105,10 @@ def test_corrupt_latest_is_refused_and_the_previous_one_used(home, reference, tm
         (latest / "manifest.json").unlink()
     log = io.StringIO()
     result = _train_in_process(home, SMALL_SPEC, log=log)
-    assert "refusing checkpoint" in log.getvalue() and "step-000040" in log.getvalue()
+    assert "tinyllm: refused checkpoint runs/small/ckpt/step-000040: " in log.getvalue()
+    assert "tinyllm: resuming from runs/small/ckpt/step-000030 instead" in log.getvalue()
     assert result["resumed_from"] == "runs/small/ckpt/step-000030"
+    assert [r["checkpoint"] for r in result["refused_checkpoints"]] == ["runs/small/ckpt/step-000040"]
     assert result["digest"] == reference["result"]["digest"]
     assert result["final_loss_hex"] == reference["result"]["final_loss_hex"]
 

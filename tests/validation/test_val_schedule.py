@@ -2,7 +2,7 @@
 from hypothesis import given, strategies as st
 
 from tinyllm.validation.config import ValidationConfig
-from tinyllm.validation.schedule import segmented_validation_steps, validation_steps
+from tinyllm.validation.schedule import validation_steps
 
 D = {"path": "h.txt"}
 
@@ -34,12 +34,6 @@ def test_default_cadence():
 def test_resumed_process_sees_the_rest_of_the_same_schedule():
     c = cfg(before_training=True, every_steps=3)
     assert validation_steps(10, c, start_step=4) == [6, 9, 10]
-
-
-def test_trainrun_segments_validate_each_segment_end():
-    c = cfg(before_training=True, every_steps=4)
-    assert segmented_validation_steps([6, 10], c) == [0, 4, 6, 8, 10]
-    assert segmented_validation_steps([10], c) == validation_steps(10, c)
 
 
 @given(st.integers(0, 60), st.integers(0, 7), st.booleans())

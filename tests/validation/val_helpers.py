@@ -76,7 +76,7 @@ def journal(home: Path, step: int, name: str = "v") -> dict | None:
     d = home / "runs" / name / "ckpt" / f"step-{step:06d}"
     phase = d / "validation_phase.json"
     if phase.exists():
-        return json.loads(phase.read_text())
+        return json.loads(phase.read_text())["body"]  # a sealed sidecar: {"sha256", "body"}
     if (d / "validation.pt").exists():
         import torch
 

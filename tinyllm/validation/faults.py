@@ -13,14 +13,11 @@ and the frame emitted).
 """
 from __future__ import annotations
 
-import os
-import signal
+from ..faults import kill_point
 
 ENV = "TINYLLM_VALIDATION_KILL"
 PHASES = ("before_marker", "after_marker", "during_evaluation", "after_evaluation", "after_publication")
 
 
 def maybe_kill(phase: str, step: int) -> None:
-    target = os.environ.get(ENV)
-    if target and target == f"{phase}@{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
+    kill_point(ENV, phase, step)

@@ -41,8 +41,10 @@ Publish = Callable[[dict], None]
 
 
 class Validator:
-    def __init__(self, spec, home: str | Path, run_dir: str | Path, log=None, objective=None):
+    def __init__(self, spec, home: str | Path, run_dir: str | Path, log=None, objective=None,
+                 total_steps: int | None = None):
         self.spec = spec
+        self.total_steps = spec.steps if total_steps is None else total_steps  # the run's, not the segment's
         self.cfg: ValidationConfig = spec.validation
         assert self.cfg is not None and self.cfg.enabled
         self.home = Path(home)
@@ -62,10 +64,10 @@ class Validator:
         check_disjoint(self.source, training_tokens, corpus)
 
     def due(self, step: int) -> bool:
-        return is_validation_step(step * self.scale, self.spec.steps * self.scale, self.cfg)
+        return is_validation_step(step * self.scale, self.total_steps * self.scale, self.cfg)
 
     def plan(self, step: int, *, regular_due: bool, fresh: bool, termination_requested: bool = False) -> StepPlan:
-        return plan_step(step, self.spec.steps, validation_due=self.due(step), regular_due=regular_due,
+        return plan_step(step, self.total_steps, validation_due=self.due(step), regular_due=regular_due,
                          cfg=self.cfg, fresh=fresh, termination_requested=termination_requested)
 
     # -- identity ------------------------------------------------------------------------------
@@ -142,7 +144,7 @@ class Validator:
                     sampling=self.sampling, rewards=self.reward, seed=cfg.seed,
                     max_samples=cfg.max_samples, on_batch=on_batch, generate_fn=generate_fn)
                 metrics["val/step"] = step * self.scale
-                metrics["val/train_total_steps"] = self.spec.steps * self.scale
+                metrics["val/train_total_steps"] = self.total_steps * self.scale
         return metrics
 
     def _publish(self, tx: ValidationTransaction, publish: Publish) -> dict:

@@ -7,7 +7,9 @@ checkpoint) also persists its phases in that checkpoint directory:
    the step's train/* frame) is a component of the checkpoint itself (``validation.pt``), so it
    becomes durable atomically with the checkpoint -- before any held-out data is read.
 2. ``publication_pending``: after a successful evaluation, its metrics (exact, as float.hex) are
-   recorded in ``validation_phase.json`` (atomic replace) before anything is published.
+   recorded in ``validation_phase.json`` before anything is published: a sealed checkpoint sidecar
+   (checkpoint.write_sidecar: checksummed, atomically replaced), so a corrupt one refuses the
+   checkpoint like any corrupt checkpoint file.
 3. ``completed``: after the strict archive copy (when configured) succeeded; then the frame is
    emitted once (at most once: a kill between the two loses that frame, never repeats the pass).
 
@@ -29,9 +31,9 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..checkpoint import write_text_atomic
+from ..checkpoint import CheckpointError, read_sidecar, write_sidecar
 from .errors import NonFiniteMetricError, ValidationIdentityError
 
 Phase = Literal["pending_evaluation", "publication_pending", "completed"]
@@ -64,16 +66,16 @@ def _hex(v) -> str:
 
 
 def read_journal(ckpt_dir: Path, marker: dict | None) -> Journal | None:
-    """The journal of a checkpoint: its phase file if any, else its marker component, else None."""
-    phase_file = Path(ckpt_dir) / PHASE_FILE
-    if phase_file.exists():
-        try:
-            return Journal.model_validate_json(phase_file.read_bytes())
-        except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
-            from ..spec import SpecError
+    """The journal of a checkpoint: its phase file if any, else its marker component, else None.
 
-            raise SpecError(f"validation phase file {phase_file} is damaged ({type(e).__name__}); restore it, or "
-                            f"remove that checkpoint directory to resume from the one before") from None
+    A phase file that fails its seal or its schema raises ``CheckpointError`` (the checkpoint is corrupt)."""
+    body = read_sidecar(ckpt_dir, PHASE_FILE)
+    if body is not None:
+        try:
+            return Journal.model_validate(body)
+        except ValidationError as e:
+            raise CheckpointError(f"{ckpt_dir}: {PHASE_FILE} is not a validation journal: "
+                                  f"{e.errors()[0].get('msg', e)}") from None
     if marker is not None:
         return Journal.model_validate(json.loads(marker["json"]))
     return None
@@ -128,6 +130,9 @@ class ValidationTransaction:
     def durable(self) -> bool:
         return self.ckpt_dir is not None
 
+    def _persist(self) -> None:
+        write_sidecar(self.ckpt_dir, PHASE_FILE, self.journal.model_dump(mode="json"))
+
     def marker(self) -> dict:
         """The pending-evaluation marker, saved as a component of the full checkpoint."""
         return {"json": self.journal.model_dump_json()}
@@ -143,7 +148,7 @@ class ValidationTransaction:
         self.journal.evaluated_pid = os.getpid()
         self.journal.phase = "publication_pending"
         if self.durable:
-            write_text_atomic(self.ckpt_dir / PHASE_FILE, self.journal.model_dump_json(indent=1))
+            self._persist()
         self.state = "evaluated"
 
     def resume_publication(self) -> None:
@@ -156,7 +161,7 @@ class ValidationTransaction:
         self.journal.completed_pid = os.getpid()
         self.journal.phase = "completed"
         if self.durable:
-            write_text_atomic(self.ckpt_dir / PHASE_FILE, self.journal.model_dump_json(indent=1))
+            self._persist()
         self.state = "completed"
 
     def failed(self) -> None:
