@@ -254,3 +254,26 @@ def test_corrupt_phase_file_refuses_its_checkpoint(home, tmp_path, damage):
     assert result["resumed_from"] == "runs/crash/ckpt/step-000003"
     assert (result["final_loss_hex"], result["digest"]) == (reference[0]["final_loss_hex"], reference[0]["digest"])
     assert _val_frames(home) == reference[1]  # step 6 validated again, from its weights: the same bits
+
+
+def test_a_failed_rename_into_place_puts_the_old_copy_back(tmp_path, monkeypatch):
+    """A re-save whose final rename fails (ENOSPC growing the directory) must not leave the step
+    missing: the disk-full clean-up would then delete the only copy, its .replaced- directory."""
+    import errno
+
+    run = tmp_path / "run"
+    ckpt.save_checkpoint(run, 4, _full(4))
+    real = os.rename
+
+    def rename(src, dst):
+        if Path(src).name.startswith(".tmp-"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(OSError):
+        ckpt.save_checkpoint(run, 4, _full(4))
+    monkeypatch.undo()
+    choice = ckpt.choose_resume(run)
+    assert choice.path == run / "ckpt/step-000004" and choice.refused == []
+    assert not list((run / "ckpt").glob(".replaced-*"))
