@@ -172,9 +172,10 @@ class Trainer:
         """One progress line saying where this invocation starts and which checkpoints it refused."""
         if self.resumed_from is None and not self.refused:
             return
-        # it names the checkpoint it resumed from, so the runner records it as the heartbeat's details
-        self.progress_file.write({"event": "resume", "step": self.step, "checkpoint": self.rel(self.resumed_from),
-                                  "resumed_from": self.rel(self.resumed_from), "refused": self.refused}, durable=True)
+        line = {"event": "resume", "step": self.step, "resumed_from": self.rel(self.resumed_from), "refused": self.refused}
+        if self.resumed_from is not None:  # a resume point: the runner records it as the heartbeat's details
+            line["checkpoint"] = self.rel(self.resumed_from)
+        self.progress_file.write(line, durable=True)
 
     def rel(self, path: Path | None) -> str | None:
         if path is None:
