@@ -220,6 +220,7 @@ class DurableRun:
         self.model = self.optimizer = self.scheduler = self.scaler = self.data = None
         self.generators: dict[str, Any] = {}
         self.resumed_from: Path | None = None
+        self.refused: list[dict] = []  # checkpoints choose_resume refused, and why
         self.last_path: Path | None = None
         self._stop = False
         self._started = False
@@ -317,7 +318,7 @@ class DurableRun:
         except RunLocked as e:
             _fail(str(e), EXIT_LOCKED)
         try:
-            ckpt.clean_temporaries(self.run_dir)
+            ckpt.recover_interrupted_writes(self.run_dir, self.console)
             try:
                 self._resume()
             except DurableError as e:
@@ -327,7 +328,7 @@ class DurableRun:
             self.metrics = JsonlSink(self.run_dir / "metrics.jsonl", self.step if self.resumed_from else -1)
             self._last_line = time.monotonic()
             self._emit({"event": "resume" if self.resumed_from else "start", "state": self.fingerprint(),
-                        "resumed_from": self.rel(self.resumed_from)})
+                        "resumed_from": self.rel(self.resumed_from), "refused": self.refused})
             while self.step < self.total_steps and not self._stop:
                 self._logged = None
                 yield self.step + 1
@@ -371,7 +372,7 @@ class DurableRun:
         result = {"name": self.name, "steps": self.step, "checkpoint": self.rel(self.last_path),
                   "final_loss": loss, "final_loss_hex": None if loss is None else loss.hex(),
                   "digest": state_digest(self.model.state_dict()), "resumed_from": self.rel(self.resumed_from),
-                  "canceled": canceled}
+                  "refused_checkpoints": self.refused, "canceled": canceled}
         sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
         sys.stdout.flush()
         if canceled:
@@ -417,7 +418,11 @@ class DurableRun:
         return path
 
     def _resume(self) -> None:
-        self.resumed_from = ckpt.find_resume_checkpoint(self.run_dir, self.resume_arg, self.console)
+        choice = ckpt.choose_resume(self.run_dir, self.resume_arg, max_step=self.total_steps)
+        self.resumed_from = choice.path
+        self.refused = [{"checkpoint": self.rel(r.checkpoint), "reason": r.reason} for r in choice.refused]
+        for line in ckpt.describe_choice(choice, self.rel):
+            print(line, file=self.console, flush=True)
         if self.resumed_from is None:
             return
         try:
