@@ -53,6 +53,7 @@ from .faults import CHECKPOINT_ENV, kill_point
 
 FULL_COMPONENTS = frozenset({"model", "optimizer", "training_state"})
 FORMAT = 1
+MANIFEST = "manifest.json"
 
 
 def step_dir_name(step: int) -> str:
@@ -152,9 +153,6 @@ def write_text_atomic(path: Path, text: str) -> None:
 def publish_latest(ckpt_root: Path, dir_name: str) -> None:
     """Point ``ckpt_root/LATEST`` at ``dir_name``, atomically."""
     write_text_atomic(ckpt_root / "LATEST", dir_name + "\n")
-
-
-MANIFEST = "manifest.json"
 
 
 def _seal(body: Any) -> str:
