@@ -98,6 +98,7 @@ class Trainer:
         if resume is not None and not Path(resume).is_dir():
             raise SpecError(f"--resume checkpoint not found: {resume}")
         self.resume_arg = Path(resume) if resume is not None else None
+        self.refused: list[dict] = []  # checkpoints choose_resume refused at the start, and why
         self.objective = None  # post-training (tinyllm/objectives): its data, init_from, ref, teacher
         if spec.objective != "lm":
             from .objectives import build_objective
@@ -309,7 +310,6 @@ class Trainer:
             self._lock()
             ckpt.recover_interrupted_writes(self.run_dir, self.log)
             self._build()
-            self.refused: list[dict] = []
             self._resume()
             self._report_resume()
             self.last_saved = self.step if self.resumed_from is not None else 0  # step 0 is never saved
