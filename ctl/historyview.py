@@ -61,7 +61,9 @@ def details(e: Any) -> str:
             return ""
         if aid.startswith("train-"):
             resumed = f" (resumed from {r['resumed_from']})" if r.get("resumed_from") else ""
-            return f"step {r.get('steps')} {_loss(r.get('final_loss'))} checkpoint {r.get('checkpoint')}{resumed}"
+            refused = "".join(f"; refused checkpoint {x.get('checkpoint')}: {x.get('reason')}"
+                              for x in r.get("refused_checkpoints") or [] if isinstance(x, dict))
+            return f"step {r.get('steps')} {_loss(r.get('final_loss'))} checkpoint {r.get('checkpoint')}{resumed}{refused}"
         if aid.startswith("eval-"):
             return f"{r.get('suite', '')}: {figures_text(first_subject_metrics(r)) or 'done'}"
         if aid.startswith("corpus-"):

@@ -125,7 +125,7 @@ def test_ctl_names_the_refused_checkpoint_and_the_one_used(tmp_path, corpora):
         in proc.stdout
     history = ctl(home, "history", "train/refuse")
     assert history.returncode == 0, history.stderr
-    assert "refused_checkpoints" in history.stdout and "step-000004" in history.stdout
+    assert f"refused checkpoint runs/refuse/ckpt/step-000004: {why}" in history.stdout
     status = json.loads(ctl(home, "status", "train/refuse", "--json").stdout)
     [segment] = status["result"]["segments"]
     assert segment["train"]["resumed_from"] == "runs/refuse/ckpt/step-000002"
