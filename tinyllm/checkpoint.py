@@ -363,7 +363,9 @@ def choose_resume(run_dir: Path, explicit: Path | None = None, max_step: int | N
     first = explicit or latest or (dirs[0] if dirs else None)
     if first is None:
         return ResumeChoice(None)
-    bound = _step_of(latest) if latest is not None else None
+    # only a LATEST target that exists bounds the fallbacks: a damaged LATEST naming a step that is
+    # not there (e.g. truncated to "step-0") must not hide the valid checkpoints
+    bound = _step_of(latest) if latest is not None and latest.is_dir() else None
     fallbacks = ([latest] if latest is not None else []) + [d for d in dirs if bound is None or _step_of(d) < bound]
     choice = ResumeChoice(None)
     tried: set[Path] = set()
