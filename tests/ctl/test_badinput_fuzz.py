@@ -327,14 +327,14 @@ def test_damaged_progress_lines_are_skipped_never_raise(tmp_path_factory, garbag
 @DAMAGE
 @given(st.binary(max_size=200))
 def test_damaged_validation_phase_file_is_one_clean_line(tmp_path_factory, garbage):
-    from tinyllm.spec import SpecError
+    from tinyllm.errors import CheckpointError
     from tinyllm.validation.transaction import PHASE_FILE, read_journal
 
     d = tmp_path_factory.mktemp("phase")
     (d / PHASE_FILE).write_bytes(garbage)
     try:
         read_journal(d, None)
-    except SpecError as e:
+    except CheckpointError as e:  # a sealed sidecar: refuses its checkpoint (tinyllm/checkpoint.py)
         _one_line(str(e))
 
 
@@ -350,7 +350,8 @@ def test_a_run_goes_on_from_its_undamaged_state(pristine, tmp_path):
     spec = h / "spec.json"
     proc = tinyllm(h, "train", "--spec", str(spec))
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert "refusing checkpoint" in proc.stderr and "step-000003" in proc.stderr
+    assert "refused checkpoint runs/mini/ckpt/step-000006" in proc.stderr
+    assert "resuming from runs/mini/ckpt/step-000003 instead" in proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["final_loss_hex"] == reference
     poke(h / "corpora" / "default" / "tokens.bin", 64, b"\x00\x01")
     one_line_error(tinyllm(h, "train", "--spec", str(spec)), 2, "fails its sha256 checksum")
