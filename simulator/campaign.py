@@ -103,7 +103,7 @@ class Monitor:
                 lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip().endswith("}")]
             except (OSError, ValueError):
                 continue
-            lines = [x for x in lines if isinstance(x, dict) and "checkpoint" in x]  # not liveness lines
+            lines = [x for x in lines if isinstance(x, dict) and "checkpoint" in x and "event" not in x]  # not liveness or resume lines
             if not lines:
                 continue
             key = (str(f), lines[0]["time"])  # one attempt's file (a redelivery replaces it)

@@ -31,7 +31,16 @@ def _trainers(home: Path) -> list:
 
 
 def _checkpoints(home: Path) -> int:
-    return sum(f.read_bytes().count(b'"checkpoint"') for f in home.glob("runs/sig/activity/*/progress-*.jsonl"))
+    """Checkpoint lines written so far (a resume or liveness line has an "event" and is not one)."""
+    n = 0
+    for f in home.glob("runs/sig/activity/*/progress-*.jsonl"):
+        for line in f.read_text(errors="replace").splitlines():
+            try:
+                x = json.loads(line)
+            except ValueError:
+                continue  # a line being written
+            n += isinstance(x, dict) and "checkpoint" in x and "event" not in x
+    return n
 
 
 def _checkpointed(home: Path) -> bool:
