@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import tokenizer
 from ..spec import SpecError
-from ..validation.source import resolve_path
+from ..validation.source import read_utf8, resolve_path
 
 END = "\n"  # a completion ends with a newline (the byte tokenizer has no EOS); generation stops there
 
@@ -35,16 +35,7 @@ class JsonlFile:
 def read_jsonl(path_text: str, home: Path, what: str, columns: dict[str, bool]) -> JsonlFile:
     """Rows of a JSONL file holding string ``columns`` (name -> required); one SpecError line on any problem."""
     path = resolve_path(path_text, home)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise SpecError(f"{what} file not found: {path}") from None
-    except OSError as e:
-        raise SpecError(f"cannot read {what} file {path}: {e.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise SpecError(f"{what} file {path} is not UTF-8 text (byte {e.start})") from None
+    raw, text = read_utf8(path, what, SpecError)
     rows = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

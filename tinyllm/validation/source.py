@@ -49,20 +49,25 @@ class HeldOutSource:
         return [r for r in out if len(r.encode("utf-8")) >= MIN_OVERLAP_BYTES]
 
 
+def read_utf8(path: Path, what: str, error: type[Exception]) -> tuple[bytes, str]:
+    """The bytes of a data file and their UTF-8 text; any problem is one ``error`` line naming ``what``."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{what} file not found: {path}") from None
+    except OSError as e:
+        raise error(f"cannot read {what} file {path}: {e.strerror}") from None
+    try:
+        return raw, raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{what} file {path} is not UTF-8 text (byte {e.start})") from None
+
+
 def load_source(cfg: ValidationConfig, home: str | Path, block_size: int = 1 << 30) -> HeldOutSource:
     """Read and parse the held-out source; any problem is one ``ValidationDataError`` line."""
     assert cfg.data is not None
     path = resolve_path(cfg.data.path, home)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ValidationDataError(f"validation data file not found: {path}") from None
-    except OSError as e:
-        raise ValidationDataError(f"cannot read validation data file {path}: {e.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValidationDataError(f"validation data file {path} is not UTF-8 text (byte {e.start})") from None
+    raw, text = read_utf8(path, "validation data", ValidationDataError)
     sha = hashlib.sha256(raw).hexdigest()
     if cfg.objective == "lm":
         if len(raw) < 2:
