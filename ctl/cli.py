@@ -124,7 +124,11 @@ def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool) -> Any:
     def interrupted(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupted)  # a terminated ctl stops like Ctrl-C: the run stays resumable
+    # a terminated ctl stops like Ctrl-C: the run stays resumable. SIGINT is installed too: a process
+    # started as a non-interactive shell's background job (`ctl train ... &` in a script, CI) inherits it
+    # ignored, and Python then installs no KeyboardInterrupt handler (Ctrl-C or `kill -INT` were lost)
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
     logging.getLogger("engine").addHandler(logging.NullHandler())  # the display (or --quiet) speaks instead
     progress = None if quiet else LiveDisplay(home, engine, workflow_id)
     try:
@@ -276,7 +280,8 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
     differing step and the state most likely not restored. Scratch runs go to <home>/.ctl/verify/<name>/.
 
     \b
-    Exit codes: 0 exact, 1 not exact (with the diagnosis) or a run failed, 2 bad input.
+    Exit codes: 0 exact, 1 not exact (with the diagnosis) or a run failed, 2 bad input, 130 interrupted
+    (SIGINT/SIGTERM: the trainer is killed, nothing compared).
     \b
     Examples:
       ctl verify-resume --spec examples/specs/durable.json
@@ -284,8 +289,18 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
     """
     from .verify import verify_resume as run
 
-    report = run(spec_file, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
-                 timeout_s=timeout_s)
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT even when inherited as ignored (a background job)
+        signal.signal(sig, interrupted)
+    try:
+        report = run(spec_file, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
+                     timeout_s=timeout_s)
+    except KeyboardInterrupt:  # the trainer's process group was killed on the way out (verify._run_attempt)
+        click.echo("ctl verify-resume: interrupted; nothing was compared (its scratch runs are under "
+                   "<home>/.ctl/verify/)", err=True)
+        sys.exit(app.EXIT_CANCELED)
     if as_json:
         _print_json(report.as_json())
     else:

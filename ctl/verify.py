@@ -309,15 +309,17 @@ def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: in
     proc = trainer.start(home, progress, env)
     metrics = home / "runs" / trainer.name / "metrics.jsonl"
     deadline = time.monotonic() + timeout_s
-    if mode in ("kill", "term") and target is not None:
-        while proc.poll() is None and time.monotonic() < deadline:
-            step = _last_step(metrics)
-            if step is not None and step >= target:
-                _stop_group(proc, signal.SIGKILL if mode == "kill" else signal.SIGTERM)
-                break
-            time.sleep(0.01)
-    rc = _wait(proc, max(1.0, deadline - time.monotonic()))
-    _stop_group(proc, signal.SIGKILL)  # nothing of the attempt outlives it
+    try:
+        if mode in ("kill", "term") and target is not None:
+            while proc.poll() is None and time.monotonic() < deadline:
+                step = _last_step(metrics)
+                if step is not None and step >= target:
+                    _stop_group(proc, signal.SIGKILL if mode == "kill" else signal.SIGTERM)
+                    break
+                time.sleep(0.01)
+        rc = _wait(proc, max(1.0, deadline - time.monotonic()))
+    finally:
+        _stop_group(proc, signal.SIGKILL)  # nothing of the attempt outlives it (Ctrl-C of verify-resume too)
     lines = _progress_lines(progress)
     resume_state = next((ln.get("state") for ln in lines if ln.get("event") in ("resume", "start")), None)
     attempt = Attempt(mode, target, resumed, rc, _last_step(metrics), resume_state)

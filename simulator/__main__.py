@@ -173,6 +173,7 @@ def cmd_campaign(a: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)  # even when inherited as ignored (a background job)
     if a.runs < 1 or a.faults < 0:
         _bad("--runs must be >= 1 and --faults >= 0")
     if a.jobs < 1 or (a.only is not None and a.only < 0):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -47,22 +48,54 @@ def _checkpointed(home: Path) -> bool:
     return _checkpoints(home) > 0
 
 
+def _events(home: Path, event: str | None) -> int:
+    """Progress lines of ``event`` (``starting``, ``resume``...) written so far by every attempt."""
+    n = 0
+    for f in home.glob("runs/sig/activity/*/progress-*.jsonl"):
+        for line in f.read_text(errors="replace").splitlines():
+            try:
+                x = json.loads(line)
+            except ValueError:
+                continue
+            n += isinstance(x, dict) and event is not None and x.get("event") == event
+    return n
+
+
+def _ignoring_sigint() -> None:
+    """Start as a non-interactive shell starts a background job (`ctl train ... &` in a script, CI, nohup
+    wrappers): SIGINT inherited as ignored (Python then installs no KeyboardInterrupt handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def test_ctl_train_stops_on_sigterm_and_on_ctrl_c_with_its_trainer(tmp_path: Path) -> None:
+    """Three runs of the same command, each stopped: Ctrl-C at the fresh trainer's first line (`starting`,
+    before its torch import), SIGTERM after a checkpoint, Ctrl-C at the resumed trainer's `resume` line.
+    The two Ctrl-C runs start with SIGINT inherited as ignored, as a non-interactive shell starts a
+    background job: the hole seen in a full-suite run (run in the background), where ctl lost the
+    SIGINT, trained to the end and exited 0."""
     home = tmp_path / "home"
     spec = tmp_path / "sig.json"
     spec.write_text(json.dumps(SPEC))
-    for sig in (signal.SIGTERM, signal.SIGINT):  # the second run resumes the first, then gets Ctrl-C
+    plan = [(signal.SIGINT, "starting"), (signal.SIGTERM, None), (signal.SIGINT, "resume")]
+    for sig, event in plan:
         before = _checkpoints(home)
-        p = procs.spawn(home, "train", "--spec", str(spec), "--no-eval")
+        seen = _events(home, event)
+        p = subprocess.Popen([*procs.CTL, "train", "--spec", str(spec), "--no-eval", "--home", str(home)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             env=procs.env(), preexec_fn=_ignoring_sigint if sig == signal.SIGINT else None)
         try:
-            procs.wait_for("a checkpoint", lambda: _checkpoints(home) > before and _trainers(home),
-                           timeout_s=BOUND_S, alive=p)
+            if event is None:
+                procs.wait_for("a checkpoint", lambda: _checkpoints(home) > before and _trainers(home),
+                               timeout_s=BOUND_S, alive=p)
+            else:
+                procs.wait_for(f"the trainer's {event} line", lambda: _events(home, event) > seen,
+                               timeout_s=BOUND_S, alive=p)
             p.send_signal(sig)  # to ctl alone, as `kill` or Ctrl-C would (the trainer is in its own group)
             _, err = p.communicate(timeout=BOUND_S)
         finally:
             if p.poll() is None:
                 procs.killpg(p)
-        assert p.returncode == 130, err[-2000:]
+        assert p.returncode == 130, (sig, event, err[-2000:])
         assert "interrupted" in err and "Traceback" not in err
         procs.wait_for("the trainer to die with ctl", lambda: not _trainers(home), timeout_s=BOUND_S)
         st = procs.run(home, "status", "train/sig", "--json")
