@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import checkpoint as ckpt
-from . import retention, runlock
+from . import faults, retention, runlock
 from .corpus import open_corpus
 from .data import TokenStream
 from .errors import STOP, request_stop
@@ -324,6 +324,9 @@ class Trainer:
                 self._validation_at_start()
             self.model.train()
             while self.step < self.spec.steps and not self.stop_requested:
+                faults.hold_point(self.step, lambda: self.stop_requested, self._liveness)  # tests only
+                if self.stop_requested:
+                    break
                 self._liveness()  # at most every few seconds: the loop itself says it is alive
                 frame = self.train_step()
                 self.hooks.after_step(self, self.step, frame)

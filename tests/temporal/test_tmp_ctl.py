@@ -32,9 +32,10 @@ SPEC = {
     "threads": 1, "log_every": 6,
     "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.1},
 }
-# one long segment: a cancel after its first checkpoint lands mid-segment with ~100 steps to spare
-# (a cancel reaches an activity only with a heartbeat's answer: after the trainer's next progress line)
+# one long segment (a cancel reaches an activity only with a heartbeat's answer: after the trainer's
+# next progress line)
 LONG_SPEC = {**SPEC, "steps": 120, "eval_every": 0, "lr_decay_steps": 120}
+HOLD_STEP = 6  # TINYLLM_HOLD_AT (tinyllm/faults.py): the canceled run waits there, a checkpoint behind it
 DEADLINE_S = 240
 SECRET = "ctl-test-api-key-7f3a9c1e5b"
 HEARTBEAT_S = "25"  # a dead worker's segment moves on after this; above a loaded machine's torch import (no line then)
@@ -70,9 +71,9 @@ class Ctl:
             raise AssertionError(f"ctl {' '.join(args)} exited {p.returncode}: {p.stderr[-2000:]}")
         return p
 
-    def spawn(self, *args: str) -> subprocess.Popen:
+    def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         return subprocess.Popen(self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=self.env)
+                                env={**self.env, **(env or {})})
 
     def finish(self, proc: subprocess.Popen, timeout_s: float = DEADLINE_S) -> tuple[str, str]:
         stdout, stderr = proc.communicate(timeout=timeout_s)
@@ -208,7 +209,7 @@ def checkpoints(home: Path, activity_id: str) -> list[int]:
     progress = home / f"runs/mini/activity/{activity_id}/progress-1.jsonl"
     try:
         return [x["step"] for x in map(json.loads, filter(str.strip, progress.read_text().splitlines()))
-                if "checkpoint" in x]
+                if "checkpoint" in x and "event" not in x]  # not the resume line
     except (OSError, ValueError):
         return []
 
@@ -218,7 +219,9 @@ def test_cancel_mid_segment_exits_130_then_same_command_continues(temporal_serve
                                                                   references) -> None:
     home, spec_path = make_home(tmp_path_factory, "cancel", LONG_SPEC)
     ctl = Ctl(temporal_server, "cancel", home)
-    proc = ctl.spawn(*train_args(spec_path, evals=False))
+    # the trainer holds at step 6 (its second checkpoint) until stopped: the cancel lands mid-segment however
+    # fast the machine (a race before: 120 tiny steps can end before a cancel's heartbeat answer arrives)
+    proc = ctl.spawn(*train_args(spec_path, evals=False), env={"TINYLLM_HOLD_AT": str(HOLD_STEP)})
     wait_for(lambda: checkpoints(home, "train-000120"), "the segment's first checkpoint", proc)
     ctl.run("cancel", "train/mini")
     stdout, stderr = ctl.finish(proc)
@@ -227,7 +230,7 @@ def test_cancel_mid_segment_exits_130_then_same_command_continues(temporal_serve
     assert out["state"] == "canceled" and out["error"]["type"] == "Canceled"
     ckpts = home / "runs/mini/ckpt"
     latest = (ckpts / "LATEST").read_text().strip()
-    assert (ckpts / latest).is_dir() and 0 < int(latest.split("-")[1]) < 120  # stopped mid-segment, checkpointed
+    assert latest == f"step-{HOLD_STEP:06d}" and (ckpts / latest).is_dir()  # stopped mid-segment, checkpointed
     kept = {p.name for p in ckpts.iterdir() if p.name.startswith("step-")}
     st = ctl.run("status", "train/mini", "--json", check=False)
     assert st.returncode == 130 and json.loads(st.stdout)["state"] == "canceled"
