@@ -154,7 +154,8 @@ def killed_run(temporal_server, tmp_path_factory):
     """ctl train SIGKILLed mid segment 2, then the same command; what it printed and recorded."""
     home, spec_path = make_home(tmp_path_factory, "kill")
     ctl = Ctl(temporal_server, "kill", home)
-    proc = ctl.spawn(*train_args(spec_path))
+    # held at step 18 (TINYLLM_HOLD_AT) until killed: segment 2 cannot end before the kill lands
+    proc = ctl.spawn(*train_args(spec_path), env={"TINYLLM_HOLD_AT": "18"})
     killed_after = max(wait_for(lambda: checkpoints_in_segment_2(home), "a checkpoint in segment 2", proc))
     os.kill(proc.pid, signal.SIGKILL)
     ctl.finish(proc, timeout_s=30)
