@@ -7,6 +7,7 @@
     python -m simulator mutants                      # every planted pitfall must be caught
     python -m simulator kill-loop --spec specs/tiny.json --kills 3 --seed 1
     python -m simulator campaign --seed 1 --runs 2   # real processes, seeded random faults, an oracle
+    python -m simulator campaign --trainer examples --seed 1   # the same for a user's own trainer
 
 Exit status: 0 when every run matched, 1 on any mismatch, 2 on bad arguments.
 """
@@ -168,6 +169,12 @@ def cmd_campaign(a: argparse.Namespace) -> int:
     import signal
 
     from .campaign import campaign
+    from .campaign_targets import TargetError, choose
+
+    try:
+        target = choose(a.trainer, a.spec, a.suite)
+    except TargetError as e:
+        _bad(str(e))
 
     def stop(signum, frame):  # a terminated campaign still kills the processes of its run
         raise KeyboardInterrupt
@@ -178,7 +185,7 @@ def cmd_campaign(a: argparse.Namespace) -> int:
         _bad("--runs must be >= 1 and --faults >= 0")
     if a.jobs < 1 or (a.only is not None and a.only < 0):
         _bad("--jobs must be >= 1 and --only >= 0")
-    return campaign(a.seed, a.runs, faults_per_run=a.faults, keep=a.keep, jobs=a.jobs, only=a.only)
+    return campaign(a.seed, a.runs, faults_per_run=a.faults, keep=a.keep, jobs=a.jobs, only=a.only, target=target)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the files of failed runs")
     p.add_argument("--jobs", type=int, default=1, help="campaign runs at once (each in its own home)")
     p.add_argument("--only", type=int, default=None, help="run only this run index (reproduce a failure)")
+    p.add_argument("--trainer", choices=("tinyllm", "examples"), default="tinyllm",
+                   help="what the runs train: tinyllm's tiny spec, or examples/durable_train.py (a user's own "
+                        "PyTorch loop on tinyllm.durable; adds kill-in-checkpoint-write faults)")
+    p.add_argument("--spec", default=None, help="instead of --trainer: a spec naming its own trainer")
+    p.add_argument("--suite", default="acc", help="with --spec: the suite its eval_command runs (default acc)")
     p.set_defaults(fn=cmd_campaign)
 
     a = ap.parse_args(argv)

@@ -1,15 +1,19 @@
-"""The real-process fault campaign: ``python -m simulator campaign --seed S [--runs N]``.
+"""The real-process fault campaign: ``python -m simulator campaign --seed S [--runs N] [--trainer examples]``.
 
-Each campaign run trains a tiny spec (two segments, a ppl evaluation of each, a durable wait
+Each campaign run trains a tiny spec (two segments, an evaluation of each, a durable wait
 between them) to its end with real ``ctl train`` or ``ctl train --detach`` + ``ctl worker``
-processes, while seeded random faults hit it at random moments:
+processes, while seeded random faults hit it at random moments. The trainer is tinyllm (ppl
+evaluations), or with ``--trainer examples`` / ``--spec FILE`` a user's own trainer named by the
+spec (simulator/campaign_targets.py):
 
 - ``readers``: ``ctl status``, ``ctl list``, ``ctl history --json`` in other processes;
 - ``cancel``: ``ctl cancel`` from another process, then the same command continues the run;
 - ``kill-ctl`` / ``kill-worker``: SIGKILL of the process running the workflow, then it is started again;
-- ``kill-trainer``: SIGKILL of the ``tinyllm`` child in flight (train, eval or corpus);
+- ``kill-trainer``: SIGKILL of the trainer child in flight (train, eval or corpus);
 - ``stop-trainer``: SIGSTOP of that child for up to two seconds, then SIGCONT;
-- ``second-train``: a second ``ctl train`` of the same spec, concurrently.
+- ``second-train``: a second ``ctl train`` of the same spec, concurrently;
+- ``kill-in-checkpoint-write`` (user trainers on ``tinyllm.durable``): the next checkpoint write of
+  a train child SIGKILLs it after some files are written, before the manifest.
 
 The oracle, after every run (``Run.check``):
 
@@ -43,18 +47,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import procs
+from .campaign_targets import ARMED, FAULTS, NAME, TINYLLM, Target
 from .kill_loop import compare
 
-NAME = "camp"
 WID = f"train/{NAME}"
-SPEC = {  # two segments of a tiny model; a checkpoint every 2 steps; a durable 1 s wait between segments
-    "name": NAME, "steps": 20, "seed": 11, "eval_every": 10, "eval_interval_seconds": 1, "checkpoint_every": 2,
-    "batch_size": 2, "lr": 0.003, "warmup_steps": 2, "lr_decay_steps": 20, "threads": 1, "log_every": 10,
-    "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16, "dropout": 0.0},
-}
-TRAIN_ARGS = ("--eval-max-items", "2", "--json")
-FAULTS = ("readers", "cancel", "kill-ctl", "kill-trainer", "stop-trainer", "second-train")
+SPEC, TRAIN_ARGS = TINYLLM.spec, TINYLLM.train_args  # tinyllm's campaign (the default)
 RUN_TIMEOUT_S = 900.0
+ARM_TIMEOUT_S = 30.0  # an armed checkpoint-write fault no trainer claimed by then is disarmed (missed)
 POLL_S = 0.1
 SKIPPED = (": missed", "(no child", "(nothing running)", "(not recorded")  # faults that found nothing to hit
 MAX_CHILD_KILLS = 2  # per activity: below every step's max_attempts, so the run can always finish
@@ -103,7 +102,8 @@ class Monitor:
                 lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip().endswith("}")]
             except (OSError, ValueError):
                 continue
-            lines = [x for x in lines if isinstance(x, dict) and "checkpoint" in x and "event" not in x]  # not liveness or resume lines
+            lines = [x for x in lines if isinstance(x, dict) and "checkpoint" in x  # not liveness or resume lines
+                     and x.get("event", "checkpoint") == "checkpoint"]  # (tinyllm's have no event, DurableRun's say so)
             if not lines:
                 continue
             key = (str(f), lines[0]["time"])  # one attempt's file (a redelivery replaces it)
@@ -149,6 +149,7 @@ class Run:
     spec: Path
     rng: random.Random
     worker_mode: bool
+    target: Target = TINYLLM
     home: Path = field(init=False)
     primary: subprocess.Popen | None = None
     extras: list = field(default_factory=list)
@@ -169,19 +170,19 @@ class Run:
         if _STOPPING.is_set():
             raise KeyboardInterrupt("campaign interrupted")
         if self.worker_mode:
-            p = procs.run(self.home, "train", "--spec", str(self.spec), *TRAIN_ARGS, "--detach")
+            p = procs.run(self.home, "train", "--spec", str(self.spec), *self.target.train_args, "--detach")
             if p.returncode != 0:
                 self.problems.append(f"ctl train --detach exited {p.returncode}: {p.stderr.strip()[-300:]}")
             if self.primary is None or self.primary.poll() is not None:
                 self.primary = procs.spawn(self.home, "worker", stdout=subprocess.DEVNULL)
         else:
-            self.primary = procs.spawn(self.home, "train", "--spec", str(self.spec), *TRAIN_ARGS)
+            self.primary = procs.spawn(self.home, "train", "--spec", str(self.spec), *self.target.train_args)
 
     def children(self) -> list[tuple[int, str]]:
-        """Live tinyllm children of this home (train, eval, corpus), with the activity id each serves."""
+        """Live trainer children of this home (train, eval, corpus), with the activity id each serves."""
         out = []
         for pid, cmd in procs.processes_in(self.home):
-            if "tinyllm" in cmd and "ctl.cli" not in cmd:
+            if self.target.is_trainer(cmd):
                 parts = [p for p in cmd.split() if p.endswith("spec.json")]
                 out.append((pid, Path(parts[0]).parent.name if parts else "?"))
         return out
@@ -191,7 +192,7 @@ class Run:
         while self.children() and time.monotonic() < deadline:
             time.sleep(POLL_S)
         if self.children():
-            self.problems.append(f"{what}: tinyllm processes {self.children()} outlived it")
+            self.problems.append(f"{what}: trainer processes {self.children()} outlived it")
 
     # ---- faults ---------------------------------------------------------------------------
 
@@ -234,18 +235,54 @@ class Run:
             if kind == "kill-trainer":
                 self.child_kills[aid] = self.child_kills.get(aid, 0) + 1
                 _signal(pid, signal.SIGKILL)
-                return f"SIGKILL of tinyllm {aid} (pid {pid})"
+                return f"SIGKILL of {self.who} {aid} (pid {pid})"
             pause = round(self.rng.uniform(0.2, 2.0), 2)
             _signal(pid, signal.SIGSTOP)
             time.sleep(pause)
             _signal(pid, signal.SIGCONT)
-            return f"SIGSTOP of tinyllm {aid} (pid {pid}) for {pause} s, then SIGCONT"
+            return f"SIGSTOP of {self.who} {aid} (pid {pid}) for {pause} s, then SIGCONT"
+        if kind == "kill-in-checkpoint-write":
+            return self._kill_in_checkpoint_write()
         if kind == "second-train":
             if _STOPPING.is_set():
                 raise KeyboardInterrupt("campaign interrupted")
-            self.extras.append(procs.spawn(self.home, "train", "--spec", str(self.spec), *TRAIN_ARGS))
+            self.extras.append(procs.spawn(self.home, "train", "--spec", str(self.spec), *self.target.train_args))
             return "a second ctl train of the same spec"
         raise ValueError(kind)
+
+    @property
+    def who(self) -> str:
+        return "trainer" if self.target.custom else "tinyllm"
+
+    def _kill_in_checkpoint_write(self) -> str:
+        """Arm the helper's fault file; the next checkpoint write of a train child claims it and dies
+        inside that write (tinyllm.durable, ``DURABLE_FAULT=checkpoint-write@armed:FILE``)."""
+        kind = "kill-in-checkpoint-write"
+        seen = dict(self.children())  # (a train child not yet started claims it too)
+        if any(self.child_kills.get(aid, 0) >= MAX_CHILD_KILLS for aid in seen.values() if aid.startswith("train-")):
+            return f"{kind} (no child in flight that may be killed again)"
+        armed = self.home / ARMED
+        self.home.mkdir(parents=True, exist_ok=True)  # (ctl may not have made it yet)
+        armed.write_text("")
+        deadline = time.monotonic() + ARM_TIMEOUT_S
+        fired = []
+        while not fired and time.monotonic() < deadline:
+            seen.update(self.children())
+            fired = list(self.home.glob(f"{ARMED}.fired-*"))
+            if not fired:
+                time.sleep(POLL_S)
+        if not fired:
+            try:
+                armed.unlink()  # disarm; gone already means a trainer claimed it just now
+            except FileNotFoundError:
+                fired = list(self.home.glob(f"{ARMED}.fired-*"))
+        if not fired:
+            return f"{kind}: missed, no checkpoint write within {ARM_TIMEOUT_S:.0f} s"
+        pid = int(fired[0].name.rsplit("-", 1)[1])
+        fired[0].unlink()
+        aid = seen.get(pid, "?")
+        self.child_kills[aid] = self.child_kills.get(aid, 0) + 1
+        return f"SIGKILL inside a checkpoint write of {self.who} {aid} (pid {pid})"
 
     def pids(self) -> list[int]:
         """The run's ctl processes still alive (the one running the workflow and any second ctl train)."""
@@ -276,7 +313,7 @@ class Run:
     # ---- the run -----------------------------------------------------------------------------
 
     def drive(self, n_faults: int) -> None:
-        plan = [self.rng.choice(FAULTS) for _ in range(n_faults)]
+        plan = [self.rng.choice(self.target.faults) for _ in range(n_faults)]
         if self.worker_mode:
             plan = ["kill-worker" if k == "kill-ctl" else k for k in plan]
         delays = [round(self.rng.uniform(0.5, 6.0), 2) for _ in plan]
@@ -386,10 +423,10 @@ def _signal(pid: int, sig: int) -> None:
 class Reference:
     """The uninterrupted run, in the background from the start; its result, once, to every caller."""
 
-    def __init__(self, base: Path, spec: Path, want: dict | None = None):
+    def __init__(self, base: Path, spec: Path, want: dict | None = None, train_args: tuple[str, ...] = TRAIN_ARGS):
         self.want = want
         self.proc = None if want is not None else procs.spawn(base / "uninterrupted", "train", "--spec", str(spec),
-                                                              *TRAIN_ARGS)
+                                                              *train_args)
         self._lock = threading.Lock()
 
     def result(self) -> dict:
@@ -408,12 +445,12 @@ class Reference:
             procs.killpg(self.proc)
 
 
-def uninterrupted() -> dict:
+def uninterrupted(target: Target = TINYLLM) -> dict:
     """The result of the campaign's spec run without faults (tests share it between seeds)."""
     base = Path(tempfile.mkdtemp(prefix="campaign-ref-"))
     spec = base / f"{NAME}.json"
-    spec.write_text(json.dumps(SPEC))
-    ref = Reference(base, spec)
+    spec.write_text(json.dumps(target.spec))
+    ref = Reference(base, spec, train_args=target.train_args)
     try:
         return ref.result()
     finally:
@@ -421,10 +458,11 @@ def uninterrupted() -> dict:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def one_run(seed: int, i: int, base: Path, spec: Path, ref: Reference, faults_per_run: int) -> tuple[Run, list[str]]:
+def one_run(seed: int, i: int, base: Path, spec: Path, ref: Reference, faults_per_run: int,
+            target: Target = TINYLLM) -> tuple[Run, list[str]]:
     """Campaign run ``i`` of ``seed``: drawn mode and faults, driven to its end, checked by the oracle."""
     rng = random.Random(f"{seed}:{i}")
-    run = Run(i, seed, base, spec, rng, worker_mode=rng.random() < 0.3)
+    run = Run(i, seed, base, spec, rng, worker_mode=rng.random() < 0.3, target=target)
     _ACTIVE.add(run)
     try:
         with Monitor(run.home, run.pids) as monitor:
@@ -436,23 +474,24 @@ def one_run(seed: int, i: int, base: Path, spec: Path, ref: Reference, faults_pe
 
 
 def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = False, jobs: int = 1,
-             only: int | None = None, want: dict | None = None, log=print) -> int:
+             only: int | None = None, want: dict | None = None, log=print, target: Target = TINYLLM) -> int:
     """The command ``python -m simulator campaign``: 0 when every run passed the oracle, 1 otherwise.
 
     ``jobs`` runs that many campaign runs at once (each in its own home); ``only`` runs just that
-    one (a failure's reproduction); ``want`` is the uninterrupted result when already known.
+    one (a failure's reproduction); ``want`` is the uninterrupted result when already known;
+    ``target`` is what is trained (tinyllm, or a spec's own trainer: campaign_targets).
     """
     from concurrent.futures import ThreadPoolExecutor
 
     base = Path(tempfile.mkdtemp(prefix="campaign-"))
     spec = base / f"{NAME}.json"
-    spec.write_text(json.dumps(SPEC))
-    ref = Reference(base, spec, want)
+    spec.write_text(json.dumps(target.spec))
+    ref = Reference(base, spec, want, train_args=target.train_args)
     tally = {"injected": 0, "survived": 0, "failed": 0, "runs": 0}
     lock = threading.Lock()
 
     def job(i: int) -> None:
-        run, bad = one_run(seed, i, base, spec, ref, faults_per_run)
+        run, bad = one_run(seed, i, base, spec, ref, faults_per_run, target)
         applied = sum(1 for f in run.faults if not any(x in f for x in SKIPPED))
         mode = "ctl worker" if run.worker_mode else "ctl train"
         with lock:
@@ -460,8 +499,8 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
             tally["injected"] += applied
             if bad:
                 tally["failed"] += 1
-                log(f"run {i} ({mode}) FAILED (seed {seed}; rerun: python -m simulator campaign --seed {seed} "
-                    f"--only {i}); faults in order:")
+                log(f"run {i} ({mode}) FAILED (seed {seed}; rerun: python -m simulator campaign{target.cli} "
+                    f"--seed {seed} --only {i}); faults in order:")
                 for f in run.faults:
                     log(f"    {f}")
                 for b in bad:
@@ -479,7 +518,7 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
     try:
         for f in [pool.submit(job, i) for i in indices]:
             f.result()
-        log(f"campaign seed {seed}: {tally['runs']} runs, {tally['injected']} faults injected, "
+        log(f"campaign seed {seed} ({target.label}): {tally['runs']} runs, {tally['injected']} faults injected, "
             f"{tally['survived']} survived, {tally['failed']} runs failed")
         return 1 if tally["failed"] else 0
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C: kill what the runs started, keep nothing running

@@ -35,7 +35,10 @@ SIGTERM/SIGINT: the step in flight finishes, a checkpoint is written, the result
 
 Test-only switches (``ctl verify-resume`` sets them): ``DURABLE_FINGERPRINT=1`` adds the state
 fingerprint to every step's frame; ``DURABLE_FAULT=checkpoint-write@N`` SIGKILLs the process in the
-middle of its N-th checkpoint write (after some files are written, before the manifest).
+middle of its N-th checkpoint write (after some files are written, before the manifest);
+``DURABLE_FAULT=checkpoint-write@armed:FILE`` does so in the first checkpoint write that finds FILE
+(relative to the home) and claims it by renaming it to ``FILE.fired-<pid>``: one process fires once,
+at a moment another process chose (the fault campaign arms it).
 """
 from __future__ import annotations
 
@@ -225,7 +228,7 @@ class DurableRun:
         self._stop = False
         self._started = False
         self._fingerprint_steps = os.environ.get(FINGERPRINT_ENV) == "1"
-        self._fault_at = self._parse_fault(os.environ.get(FAULT_ENV, ""))
+        self._fault_at, self._fault_armed = self._parse_fault(os.environ.get(FAULT_ENV, ""))
         self._saves = 0
         if seed_rngs:  # a fresh run is reproducible; a resume restores every RNG from the checkpoint anyway
             seed_everything(self.seed)
@@ -255,9 +258,25 @@ class DurableRun:
         return run
 
     @staticmethod
-    def _parse_fault(value: str) -> int | None:
-        m = re.fullmatch(r"checkpoint-write@(\d+)", value)
-        return int(m.group(1)) if m else None
+    def _parse_fault(value: str) -> tuple[int | None, str | None]:
+        """``DURABLE_FAULT``: (the checkpoint write to die in, the file that arms the fault)."""
+        m = re.fullmatch(r"checkpoint-write@(?:(\d+)|armed:(.+))", value)
+        if not m:
+            return None, None
+        return (int(m.group(1)) if m.group(1) else None), m.group(2)
+
+    def _fault_now(self) -> bool:
+        """Test-only: is this checkpoint write the one to die in (``DURABLE_FAULT``)?"""
+        if self._fault_at == self._saves:
+            return True
+        if self._fault_armed is None:
+            return False
+        armed = self.home / self._fault_armed
+        try:  # a rename has one winner: of all the processes that see the file, one fires
+            os.rename(armed, armed.with_name(f"{armed.name}.fired-{os.getpid()}"))
+        except OSError:
+            return False
+        return True
 
     def _install_signals(self) -> None:
         def stop(signum: int, frame: Any) -> None:
@@ -408,7 +427,7 @@ class DurableRun:
         """Write the checkpoint of this step (atomic; then LATEST) and its progress line."""
         comps = self.components()
         self._saves += 1
-        if self._fault_at == self._saves:
+        if self._fault_now():
             comps["zz_fault"] = _FaultOnSave()  # sorted last: the other files are written, no manifest yet
         path = ckpt.save_checkpoint(self.run_dir, self.step, comps,
                                     meta={"name": self.name, "trainer": "tinyllm.durable", "tracked": self.tracked(),

@@ -6,6 +6,11 @@ of the trainer, a cancel (then the same command continues), and two more concurr
 `ctl train` of the same spec. Between them every fault kind runs in CI; the long soak is
 `python -m simulator campaign --seed 901 --runs 30 --faults 8 --jobs 3` (see README).
 
+Seed 22 run 0 trains a user's own trainer instead (examples/durable_train.py on tinyllm.durable,
+each segment evaluated by examples/eval_spirals.py): `ctl train` hit by a SIGKILL inside a
+checkpoint write, a SIGKILL of the trainer and readers, held to the same oracle. Its soak is
+`python -m simulator campaign --trainer examples --seed 902 --runs 12 --faults 6 --jobs 2`.
+
 The oracle's checks are also fed violations directly, so that each can be seen to fail.
 """
 from __future__ import annotations
@@ -17,6 +22,7 @@ import pytest
 
 from simulator import procs
 from simulator.campaign import FAULTS, Monitor, campaign, uninterrupted
+from simulator.campaign_targets import USER_FAULTS, examples_target
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +43,19 @@ def test_a_campaign_run_survives_its_faults(seed, kinds, want):
     assert {rng.choice(FAULTS) for _ in range(4)} == kinds  # the plan this test claims to run
 
 
+def test_a_campaign_run_of_a_user_trainer_survives_its_faults():
+    lines: list[str] = []
+    rc = campaign(22, 1, faults_per_run=3, target=examples_target(), log=lines.append)
+    out = "\n".join(lines)
+    assert rc == 0, out
+    assert "oracle passed" in out and "(examples/durable_train.py): 1 runs, " in out
+    assert "SIGKILL inside a checkpoint write of trainer train-" in out, out  # armed, claimed, died mid-write
+    assert "SIGKILL of trainer " in out, out
+    rng = random.Random("22:0")
+    assert rng.random() >= 0.3  # ctl train, not a worker
+    assert [rng.choice(USER_FAULTS) for _ in range(3)] == ["kill-in-checkpoint-write", "kill-trainer", "readers"]
+
+
 def test_the_same_seed_draws_the_same_faults():
     def plan(seed):
         rng = random.Random(f"{seed}:0")
@@ -49,6 +68,18 @@ def _progress(home, activity, attempt, lines):
     d = home / "runs/camp/activity" / activity
     d.mkdir(parents=True, exist_ok=True)
     (d / f"progress-{attempt}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_the_oracle_reads_the_checkpoint_lines_of_a_durable_run_trainer(tmp_path):
+    m = Monitor(tmp_path)
+    ck = {"checkpoint": "runs/camp/ckpt/step-000005"}
+    _progress(tmp_path, "train-000020", 1, [{"event": "start", "step": 0, "time": 0.5, "checkpoint": None},
+                                            {"event": "checkpoint", "step": 5, "time": 1.0, **ck},
+                                            {"event": "step", "step": 6, "time": 2.0, **ck}])
+    _progress(tmp_path, "train-000020", 2, [{"event": "resume", "step": 5, "time": 3.0, **ck},
+                                            {"event": "checkpoint", "step": 5, "time": 4.0, **ck}])
+    m.sample()
+    assert any("checkpoint step 5 written by" in b for b in m.violations())  # only checkpoint lines count
 
 
 def test_the_oracle_sees_two_trainers_at_once_a_redone_step_and_a_rewritten_eval(tmp_path):
