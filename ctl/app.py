@@ -176,8 +176,13 @@ def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 
 
 
 def eval_request(name: str, suites: list[str], subjects: list[str], *, tag: str = "", seed: int = 0,
-                 corpus: str = "default", max_items: int | None = None) -> EvalSuiteInput:
-    """``--subject ID=CHECKPOINT`` pairs and suites into EvalSuite's input."""
+                 corpus: str = "default", max_items: int | None = None,
+                 trainer: dict | None = None) -> EvalSuiteInput:
+    """``--subject ID=CHECKPOINT`` pairs and suites into EvalSuite's input.
+
+    ``trainer``: a spec's own trainer (ctl/trainers.py ``eval_trainer``), whose ``eval_command`` runs
+    each suite; the suites are then its own names, not tinyllm's.
+    """
     if not suites:
         raise BadRequest("give at least one --suite")
     if not subjects:
@@ -193,7 +198,13 @@ def eval_request(name: str, suites: list[str], subjects: list[str], *, tag: str 
         _identifier(tag, "tag")
     _identifier(corpus, "corpus")
     inp = EvalSuiteInput(name=name, tag=tag, suites=list(suites), subjects=parsed, seed=seed, corpus=corpus,
-                         max_items=max_items)
+                         max_items=max_items, trainer=trainer)
+    if trainer is not None:
+        for suite in suites:
+            _identifier(suite, "suite")
+        if len(set(suites)) != len(suites):
+            raise BadRequest(f"suite given twice: {list(suites)}")
+        return inp
     _check_suites(list(suites), name)
     try:
         EvalSpec.model_validate_json(workflows.marshal_spec(inp, suites[0]))

@@ -315,7 +315,10 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
 
 
 @main.command(name="eval")
-@click.option("--suite", "suites", multiple=True, required=True, help="Suite to run: ppl or zoo (repeatable, in order).")
+@click.option("--suite", "suites", multiple=True, required=True,
+              help="Suite to run: ppl or zoo, or with --spec the trainer's own suite names (repeatable, in order).")
+@click.option("--spec", "spec_file", default=None, type=click.Path(dir_okay=False),
+              help="A train spec naming its own trainer: its eval_command runs each suite [default: tinyllm eval].")
 @click.option("--subject", "subjects", multiple=True, required=True,
               help="ID=CHECKPOINT: a name and a checkpoint directory, relative to the home (repeatable).")
 @click.option("--name", default="", help="Names workflow eval/<name> and evals/<suite>/<name>[-<tag>] "
@@ -327,8 +330,8 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
 @json_option
 @home_option
 @_edge
-def eval_(suites: tuple[str, ...], subjects: tuple[str, ...], name: str, tag: str, seed: int, corpus: str,
-          max_items: int | None, as_json: bool, home: str | None) -> None:
+def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, ...], name: str, tag: str, seed: int,
+          corpus: str, max_items: int | None, as_json: bool, home: str | None) -> None:
     """Evaluate checkpoints: workflow eval/<name>, one activity per suite over the subjects.
 
     Each suite writes evals/<suite>/<name>[-<tag>]/results.jsonl and summary.json. Like
@@ -340,9 +343,16 @@ def eval_(suites: tuple[str, ...], subjects: tuple[str, ...], name: str, tag: st
     \b
     Example:
       ctl eval --suite ppl --suite zoo --subject final=runs/tiny/ckpt/step-000300 --name tiny-final
+      ctl eval --spec examples/specs/durable.json --suite acc --subject final=runs/spirals/ckpt/step-000040
     """
     home_dir = app.resolve_home(home)
-    inp = app.eval_request(name, list(suites), list(subjects), tag=tag, seed=seed, corpus=corpus, max_items=max_items)
+    trainer = None
+    if spec_file is not None:
+        from .trainers import eval_trainer
+
+        trainer = eval_trainer(spec_file)
+    inp = app.eval_request(name, list(suites), list(subjects), tag=tag, seed=seed, corpus=corpus, max_items=max_items,
+                           trainer=trainer)
     for s in inp.subjects:
         path = Path(s.model) if Path(s.model).is_absolute() else home_dir / s.model
         if not path.is_dir():

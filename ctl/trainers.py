@@ -3,6 +3,7 @@
 The spec is checked before anything starts; the trainer's ``cwd`` is recorded absolute (relative to
 the directory ctl runs in), so the worker that runs it, wherever it starts, finds the same script.
 Suites are the trainer's own names and need its ``eval_command``; by default nothing is evaluated.
+``ctl eval --spec FILE`` runs that ``eval_command`` on any checkpoints (EvalSuite, as in TrainRun).
 """
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import re
 from pathlib import Path
 
 import workflows
-from tinyllm.spec import IDENTIFIER_PATTERN, SpecError
-from tinyllm.trainer_spec import CustomTrainSpec, parse_run_spec
+from tinyllm.spec import IDENTIFIER_PATTERN, SpecError, load_json_file
+from tinyllm.trainer_spec import CustomTrainSpec, has_trainer, parse_run_spec
 from workflows.models import TrainRunInput
 
 from .app import BadRequest
@@ -59,3 +60,17 @@ def custom_train_request(raw: dict, suites: list[str] | None, *, eval_seed: int 
     return TrainRunInput(spec=spec_raw, corpus=None, eval_suites=suites, eval_seed=eval_seed,
                          eval_max_items=eval_max_items)
 
+
+
+def eval_trainer(spec_file: str) -> dict:
+    """``ctl eval --spec FILE``: the spec's trainer (cwd made absolute), which must have an ``eval_command``."""
+    try:
+        raw = load_json_file(spec_file, "train spec")
+    except SpecError as e:
+        raise BadRequest(str(e)) from None
+    if not has_trainer(raw):
+        raise BadRequest(f"--spec {spec_file}: the spec names no trainer of its own (tinyllm's suites need no --spec)")
+    spec_raw, spec = resolved_spec(raw)
+    if not spec.trainer.eval_command:
+        raise BadRequest(f"--spec {spec_file}: the spec's trainer has no eval_command")
+    return spec_raw["trainer"]

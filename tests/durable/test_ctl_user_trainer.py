@@ -1,5 +1,5 @@
 """``ctl train`` of a spec naming its own trainer (the durable example, evaluated by its eval_command
-in the reference run): killed with SIGKILL and
+in the reference run, and again by ``ctl eval --spec``): killed with SIGKILL and
 run again, it ends bitwise equal to an uninterrupted run; canceled, it stops after a checkpoint
 (exit 130) and the same command finishes it, bitwise equal too. Real ctl, engine, runner, trainer.
 """
@@ -43,7 +43,7 @@ def checkpointed(home: Path) -> int | None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
+def reference_run(tmp_path_factory) -> tuple[Path, dict]:
     """An uninterrupted run, in two segments each evaluated by the trainer's eval_command (suite acc):
     segments and evaluations do not change the training, so its final loss and digest are the reference."""
     home = tmp_path_factory.mktemp("ref")
@@ -54,7 +54,37 @@ def reference(tmp_path_factory) -> dict:
     assert [(e["suite"], e["run"]) for e in evals] == [("acc", f"{NAME}-000030"), ("acc", f"{NAME}-000060")]
     assert all(0.0 <= e["summary"]["metrics"][f"{NAME}-{e['run'][-6:]}"]["spirals/acc"] <= 1.0 for e in evals)
     assert (home / evals[1]["summary_path"]).is_file()
-    return out["result"]
+    return home, out["result"]
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run) -> dict:
+    return reference_run[1]
+
+
+def test_ctl_eval_runs_the_trainers_eval_command_on_any_checkpoint(reference_run) -> None:
+    """EvalSuite on its own (`ctl eval --spec`): the same figures as TrainRun's evaluation of that checkpoint."""
+    home, res = reference_run
+    out = json.loads(ctl(home, "eval", "--spec", str(home / "spec.json"), "--suite", "acc",
+                         "--subject", f"final={res['checkpoint']}", "--name", "again", "--json").stdout)
+    assert out["state"] == "completed" and out["workflow_id"] == "eval/again"
+    suite = out["result"]["suites"][0]
+    assert (suite["suite"], suite["run"]) == ("acc", "again")
+    in_train = res["segments"][-1]["evals"]["suites"][0]["summary"]["metrics"][f"{NAME}-000060"]
+    assert suite["summary"]["metrics"]["final"] == in_train
+    assert (home / "evals/acc/again/summary.json").is_file()
+
+
+@pytest.mark.parametrize("spec,message", [({"name": "tiny", "steps": 2}, "names no trainer of its own"),
+                                          ({**SPEC, "trainer": {"command": SPEC["trainer"]["command"]}},
+                                           "the spec's trainer has no eval_command")])
+def test_ctl_eval_refuses_a_spec_without_an_eval_command(tmp_path: Path, spec: dict, message: str) -> None:
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "ckpt").mkdir()
+    p = ctl(tmp_path, "eval", "--spec", str(tmp_path / "spec.json"), "--suite", "acc", "--subject", "a=ckpt",
+            check=False)
+    assert p.returncode == 2 and message in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not (tmp_path / "engine.db").exists()  # nothing started
 
 
 def test_killed_then_run_again_ends_bitwise_equal(tmp_path: Path, reference: dict) -> None:
