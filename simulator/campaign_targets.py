@@ -61,9 +61,15 @@ TINYLLM = Target("tinyllm", TINYLLM_SPEC, ("--eval-max-items", "2", "--json"), F
 def user_target(spec: dict[str, Any], *, label: str, base_dir: Path, cli: str, suite: str = "acc") -> Target:
     """A campaign over ``spec``'s own trainer: renamed ``camp``, its cwd made absolute (relative to
     ``base_dir``), the armed checkpoint-write fault added to its env; evaluated when it has an eval_command."""
+    from tinyllm.trainer_spec import SpecError, has_trainer, parse_run_spec
+
     trainer = spec.get("trainer")
-    if not isinstance(trainer, dict) or not trainer.get("command"):
+    if not has_trainer(spec) or not isinstance(trainer, dict) or not trainer.get("command"):
         raise TargetError(f"{label}: the spec names no trainer command (\"trainer\": {{\"command\": [...]}})")
+    try:
+        parse_run_spec(spec)  # what ctl train would refuse, refused before anything starts
+    except SpecError as e:
+        raise TargetError(f"{label}: {e}") from None
     cwd = Path(trainer.get("cwd") or base_dir)
     cwd = cwd if cwd.is_absolute() else base_dir / cwd
     if not cwd.is_dir():
