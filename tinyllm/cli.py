@@ -28,8 +28,14 @@ def resolve_home(home: str | None) -> Path:
     return Path(home or os.environ.get("CTL_HOME") or os.getcwd()).absolute()
 
 
+_RANK = None  # a torchrun rank's RankStatus (tinyllm/ddp_launch.py): its verdict goes to the launcher
+
+
 def _fail(message: str, code: int) -> None:
-    click.echo(f"tinyllm: {message}", err=True)
+    if _RANK is None or _RANK.rank == 0:  # one line, not one per rank
+        click.echo(f"tinyllm: {message}", err=True)
+    if _RANK is not None:
+        _RANK.finish(code, message)
     sys.exit(code)
 
 
@@ -43,7 +49,27 @@ def _disk_full(err: OSError, home: Path) -> None:
 
 
 def _emit(result: dict) -> None:
+    if _RANK is not None:  # a rank: the launcher prints rank 0's result as the run's one result line
+        _RANK.result = result
+        return
     click.echo(json.dumps(result, sort_keys=True))
+
+
+def _launch_distributed(spec, spec_path: str, progress: str | None, resume: str | None, total_steps: int | None,
+                        home_dir: Path) -> None:
+    """This process is the launcher of a distributed spec: torchrun runs the ranks (tinyllm/ddp_launch.py)."""
+    from .ddp_launch import launch, rank_argv
+
+    resume_path = None if resume is None else (Path(resume) if os.path.isabs(resume) else home_dir / resume)
+    code, result, message = launch(spec, home_dir, rank_argv(spec_path, home_dir, progress, resume, total_steps),
+                                   resume_path)
+    if result is not None:
+        _emit(result)
+    if message:
+        click.echo(f"tinyllm: {message}", err=True)
+    if code == EXIT_CANCELED:
+        click.echo("tinyllm: stopped by signal after checkpointing", err=True)
+    sys.exit(code)
 
 
 home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
@@ -91,22 +117,34 @@ def corpus(spec_path: str | None, home: str | None) -> None:
                    "`steps`); validation's schedule and final step follow the run [default: the spec's steps].")
 @home_option
 def train(spec_path: str, progress: str | None, resume: str | None, total_steps: int | None, home: str | None) -> None:
-    """Train the spec's model to its `steps`, resuming where possible."""
+    """Train the spec's model to its `steps`, resuming where possible.
+
+    A spec with `distributed` ({"world_size": N}) runs N data-parallel ranks under torchrun
+    (gloo on CPU); this process launches them and reports for all of them (tinyllm/ddp_launch.py)."""
     import signal
 
     from .errors import request_stop
     from .spec import load_train_spec
 
+    global _RANK
     for sig in (signal.SIGTERM, signal.SIGINT):  # a stop before the loop starts still exits 130
         signal.signal(sig, request_stop)
+    from .ddp_launch import enter_rank, in_rank
+
+    _RANK = enter_rank() if in_rank() else None
     home_dir = resolve_home(home)
     try:
         spec = load_train_spec(spec_path)  # before importing torch: a bad spec fails fast
         from .progress import ProgressFile
 
-        liveness = ProgressFile(progress)
+        liveness = ProgressFile(progress if _RANK is None or _RANK.rank == 0 else None)
         liveness.event("starting", pid=os.getpid())  # alive before the torch import (seconds on a busy host)
-        from .trainer import Trainer
+        if spec.distributed is not None and _RANK is None:
+            _launch_distributed(spec, spec_path, progress, resume, total_steps, home_dir)
+        if _RANK is not None:
+            from .distributed import DistributedTrainer as Trainer
+        else:
+            from .trainer import Trainer
 
         liveness.event("imported")
         resume_path = None if resume is None else (Path(resume) if os.path.isabs(resume) else home_dir / resume)
@@ -128,8 +166,11 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
             raise
         _disk_full(e, home_dir)
     _emit(result)
+    if _RANK is not None:
+        _RANK.finish(EXIT_CANCELED if result.get("canceled") else 0)
     if result.get("canceled"):
-        click.echo("tinyllm: stopped by signal after checkpointing", err=True)
+        if _RANK is None:
+            click.echo("tinyllm: stopped by signal after checkpointing", err=True)
         sys.exit(EXIT_CANCELED)
 
 

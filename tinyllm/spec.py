@@ -45,6 +45,18 @@ class ModelConfig(_Strict):
         return self
 
 
+class DistributedConfig(_Strict):
+    """Data-parallel training on torch.distributed, launched by ``torchrun`` (tinyllm/distributed.py).
+
+    Each of ``world_size`` ranks reads a disjoint shard of every global batch (the single-process
+    run's ``batch_size`` rows, split by rank); gradients are averaged by all-reduce; rank 0 writes
+    checkpoints, progress lines and metrics. Resume is bitwise at the same ``world_size`` only.
+    """
+
+    world_size: int = Field(ge=1, le=1024)  # processes (ranks) on this host; divides batch_size
+    backend: Literal["gloo", "nccl"] = "gloo"  # gloo: CPU; nccl needs CUDA devices (refused where there are none)
+
+
 class TrainSpec(_Strict):
     """What ``tinyllm train --spec`` trains; TrainRun's segments change only ``steps``."""
 
@@ -80,10 +92,25 @@ class TrainSpec(_Strict):
     teacher: str | None = Field(None, min_length=1)  # opd: the frozen teacher checkpoint (<run>@<step> or a dir)
     dpo: DPOConfig | None = None
     rl: RLConfig | None = None  # grpo and opd: prompts, rewards, rollout sampling, n_mini
+    distributed: DistributedConfig | None = None  # data-parallel on torchrun (tinyllm/distributed.py); None: one process
 
     @model_validator(mode="after")
     def _objective_fields(self) -> "TrainSpec":
         check_train_spec(self)
+        return self
+
+    @model_validator(mode="after")
+    def _distributed_fields(self) -> "TrainSpec":
+        d = self.distributed
+        if d is None:
+            return self
+        if self.objective != "lm":
+            raise ValueError(f"distributed: objective {self.objective!r} is not supported distributed (only lm)")
+        if self.validation is not None and self.validation.enabled:
+            raise ValueError("distributed: held-out validation is not supported in a distributed run yet")
+        if self.batch_size % d.world_size:
+            raise ValueError(f"distributed: batch_size {self.batch_size} is not a multiple of world_size "
+                             f"{d.world_size} (each rank reads an equal shard of every batch)")
         return self
 
 

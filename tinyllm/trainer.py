@@ -30,6 +30,7 @@ import torch
 from . import checkpoint as ckpt
 from . import faults, retention, runlock
 from .corpus import open_corpus
+from .ddp_launch import check_world_size
 from .data import TokenStream
 from .errors import STOP, request_stop
 from .metrics import Reporter, default_reporter
@@ -55,7 +56,10 @@ def lr_at(step: int, spec: TrainSpec) -> float:
 
 
 def trajectory_fields(spec: TrainSpec) -> dict:
-    return spec.model_dump(mode="json", exclude=NON_TRAJECTORY_FIELDS)
+    fields = spec.model_dump(mode="json", exclude=NON_TRAJECTORY_FIELDS)
+    if fields.get("distributed") is None:  # a one-process run: the fields as before `distributed` existed
+        fields.pop("distributed", None)
+    return fields
 
 
 class TrainerHooks:
@@ -154,6 +158,7 @@ class Trainer:
         if state["step"] > self.spec.steps:
             raise SpecError(f"checkpoint {self.resumed_from} is at step {state['step']}, beyond the spec's steps {self.spec.steps}")
         saved = manifest.get("meta", {}).get("trajectory")
+        check_world_size(saved, self.spec, self.rel(self.resumed_from))  # its own clear line, before the generic diff
         if saved is not None and saved != trajectory_fields(self.spec):
             diff = sorted(k for k in set(saved) | set(trajectory_fields(self.spec)) if saved.get(k) != trajectory_fields(self.spec).get(k))
             raise SpecError(f"checkpoint {self.resumed_from} was trained with a different spec (fields: {', '.join(diff)})")
@@ -199,11 +204,12 @@ class Trainer:
         accum = self.spec.grad_accum_steps
         loss_sum = 0.0
         for _ in range(accum):
-            x, y = self.data.batch(self.cursor)  # (B, T), (B, T)
+            x, y = self.shard(*self.data.batch(self.cursor))  # (B, T), (B, T); a rank's rows when distributed
             self.cursor += 1
             _, loss = self.model(x, y)
             (loss / accum).backward()
             loss_sum += loss.item()
+        loss_sum = self.reduce_gradients(loss_sum)  # distributed: all-reduce (average) of gradients and loss
         max_norm = self.spec.grad_clip if self.spec.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
         self.optimizer.step()
@@ -214,6 +220,14 @@ class Trainer:
         tokens = accum * self.spec.batch_size * self.spec.model.block_size
         return {"train/loss": self.loss, "train/tokens": self.cursor * self.spec.batch_size * self.spec.model.block_size,
                 "optim/lr": lr, "optim/grad_norm": grad_norm, "timer/step_s": dt, "timer/tokens_per_s": tokens / dt}
+
+    def shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This process's rows of a global batch (all of them; tinyllm/distributed.py splits by rank)."""
+        return x, y
+
+    def reduce_gradients(self, loss_sum: float) -> float:
+        """The global batch's loss sum from this process's (one process: itself, gradients untouched)."""
+        return loss_sum
 
     def components(self) -> dict[str, Any]:
         state = {"step": self.step, "cursor": self.cursor, "torch_rng": torch.get_rng_state(),
@@ -229,14 +243,20 @@ class Trainer:
         return meta
 
     def save(self, extra: dict[str, Any] | None = None) -> Path:
-        path = ckpt.save_checkpoint(self.run_dir, self.step, {**self.components(), **(extra or {})},
-                                    meta=self.checkpoint_meta())
+        path = self._write_checkpoint({**self.components(), **(extra or {})})
         self.last_saved, self.last_path = self.step, path
         self.hooks.on_checkpoint(self, self.step, path)
         self.progress_file.write({"step": self.step, "loss": self.loss, "loss_hex": float(self.loss).hex(),
                                   "checkpoint": self.rel(path)}, durable=True)
         self._prune()
         return path
+
+    def _write_checkpoint(self, components: dict[str, Any]) -> Path:
+        return ckpt.save_checkpoint(self.run_dir, self.step, components, meta=self.checkpoint_meta())
+
+    def _recover(self) -> None:
+        """Undo what a kill mid-write left (under the run lock)."""
+        ckpt.recover_interrupted_writes(self.run_dir, self.log)
 
     def _prune(self) -> None:
         """keep_checkpoints (tinyllm/retention.py), after the new checkpoint's progress line; never fatal."""
@@ -308,7 +328,7 @@ class Trainer:
         previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             self._lock()
-            ckpt.recover_interrupted_writes(self.run_dir, self.log)
+            self._recover()
             self._build()
             self._resume()
             self._report_resume()
