@@ -55,14 +55,13 @@ def _emit(result: dict) -> None:
     click.echo(json.dumps(result, sort_keys=True))
 
 
-def _launch_distributed(spec, spec_path: str, progress: str | None, resume: str | None, total_steps: int | None,
-                        home_dir: Path) -> None:
+def _launch_distributed(spec, resume: Path | None, progress: str | None, total_steps: int | None, home_dir: Path,
+                        spec_path: str) -> None:
     """This process is the launcher of a distributed spec: torchrun runs the ranks (tinyllm/ddp_launch.py)."""
     from .ddp_launch import launch, rank_argv
 
-    resume_path = None if resume is None else (Path(resume) if os.path.isabs(resume) else home_dir / resume)
     code, result, message = launch(spec, home_dir, rank_argv(spec_path, home_dir, progress, resume, total_steps),
-                                   resume_path)
+                                   resume)
     if result is not None:
         _emit(result)
     if message:
@@ -139,15 +138,19 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
 
         liveness = ProgressFile(progress if _RANK is None or _RANK.rank == 0 else None)
         liveness.event("starting", pid=os.getpid())  # alive before the torch import (seconds on a busy host)
+        resume_path = None if resume is None else (Path(resume) if os.path.isabs(resume) else home_dir / resume)
+        if _RANK is None:
+            from .ddp_launch import check_resume_world_size
+
+            check_resume_world_size(spec, home_dir, resume_path)  # one line, before torch or the lock
         if spec.distributed is not None and _RANK is None:
-            _launch_distributed(spec, spec_path, progress, resume, total_steps, home_dir)
+            _launch_distributed(spec, resume_path, progress, total_steps, home_dir, spec_path)
         if _RANK is not None:
             from .distributed import DistributedTrainer as Trainer
         else:
             from .trainer import Trainer
 
         liveness.event("imported")
-        resume_path = None if resume is None else (Path(resume) if os.path.isabs(resume) else home_dir / resume)
         trainer = Trainer(spec, home_dir, Path(progress).absolute() if progress else None, resume_path,
                           total_steps=total_steps)
         result = trainer.run()

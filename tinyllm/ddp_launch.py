@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .errors import STOP
 from .spec import SpecError, TrainSpec
 
 RANK_STATUS_ENV = "TINYLLM_DDP_STATUS"
@@ -101,6 +102,11 @@ def precheck(spec: TrainSpec, home: Path, resume: Path | None) -> None:
     assert d is not None
     if d.backend == "nccl":
         raise SpecError("distributed.backend nccl needs CUDA devices, and tinyllm trains on CPU: use gloo")
+    check_resume_world_size(spec, home, resume)
+
+
+def check_resume_world_size(spec: TrainSpec, home: Path, resume: Path | None) -> None:
+    """Refuse, before torch is imported or the run locked, a resume at another world size (any spec)."""
     candidate = _resume_candidate(home, spec, resume)
     if candidate is None:
         return
@@ -214,7 +220,7 @@ def launch(spec: TrainSpec, home: Path, rank_args: list[str], resume: Path | Non
     precheck(spec, home, resume)  # SpecError: nothing started
     ws = spec.distributed.world_size
     folder = Path(tempfile.mkdtemp(prefix="tinyllm-ddp-"))
-    stop = {"signals": 0}
+    stop = {"signals": 1 if STOP["requested"] else 0}  # a SIGTERM before this point counts too
     signaled: set[int] = set()
 
     def on_signal(signum, frame) -> None:
@@ -275,13 +281,13 @@ def verdict(world_size: int, ended: dict[int, dict], torchrun_rc: int) -> tuple[
     return EXIT_FAILED, None, f"distributed run failed (torchrun exit {torchrun_rc}): {'; '.join(parts)}"
 
 
-def rank_argv(spec_path: str, home: Path, progress: str | None, resume: str | None, total_steps: int | None) -> list[str]:
+def rank_argv(spec_path: str, home: Path, progress: str | None, resume: Path | None, total_steps: int | None) -> list[str]:
     """The ranks' arguments: the launcher's own, with paths made absolute."""
     args = ["--spec", os.path.abspath(spec_path), "--home", str(home)]
     if progress:
         args += ["--progress", os.path.abspath(progress)]
-    if resume:
-        args += ["--resume", resume if os.path.isabs(resume) else str(home / resume)]
+    if resume is not None:
+        args += ["--resume", str(resume)]
     if total_steps is not None:
         args += ["--total-steps", str(total_steps)]
     return args
