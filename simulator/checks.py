@@ -89,13 +89,20 @@ def check_completed(o: Outcome) -> list[str]:
     return check_completed_state(o) + check_completed_ledger(o)
 
 
-def check_completed_state(o: Outcome) -> list[str]:
-    """The part of ``check_completed`` that reads the run's outcome and files (not the ledger)."""
+def check_completed_state(o: Outcome, *, file_lines: list[str] | None = None) -> list[str]:
+    """The part of ``check_completed`` that reads the run's outcome and files (not the ledger);
+    ``file_lines``: ``final_files_lines`` of the run's final files, already made."""
     scn = o.scenario
     if o.state != "completed":
         err = o.error or {}
         return [f"workflow ended {o.state}, expected completed ({err.get('type')}: {err.get('message')})"]
-    return _check_result(scn, o.result) + _check_commands(scn, o.events) + _check_files(o, final_step=scn.steps)
+    files = final_files_lines(o) if file_lines is None else list(file_lines)
+    return _check_result(scn, o.result) + _check_commands(scn, o.events) + files
+
+
+def final_files_lines(o: Outcome) -> list[str]:
+    """The checks of a completed run's files: every checkpoint exact, LATEST the last one."""
+    return _check_files(o, final_step=o.scenario.steps)
 
 
 def check_completed_ledger(o: Outcome) -> list[str]:

@@ -156,10 +156,18 @@ def _spec_of(input: Any) -> dict[str, Any]:
     return spec
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def _atomic_write(path: Path, data: str | bytes) -> None:
+    """Write to a temporary name, then rename (never in place: recoveries share files by hard links)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def _file_hash(rel: str, data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(rel.encode() + b"\0" + data, digest_size=16).digest(), "big")
 
 
 class FakeActivities:
@@ -186,6 +194,7 @@ class FakeActivities:
         oom_at: dict[int, int] | None = None,
         fail_corpus: bool = False,
         cancel_poll_steps: int = 50,
+        files: dict[str, int] | None = None,
     ):
         self.home = Path(home)
         self.ledger = ledger
@@ -196,6 +205,19 @@ class FakeActivities:
         self.fail_corpus = fail_corpus
         self.cancel_poll_steps = max(1, cancel_poll_steps)
         self.writes = 0  # file writes so far (checkpoints, eval outputs, corpora): part of a state's identity
+        # every file written under home (relative path -> hash of path and bytes), and their sum: an
+        # order-independent digest of the files (simulator/convergence.py); a recovery inherits the
+        # dict of the run whose files it copied
+        self.files: dict[str, int] = dict(files or {})
+        self._files_sum = sum(self.files.values())
+
+    def _wrote(self, rel: str, data: bytes) -> None:
+        new = _file_hash(rel, data)
+        self._files_sum += new - self.files.get(rel, 0)
+        self.files[rel] = new
+
+    def files_digest(self) -> tuple[int, int]:
+        return len(self.files), self._files_sum % (1 << 128)
 
     # --- train ------------------------------------------------------------------------------
 
@@ -217,8 +239,10 @@ class FakeActivities:
         base = f"step-{state.step:06d}"
         final, tmp = os.path.join(ckpt_dir, base), os.path.join(ckpt_dir, f".tmp-{base}")
         os.makedirs(tmp, exist_ok=True)
+        text = json.dumps({**state.to_json(), "trajectory": trajectory}, sort_keys=True)
         with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump({**state.to_json(), "trajectory": trajectory}, f, sort_keys=True)
+            f.write(text)
+        self._wrote(f"{rel_dir}/{base}/state.json", text.encode())
         if os.path.exists(final):  # a step redone after a kill: same bits, replace the old copy
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -226,6 +250,7 @@ class FakeActivities:
         with open(latest_tmp, "w") as f:
             f.write(base)
         os.replace(latest_tmp, os.path.join(ckpt_dir, "LATEST"))
+        self._wrote(f"{rel_dir}/LATEST", base.encode())
         return f"{rel_dir}/{base}"
 
     def train(self, ctx: Any, input: Any) -> dict[str, Any]:
@@ -343,15 +368,19 @@ class FakeActivities:
         out_dir = self.home / "evals" / suite / run
         out_dir.mkdir(parents=True, exist_ok=True)
         self.writes += 1
-        _atomic_write(out_dir / "results.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in results))
+        rel = f"evals/{suite}/{run}"
+        lines = "".join(json.dumps(r, sort_keys=True) + "\n" for r in results)
+        _atomic_write(out_dir / "results.jsonl", lines)
+        self._wrote(f"{rel}/results.jsonl", lines.encode())
         summary = {
             "suite": suite, "run": run, "name": name, "tag": tag, "seed": seed, "results": results,
             "metrics": {r["subject"]: {f"{r['task']}/{r['metric']}": r["value"]} for r in results},
         }
-        _atomic_write(out_dir / "summary.json", json.dumps(summary, sort_keys=True))
+        text = json.dumps(summary, sort_keys=True)
+        _atomic_write(out_dir / "summary.json", text)
+        self._wrote(f"{rel}/summary.json", text.encode())
         self.ledger.record("eval-done", wf=ctx.workflow_id, run=run, suite=suite, activity=aid, steps=steps)
         self.hook("eval-done", f"{aid}:{suite}")
-        rel = f"evals/{suite}/{run}"
         return {"suite": suite, "run": run, "results": f"{rel}/results.jsonl",
                 "summary_path": f"{rel}/summary.json", "summary": summary}
 
@@ -369,10 +398,12 @@ class FakeActivities:
         out.mkdir(parents=True, exist_ok=True)
         tokens = bytes(range(256)) * 4
         checksum = hashlib.sha256(tokens).hexdigest()
-        (out / "tokens.bin").write_bytes(tokens)
-        (out / "heldout.bin").write_bytes(tokens[:128])
+        rel = f"corpora/{name}"
+        meta = json.dumps({"name": name, "checksum": checksum})
+        for file, data in (("tokens.bin", tokens), ("heldout.bin", tokens[:128]), ("meta.json", meta.encode())):
+            _atomic_write(out / file, data)
+            self._wrote(f"{rel}/{file}", data)
         self.writes += 1
-        _atomic_write(out / "meta.json", json.dumps({"name": name, "checksum": checksum}))
         return {
             "name": name, "path": str(out.relative_to(self.home)), "tokens": len(tokens),
             "heldout_tokens": 128, "checksum": checksum,

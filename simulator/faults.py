@@ -44,6 +44,7 @@ class FaultPlan:
     trace: list[tuple[str, str]] = field(default_factory=list)
     crashes: list[SimulatedCrash] = field(default_factory=list)
     observer: Callable[[int, str, str], None] | None = None  # called at every position (snapshots)
+    observe_only: tuple[str, ...] = ()  # when set: the observer sees only these kinds (steps stay in bulk)
 
     def free(self, n: int) -> int:
         """Pass up to ``n`` positions in bulk where nothing happens; return how many passed.
@@ -51,7 +52,7 @@ class FaultPlan:
         A fake activity's inner loop asks this before a run of steps: the positions are
         numbered exactly as if ``point`` had been called for each (0 while recording).
         """
-        if self.record or self.observer is not None or n <= 0:
+        if self.record or (self.observer is not None and (not self.observe_only or "step" in self.observe_only)) or n <= 0:
             return 0
         c = self.count
         nxt = min((k for k in self.kills if k >= c), default=None)
@@ -67,7 +68,7 @@ class FaultPlan:
         self.count = n + 1
         if self.record:
             self.trace.append((kind, label))
-        if self.observer is not None:
+        if self.observer is not None and (not self.observe_only or kind in self.observe_only):
             self.observer(n, kind, label)
         action = self.actions.pop(n, None)
         if action is not None and not action(kind):

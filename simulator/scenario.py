@@ -149,6 +149,7 @@ def run_scenario(
     clock: VirtualClock | None = None,
     oom_left: dict[int, int] | None = None,
     live: dict | None = None,
+    files: dict[str, int] | None = None,
 ) -> Outcome:
     """Run ``scn`` to its end under ``plan``, restarting the worker after every simulated kill.
 
@@ -156,13 +157,14 @@ def run_scenario(
     of the workflow is recorded, as ``ctl cancel`` would from another process.
     ``oom_left``: the trainer failures still to come (default: the scenario's).
     ``live``: filled with the current ``engine`` and ``fakes`` (for ``snapshot``).
+    ``files``: the digests of the files already in ``home`` (``FakeActivities.files``).
     """
     ledger = ledger if ledger is not None else Ledger()
     clock = clock if clock is not None else VirtualClock(START_TIME)
     wid = workflow_id or scn.workflow_id
     db = home / ".ctl" / "engine.db"
     fakes = FakeActivities(home, ledger, plan, fail_suites=scn.fail_suites,
-                           oom_at=dict(scn.oom_at) if oom_left is None else oom_left)
+                           oom_at=dict(scn.oom_at) if oom_left is None else oom_left, files=files)
     live = live if live is not None else {}
     live["fakes"] = fakes
     out = {"cancel_done": False}
@@ -223,22 +225,31 @@ def _owner_dead(owner: dict):
         leases.mark_live(owner)
 
 
-def _copy_committed(src: Path, dst: Path) -> None:
+def _copy_committed(src: Path, dst: Path, workflow_id: str | None = None) -> int:
     """What a kill leaves of database ``src``: its committed transactions, copied by SQLite.
 
     Never a file copy: a Python open()/close() of a database file this process has open
     drops the live connection's POSIX locks (see engine/store.py). A fresh connection sees
-    only what was committed, as recovery after a crash would.
+    only what was committed, as recovery after a crash would. Returns how many events of
+    ``workflow_id`` were copied.
     """
     import sqlite3
 
     if not src.exists():
-        return
+        return 0
     dst.parent.mkdir(parents=True, exist_ok=True)
     source = sqlite3.connect(src.resolve().as_uri() + "?mode=ro", uri=True)
     target = sqlite3.connect(dst)
     try:
         source.backup(target)
+        if workflow_id is None:
+            return 0
+        try:
+            (n,) = target.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id=?",
+                                  (workflow_id,)).fetchone()
+        except sqlite3.OperationalError:  # no schema yet
+            return 0
+        return n
     finally:
         target.close()
         source.close()
@@ -246,7 +257,7 @@ def _copy_committed(src: Path, dst: Path) -> None:
 
 def recover_from_snapshot(
     scn: Scenario, src_home: Path, position: int, where: str, live: dict, ledger: Ledger, clock: VirtualClock,
-    *, workflow_fn: Callable | None = None,
+    *, workflow_fn: Callable | None = None, watch: Callable | None = None,
 ) -> Outcome:
     """The worker of ``src_home`` dies at ``position``: a new worker recovers from a copy of its files.
 
@@ -254,14 +265,44 @@ def recover_from_snapshot(
     checkpoints) and the simulator's own ledger and clock: so a run killed at ``position``
     is the files copied at that moment, then a fresh Engine on them, run to the end. The
     uninterrupted run is paused meanwhile and carries on afterwards, untouched.
+
+    ``watch(live, clock)``, when given, is called at every convergence point of the recovery
+    (simulator/convergence.py) and may stop it by raising ``Converged``: then the Outcome is
+    the run so far (state ``running``): ``events`` holds only the events recorded after the
+    copied ones, ``extra`` the ``converged`` target and ``copied_events`` (their count).
     """
+    from .convergence import CONVERGENCE_KIND, Converged
+
     home = new_home()
-    shutil.copytree(src_home, home, dirs_exist_ok=True, ignore=shutil.ignore_patterns("engine.db*"))
-    _copy_committed(src_home / ".ctl" / "engine.db", home / ".ctl" / "engine.db")
+    # hard links: the fakes never write a file in place (temporary name, then rename), so a
+    # recovery's writes never reach the uninterrupted run's files
+    shutil.copytree(src_home, home, dirs_exist_ok=True, ignore=shutil.ignore_patterns("engine.db*"),
+                    copy_function=os.link)
+    copied = _copy_committed(src_home / ".ctl" / "engine.db", home / ".ctl" / "engine.db", scn.workflow_id)
     led = Ledger()
     led.entries = list(ledger.entries)
     led.record("crash", position=position, where=where)
     plan = FaultPlan(count=position + 1)
+    rlive: dict = {}
+    rclock = VirtualClock(clock.now())
+    if watch is not None:
+        plan.observer = lambda n, kind, label: watch(rlive, rclock, label)
+        plan.observe_only = (CONVERGENCE_KIND,)
     with _owner_dead(live["engine"].owner):
-        return run_scenario(scn, home, plan, workflow_fn=workflow_fn, ledger=led,
-                            clock=VirtualClock(clock.now()), oom_left=dict(live["fakes"].oom_left))
+        try:
+            return run_scenario(scn, home, plan, workflow_fn=workflow_fn, ledger=led, clock=rclock,
+                                oom_left=dict(live["fakes"].oom_left), live=rlive, files=live["fakes"].files)
+        except Converged as stop:
+            eng = rlive["engine"]
+            try:
+                from engine.history import read_events
+
+                with eng.store._lock:
+                    events = read_events(eng.store.conn, scn.workflow_id, copied)
+            finally:
+                _crash_cleanup(eng)
+            return Outcome(
+                scenario=scn, workflow_id=scn.workflow_id, home=home, state="running", result=None, error=None,
+                events=events, ledger=led, plan=plan, lives=1, clock=rclock,
+                extra={"converged": stop.target, "copied_events": copied},
+            )

@@ -27,7 +27,9 @@ from .checks import (
     check_continued,
     check_failed_suite,
     compare_with,
+    final_files_lines,
 )
+from .convergence import CONVERGENCE_KIND, Converged, HistoryDigest, Target, Verified, splice_ledger, state_key
 from .fakes import FakeActivities
 from .faults import FaultPlan, random_kills
 from .ledger import Ledger
@@ -139,6 +141,7 @@ class Simulator:
         self.keep_failed = keep_failed
         self._ref: Outcome | None = None
         self._ref_mismatch: Mismatch | None = None
+        self._targets: dict[tuple, Target] = {}  # the uninterrupted run's convergence points
         self.trace: list[tuple[str, str]] = []
         self.stats: Counter[str] = Counter()  # how runs ended, and how many kills they took
         self.on_outcome: Callable[[str, list[int], Outcome], None] | None = None  # sees every checked run
@@ -159,12 +162,25 @@ class Simulator:
         return o
 
     def reference(self) -> Outcome:
-        """The uninterrupted run (once), with its positions recorded."""
+        """The uninterrupted run (once), with its positions and its convergence points recorded."""
         if self._ref is None:
-            self._ref = self.run(record=True)
-            self.trace = list(self._ref.plan.trace)
-            self._ref_mismatch = self.check(self._ref, what="reference", kills=[])
-            self._finish(self._ref, self._ref_mismatch)
+            home, ledger, clock, live, history = new_home(), Ledger(), VirtualClock(START_TIME), {}, HistoryDigest()
+            points: list[tuple[tuple, int, int]] = []
+
+            def watch(n: int, kind: str, label: str) -> None:
+                key = state_key(label, live["engine"], clock, live["fakes"], history)
+                if key is not None:
+                    points.append((key, history.last_seq.get(self.scn.workflow_id, 0), len(ledger.entries)))
+
+            plan = FaultPlan(record=True, observer=watch, observe_only=(CONVERGENCE_KIND,))
+            ref = run_scenario(self.scn, home, plan, workflow_fn=self.workflow_fn, ledger=ledger, clock=clock, live=live)
+            self._ref = ref
+            self.trace = list(ref.plan.trace)
+            files = final_files_lines(ref) if ref.state == "completed" else []
+            verified = Verified(ref.state, ref.result, ref.error, ref.events, ref.ledger.entries, None, files)
+            self._targets = {key: Target(verified, ev, led) for key, ev, led in points}
+            self._ref_mismatch = self.check(ref, what="reference", kills=[])
+            self._finish(ref, self._ref_mismatch)
         return self._ref
 
     def check(self, o: Outcome, *, what: str, kills: list[int], cancel_at: int | None = None,
@@ -196,9 +212,10 @@ class Simulator:
         return Mismatch(what, kills, lines, rerun_command(scn, kills, cancel_at=cancel_at, mutant=self.mutant),
                         cancel_at=cancel_at, seed=seed, home=str(o.home) if self.keep_failed else None)
 
-    def state_lines(self, o: Outcome, *, what: str = "kill") -> list[str]:
-        """The checks of a completed run's outcome and files (all but the ledger's)."""
-        lines = check_completed_state(o)
+    def state_lines(self, o: Outcome, *, what: str = "kill", file_lines: list[str] | None = None) -> list[str]:
+        """The checks of a completed run's outcome and files (all but the ledger's); ``file_lines``:
+        the files' checks, already made (a spliced run's final files are its target's)."""
+        lines = check_completed_state(o, file_lines=file_lines)
         if what != "reference":
             lines += compare_with(o, self.reference())
         return lines
@@ -269,24 +286,38 @@ class Simulator:
                        dedup: bool = True) -> list[Mismatch | None]:
         """Kills at ``positions`` (increasing), recovered from snapshots of one uninterrupted run.
 
-        ``dedup``: positions where the durable state is the same (same committed transactions,
-        same files written, same clock; e.g. the steps between two checkpoints, where nothing is
+        ``dedup``: two shortcuts, each exact (``tests/simulator`` compares them with literal runs).
+        (a) Positions where the durable state is the same (same committed transactions, same
+        files written, same clock; e.g. the steps between two checkpoints, where nothing is
         written) recover identically, since the recovery is deterministic and reads nothing
-        else: the first is run, the others reuse its outcome with their own ledger (what the
-        worker did before the kill), on which the ledger checks run again.
+        else: the first is run, the next ones reuse its outcome with their own ledger (what
+        the worker did before the kill), on which the ledger checks run again. The durable
+        state only grows along the run, so only the previous position's recovery is kept.
+        (b) A recovery stops at the first convergence point where its state key equals that
+        of a verified run at the same point (simulator/convergence.py): the uninterrupted run,
+        or an earlier recovery that ran on (kept until the uninterrupted run's next
+        convergence point, after which no later kill can reach its states).
         """
         self.reference()
         todo, out = set(positions), []
         home, ledger, clock, live = new_home(), Ledger(), VirtualClock(START_TIME), {}
-        seen: dict[tuple, tuple[Outcome, list[str] | None, list[dict]]] = {}
+        last: list = [None, None]  # the previous recovery: its start key, and (outcome, state_lines, ledger suffix)
+        found: dict[tuple, Target] = {}  # convergence points of recoveries that ran on
+        src_history = HistoryDigest()  # the uninterrupted run's, brought up to date at its convergence points
+        self.stats.setdefault("recoveries", 0)
+        self.stats.setdefault("converged", 0)
 
         def observe(n: int, kind: str, label: str) -> None:
+            if dedup and kind == CONVERGENCE_KIND:
+                found.clear()
+                with live["engine"].store._lock:
+                    src_history.catch_up(live["engine"].store.conn)
             if n not in todo:
                 return
             where = f"{kind} {label}"
             key = _state_key(live, clock)
-            if dedup and key in seen:
-                rep, state_lines, suffix = seen[key]
+            if dedup and last[0] == key:
+                rep, state_lines, suffix = last[1]
                 led = Ledger()
                 led.entries = list(ledger.entries)
                 led.record("crash", position=n, where=where)
@@ -294,16 +325,20 @@ class Simulator:
                 o = replace(rep, ledger=led)
                 m = self.check(o, what="kill", kills=[n], state_lines=state_lines)
             else:
+                last[0] = last[1] = None
                 try:
-                    o = recover_from_snapshot(self.scn, home, n, where, live, ledger, clock,
-                                              workflow_fn=self.workflow_fn)
+                    o = self._recover(n, where, home, live, ledger, clock, found if dedup else None,
+                                      src_history.copy() if dedup else None)
                 except Exception as e:  # noqa: BLE001 - an engine error is a finding, not a crash of the sweep
                     out.append(Mismatch("kill", [n], [f"killed at position {n}: {where}", f"recovery raised {e!r}"],
                                         rerun_command(self.scn, [n], mutant=self.mutant)))
                     return
-                state_lines = self.state_lines(o) if not self.scn.fail_suites else None
+                state_lines = o.extra.pop("state_lines", None)
+                if state_lines is None and not self.scn.fail_suites:
+                    state_lines = self.state_lines(o)
                 crash = len(ledger.entries)
-                seen[key] = (o, state_lines, o.ledger.entries[crash + 1:])
+                if dedup:
+                    last[0], last[1] = key, (o, state_lines, o.ledger.entries[crash + 1:])
                 m = self.check(o, what="kill", kills=[n], state_lines=state_lines)
             if m is not None:
                 m.lines.insert(0, f"killed at position {n}: {where}")
@@ -317,11 +352,58 @@ class Simulator:
                                ledger=ledger, clock=clock, live=live)
         finally:
             remove_home(home)
-        if compare_with(src, self.reference()):
+        ref = self.reference()
+        differs = compare_with(src, ref)
+        if [(e.type, e.time) for e in src.events] != [(e.type, e.time) for e in ref.events]:
+            differs.append("their histories differ")
+        if differs:
             out.append(Mismatch("reference", [], ["two uninterrupted runs differ: the simulation is not "
-                                                  "deterministic"] + compare_with(src, self.reference()),
+                                                  "deterministic"] + differs,
                                 rerun_command(self.scn, [], mutant=self.mutant)))
         return out
+
+    def _recover(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
+                 found: dict | None, history: HistoryDigest | None) -> Outcome:
+        """The recovery of a kill at ``n``; with ``found``, stopped at convergence and spliced."""
+        self.stats["recoveries"] += 1
+        if found is None:
+            return recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn)
+        mine: list[Target] = []  # this recovery's convergence points, verified when it ends
+
+        def watch(rlive: dict, rclock: VirtualClock, label: str) -> None:
+            key = state_key(label, rlive["engine"], rclock, rlive["fakes"], history)
+            if key is None:
+                return
+            target = self._targets.get(key) or found.get(key)
+            if target is not None and target.run is not None:
+                raise Converged(target)
+            if key not in found:
+                found[key] = Target(None, history.last_seq.get(self.scn.workflow_id, 0), len(rlive["fakes"].ledger.entries))
+                mine.append(found[key])
+
+        o = recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
+                                  watch=watch)
+        target = o.extra.pop("converged", None)
+        if target is None:  # ran to the end
+            state_lines = None if self.scn.fail_suites else self.state_lines(o)
+            run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, state_lines,
+                           final_files_lines(o) if o.state == "completed" else [])
+        else:  # its past, then the target's future
+            self.stats["converged"] += 1
+            copied = o.extra.pop("copied_events")
+            t = target.run
+            o = replace(o, state=t.state, result=t.result, error=t.error,
+                        events=self._ref.events[:copied] + o.events + t.events[target.events_at:],
+                        ledger=splice_ledger(o.ledger, target))
+            state_lines = None
+            if not self.scn.fail_suites:
+                state_lines = self.state_lines(o, file_lines=t.file_lines)
+            run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, state_lines, t.file_lines)
+            remove_home(o.home)  # its files are the target's from here: checked with the target's
+        for point in mine:
+            point.run = run
+        o.extra["state_lines"] = state_lines
+        return o
 
     def count_states(self) -> int:
         """How many distinct durable states the positions of the uninterrupted run leave (dedup's runs)."""

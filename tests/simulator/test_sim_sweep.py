@@ -117,6 +117,43 @@ def test_the_fast_modes_make_the_same_runs_as_the_literal_one():
     assert sorted(seen["rerun"]) == sorted(seen["snapshot"]) == sorted(seen["dedup"]) == positions
     for k in positions:
         assert seen["rerun"][k] == seen["snapshot"][k] == seen["dedup"][k], f"position {k}: {sim.where(k)}"
+    assert sim.stats["converged"] > 0  # some recoveries were stopped at convergence and spliced
+
+
+def test_at_100_segments_converged_recoveries_are_the_runs_that_ran_to_the_end():
+    """100 segments (2 steps each, a checkpoint every 10): kills of several kinds around one
+    segment and near the end, each recovered by dedup (stopped at convergence, spliced) and run
+    again literally from the start; the two agree run for run, and the splices happened."""
+    seen: dict[str, dict] = {"rerun": {}, "dedup": {}}
+
+    def record(mode):
+        def on_outcome(what, kills, o):
+            if what == "kill":
+                seen[mode][kills[0]] = (o.state, o.result, [(e.type, e.time, e.attrs) for e in o.events],
+                                        _merged(o.ledger.entries))
+        return on_outcome
+
+    sim = Simulator(Scenario(steps=200, eval_every=2, checkpoint_every=10, eval_interval_s=5))
+    sim.reference()
+    assert len(sim.reference().result["segments"]) == 100
+    n = len(sim.trace)
+    # in the segment ending at step 100: a step, the checkpoint written but not yet heartbeated, the
+    # heartbeat committed (both resume from step 100: their own segment's end), the evaluation, the timer
+    # wait (a fresh engine idle before its first replay); and a step near the end
+    seg = [k for k, (kind, label) in enumerate(sim.trace) if label.startswith("train-000100:")]
+    first, ckpt = seg[0], next(k for k in seg if sim.trace[k][0] == "ckpt")
+    picks = [first, ckpt, ckpt + 3]
+    picks += [next(k for k in range(ckpt, n) if sim.trace[k][0] == kind) for kind in ("eval", "timer-wait")]
+    picks += [n - 12]
+    picks = sorted(set(picks))
+    for mode in ("rerun", "dedup"):
+        sim.on_outcome = record(mode)
+        report = sim.kill_every_position(positions=picks, mode=mode)
+        assert report.ok, "\n".join(str(m) for m in report.mismatches[:3])
+    assert sorted(seen["rerun"]) == sorted(seen["dedup"]) == picks
+    for k in picks:
+        assert seen["rerun"][k] == seen["dedup"][k], f"position {k}: {sim.where(k)}"
+    assert sim.stats["converged"] >= 3
 
 
 
