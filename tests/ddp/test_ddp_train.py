@@ -224,3 +224,61 @@ def test_bad_distributed_specs_are_one_line() -> None:
                        ({"world_size": 2, "backend": "mpi"}, "backend"), ({"world_size": 2, "nodes": 2}, "unknown field")):
         with pytest.raises(SpecError, match=words):
             parse_train_spec({**SPEC, "distributed": bad})
+
+
+def ctl_train(home: Path, spec_path: Path, heartbeat_s: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec_path), "--no-eval", "--json",
+                             "--heartbeat-timeout", str(heartbeat_s), "--home", str(home)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def test_ctl_train_of_two_ranks_killed_and_a_hung_rank_end_with_the_same_loss(tmp_path, reference, started) -> None:
+    """`ctl train` SIGKILLed mid-segment: its launcher, torchrun and ranks die with it; the same command
+    again resumes; rank 1 frozen by SIGSTOP there is noticed by the heartbeat rule (no progress line),
+    the attempt is stopped and redelivered; the final loss bits and digest are the reference's."""
+    heartbeat_s = 30.0  # covers the longest silent phase (torchrun and the ranks importing torch) on a busy host
+    home = tmp_path / "ctl"
+    home.mkdir()
+    spec_path = home / "ddp.json"
+    spec_path.write_text(json.dumps({**SPEC, "eval_every": 0}))
+    work = home / "runs" / "ddp" / "activity" / "train-000120"
+
+    def attempt_with_checkpoint(after: int = 0) -> int | None:
+        for n in range(after + 1, 12):
+            if checkpoint_after(work / f"progress-{n}.jsonl", 0) and ranks_of(work / f"progress-{n}.jsonl"):
+                return n
+        return None
+
+    proc = ctl_train(home, spec_path, heartbeat_s)
+    started.append(proc)
+    n = poll(attempt_with_checkpoint, "a checkpoint", proc)
+    progress = lines(work / f"progress-{n}.jsonl")
+    attempt = [next(x["pid"] for x in progress if x.get("event") == "starting"), *ranks_of(work / f"progress-{n}.jsonl")]
+    started.extend(attempt)
+    proc.kill()
+    proc.communicate(timeout=DEADLINE_S)
+    _all_gone(attempt)  # the launcher (parent-death signal of the runner's child) and both ranks
+
+    proc = ctl_train(home, spec_path, heartbeat_s)
+    started.append(proc)
+    m = poll(lambda: attempt_with_checkpoint(n), "a checkpoint of the resumed run", proc)
+    pids = ranks_of(work / f"progress-{m}.jsonl")
+    started.extend(pids)
+    os.kill(pids[1], signal.SIGSTOP)
+    give_up = time.monotonic() + 4 * heartbeat_s + 120
+    while alive(pids[1]):  # until the runner stopped the hung attempt; no other attempt beside it
+        assert not (work / f"progress-{m + 1}.jsonl").exists(), "a new attempt started beside the hung rank"
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < give_up, "the hung rank was never noticed (heartbeats without progress?)"
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=DEADLINE_S)
+    assert proc.returncode == 0, err[-3000:]
+    res = json.loads(out)
+    assert res["state"] == "completed"
+    ref = reference["result"]
+    assert (res["result"]["final_loss_hex"], res["result"]["digest"]) == (ref["final_loss_hex"], ref["digest"])
+    events = json.loads(subprocess.run([sys.executable, "-m", "ctl.cli", "history", "train/ddp", "--json", "--home",
+                                        str(home)], capture_output=True, text=True, timeout=DEADLINE_S).stdout)["events"]
+    ended = [e.get("attrs", {}).get("kind") or e["attrs"].get("error", {}).get("type") for e in events
+             if e["type"] in ("activity_timed_out", "activity_failed") and e["attrs"].get("attempt") == m]
+    assert ended and ended[0] in ("heartbeat timeout", "ProgressTimeout"), ended
