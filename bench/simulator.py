@@ -1,23 +1,26 @@
-"""Simulator benchmark: kill positions per second, and how positions and time grow with segments.
+"""Simulator benchmark: kill positions per second, and how a full sweep grows with segments.
 
-    python bench/simulator.py [--jobs 2] [--sample 40] [--skip-full]
+    python bench/simulator.py [--sizes 10,100,1000] [--full-up-to 100] [--sample-every 50] [--skip-hand]
 
 Prints figures measured in this one run (nothing is asserted):
 1. the seed's hand example (1200 steps, eval_every 500, 30 s waits, ppl, checkpoints every 100)
-   killed at every position: positions, wall time, positions per second and CPU time, in the
-   literal mode (each run again from the start) and the snapshot mode, 1 process and ``--jobs``;
-2. runs of 10, 100 and 1,000 segments (eval_every 10, checkpoint every 10, ppl, 30 s waits):
-   positions of the uninterrupted run, distinct durable states among them, its time, the mean
-   time of a killed run (``--sample`` evenly spread positions, half as many for 1,000
-   segments), the full sweep measured (dedup mode, 10 segments) and extrapolated
-   (positions or states x mean killed run). Ratios between successive sizes show the growth:
-   positions grow linearly (x10), a full sweep at most quadratically (x100) when a run is
-   linear in its history.
+   killed at every position in the literal mode (each run again from the start), the snapshot
+   mode (each recovery to the end) and the default dedup mode (convergence);
+2. runs of 10, 100 and 1,000 segments (10 steps each, a checkpoint every 10, ppl, 5 s waits),
+   each size in its own process (for its peak memory): positions, distinct durable states at
+   the kills, the uninterrupted run's time, then the dedup sweep of every position (sizes up to
+   ``--full-up-to``) or of every ``--sample-every``-th position: wall time, time per position,
+   recoveries run, how many stopped at convergence, peak RSS of the process. A sampled sweep's
+   full time is estimated as distinct states x its time per recovery (marked "est.");
+   ratios between sizes show the growth (linear: x10 per x10 segments).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
+import subprocess
 import sys
 import time
 
@@ -28,78 +31,83 @@ from simulator.scenario import Scenario  # noqa: E402
 from simulator.sweep import Simulator  # noqa: E402
 
 
-def full_sweep(jobs: int, mode: str) -> tuple[int, float, float]:
-    """Positions, wall seconds, CPU seconds (this process and its workers) of the hand example's sweep."""
+def hand_example(mode: str) -> tuple[int, float, bool]:
     sim = Simulator(Scenario())
-    t0, c0 = time.perf_counter(), _cpu()
-    report = sim.kill_every_position(jobs=jobs, mode=mode)
-    elapsed, cpu = time.perf_counter() - t0, _cpu() - c0
-    if not report.ok:
-        print(f"  (!) {len(report.mismatches)} mismatches: {report.mismatches[0]}")
-    return report.tried, elapsed, cpu
+    t0 = time.perf_counter()
+    report = sim.kill_every_position(mode=mode)
+    return report.tried, time.perf_counter() - t0, report.ok
 
 
-def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-def segments_row(n: int, sample: int, full: bool) -> dict:
-    scn = Scenario(steps=10 * n, eval_every=10, checkpoint_every=10)
+def one_size(n: int, full: bool, every: int) -> dict:
+    """One size, measured in this process (run by ``--one``)."""
+    scn = Scenario(steps=10 * n, eval_every=10, checkpoint_every=10, eval_interval_s=5)
     sim = Simulator(scn)
     t0 = time.perf_counter()
     sim.reference()
     ref_s = time.perf_counter() - t0
     positions = len(sim.trace)
     states = sim.count_states()
-    picks = sorted({int((i + 0.5) * positions / sample) for i in range(sample)})  # evenly spread
-    t0 = time.perf_counter()
-    report = sim.kill_every_position(positions=picks, mode="snapshot")
-    per_run = (time.perf_counter() - t0) / max(report.tried, 1)
-    if not report.ok:
-        print(f"  (!) {len(report.mismatches)} mismatches at {n} segments: {report.mismatches[0]}")
-    row = {"segments": n, "positions": positions, "states": states, "ref_s": ref_s, "killed_s": per_run,
-           "sampled": len(picks), "literal_s": positions * per_run, "dedup_est_s": states * per_run,
-           "dedup_s": None}
-    if full:
-        t0 = time.perf_counter()
-        report = sim.kill_every_position()
-        row["dedup_s"] = time.perf_counter() - t0
-        if not report.ok:
-            print(f"  (!) {len(report.mismatches)} mismatches at {n} segments: {report.mismatches[0]}")
-    return row
+    picks = None if full else list(range(0, positions, every))
+    t0, c0 = time.perf_counter(), time.process_time()
+    report = sim.kill_every_position(positions=picks)
+    sweep_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    return {
+        "segments": n, "positions": positions, "states": states, "ref_s": ref_s, "full": full,
+        "tried": report.tried, "ok": report.ok, "mismatches": len(report.mismatches), "sweep_s": sweep_s,
+        "cpu_s": cpu_s, "recoveries": sim.stats["recoveries"], "converged": sim.stats["converged"],
+        "converged_s": sim.timing["converged"], "ran_on_s": sim.timing["ran on"],
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--jobs", type=int, default=2, help="processes for the parallel full sweep")
-    ap.add_argument("--sample", type=int, default=40, help="killed runs sampled per size (1,000 segments: a quarter)")
-    ap.add_argument("--skip-full", action="store_true", help="skip the hand example's full sweeps")
+    ap.add_argument("--sizes", default="10,100,1000", help="segment counts, comma-separated")
+    ap.add_argument("--full-up-to", type=int, default=100, help="sweep every position up to this many segments")
+    ap.add_argument("--sample-every", type=int, default=50, help="above it: every this-many-th position")
+    ap.add_argument("--skip-hand", action="store_true", help="skip the hand example's sweeps")
+    ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # one size, JSON out (internal)
     a = ap.parse_args()
+    if a.one is not None:
+        print(json.dumps(one_size(a.one, a.one <= a.full_up_to, a.sample_every)))
+        return
     print(f"cpus: {os.cpu_count()}, load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    if not a.skip_full:
+    if not a.skip_hand:
         print("1. hand example (1200 steps, eval_every 500, 30 s, ppl, checkpoint every 100), every position:")
-        for jobs, mode in [(1, "rerun"), (1, "snapshot"), (1, "dedup")] + ([(a.jobs, "rerun")] if a.jobs > 1 else []):
-            n, s, cpu = full_sweep(jobs, mode)
-            print(f"   {mode:8s} {jobs} process{'es' if jobs > 1 else '  '}: {n} positions in {s:5.1f} s = "
-                  f"{n / s:4.0f} positions/s (CPU {cpu:.1f} s = {1000 * cpu / n:.1f} ms per position)")
-    print("2. growth with segments (eval_every 10, checkpoint every 10, ppl, 30 s waits):")
-    print("   states: distinct durable states among the positions (dedup's recoveries); killed run: mean of")
-    print("   evenly spread sampled kills (snapshot mode); sweeps: measured (dedup) or extrapolated (est.)")
-    print(f"   {'segments':>8} {'positions':>9} {'states':>7} {'uninterrupted':>13} {'killed run':>10} "
-          f"{'literal sweep est.':>18} {'dedup sweep':>12} {'dedup est.':>10}")
+        for mode in ("rerun", "snapshot", "dedup"):
+            n, s, ok = hand_example(mode)
+            print(f"   {mode:8s}: {n} positions in {s:6.1f} s = {1000 * s / n:6.2f} ms per position"
+                  + ("" if ok else "  (!) MISMATCHES"))
+    print("2. growth with segments (10 steps each, checkpoint every 10, ppl, 5 s waits), dedup mode:")
+    print("   swept: positions killed; recov.: recoveries run (the others share one, same durable state);")
+    print("   conv.: of them, stopped at convergence (the others ran to the end), with the seconds in each kind;")
+    print("   ms/pos: full sweep time per position; CPU: the sweep's CPU seconds (the machine may be shared)")
+    print(f"   {'segments':>8} {'positions':>9} {'states':>6} {'uninterr.':>9} {'swept':>6} {'sweep':>9} "
+          f"{'CPU':>8} {'ms/pos':>7} {'recov.':>6} {'conv.':>6} {'conv. s':>8} {'ran-on s':>8} "
+          f"{'full sweep':>11} {'peak RSS':>9}")
     rows = []
-    for n in (10, 100, 1000):
-        row = segments_row(n, a.sample if n < 1000 else max(a.sample // 2, 3), full=n <= 10)
-        rows.append(row)
-        dedup = f"{row['dedup_s']:.1f}s" if row["dedup_s"] is not None else "-"
-        print(f"   {row['segments']:>8} {row['positions']:>9} {row['states']:>7} {row['ref_s']:>12.3f}s "
-              f"{row['killed_s']:>9.3f}s {row['literal_s']:>17.0f}s {dedup:>12} {row['dedup_est_s']:>9.0f}s")
-    for a_row, b_row in zip(rows, rows[1:]):
-        ratio = {k: b_row[k] / a_row[k] for k in ("positions", "states", "killed_s", "literal_s")}
-        print(f"   x{b_row['segments'] // a_row['segments']} segments: positions x{ratio['positions']:.1f}, "
-              f"states x{ratio['states']:.1f}, killed run x{ratio['killed_s']:.1f}, "
-              f"sweep x{ratio['literal_s']:.0f} (quadratic: x100)")
+    for n in (int(x) for x in a.sizes.split(",")):
+        cmd = [sys.executable, os.path.abspath(__file__), "--one", str(n), "--full-up-to", str(a.full_up_to),
+               "--sample-every", str(a.sample_every)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"   {n:>8}: failed: {out.stderr.strip().splitlines()[-1:]}")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        # a full sweep's time; sampled: distinct states x time per recovery (sampled kills rarely share one)
+        r["full_s"] = r["sweep_s"] if r["full"] else r["states"] * r["sweep_s"] / max(r["recoveries"], 1)
+        r["per_pos_ms"] = 1000 * r["full_s"] / r["positions"]
+        rows.append(r)
+        full = f"{r['full_s']:.1f}s" + ("" if r["full"] else " est.")
+        print(f"   {n:>8} {r['positions']:>9} {r['states']:>6} {r['ref_s']:>8.2f}s {r['tried']:>6} "
+              f"{r['sweep_s']:>8.1f}s {r['cpu_s']:>7.1f}s {r['per_pos_ms']:>7.2f} {r['recoveries']:>6} "
+              f"{r['converged']:>6} {r['converged_s']:>7.1f}s {r['ran_on_s']:>7.1f}s "
+              f"{full:>11} {r['peak_mb']:>7.0f}MB" + ("" if r["ok"] else f"  (!) {r['mismatches']} MISMATCHES"))
+    for x, y in zip(rows, rows[1:]):
+        print(f"   {x['segments']} -> {y['segments']} segments: positions x{y['positions'] / x['positions']:.1f}, "
+              f"states x{y['states'] / x['states']:.1f}, time per position x{y['per_pos_ms'] / x['per_pos_ms']:.1f}, "
+              f"full sweep x{y['full_s'] / x['full_s']:.1f} (linear: x{y['segments'] // x['segments']})")
+
 
 if __name__ == "__main__":
     main()

@@ -144,6 +144,7 @@ class Simulator:
         self._targets: dict[tuple, Target] = {}  # the uninterrupted run's convergence points
         self.trace: list[tuple[str, str]] = []
         self.stats: Counter[str] = Counter()  # how runs ended, and how many kills they took
+        self.timing: Counter[str] = Counter()  # seconds spent in recoveries
         self.on_outcome: Callable[[str, list[int], Outcome], None] | None = None  # sees every checked run
         quiet_engine_logs()
 
@@ -304,8 +305,8 @@ class Simulator:
         last: list = [None, None]  # the previous recovery: its start key, and (outcome, state_lines, ledger suffix)
         found: dict[tuple, Target] = {}  # convergence points of recoveries that ran on
         src_history = HistoryDigest()  # the uninterrupted run's, brought up to date at its convergence points
-        self.stats.setdefault("recoveries", 0)
-        self.stats.setdefault("converged", 0)
+        for name in ("recoveries", "converged", "ran on"):
+            self.stats.setdefault(name, 0)
 
         def observe(n: int, kind: str, label: str) -> None:
             if dedup and kind == CONVERGENCE_KIND:
@@ -366,6 +367,14 @@ class Simulator:
                  found: dict | None, history: HistoryDigest | None) -> Outcome:
         """The recovery of a kill at ``n``; with ``found``, stopped at convergence and spliced."""
         self.stats["recoveries"] += 1
+        t0, before = time.perf_counter(), self.stats["converged"]
+        try:
+            return self._recover_timed(n, where, home, live, ledger, clock, found, history)
+        finally:
+            self.timing["converged" if self.stats["converged"] > before else "ran on"] += time.perf_counter() - t0
+
+    def _recover_timed(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
+                       found: dict | None, history: HistoryDigest | None) -> Outcome:
         if found is None:
             return recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn)
         mine: list[Target] = []  # this recovery's convergence points, verified when it ends
