@@ -1,18 +1,28 @@
 """Benchmark tinyllm's trainer; prints figures and ratios measured in this one run.
 
-1. tokens/s of tinyllm's Trainer vs a plain PyTorch loop (same GPT, batch, threads), alternated
-   ``--reps`` times, medians compared;
+1. ms per step of tinyllm's Trainer vs a plain PyTorch loop written the way nanoGPT's ``train.py``
+   is (same GPT, AdamW in two groups, the LR set per step, clipping, ``loss.item()`` every step;
+   each batch gathered in one indexing op from a memmap), under each OpenMP wait policy (ACTIVE,
+   PASSIVE, and the one tinyllm picks by itself now), and tinyllm with 1 thread for reference.
+   Each figure is its own process (the policy is fixed when libgomp loads), runs alternate
+   ``--reps`` times so machine load hits all alike, and each is the median step of a run.
+   ``--nanogpt DIR`` also times nanoGPT's own ``train.py`` from a checkout with
+   ``data/shakespeare_char`` prepared (optional; nothing else here needs nanoGPT);
 2. checkpoint save time as a fraction of training time, for specs/tiny.json at its cadence;
 3. checkpoint size in bytes per parameter;
-4. resume time: process start (Popen) to the first step's metrics frame, fresh and resumed.
+4. start-up: process start (Popen) to the first step's metrics frame, fresh and resumed
+   (bench/restart.py breaks the resumed figure down).
 
-Usage: python bench/train.py [--spec specs/tiny.json] [--steps 60] [--reps 3]
+Usage: python bench/train.py [--steps 40] [--reps 3] [--spec FILE] [--nanogpt DIR] [--only throughput]
+The default shape is nanoGPT's CPU recipe for tiny Shakespeare (4 layers, 4 heads, 128 wide,
+block 64, batch 12, dropout 0, torch's default thread count).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -20,101 +30,187 @@ import tempfile
 import time
 from pathlib import Path
 
-import tinyllm  # noqa: F401  (before torch: sets OMP_WAIT_POLICY=PASSIVE as the CLI does)
-import numpy as np
-import torch
-
-from tinyllm.corpus import build_corpus, open_corpus
-from tinyllm.metrics import default_reporter
-from tinyllm.model import GPT
-from tinyllm.spec import CorpusSpec, TrainSpec, load_train_spec
-from tinyllm.trainer import Trainer
-
 REPO = Path(__file__).resolve().parents[1]
+WARMUP_STEPS = 5  # steps not counted: allocator and thread pool warm-up
+RECIPE = {"name": "nanogpt-recipe", "steps": 40, "corpus": "default", "seed": 7, "batch_size": 12, "lr": 1e-3,
+          "min_lr": 1e-4, "warmup_steps": 100, "lr_decay_steps": 5000, "beta2": 0.99, "checkpoint_every": 10**6,
+          "log_every": 10**6, "eval_every": 10**6,
+          "model": {"block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0}}
 
 
-class TimedTrainer(Trainer):
-    """The real trainer; only adds a stopwatch around checkpoint saves."""
+# -- child processes: one measurement each, the OpenMP policy fixed by the parent's environment --
 
-    save_s = 0.0
+def _spec(args):
+    from tinyllm.spec import parse_train_spec
 
-    def save(self):
-        t0 = time.perf_counter()
-        path = super().save()
-        self.save_s += time.perf_counter() - t0
-        return path
+    data = json.loads(Path(args.spec).read_text()) if args.spec else dict(RECIPE, threads=len(os.sched_getaffinity(0)))
+    data.update(steps=args.steps + WARMUP_STEPS, checkpoint_every=10**6, log_every=10**6)
+    if args.threads:
+        data["threads"] = args.threads
+    data.pop("validation", None)
+    return parse_train_spec(data)
 
 
-def plain_loop(spec: TrainSpec, tokens: np.ndarray, steps: int) -> float:
-    """A plain PyTorch training loop of the same model and batch; returns tokens/s."""
+def child_plain(args) -> list[float]:
+    """The plain loop; per-step seconds."""
+    import numpy as np
+    import torch
+
+    from tinyllm.corpus import open_corpus
+    from tinyllm.model import GPT
+    from tinyllm.trainer import lr_at
+
+    spec = _spec(args)
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed)
-    cfg = spec.model
-    model = GPT(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(spec.beta1, spec.beta2),
-                            weight_decay=spec.weight_decay, foreach=False)
-    data = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
-    T, B = cfg.block_size, spec.batch_size
+    data, _ = open_corpus(Path(args.home), spec.corpus)  # a uint16 memmap, as nanoGPT's train.bin
+    T, B = spec.model.block_size, spec.batch_size
+    offsets = np.arange(T + 1)
+
+    def get_batch():  # nanoGPT draws B offsets; here one fancy-indexing op gathers all B rows
+        ix = torch.randint(len(data) - T, (B,)).numpy()
+        rows = torch.from_numpy(data[ix[:, None] + offsets].astype(np.int64))
+        return rows[:, :-1], rows[:, 1:]
+
+    model = GPT(spec.model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": spec.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=spec.lr, betas=(spec.beta1, spec.beta2))
     model.train()
+    times, x, y = [], *get_batch()
     t0 = time.perf_counter()
-    for _ in range(steps):
-        ix = torch.randint(len(data) - T - 1, (B,))
-        x = torch.stack([data[i:i + T] for i in ix])
-        y = torch.stack([data[i + 1:i + T + 1] for i in ix])
+    for step in range(spec.steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, spec)
         _, loss = model(x, y)
+        x, y = get_batch()  # nanoGPT prefetches the next batch while the forward is in flight
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss.item()
-    return steps * B * T / (time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        t0 = t1
+    return times
 
 
-def tinyllm_loop(spec: TrainSpec, home: Path, steps: int, run_name: str) -> float:
-    """tinyllm's Trainer (metrics sinks on, checkpoint only at the end, not timed); tokens/s."""
-    s = spec.model_copy(update={"name": run_name, "steps": steps, "checkpoint_every": 10**6, "log_every": 10**6})
-    trainer = TimedTrainer(s, home)
-    t0 = time.perf_counter()
-    trainer.run()
-    elapsed = time.perf_counter() - t0 - trainer.save_s
-    return steps * s.batch_size * s.model.block_size / elapsed
+def child_tinyllm(args) -> list[float]:
+    """tinyllm's real Trainer (metrics sinks on, liveness, hooks); per-step seconds between frames."""
+    from tinyllm.metrics import Reporter, default_reporter
+    from tinyllm.trainer import Trainer
+
+    spec = _spec(args).model_copy(update={"name": f"bench-{os.getpid()}"})
+    trainer = Trainer(spec, Path(args.home))
+    stamps: list[float] = []
+
+    class Stamped(Reporter):
+        def report(self, step, frame):
+            super().report(step, frame)
+            stamps.append(time.perf_counter())
+
+    inner = default_reporter(trainer.run_dir, -1, spec.steps, spec.log_every)
+    trainer.run(reporter=Stamped(inner.sinks))
+    return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-def first_step_latency(home: Path, spec_file: Path) -> tuple[float, int]:
-    """Seconds from Popen to the first new metrics frame of a `tinyllm train` process; its step."""
-    spec = load_train_spec(spec_file)
-    metrics = home / "runs" / spec.name / "metrics.jsonl"
-    t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(spec_file), "--home", str(home)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.communicate(timeout=600)
-    frames = [json.loads(line) for line in metrics.read_text().splitlines()]
-    new = [f for f in frames if f["time"] >= t0]
-    return new[0]["time"] - t0, new[0]["step"]
+def run_child(args) -> None:
+    import tinyllm  # noqa: F401  (before torch: the OpenMP policy, as the CLI does)
+    from tinyllm import omp
+
+    times = {"plain": child_plain, "tinyllm": child_tinyllm}[args.child](args)[WARMUP_STEPS - 1:]
+    print(json.dumps({"median_s": statistics.median(times), "steps": len(times), "omp": omp.chosen()}))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--spec", default=str(REPO / "specs" / "tiny.json"))
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--reps", type=int, default=3)
-    args = ap.parse_args()
-    sys.stdout.reconfigure(line_buffering=True)  # figures appear as they are measured
-    spec = load_train_spec(args.spec)
-    home = Path(tempfile.mkdtemp(prefix="tinyllm-bench-"))
-    build_corpus(CorpusSpec(name=spec.corpus), home)
-    tokens, _ = open_corpus(home, spec.corpus)
-    print(f"bench: OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, spec {args.spec}, threads {spec.threads}, batch {spec.batch_size}x{spec.model.block_size}, "
-          f"home {home}, load {open('/proc/loadavg').read().split()[0]}")
+# -- the parent ----------------------------------------------------------------------------
 
-    plain, ours = [], []
-    for rep in range(args.reps):  # alternate, so machine load hits both alike
-        plain.append(plain_loop(spec, tokens, args.steps))
-        ours.append(tinyllm_loop(spec, home, args.steps, f"bench-{rep}"))
-    p, o = statistics.median(plain), statistics.median(ours)
-    print(f"throughput: plain loop {p:,.0f} tok/s, tinyllm {o:,.0f} tok/s, ratio {o / p:.3f} "
-          f"(median of {args.reps}, {args.steps} steps each; aim >= 0.95)")
+def measure(args, home: Path, what: str, policy: str | None, threads: int | None = None) -> dict:
+    """One child process: ``policy`` None leaves OMP_WAIT_POLICY unset, so tinyllm chooses."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    if policy is not None:
+        env["OMP_WAIT_POLICY"] = policy
+    cmd = [sys.executable, __file__, "--child", what, "--home", str(home), "--steps", str(args.steps)]
+    cmd += ["--spec", args.spec] if args.spec else []
+    cmd += ["--threads", str(threads)] if threads else []
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        sys.exit(f"bench: child {what} {policy} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
+
+def measure_nanogpt(args) -> dict:
+    """nanoGPT's own train.py on the same shape, in the user's environment (policy unset)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "PYTHONPATH")}
+    m = RECIPE["model"]
+    cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
+           "--eval_iters=1", "--log_interval=1", f"--block_size={m['block_size']}", f"--batch_size={RECIPE['batch_size']}",
+           f"--n_layer={m['n_layer']}", f"--n_head={m['n_head']}", f"--n_embd={m['n_embd']}", "--dropout=0.0",
+           f"--max_iters={args.steps + WARMUP_STEPS}", "--lr_decay_iters=2000", "--eval_interval=100000",
+           f"--out_dir={tempfile.mkdtemp(prefix='nanogpt-out-')}"]
+    out = subprocess.run(cmd, cwd=args.nanogpt, env=env, capture_output=True, text=True, timeout=1800)
+    pairs = re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", out.stdout, re.M)
+    ms = [float(t) for i, t in pairs if int(i) >= WARMUP_STEPS]
+    if out.returncode != 0 or not ms:
+        sys.exit(f"bench: nanoGPT's train.py failed:\n{out.stdout[-1000:]}{out.stderr[-2000:]}")
+    return {"median_s": statistics.median(ms) / 1000, "steps": len(ms)}
+
+
+def load_str() -> str:
+    return open("/proc/loadavg").read().split()[0]
+
+
+def throughput(args, home: Path) -> None:
+    configs = [("plain", "PASSIVE", None), ("tinyllm", "PASSIVE", None), ("plain", "ACTIVE", None),
+               ("tinyllm", "ACTIVE", None), ("tinyllm", None, None), ("tinyllm", "PASSIVE", 1)]
+    results: dict[tuple, list[dict]] = {c: [] for c in configs}
+    nano: list[dict] = []
+    loads = [load_str()]
+    for rep in range(args.reps):  # alternate, so machine load hits every configuration alike
+        for c in configs:
+            results[c].append(measure(args, home, *c))
+        if args.nanogpt:
+            nano.append(measure_nanogpt(args))
+        loads.append(load_str())
+    ms = {c: 1000 * statistics.median(r["median_s"] for r in rs) for c, rs in results.items()}
+    auto = [r["omp"] for r in results[("tinyllm", None, None)]]
+    threads = results[("tinyllm", "ACTIVE", None)][0]["omp"]["threads"]
+    print(f"throughput: ms per step, median of {args.reps} runs x {args.steps} steps, {threads} threads, "
+          f"1-min load {' -> '.join(loads)}")
+    for policy in ("ACTIVE", "PASSIVE"):
+        p, o = ms[("plain", policy, None)], ms[("tinyllm", policy, None)]
+        print(f"  OMP_WAIT_POLICY={policy:<7}: plain loop {p:6.1f} ms, tinyllm {o:6.1f} ms, plain/tinyllm {p / o:.3f} (aim >= 0.95)")
+    a, one = ms[("tinyllm", None, None)], ms[("tinyllm", "PASSIVE", 1)]
+    chosen = ", ".join(sorted({f"{x['wait_policy']} ({x['reason']})" for x in auto}))
+    print(f"  tinyllm's own choice: {a:6.1f} ms  [{chosen}]")
+    print(f"  tinyllm 1 thread:     {one:6.1f} ms  (own choice vs 1 thread: {one / a:.3f}x the speed; aim >= 1 when loaded)")
+    print(f"  ACTIVE vs PASSIVE (tinyllm): {ms[('tinyllm', 'PASSIVE', None)] / ms[('tinyllm', 'ACTIVE', None)]:.3f}x the speed")
+    if nano:
+        n = 1000 * statistics.median(r["median_s"] for r in nano)
+        print(f"  nanoGPT train.py (policy unset): {n:6.1f} ms; nanoGPT/tinyllm's choice {n / a:.3f}, "
+              f"nanoGPT/tinyllm ACTIVE {n / ms[('tinyllm', 'ACTIVE', None)]:.3f} (aim >= 1.0 when idle)")
+
+
+def checkpointing_and_startup(args, home: Path) -> None:
+    import tinyllm  # noqa: F401
+    from tinyllm.metrics import default_reporter
+    from tinyllm.model import GPT
+    from tinyllm.spec import load_train_spec
+    from tinyllm.trainer import Trainer
+
+    class TimedTrainer(Trainer):
+        """The real trainer; only adds a stopwatch around checkpoint saves."""
+
+        save_s = 0.0
+
+        def save(self, extra=None):
+            t0 = time.perf_counter()
+            path = super().save(extra)
+            self.save_s += time.perf_counter() - t0
+            return path
+
+    spec = load_train_spec(args.spec or REPO / "specs" / "tiny.json")
     trainer = TimedTrainer(spec, home)
     t0 = time.perf_counter()
     result = trainer.run(reporter=default_reporter(trainer.run_dir, 0, spec.steps, 10**6))
@@ -136,7 +232,51 @@ def main() -> None:
     resume_spec.write_text(spec.model_copy(update={"steps": spec.steps + 5}).model_dump_json())
     resume_s, step = first_step_latency(home, resume_spec)
     print(f"start-up: process start to first step {fresh_s:.2f} s fresh, {resume_s:.2f} s resumed "
-          f"(from step {step - 1}, verifying and loading the checkpoint)")
+          f"(from step {step - 1}, verifying and loading the checkpoint; bench/restart.py breaks it down)")
+
+
+def first_step_latency(home: Path, spec_file: Path) -> tuple[float, int]:
+    """Seconds from Popen to the first new metrics frame of a `tinyllm train` process; its step."""
+    from tinyllm.spec import load_train_spec
+
+    spec = load_train_spec(spec_file)
+    metrics = home / "runs" / spec.name / "metrics.jsonl"
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(spec_file), "--home", str(home)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.communicate(timeout=600)
+    frames = [json.loads(line) for line in metrics.read_text().splitlines()]
+    new = [f for f in frames if f["time"] >= t0]
+    return new[0]["time"] - t0, new[0]["step"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", default=None, help="train spec (default: nanoGPT's CPU recipe; specs/tiny.json for "
+                                                 "the checkpoint figures)")
+    ap.add_argument("--steps", type=int, default=40, help="timed steps per throughput run (after 5 warm-up)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--nanogpt", default=None, help="a nanoGPT checkout with data/shakespeare_char prepared")
+    ap.add_argument("--only", choices=["throughput", "checkpoints"], default=None)
+    ap.add_argument("--child", choices=["plain", "tinyllm"], help=argparse.SUPPRESS)
+    ap.add_argument("--home", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return run_child(args)
+    sys.stdout.reconfigure(line_buffering=True)  # figures appear as they are measured
+    sys.path.insert(0, str(REPO))
+    from tinyllm.corpus import build_corpus
+    from tinyllm.spec import CorpusSpec
+
+    home = Path(tempfile.mkdtemp(prefix="tinyllm-bench-"))
+    build_corpus(CorpusSpec(name="default"), home)
+    print(f"bench: spec {args.spec or 'nanoGPT CPU recipe'}, {len(os.sched_getaffinity(0))} CPUs, home {home}, "
+          f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    if args.only in (None, "throughput"):
+        throughput(args, home)
+    if args.only in (None, "checkpoints"):
+        checkpointing_and_startup(args, home)
 
 
 if __name__ == "__main__":

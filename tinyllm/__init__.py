@@ -1,10 +1,11 @@
 """tinyllm: a tiny GPT trainer with bitwise-exact resume, corpus building and evaluation suites.
 
-Importing tinyllm before torch sets ``OMP_WAIT_POLICY=PASSIVE`` (unless already set): on a shared,
-oversubscribed CPU, OpenMP threads that spin while waiting made 2-thread training several times
-slower than 1 thread (measured: 68 s vs 15 s for 20 steps of specs/tiny.json at load 7 on 2 cores).
-It changes only how idle threads wait, never the arithmetic, so results stay bit-identical.
+Importing tinyllm before torch chooses the OpenMP wait policy by what the machine is doing
+(tinyllm/omp.py): ``ACTIVE`` (spinning threads, full speed) when this process's threads have CPUs
+of their own, ``PASSIVE`` (sleeping threads, safe) when the CPUs are busy. ``OMP_WAIT_POLICY`` or
+``TINYLLM_OMP_WAIT_POLICY`` in the environment wins. It changes only how idle threads wait, never
+the arithmetic, so results stay bit-identical.
 """
-import os as _os
+from . import omp as _omp
 
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+_omp.configure()

@@ -119,7 +119,16 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     """Train the spec's model to its `steps`, resuming where possible.
 
     A spec with `distributed` ({"world_size": N}) runs N data-parallel ranks under torchrun
-    (gloo on CPU); this process launches them and reports for all of them (tinyllm/ddp_launch.py)."""
+    (gloo on CPU); this process launches them and reports for all of them (tinyllm/ddp_launch.py).
+
+    \b
+    Speed: torch's OpenMP threads (the spec's `threads`) spin while waiting
+    (OMP_WAIT_POLICY=ACTIVE, full speed) when the machine has a free CPU for
+    each of them, else sleep (PASSIVE, safe when CPUs are busy); chosen at
+    start and said in the --progress 'ready' line (its "omp" field). Set
+    OMP_WAIT_POLICY (or TINYLLM_OMP_WAIT_POLICY=ACTIVE|PASSIVE|auto) to choose
+    yourself. Either policy gives bit-identical results.
+    """
     import signal
 
     from .errors import request_stop
@@ -134,7 +143,10 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     home_dir = resolve_home(home)
     try:
         spec = load_train_spec(spec_path)  # before importing torch: a bad spec fails fast
+        from . import omp
         from .progress import ProgressFile
+
+        omp.configure(threads=spec.threads)  # before torch loads: the wait policy for the spec's threads
 
         liveness = ProgressFile(progress if _RANK is None or _RANK.rank == 0 else None)
         liveness.event("starting", pid=os.getpid())  # alive before the torch import (seconds on a busy host)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import checkpoint as ckpt
-from . import faults, retention, runlock
+from . import faults, omp, retention, runlock
 from .corpus import open_corpus
 from .ddp_launch import check_world_size
 from .data import TokenStream
@@ -272,6 +272,8 @@ class Trainer:
         """A liveness line (tinyllm/progress.py): ``event`` now, else a timed ``progress`` line."""
         fields = {"step": self.step, "loss": None if math.isnan(self.loss) else self.loss,
                   "last_checkpoint": self.rel(self.last_path)}
+        if event == "ready":  # the OpenMP wait policy this process runs with, and why (tinyllm/omp.py)
+            fields["omp"] = omp.chosen(self.spec.threads)
         if event is None:
             self.progress_file.tick(**fields)
         else:

@@ -1,0 +1,154 @@
+"""The OpenMP wait policy of torch's CPU threads, chosen by what the machine is doing (no torch here).
+
+libgomp reads ``OMP_WAIT_POLICY`` once, when it loads with torch, so the choice is made when
+``tinyllm`` is imported, before torch. Between parallel regions torch's worker threads either spin
+(``ACTIVE``) or sleep in the kernel (``PASSIVE``):
+
+- on an idle machine spinning threads are ready for the next of the thousands of small regions of
+  a step: ``PASSIVE`` costs about 1.7x per step (bench/train.py);
+- on a machine whose CPUs are busy, a spinning thread takes the CPU from the thread it waits for:
+  2-thread training went several times slower than 1 thread (68 s vs 15 s for 20 steps of
+  specs/tiny.json at load 7 on 2 cores).
+
+So: ``ACTIVE`` when the CPUs this process may use have room for its threads besides the tasks
+running now, else ``PASSIVE``. "Running now" is the kernel's count of runnable tasks
+(``procs_running`` in /proc/stat), sampled a few times over a few milliseconds, less this process;
+not the load average, which still counts the trainer a restart replaces for a minute after it died.
+
+An explicit setting always wins: ``OMP_WAIT_POLICY`` (or ``GOMP_SPINCOUNT``) in the environment,
+or ``TINYLLM_OMP_WAIT_POLICY=ACTIVE|PASSIVE|auto``. The policy changes only how idle threads wait,
+never the arithmetic: results are bit-identical under either (tests/tinyllm/test_omp.py). The
+thread count is the spec's ``threads``, a trajectory field (it changes the bits), never chosen here.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+POLICY_ENV = "OMP_WAIT_POLICY"
+SPIN_ENV = "GOMP_SPINCOUNT"
+OVERRIDE_ENV = "TINYLLM_OMP_WAIT_POLICY"  # ACTIVE | PASSIVE | auto (the default)
+# What tinyllm set by itself ("OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=300000"): a child process that
+# inherits exactly that decides again for itself (a worker's choice at its start says nothing about
+# the machine when it starts a trainer); a value the user set differs from it and wins.
+MARK_ENV = "TINYLLM_OMP_AUTO"
+POLICIES = ("ACTIVE", "PASSIVE")
+# ACTIVE alone spins an idle thread for about 5 minutes (libgomp's figure) after each parallel
+# region: through checkpoint writes, evaluations, waits. libgomp's own default for an unset policy
+# is 300000 spins (about 3 ms), then sleep: that covers the gaps inside a training step.
+ACTIVE_SPINS = "300000"
+SAMPLES = 5
+SAMPLE_GAP_S = 0.002
+SELF_TASKS = 1  # the deciding process is itself one of the runnable tasks it counts
+
+_CHOSEN: dict = {}
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def read_procs_running(path: str = "/proc/stat") -> int | None:
+    """The kernel's number of runnable tasks now (this process included); None where unknown."""
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.startswith(b"procs_running "):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def busy_tasks(read=read_procs_running, samples: int = SAMPLES, gap_s: float = SAMPLE_GAP_S) -> float | None:
+    """Runnable tasks other than this process: the median of ``samples`` readings ``gap_s`` apart."""
+    seen = []
+    for i in range(samples):
+        n = read()
+        if n is None:
+            return None
+        seen.append(max(0, n - SELF_TASKS))
+        if i + 1 < samples:
+            time.sleep(gap_s)
+    seen.sort()
+    return float(seen[len(seen) // 2])
+
+
+def choose(busy: float | None, cpus: int, threads: int) -> tuple[str, str]:
+    """(policy, reason) for ``threads`` OpenMP threads on ``cpus`` CPUs with ``busy`` other
+    runnable tasks: spin only where every thread has a CPU of its own."""
+    assert cpus >= 1 and threads >= 1, (cpus, threads)
+    if busy is None:
+        return "PASSIVE", "machine load unknown"
+    if busy + threads <= cpus:
+        return "ACTIVE", f"{busy:g} other runnable tasks + {threads} threads fit on {cpus} CPUs"
+    return "PASSIVE", f"{busy:g} other runnable tasks + {threads} threads exceed {cpus} CPUs"
+
+
+def default_threads(env=os.environ) -> int:
+    """The thread count torch will start with: OMP_NUM_THREADS, else one per CPU."""
+    try:
+        return max(1, int(env.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return cpu_count()
+
+
+def _settings(policy: str) -> dict[str, str]:
+    return {POLICY_ENV: policy, SPIN_ENV: ACTIVE_SPINS} if policy == "ACTIVE" else {POLICY_ENV: policy}
+
+
+def _marked(env) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in env.get(MARK_ENV, "").split() if "=" in kv)
+
+
+def configure(env=os.environ, modules=sys.modules, busy=busy_tasks, cpus: int | None = None,
+              threads: int | None = None) -> dict:
+    """Set the wait policy in ``env`` unless the user set one; return (and remember) what and why.
+
+    Called again (the CLI does, with the spec's ``threads``) before torch is imported, it decides
+    again; once torch is imported it only says what libgomp was given.
+    """
+    global _CHOSEN
+    cpus = cpus or cpu_count()
+    threads = threads or default_threads(env)
+    if "torch" in modules:
+        if not _CHOSEN.get("before_torch"):
+            _CHOSEN = {"wait_policy": env.get(POLICY_ENV) or "(libgomp's default)",
+                       "reason": "torch was imported before tinyllm", "cpus": cpus}
+        return chosen(threads)
+    ours = _marked(env)
+    user = {k: env[k] for k in (POLICY_ENV, SPIN_ENV) if env.get(k) and env[k] != ours.get(k)}
+    override = env.get(OVERRIDE_ENV, "auto").strip()
+    if user:
+        policy = user.get(POLICY_ENV) or "(libgomp's default)"
+        reason = " and ".join(f"{k}={v}" for k, v in user.items()) + " set in the environment"
+    else:
+        for k in ours:  # what an ancestor chose is decided again here
+            env.pop(k, None)
+        if override.upper() in POLICIES:
+            policy, reason = override.upper(), f"{OVERRIDE_ENV}={override}"
+        else:
+            if override.lower() != "auto":
+                print(f"tinyllm: warning: {OVERRIDE_ENV}={override!r} is not ACTIVE, PASSIVE or auto; using auto",
+                      file=sys.stderr)
+            policy, reason = choose(busy(), cpus, threads)
+        settings = _settings(policy)
+        env.update(settings)
+        env[MARK_ENV] = " ".join(f"{k}={v}" for k, v in settings.items())
+    _CHOSEN = {"wait_policy": policy, "reason": reason, "cpus": cpus, "before_torch": True}
+    if env.get(SPIN_ENV):
+        _CHOSEN["spin_count"] = env[SPIN_ENV]
+    return chosen(threads)
+
+
+def chosen(threads: int | None = None) -> dict:
+    """What ``configure`` chose (for the progress 'ready' line), with the threads actually in use."""
+    out = {k: v for k, v in _CHOSEN.items() if k != "before_torch"}
+    if threads is not None:
+        out["threads"] = threads
+    return out
