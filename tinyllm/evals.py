@@ -30,6 +30,7 @@ from . import progress, tokenizer
 from .checkpoint import CheckpointError, load_checkpoint, write_text_atomic
 from .corpus import open_corpus
 from .model import GPT
+from .torch_startup import use_deterministic_algorithms
 from .spec import EvalResult, EvalSpec, EvalSubject, EvalSummary, ModelConfig, SpecError
 
 _MASK64 = (1 << 64) - 1
@@ -221,7 +222,7 @@ def run_eval(spec: EvalSpec, home: Path) -> dict:
     if earlier is not None:
         return earlier
     torch.set_num_threads(spec.threads)
-    torch.use_deterministic_algorithms(True)
+    use_deterministic_algorithms()
     if spec.suite == "ppl":
         open_corpus(home, spec.corpus, "heldout")  # a missing corpus is bad input, before any work
     models = {s.id: load_subject(home, s) for s in spec.subjects}  # every subject checked first

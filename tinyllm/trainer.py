@@ -35,6 +35,7 @@ from .data import TokenStream
 from .errors import STOP, request_stop
 from .metrics import Reporter, default_reporter
 from .model import GPT, state_digest
+from .torch_startup import defer_dynamo_in_optimizers, optimizer_step, use_deterministic_algorithms
 from .progress import ProgressFile
 from .spec import SpecError, TrainSpec
 
@@ -132,7 +133,8 @@ class Trainer:
 
     def _build(self) -> None:
         torch.set_num_threads(self.spec.threads)
-        torch.use_deterministic_algorithms(True)
+        use_deterministic_algorithms()
+        defer_dynamo_in_optimizers()  # same optimizer; dynamo's import (seconds) skipped
         torch.manual_seed(self.spec.seed)
         self.model = GPT(self.spec.model)
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
@@ -212,7 +214,7 @@ class Trainer:
         loss_sum = self.reduce_gradients(loss_sum)  # distributed: all-reduce (average) of gradients and loss
         max_norm = self.spec.grad_clip if self.spec.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
-        self.optimizer.step()
+        optimizer_step(self.optimizer)  # optimizer.step() without importing torch._dynamo
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.loss = loss_sum / accum
