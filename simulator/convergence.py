@@ -50,8 +50,25 @@ from there is a deterministic function of what it reads from then on:
 So two states with equal keys at a timer-wait make the same transactions, the same activity
 executions and the same file writes from there to the end, up to the sequence numbers of new
 events: their end state, result, final files and the events and ledger entries after the
-point are equal. ``tests/simulator`` checks the spliced outcomes against runs that really ran
-to the end, run for run, and shows that a key missing a component makes that test fail.
+point are equal.
+
+**Equal but for the history** (``checked_splice``). A recovery that redid its segment from
+that segment's own last checkpoint gets a train result naming another ``resumed_from``: its
+history digest never equals the uninterrupted run's again, though nothing else differs. When
+every other component of its key equals the uninterrupted run's at the same point, the workflow
+code is replayed (dry) over the recovery's own history followed by the uninterrupted run's
+events after the point. If the code then asks for exactly the commands recorded there (same
+activity names, ids, inputs and options, same timer durations) and completes, the recovery's
+future is that future with the code's own result at the end: by induction over the commands
+after the point, each is recorded with the same attributes in both runs, runs on the same
+rows, files, clock and input, so returns the same result and writes the same files, and the
+code, given the same resolutions, asks for the same next command; only the value it finally
+returns can differ, and the replay computes it. If the code's later inputs depend on what
+differs, the splice is refused there and the recovery runs on (to a later point, or the end).
+
+``tests/simulator`` checks the spliced outcomes against runs that really ran to the end, run
+for run, and shows that a key without its history digest, or a checked splice without its
+comparison of the commands, makes those tests fail.
 """
 from __future__ import annotations
 
@@ -179,3 +196,83 @@ def splice_ledger(own: Ledger, target: Target) -> Ledger:
     base = len(own.entries)
     led.entries = own.entries + [{**e, "seq": base + i} for i, e in enumerate(target.run.ledger[target.ledger_at:])]
     return led
+
+
+# --- a splice checked by replaying the workflow code ------------------------------------------------
+
+
+def without_history(key: tuple) -> tuple:
+    """A state key less its history digest (component 2)."""
+    return key[:2] + key[3:]
+
+
+class _RecordingRuntime:
+    """The seam, passed through, noting what the code asks for as the live engine would record it."""
+
+    def __init__(self, rt, calls: list):
+        self._rt, self._calls = rt, calls
+
+    def __getattr__(self, name: str):
+        return getattr(self._rt, name)
+
+    async def execute_activity(self, name, input, options, *, result_type=None):
+        try:
+            self._calls.append(("activity", name, options.id, json.loads(h.dumps(input)), options.to_json()))
+        except Exception:  # noqa: BLE001 - not JSON-able: the replayer says so; here, just no match
+            self._calls.append(("unrecordable", name))
+        return await self._rt.execute_activity(name, input, options, result_type=result_type)
+
+    async def sleep(self, seconds):
+        self._calls.append(("timer", float(seconds)))
+        return await self._rt.sleep(seconds)
+
+
+def _command_view(e) -> tuple:
+    a = e.attrs
+    if e.type == h.ACTIVITY_SCHEDULED:
+        return ("activity", a["name"], a["activity_id"], a["input"], a["options"])
+    return ("timer", float(a["seconds"]))
+
+
+def checked_splice(reg, workflow_id: str, own: list, near: Target, ledger_entries: list[dict]) -> Target | None:
+    """The future of a run whose state at a convergence point equals ``near``'s but for its history.
+
+    Such a run (e.g. a recovery that resumed from its segment's last checkpoint: its train result
+    names another ``resumed_from``) differs from ``near``'s run only in the values the workflow code
+    received so far. The code is replayed over the run's own events ``own``, then fed the events of
+    ``near``'s future; when it asks for exactly the commands recorded there after the point (same
+    activities, inputs and options, same timer durations) and ends completed, the run's future is
+    that future with the code's own result at the end: the engine's other state, the files and the
+    clock are equal (the key), so every transaction, activity execution and file write after the
+    point is the same, by induction over the commands, and only the result the code returns can
+    differ, which the replay computes. None when it does not hold (the run then runs on).
+    """
+    from engine.engine import replay_history
+
+    run = near.run
+    suffix = run.events[near.events_at:]
+    if run.state != "completed" or not suffix or suffix[-1].type != h.WORKFLOW_COMPLETED:
+        return None
+    body = suffix[:-1]
+    if any(e.type in h.TERMINAL_EVENTS for e in body):
+        return None
+    base = len(own)
+    if own and own[-1].seq != base:
+        return None
+    shifted = [h.Event(base + 1 + i, e.type, e.time, e.attrs) for i, e in enumerate(body)]
+    k0 = sum(1 for e in own if e.type in (h.ACTIVITY_SCHEDULED, h.TIMER_STARTED))
+    want = [_command_view(e) for e in body if e.type in (h.ACTIVITY_SCHEDULED, h.TIMER_STARTED)]
+    calls: list = []
+
+    async def recorded(rt, input):
+        return await reg.fn(_RecordingRuntime(rt, calls), input)
+
+    replayed = replay_history(recorded, own + shifted, workflow_id=workflow_id, input_type=reg.input_type)
+    if not replayed.done or replayed.new_commands or replayed.outcome is None or replayed.outcome[0] != "completed":
+        return None
+    if len(calls) != k0 + len(want) or calls[k0:] != want:
+        return None
+    end = h.Event(base + len(body) + 1, h.WORKFLOW_COMPLETED, suffix[-1].time, {"result": replayed.outcome[1]})
+    spliced = Verified("completed", replayed.outcome[1], None, own + shifted + [end],
+                       ledger_entries + run.ledger[near.ledger_at:], None, run.file_lines)
+    return Target(spliced, base, len(ledger_entries))

@@ -298,7 +298,7 @@ def recover_from_snapshot(
     led.entries = list(ledger.entries)
     led.record("crash", position=position, where=where)
     plan = FaultPlan(count=position + 1)
-    rlive: dict = {}
+    rlive: dict = {"copied_events": copied}
     rclock = VirtualClock(clock.now())
     if watch is not None:
         plan.observer = lambda n, kind, label: watch(rlive, rclock, label)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 from engine.clock import VirtualClock
+from engine.history import read_events
+from workflows.models import WORKFLOW_TRAIN_RUN
 
 from .checks import (
     check_canceled,
@@ -29,7 +31,17 @@ from .checks import (
     compare_with,
     final_files_lines,
 )
-from .convergence import CONVERGENCE_KIND, Converged, HistoryDigest, Target, Verified, splice_ledger, state_key
+from .convergence import (
+    CONVERGENCE_KIND,
+    Converged,
+    HistoryDigest,
+    Target,
+    Verified,
+    checked_splice,
+    splice_ledger,
+    state_key,
+    without_history,
+)
 from .fakes import FakeActivities
 from .faults import FaultPlan, random_kills
 from .ledger import Ledger
@@ -142,6 +154,7 @@ class Simulator:
         self._ref: Outcome | None = None
         self._ref_mismatch: Mismatch | None = None
         self._targets: dict[tuple, Target] = {}  # the uninterrupted run's convergence points
+        self._near: dict[tuple, Target] = {}  # the same, by their keys less the history digest
         self.trace: list[tuple[str, str]] = []
         self.stats: Counter[str] = Counter()  # how runs ended, and how many kills they took
         self.timing: Counter[str] = Counter()  # seconds spent in recoveries
@@ -180,6 +193,7 @@ class Simulator:
             files = final_files_lines(ref) if ref.state == "completed" else []
             verified = Verified(ref.state, ref.result, ref.error, ref.events, ref.ledger.entries, None, files)
             self._targets = {key: Target(verified, ev, led) for key, ev, led in points}
+            self._near = {without_history(key): t for key, t in self._targets.items()}
             self._ref_mismatch = self.check(ref, what="reference", kills=[])
             self._finish(ref, self._ref_mismatch)
         return self._ref
@@ -305,7 +319,7 @@ class Simulator:
         last: list = [None, None]  # the previous recovery: its start key, and (outcome, state_lines, ledger suffix)
         found: dict[tuple, Target] = {}  # convergence points of recoveries that ran on
         src_history = HistoryDigest()  # the uninterrupted run's, brought up to date at its convergence points
-        for name in ("recoveries", "converged", "ran on"):
+        for name in ("recoveries", "converged", "ran on", "checked splices", "refused splices"):
             self.stats.setdefault(name, 0)
 
         def observe(n: int, kind: str, label: str) -> None:
@@ -371,7 +385,9 @@ class Simulator:
         try:
             return self._recover_timed(n, where, home, live, ledger, clock, found, history)
         finally:
-            self.timing["converged" if self.stats["converged"] > before else "ran on"] += time.perf_counter() - t0
+            kind = "converged" if self.stats["converged"] > before else "ran on"
+            self.stats[kind] += kind == "ran on"
+            self.timing[kind] += time.perf_counter() - t0
 
     def _recover_timed(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
                        found: dict | None, history: HistoryDigest | None) -> Outcome:
@@ -386,6 +402,18 @@ class Simulator:
             target = self._targets.get(key) or found.get(key)
             if target is not None and target.run is not None:
                 raise Converged(target)
+            near = self._near.get(without_history(key))
+            if near is not None and key not in found:  # the same state as the uninterrupted run's but for the history
+                eng = rlive["engine"]
+                with eng.store._lock:
+                    new = read_events(eng.store.conn, self.scn.workflow_id, rlive["copied_events"])
+                target = checked_splice(eng._workflows[WORKFLOW_TRAIN_RUN], self.scn.workflow_id,
+                                        self._ref.events[:rlive["copied_events"]] + new, near,
+                                        list(rlive["fakes"].ledger.entries))
+                self.stats["checked splices" if target is not None else "refused splices"] += 1
+                if target is not None:
+                    found[key] = target  # the other states of its kind converge here at once
+                    raise Converged(target)
             if key not in found:
                 found[key] = Target(None, history.last_seq.get(self.scn.workflow_id, 0), len(rlive["fakes"].ledger.entries))
                 mine.append(found[key])

@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 from simulator.mutants import make_mutant
+from workflows.models import ACTIVITY_TRAIN
+from workflows.training import train_run
 from simulator.scenario import Scenario
 from simulator.sweep import Simulator
 
@@ -153,7 +155,58 @@ def test_at_100_segments_converged_recoveries_are_the_runs_that_ran_to_the_end()
     assert sorted(seen["rerun"]) == sorted(seen["dedup"]) == picks
     for k in picks:
         assert seen["rerun"][k] == seen["dedup"][k], f"position {k}: {sim.where(k)}"
-    assert sim.stats["converged"] >= 3
+    assert sim.stats["converged"] >= 3 and sim.stats["checked splices"] >= 1
+
+
+class _Leaky:
+    """The seam, passing each train segment's ``resumed_from`` into the next segment's spec."""
+
+    def __init__(self, rt):
+        self._rt, self.last = rt, None
+
+    def __getattr__(self, name):
+        return getattr(self._rt, name)
+
+    async def execute_activity(self, name, input, options, *, result_type=None):
+        if name == ACTIVITY_TRAIN and self.last is not None:
+            input = input.model_copy(update={"spec": {**input.spec, "note": self.last}})
+        out = await self._rt.execute_activity(name, input, options, result_type=result_type)
+        if name == ACTIVITY_TRAIN:
+            self.last = str(out.resumed_from)
+        return out
+
+    async def sleep(self, seconds):
+        return await self._rt.sleep(seconds)
+
+
+async def _leaky_train_run(rt, input):
+    return await train_run(_Leaky(rt), input)
+
+
+def test_a_checked_splice_is_refused_when_the_code_passes_what_differs_into_later_inputs():
+    """A recovery that resumed from its segment's own last checkpoint differs from the uninterrupted
+    run only in its train result's ``resumed_from``; a workflow that passes it into the next
+    segment's input must not be spliced to the uninterrupted run's future there (it runs on, and
+    is spliced one segment later, where the value no longer reaches any input)."""
+    seen: dict[str, dict] = {"rerun": {}, "dedup": {}}
+
+    def record(mode):
+        def on_outcome(what, kills, o):
+            if what == "kill":
+                seen[mode][kills[0]] = (o.state, o.result, [(e.type, e.time, e.attrs) for e in o.events])
+        return on_outcome
+
+    sim = Simulator(Scenario(steps=60, eval_every=10, checkpoint_every=10, eval_interval_s=5),
+                    workflow_fn=_leaky_train_run)
+    sim.reference()
+    picks = [k for k, (kind, label) in enumerate(sim.trace) if kind == "ckpt" and label.endswith(":20")]
+    for mode in ("rerun", "dedup"):
+        sim.on_outcome = record(mode)
+        sim.kill_every_position(positions=picks, mode=mode)
+    assert sorted(seen["rerun"]) == sorted(seen["dedup"]) == picks
+    for k in picks:
+        assert seen["rerun"][k] == seen["dedup"][k], f"position {k}: {sim.where(k)}"
+    assert sim.stats["refused splices"] >= 1 and sim.stats["checked splices"] >= 1
 
 
 
