@@ -200,10 +200,9 @@ def eval_request(name: str, suites: list[str], subjects: list[str], *, tag: str 
     inp = EvalSuiteInput(name=name, tag=tag, suites=list(suites), subjects=parsed, seed=seed, corpus=corpus,
                          max_items=max_items, trainer=trainer)
     if trainer is not None:
-        for suite in suites:
-            _identifier(suite, "suite")
-        if len(set(suites)) != len(suites):
-            raise BadRequest(f"suite given twice: {list(suites)}")
+        from .trainers import check_suite_names
+
+        check_suite_names(list(suites))
         return inp
     _check_suites(list(suites), name)
     try:

@@ -37,6 +37,15 @@ def resolved_spec(raw: dict, base: Path | None = None) -> tuple[dict, CustomTrai
     return out, spec
 
 
+def check_suite_names(suites: list[str]) -> None:
+    """A trainer's own suite names: identifiers, each once."""
+    for suite in suites:
+        if not re.match(IDENTIFIER_PATTERN, suite):
+            raise BadRequest(f"bad suite {suite!r}: use letters, digits and . _ - (starting with a letter or digit)")
+    if len(set(suites)) != len(suites):
+        raise BadRequest(f"suite given twice: {suites}")
+
+
 def custom_train_request(raw: dict, suites: list[str] | None, *, eval_seed: int = 0,
                          eval_max_items: int | None = None, corpus_file: str | None = None) -> TrainRunInput:
     """TrainRun's input for a spec with its own trainer (no corpus; suites only with an eval_command)."""
@@ -46,11 +55,7 @@ def custom_train_request(raw: dict, suites: list[str] | None, *, eval_seed: int 
     suites = list(suites or [])
     if suites and not spec.trainer.eval_command:
         raise BadRequest(f"--suite {suites[0]}: the spec's trainer has no eval_command")
-    for suite in suites:
-        if not re.match(IDENTIFIER_PATTERN, suite):
-            raise BadRequest(f"bad suite {suite!r}: use letters, digits and . _ - (starting with a letter or digit)")
-    if len(set(suites)) != len(suites):
-        raise BadRequest(f"suite given twice: {suites}")
+    check_suite_names(suites)
     if eval_max_items is not None and eval_max_items < 1:
         raise BadRequest(f"--eval-max-items must be >= 1, got {eval_max_items}")
     try:
