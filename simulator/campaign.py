@@ -12,8 +12,12 @@ spec (simulator/campaign_targets.py):
 - ``kill-trainer``: SIGKILL of the trainer child in flight (train, eval or corpus);
 - ``stop-trainer``: SIGSTOP of that child for up to two seconds, then SIGCONT;
 - ``second-train``: a second ``ctl train`` of the same spec, concurrently;
-- ``kill-in-checkpoint-write`` (user trainers on ``tinyllm.durable``): the next checkpoint write of
-  a train child SIGKILLs it after some files are written, before the manifest.
+- ``kill-in-checkpoint-write`` (user trainers on ``tinyllm.durable``): once the run has a checkpoint,
+  the next checkpoint write of a train child SIGKILLs it after some files are written, before the
+  manifest (its retry resumes from the checkpoint before).
+
+Each run's line counts the trainer attempts that resumed from a checkpoint inside a segment (a
+fault that hit before any checkpoint only restarts the segment, which proves less).
 
 The oracle, after every run (``Run.check``):
 
@@ -76,6 +80,8 @@ class Monitor:
         self.progress: dict[tuple[str, float], list[dict]] = {}  # (file, first line's time) -> its lines
         self.outputs: dict[str, tuple] = {}  # eval output -> (inode, mtime_ns, size, sha) when first seen
         self.rewritten: list[str] = []
+        self.resumes: dict[tuple[str, object], int] = {}  # a trainer's resume from a checkpoint -> its step
+        self.segment_ends: set[int] = {0}  # from the train activities' ids (train-000020: a segment ends at 20)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="campaign-monitor", daemon=True)
 
@@ -102,6 +108,10 @@ class Monitor:
                 lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip().endswith("}")]
             except (OSError, ValueError):
                 continue
+            self.segment_ends.add(int(f.parent.name.split("-")[-1]))
+            for x in lines:
+                if isinstance(x, dict) and x.get("event") == "resume" and x.get("resumed_from"):
+                    self.resumes[(str(f), x.get("time"))] = x.get("step")
             lines = [x for x in lines if isinstance(x, dict) and "checkpoint" in x  # not liveness or resume lines
                      and x.get("event", "checkpoint") == "checkpoint"]  # (tinyllm's have no event, DurableRun's say so)
             if not lines:
@@ -120,6 +130,10 @@ class Monitor:
                 self.outputs[str(f)] = (*sig, _sha(f))
             elif first[:3] != sig and str(f) not in self.rewritten:
                 self.rewritten.append(str(f))
+
+    def mid_segment_resumes(self) -> int:
+        """Trainer attempts that resumed from a checkpoint inside a segment (not from the previous segment's end)."""
+        return sum(1 for step in self.resumes.values() if step not in self.segment_ends)
 
     def violations(self) -> list[str]:
         bad = [f"eval output rewritten after it first appeared: {p}" for p in self.rewritten]
@@ -159,6 +173,7 @@ class Run:
     child_kills: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     result: dict | None = None
+    mid_resumes: int = 0  # trainer attempts that resumed from a checkpoint inside a segment
 
     def __post_init__(self) -> None:
         self.home = self.base / f"run-{self.index}"
@@ -261,10 +276,14 @@ class Run:
         seen = dict(self.children())  # (a train child not yet started claims it too)
         if any(self.child_kills.get(aid, 0) >= MAX_CHILD_KILLS for aid in seen.values() if aid.startswith("train-")):
             return f"{kind} (no child in flight that may be killed again)"
-        armed = self.home / ARMED
-        self.home.mkdir(parents=True, exist_ok=True)  # (ctl may not have made it yet)
-        armed.write_text("")
         deadline = time.monotonic() + ARM_TIMEOUT_S
+        latest = self.home / "runs" / NAME / "ckpt" / "LATEST"
+        while not latest.exists() and time.monotonic() < deadline:  # so that the killed write is not the first:
+            time.sleep(POLL_S)  # its retry resumes from a checkpoint (the partial one cleaned up)
+        if not latest.exists():
+            return f"{kind}: missed, no checkpoint within {ARM_TIMEOUT_S:.0f} s"
+        armed = self.home / ARMED
+        armed.write_text("")
         fired = []
         while not fired and time.monotonic() < deadline:
             seen.update(self.children())
@@ -404,7 +423,7 @@ class Run:
             bad += compare(self.result, want)
             got_evals = [[s["summary"] for s in (seg.get("evals") or {}).get("suites", [])] for seg in self.result["segments"]]
             want_evals = [[s["summary"] for s in (seg.get("evals") or {}).get("suites", [])] for seg in want["segments"]]
-            if len(evals) != len(want["segments"]) or got_evals != want_evals:
+            if len(evals) != sum(map(len, want_evals)) or got_evals != want_evals:  # (a spec may evaluate nothing)
                 bad.append(f"evaluations differ from the uninterrupted run's ({len(evals)} completed)")
         return bad
 
@@ -467,6 +486,7 @@ def one_run(seed: int, i: int, base: Path, spec: Path, ref: Reference, faults_pe
     try:
         with Monitor(run.home, run.pids) as monitor:
             run.drive(faults_per_run)
+        run.mid_resumes = monitor.mid_segment_resumes()
         return run, run.check(monitor, ref.result())
     finally:
         run.stop_all()
@@ -487,7 +507,7 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
     spec = base / f"{NAME}.json"
     spec.write_text(json.dumps(target.spec))
     ref = Reference(base, spec, want, train_args=target.train_args)
-    tally = {"injected": 0, "survived": 0, "failed": 0, "runs": 0}
+    tally = {"injected": 0, "survived": 0, "failed": 0, "runs": 0, "resumes": 0}
     lock = threading.Lock()
 
     def job(i: int) -> None:
@@ -497,6 +517,7 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
         with lock:
             tally["runs"] += 1
             tally["injected"] += applied
+            tally["resumes"] += run.mid_resumes
             if bad:
                 tally["failed"] += 1
                 log(f"run {i} ({mode}) FAILED (seed {seed}; rerun: python -m simulator campaign{target.cli} "
@@ -509,7 +530,7 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
                     log(f"  its files are kept in {run.home}")
             else:
                 tally["survived"] += applied
-                log(f"run {i} ({mode}): {applied} faults, oracle passed (so far {tally['runs']} runs, "
+                log(f"run {i} ({mode}): {applied} faults, {run.mid_resumes} resumed mid-segment, oracle passed (so far {tally['runs']} runs, "
                     f"{tally['injected']} injected, {tally['survived']} survived): " + "; ".join(run.faults))
                 shutil.rmtree(run.home, ignore_errors=True)
 
@@ -519,7 +540,7 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
         for f in [pool.submit(job, i) for i in indices]:
             f.result()
         log(f"campaign seed {seed} ({target.label}): {tally['runs']} runs, {tally['injected']} faults injected, "
-            f"{tally['survived']} survived, {tally['failed']} runs failed")
+            f"{tally['survived']} survived, {tally['resumes']} resumed mid-segment, {tally['failed']} runs failed")
         return 1 if tally["failed"] else 0
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C: kill what the runs started, keep nothing running
         _STOPPING.set()

@@ -6,9 +6,10 @@
 ``acc``); ``--spec FILE`` trains any spec that names its own trainer. The campaign drives each the
 same way and holds each to the same oracle; only the spec, ``ctl train``'s arguments, how a trainer
 process is recognised and the fault kinds differ. A user trainer built on ``DurableRun`` also gets
-``kill-in-checkpoint-write``: the campaign arms a file (``DURABLE_FAULT=checkpoint-write@armed:FILE``,
-set in the spec's trainer env) and the next checkpoint write of any of its trainers SIGKILLs itself
-after some of the checkpoint's files are written, before its manifest. A trainer that does not use
+``kill-in-checkpoint-write``: once the run has a checkpoint, the campaign arms a file
+(``DURABLE_FAULT=checkpoint-write@armed:FILE``, set in the spec's trainer env) and the next checkpoint
+write of any of its trainers SIGKILLs itself after some of the checkpoint's files are written, before
+its manifest. A trainer that does not use
 the helper never claims the file: the fault reads ``missed``.
 """
 from __future__ import annotations

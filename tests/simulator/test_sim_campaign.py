@@ -51,6 +51,7 @@ def test_a_campaign_run_of_a_user_trainer_survives_its_faults():
     assert "oracle passed" in out and "(examples/durable_train.py): 1 runs, " in out
     assert "SIGKILL inside a checkpoint write of trainer train-" in out, out  # armed, claimed, died mid-write
     assert "SIGKILL of trainer " in out, out
+    assert "0 resumed mid-segment" not in out, out  # the killed write was not the first: its retry resumed
     rng = random.Random("22:0")
     assert rng.random() >= 0.3  # ctl train, not a worker
     assert [rng.choice(USER_FAULTS) for _ in range(2)] == ["kill-in-checkpoint-write", "kill-trainer"]
@@ -76,10 +77,11 @@ def test_the_oracle_reads_the_checkpoint_lines_of_a_durable_run_trainer(tmp_path
     _progress(tmp_path, "train-000020", 1, [{"event": "start", "step": 0, "time": 0.5, "checkpoint": None},
                                             {"event": "checkpoint", "step": 5, "time": 1.0, **ck},
                                             {"event": "step", "step": 6, "time": 2.0, **ck}])
-    _progress(tmp_path, "train-000020", 2, [{"event": "resume", "step": 5, "time": 3.0, **ck},
+    _progress(tmp_path, "train-000020", 2, [{"event": "resume", "step": 5, "time": 3.0, "resumed_from": ck["checkpoint"], **ck},
                                             {"event": "checkpoint", "step": 5, "time": 4.0, **ck}])
     m.sample()
     assert any("checkpoint step 5 written by" in b for b in m.violations())  # only checkpoint lines count
+    assert m.mid_segment_resumes() == 1  # attempt 2 resumed from step 5, inside the segment 0..20
 
 
 def test_the_oracle_sees_two_trainers_at_once_a_redone_step_and_a_rewritten_eval(tmp_path):
