@@ -106,6 +106,10 @@ class DistributedTrainer(Trainer):
         super().__init__(spec, home, progress if lead else None, resume, hooks=_RankHooks(),
                          log=None if lead else _NullLog(), **kwargs)
         self.per_rank = spec.batch_size // self.world_size
+        if self.validator is not None:  # every rank evaluates its shard; rank 0 records (distributed_validation.py)
+            from .distributed_validation import RankValidator
+
+            self.validator = RankValidator(self.validator, self.rank, self.world_size)
         self.allreduce_s = 0.0  # wall time of the last step's all-reduces (gradients and loss): timer/allreduce_s
         dist.init_process_group(spec.distributed.backend,
                                 timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
@@ -176,8 +180,12 @@ class DistributedTrainer(Trainer):
         return states
 
     def _write_checkpoint(self, components: dict[str, Any]) -> Path:
-        path = super()._write_checkpoint(components) if self.rank == 0 else \
-            self.run_dir / "ckpt" / ckpt.step_dir_name(self.step)
+        if self.rank == 0:
+            path = super()._write_checkpoint(components)
+        elif ckpt.FULL_COMPONENTS <= set(components):
+            path = self.run_dir / "ckpt" / ckpt.step_dir_name(self.step)
+        else:  # a validation plan's partial, non-resumable artifact
+            path = self.run_dir / "checkpoint_artifacts" / ckpt.artifact_dir_name(self.step)
         dist.barrier()  # the checkpoint is committed (LATEST moved) before any rank goes on or exits
         return path
 

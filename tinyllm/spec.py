@@ -106,8 +106,9 @@ class TrainSpec(_Strict):
             return self
         if self.objective != "lm":
             raise ValueError(f"distributed: objective {self.objective!r} is not supported distributed (only lm)")
-        if self.validation is not None and self.validation.enabled:
-            raise ValueError("distributed: held-out validation is not supported in a distributed run yet")
+        if self.validation is not None and self.validation.enabled and self.validation.objective != "lm":
+            raise ValueError(f"distributed: held-out validation objective {self.validation.objective!r} is not "
+                             "supported in a distributed run (only lm)")
         if self.batch_size % d.world_size:
             raise ValueError(f"distributed: batch_size {self.batch_size} is not a multiple of world_size "
                              f"{d.world_size} (each rank reads an equal shard of every batch)")

@@ -317,8 +317,7 @@ class Trainer:
         self.validator.run(step, self.model, ckpt_dir=None, frame=frame, publish=publish)
         if plan.kind == "partial":  # non-resumable artifact, committed after validation; never LATEST
             comps = self.components()
-            path = ckpt.save_checkpoint(self.run_dir, step, {c: comps[c] for c in plan.components},
-                                        meta=self.checkpoint_meta())
+            path = self._write_checkpoint({c: comps[c] for c in plan.components})
             self.validator.archive_artifact(path)
         return True
 

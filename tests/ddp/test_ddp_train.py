@@ -25,6 +25,9 @@ SPEC = {
     "warmup_steps": 4, "lr_decay_steps": 120, "threads": 1, "log_every": 1000,
     "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.1},
     "distributed": {"world_size": 2},
+    # held-out validation on every rank: 5 windows over 2 ranks (3 + 2 and one all-ignored pad window)
+    "validation": {"enabled": True, "objective": "lm", "before_training": True, "every_steps": 30, "batch_size": 2,
+                   "max_samples": 5, "data": {"path": "builtin:heldout.txt", "shuffle": False}},
 }
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -93,8 +96,10 @@ def checkpoint_after(progress: Path, step: int) -> dict | None:
     return next((x for x in lines(progress) if "checkpoint" in x and "event" not in x and x["step"] > step), None)
 
 
-def step_losses(home: Path, name: str) -> dict[int, str]:
-    return {x["step"]: float(x["train/loss"]).hex() for x in lines(home / "runs" / name / "metrics.jsonl")}
+def step_losses(home: Path, name: str) -> dict[int, tuple]:
+    """Each step's frame: train loss bits, and the held-out loss bits and token count where it validated."""
+    return {x["step"]: (float(x.get("train/loss", "nan")).hex(), float(x.get("val/loss", "nan")).hex(),
+                        x.get("val/token_count")) for x in lines(home / "runs" / name / "metrics.jsonl")}
 
 
 @pytest.fixture(scope="module")
@@ -174,10 +179,13 @@ def test_two_ranks_resume_bitwise_after_sigkill_of_launcher_and_rank_and_sigterm
     ref = reference["result"]
     assert (final["final_loss_hex"], final["digest"]) == (ref["final_loss_hex"], ref["digest"])
     assert step_losses(home, "ddp") == reference["losses"]
-    assert len(reference["losses"]) == SPEC["steps"]
+    assert len(reference["losses"]) == SPEC["steps"] + 1  # steps 1..120 and the validation frame of step 0
+    assert [s for s, v in reference["losses"].items() if v[2] is not None] == [0, 30, 60, 90, 120]
+    assert {v[2] for v in reference["losses"].values() if v[2] is not None} == {5 * 16}  # padding adds no weight
 
 
 def test_one_rank_distributed_equals_the_plain_run_bitwise(tmp_path) -> None:
+    """Training and held-out validation alike (SPEC validates at steps 0, 30)."""
     spec = {**SPEC, "name": "one", "steps": 40, "distributed": {"world_size": 1}}
     plain = {k: v for k, v in spec.items() if k != "distributed"}
     home, one_path = make_home(tmp_path / "h", spec)

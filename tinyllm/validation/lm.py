@@ -46,8 +46,14 @@ def evaluate_lm(
     on_batch: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """Held-out metrics of ``model`` (call inside ``isolated``): val/loss, val/ppl, counts."""
+    total, count, batches = loss_sums(model, windows(tokens, block_size, max_samples), batch_size, on_batch)
+    return lm_metrics(total, count, batches)
+
+
+def loss_sums(model: torch.nn.Module, wins: list[tuple[np.ndarray, np.ndarray]], batch_size: int,
+              on_batch: Callable[[int], None] | None = None) -> tuple[float, int, int]:
+    """(sum of per-token cross-entropies, real targets, batches) over ``wins``, in order."""
     device = next(model.parameters()).device
-    wins = windows(tokens, block_size, max_samples)
     total, count, batches = 0.0, 0, 0
     for i in range(0, len(wins), batch_size):
         chunk = wins[i : i + batch_size]
@@ -62,6 +68,10 @@ def evaluate_lm(
         batches += 1
         if on_batch is not None:
             on_batch(batches)
+    return total, count, batches
+
+
+def lm_metrics(total: float, count: int, batches: int) -> dict[str, float]:
     loss = total / count if count else float("nan")
     return {
         "val/loss": loss,
