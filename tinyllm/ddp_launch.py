@@ -37,7 +37,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from .errors import STOP
 from .spec import SpecError, TrainSpec
