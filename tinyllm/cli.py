@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from .errors import CheckpointError, RunLocked
+from .errors import CheckpointError, PeerLost, RunLocked
 from .spec import SpecError
 from .validation.errors import ArchiveError
 
@@ -172,6 +172,8 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
         _fail(f"corrupt checkpoint: {e}", EXIT_BAD_INPUT)
     except RunLocked as e:
         _fail(str(e), EXIT_LOCKED)
+    except PeerLost as e:  # a distributed rank whose peer died: one line, retryable
+        _fail(str(e), 1)
     except ArchiveError as e:  # retryable: the resumed run retries only the publication
         _fail(str(e), e.exit_code)
     except OSError as e:

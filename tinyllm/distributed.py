@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint as ckpt
-from .errors import STOP, CheckpointError
+from .errors import STOP, CheckpointError, PeerLost
 from .metrics import Reporter
 from .model import state_digest
 from .spec import SpecError, TrainSpec
@@ -201,6 +201,11 @@ class DistributedTrainer(Trainer):
             dist.all_gather_object(pids, os.getpid())
             self.progress_file.event("ranks", pids=pids, world_size=self.world_size)  # rank 0's file only
             return super().run(reporter if self.rank == 0 else Reporter([]))
+        except RuntimeError as e:  # gloo: "Connection reset by peer", "Connection closed by peer", timeouts
+            if not isinstance(e, dist.DistError) and "gloo" not in str(e):
+                raise
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". This is typically")[0]
+            raise PeerLost(f"rank {self.rank}: a collective failed, another rank died or hung ({first[:300]})") from None
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()

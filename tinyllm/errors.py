@@ -14,6 +14,10 @@ class RunLocked(Exception):
     """Another live trainer holds runs/<name>/.lock (exit 75, retryable)."""
 
 
+class PeerLost(Exception):
+    """A distributed run's collective failed: another rank died or hung (exit 1, retryable)."""
+
+
 # SIGTERM/SIGINT before the trainer's loop starts (e.g. during ``import torch``) must still end in a
 # clean stop (exit 130), so the CLI installs this handler first and the trainer reads the flag.
 STOP = {"requested": False}
