@@ -147,6 +147,21 @@ class Engine(Worker):
 
     def start(self, workflow_name: str, workflow_id: str, input: Any = None) -> str:
         """Start ``workflow_name`` as ``workflow_id``; an id that exists is returned unchanged."""
+        return self._start(workflow_name, workflow_id, input, eager=False)
+
+    def execute_workflow(self, workflow_name: str, workflow_id: str, input: Any = None, *,
+                         timeout_s: float | None = None) -> Any:
+        """Start ``workflow_id`` (or attach to it) and work on it in this process until it ends; its
+        result, or ``WorkflowFailed`` / ``WorkflowCanceled``.
+
+        A new workflow's first task runs in the start's own transaction and leases the activities it
+        schedules to this worker (one commit fewer than ``start`` + ``run_until_complete``): use it only
+        where this engine goes on to run them, as here."""
+        self._guard(self._start, workflow_name, workflow_id, input, True)
+        self.run_until_complete(workflow_id, timeout_s=timeout_s)
+        return self.result(workflow_id)
+
+    def _start(self, workflow_name: str, workflow_id: str, input: Any, eager: bool) -> str:
         check_id(workflow_id)
         reg = self._workflows.get(workflow_name)
         if reg is None:
@@ -160,7 +175,7 @@ class Engine(Worker):
         except (TypeError, ValueError) as e:
             raise BadInput(f"input of workflow {workflow_name!r} is invalid: {e}") from None
         now = self.clock.now()
-        with self._tx("start") as (db, _after):
+        with self._tx("start") as (db, after):
             if db.execute("SELECT 1 FROM workflows WHERE id=?", (workflow_id,)).fetchone():
                 return workflow_id
             db.execute(
@@ -169,6 +184,8 @@ class Engine(Worker):
                 (workflow_id, workflow_name, dumps(raw), now, now),
             )
             append_event(db, workflow_id, 1, h.WORKFLOW_STARTED, now, {"workflow": workflow_name, "input": raw})
+            if eager:
+                self._run_task(db, after, workflow_id)
         return workflow_id
 
     def _row(self, workflow_id: str) -> tuple:

@@ -49,9 +49,22 @@ class Event(NamedTuple):
         return cls(seq=int(d["seq"]), type=str(d["type"]), time=float(d["time"]), attrs=dict(d.get("attrs") or {}))
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)  # built once: json.dumps
+# with arguments builds a new encoder per call, a tenth of an activity's Python time
+_SCALARS = (int, str, bool, type(None))
+
+
 def dumps(value: Any) -> str:
     """Compact, key-sorted JSON (pydantic models are dumped in JSON mode first)."""
-    return json.dumps(to_jsonable(value), separators=(",", ":"), sort_keys=True, allow_nan=False)
+    return _ENCODER.encode(to_jsonable(value))
+
+
+def normalized(value: Any) -> Any:
+    """``value`` as JSON reads it back (tuples become lists, models dicts); ``TypeError`` or
+    ``ValueError`` if it is not JSON-able. Ints, strings, booleans and None are returned as they are."""
+    if type(value) in _SCALARS:
+        return value
+    return json.loads(dumps(value))
 
 
 def to_jsonable(value: Any) -> Any:

@@ -1,7 +1,7 @@
 """Activity options: ids, timeouts and the retry policy (keyword-only, units last)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,17 @@ class StepOptions:
     """Retry policy for failed or timed-out attempts."""
 
     def to_json(self) -> dict:
-        """The options as recorded in history (JSON)."""
-        d = asdict(self)
-        d["retry"]["non_retryable"] = list(self.retry.non_retryable)
-        return d
+        """The options as recorded in history (JSON): a fresh dict each call (the same keys as
+        ``dataclasses.asdict``, written out: ``asdict`` deep-copies and cost a fifth of an activity)."""
+        r = self.retry
+        return {
+            "id": self.id,
+            "start_to_close_timeout_s": self.start_to_close_timeout_s,
+            "heartbeat_timeout_s": self.heartbeat_timeout_s,
+            "retry": {"max_attempts": r.max_attempts, "initial_interval_s": r.initial_interval_s,
+                      "backoff": r.backoff, "max_interval_s": r.max_interval_s,
+                      "non_retryable": list(r.non_retryable)},
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "StepOptions":

@@ -276,7 +276,7 @@ class Replayer:
             return False, Canceled(f"workflow {self.workflow_id!r} was canceled")
         if cmd.kind == "activity":
             try:
-                req.payload["input"] = json.loads(h.dumps(req.payload["input"]))
+                req.payload["input"] = h.normalized(req.payload["input"])
             except (TypeError, ValueError) as e:
                 return False, TypeError(f"input of activity {cmd.activity_id!r} is not JSON-able: {e}")
         self.next_cmd += 1

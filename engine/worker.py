@@ -30,7 +30,7 @@ from . import history as h
 from . import leases, proctree
 from .activity import Lease, LiveActivityContext
 from .errors import BadInput, LeaseLost, NonRetryableError
-from .history import append_event, append_next, dumps, read_events
+from .history import append_event, append_next, dumps, normalized, read_events
 from .options import StepOptions
 from .replay import Replayer, error_to_json
 
@@ -45,7 +45,7 @@ class _LiveSink:
     def __init__(self, worker: "Worker", db):
         self.w = worker
         self.db = db
-        self.scheduled: list[tuple[str, str]] = []  # (activity_id, name)
+        self.scheduled: list[tuple[str, str, int, Any, StepOptions]] = []  # (activity_id, name, cmd, input, options)
 
     def _append(self, r: Replayer, type: str, attrs: dict) -> h.Event:
         ev = append_event(self.db, r.workflow_id, r.last_seq + 1, type, self.w.clock.now(), attrs)
@@ -56,18 +56,19 @@ class _LiveSink:
         now = self.w.clock.now()
         if cmd.kind == "activity":
             opts: StepOptions = payload["options"]
+            opts_json = opts.to_json()
             self.db.execute(
                 "INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, due_at) "
                 "VALUES (?,?,?,?,?,?, 'scheduled', ?)",
-                (r.workflow_id, cmd.activity_id, k, cmd.name, dumps(payload["input"]), dumps(opts.to_json()), now),
+                (r.workflow_id, cmd.activity_id, k, cmd.name, dumps(payload["input"]), dumps(opts_json), now),
             )
             self._append(
                 r,
                 h.ACTIVITY_SCHEDULED,
                 {"cmd": k, "activity_id": cmd.activity_id, "name": cmd.name, "input": payload["input"],
-                 "options": opts.to_json()},
+                 "options": opts_json},
             )
-            self.scheduled.append((cmd.activity_id, cmd.name))
+            self.scheduled.append((cmd.activity_id, cmd.name, k, payload["input"], opts))
         else:
             fire_at = now + payload["seconds"]
             self.db.execute(
@@ -143,8 +144,11 @@ class Worker:
 
     # ---- workflow tasks ---------------------------------------------------------------------
 
-    def _run_task(self, db, after: list, workflow_id: str) -> None:
-        """Replay ``workflow_id`` and record its next commands; eagerly lease what we can run."""
+    def _run_task(self, db, after: list, workflow_id: str, fresh: h.Event | None = None) -> None:
+        """Replay ``workflow_id`` and record its next commands; eagerly lease what we can run.
+
+        ``fresh``: the event this transaction just appended (at the end of the history); a cached
+        replayer that has everything before it is fed it as is, without reading it back."""
         row = db.execute("SELECT name, input, state FROM workflows WHERE id=?", (workflow_id,)).fetchone()
         if row is None:
             return
@@ -161,14 +165,17 @@ class Worker:
         if r is None:
             r = self._new_replayer(reg, workflow_id, input_json, sink)
         r.sink = sink
-        r.feed(read_events(db, workflow_id, r.last_seq))
+        if fresh is not None and fresh.seq == r.last_seq + 1:
+            r.record(fresh)
+        else:
+            r.feed(read_events(db, workflow_id, r.last_seq))
         r.advance()
         if not r.done:
             db.execute("UPDATE workflows SET task_pending=0, updated_at=? WHERE id=?", (self.clock.now(), workflow_id))
             after.append(lambda: self._cache_put(workflow_id, r))
-        for activity_id, aname in sink.scheduled:
+        for activity_id, aname, cmd, input_raw, opts in sink.scheduled:
             if self._can_take(aname):
-                lease = self._lease(db, workflow_id, activity_id)
+                lease = self._lease(db, workflow_id, activity_id, known=(r, cmd, input_raw, opts))
                 if lease is not None:
                     after.append(lambda lease=lease: self._ready.append(lease))
 
@@ -203,32 +210,47 @@ class Worker:
             return True
         return len(self._inflight) + len(self._ready) < self._max_concurrent
 
-    def _lease(self, db, workflow_id: str, activity_id: str) -> Lease | None:
-        row = db.execute(
-            "SELECT name, cmd, input, options, state, attempt, details, due_at FROM activities "
-            "WHERE workflow_id=? AND activity_id=?",
-            (workflow_id, activity_id),
-        ).fetchone()
+    def _lease(self, db, workflow_id: str, activity_id: str, known: tuple | None = None) -> Lease | None:
+        """Attempt n+1 of a due activity, in the open transaction. ``known``: ``(replayer, cmd, input,
+        options)`` of an activity this very transaction scheduled (attempt 0, due now, no details):
+        its row is not read back and its started event is appended at the replayer's end."""
         now = self.clock.now()
-        if row is None or row[4] != "scheduled" or row[7] > now:
-            return None
-        name, cmd, input_json, options_json, _, attempt, details_json, _ = row
-        opts = StepOptions.from_json(json.loads(options_json))
-        attempt += 1
+        if known is not None:
+            r, cmd, input_raw, opts = known
+            name, attempt, details = r.commands[cmd].command.name, 1, None
+        else:
+            row = db.execute(
+                "SELECT name, cmd, input, options, state, attempt, details, due_at FROM activities "
+                "WHERE workflow_id=? AND activity_id=?",
+                (workflow_id, activity_id),
+            ).fetchone()
+            if row is None or row[4] != "scheduled" or row[7] > now:
+                return None
+            name, cmd, input_json, options_json, _, attempt, details_json, _ = row
+            opts = StepOptions.from_json(json.loads(options_json))
+            input_raw = json.loads(input_json)
+            details = json.loads(details_json) if details_json is not None else None
+            attempt += 1
         hb = now + opts.heartbeat_timeout_s if opts.heartbeat_timeout_s else None
         close = now + opts.start_to_close_timeout_s if opts.start_to_close_timeout_s else None
         db.execute(
             "UPDATE activities SET state='running', attempt=?, hb_deadline=?, close_deadline=?, last_hb_at=?, "
             "owner=?, child=NULL WHERE workflow_id=? AND activity_id=?",
-            (attempt, hb, close, now, dumps(self.owner), workflow_id, activity_id),
+            (attempt, hb, close, now, self._owner_json(), workflow_id, activity_id),
         )
-        append_next(
-            db, workflow_id, h.ACTIVITY_STARTED, now,
-            {"cmd": cmd, "activity_id": activity_id, "attempt": attempt,
-             "worker": f"{self.owner['host']}:{self.owner['pid']}"},
-        )
-        details = json.loads(details_json) if details_json is not None else None
-        return Lease(workflow_id, activity_id, name, cmd, attempt, json.loads(input_json), opts, details, now)
+        attrs = {"cmd": cmd, "activity_id": activity_id, "attempt": attempt,
+                 "worker": f"{self.owner['host']}:{self.owner['pid']}"}
+        if known is not None:
+            r.record(append_event(db, workflow_id, r.last_seq + 1, h.ACTIVITY_STARTED, now, attrs))
+        else:
+            append_next(db, workflow_id, h.ACTIVITY_STARTED, now, attrs)
+        return Lease(workflow_id, activity_id, name, cmd, attempt, input_raw, opts, details, now)
+
+    def _owner_json(self) -> str:
+        """The lease owner as recorded (it never changes after ``Engine.__init__``)."""
+        if getattr(self, "_owner_text", None) is None:
+            self._owner_text = dumps(self.owner)
+        return self._owner_text
 
     def _execute(self, lease: Lease) -> tuple[bool, Any]:
         """Run one attempt; ``(True, result_json)`` or ``(False, exception)``. Crashes propagate."""
@@ -241,7 +263,7 @@ class Worker:
                 raise NonRetryableError(f"input of activity {lease.name!r} is invalid: {e}", type="BadInput") from None
             result = reg.fn(ctx, value)
             try:
-                return True, json.loads(dumps(result))
+                return True, normalized(result)
             except (TypeError, ValueError) as e:
                 raise NonRetryableError(f"activity result is not JSON-able: {e}", type="BadResult") from None
         except Exception as e:  # noqa: BLE001 - recorded as the attempt's failure
@@ -250,8 +272,9 @@ class Worker:
     def _record_outcome(self, lease: Lease, ok: bool, value: Any) -> None:
         with self._tx("complete" if ok else "fail") as (db, after):
             row = db.execute(
-                "SELECT state, attempt, hb_deadline, close_deadline, lost FROM activities "
-                "WHERE workflow_id=? AND activity_id=?",
+                "SELECT state, attempt, hb_deadline, close_deadline, lost, "
+                "(SELECT MAX(seq) FROM events WHERE workflow_id=?1) FROM activities "
+                "WHERE workflow_id=?1 AND activity_id=?2",
                 (lease.workflow_id, lease.activity_id),
             ).fetchone()
             if row is None or row[0] != "running" or row[1] != lease.attempt:
@@ -263,23 +286,28 @@ class Worker:
             if late:
                 self._time_out(db, lease.workflow_id, lease.activity_id, late, lost=False)
             elif ok:
-                append_next(db, lease.workflow_id, h.ACTIVITY_COMPLETED, now,
-                            {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt,
-                             "result": value})
-                self._close_activity(db, lease, "completed")
+                ev = append_event(db, lease.workflow_id, row[5] + 1, h.ACTIVITY_COMPLETED, now,
+                                  {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt,
+                                   "result": value})
+                self._close_activity(db, lease, "completed", mark=False)
+                self._run_task(db, after, lease.workflow_id, fresh=ev)  # the task it makes due, at once
+                return
             else:
                 self._fail(db, lease, value, lost=row[4], now=now)
             (pending,) = db.execute("SELECT task_pending FROM workflows WHERE id=?", (lease.workflow_id,)).fetchone()
             if pending:
                 self._run_task(db, after, lease.workflow_id)
 
-    def _close_activity(self, db, lease: Lease, state: str) -> None:
+    def _close_activity(self, db, lease: Lease, state: str, *, mark: bool = True) -> None:
+        """The attempt's row is closed; its workflow's task is due (``mark=False``: the caller runs it
+        in this transaction, which leaves ``task_pending`` as the task ends it)."""
         db.execute(
             "UPDATE activities SET state=?, hb_deadline=NULL, close_deadline=NULL, owner=NULL "
             "WHERE workflow_id=? AND activity_id=?",
             (state, lease.workflow_id, lease.activity_id),
         )
-        self._mark_task(db, lease.workflow_id)
+        if mark:
+            self._mark_task(db, lease.workflow_id)
 
     def _fail(self, db, lease: Lease, exc: BaseException, *, lost: int, now: float) -> None:
         base = {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt}
