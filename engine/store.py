@@ -13,7 +13,8 @@ rolled back (as a real crash would lose it); raised in ``after_commit`` it is
 already durable. Either way it propagates out of ``Engine.run_until_idle`` /
 ``run_until_complete`` untouched; throw the ``Engine`` away and open a new one
 on the same file. Pass the store with ``Engine(db_path, store=MyStore(db_path))``.
-``commits`` counts committed transactions (``commits_by_label`` per label).
+``commits`` counts committed transactions (``commits_by_label`` per label); ``members`` the
+transactions a group commit made durable with its one COMMIT (``transaction(group=True)``).
 
 The database is opened in WAL mode with ``synchronous=FULL`` and a busy
 timeout, so several processes may share it; write transactions are
@@ -43,6 +44,10 @@ class Store:
         self.commits_by_label: Counter[str] = Counter()
         self._lock = threading.RLock()
         self._in_tx = False
+        self._group = self._member = False
+        self._members = 0  # members of the open group transaction so far
+        self.members = 0
+        """Member transactions made durable by a group's COMMIT (``commits`` counts the COMMITs)."""
         self.readonly = readonly
         self.conn = open_readonly(self.path, busy_timeout_s, self._check) if readonly else self._open(busy_timeout_s)
 
@@ -120,21 +125,33 @@ class Store:
     # ---- the transaction helper ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def transaction(self, label: str) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on the shared connection; rolls back on any exception."""
+    def transaction(self, label: str, *, group: bool = False) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on the shared connection; rolls back on any exception.
+
+        Group commit: inside a ``group=True`` transaction, a nested ``transaction()`` of the same
+        thread is a member (a SAVEPOINT): an exception rolls back that member alone, and every member
+        becomes durable with the group's one COMMIT (one fsync for all). Nothing a member did may be
+        acted on before that COMMIT returns (``Worker._tx`` holds members' acknowledgements until
+        then). Nesting inside a plain transaction is an error."""
         with self._lock:
             if self._in_tx:
-                raise RuntimeError(f"nested transaction {label!r}")
+                if not self._group or self._member:
+                    raise RuntimeError(f"nested transaction {label!r}")
+                yield from self._member_of_group(label)
+                return
             self.conn.execute("BEGIN IMMEDIATE")
-            self._in_tx = True
+            self._in_tx, self._group = True, group
             try:
                 yield self.conn
                 self.before_commit(label)
                 self.conn.execute("COMMIT")
-                self._in_tx = False
+                self._in_tx = self._group = False
                 self.commits += 1
                 self.commits_by_label[label] += 1
+                self.members += self._members
+                self._members = 0
             except BaseException:
+                self._group, self._members = False, 0
                 if self._in_tx:
                     self._in_tx = False
                     try:
@@ -143,6 +160,23 @@ class Store:
                         pass
                 raise
             self.after_commit(label)
+
+    def _member_of_group(self, label: str) -> Iterator[sqlite3.Connection]:
+        self.conn.execute("SAVEPOINT member")
+        self._member = True
+        try:
+            yield self.conn
+        except BaseException:
+            self._member = False
+            try:
+                self.conn.execute("ROLLBACK TO member")
+                self.conn.execute("RELEASE member")
+            except sqlite3.Error:
+                pass
+            raise
+        self._member = False
+        self.conn.execute("RELEASE member")
+        self._members += 1
 
     def before_commit(self, label: str) -> None:
         """Hook: called inside the transaction, right before COMMIT (override to inject a crash)."""

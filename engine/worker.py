@@ -37,6 +37,7 @@ from .replay import Replayer, error_to_json
 log = logging.getLogger("engine")
 
 CACHE_SIZE = 256
+GROUP_MAX = 256  # outcomes recorded by one group commit at most
 
 
 class _LiveSink:
@@ -133,12 +134,28 @@ class Worker:
         self._ready: deque[Lease] = deque()
         self._inflight: dict[tuple[str, str], threading.Thread] = {}
         self._done_q: queue.Queue = queue.Queue()
+        self._group_after: tuple[int, list] | None = None  # (thread, acknowledgements) of an open group
 
     @contextlib.contextmanager
-    def _tx(self, label: str):
+    def _tx(self, label: str, *, group: bool = False):
+        """A ``Store.transaction``; ``after`` holds what acknowledges it (a lease handed to a runner,
+        a replayer cached), run only once its COMMIT returned: for a member of a group commit, once
+        the group's COMMIT returned."""
         after: list = []
-        with self.store.transaction(label) as db:
-            yield db, after
+        me = threading.get_ident()
+        if self._group_after is not None and self._group_after[0] == me:  # a member of this thread's group
+            with self.store.transaction(label) as db:
+                yield db, after
+            self._group_after[1].extend(after)  # held until the group is durable
+            return
+        if group:
+            self._group_after = (me, after)
+        try:
+            with self.store.transaction(label, group=group) as db:
+                yield db, after
+        finally:
+            if group:
+                self._group_after = None
         for f in after:
             f()
 
@@ -470,17 +487,37 @@ class Worker:
         t.start()
 
     def _drain_done(self, timeout_s: float | None = None) -> bool:
+        """Record the outcomes of finished attempts: all that are waiting (at most ``GROUP_MAX``) in one
+        group commit, each its own member transaction (the ones that finish during a COMMIT's fsync
+        wait for the next one). A member's error rolls back that member alone and is raised once the
+        others are durable."""
         did = False
         while True:
+            batch = []
             try:
-                item = self._done_q.get(timeout=timeout_s) if (timeout_s and not did) else self._done_q.get_nowait()
+                batch.append(self._done_q.get(timeout=timeout_s) if (timeout_s and not did) else self._done_q.get_nowait())
+                while len(batch) < GROUP_MAX:
+                    batch.append(self._done_q.get_nowait())
             except queue.Empty:
+                pass
+            if not batch:
                 return did
-            lease, ok, value = item
-            self._inflight.pop((lease.workflow_id, lease.activity_id), None)
-            if ok is None:
-                raise value
-            self._record_outcome(lease, ok, value)
+            for lease, ok, value in batch:
+                self._inflight.pop((lease.workflow_id, lease.activity_id), None)
+                if ok is None:
+                    raise value
+            if len(batch) == 1:
+                self._record_outcome(*batch[0])
+            else:
+                errors = []
+                with self._tx("group", group=True):
+                    for item in batch:
+                        try:
+                            self._record_outcome(*item)
+                        except Exception as e:  # noqa: BLE001 - raised below, after the others commit
+                            errors.append(e)
+                if errors:
+                    raise errors[0]
             did = True
 
     def _expire(self) -> bool:
