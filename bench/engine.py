@@ -1,14 +1,18 @@
-"""Engine benchmark: durable activities/s, transactions per activity, disk fsync rate, replay scaling.
+"""Engine benchmark: durable activities/s beside the disk's raw fsynced commit rate, measured in one run.
 
-    python bench/engine.py [--activities 2000] [--dir /tmp]
+    python bench/engine.py [--activities 1000] [--workflows 100] [--steps 100] [--dir /tmp]
 
-Prints figures measured in this one run (nothing is asserted):
-- durable no-op activities per second, end to end (inline activities, system clock,
-  WAL + synchronous=FULL), and SQLite transactions per activity (``Store.commits``);
-- the raw fsynced-commit rate of the same disk (a bare insert per transaction, same
-  pragmas) and the ratio activities/s : commits/s;
-- dry replay time (history read from SQLite + code re-run) for histories of about 100, 1,000 and 10,000 events and the ratio
-  10,000 / 1,000 (10 means linear), as wall and as process CPU time (steadier on a shared machine).
+Prints figures measured in this one run (nothing is asserted). The disk is shared, so the raw rate
+(a bare insert per ``BEGIN IMMEDIATE``/``COMMIT``, WAL + synchronous=FULL, same directory) is measured
+right before and right after each engine figure, and each ratio uses the mean of those two:
+- one sequential workflow of ``--activities`` no-op activities, inline and on the threaded worker:
+  activities/s, COMMITs per activity, ratio to the raw commit rate;
+- a 1-activity workflow: ms per workflow with ``start`` + ``run_until_complete`` and with
+  ``execute_workflow`` (its first task in the start's transaction);
+- ``--workflows`` concurrent workflows of ``--steps`` activities on the threaded worker (group
+  commit): activities/s, COMMITs per activity, ratio to the raw commit rate;
+- dry replay time for histories of about 100, 1,000 and 10,000 events and the ratio 10,000 / 1,000
+  (10 means linear), as wall and as process CPU time (steadier on a shared machine).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import argparse
 import gc
 import os
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -55,12 +60,19 @@ def raw_commit_rate(path: str, n: int) -> float:
     return n / dt
 
 
-def activities_rate(path: str, n: int) -> tuple[float, float]:
-    eng = Engine(path, clock=SystemClock(), inline_activities=True)
+def _engine(path: str, inline: bool, concurrency: int = 4) -> Engine:
+    eng = Engine(path, clock=SystemClock(), inline_activities=inline, max_concurrent_activities=concurrency,
+                 poll_interval_s=0.01)
     eng.register_activity("noop", noop)
     eng.register_workflow("chain", chain)
     eng.start("chain", "warmup", 20)
     eng.run_until_complete("warmup")
+    return eng
+
+
+def activities_rate(path: str, n: int, inline: bool = True) -> tuple[float, float]:
+    """One sequential workflow of ``n`` no-op activities: activities/s, COMMITs per activity."""
+    eng = _engine(path, inline)
     c0 = eng.store.commits
     t0 = time.perf_counter()
     eng.start("chain", "bench", n)
@@ -70,6 +82,40 @@ def activities_rate(path: str, n: int) -> tuple[float, float]:
     commits = eng.store.commits - c0
     eng.close()
     return n / dt, commits / n
+
+
+def one_activity_ms(path: str, n: int) -> tuple[float, float | None]:
+    """Median ms per 1-activity workflow: start + run_until_complete, and execute_workflow."""
+    eng = _engine(path, True)
+    plain, eager = [], []
+    for i in range(n):
+        t0 = time.perf_counter()
+        eng.start("chain", f"p{i}", 1)
+        eng.run_until_complete(f"p{i}")
+        assert eng.result(f"p{i}") == 1
+        plain.append(time.perf_counter() - t0)
+        if hasattr(eng, "execute_workflow"):
+            t0 = time.perf_counter()
+            assert eng.execute_workflow("chain", f"e{i}", 1) == 1
+            eager.append(time.perf_counter() - t0)
+    eng.close()
+    return statistics.median(plain) * 1000, (statistics.median(eager) * 1000 if eager else None)
+
+
+def concurrent_rate(path: str, workflows: int, steps: int) -> tuple[float, float]:
+    """``workflows`` workflows of ``steps`` activities at once on the threaded worker."""
+    eng = _engine(path, False, concurrency=workflows)
+    c0 = eng.store.commits
+    t0 = time.perf_counter()
+    for w in range(workflows):
+        eng.start("chain", f"c{w}", steps)
+    for w in range(workflows):
+        eng.run_until_complete(f"c{w}")
+    dt = time.perf_counter() - t0
+    assert all(eng.result(f"c{w}") == steps for w in range(workflows))
+    commits = eng.store.commits - c0
+    eng.close()
+    return workflows * steps / dt, commits / (workflows * steps)
 
 
 def replay_time(dir: str, events: int) -> tuple[int, float]:
@@ -93,19 +139,39 @@ def replay_time(dir: str, events: int) -> tuple[int, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--activities", type=int, default=2000)
+    ap.add_argument("--activities", type=int, default=1000, help="activities of the sequential workflow")
+    ap.add_argument("--workflows", type=int, default=100, help="concurrent workflows (threaded worker)")
+    ap.add_argument("--steps", type=int, default=100, help="activities of each concurrent workflow")
+    ap.add_argument("--one", type=int, default=200, help="1-activity workflows timed (median)")
     ap.add_argument("--dir", default=None, help="where the databases go (default: a temp dir)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
-        # the disk is shared: measure the raw rate right before and right after, report the mean
-        raw_before = raw_commit_rate(os.path.join(d, "raw1.db"), 1000)
-        rate, tx = activities_rate(os.path.join(d, "engine.db"), args.activities)
-        raw_after = raw_commit_rate(os.path.join(d, "raw2.db"), 1000)
-        raw = (raw_before + raw_after) / 2
-        print(f"durable no-op activities/s (end to end, inline): {rate:8.0f}")
-        print(f"SQLite transactions per activity:                {tx:8.2f}")
-        print(f"raw fsynced commits/s (same disk, WAL+FULL):     {raw:8.0f}  (before {raw_before:.0f}, after {raw_after:.0f})")
-        print(f"ratio activities/s : raw commits/s:              {rate / raw:8.2f}")
+        k = [0]
+
+        def raw() -> float:
+            k[0] += 1
+            return raw_commit_rate(os.path.join(d, f"raw{k[0]}.db"), 1000)
+
+        def beside(f, *a):
+            """``f(*a)`` between two raw measurements: (its figures, mean raw rate, before, after)."""
+            before = raw()
+            out = f(*a)
+            after = raw()
+            return out, (before + after) / 2, before, after
+
+        print("figure                                              value     raw commits/s   ratio")
+        for label, inline in (("inline", True), ("threaded", False)):
+            (rate, tx), r, b, a = beside(activities_rate, os.path.join(d, f"seq-{label}.db"), args.activities, inline)
+            print(f"sequential {args.activities} no-op activities, {label:8s} {rate:8.0f}/s  {r:8.0f} ({b:.0f}, {a:.0f})"
+                  f"  {rate / r:5.2f}   ({tx:.2f} COMMITs/activity)")
+        (plain, eager), r, b, a = beside(one_activity_ms, os.path.join(d, "one.db"), args.one)
+        print(f"1-activity workflow, start + run_until_complete {plain:8.2f} ms  {r:8.0f} ({b:.0f}, {a:.0f})"
+              f"  ({1000 / r:.2f} ms per raw commit)")
+        if eager is not None:
+            print(f"1-activity workflow, execute_workflow           {eager:8.2f} ms")
+        (rate, tx), r, b, a = beside(concurrent_rate, os.path.join(d, "conc.db"), args.workflows, args.steps)
+        print(f"{args.workflows} workflows x {args.steps} activities, threaded   {rate:8.0f}/s  {r:8.0f} ({b:.0f}, {a:.0f})"
+              f"  {rate / r:5.2f}   ({tx:.3f} COMMITs/activity: group commit)")
         times = {}
         for ev in (100, 1000, 10000):
             n, wall, cpu = replay_time(d, ev)
