@@ -337,6 +337,7 @@ class Engine(Worker):
             self._dead = True
             leases.mark_dead(self.owner)
             self._cache.clear()
+            self._stop_runners()
             raise
 
     def run_until_idle(self) -> None:
@@ -414,6 +415,7 @@ class Engine(Worker):
         self._guard(loop)
 
     def close(self) -> None:
+        self._stop_runners()
         if not self._dead:
             self._dead = True
             leases.mark_dead(self.owner)

@@ -46,7 +46,8 @@ class _LiveSink:
     def __init__(self, worker: "Worker", db):
         self.w = worker
         self.db = db
-        self.scheduled: list[tuple[str, str, int, Any, StepOptions]] = []  # (activity_id, name, cmd, input, options)
+        self.scheduled: list[tuple[str, int, Any, StepOptions, float]] = []  # inserted leased: (activity_id,
+        # cmd, input, options, leased at)
 
     def _append(self, r: Replayer, type: str, attrs: dict) -> h.Event:
         ev = append_event(self.db, r.workflow_id, r.last_seq + 1, type, self.w.clock.now(), attrs)
@@ -58,10 +59,16 @@ class _LiveSink:
         if cmd.kind == "activity":
             opts: StepOptions = payload["options"]
             opts_json = opts.to_json()
+            # one this worker can run at once is inserted already leased (``Worker._lease`` appends its
+            # started event once the code is blocked); else it waits, scheduled, for any worker
+            take = self.w._can_take(cmd.name)
+            hb, close = self.w._deadlines(opts, now) if take else (None, None)
             self.db.execute(
-                "INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, due_at) "
-                "VALUES (?,?,?,?,?,?, 'scheduled', ?)",
-                (r.workflow_id, cmd.activity_id, k, cmd.name, dumps(payload["input"]), dumps(opts_json), now),
+                "INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, attempt, due_at, "
+                "hb_deadline, close_deadline, last_hb_at, owner) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (r.workflow_id, cmd.activity_id, k, cmd.name, dumps(payload["input"]), dumps(opts_json),
+                 "running" if take else "scheduled", 1 if take else 0, now, hb, close, now if take else None,
+                 self.w._owner_json() if take else None),
             )
             self._append(
                 r,
@@ -69,7 +76,8 @@ class _LiveSink:
                 {"cmd": k, "activity_id": cmd.activity_id, "name": cmd.name, "input": payload["input"],
                  "options": opts_json},
             )
-            self.scheduled.append((cmd.activity_id, cmd.name, k, payload["input"], opts))
+            if take:
+                self.scheduled.append((cmd.activity_id, k, payload["input"], opts, now))
         else:
             fire_at = now + payload["seconds"]
             self.db.execute(
@@ -132,7 +140,11 @@ class Worker:
     def _init_worker(self) -> None:
         self._cache: OrderedDict[str, Replayer] = OrderedDict()
         self._ready: deque[Lease] = deque()
-        self._inflight: dict[tuple[str, str], threading.Thread] = {}
+        self._inflight: dict[tuple[str, str], Lease] = {}
+        self._run_q: queue.Queue = queue.Queue()  # leases for the runner threads (None: exit)
+        self._runners: list[threading.Thread] = []
+        self._runner_lock = threading.Lock()
+        self._idle_runners = 0  # runners waiting on _run_q and not promised a lease yet
         self._done_q: queue.Queue = queue.Queue()
         self._group_after: tuple[int, list] | None = None  # (thread, acknowledgements) of an open group
 
@@ -190,11 +202,9 @@ class Worker:
         if not r.done:
             db.execute("UPDATE workflows SET task_pending=0, updated_at=? WHERE id=?", (self.clock.now(), workflow_id))
             after.append(lambda: self._cache_put(workflow_id, r))
-        for activity_id, aname, cmd, input_raw, opts in sink.scheduled:
-            if self._can_take(aname):
-                lease = self._lease(db, workflow_id, activity_id, known=(r, cmd, input_raw, opts))
-                if lease is not None:
-                    after.append(lambda lease=lease: self._ready.append(lease))
+        for activity_id, cmd, input_raw, opts, leased_at in sink.scheduled:
+            lease = self._lease(db, workflow_id, activity_id, known=(r, cmd, input_raw, opts, leased_at))
+            after.append(lambda lease=lease: self._ready.append(lease))
 
     def _new_replayer(self, reg, workflow_id: str, input_json: str, sink) -> Replayer:
         raw = _recorded_input(sink.db, workflow_id, input_json)  # DamagedRecord: nothing is written
@@ -229,39 +239,44 @@ class Worker:
 
     def _lease(self, db, workflow_id: str, activity_id: str, known: tuple | None = None) -> Lease | None:
         """Attempt n+1 of a due activity, in the open transaction. ``known``: ``(replayer, cmd, input,
-        options)`` of an activity this very transaction scheduled (attempt 0, due now, no details):
-        its row is not read back and its started event is appended at the replayer's end."""
-        now = self.clock.now()
+        options, leased at)`` of an activity this very transaction inserted already leased (attempt 1,
+        ``_LiveSink.new_command``): only its started event is appended, at the replayer's end."""
         if known is not None:
-            r, cmd, input_raw, opts = known
-            name, attempt, details = r.commands[cmd].command.name, 1, None
-        else:
-            row = db.execute(
-                "SELECT name, cmd, input, options, state, attempt, details, due_at FROM activities "
-                "WHERE workflow_id=? AND activity_id=?",
-                (workflow_id, activity_id),
-            ).fetchone()
-            if row is None or row[4] != "scheduled" or row[7] > now:
-                return None
-            name, cmd, input_json, options_json, _, attempt, details_json, _ = row
-            opts = StepOptions.from_json(json.loads(options_json))
-            input_raw = json.loads(input_json)
-            details = json.loads(details_json) if details_json is not None else None
-            attempt += 1
-        hb = now + opts.heartbeat_timeout_s if opts.heartbeat_timeout_s else None
-        close = now + opts.start_to_close_timeout_s if opts.start_to_close_timeout_s else None
+            r, cmd, input_raw, opts, now = known
+            attrs = {"cmd": cmd, "activity_id": activity_id, "attempt": 1,
+                     "worker": f"{self.owner['host']}:{self.owner['pid']}"}
+            r.record(append_event(db, workflow_id, r.last_seq + 1, h.ACTIVITY_STARTED, now, attrs))
+            return Lease(workflow_id, activity_id, r.commands[cmd].command.name, cmd, 1, input_raw, opts, None, now)
+        now = self.clock.now()
+        row = db.execute(
+            "SELECT name, cmd, input, options, state, attempt, details, due_at FROM activities "
+            "WHERE workflow_id=? AND activity_id=?",
+            (workflow_id, activity_id),
+        ).fetchone()
+        if row is None or row[4] != "scheduled" or row[7] > now:
+            return None
+        name, cmd, input_json, options_json, _, attempt, details_json, _ = row
+        opts = StepOptions.from_json(json.loads(options_json))
+        input_raw = json.loads(input_json)
+        details = json.loads(details_json) if details_json is not None else None
+        attempt += 1
+        hb, close = self._deadlines(opts, now)
         db.execute(
             "UPDATE activities SET state='running', attempt=?, hb_deadline=?, close_deadline=?, last_hb_at=?, "
             "owner=?, child=NULL WHERE workflow_id=? AND activity_id=?",
             (attempt, hb, close, now, self._owner_json(), workflow_id, activity_id),
         )
-        attrs = {"cmd": cmd, "activity_id": activity_id, "attempt": attempt,
-                 "worker": f"{self.owner['host']}:{self.owner['pid']}"}
-        if known is not None:
-            r.record(append_event(db, workflow_id, r.last_seq + 1, h.ACTIVITY_STARTED, now, attrs))
-        else:
-            append_next(db, workflow_id, h.ACTIVITY_STARTED, now, attrs)
+        append_next(db, workflow_id, h.ACTIVITY_STARTED, now,
+                    {"cmd": cmd, "activity_id": activity_id, "attempt": attempt,
+                     "worker": f"{self.owner['host']}:{self.owner['pid']}"})
         return Lease(workflow_id, activity_id, name, cmd, attempt, input_raw, opts, details, now)
+
+    @staticmethod
+    def _deadlines(opts: StepOptions, now: float) -> tuple[float | None, float | None]:
+        """Heartbeat and start-to-close deadlines of an attempt leased at ``now``."""
+        hb = now + opts.heartbeat_timeout_s if opts.heartbeat_timeout_s else None
+        close = now + opts.start_to_close_timeout_s if opts.start_to_close_timeout_s else None
+        return hb, close
 
     def _owner_json(self) -> str:
         """The lease owner as recorded (it never changes after ``Engine.__init__``)."""
@@ -474,17 +489,39 @@ class Worker:
         return did
 
     def _spawn(self, lease: Lease) -> None:
-        def main():
+        """Hand ``lease`` to an idle runner thread, or to a new one when none is idle (a thread start
+        costs more than a no-op activity; a hung attempt never holds up another one)."""
+        self._inflight[(lease.workflow_id, lease.activity_id)] = lease
+        with self._runner_lock:
+            reuse = self._idle_runners > 0
+            self._idle_runners -= reuse
+        self._run_q.put(lease)
+        if not reuse:
+            t = threading.Thread(target=self._runner, name="activity runner", daemon=True)
+            self._runners.append(t)
+            t.start()
+
+    def _runner(self) -> None:
+        me = threading.current_thread()
+        while True:
+            lease = self._run_q.get()
+            if lease is None:
+                return
+            me.name = f"activity {lease.workflow_id}/{lease.activity_id}"
             try:
                 ok, value = self._execute(lease)
             except BaseException as crash:  # noqa: BLE001 - handed to the loop, which re-raises it
                 self._done_q.put((lease, None, crash))
                 return
+            with self._runner_lock:  # idle before the loop hears of it: the loop may hand it the next lease
+                self._idle_runners += 1
             self._done_q.put((lease, ok, value))
 
-        t = threading.Thread(target=main, name=f"activity {lease.workflow_id}/{lease.activity_id}", daemon=True)
-        self._inflight[(lease.workflow_id, lease.activity_id)] = t
-        t.start()
+    def _stop_runners(self) -> None:
+        """Idle runners exit (busy ones after their attempt)."""
+        for _ in self._runners:
+            self._run_q.put(None)
+        self._runners = []
 
     def _drain_done(self, timeout_s: float | None = None) -> bool:
         """Record the outcomes of finished attempts: all that are waiting (at most ``GROUP_MAX``) in one
@@ -522,15 +559,19 @@ class Worker:
 
     def _expire(self) -> bool:
         now = self.clock.now()
+        # this worker's own leases without deadlines can neither be late nor dead while it runs this
         rows = self.store.query(
             "SELECT workflow_id, activity_id, attempt, hb_deadline, close_deadline, owner FROM activities "
-            "WHERE state='running' ORDER BY workflow_id, activity_id"
+            "WHERE state='running' AND NOT (owner IS ? AND hb_deadline IS NULL AND close_deadline IS NULL) "
+            "ORDER BY workflow_id, activity_id", (self._owner_json(),)
         )
         did = False
+        dead_owners: dict[str | None, bool] = {}  # one liveness check per owner (it reads /proc)
         for wf, aid, attempt, hb, close, owner_json in rows:
-            owner = json.loads(owner_json) if owner_json else None
             late = _late(hb, close, now)
-            dead = not late and leases.owner_dead(owner)
+            if not late and owner_json not in dead_owners:
+                dead_owners[owner_json] = leases.owner_dead(json.loads(owner_json) if owner_json else None)
+            dead = not late and dead_owners[owner_json]
             if not (late or dead):
                 continue
             if dead:  # outside the transaction (it waits for the kills); the dead owner cannot renew the lease
