@@ -183,9 +183,10 @@ class Engine(Worker):
                 "VALUES (?,?,?, 'running', ?, ?, 1)",
                 (workflow_id, workflow_name, dumps(raw), now, now),
             )
-            append_event(db, workflow_id, 1, h.WORKFLOW_STARTED, now, {"workflow": workflow_name, "input": raw})
-            if eager:
-                self._run_task(db, after, workflow_id)
+            ev = append_event(db, workflow_id, 1, h.WORKFLOW_STARTED, now, {"workflow": workflow_name, "input": raw})
+            if eager:  # the replayer starts from the input and event just written, not read back
+                self._cache_put(workflow_id, Replayer(workflow_id, reg.fn, value, None))
+                self._run_task(db, after, workflow_id, fresh=ev)
         return workflow_id
 
     def _row(self, workflow_id: str) -> tuple:
