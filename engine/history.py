@@ -141,9 +141,12 @@ def read_events(db: sqlite3.Connection, workflow_id: str, after_seq: int = 0, li
     return out
 
 
-def append_event(db: sqlite3.Connection, workflow_id: str, seq: int, type: str, time: float, attrs: dict) -> Event:
-    """Append one event at ``seq`` (the caller knows the last seq; the primary key guards it)."""
-    text = dumps(attrs)
+def append_event(db: sqlite3.Connection, workflow_id: str, seq: int, type: str, time: float, attrs: dict,
+                 text: str | None = None) -> Event:
+    """Append one event at ``seq`` (the caller knows the last seq; the primary key guards it).
+    ``text``: ``dumps(attrs)`` where the caller has it already."""
+    if text is None:
+        text = dumps(attrs)
     db.execute(
         "INSERT INTO events(workflow_id, seq, type, time, attrs, crc) VALUES (?,?,?,?,?,?)",
         (workflow_id, seq, type, time, text, event_crc(workflow_id, seq, type, time, text)),

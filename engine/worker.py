@@ -63,19 +63,21 @@ class _LiveSink:
             # started event once the code is blocked); else it waits, scheduled, for any worker
             take = self.w._can_take(cmd.name)
             hb, close = self.w._deadlines(opts, now) if take else (None, None)
+            input_text, opts_text = dumps(payload["input"]), dumps(opts_json)
             self.db.execute(
                 "INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, attempt, due_at, "
                 "hb_deadline, close_deadline, last_hb_at, owner) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (r.workflow_id, cmd.activity_id, k, cmd.name, dumps(payload["input"]), dumps(opts_json),
+                (r.workflow_id, cmd.activity_id, k, cmd.name, input_text, opts_text,
                  "running" if take else "scheduled", 1 if take else 0, now, hb, close, now if take else None,
                  self.w._owner_json() if take else None),
             )
-            self._append(
-                r,
-                h.ACTIVITY_SCHEDULED,
-                {"cmd": k, "activity_id": cmd.activity_id, "name": cmd.name, "input": payload["input"],
-                 "options": opts_json},
-            )
+            attrs = {"cmd": k, "activity_id": cmd.activity_id, "name": cmd.name, "input": payload["input"],
+                     "options": opts_json}
+            # the attrs' JSON from the pieces just encoded: the same text as dumps(attrs) (keys in order)
+            text = (f'{{"activity_id":{dumps(cmd.activity_id)},"cmd":{int(k)},"input":{input_text},'
+                    f'"name":{dumps(cmd.name)},"options":{opts_text}}}')
+            ev = append_event(self.db, r.workflow_id, r.last_seq + 1, h.ACTIVITY_SCHEDULED, now, attrs, text=text)
+            r.record(ev)
             if take:
                 self.scheduled.append((cmd.activity_id, k, payload["input"], opts, now))
         else:
@@ -173,12 +175,14 @@ class Worker:
 
     # ---- workflow tasks ---------------------------------------------------------------------
 
-    def _run_task(self, db, after: list, workflow_id: str, fresh: h.Event | None = None) -> None:
+    def _run_task(self, db, after: list, workflow_id: str, fresh: h.Event | None = None,
+                  wf_row: tuple | None = None) -> None:
         """Replay ``workflow_id`` and record its next commands; eagerly lease what we can run.
 
         ``fresh``: the event this transaction just appended (at the end of the history); a cached
-        replayer that has everything before it is fed it as is, without reading it back."""
-        row = db.execute("SELECT name, input, state FROM workflows WHERE id=?", (workflow_id,)).fetchone()
+        replayer that has everything before it is fed it as is, without reading it back. ``wf_row``:
+        the workflow's (name, input, state), read in this transaction already."""
+        row = wf_row or db.execute("SELECT name, input, state FROM workflows WHERE id=?", (workflow_id,)).fetchone()
         if row is None:
             return
         name, input_json, state = row
@@ -304,9 +308,10 @@ class Worker:
     def _record_outcome(self, lease: Lease, ok: bool, value: Any) -> None:
         with self._tx("complete" if ok else "fail") as (db, after):
             row = db.execute(
-                "SELECT state, attempt, hb_deadline, close_deadline, lost, "
-                "(SELECT MAX(seq) FROM events WHERE workflow_id=?1) FROM activities "
-                "WHERE workflow_id=?1 AND activity_id=?2",
+                "SELECT a.state, a.attempt, a.hb_deadline, a.close_deadline, a.lost, "
+                "(SELECT MAX(seq) FROM events WHERE workflow_id=?1), w.name, w.input, w.state "
+                "FROM activities a JOIN workflows w ON w.id = a.workflow_id "
+                "WHERE a.workflow_id=?1 AND a.activity_id=?2",
                 (lease.workflow_id, lease.activity_id),
             ).fetchone()
             if row is None or row[0] != "running" or row[1] != lease.attempt:
@@ -322,7 +327,7 @@ class Worker:
                                   {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt,
                                    "result": value})
                 self._close_activity(db, lease, "completed", mark=False)
-                self._run_task(db, after, lease.workflow_id, fresh=ev)  # the task it makes due, at once
+                self._run_task(db, after, lease.workflow_id, fresh=ev, wf_row=row[6:])  # the task it makes due
                 return
             else:
                 self._fail(db, lease, value, lost=row[4], now=now)

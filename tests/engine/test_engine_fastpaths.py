@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 
+import json
+
 from engine import RetryPolicy, StepOptions, VirtualClock
+from engine.history import dumps
 
 from eng_helpers import make_engine
 
@@ -21,13 +24,14 @@ def test_step_options_json_is_the_dataclass_dump():
 
 
 def step(ctx, x):
-    return {"x": x, "t": (1, 2)}
+    return {"x": x["i"] if isinstance(x, dict) else x, "t": (1, 2)}
 
 
 async def flow(rt, n):
     out = []
     for i in range(n):
-        out.append(await rt.execute_activity("step", i, StepOptions(id=f"s{i}")))
+        opts = StepOptions(id=f"s{i}", heartbeat_timeout_s=30, retry=RetryPolicy(non_retryable=("X",)))
+        out.append(await rt.execute_activity("step", {"i": i, "z": [1.5, None, "ü"]} if i else i, opts))
     await rt.sleep(5)
     return out
 
@@ -40,6 +44,8 @@ def _run(path, eager):
         eng.start("flow", "wf/1", 3)
         eng.run_until_complete("wf/1")
         result = eng.result("wf/1")
+    texts = [t for (t,) in eng.store.query("SELECT attrs FROM events WHERE workflow_id='wf/1' ORDER BY seq")]
+    assert texts and all(t == dumps(json.loads(t)) for t in texts)  # the text built from pieces is dumps'
     return result, eng.history("wf/1"), eng.store.commits
 
 
