@@ -9,15 +9,21 @@ same number).
 """
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
+import subprocess
 import threading
+import time
 from collections import Counter
 
 import pytest
 
 from engine import StepOptions, Store, VirtualClock
 
-from eng_helpers import Crash, make_engine
+from eng_helpers import HERE, Crash, make_engine, python_cmd
+
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 WORKFLOWS, STEPS = 6, 4
 
@@ -93,26 +99,69 @@ def test_concurrent_outcomes_share_commits(tmp_path):
     assert eng.store.commits < WORKFLOWS * (STEPS + 1) + WORKFLOWS  # fewer COMMITs than transitions
 
 
-@pytest.mark.parametrize("fail_at", [1, 2, 3])
 @pytest.mark.parametrize("kind", ["error", "crash"])
-def test_a_failed_group_commit_loses_no_acknowledged_transition(tmp_path, kind, fail_at):
-    path = str(tmp_path / "e.db")
-    ledger = Ledger()
-    exc = sqlite3.OperationalError("disk I/O error") if kind == "error" else Crash("group commit")
-    store = FailingGroupStore(path, fail_at, exc)
-    eng = _engine(path, ledger, store=store)
-    failed = False
-    try:
-        _run_all(eng)
-    except (sqlite3.OperationalError, Crash):
-        failed = True
-    if failed and kind == "error":
-        eng.run_until_idle()  # the same engine goes on: it must not run what the failed group held
+def test_a_failed_group_commit_loses_no_acknowledged_transition(tmp_path, kind):
+    """The 1st, 2nd, ... group COMMIT fails (an SQLite error: the engine lives on; or a crash), until a
+    run has no group commit left to fail."""
+    for fail_at in range(1, 41):
+        path = str(tmp_path / f"{kind}{fail_at}.db")
+        ledger = Ledger()
+        exc = sqlite3.OperationalError("disk I/O error") if kind == "error" else Crash("group commit")
+        store = FailingGroupStore(path, fail_at, exc)
+        eng = _engine(path, ledger, store=store)
+        try:
+            _run_all(eng)
+        except (sqlite3.OperationalError, Crash):
+            pass
+        else:
+            eng.close()
+            assert fail_at > 1, "no group commit happened"
+            return
+        if kind == "error":
+            eng.run_until_idle()  # the same engine goes on: it must not run what the failed group held
+        eng.close()
+        ledger.barrier.abort()
+        eng2 = _engine(path, ledger, inline=True)
+        for w in range(WORKFLOWS):
+            eng2.run_until_complete(f"wf/{w}", timeout_s=120)
+        _check(eng2, ledger)
+        eng2.close()
+    raise AssertionError("more than 40 group commits for 24 activities")
+
+
+def test_sigkill_under_group_commit_loses_no_acknowledged_transition(tmp_path):
+    """A real worker process (threaded, group commit) SIGKILLed three times mid-run, then run to the end."""
+    db, ledger_path = str(tmp_path / "engine.db"), str(tmp_path / "ledger")
+    workflows, n = 8, 25
+    cmd = python_cmd("eng_group_child.py", db, ledger_path, str(workflows), str(n))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+
+    def lines() -> int:
+        try:
+            with open(ledger_path, "rb") as f:
+                return f.read().count(b"\n")
+        except FileNotFoundError:
+            return 0
+
+    for target in (15, 60, 110):  # activities run before each kill
+        proc = subprocess.Popen(cmd, env=env)
+        deadline = time.monotonic() + 120
+        while lines() < target and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert proc.poll() is None, f"the worker ended (rc {proc.returncode}) before {target} activities ran"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    assert subprocess.run(cmd, env=env, timeout=300).returncode == 0
+    with open(ledger_path) as f:
+        ran = Counter(tuple(ln.split()[:2]) + (int(ln.split()[2]),) for ln in f if ln.strip())
+    eng = make_engine(db, VirtualClock())
+    started = set()
+    for w in range(workflows):
+        assert eng.result(f"g/{w}") == n
+        for e in eng.history(f"g/{w}"):
+            if e.type == "activity_started":
+                started.add((f"g/{w}", e.attrs["activity_id"], e.attrs["attempt"]))
     eng.close()
-    if not failed:
-        pytest.skip(f"only {store.groups} group commits happened")
-    ledger.barrier.abort()
-    eng2 = _engine(path, ledger, inline=True)
-    for w in range(WORKFLOWS):
-        eng2.run_until_complete(f"wf/{w}", timeout_s=120)
-    _check(eng2, ledger)
+    assert not [k for k, c in ran.items() if c > 1], "an attempt number ran twice"
+    assert not [k for k in ran if k not in started], "an attempt ran whose start was never durable"
+    assert sum(ran.values()) >= workflows * n
