@@ -158,16 +158,15 @@ class Engine(Worker):
         schedules to this worker (one commit fewer than ``start`` + ``run_until_complete``): use it only
         where this engine goes on to run them, as here."""
         self._guard(self._start, workflow_name, workflow_id, input, True)
-        self.run_until_complete(workflow_id, timeout_s=timeout_s)
-        return self.result(workflow_id)
+        return self._result_of(self.run_until_complete(workflow_id, timeout_s=timeout_s))
 
     def _start(self, workflow_name: str, workflow_id: str, input: Any, eager: bool) -> str:
         check_id(workflow_id)
         reg = self._workflows.get(workflow_name)
         if reg is None:
             raise NotFound(f"no workflow registered as {workflow_name!r} (known: {', '.join(sorted(self._workflows)) or 'none'})")
-        if self.store.query_one("SELECT 1 FROM workflows WHERE id=?", (workflow_id,)):
-            return workflow_id
+        if not eager and self.store.query_one("SELECT 1 FROM workflows WHERE id=?", (workflow_id,)):
+            return workflow_id  # (execute_workflow finds it in its transaction below)
         try:
             raw = json.loads(dumps(input))
             value = reg.decode_input(raw)
@@ -178,15 +177,16 @@ class Engine(Worker):
         with self._tx("start") as (db, after):
             if db.execute("SELECT 1 FROM workflows WHERE id=?", (workflow_id,)).fetchone():
                 return workflow_id
+            input_text = dumps(raw)
             db.execute(
                 "INSERT INTO workflows(id, name, input, state, created_at, updated_at, task_pending) "
                 "VALUES (?,?,?, 'running', ?, ?, 1)",
-                (workflow_id, workflow_name, dumps(raw), now, now),
+                (workflow_id, workflow_name, input_text, now, now),
             )
             ev = append_event(db, workflow_id, 1, h.WORKFLOW_STARTED, now, {"workflow": workflow_name, "input": raw})
             if eager:  # the replayer starts from the input and event just written, not read back
                 self._cache_put(workflow_id, Replayer(workflow_id, reg.fn, value, None))
-                self._run_task(db, after, workflow_id, fresh=ev)
+                self._run_task(db, after, workflow_id, fresh=ev, wf_row=(workflow_name, input_text, "running"))
         return workflow_id
 
     def _row(self, workflow_id: str) -> tuple:
@@ -243,7 +243,11 @@ class Engine(Worker):
 
     def result(self, workflow_id: str) -> Any:
         """The recorded result; raises ``WorkflowFailed``, ``WorkflowCanceled`` or ``WorkflowRunning``."""
-        st = self.status(workflow_id)
+        return self._result_of(self.status(workflow_id))
+
+    @staticmethod
+    def _result_of(st: WorkflowStatus) -> Any:
+        workflow_id = st.workflow_id
         if st.state == "completed":
             return st.result
         err = st.error or {}
