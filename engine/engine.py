@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sqlite3
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -186,7 +187,7 @@ class Engine(Worker):
             ev = append_event(db, workflow_id, 1, h.WORKFLOW_STARTED, now, {"workflow": workflow_name, "input": raw})
             if eager:  # the replayer starts from the input and event just written, not read back
                 self._cache_put(workflow_id, Replayer(workflow_id, reg.fn, value, None))
-                self._run_task(db, after, workflow_id, fresh=ev, wf_row=(workflow_name, input_text, "running"))
+                self._run_task(db, after, workflow_id, fresh=ev, wf_row=(workflow_name, input_text, "running", 1))
         return workflow_id
 
     def _row(self, workflow_id: str) -> tuple:
@@ -199,6 +200,7 @@ class Engine(Worker):
         if row is None:
             raise NotFound(f"no workflow with id {workflow_id!r}")
         out = list(row)
+        out[4] = self._updated_at(workflow_id, out[4])
         for i, column in ((1, "name"), (2, "state"), (6, "error"), (7, "result")):
             if out[i] is not None:
                 try:
@@ -207,6 +209,19 @@ class Engine(Worker):
                     with self.store._lock:
                         raise damaged(self.store.conn, workflow_id, f"its {column}", "not UTF-8 text") from None
         return tuple(out)
+
+    def _updated_at(self, workflow_id: str, row_time: Any) -> Any:
+        """When the workflow last changed: the later of its row's time and its last event's (a task
+        that only appends events leaves the row as it is: one page less to write per activity). A
+        damaged history is reported where it is read, not here."""
+        try:
+            last = self.store.query_one(
+                "SELECT time FROM events WHERE workflow_id=? ORDER BY seq DESC LIMIT 1", (workflow_id,))
+        except sqlite3.DatabaseError:
+            return row_time
+        if last and isinstance(last[0], (int, float)) and isinstance(row_time, (int, float)):
+            return max(row_time, last[0])
+        return row_time
 
     def status(self, workflow_id: str) -> WorkflowStatus:
         wid, name, state, created, updated, cancel, error, result = self._row(workflow_id)
@@ -289,7 +304,6 @@ class Engine(Worker):
 
     def list_readable(self) -> tuple[list[WorkflowStatus], list[DamagedRecord]]:
         """Every workflow whose row can be read, and the damage found in the others."""
-        import sqlite3
 
         try:
             rows = self.store.query("SELECT CAST(id AS BLOB) FROM workflows ORDER BY created_at, id")

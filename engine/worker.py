@@ -181,11 +181,12 @@ class Worker:
 
         ``fresh``: the event this transaction just appended (at the end of the history); a cached
         replayer that has everything before it is fed it as is, without reading it back. ``wf_row``:
-        the workflow's (name, input, state), read in this transaction already."""
-        row = wf_row or db.execute("SELECT name, input, state FROM workflows WHERE id=?", (workflow_id,)).fetchone()
+        the workflow's (name, input, state, task_pending), read in this transaction already."""
+        row = wf_row or db.execute(
+            "SELECT name, input, state, task_pending FROM workflows WHERE id=?", (workflow_id,)).fetchone()
         if row is None:
             return
-        name, input_json, state = row
+        name, input_json, state, pending = row
         if state != "running":
             db.execute("UPDATE workflows SET task_pending=0 WHERE id=?", (workflow_id,))
             return
@@ -204,7 +205,8 @@ class Worker:
             r.feed(read_events(db, workflow_id, r.last_seq))
         r.advance()
         if not r.done:
-            db.execute("UPDATE workflows SET task_pending=0, updated_at=? WHERE id=?", (self.clock.now(), workflow_id))
+            if pending or wf_row is None:  # (its updated_at is its last event's time: Engine._row)
+                db.execute("UPDATE workflows SET task_pending=0, updated_at=? WHERE id=?", (self.clock.now(), workflow_id))
             after.append(lambda: self._cache_put(workflow_id, r))
         for activity_id, cmd, input_raw, opts, leased_at in sink.scheduled:
             lease = self._lease(db, workflow_id, activity_id, known=(r, cmd, input_raw, opts, leased_at))
@@ -309,7 +311,7 @@ class Worker:
         with self._tx("complete" if ok else "fail") as (db, after):
             row = db.execute(
                 "SELECT a.state, a.attempt, a.hb_deadline, a.close_deadline, a.lost, "
-                "(SELECT MAX(seq) FROM events WHERE workflow_id=?1), w.name, w.input, w.state "
+                "(SELECT MAX(seq) FROM events WHERE workflow_id=?1), w.name, w.input, w.state, w.task_pending "
                 "FROM activities a JOIN workflows w ON w.id = a.workflow_id "
                 "WHERE a.workflow_id=?1 AND a.activity_id=?2",
                 (lease.workflow_id, lease.activity_id),
