@@ -2,20 +2,23 @@
 
     python bench/engine.py [--activities 1000] [--workflows 100] [--steps 100] [--dir /tmp]
 
-Prints figures measured in this one run (nothing is asserted). The disk is shared, so the raw rate
-(a bare insert per ``BEGIN IMMEDIATE``/``COMMIT``, WAL + synchronous=FULL, same directory) is measured
-right before and right after each engine figure, and each ratio uses the mean of those two:
+Prints figures measured in this one run (nothing is asserted). The raw rate is a bare insert per
+``BEGIN IMMEDIATE``/``COMMIT`` (WAL + synchronous=FULL) into another database in the same directory.
+A shared disk's rate swings by 10x within seconds, so for the sequential figures the raw commits are
+interleaved with the engine's work: every ``--probe-every`` activities the activity itself runs
+``--probe`` raw commits, timed apart; the engine's rate leaves that time out. Each is tried
+``--repeat`` times and the median ratio printed:
 - one sequential workflow of ``--activities`` no-op activities, inline and on the threaded worker:
-  activities/s, COMMITs per activity, ratio to the raw commit rate;
-- a 1-activity workflow: ms per workflow with ``start`` + ``run_until_complete`` and with
-  ``execute_workflow`` (its first task in the start's transaction);
+  activities/s, raw commits/s in the same slices, the ratio, COMMITs per activity;
+- WAL pages one sequential activity's COMMIT writes (a raw commit writes 1);
+- a 1-activity workflow: median ms per workflow with ``start`` + ``run_until_complete`` and with
+  ``execute_workflow`` (its first task in the start's transaction), and the median ms of one raw
+  commit measured between them;
 - ``--workflows`` concurrent workflows of ``--steps`` activities on the threaded worker (group
-  commit): activities/s, COMMITs per activity, ratio to the raw commit rate;
+  commit): activities/s and COMMITs per activity, beside raw rates measured right before and after;
 - dry replay time for histories of about 100, 1,000 and 10,000 events and the ratio 10,000 / 1,000
   (10 means linear), as wall and as process CPU time (steadier on a shared machine).
 """
-from __future__ import annotations
-
 import argparse
 import gc
 import os
@@ -31,8 +34,47 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
 from engine import Engine, StepOptions, SystemClock, VirtualClock
 
 
-def noop(ctx, x):
-    return x
+class Raw:
+    """A bare fsynced commit loop on its own database: the disk's commit limit."""
+
+    def __init__(self, path: str):
+        self.c = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.c.execute("PRAGMA journal_mode=WAL")
+        self.c.execute("PRAGMA synchronous=FULL")
+        self.c.execute("CREATE TABLE t (x INTEGER)")
+        self.commits, self.seconds = 0, 0.0
+        self.commit(1200)  # warm up past the first WAL checkpoint, as a long-lived engine database is
+        self.commits, self.seconds = 0, 0.0
+
+    def commit(self, n: int) -> float:
+        t0 = time.perf_counter()
+        for i in range(n):
+            self.c.execute("BEGIN IMMEDIATE")
+            self.c.execute("INSERT INTO t VALUES (?)", (i,))
+            self.c.execute("COMMIT")
+        dt = time.perf_counter() - t0
+        self.commits += n
+        self.seconds += dt
+        return dt
+
+    def rate(self) -> float:
+        return self.commits / self.seconds
+
+    def reset(self) -> None:
+        self.commits, self.seconds = 0, 0.0
+
+
+class Probe:
+    """The no-op activity; every ``every``-th call also runs ``n`` raw commits, timed apart."""
+
+    def __init__(self, raw: Raw | None, every: int, n: int):
+        self.raw, self.every, self.n, self.calls, self.seconds = raw, every, n, 0, 0.0
+
+    def __call__(self, ctx, x):
+        self.calls += 1
+        if self.raw is not None and self.calls % self.every == 0:
+            self.seconds += self.raw.commit(self.n)
+        return x
 
 
 async def chain(rt, n):
@@ -42,52 +84,45 @@ async def chain(rt, n):
 
 
 def raw_commit_rate(path: str, n: int) -> float:
-    c = sqlite3.connect(path, isolation_level=None)
-    c.execute("PRAGMA journal_mode=WAL")
-    c.execute("PRAGMA synchronous=FULL")
-    c.execute("CREATE TABLE t (x INTEGER)")
-    for i in range(1200):  # warm up past the first WAL checkpoint, as a long-lived engine database is
-        c.execute("BEGIN IMMEDIATE")
-        c.execute("INSERT INTO t VALUES (?)", (i,))
-        c.execute("COMMIT")
-    t0 = time.perf_counter()
-    for i in range(n):
-        c.execute("BEGIN IMMEDIATE")
-        c.execute("INSERT INTO t VALUES (?)", (i,))
-        c.execute("COMMIT")
-    dt = time.perf_counter() - t0
-    c.close()
-    return n / dt
+    raw = Raw(path)
+    raw.commit(n)
+    raw.c.close()
+    return raw.rate()
 
 
-def _engine(path: str, inline: bool, concurrency: int = 4) -> Engine:
+def _engine(path: str, inline: bool, probe: Probe, concurrency: int = 4) -> Engine:
     eng = Engine(path, clock=SystemClock(), inline_activities=inline, max_concurrent_activities=concurrency,
                  poll_interval_s=0.01)
-    eng.register_activity("noop", noop)
+    eng.register_activity("noop", probe)
     eng.register_workflow("chain", chain)
     eng.start("chain", "warmup", 20)
     eng.run_until_complete("warmup")
     return eng
 
 
-def activities_rate(path: str, n: int, inline: bool = True) -> tuple[float, float]:
-    """One sequential workflow of ``n`` no-op activities: activities/s, COMMITs per activity."""
-    eng = _engine(path, inline)
+def sequential(path: str, raw: Raw, n: int, inline: bool, every: int, probe_n: int) -> tuple[float, float, float]:
+    """One workflow of ``n`` no-op activities: (activities/s, raw commits/s in the same slices, COMMITs per
+    activity); the raw probes' time is left out of the engine's."""
+    probe = Probe(None, every, probe_n)
+    eng = _engine(path, inline, probe)
+    probe.raw = raw
+    raw.reset()
     c0 = eng.store.commits
     t0 = time.perf_counter()
     eng.start("chain", "bench", n)
     eng.run_until_complete("bench")
-    dt = time.perf_counter() - t0
+    dt = time.perf_counter() - t0 - probe.seconds
     assert eng.result("bench") == n
     commits = eng.store.commits - c0
     eng.close()
-    return n / dt, commits / n
+    return n / dt, raw.rate(), commits / n
 
 
-def one_activity_ms(path: str, n: int) -> tuple[float, float | None]:
-    """Median ms per 1-activity workflow: start + run_until_complete, and execute_workflow."""
-    eng = _engine(path, True)
-    plain, eager = [], []
+def one_activity_ms(path: str, raw: Raw, n: int) -> tuple[float, float | None, float]:
+    """Median ms per 1-activity workflow (start + run_until_complete; execute_workflow) and per raw commit,
+    one of each in turn."""
+    eng = _engine(path, True, Probe(None, 1, 0))
+    plain, eager, commit = [], [], []
     for i in range(n):
         t0 = time.perf_counter()
         eng.start("chain", f"p{i}", 1)
@@ -98,13 +133,30 @@ def one_activity_ms(path: str, n: int) -> tuple[float, float | None]:
             t0 = time.perf_counter()
             assert eng.execute_workflow("chain", f"e{i}", 1) == 1
             eager.append(time.perf_counter() - t0)
+        commit.append(raw.commit(1))
     eng.close()
-    return statistics.median(plain) * 1000, (statistics.median(eager) * 1000 if eager else None)
+    ms = lambda xs: statistics.median(xs) * 1000  # noqa: E731
+    return ms(plain), (ms(eager) if eager else None), ms(commit)
+
+
+def wal_pages_per_commit(path: str, n: int = 200) -> float:
+    """WAL frames (pages) one sequential activity's COMMIT writes (automatic checkpoints off, so the
+    log holds them all); a raw commit writes 1. On a contended disk a commit's fsync costs by its pages."""
+    eng = _engine(path, True, Probe(None, 1, 0))
+    eng.store.conn.execute("PRAGMA wal_autocheckpoint=0")
+    eng.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    c0 = eng.store.commits
+    eng.start("chain", "pages", n)
+    eng.run_until_complete("pages")
+    (_, frames, _) = eng.store.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    commits = eng.store.commits - c0
+    eng.close()
+    return frames / commits
 
 
 def concurrent_rate(path: str, workflows: int, steps: int) -> tuple[float, float]:
     """``workflows`` workflows of ``steps`` activities at once on the threaded worker."""
-    eng = _engine(path, False, concurrency=workflows)
+    eng = _engine(path, False, Probe(None, 1, 0), concurrency=workflows)
     c0 = eng.store.commits
     t0 = time.perf_counter()
     for w in range(workflows):
@@ -121,7 +173,7 @@ def concurrent_rate(path: str, workflows: int, steps: int) -> tuple[float, float
 def replay_time(dir: str, events: int) -> tuple[int, float]:
     n = max(1, (events - 2) // 3)  # scheduled + started + completed per activity
     eng = Engine(os.path.join(dir, f"replay{events}.db"), clock=VirtualClock(), inline_activities=True)
-    eng.register_activity("noop", noop)
+    eng.register_activity("noop", Probe(None, 1, 0))
     eng.register_workflow("chain", chain)
     eng.start("chain", "r", n)
     eng.run_until_complete("r")
@@ -143,41 +195,40 @@ def main() -> None:
     ap.add_argument("--workflows", type=int, default=100, help="concurrent workflows (threaded worker)")
     ap.add_argument("--steps", type=int, default=100, help="activities of each concurrent workflow")
     ap.add_argument("--one", type=int, default=200, help="1-activity workflows timed (median)")
-    ap.add_argument("--repeat", type=int, default=3, help="tries of each sequential figure (median ratio)")
+    ap.add_argument("--repeat", type=int, default=3, help="tries of each figure (median ratio)")
+    ap.add_argument("--probe-every", type=int, default=20, help="activities between raw-commit probes")
+    ap.add_argument("--probe", type=int, default=20, help="raw commits per probe")
     ap.add_argument("--dir", default=None, help="where the databases go (default: a temp dir)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
-        k = [0]
-
-        def raw() -> float:
-            k[0] += 1
-            return raw_commit_rate(os.path.join(d, f"raw{k[0]}.db"), 1000)
-
-        def beside(f, *a):
-            """``f(*a)`` between two raw measurements: (its figures, mean raw rate, before, after)."""
-            before = raw()
-            out = f(*a)
-            after = raw()
-            return out, (before + after) / 2, before, after
-
+        raw = Raw(os.path.join(d, "raw.db"))
         print("figure                                              value     raw commits/s   ratio")
         for label, inline in (("inline", True), ("threaded", False)):
             ratios = []
-            for rep in range(args.repeat):  # the disk's rate swings: each try has its own raw rates
-                (rate, tx), r, b, a = beside(activities_rate, os.path.join(d, f"seq-{label}{rep}.db"),
-                                             args.activities, inline)
+            for rep in range(args.repeat):
+                rate, r, tx = sequential(os.path.join(d, f"seq-{label}{rep}.db"), raw, args.activities, inline,
+                                         args.probe_every, args.probe)
                 ratios.append(rate / r)
-                print(f"sequential {args.activities} no-op activities, {label:8s} {rate:8.0f}/s  {r:8.0f} "
-                      f"({b:.0f}, {a:.0f})  {rate / r:5.2f}   ({tx:.2f} COMMITs/activity)")
+                print(f"sequential {args.activities} no-op activities, {label:8s} {rate:8.0f}/s  {r:8.0f} (interleaved)"
+                      f"  {rate / r:5.2f}   ({tx:.2f} COMMITs/activity)")
             print(f"  median ratio of {args.repeat}, {label}:{'':27s}{statistics.median(ratios):26.2f}")
-        (plain, eager), r, b, a = beside(one_activity_ms, os.path.join(d, "one.db"), args.one)
-        print(f"1-activity workflow, start + run_until_complete {plain:8.2f} ms  {r:8.0f} ({b:.0f}, {a:.0f})"
-              f"  ({1000 / r:.2f} ms per raw commit)")
+        print(f"WAL pages written per sequential activity's COMMIT:  {wal_pages_per_commit(os.path.join(d, 'pages.db')):5.2f}"
+              f"  (a raw commit: 1)")
+        plain, eager, commit_ms = one_activity_ms(os.path.join(d, "one.db"), raw, args.one)
+        print(f"1-activity workflow, start + run_until_complete {plain:8.2f} ms  (a raw commit between: {commit_ms:.2f} ms"
+              f" median; {plain / commit_ms:.1f} commits' time)")
         if eager is not None:
-            print(f"1-activity workflow, execute_workflow           {eager:8.2f} ms")
-        (rate, tx), r, b, a = beside(concurrent_rate, os.path.join(d, "conc.db"), args.workflows, args.steps)
-        print(f"{args.workflows} workflows x {args.steps} activities, threaded   {rate:8.0f}/s  {r:8.0f} ({b:.0f}, {a:.0f})"
-              f"  {rate / r:5.2f}   ({tx:.3f} COMMITs/activity: group commit)")
+            print(f"1-activity workflow, execute_workflow           {eager:8.2f} ms  ({eager / commit_ms:.1f} commits' time)")
+        ratios = []
+        for rep in range(max(1, args.repeat - 1)):
+            before = raw_commit_rate(os.path.join(d, f"rawc{rep}a.db"), 500)
+            rate, tx = concurrent_rate(os.path.join(d, f"conc{rep}.db"), args.workflows, args.steps)
+            after = raw_commit_rate(os.path.join(d, f"rawc{rep}b.db"), 500)
+            r = (before + after) / 2
+            ratios.append(rate / r)
+            print(f"{args.workflows} workflows x {args.steps} activities, threaded   {rate:8.0f}/s  {r:8.0f} ({before:.0f}, "
+                  f"{after:.0f})  {rate / r:5.2f}   ({tx:.3f} COMMITs/activity: group commit)")
+        print(f"  median ratio of {len(ratios)}, concurrent:{'':23s}{statistics.median(ratios):26.2f}")
         times = {}
         for ev in (100, 1000, 10000):
             n, wall, cpu = replay_time(d, ev)
