@@ -100,8 +100,8 @@ class DistributedTrainer(Trainer):
         if spec.distributed.world_size != self.world_size:
             raise SpecError(f"torchrun started {self.world_size} ranks, the spec asks for world_size "
                             f"{spec.distributed.world_size}")
-        if spec.distributed.backend == "nccl" and not torch.cuda.is_available():
-            raise SpecError("distributed.backend nccl needs CUDA devices; this host has none: use gloo")
+        if spec.distributed.backend == "nccl":  # the launcher refuses it first; a rank started by hand too
+            raise SpecError("distributed.backend nccl needs CUDA devices, and tinyllm trains on CPU: use gloo")
         lead = self.rank == 0
         super().__init__(spec, home, progress if lead else None, resume, hooks=_RankHooks(),
                          log=None if lead else _NullLog(), **kwargs)

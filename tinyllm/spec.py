@@ -54,7 +54,7 @@ class DistributedConfig(_Strict):
     """
 
     world_size: int = Field(ge=1, le=1024)  # processes (ranks) on this host; divides batch_size
-    backend: Literal["gloo", "nccl"] = "gloo"  # gloo: CPU; nccl needs CUDA devices (refused where there are none)
+    backend: Literal["gloo", "nccl"] = "gloo"  # gloo: CPU; nccl is refused for now (tinyllm trains on CPU only)
 
 
 class TrainSpec(_Strict):

@@ -225,6 +225,16 @@ def test_resume_at_another_world_size_is_refused(reference, other) -> None:
     assert _tree(home / "runs") == before
 
 
+def test_nccl_is_refused_in_one_line_before_any_process(tmp_path) -> None:
+    spec_path = tmp_path / "nccl.json"
+    spec_path.write_text(json.dumps({**SPEC, "name": "nccl", "distributed": {"world_size": 2, "backend": "nccl"}}))
+    done = subprocess.run(train_cmd(tmp_path, spec_path), capture_output=True, text=True, timeout=DEADLINE_S, env=ENV)
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert "nccl needs CUDA devices" in line and "use gloo" in line, line
+    assert not (tmp_path / "runs").exists()
+
+
 def test_bad_distributed_specs_are_one_line() -> None:
     from tinyllm.spec import SpecError, parse_train_spec
 
