@@ -55,7 +55,6 @@ from .campaign_targets import ARMED, FAULTS, NAME, TINYLLM, Target
 from .kill_loop import compare
 
 WID = f"train/{NAME}"
-SPEC, TRAIN_ARGS = TINYLLM.spec, TINYLLM.train_args  # tinyllm's campaign (the default)
 RUN_TIMEOUT_S = 900.0
 ARM_TIMEOUT_S = 30.0  # an armed checkpoint-write fault no trainer claimed by then is disarmed (missed)
 POLL_S = 0.1
@@ -442,7 +441,7 @@ def _signal(pid: int, sig: int) -> None:
 class Reference:
     """The uninterrupted run, in the background from the start; its result, once, to every caller."""
 
-    def __init__(self, base: Path, spec: Path, want: dict | None = None, train_args: tuple[str, ...] = TRAIN_ARGS):
+    def __init__(self, base: Path, spec: Path, want: dict | None = None, train_args: tuple[str, ...] = TINYLLM.train_args):
         self.want = want
         self.proc = None if want is not None else procs.spawn(base / "uninterrupted", "train", "--spec", str(spec),
                                                               *train_args)

@@ -9,7 +9,7 @@ of the trainer, a cancel (then the same command continues), and two more concurr
 Seed 22 run 0 trains a user's own trainer instead (examples/durable_train.py on tinyllm.durable,
 each segment evaluated by examples/eval_spirals.py): `ctl train` hit by a SIGKILL inside a
 checkpoint write and a SIGKILL of the trainer, held to the same oracle. Its soak is
-`python -m simulator campaign --trainer examples --seed 902 --runs 12 --faults 6 --jobs 2`.
+`python -m simulator campaign --trainer examples --seed 903 --runs 12 --faults 6 --jobs 2`.
 
 The oracle's checks are also fed violations directly, so that each can be seen to fail.
 """
