@@ -109,8 +109,13 @@ def cmd_kill_every_position(a: argparse.Namespace) -> int:
 
         n = len(sim.reference().plan.trace)
         positions = sorted(random.Random(a.seed).sample(range(n), min(a.sample, n)))
-    return _print_report(sim.kill_every_position(positions=positions, stop_at_first=a.stop_at_first, jobs=a.jobs,
-                                                 mode=a.mode))
+    report = sim.kill_every_position(positions=positions, stop_at_first=a.stop_at_first, jobs=a.jobs, mode=a.mode)
+    st = sim.stats
+    if a.mode == "dedup" and a.jobs <= 1:  # (forked workers keep their own counts)
+        print(f"recoveries: {st['recoveries']} for {report.tried} positions (the others shared one); "
+              f"{st['converged']} stopped at convergence ({st['checked splices']} after a checked replay), "
+              f"{st['ran on']} ran to the end")
+    return _print_report(report)
 
 
 def cmd_random_kills(a: argparse.Namespace) -> int:

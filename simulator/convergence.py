@@ -177,7 +177,6 @@ class Verified:
     error: dict | None
     events: list
     ledger: list[dict]
-    state_lines: list[str] | None  # its outcome and files checks (None: not a completed-run check)
     file_lines: list[str]  # its final files' checks
 
 
@@ -274,5 +273,5 @@ def checked_splice(reg, workflow_id: str, own: list, near: Target, ledger_entrie
         return None
     end = h.Event(base + len(body) + 1, h.WORKFLOW_COMPLETED, suffix[-1].time, {"result": replayed.outcome[1]})
     spliced = Verified("completed", replayed.outcome[1], None, own + shifted + [end],
-                       ledger_entries + run.ledger[near.ledger_at:], None, run.file_lines)
+                       ledger_entries + run.ledger[near.ledger_at:], run.file_lines)
     return Target(spliced, base, len(ledger_entries))

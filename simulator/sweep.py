@@ -191,7 +191,7 @@ class Simulator:
             self._ref = ref
             self.trace = list(ref.plan.trace)
             files = final_files_lines(ref) if ref.state == "completed" else []
-            verified = Verified(ref.state, ref.result, ref.error, ref.events, ref.ledger.entries, None, files)
+            verified = Verified(ref.state, ref.result, ref.error, ref.events, ref.ledger.entries, files)
             self._targets = {key: Target(verified, ev, led) for key, ev, led in points}
             self._near = {without_history(key): t for key, t in self._targets.items()}
             self._ref_mismatch = self.check(ref, what="reference", kills=[])
@@ -422,9 +422,9 @@ class Simulator:
                                   watch=watch)
         target = o.extra.pop("converged", None)
         if target is None:  # ran to the end
-            state_lines = None if self.scn.fail_suites else self.state_lines(o)
-            run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, state_lines,
-                           final_files_lines(o) if o.state == "completed" else [])
+            files = final_files_lines(o) if o.state == "completed" else []
+            state_lines = None if self.scn.fail_suites else self.state_lines(o, file_lines=files)
+            run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, files)
         else:  # its past, then the target's future
             self.stats["converged"] += 1
             copied = o.extra.pop("copied_events")
@@ -435,7 +435,7 @@ class Simulator:
             state_lines = None
             if not self.scn.fail_suites:
                 state_lines = self.state_lines(o, file_lines=t.file_lines)
-            run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, state_lines, t.file_lines)
+            run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, t.file_lines)
             remove_home(o.home)  # its files are the target's from here: checked with the target's
         for point in mine:
             point.run = run
