@@ -110,8 +110,9 @@ class HistoryDigest:
 
     def catch_up(self, conn) -> tuple:
         """Read the events committed since the last call; the digests of every workflow."""
-        rows = conn.execute("SELECT workflow_id, MAX(seq) FROM events GROUP BY workflow_id").fetchall()
-        for wf, top in rows:
+        rows = conn.execute("SELECT id FROM workflows ORDER BY id").fetchall()  # each started with its event 1
+        for (wf,) in rows:
+            (top,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id=?", (wf,)).fetchone()
             last = self.last_seq.get(wf, 0)
             if top <= last:
                 continue

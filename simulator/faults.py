@@ -52,7 +52,8 @@ class FaultPlan:
         A fake activity's inner loop asks this before a run of steps: the positions are
         numbered exactly as if ``point`` had been called for each (0 while recording).
         """
-        if self.record or (self.observer is not None and (not self.observe_only or "step" in self.observe_only)) or n <= 0:
+        watched = self.observer is not None and (not self.observe_only or "step" in self.observe_only)
+        if self.record or watched or n <= 0:
             return 0
         c = self.count
         nxt = min((k for k in self.kills if k >= c), default=None)

@@ -284,7 +284,7 @@ def recover_from_snapshot(
     is the files copied at that moment, then a fresh Engine on them, run to the end. The
     uninterrupted run is paused meanwhile and carries on afterwards, untouched.
 
-    ``watch(live, clock)``, when given, is called at every convergence point of the recovery
+    ``watch(live, clock, label)``, when given, is called at every convergence point of the recovery
     (simulator/convergence.py) and may stop it by raising ``Converged``: then the Outcome is
     the run so far (state ``running``): ``events`` holds only the events recorded after the
     copied ones, ``extra`` the ``converged`` target and ``copied_events`` (their count).

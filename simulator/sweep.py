@@ -187,7 +187,8 @@ class Simulator:
                     points.append((key, history.last_seq.get(self.scn.workflow_id, 0), len(ledger.entries)))
 
             plan = FaultPlan(record=True, observer=watch, observe_only=(CONVERGENCE_KIND,))
-            ref = run_scenario(self.scn, home, plan, workflow_fn=self.workflow_fn, ledger=ledger, clock=clock, live=live)
+            ref = run_scenario(self.scn, home, plan, workflow_fn=self.workflow_fn, ledger=ledger, clock=clock,
+                               live=live)
             self._ref = ref
             self.trace = list(ref.plan.trace)
             files = final_files_lines(ref) if ref.state == "completed" else []
@@ -415,7 +416,8 @@ class Simulator:
                     found[key] = target  # the other states of its kind converge here at once
                     raise Converged(target)
             if key not in found:
-                found[key] = Target(None, history.last_seq.get(self.scn.workflow_id, 0), len(rlive["fakes"].ledger.entries))
+                found[key] = Target(None, history.last_seq.get(self.scn.workflow_id, 0),
+                                    len(rlive["fakes"].ledger.entries))
                 mine.append(found[key])
 
         o = recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
