@@ -31,11 +31,14 @@ def kill_point(env: str, phase: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def hold_point(step: int, stopping: Callable[[], bool], alive: Callable[[], None]) -> None:
-    """Hold at ``step`` when ``TINYLLM_HOLD_AT`` names it (see the module docstring); else return at once."""
+def hold_point(step: int, stopping: Callable[[], bool], alive: Callable[[], None]) -> bool:
+    """Hold at ``step`` when ``TINYLLM_HOLD_AT`` names it (see the module docstring); else return at once.
+    True when it held (``stopping`` is then worth asking again; it is never called otherwise: on
+    distributed ranks asking is a collective)."""
     if os.environ.get(HOLD_ENV) != str(step):
-        return
+        return False
     deadline = time.monotonic() + HOLD_LIMIT_S
     while not stopping() and time.monotonic() < deadline:
         alive()  # timed: at most one liveness line every few seconds
         time.sleep(0.05)
+    return True

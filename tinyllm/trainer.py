@@ -347,9 +347,8 @@ class Trainer:
                 self._validation_at_start()
             self.model.train()
             while self.step < self.spec.steps and not self.stop_requested:
-                faults.hold_point(self.step, lambda: self.stop_requested, self._liveness)  # tests only
-                if self.stop_requested:
-                    break
+                if faults.hold_point(self.step, lambda: self.stop_requested, self._liveness) and self.stop_requested:
+                    break  # tests only (TINYLLM_HOLD_AT); no extra stop check otherwise (a collective on ranks)
                 self._liveness()  # at most every few seconds: the loop itself says it is alive
                 frame = self.train_step()
                 self.hooks.after_step(self, self.step, frame)
