@@ -1,10 +1,17 @@
 """Generate the post-training demo's data into specs/posttrain/ (deterministic; the files are shipped).
 
-The task is single-digit addition, ``a+b=c`` (100 problems). The pre-training corpus
-(addition.txt) holds every problem, shuffled, 60 times: a tiny model half-learns it in a few
-hundred steps (posttrain-base: about a quarter right), a larger one longer (the teacher). The
-problems are then split once, 70 / 30: post-training (GRPO/OPD prompts, DPO pairs) uses the 70,
-held-out validation the other 30, so validation never sees a post-training prompt or pair.
+The task is reversing a two-digit string, ``47=74`` (100 strings ``00``..``99``). They are split
+once, 70 / 30: the pre-training corpus (reverse.txt: 8000 lines drawn from the 70) and all
+post-training data (GRPO/OPD prompts, DPO pairs) use the 70; held-out validation uses the other 30,
+which appear nowhere else, not even in pre-training. So a held-out gain is a gain in the skill
+(read the digits back in reverse order), not a memorised answer. The corpus is noisy: each answer
+digit is a random digit with probability SLIP (0.3), so a model that imitates it perfectly samples
+the exact answer only about half the time; the reward (exact match) and the preference pairs ask
+for the clean answer. The small base (posttrain-base) is also stopped while it is still learning
+the skill; the larger teacher (posttrain-teacher, same corpus) trains longer.
+
+DPO pairs: the right reversal is chosen; rejected are the unreversed copy (the typical mistake;
+not for palindromes like ``44``) and a one-digit slip of the answer.
 
     python bench/posttrain_data.py            # rewrites specs/posttrain/*
 """
@@ -17,37 +24,51 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "specs" / "posttrain"
 HELDOUT = 30
-REPEATS = 60
+CORPUS_LINES = 8000
+SLIP = 0.3  # chance that a corpus answer digit is replaced by a random digit (a noisy corpus)
+OLD_FILES = ("addition.txt",)  # the previous demo's corpus
 
 
-def wrong_answers(c: int) -> list[int]:
-    """Plausible wrong sums: off by one, two, ten (never the right one, never negative)."""
-    return [w for w in (c + 1, c - 1, c + 2, c - 2, c + 10) if w >= 0 and w != c]
+def reverse(s: str) -> str:
+    return s[::-1]
+
+
+def rejected(s: str, rng: random.Random) -> list[str]:
+    """Wrong answers to ``s=``: the unreversed copy (if it differs) and one slipped digit."""
+    right = reverse(s)
+    out = [s] if s != right else []
+    i = rng.randrange(2)
+    slip = right[:i] + rng.choice([d for d in "0123456789" if d != right[i]]) + right[i + 1:]
+    if slip not in out:
+        out.append(slip)
+    return out
 
 
 def main(out: Path = OUT) -> None:
     rng = random.Random(20261201)
-    problems = [(a, b) for a in range(10) for b in range(10)]
-    lines = []
-    for _ in range(REPEATS):
-        rng.shuffle(problems)
-        lines += [f"{a}+{b}={a + b}\n" for a, b in problems]
+    strings = [f"{a}{b}" for a in range(10) for b in range(10)]
+    rng.shuffle(strings)
+    held, train = strings[:HELDOUT], strings[HELDOUT:]
+    def noisy(answer: str) -> str:
+        return "".join(rng.choice("0123456789") if rng.random() < SLIP else d for d in answer)
+
+    lines = [f"{s}={noisy(reverse(s))}\n" for s in (rng.choice(train) for _ in range(CORPUS_LINES))]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "addition.txt").write_text("".join(lines))
-    problems = sorted(problems)
-    rng.shuffle(problems)
-    held, train = problems[:HELDOUT], problems[HELDOUT:]
+    for old in OLD_FILES:
+        (out / old).unlink(missing_ok=True)
+    (out / "reverse.txt").write_text("".join(lines))
 
     def jsonl(name, rows):
         (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    jsonl("train-prompts.jsonl", [{"question": f"{a}+{b}=", "answer": str(a + b)} for a, b in train])
-    jsonl("val-prompts.jsonl", [{"question": f"{a}+{b}=", "answer": str(a + b)} for a, b in held])
-    jsonl("train-pairs.jsonl", [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(w)}
-                                for a, b in train for w in rng.sample(wrong_answers(a + b), 3)])
-    jsonl("val-pairs.jsonl", [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(w)}
-                              for a, b in held for w in rng.sample(wrong_answers(a + b), 2)])
-    print(f"wrote {out}: corpus {len(lines)} lines; {len(train)} post-training and {HELDOUT} held-out problems",
+    jsonl("train-prompts.jsonl", [{"question": f"{s}=", "answer": reverse(s)} for s in train])
+    jsonl("val-prompts.jsonl", [{"question": f"{s}=", "answer": reverse(s)} for s in held])
+    jsonl("train-pairs.jsonl", [{"prompt": f"{s}=", "chosen": reverse(s), "rejected": w}
+                                for s in train for w in rejected(s, rng)])
+    jsonl("val-pairs.jsonl", [{"prompt": f"{s}=", "chosen": reverse(s), "rejected": w}
+                              for s in held for w in rejected(s, rng)])
+    assert not {f"{s}=" for s in held} & {line.split("=")[0] + "=" for line in lines}, "held-out string in the corpus"
+    print(f"wrote {out}: corpus {len(lines)} lines of {len(train)} strings; {HELDOUT} held-out strings",
           file=sys.stderr)
 
 
