@@ -1,7 +1,7 @@
 """Post-training demo and throughput: base -> teacher -> DPO, GRPO, OPD, measured in one run.
 
 In a fresh home (``--home``, default a temporary directory) holding a copy of ``specs/``, runs
-``tinyllm corpus`` of specs/posttrain-corpus.json, then ``tinyllm train`` (in process, the same
+``tinyllm corpus`` of specs/posttrain-corpus.json and posttrain-teacher-corpus.json, then ``tinyllm train`` (in process, the same
 Trainer as the CLI) of specs/posttrain-base.json and posttrain-teacher.json, then dpo.json,
 grpo.json and opd.json once per ``--seeds`` seed (the spec's seed replaced; runs ``<name>-s<seed>``),
 and prints from each run's metrics.jsonl:
@@ -39,6 +39,7 @@ from tinyllm.objectives.data import load_prompts  # noqa: E402
 from tinyllm.objectives.init import load_frozen  # noqa: E402
 from tinyllm.validation.generation import evaluate_generation  # noqa: E402
 
+CORPORA = ["posttrain-corpus.json", "posttrain-teacher-corpus.json"]  # noisy (base), clean (teacher)
 PRETRAIN = ["posttrain-base", "posttrain-teacher"]
 POSTTRAIN = ["dpo", "grpo", "opd"]
 
@@ -129,7 +130,8 @@ def main() -> None:
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "specs").exists():
         shutil.copytree(ROOT / "specs", home / "specs")
-    build_corpus(load_corpus_spec(home / "specs" / "posttrain-corpus.json"), home)
+    for corpus in CORPORA:
+        build_corpus(load_corpus_spec(home / "specs" / corpus), home)
     results = []
     for name in PRETRAIN:
         raw = load_raw(home, name)

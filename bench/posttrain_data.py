@@ -8,7 +8,8 @@ which appear nowhere else, not even in pre-training. So a held-out gain is a gai
 digit is a random digit with probability SLIP (0.3), so a model that imitates it perfectly samples
 the exact answer only about half the time; the reward (exact match) and the preference pairs ask
 for the clean answer. The small base (posttrain-base) is also stopped while it is still learning
-the skill; the larger teacher (posttrain-teacher, same corpus) trains longer.
+the skill. The larger teacher (posttrain-teacher) trains longer on the same lines without the
+slips (reverse-clean.txt, the curated copy of the corpus), so it is sharp where the base is noisy.
 
 DPO pairs: the right reversal is chosen; rejected are the unreversed copy (the typical mistake;
 not for palindromes like ``44``) and a one-digit slip of the answer.
@@ -52,11 +53,16 @@ def main(out: Path = OUT) -> None:
     def noisy(answer: str) -> str:
         return "".join(rng.choice("0123456789") if rng.random() < SLIP else d for d in answer)
 
-    lines = [f"{s}={noisy(reverse(s))}\n" for s in (rng.choice(train) for _ in range(CORPUS_LINES))]
+    drawn = []  # (string, its answer with slips), drawn line by line
+    for _ in range(CORPUS_LINES):
+        s = rng.choice(train)
+        drawn.append((s, noisy(reverse(s))))
+    lines = [f"{s}={answer}\n" for s, answer in drawn]
     out.mkdir(parents=True, exist_ok=True)
     for old in OLD_FILES:
         (out / old).unlink(missing_ok=True)
     (out / "reverse.txt").write_text("".join(lines))
+    (out / "reverse-clean.txt").write_text("".join(f"{s}={reverse(s)}\n" for s, _ in drawn))
 
     def jsonl(name, rows):
         (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -8,6 +8,7 @@ from pt_helpers import DPO_VAL, GEN_VAL, spec, train_inprocess, val_frames, fram
 from tinyllm.objectives.dpo import dpo_loss
 from tinyllm.objectives.grpo import clipped_objective, group_advantages, k3_kl
 from tinyllm.objectives.common import pack
+from tinyllm.objectives.opd import loo_baseline
 
 
 def test_dpo_loss_by_hand():
@@ -50,6 +51,22 @@ def test_k3_kl_by_hand():
     # ref/pi = 0.5: 0.5 - log 0.5 - 1
     assert k3_kl(new, ref).item() == pytest.approx(0.5 + math.log(2.0) - 1.0, rel=1e-6)
     assert k3_kl(new, new).item() == 0.0
+
+
+def test_opd_leave_one_out_baseline_by_hand():
+    # two prompts x three rollouts; rollout 3 of prompt 1 is one token shorter (mask 0 at position 2)
+    k = torch.tensor([[1.0, 4.0, 2.0], [3.0, 0.0, 6.0], [5.0, 2.0, 9.0],
+                      [1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [6.0, 3.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0],
+                         [0.0, 1.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    b = loo_baseline(k * mask, mask, group=3)
+    assert b[:3].tolist() == [[4.0, 1.0, 6.0], [3.0, 3.0, 2.0], [2.0, 2.0, 0.0]]  # position 2: others of row 3 absent
+    # prompt 2, position 0: only row 6 has a token there, no other rollout -> baseline 0
+    assert b[3:].tolist() == [[0.0, 2.5, 1.0], [0.0, 2.0, 0.5], [0.0, 1.5, 1.5]]
+    # a rollout's own value never enters its own baseline
+    k2 = k.clone()
+    k2[0, 0] = 100.0
+    assert loo_baseline(k2 * mask, mask, group=3)[0].tolist() == b[0].tolist()
 
 
 def test_pack_masks_only_completion_targets():

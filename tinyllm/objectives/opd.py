@@ -2,11 +2,16 @@
 
 Per response token t of the student's own rollout, the reverse-KL estimate is
 ``k_t = log p_student_old(t) - log p_teacher(t)``. It is minimised as a per-token advantage
-``A_t = -k_t`` in the same clipped update as GRPO (tinyllm.objectives.grpo), not as a direct loss:
-the expectation is over the student's own samples, so the gradient of the reverse KL is the
-score-function estimator ``E[grad log pi * (-k)]``, which is exactly a policy gradient with that
-advantage; and with ``n_mini > 1`` the later slices are off-policy, which the ratio and its clip
-correct and bound (a direct loss would not). Training frame: train/teacher_kl (mean k_t over
+``A_t = -(k_t - b_t)`` in the same clipped update as GRPO (tinyllm.objectives.grpo), not as a
+direct loss: the expectation is over the student's own samples, so the gradient of the reverse KL
+is the score-function estimator ``E[grad log pi * (-k)]``, which is exactly a policy gradient with
+that advantage; and with ``n_mini > 1`` the later slices are off-policy, which the ratio and its
+clip correct and bound (a direct loss would not). ``b_t`` is a leave-one-out baseline: the mean
+``k`` at the same token position over the other rollouts of the same prompt (0 where no other
+rollout reaches that position). It does not depend on the rollout's own token, so the expected
+gradient is unchanged; it removes from every sampled token the mean ``-KL`` (always negative), a
+variance reduction. Measured once on the demo (seed 1, 60 batches, 8 held-out samples per
+prompt): held-out reward 0.121 -> 0.350 with it, 0.121 -> 0.304 without (one seed: not conclusive). Training frame: train/teacher_kl (mean k_t over
 response tokens) and the rollout metrics; rule rewards (rl.reward, optional) are only reported.
 The teacher is never used in validation (held-out rollout and reward only).
 """
@@ -20,6 +25,17 @@ from ..spec import SpecError
 from .common import pack, token_logps
 from .grpo import GRPOObjective
 from .init import load_frozen
+
+
+def loo_baseline(k: torch.Tensor, mask: torch.Tensor, group: int) -> torch.Tensor:
+    """(N, T) masked per-token values, rollouts of one prompt in consecutive runs of ``group`` rows ->
+    (N, T): at each position, the mean of the other rollouts of the group that reach it (0 if none)."""
+    N, T = k.shape
+    kk, mm = (k * mask).view(N // group, group, T), mask.view(N // group, group, T)
+    others = mm.sum(dim=1, keepdim=True) - mm
+    total = kk.sum(dim=1, keepdim=True) - kk
+    base = torch.where(others > 0, total / others.clamp(min=1.0), torch.zeros_like(total))
+    return base.reshape(N, T) * mask
 
 
 class OPDObjective(GRPOObjective):
@@ -51,5 +67,6 @@ class OPDObjective(GRPOObjective):
             teacher_logp = token_logps(self.teacher, x, y)
         timer.add("teacher", t0)
         reverse_kl = (rollouts.old_logps - teacher_logp) * mask
-        return -reverse_kl, {"train/teacher_kl": float(reverse_kl.sum() / mask.sum())}
+        adv = -(reverse_kl - loo_baseline(reverse_kl, mask, self.cfg.n_generation))
+        return adv, {"train/teacher_kl": float(reverse_kl.sum() / mask.sum())}
 
