@@ -1,8 +1,9 @@
 """Post-training demo and throughput: base -> teacher -> DPO, GRPO, OPD, measured in one run.
 
 In a fresh home (``--home``, default a temporary directory) holding a copy of ``specs/``, runs
-``tinyllm corpus`` of specs/posttrain-corpus.json and posttrain-teacher-corpus.json, then ``tinyllm train`` (in process, the same
-Trainer as the CLI) of specs/posttrain-base.json and posttrain-teacher.json, then dpo.json,
+``tinyllm corpus`` of specs/posttrain-corpus.json and posttrain-teacher-corpus.json, then
+``tinyllm train`` (in process, the same Trainer as the CLI) of specs/posttrain-base.json and
+posttrain-teacher.json, then dpo.json,
 grpo.json and opd.json once per ``--seeds`` seed (the spec's seed replaced; runs ``<name>-s<seed>``),
 and prints from each run's metrics.jsonl:
 
@@ -91,18 +92,17 @@ def summary(home: Path, name: str, kind: str, wall_s: float) -> dict:
 
 def heldout_rewards(home: Path, raw: dict, checkpoint: str) -> list[float]:
     """Each held-out prompt's mean reward for ``checkpoint`` under ``raw``'s validation (same seeds)."""
-    v = raw["validation"]
-    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": None, "repetition_penalty": 1.0, "n_generation": 1,
-                "max_tokens": raw["rl"]["sampling"]["max_tokens"]}
-    for k, x in v.get("sampling", {}).items():
-        sampling[k] = 1.0 if (k == "top_p" and x is None) else x
-    d = v["data"]
-    prompts = load_prompts(d["path"], home, d["prompt_column"], d["response_column"], raw["model"]["block_size"],
+    spec = parse_train_spec(raw)
+    v = spec.validation
+    sampling = v.sampling.resolved()
+    if v.sampling.max_tokens is None:  # inherits the training rollouts' limit, as in the trainer
+        sampling["max_tokens"] = spec.rl.sampling.max_tokens
+    prompts = load_prompts(v.data.path, home, v.data.prompt_column, v.data.response_column, spec.model.block_size,
                            sampling["max_tokens"], "validation.data").rows  # [{"prompt", "response"}]
     frozen = load_frozen(checkpoint, home, "checkpoint")
     _, rollouts = evaluate_generation(frozen.frozen_model(), prompts, block_size=frozen.config.block_size,
-                                      batch_size=v.get("batch_size", 60), sampling=sampling,
-                                      rewards=v.get("reward") or raw["rl"]["reward"], seed=v.get("seed", 0))
+                                      batch_size=v.batch_size, sampling=sampling,
+                                      rewards=list(v.reward) or list(spec.rl.reward), seed=v.seed)
     per = [[] for _ in prompts]
     for r in rollouts:
         per[r["prompt_index"]].append(r["reward"])
