@@ -10,13 +10,15 @@ and its first step's metrics frame. Prints figures measured in this one run.
    and a bare ``import torch``.
 
 Usage: python bench/restart.py [--spec specs/tiny.json] [--at 20] [--reps 3]
-The run is trained to step ``--at`` (one checkpoint there) first, then resumed to ``--at`` + 2.
+The run is trained to step ``--at`` (one checkpoint there) first; each measured run resumes from
+that checkpoint (``--resume``) and trains to ``--at`` + 2.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,21 +30,22 @@ REPO = Path(__file__).resolve().parents[1]
 AIM_S = 2.5
 
 
-def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def _env(tree: Path = REPO) -> dict:
+    return {**os.environ, "PYTHONPATH": str(tree)}
 
 
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "tinyllm.cli", *args]
 
 
-def end_to_end(home: Path, spec_file: Path, name: str) -> dict:
+def end_to_end(home: Path, spec_file: Path, name: str, resume: str, tree: Path = REPO) -> dict:
     """One resumed CLI run: seconds from Popen to each progress mark and to the first new frame."""
     progress = home / f"progress-{time.monotonic_ns()}.jsonl"
     metrics = home / "runs" / name / "metrics.jsonl"
-    t0 = time.time()
-    proc = subprocess.run(_cli("train", "--spec", str(spec_file), "--home", str(home), "--progress", str(progress)),
-                          env=_env(), capture_output=True, text=True, timeout=600)
+    t0, cpu0 = time.time(), _children_cpu_s()
+    proc = subprocess.run(_cli("train", "--spec", str(spec_file), "--home", str(home), "--progress", str(progress),
+                               "--resume", resume),
+                          env=_env(tree), cwd=home, capture_output=True, text=True, timeout=600)  # -m: cwd first
     if proc.returncode != 0:
         sys.exit(f"bench: resumed run failed: {proc.stderr[-2000:]}")
     if json.loads(proc.stdout.strip().splitlines()[-1])["resumed_from"] is None:
@@ -54,7 +57,15 @@ def end_to_end(home: Path, spec_file: Path, name: str) -> dict:
             marks.setdefault(d["event"], d["time"] - t0)
     frames = [json.loads(line) for line in metrics.read_text().splitlines()]
     marks["first step"] = min(f["time"] for f in frames if f["time"] >= t0) - t0
+    marks["cpu"] = _children_cpu_s() - cpu0
     return marks
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's finished children: what a process costs
+    whatever else runs on the machine (its wall time on an idle machine, where it is one thread)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 PHASES = [  # (label, module, class or None, attribute): the real functions the child wraps with a stopwatch
@@ -105,7 +116,8 @@ def child(args) -> None:
         setattr(owner, attr, timed)
     t = time.perf_counter()
     try:
-        cli.main(["train", "--spec", args.child_spec, "--home", args.home], standalone_mode=False)
+        cli.main(["train", "--spec", args.child_spec, "--home", args.home, "--resume", args.resume],
+                 standalone_mode=False)
     except SystemExit:
         pass
     spent["whole command (imports excluded)"] = time.perf_counter() - t
@@ -117,8 +129,11 @@ def main() -> None:
     ap.add_argument("--spec", default=str(REPO / "specs" / "tiny.json"))
     ap.add_argument("--at", type=int, default=20, help="the step the resumed checkpoint is at")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--against", default=None, help="another checkout of this project (e.g. an older commit): "
+                                                    "its end-to-end figure is measured alternately with this one's")
     ap.add_argument("--child-spec", help=argparse.SUPPRESS)
     ap.add_argument("--home", help=argparse.SUPPRESS)
+    ap.add_argument("--resume", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_spec:
         return child(args)
@@ -135,6 +150,7 @@ def main() -> None:
                    capture_output=True, timeout=600)
     ckpt_dir = home / "runs" / "restart" / "ckpt" / f"step-{args.at:06d}"
     size = sum(f.stat().st_size for f in ckpt_dir.iterdir())
+    resume = str(ckpt_dir.relative_to(home))  # every measured run resumes from this same checkpoint
     print(f"bench: spec {args.spec}, checkpoint at step {args.at} ({size:,} bytes), home {home}, "
           f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
 
@@ -143,12 +159,15 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", code], env=_env(), check=True, timeout=600)
         return time.perf_counter() - t0
 
-    runs, bares, torches, childs = [], [], [], []
+    runs, bares, torches, childs, others = [], [], [], [], []
     for _ in range(args.reps):  # alternated, so load changes hit all alike
-        runs.append(end_to_end(home, resumed, "restart"))
+        runs.append(end_to_end(home, resumed, "restart", resume))
+        if args.against:
+            others.append(end_to_end(home, resumed, "restart", resume, tree=Path(args.against).absolute()))
         bares.append(bare("pass"))
         torches.append(bare("import torch"))
-        out = subprocess.run([sys.executable, __file__, "--child-spec", str(resumed), "--home", str(home)],
+        out = subprocess.run([sys.executable, __file__, "--child-spec", str(resumed), "--home", str(home),
+                              "--resume", resume],
                              env=_env(), capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             sys.exit(f"bench: child failed: {out.stderr[-2000:]}")
@@ -162,6 +181,12 @@ def main() -> None:
                         ("ready", "corpus, model, checkpoint verify + load, sinks"), ("first step", "first step")]:
         print(f"  {label:<48} {med[mark] - last:6.3f} s  (mark '{mark}' at {med[mark]:.3f} s)")
         last = med[mark]
+    print(f"  CPU time of the whole resumed process (its 2 steps, checkpoint and exit included): {med['cpu']:.2f} s "
+          f"(about its wall time on an idle machine; the aim's proxy when the machine is busy)")
+    if others:
+        o = {k: statistics.median(r[k] for r in others) for k in others[0]}
+        print(f"  against {args.against}: {o['first step']:.2f} s to the resumed step, {o['cpu']:.2f} s CPU; "
+              f"this checkout is {o['first step'] / total:.2f}x as fast ({o['cpu'] / med['cpu']:.2f}x in CPU time)")
     print(f"breakdown in one process (median of {args.reps}), the real functions timed:")
     for key in childs[0]:
         print(f"  {key:<48} {statistics.median(c.get(key, 0.0) for c in childs):6.3f} s")
