@@ -120,7 +120,7 @@ def run_child(args) -> None:
     from tinyllm import omp
 
     times = {"plain": child_plain, "tinyllm": child_tinyllm}[args.child](args)[WARMUP_STEPS - 1:]
-    print(json.dumps({"median_s": statistics.median(times), "steps": len(times), "omp": omp.chosen()}))
+    print(json.dumps({"median_s": statistics.median(times), "steps": len(times), "omp": omp.chosen(_spec(args).threads)}))
 
 
 # -- the parent ----------------------------------------------------------------------------
@@ -170,8 +170,11 @@ def throughput(args, home: Path) -> None:
     for rep in range(args.reps):  # alternate, so machine load hits every configuration alike
         for c in configs:
             results[c].append(measure(args, home, *c))
+            print(f"  run {rep + 1}: {c[0]} policy={c[1] or 'own choice'} threads={c[2] or 'spec'}: "
+                  f"{1000 * results[c][-1]['median_s']:.1f} ms/step (load {load_str()})")
         if args.nanogpt:
             nano.append(measure_nanogpt(args))
+            print(f"  run {rep + 1}: nanoGPT train.py: {1000 * nano[-1]['median_s']:.1f} ms/step (load {load_str()})")
         loads.append(load_str())
     ms = {c: 1000 * statistics.median(r["median_s"] for r in rs) for c, rs in results.items()}
     auto = [r["omp"] for r in results[("tinyllm", None, None)]]

@@ -11,7 +11,8 @@ libgomp reads ``OMP_WAIT_POLICY`` once, when it loads with torch, so the choice 
   specs/tiny.json at load 7 on 2 cores).
 
 So: ``ACTIVE`` when the CPUs this process may use have room for its threads besides the tasks
-running now, else ``PASSIVE``. "Running now" is the kernel's count of runnable tasks
+running now, else ``PASSIVE``. ACTIVE comes with ``GOMP_SPINCOUNT=300000`` (libgomp's default
+spin for an unset policy, about 3 ms, then sleep), not plain ACTIVE's minutes of spinning. "Running now" is the kernel's count of runnable tasks
 (``procs_running`` in /proc/stat), sampled a few times over a few milliseconds, less this process;
 not the load average, which still counts the trainer a restart replaces for a minute after it died.
 
@@ -19,6 +20,11 @@ An explicit setting always wins: ``OMP_WAIT_POLICY`` (or ``GOMP_SPINCOUNT``) in 
 or ``TINYLLM_OMP_WAIT_POLICY=ACTIVE|PASSIVE|auto``. The policy changes only how idle threads wait,
 never the arithmetic: results are bit-identical under either (tests/tinyllm/test_omp.py). The
 thread count is the spec's ``threads``, a trajectory field (it changes the bits), never chosen here.
+
+Limit: the choice holds for the process's life. A machine that becomes busy later keeps spinning
+threads until the process ends (``ctl train`` starts a new one per segment, which decides again);
+no bounded spin is safe under load (measured at load ~12: PASSIVE 149 ms/step, GOMP_SPINCOUNT=1000
+501 ms, ACTIVE 3020 ms), so there is no middle setting.
 """
 from __future__ import annotations
 
