@@ -31,17 +31,21 @@ def _trainers(home: Path) -> list:
     return [p for p in procs.processes_in(home) if "tinyllm" in p[1]]
 
 
-def _checkpoints(home: Path) -> int:
-    """Checkpoint lines written so far (a resume or liveness line has an "event" and is not one)."""
-    n = 0
+def _lines(home: Path):
+    """Every progress line written so far by every attempt (a line being written is skipped)."""
     for f in home.glob("runs/sig/activity/*/progress-*.jsonl"):
         for line in f.read_text(errors="replace").splitlines():
             try:
                 x = json.loads(line)
             except ValueError:
                 continue  # a line being written
-            n += isinstance(x, dict) and "checkpoint" in x and "event" not in x
-    return n
+            if isinstance(x, dict):
+                yield x
+
+
+def _checkpoints(home: Path) -> int:
+    """Checkpoint lines written so far (a resume or liveness line has an "event" and is not one)."""
+    return sum("checkpoint" in x and "event" not in x for x in _lines(home))
 
 
 def _checkpointed(home: Path) -> bool:
@@ -50,15 +54,7 @@ def _checkpointed(home: Path) -> bool:
 
 def _events(home: Path, event: str | None) -> int:
     """Progress lines of ``event`` (``starting``, ``resume``...) written so far by every attempt."""
-    n = 0
-    for f in home.glob("runs/sig/activity/*/progress-*.jsonl"):
-        for line in f.read_text(errors="replace").splitlines():
-            try:
-                x = json.loads(line)
-            except ValueError:
-                continue
-            n += isinstance(x, dict) and event is not None and x.get("event") == event
-    return n
+    return sum(event is not None and x.get("event") == event for x in _lines(home))
 
 
 def _ignoring_sigint() -> None:
