@@ -110,6 +110,10 @@ def test_both_policies_train_bit_for_bit_alike_and_say_which_ran(home, monkeypat
     """Real trainers on 2 threads, one per policy (the user's setting): same loss and weights."""
     spec = write_spec(home / "two-threads.json", threads=2, steps=6, checkpoint_every=6)
     results, ready = {}, {}
+    # a user's shell: none of this (pytest) process's own automatic choice. On an idle machine that
+    # choice is ACTIVE, marked as tinyllm's; a child handed ACTIVE with that mark decides again
+    for name in [k for k in os.environ if k.startswith(("OMP_WAIT_POLICY", "GOMP_", omp.MARK_ENV))]:
+        monkeypatch.delenv(name)
     for policy in omp.POLICIES:
         monkeypatch.setenv("OMP_WAIT_POLICY", policy)
         home_p = home / policy
