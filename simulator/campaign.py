@@ -77,7 +77,7 @@ class Monitor:
         self.pids = pids  # the run's live ctl processes: none may hold a deleted engine.db* open
         self.deleted: dict[int, list[str]] = {}
         self.progress: dict[tuple[str, float], list[dict]] = {}  # (file, first line's time) -> its lines
-        self.outputs: dict[str, tuple] = {}  # eval output -> (inode, mtime_ns, size, sha) when first seen
+        self.outputs: dict[str, tuple] = {}  # eval output -> (inode, mtime_ns, size, sha, complete) when first seen
         self.rewritten: list[str] = []
         self.resumes: dict[tuple[str, object], int] = {}  # a trainer's resume from a checkpoint -> its step
         self.segment_ends: set[int] = {0}  # from the train activities' ids (train-000020: a segment ends at 20)
@@ -125,10 +125,15 @@ class Monitor:
                 continue
             sig = (st.st_ino, st.st_mtime_ns, st.st_size)
             first = self.outputs.get(str(f))
-            if first is None:
-                self.outputs[str(f)] = (*sig, _sha(f))
+            if first is None:  # with whether its evaluation was complete (tinyllm's marker) when first seen
+                self.outputs[str(f)] = (*sig, _sha(f), (f.parent / "complete.json").exists())
             elif first[:3] != sig and str(f) not in self.rewritten:
-                self.rewritten.append(str(f))
+                # an evaluation killed after writing its files but before its complete marker is run again
+                # (tinyllm/evals.py finished_before): the same bytes again are not a rewrite; anything else is
+                if first[4] or _sha(f) != first[3]:
+                    self.rewritten.append(str(f))
+                else:
+                    self.outputs[str(f)] = (*sig, first[3], (f.parent / "complete.json").exists())
 
     def mid_segment_resumes(self) -> int:
         """Trainer attempts that resumed from a checkpoint inside a segment (not from the previous segment's end)."""
