@@ -117,18 +117,23 @@ def main(backend: str, address: str | None, namespace: str | None, task_queue: s
     backends.choose(backends.Backend(backend, options))
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_on_signals() -> None:
+    """SIGTERM and SIGINT raise KeyboardInterrupt here. A terminated ctl stops like Ctrl-C, and SIGINT is
+    installed explicitly: a process started as a non-interactive shell's background job (`ctl train ... &`
+    in a script, CI) inherits it ignored, and Python then installs no handler (Ctrl-C was lost)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _interrupted)
+
+
 def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool) -> Any:
     """Run a worker in this process until ``workflow_id`` ends; show its progress on stderr."""
     from .display import LiveDisplay
 
-    def interrupted(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    # a terminated ctl stops like Ctrl-C: the run stays resumable. SIGINT is installed too: a process
-    # started as a non-interactive shell's background job (`ctl train ... &` in a script, CI) inherits it
-    # ignored, and Python then installs no KeyboardInterrupt handler (Ctrl-C or `kill -INT` were lost)
-    signal.signal(signal.SIGTERM, interrupted)
-    signal.signal(signal.SIGINT, interrupted)
+    _interrupt_on_signals()  # the run stays resumable
     logging.getLogger("engine").addHandler(logging.NullHandler())  # the display (or --quiet) speaks instead
     progress = None if quiet else LiveDisplay(home, engine, workflow_id)
     try:
@@ -289,11 +294,7 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
     """
     from .verify import verify_resume as run
 
-    def interrupted(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT even when inherited as ignored (a background job)
-        signal.signal(sig, interrupted)
+    _interrupt_on_signals()
     try:
         report = run(spec_file, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
                      timeout_s=timeout_s)
