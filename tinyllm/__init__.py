@@ -8,4 +8,6 @@ the arithmetic, so results stay bit-identical.
 """
 from . import omp as _omp
 
-_omp.configure()
+# one reading of the machine's load here (no sleeps): every `ctl` command imports tinyllm for its spec
+# models and never loads torch; `tinyllm train` decides again with the full sample and its threads
+_omp.configure(busy=lambda: _omp.busy_tasks(samples=1))
