@@ -106,6 +106,34 @@ def test_the_oracle_sees_two_trainers_at_once_a_redone_step_and_a_rewritten_eval
     assert any("eval output rewritten" in b for b in bad), bad
 
 
+def test_an_unfinished_eval_published_again_alike_is_not_a_rewrite(tmp_path):
+    """An eval killed after its files but before tinyllm's complete marker is run again by its retry
+    (tinyllm/evals.py finished_before): the same bytes again pass; other bytes, or any change once the
+    marker was there, are a rewrite."""
+    import os
+
+    def publish(path, text, ns):
+        path.write_text(text)
+        os.utime(path, ns=(ns, ns))  # a new write: another mtime, whatever the clock's resolution
+
+    out = tmp_path / "evals/ppl/camp-000010"
+    out.mkdir(parents=True)
+    m = Monitor(tmp_path)
+    publish(out / "summary.json", '{"ppl": 2.5}', 1)
+    m.sample()
+    publish(out / "summary.json", '{"ppl": 2.5}', 2)  # the retry, before any marker: the same bytes
+    m.sample()
+    assert m.violations() == []
+    (out / "complete.json").write_text("{}")
+    publish(out / "results.jsonl", "{}\n", 3)
+    m.sample()  # first seen complete
+    publish(out / "results.jsonl", "{}\n", 4)  # the same bytes, but after the evaluation was complete
+    publish(out / "summary.json", '{"ppl": 2.6}', 5)  # other bytes
+    m.sample()
+    assert sorted(b.rsplit("/", 1)[1] for b in m.violations() if "eval output rewritten" in b) == [
+        "results.jsonl", "summary.json"]
+
+
 def test_the_oracle_sees_a_lost_event():
     seen = [{"seq": 1, "type": "workflow_started", "attrs": {}},
             {"seq": 2, "type": "activity_started", "attrs": {"activity_id": "train-000010", "attempt": 1}}]
