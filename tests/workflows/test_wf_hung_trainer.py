@@ -22,7 +22,7 @@ from engine import Engine
 from engine.leases import proc_start
 from workflows.models import TrainRunInput
 
-HEARTBEAT_S = 20.0  # covers the trainer's longest silent phase here (the torch import) on a busy host
+HEARTBEAT_S = 12.0  # covers the trainer's longest silent phase here (the torch import, ~3 s) ~4x over
 DEADLINE_S = 240
 SPEC = {
     "name": "hang", "corpus": "default", "steps": 300, "seed": 3, "eval_every": 0, "checkpoint_every": 50,
