@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from tinyllm.runlock import pid_running
+
 MAX_ENTRIES = 200_000  # bound on the walk for temporaries
 _TEMP = re.compile(r"^\.(?:tmp|replaced)-.+-(\d+)$|^.+\.tmp-(\d+)$")  # .tmp-step-000100-PID, x.tmp-PID
 
@@ -230,16 +232,6 @@ def _checkpoints(home: Path, run_dir: Path, checked: dict) -> list[Finding]:
     return out
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # --- corpora ----------------------------------------------------------------------------------
 
 
@@ -292,7 +284,7 @@ def _temporaries(home: Path) -> Iterator[Finding]:
             if name.startswith("engine.db"):
                 continue  # SQLite's own files: only SQLite touches them
             pid = temp_pid(name)
-            if pid is None or _pid_alive(pid):
+            if pid is None or pid_running(pid):
                 continue
             p = Path(root) / name
             if name in dirs:

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from .errors import STOP
+from .runlock import pid_running
 from .spec import SpecError, TrainSpec
 
 RANK_STATUS_ENV = "TINYLLM_DDP_STATUS"
@@ -199,20 +200,6 @@ def _read(folder: Path, prefix: str) -> dict[int, dict]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not running
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
 def launch(spec: TrainSpec, home: Path, rank_args: list[str], resume: Path | None, log=None) -> tuple[int, dict | None, str | None]:
     """Run the ranks under torchrun; ``(exit code, result, message)`` of the whole run."""
     log = log or sys.stderr
@@ -248,7 +235,7 @@ def launch(spec: TrainSpec, home: Path, rank_args: list[str], resume: Path | Non
         # torchrun is gone; its ranks die with it (parent-death SIGKILL), wait until they have
         deadline = time.monotonic() + RANK_EXIT_WAIT_S
         started = _read(folder, "started")
-        while any(_alive(b["pid"]) for b in started.values()) and time.monotonic() < deadline:
+        while any(pid_running(b["pid"]) for b in started.values()) and time.monotonic() < deadline:
             time.sleep(POLL_S)
         return verdict(ws, _read(folder, "rank"), proc.returncode)
     finally:

@@ -9,7 +9,6 @@ bad input at load, as is a malformed file.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import numpy as np
 
 from .. import tokenizer
 from ..spec import SpecError
-from ..validation.source import read_utf8, resolve_path
+from ..validation.source import jsonl_objects, read_utf8, resolve_path
 
 END = "\n"  # a completion ends with a newline (the byte tokenizer has no EOS); generation stops there
 
@@ -37,15 +36,7 @@ def read_jsonl(path_text: str, home: Path, what: str, columns: dict[str, bool]) 
     path = resolve_path(path_text, home)
     raw, text = read_utf8(path, what, SpecError)
     rows = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SpecError(f"{what} file {path} line {n} is not valid JSON: {e.msg}") from None
-        if not isinstance(row, dict):
-            raise SpecError(f"{what} file {path} line {n} is not a JSON object")
+    for n, row in jsonl_objects(text, f"{what} file {path}", SpecError):
         out = {}
         for col, required in columns.items():
             v = row.get(col)

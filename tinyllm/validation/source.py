@@ -85,18 +85,25 @@ def load_source(cfg: ValidationConfig, home: str | Path, block_size: int = 1 << 
     return HeldOutSource(path, sha, len(raw), prompts=_parse_prompts(cfg, path, text))
 
 
-def _parse_prompts(cfg: ValidationConfig, path: Path, text: str) -> list[dict]:
-    pcol, rcol = cfg.data.prompt_column, cfg.data.response_column
-    out = []
+def jsonl_objects(text: str, label: str, error: type[Exception]):
+    """(line number, object) for each non-blank line of JSONL ``text``; ``error`` naming ``label`` and the
+    line for one that is not a JSON object."""
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValidationDataError(f"validation data {path} line {n} is not valid JSON: {e.msg}") from None
+            raise error(f"{label} line {n} is not valid JSON: {e.msg}") from None
         if not isinstance(row, dict):
-            raise ValidationDataError(f"validation data {path} line {n} is not a JSON object")
+            raise error(f"{label} line {n} is not a JSON object")
+        yield n, row
+
+
+def _parse_prompts(cfg: ValidationConfig, path: Path, text: str) -> list[dict]:
+    pcol, rcol = cfg.data.prompt_column, cfg.data.response_column
+    out = []
+    for n, row in jsonl_objects(text, f"validation data {path}", ValidationDataError):
         prompt = row.get(pcol)
         if not isinstance(prompt, str) or not prompt:
             raise ValidationDataError(f"validation data {path} line {n}: column {pcol!r} missing or not a non-empty string")
