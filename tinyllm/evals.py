@@ -9,6 +9,11 @@ zoo: the tasks shipped in ``tinyllm/data/zoo/*.jsonl``, lm-evaluation-harness-li
 continuation (``acc``: highest sum, ``acc_norm``: highest per byte) and ``generate`` items
 (``context``, ``target``, ``until``, ``max_new_tokens``) decoded greedily and scored by exact match.
 
+Progress (``--progress``): a ``ready`` line ``{"done": 0, "of", "unit"}`` once the subjects are
+loaded, then ``progress`` lines with ``done``/``of`` counted over the whole suite (every subject,
+every task) in ``unit``s (``windows`` of held-out text for ppl, ``items`` for zoo), at most one
+every ``progress.PROGRESS_EVERY_S`` and one at the end of each subject.
+
 Outputs are a pure function of (checkpoints, spec): no timestamps, fixed threads, so a repeat is
 byte-identical. Writes ``evals/<suite>/<run>/results.jsonl`` + ``summary.json`` atomically, then
 ``complete.json`` (the spec): a repeat of the same spec returns those outputs without rewriting them.
@@ -64,39 +69,69 @@ def _sample(n: int, k: int | None, seed: int, salt: str) -> list[int]:
     return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
 
 
+class Count:
+    """How far a suite is: ``done`` of ``of`` units over all its subjects, in the progress file."""
+
+    def __init__(self, of: int, unit: str):
+        self.done, self.of, self.unit = 0, of, unit
+        progress.event("ready", done=0, of=of, unit=unit)
+
+    def add(self, n: int = 1) -> None:
+        """``n`` more units done: a timed progress line."""
+        assert n >= 0
+        self.done = min(self.of, self.done + n)
+        progress.tick(done=self.done, of=self.of, unit=self.unit)
+
+    def subject_done(self) -> None:
+        """A subject is finished: a progress line now."""
+        progress.event("progress", done=self.done, of=self.of, unit=self.unit)
+
+
 # -- ppl ---------------------------------------------------------------------------------------
 
 
+def heldout_windows(n_tokens: int, block_size: int, max_items: int | None, seed: int) -> list[int]:
+    """Start offsets of the held-out windows scored (all, or ``max_items`` sampled by ``seed``)."""
+    starts = list(range(0, n_tokens - 1, block_size))
+    return [starts[i] for i in _sample(len(starts), max_items, seed, "ppl")]
+
+
 @torch.no_grad()
-def heldout_nll(model: GPT, tokens: np.ndarray, max_items: int | None, seed: int, batch: int = 32) -> tuple[float, int]:
-    """(sum of token NLL in nats, token count) over the held-out windows."""
+def heldout_nll(model: GPT, tokens: np.ndarray, max_items: int | None, seed: int, batch: int = 32,
+                count_to: Count | None = None) -> tuple[float, int]:
+    """(sum of token NLL in nats, token count) over the held-out windows (each one added to ``count_to``)."""
     T = model.cfg.block_size
-    starts = list(range(0, len(tokens) - 1, T))
-    chosen = [starts[i] for i in _sample(len(starts), max_items, seed, "ppl")]
+    chosen = heldout_windows(len(tokens), T, max_items, seed)
     total, count = 0.0, 0
     full = [s for s in chosen if s + T + 1 <= len(tokens)]
     for i in range(0, len(full), batch):
         rows = np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in full[i:i + batch]])  # (B, T+1)
         x, y = torch.from_numpy(rows[:, :-1]), torch.from_numpy(rows[:, 1:])
         logits, _ = model(x)  # (B, T, V)
-        progress.tick(done=i, of=len(full))
         total += F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum").double().item()
         count += y.numel()
+        if count_to is not None:
+            count_to.add(len(rows))
     for s in chosen:  # the last, shorter window
         if s + T + 1 > len(tokens):
             row = torch.from_numpy(np.asarray(tokens[s:], dtype=np.int64))[None]  # (1, t+1)
             logits, _ = model(row[:, :-1])
             total += F.cross_entropy(logits[0], row[0, 1:], reduction="sum").double().item()
             count += row.size(1) - 1
+            if count_to is not None:
+                count_to.add(1)
     return total, count
 
 
 def run_ppl(spec: EvalSpec, home: Path, models: dict) -> list[EvalResult]:
     tokens, _ = open_corpus(home, spec.corpus, "heldout")
     rows = []
+    windows = Count(sum(len(heldout_windows(len(tokens), models[s.id][0].cfg.block_size, spec.max_items, spec.seed))
+                        for s in spec.subjects), "windows")
     for subject in spec.subjects:
         model, step = models[subject.id]
-        nll, n = heldout_nll(model, tokens, spec.max_items, spec.seed)
+        nll, n = heldout_nll(model, tokens, spec.max_items, spec.seed, count_to=windows)
+        windows.subject_done()
         loss = nll / n
         for metric, value in (("loss", loss), ("ppl", math.exp(loss)), ("bpb", loss / math.log(2))):
             rows.append(_row(spec, subject, step, "heldout", metric, value, n))
@@ -147,36 +182,40 @@ def greedy_generate(model: GPT, context: str, max_new_tokens: int, until: list[s
     return text
 
 
-def score_task(model: GPT, items: list[dict]) -> dict[str, float]:
+def score_task(model: GPT, items: list[dict], count_to: Count | None = None) -> dict[str, float]:
+    """The task's metrics over ``items`` (each one added to ``count_to`` once scored)."""
     kind = items[0]["type"]
+    add = count_to.add if count_to is not None else (lambda n=1: None)
     if kind == "multiple_choice":
         acc = acc_norm = 0
         for item in items:
-            progress.tick()
             lls = [continuation_logprob(model, item["context"], c) for c in item["choices"]]
             norm = [ll / max(1, len(c.encode())) for ll, c in zip(lls, item["choices"])]
             acc += int(max(range(len(lls)), key=lambda i: (lls[i], -i)) == item["gold"])
             acc_norm += int(max(range(len(norm)), key=lambda i: (norm[i], -i)) == item["gold"])
+            add()
         return {"acc": acc / len(items), "acc_norm": acc_norm / len(items)}
     if kind == "generate":
         hits = 0
         for it in items:
-            progress.tick()
             out = greedy_generate(model, it["context"], it.get("max_new_tokens", 16), it.get("until", ["\n"]))
             hits += out.strip() == it["target"].strip()
+            add()
         return {"exact_match": hits / len(items)}
     raise SpecError(f"zoo task item type {kind!r} is unknown")
 
 
 def run_zoo(spec: EvalSpec, models: dict) -> list[EvalResult]:
     rows = []
-    tasks = zoo_tasks()
+    tasks = {task: [items[i] for i in _sample(len(items), spec.max_items, spec.seed, task)]
+             for task, items in zoo_tasks().items()}
+    count = Count(len(spec.subjects) * sum(len(chosen) for chosen in tasks.values()), "items")
     for subject in spec.subjects:
         model, step = models[subject.id]
-        for task, items in tasks.items():
-            chosen = [items[i] for i in _sample(len(items), spec.max_items, spec.seed, task)]
-            for metric, value in score_task(model, chosen).items():
+        for task, chosen in tasks.items():
+            for metric, value in score_task(model, chosen, count).items():
                 rows.append(_row(spec, subject, step, task, metric, value, len(chosen)))
+        count.subject_done()
     return rows
 
 

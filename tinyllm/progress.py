@@ -6,8 +6,8 @@ Two kinds of line (contracts/subprocess-activity.md):
   fsynced: the runner records it as the heartbeat's details, and a redelivered attempt resumes
   from its ``checkpoint``;
 - a liveness line ``{"event", "time", ...}`` (``event`` is ``starting``, ``ready`` or ``progress``
-  with ``step``, ``loss``, ``last_checkpoint``), at most every ``every_s`` seconds of work: it
-  only extends the lease. It is written by the loop that does the work, never by a side thread,
+  with ``step``, ``loss``, ``last_checkpoint`` when training, ``done``, ``of``, ``unit`` when
+  evaluating), at most every ``every_s`` seconds of work: it only extends the lease. It is written by the loop that does the work, never by a side thread,
   so a hung loop goes silent and is stopped once the heartbeat timeout passes.
 """
 from __future__ import annotations
@@ -67,3 +67,8 @@ def activate(path: str | os.PathLike | None) -> ProgressFile:
 def tick(**fields: Any) -> None:
     """A timed ``progress`` line to the active progress file (a no-op without one)."""
     _ACTIVE.tick(**fields)
+
+
+def event(name: str, **fields: Any) -> None:
+    """A liveness line now, to the active progress file (a no-op without one)."""
+    _ACTIVE.event(name, **fields)

@@ -43,8 +43,10 @@ def _spec(home, suite, **extra):
 @pytest.mark.parametrize("suite,extra", [("ppl", {"max_items": 40}), ("zoo", {"max_items": 4})])
 def test_eval_outputs_match_the_schema_and_repeat_exactly(trained, suite, extra):
     spec = _spec(trained, suite, **extra)
-    first = run_tinyllm(trained, "eval", "--spec", str(spec))
+    progress = trained / f"progress-{suite}.jsonl"
+    first = run_tinyllm(trained, "eval", "--spec", str(spec), "--progress", str(progress))
     assert first.returncode == 0, first.stderr
+    _check_counts(trained, suite, extra["max_items"], [json.loads(x) for x in progress.read_text().splitlines()])
     out = trained / "evals" / suite / "small-000020"
     files = {name: (out / name).read_bytes() for name in ("results.jsonl", "summary.json")}
     schema = json.loads(render(EvalSummary))
@@ -71,6 +73,25 @@ def test_eval_outputs_match_the_schema_and_repeat_exactly(trained, suite, extra)
         assert m["s20"]["heldout/ppl"] == pytest.approx(math.exp(m["s20"]["heldout/loss"]))
     else:
         assert {line["task"] for line in lines} == {"arithmetic", "capitals", "opposites", "sounds"}
+
+
+def _check_counts(home, suite, max_items, lines):
+    """The progress lines count the whole suite (both subjects, every task) in units it names."""
+    from tinyllm.corpus import open_corpus
+    from tinyllm.evals import zoo_tasks
+
+    if suite == "ppl":
+        tokens, _ = open_corpus(home, "default", "heldout")
+        block = json.loads((home / "s.json").read_text())["model"]["block_size"]
+        per_subject, unit = min(max_items, -(-(len(tokens) - 1) // block)), "windows"
+    else:
+        per_subject, unit = sum(min(max_items, len(items)) for items in zoo_tasks().values()), "items"
+    assert [x["event"] for x in lines[:2]] == ["starting", "ready"]
+    counted = [x for x in lines if "done" in x]
+    assert counted[0] == {"event": "ready", "done": 0, "of": 2 * per_subject, "unit": unit, "time": counted[0]["time"]}
+    assert all(x["of"] == 2 * per_subject and x["unit"] == unit for x in counted)
+    done = [x["done"] for x in counted]
+    assert done == sorted(done) and per_subject in done and done[-1] == 2 * per_subject  # one line per subject
 
 
 def test_ppl_is_the_token_weighted_mean_over_all_heldout_tokens(trained):
