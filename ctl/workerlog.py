@@ -26,7 +26,8 @@ MAX_EVENTS_PER_POLL = 10_000
 class WorkerLog:
     def __init__(self, engine: Any, emit: Callable[[str], None], *, poll_s: float = POLL_S):
         self.engine, self.emit, self.poll_s = engine, emit, poll_s
-        self.me = f"{engine.owner['host']}:{engine.owner['pid']}"  # as the engine records its starts
+        owner = getattr(engine, "owner", None)  # another backend has none (and no local store: start() skips)
+        self.me = f"{owner['host']}:{owner['pid']}" if owner else ""  # as the engine records its starts
         self._seen: dict[str, int] = {}
         self._started: dict[str, float] = {}  # "wf activity#attempt" -> start time (this worker's)
         self._touched: set[str] = set()
