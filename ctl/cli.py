@@ -107,6 +107,7 @@ def main(backend: str, address: str | None, namespace: str | None, task_queue: s
       ctl server &                                    # a local dev server on localhost:7233
       ctl --backend temporal train --spec specs/tiny.json
       An API key is read from $CTL_TEMPORAL_API_KEY only (never a flag, never printed).
+      A cluster that cannot be reached or refuses the login (key, certificate): one line, exit 1.
 
     Run `ctl COMMAND --help` for each command.
     """

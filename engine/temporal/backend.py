@@ -36,7 +36,7 @@ from ..errors import BadInput, EngineError, NotFound, WorkflowCanceled, Workflow
 from ..history import Event, to_jsonable
 from ..ids import check_id
 from .activity import seam_activity
-from .config import TemporalConfig
+from .config import TemporalConfig, explain_connect_error
 from .history import convert_history
 from .runtime import register_workflow
 from .workflow import SeamWorkflow
@@ -126,7 +126,9 @@ class TemporalEngine:
                 first = text.splitlines()[0] if text else type(e).__name__
                 if cfg.api_key:
                     first = first.replace(cfg.api_key, "***")
-                raise Unreachable(f"cannot reach {cfg.describe()}: {first[:300]}") from None
+                why = explain_connect_error(first, cfg)
+                detail = f"{why} [{first[:200]}]" if why else first[:300]
+                raise Unreachable(f"cannot reach {cfg.describe()}: {detail}") from None
 
     def close(self) -> None:
         if self._loop.is_running():

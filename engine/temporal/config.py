@@ -70,3 +70,40 @@ class TemporalConfig:
             extra.append("API key")
         tail = f" ({', '.join(extra)})" if extra else ""
         return f"Temporal {self.address} namespace {self.namespace} task queue {self.task_queue}{tail}"
+
+
+_STATUS_MESSAGE = re.compile(r'message: "([^"]{0,200})"')
+# how the SDK's core words a connection the server ended during the first call (it varies with timing)
+_CLOSED = ("close_notify", "connection closed", "broken pipe", "connection reset", "unexpectedeof", "transport error")
+
+
+def explain_connect_error(text: str, cfg: TemporalConfig) -> str:
+    """What a failed connection (the SDK's error text) means for the user, in a few words (no secret).
+
+    The SDK's core reports TLS and login failures as Rust debug text; the cases a user meets when a
+    cluster requires TLS, a client certificate or an API key are named here, with the option to check.
+    "" when the text is none of them.
+    """
+    status = _STATUS_MESSAGE.search(text)
+    said = f": {status.group(1)}" if status else ""
+    lower = text.lower()
+    closed = any(c in lower for c in _CLOSED)
+    if "ConnectionRefused" in text:
+        return f"nothing listens at {cfg.address} (connection refused)"
+    if "Unauthenticated" in text:
+        fix = "check $CTL_TEMPORAL_API_KEY" if cfg.api_key else f"it needs an API key (${API_KEY_ENV})"
+        return f"the cluster refused the login (Unauthenticated{said}): {fix}"
+    if not cfg.uses_tls:
+        return "the server ended the connection: it may require TLS (--tls-ca, --tls, or an API key)" if closed else ""
+    if "UnknownIssuer" in text:
+        where = (f"--tls-ca {cfg.tls_ca}" if cfg.tls_ca
+                 else "the system's root CAs (name the cluster's CA with --tls-ca)")
+        return f"the server's TLS certificate is not signed by a CA trusted here: {where}"
+    if "InvalidContentType" in text:
+        return "the server does not speak TLS on this port (use --no-tls, or the cluster's TLS address)"
+    if closed:
+        if cfg.tls_cert:
+            return (f"the server ended the TLS connection: it does not accept the client certificate "
+                    f"--tls-cert {cfg.tls_cert} (signed by a CA it does not trust?)")
+        return "the server ended the TLS connection: it may require a client certificate (--tls-cert and --tls-key)"
+    return ""
