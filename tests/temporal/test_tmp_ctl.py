@@ -24,6 +24,7 @@ import pytest
 
 pytest.importorskip("temporalio", reason="the [temporal] extra is not installed: pip install -e '.[temporal]'")
 
+from no_leak import assert_secret_nowhere  # noqa: E402
 from tinyllm import runlock  # noqa: E402
 
 SPEC = {
@@ -192,18 +193,7 @@ def test_api_key_never_printed_logged_or_recorded(killed_run, temporal_server) -
     st = ctl.run("status", "train/mini")
     ctl.run("list")
     assert "train/mini" in st.stdout
-    for text in ctl.outputs:
-        assert SECRET not in text
-    for path in ctl.home.rglob("*"):
-        if path.is_file():
-            assert SECRET.encode() not in path.read_bytes(), path
-    from engine.temporal import TemporalConfig, TemporalEngine
-
-    with TemporalEngine(TemporalConfig(address=temporal_server.address, namespace="kill")) as eng:
-        raw = eng.raw_history("train/mini")
-        assert SECRET.encode() not in b"".join(ev.SerializeToString() for ev in raw.events)
-    for path in Path(temporal_server.db_filename).parent.glob("*.db*"):  # the server's whole state
-        assert SECRET.encode() not in path.read_bytes(), path
+    assert_secret_nowhere(SECRET, ctl.outputs, ctl.home, temporal_server, "kill", "train/mini")
 
 
 def checkpoints(home: Path, activity_id: str) -> list[int]:

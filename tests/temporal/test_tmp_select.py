@@ -59,6 +59,7 @@ def test_backend_from_environment_and_unreachable_cluster(tmp_path: Path) -> Non
            "CTL_TEMPORAL_API_KEY": secret}
     code, out, err = invoke("--no-tls", "status", "train/x", "--home", str(tmp_path), env=env)
     assert code == 1 and "cannot reach Temporal 127.0.0.1:" in err and "API key" in err
+    assert "nothing listens at 127.0.0.1:" in err
     assert secret not in out + err and len(err.strip().splitlines()) == 1
 
 
