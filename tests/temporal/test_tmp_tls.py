@@ -124,11 +124,12 @@ def mtls_result(runs) -> dict:
         stdout, stderr = runs["trainer"].communicate(timeout=DEADLINE_S)
         assert runs["trainer"].returncode == 0, stderr[-2000:]
         done["mtls"] = json.loads(stdout)
+        done["mtls outputs"] = [stdout, stderr]
     return done["mtls"]
 
 
 @pytest.mark.ns("mtls")
-def test_mtls_login_trains_through_the_front(runs, fronts, certs) -> None:
+def test_mtls_login_trains_through_the_front(runs, fronts, certs, temporal_server) -> None:
     out = mtls_result(runs)
     assert out["state"] == "completed" and out["workflow_id"] == "train/tiny"
     code, status, err = ctl([*mtls_args(fronts, certs), "status", "train/tiny", "--json", "--home",
@@ -140,6 +141,9 @@ def test_mtls_login_trains_through_the_front(runs, fronts, certs) -> None:
     assert [e["attrs"]["activity_id"] for e in events if e["type"] == "activity_completed"] == [
         "corpus-default", "train-000004"]
     assert fronts["mtls"].forwarded > 0  # the only way to the server: through the front's mTLS
+    private = certs.client_key.read_text().splitlines()[2]  # a line of the private key itself (not its header)
+    assert_secret_nowhere(private, [*runs["done"]["mtls outputs"], status, hist], runs["mtls_home"], temporal_server,
+                          "mtls", "train/tiny")
 
 
 @pytest.mark.ns("apikey")
