@@ -150,6 +150,7 @@ def run_scenario(
     oom_left: dict[int, int] | None = None,
     live: dict | None = None,
     files: dict[str, int] | None = None,
+    prefix=None,
 ) -> Outcome:
     """Run ``scn`` to its end under ``plan``, restarting the worker after every simulated kill.
 
@@ -158,6 +159,7 @@ def run_scenario(
     ``oom_left``: the trainer failures still to come (default: the scenario's).
     ``live``: filled with the current ``engine`` and ``fakes`` (for ``snapshot``).
     ``files``: the digests of the files already in ``home`` (``FakeActivities.files``).
+    ``prefix``: a ``simulator.prefix.ReplayPrefix`` the engine's first replay may start from.
     """
     ledger = ledger if ledger is not None else Ledger()
     clock = clock if clock is not None else VirtualClock(START_TIME)
@@ -194,6 +196,10 @@ def run_scenario(
         eng = None
         try:
             eng = _open_engine(db, clock, plan, fakes, workflow_fn)
+            if prefix is not None:
+                from .prefix import use_prefix
+
+                use_prefix(eng, prefix)
             live["engine"] = eng
             eng.start(WORKFLOW_TRAIN_RUN, wid, scn.input())
             status = eng.run_until_complete(wid)
@@ -255,27 +261,38 @@ def _copy_committed(src: Path, dst: Path, workflow_id: str | None = None) -> int
         source.close()
 
 
-def _link_tree(src: Path, dst: Path, depth: int = 0) -> None:
-    """Copy the files of ``src`` (but the database) into ``dst`` as hard links.
+UNREAD = ("evals",)  # top-level folders the fakes only write and no check reads: a snapshot leaves them out
+
+
+def _link_tree(src: str, dst: str, depth: int = 0) -> None:
+    """Copy the files of ``src`` (but the database and ``UNREAD``) into ``dst`` as hard links.
 
     The fakes never write a file in place (a temporary name, then a rename), so a recovery's
     writes never reach the uninterrupted run's files; linking instead of copying makes a
-    snapshot cost one system call per file.
+    snapshot cost one system call per file. The evaluation outputs (``evals/``) are written by
+    the fake evaluations and read by nothing (not by the fakes, not by a check; their bytes are
+    in the files digest, ``FakeActivities.files``, which a recovery inherits): leaving them out
+    of the snapshot changes nothing any run reads, and keeps a snapshot's size independent of
+    the number of evaluations so far.
     """
     if depth > 32:
         raise RuntimeError(f"{src}: folders nested too deep")
     with os.scandir(src) as entries:
         for e in entries:
+            name = e.name
             if e.is_dir(follow_symlinks=False):
-                os.mkdir(dst / e.name)
-                _link_tree(Path(e.path), dst / e.name, depth + 1)
-            elif not e.name.startswith("engine.db"):
-                os.link(e.path, dst / e.name)
+                if depth == 0 and name in UNREAD:
+                    continue
+                sub = f"{dst}/{name}"
+                os.mkdir(sub)
+                _link_tree(e.path, sub, depth + 1)
+            elif not name.startswith("engine.db"):
+                os.link(e.path, f"{dst}/{name}")
 
 
 def recover_from_snapshot(
     scn: Scenario, src_home: Path, position: int, where: str, live: dict, ledger: Ledger, clock: VirtualClock,
-    *, workflow_fn: Callable | None = None, watch: Callable | None = None,
+    *, workflow_fn: Callable | None = None, watch: Callable | None = None, prefix=None,
 ) -> Outcome:
     """The worker of ``src_home`` dies at ``position``: a new worker recovers from a copy of its files.
 
@@ -292,7 +309,7 @@ def recover_from_snapshot(
     from .convergence import CONVERGENCE_KIND, Converged
 
     home = new_home()
-    _link_tree(src_home, home)
+    _link_tree(os.fspath(src_home), os.fspath(home))
     copied = _copy_committed(src_home / ".ctl" / "engine.db", home / ".ctl" / "engine.db", scn.workflow_id)
     led = Ledger()
     led.entries = list(ledger.entries)
@@ -306,7 +323,8 @@ def recover_from_snapshot(
     with _owner_dead(live["engine"].owner):
         try:
             return run_scenario(scn, home, plan, workflow_fn=workflow_fn, ledger=led, clock=rclock,
-                                oom_left=dict(live["fakes"].oom_left), live=rlive, files=live["fakes"].files)
+                                oom_left=dict(live["fakes"].oom_left), live=rlive, files=live["fakes"].files,
+                                prefix=prefix)
         except Converged as stop:
             eng = rlive["engine"]
             try:

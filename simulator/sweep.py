@@ -45,6 +45,7 @@ from .convergence import (
 from .fakes import FakeActivities
 from .faults import FaultPlan, random_kills
 from .ledger import Ledger
+from .prefix import build_prefix, in_child
 from .scenario import START_TIME, Outcome, Scenario, new_home, recover_from_snapshot, remove_home, run_scenario
 
 
@@ -159,6 +160,10 @@ class Simulator:
         self.stats: Counter[str] = Counter()  # how runs ended, and how many kills they took
         self.timing: Counter[str] = Counter()  # seconds spent in recoveries
         self.on_outcome: Callable[[str, list[int], Outcome], None] | None = None  # sees every checked run
+        # dedup: recoveries after a long enough history share one fresh replay of it, by fork (simulator/prefix.py)
+        self.share_replay = True
+        self.share_min_events = 2000  # below this, a fresh replay costs less than a fork (measured)
+        self.share_every = 100  # a new shared replay once the history grew by this many events (and 5%)
         quiet_engine_logs()
 
     # ---- single runs -------------------------------------------------------------------------
@@ -320,14 +325,20 @@ class Simulator:
         last: list = [None, None]  # the previous recovery: its start key, and (outcome, state_lines, ledger suffix)
         found: dict[tuple, Target] = {}  # convergence points of recoveries that ran on
         src_history = HistoryDigest()  # the uninterrupted run's, brought up to date at its convergence points
-        for name in ("recoveries", "converged", "ran on", "checked splices", "refused splices"):
+        if dedup and self.share_replay:
+            compare_with(self._ref, self._ref)  # its cached side, made here once rather than in every child
+        for name in ("recoveries", "converged", "ran on", "checked splices", "refused splices", "shared replays"):
             self.stats.setdefault(name, 0)
+
+        prefix: list = [None]  # the current shared fresh replay of the uninterrupted run (simulator/prefix.py)
 
         def observe(n: int, kind: str, label: str) -> None:
             if dedup and kind == CONVERGENCE_KIND:
                 found.clear()
                 with live["engine"].store._lock:
                     src_history.catch_up(live["engine"].store.conn)
+                if self.share_replay:
+                    self._refresh_prefix(prefix, live["engine"], src_history.last_seq.get(self.scn.workflow_id, 0))
             if n not in todo:
                 return
             where = f"{kind} {label}"
@@ -340,25 +351,36 @@ class Simulator:
                 led.entries += [{**e, "seq": len(led.entries) + i} for i, e in enumerate(suffix)]
                 o = replace(rep, ledger=led)
                 m = self.check(o, what="kill", kills=[n], state_lines=state_lines)
+                if m is not None:
+                    m.lines.insert(0, f"killed at position {n}: {where}")
+                    self._finish(o, m)
             else:
                 last[0] = last[1] = None
-                try:
-                    o = self._recover(n, where, home, live, ledger, clock, found if dedup else None,
-                                      src_history.copy() if dedup else None)
-                except Exception as e:  # noqa: BLE001 - an engine error is a finding, not a crash of the sweep
-                    out.append(Mismatch("kill", [n], [f"killed at position {n}: {where}", f"recovery raised {e!r}"],
-                                        rerun_command(self.scn, [n], mutant=self.mutant)))
-                    return
-                state_lines = o.extra.pop("state_lines", None)
-                if state_lines is None and not self.scn.fail_suites:
-                    state_lines = self.state_lines(o)
-                crash = len(ledger.entries)
-                if dedup:
-                    last[0], last[1] = key, (o, state_lines, o.ledger.entries[crash + 1:])
-                m = self.check(o, what="kill", kills=[n], state_lines=state_lines)
-            if m is not None:
-                m.lines.insert(0, f"killed at position {n}: {where}")
-                self._finish(o, m)
+
+                def recover_and_check():
+                    try:
+                        o = self._recover(n, where, home, live, ledger, clock, found if dedup else None,
+                                          src_history.copy() if dedup else None, prefix=pre)
+                    except Exception as e:  # noqa: BLE001 - an engine error is a finding, not a crash of the sweep
+                        return Mismatch("kill", [n], [f"killed at position {n}: {where}", f"recovery raised {e!r}"],
+                                        rerun_command(self.scn, [n], mutant=self.mutant)), None
+                    state_lines = o.extra.pop("state_lines", None)
+                    if state_lines is None and not self.scn.fail_suites:
+                        state_lines = self.state_lines(o)
+                    crash = len(ledger.entries)
+                    m = self.check(o, what="kill", kills=[n], state_lines=state_lines)
+                    if m is not None:
+                        m.lines.insert(0, f"killed at position {n}: {where}")
+                        self._finish(o, m)
+                    return m, (o, state_lines, o.ledger.entries[crash + 1:])
+
+                pre = prefix[0] if dedup else None
+                if pre is not None:
+                    m, payload = self._in_child(recover_and_check, found)
+                else:
+                    m, payload = recover_and_check()
+                if dedup and payload is not None:
+                    last[0], last[1] = key, payload
             out.append(m)
             if stop_at_first and m is not None:
                 todo.clear()
@@ -378,20 +400,69 @@ class Simulator:
                                 rerun_command(self.scn, [], mutant=self.mutant)))
         return out
 
+    def _refresh_prefix(self, prefix: list, eng, events: int) -> None:
+        """At a convergence point of the uninterrupted run: a new shared fresh replay (simulator/prefix.py)
+        once its history has grown by ``share_every`` events and a twentieth since the last one."""
+        cur = prefix[0]
+        if events < self.share_min_events:
+            return
+        if cur is not None and events - cur.seq < max(self.share_every, cur.seq // 20):
+            return
+        t0 = time.perf_counter()
+        try:
+            new = build_prefix(eng, self.scn.workflow_id, WORKFLOW_TRAIN_RUN)
+        except Exception:  # noqa: BLE001 - then each recovery replays from scratch, and meets it itself
+            new = None
+        self.timing["shared replays"] += time.perf_counter() - t0
+        if new is not None:
+            self.stats["shared replays"] += 1
+            prefix[0] = new
+
+    def _in_child(self, recover_and_check: Callable, found: dict) -> tuple:
+        """``recover_and_check()`` in a forked child (it takes its copy of the shared replay); what the
+        parent keeps of it comes back: the mismatch, the outcome later positions reuse, the counts, the
+        convergence points it verified, and the outcomes ``on_outcome`` saw."""
+        keep_events = self.on_outcome is not None
+
+        def light(o: Outcome) -> Outcome:  # picklable: no plan (closures), no clock (a lock)
+            plan = FaultPlan(count=o.plan.count)
+            plan.crashes = [None] * len(o.plan.crashes)
+            return replace(o, plan=plan, clock=None, events=o.events if keep_events else [])
+
+        def child():
+            stats, timing, keys, seen = Counter(self.stats), Counter(self.timing), set(found), []
+            if self.on_outcome is not None:
+                self.on_outcome = lambda what, kills, o: seen.append((what, kills, light(o)))
+            m, payload = recover_and_check()
+            if payload is not None:
+                payload = (light(payload[0]),) + payload[1:]
+            return (m, payload, {k: v - stats[k] for k, v in self.stats.items() if v != stats[k]},
+                    {k: v - timing[k] for k, v in self.timing.items() if v != timing[k]},
+                    {k: t for k, t in found.items() if k not in keys}, seen)
+
+        m, payload, stats, timing, new, seen = in_child(child)
+        self.stats.update(stats)
+        self.timing.update(timing)
+        found.update(new)
+        if self.on_outcome is not None:
+            for args in seen:
+                self.on_outcome(*args)
+        return m, payload
+
     def _recover(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
-                 found: dict | None, history: HistoryDigest | None) -> Outcome:
+                 found: dict | None, history: HistoryDigest | None, prefix=None) -> Outcome:
         """The recovery of a kill at ``n``; with ``found``, stopped at convergence and spliced."""
         self.stats["recoveries"] += 1
         t0, before = time.perf_counter(), self.stats["converged"]
         try:
-            return self._recover_timed(n, where, home, live, ledger, clock, found, history)
+            return self._recover_timed(n, where, home, live, ledger, clock, found, history, prefix)
         finally:
             kind = "converged" if self.stats["converged"] > before else "ran on"
             self.stats[kind] += kind == "ran on"
             self.timing[kind] += time.perf_counter() - t0
 
     def _recover_timed(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
-                       found: dict | None, history: HistoryDigest | None) -> Outcome:
+                       found: dict | None, history: HistoryDigest | None, prefix=None) -> Outcome:
         if found is None:
             return recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn)
         mine: list[Target] = []  # this recovery's convergence points, verified when it ends
@@ -421,7 +492,7 @@ class Simulator:
                 mine.append(found[key])
 
         o = recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
-                                  watch=watch)
+                                  watch=watch, prefix=prefix)
         target = o.extra.pop("converged", None)
         if target is None:  # ran to the end
             files = final_files_lines(o) if o.state == "completed" else []

@@ -111,6 +111,7 @@ def test_the_fast_modes_make_the_same_runs_as_the_literal_one():
         return on_outcome
 
     sim = Simulator(Scenario(steps=400, eval_every=150, checkpoint_every=50, suites=("ppl", "zoo")))
+    sim.share_min_events, sim.share_every = 0, 1  # every recovery after the first cut forks off a shared replay
     sim.reference()
     positions = list(range(0, len(sim.trace), 3))
     for mode in ("rerun", "snapshot", "dedup"):
@@ -120,6 +121,7 @@ def test_the_fast_modes_make_the_same_runs_as_the_literal_one():
     for k in positions:
         assert seen["rerun"][k] == seen["snapshot"][k] == seen["dedup"][k], f"position {k}: {sim.where(k)}"
     assert sim.stats["converged"] > 0  # some recoveries were stopped at convergence and spliced
+    assert sim.stats["shared replays"] >= 2
 
 
 def test_at_100_segments_converged_recoveries_are_the_runs_that_ran_to_the_end():
@@ -136,6 +138,7 @@ def test_at_100_segments_converged_recoveries_are_the_runs_that_ran_to_the_end()
         return on_outcome
 
     sim = Simulator(Scenario(steps=200, eval_every=2, checkpoint_every=10, eval_interval_s=5))
+    sim.share_min_events, sim.share_every = 0, 1  # recoveries fork off a fresh replay shared per segment
     sim.reference()
     assert len(sim.reference().result["segments"]) == 100
     n = len(sim.trace)
@@ -155,7 +158,7 @@ def test_at_100_segments_converged_recoveries_are_the_runs_that_ran_to_the_end()
     assert sorted(seen["rerun"]) == sorted(seen["dedup"]) == picks
     for k in picks:
         assert seen["rerun"][k] == seen["dedup"][k], f"position {k}: {sim.where(k)}"
-    assert sim.stats["converged"] >= 3 and sim.stats["checked splices"] >= 1
+    assert sim.stats["converged"] >= 3 and sim.stats["checked splices"] >= 1 and sim.stats["shared replays"] >= 40
 
 
 class _Leaky:

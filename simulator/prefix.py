@@ -1,0 +1,209 @@
+"""A fresh replay of a history prefix, made once and shared by the recoveries after it (by fork).
+
+Each distinct kill state of a sweep is recovered by a fresh engine, whose first workflow task
+replays the whole history from scratch: O(history) per recovery, the quadratic term of a long
+sweep. Python cannot copy a coroutine, but ``os.fork`` can: the sweep makes a fresh replay of
+the uninterrupted run's history up to a *cut* (``build_prefix``), and runs each recovery after
+that cut in a forked child, whose fresh engine takes its copy of that replayer on its first task
+(``use_prefix``) and reads, checks and feeds only the events after the cut.
+
+What a recovery still does for real: its own engine on its own copy of the files, its own
+expiry of the dead worker's leases, its own transactions; its first workflow task reads every
+event after the cut from its own database (checksums verified), feeds them to the replayer and
+runs the workflow code on from where the prefix replay left it, exactly as the engine's task
+does with a replayer it has. The events up to the cut were replayed by a *fresh* replayer
+(the engine's own ``_new_replayer``: the recorded input decoded and checked against event 1,
+every event read from 0 and checksummed, the code run from its start), once per cut.
+
+Why the result equals a fresh replay of the recovery's whole history (the argument):
+
+1. The recovery's database holds the cut's events byte for byte: its events 1..c have the
+   checksums the prefix replay verified (compared in the child; else no prefix is used), and
+   the workflow row's input text is the one the prefix decoded.
+2. A replayer's indexes (``Replayer.record``) are a fold over the events in order; feeding
+   1..c then c+1..n builds the same indexes as feeding 1..n.
+3. The workflow code is a coroutine that sees only the values sent to it and the runtime's
+   ``now``/``is_replaying``. At the cut it is blocked on command k, recorded in 1..c and not
+   resolved there, no cancel recorded, no new command issued (checked by ``build_prefix``).
+   A fresh replay of 1..n runs the code over commands 0..k-1 with the same recorded outcomes
+   and times, then reaches k; from there both runs see the same history (all of 1..n) before
+   the code resumes, so they send the same values and answer ``is_replaying`` alike (it is
+   read while the code runs, after everything is fed in both). So the code issues the same
+   commands with the same inputs, and the sink gets the same calls.
+
+A bug that only a fresh replay of the events after the cut would show is therefore one in
+the engine's incremental feed, which every uninterrupted run exercises at every task;
+``tests/simulator`` runs the sweep with a prefix at every cut and compares every position's
+outcome with a literal rerun from the start, and a prefix built without its checks (a replayer
+not blocked on a recorded command) makes that comparison fail.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from engine.history import read_events
+from engine.replay import DrySink, Replayer
+
+MAX_REPLY_BYTES = 1 << 31  # a child's reply larger than this is a runaway
+
+
+@dataclass
+class ReplayPrefix:
+    """A replayer that replayed a workflow's events 1..``seq`` fresh, blocked on a recorded command."""
+
+    workflow_id: str
+    seq: int
+    crcs: str  # the checksums of events 1..seq, in order (their bytes, via event_crc)
+    input_text: str  # the workflow row's input, as the replayer decoded it
+    replayer: Replayer
+    used: bool = False  # a coroutine runs on once: the first engine to take it consumes it
+
+
+class _PrefixSink(DrySink):
+    """A dry sink that has the database the engine's ``_new_replayer`` reads the input from."""
+
+    def __init__(self, db):
+        super().__init__()
+        self.db = db
+        self.canceled: list[int] = []
+        self.finished = False
+
+    def cancel_pending(self, r, k):
+        self.canceled.append(k)
+
+    def finish(self, r, state, payload):
+        self.finished = True
+
+
+def event_crcs(conn, workflow_id: str, seq: int) -> str | None:
+    """The checksums of events 1..``seq`` of ``workflow_id``, or None if those are not all there."""
+    n, text = conn.execute(
+        "SELECT COUNT(*), group_concat(crc, ',') FROM (SELECT crc FROM events WHERE workflow_id=? AND seq<=? "
+        "ORDER BY seq)", (workflow_id, seq)).fetchone()
+    return text if n == seq else None
+
+
+def build_prefix(eng, workflow_id: str, workflow_name: str) -> ReplayPrefix | None:
+    """A fresh replay of the history of ``workflow_id`` in ``eng``'s database as it stands (the caller
+    holds the engine idle, no transaction open); None where the history ends anywhere but with the
+    code blocked on a recorded, unresolved command (see the module docstring, 3.)."""
+    reg = eng._workflows.get(workflow_name)
+    if reg is None:
+        return None
+    conn = eng.store.conn
+    with eng.store._lock:
+        row = conn.execute("SELECT input, state FROM workflows WHERE id=?", (workflow_id,)).fetchone()
+        if row is None or row[1] != "running":
+            return None
+        sink = _PrefixSink(conn)
+        r = eng._new_replayer(reg, workflow_id, row[0], sink)
+        if r.fn is not reg.fn:  # the input no longer validates: nothing to share
+            return None
+        r.feed(read_events(conn, workflow_id, 0))
+        r.advance()
+        crcs = event_crcs(conn, workflow_id, r.last_seq)
+    k = r.blocked_on
+    ok = (not r.done and not sink.new and not sink.canceled and not sink.finished and r.cancel_event is None
+          and r.terminal is None and k is not None and k < len(r.commands) and k not in r.resolutions)
+    if not ok or crcs is None:
+        return None
+    r.sink = None
+    return ReplayPrefix(workflow_id, r.last_seq, crcs, row[0], r)
+
+
+def use_prefix(eng, prefix: ReplayPrefix) -> None:
+    """Make ``eng``'s first replay of ``prefix.workflow_id`` start from ``prefix`` (used once), where its
+    database holds the same input and events 1..seq; otherwise the engine replays from scratch."""
+    fresh = eng._new_replayer
+
+    def new_replayer(reg, workflow_id, input_json, sink):
+        if (not prefix.used and workflow_id == prefix.workflow_id and input_json == prefix.input_text
+                and reg.fn is prefix.replayer.fn
+                and event_crcs(sink.db, workflow_id, prefix.seq) == prefix.crcs):
+            prefix.used = True
+            return prefix.replayer
+        return fresh(reg, workflow_id, input_json, sink)
+
+    eng._new_replayer = new_replayer
+
+
+class _ParentPid:
+    """``os`` as ``engine.leases`` sees it in a forked child: the pid is the parent's.
+
+    A simulated worker is an ``Engine`` instance, not a process: a killed one is told dead by its
+    instance leaving the live set (``leases.mark_dead``), which the engine consults for owners of
+    *this* process. A recovery forked off the sweep is that same simulated process (its leases,
+    its events' ``worker`` name), so there it keeps the parent's pid.
+    """
+
+    def __init__(self, pid: int):
+        self._pid = pid
+
+    def getpid(self) -> int:
+        return self._pid
+
+    def __getattr__(self, name: str):
+        return getattr(os, name)
+
+
+def in_child(fn: Callable[[], Any]) -> Any:
+    """``fn()`` run in a forked child process; its result (pickled) comes back, its side effects do not.
+
+    An exception in the child is raised here as a ``RuntimeError`` with the child's traceback;
+    a child that dies without a reply likewise.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    from engine import leases
+
+    parent = os.getpid()
+    rfd, wfd = os.pipe()
+    gc.freeze()  # the child's collector would otherwise touch (copy) every page of the parent
+    try:
+        pid = os.fork()
+    finally:
+        gc.unfreeze()
+    if pid == 0:  # the child: never returns
+        os.close(rfd)
+        gc.disable()
+        leases.os = _ParentPid(parent)
+        code = 0
+        try:
+            try:
+                data = pickle.dumps((True, fn()), protocol=pickle.HIGHEST_PROTOCOL)
+            except BaseException:  # noqa: BLE001 - reported to the parent
+                data = pickle.dumps((False, traceback.format_exc()), protocol=pickle.HIGHEST_PROTOCOL)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(wfd, view):]
+        except BaseException:  # noqa: BLE001
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    chunks, size = [], 0
+    try:
+        while True:
+            b = os.read(rfd, 1 << 20)
+            if not b:
+                break
+            size += len(b)
+            if size > MAX_REPLY_BYTES:
+                os.kill(pid, 9)
+                raise RuntimeError("a recovery process sent more than 2 GiB")
+            chunks.append(b)
+    finally:
+        os.close(rfd)
+        _, status = os.waitpid(pid, 0)
+    if not chunks:
+        raise RuntimeError(f"a recovery process died without a reply (wait status {status})")
+    ok, value = pickle.loads(b"".join(chunks))
+    if not ok:
+        raise RuntimeError(f"a recovery process raised:\n{value}")
+    return value
