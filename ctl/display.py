@@ -2,9 +2,11 @@
 
 On a terminal: one progress bar over the whole run's steps (step/total, smoothed and last
 loss, tokens/s, elapsed, ETA) and a second row for the phase: training segment k/n (its own
-step range), evaluating suite s of checkpoint c (against the previous evaluations' duration),
-or waiting until HH:MM:SS with a countdown. Each checkpoint, finished segment and evaluation
-is printed above it as one permanent line with its figure (``ppl 7.41 at step 200``).
+step range), evaluating suite s of checkpoint c with its own progress (``37/120 windows, ETA
+0:04``, from the counts ``tinyllm eval`` writes to its attempt's progress file, see
+ctl/evalprogress.py; an ``eval_command`` without counts: the time elapsed against the previous
+evaluations'), or waiting until HH:MM:SS with a countdown. Each checkpoint, finished segment
+and evaluation is printed above it as one permanent line with its figure (``ppl 7.41 at step 200``).
 
 Not a terminal (CI logs): the same permanent lines, the phase changes, and a status line
 every ``CTL_PROGRESS_EVERY_S`` seconds (default 10) instead of the bar.
@@ -28,6 +30,7 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
+from .evalprogress import EvalCounts, EvalFollower, run_name
 from .runview import (MetricsTail, RunView, figures_text, first_subject_metrics, fmt_duration, headline, local_time,
                       run_view)
 
@@ -83,6 +86,8 @@ class LiveDisplay:
         self._suppress: set[str] = set()  # "activity#attempt" of the dead attempt a resume replaces
         self._progress: Progress | None = None
         self._tasks: dict[str, Any] = {}
+        self._evals = EvalFollower(self.home)
+        self._eval_counts: EvalCounts | None = None  # of the evaluation in flight, from its progress file
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -232,6 +237,7 @@ class LiveDisplay:
             if line:
                 self._emit(line)
         now = self.clock()
+        self._eval_counts = self._evals.counts(view, run_name(view, self.events), now)
         self._update(view, now)
 
     def _event_line(self, view: RunView, e: Any) -> str | None:
@@ -282,8 +288,9 @@ class LiveDisplay:
         tail = self.tail
         step = (tail.step if tail and tail.step is not None else None) or view.last_checkpoint_step or view.steps_done()
         step_rate, tok_rate = tail.rates() if tail else (None, None)
+        eval_left_s = self._eval_counts.eta_s if self._eval_counts is not None else None
         return {"step": step, "smoothed": tail.smoothed if tail else None, "last": tail.last_loss if tail else None,
-                "tok_s": tok_rate, "eta_s": view.remaining_work_s(step, step_rate, now),
+                "tok_s": tok_rate, "eta_s": view.remaining_work_s(step, step_rate, now, eval_left_s),
                 "elapsed_s": now - self._t0}
 
     def run_line(self, view: RunView, now: float) -> str:
@@ -305,6 +312,9 @@ class LiveDisplay:
         if p.kind == "evaluating":
             what, _, of = p.text.partition(" of ")
             of = f"{of}: " if of else ""
+            c = self._eval_counts
+            if c is not None:  # its own count (tinyllm eval's progress lines)
+                return what, f"{of}{c.text()}", float(c.of), float(c.done)
             took = [e.duration_s for e in view.evals() if e.duration_s is not None and not e.reused]
             elapsed = max(0.0, now - (p.since or now))
             if took:
@@ -338,6 +348,8 @@ class LiveDisplay:
             self._progress.update(self._tasks["phase"], description=what, total=ptotal, completed=pdone, info=detail)
             return
         phase = f"{what}: {detail}" if detail else what
+        if view.phase.kind == "evaluating" and self._eval_counts is not None:
+            phase = f"{view.phase.text}: {self._eval_counts.text()}"
         key = view.phase.text
         if key != self._last_phase and view.phase.kind in ("training", "evaluating", "corpus"):
             self._last_phase = key

@@ -9,11 +9,13 @@ adds to ``app.outcome_json`` (stable; README "Watching a run" documents them):
   lease's owner process is known dead or the heartbeat deadline passed, or when a timer or an
   activity has been due for longer than ``OVERDUE_S`` without any worker taking it.
 * ``progress``: ``{"phase", "step", "total_steps", "last_loss", "last_checkpoint",
-  "last_checkpoint_step", "last_eval", "eta_s", "segments_done", "segments"}``.
+  "last_checkpoint_step", "last_eval", "eval_progress", "eta_s", "segments_done", "segments"}``;
+  ``eval_progress`` is ``{"done", "of", "unit", "eta_s"}`` of the evaluation in flight, from its
+  attempt's progress file (ctl/evalprogress.py), or null (none in flight, or no counts written).
 * ``timers``: ``[{"fire_at", "fire_at_local", "remaining_s"}]`` of pending timers.
 
-Reads the engine's tables through the engine's own connection (``engine.store.query``) and
-``runs/<name>/metrics.jsonl``; writes nothing.
+Reads the engine's tables through the engine's own connection (``engine.store.query``),
+``runs/<name>/metrics.jsonl`` and the progress file of an evaluation in flight; writes nothing.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Any
 
 from engine import leases
 
+from .evalprogress import EvalCounts, EvalFollower
 from .runview import MetricsTail, RunView, local_time, run_view
 
 OVERDUE_S = 15.0  # due work nobody took for this long: no worker is running the home folder
@@ -68,7 +71,7 @@ def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str,
             "lease_age_s": None, "heartbeat_age_s": None, "reason": "nothing in flight"}
 
 
-def progress_info(view: RunView, tail: MetricsTail, now: float) -> dict:
+def progress_info(view: RunView, tail: MetricsTail, now: float, counts: EvalCounts | None = None) -> dict:
     step = tail.step if tail.step is not None else view.last_checkpoint_step or view.steps_done()
     step_rate, _ = tail.rates()
     last = view.last_eval()
@@ -79,7 +82,8 @@ def progress_info(view: RunView, tail: MetricsTail, now: float) -> dict:
         "last_checkpoint": view.last_checkpoint, "last_checkpoint_step": view.last_checkpoint_step,
         "last_eval": None if last is None else {"activity_id": last.activity_id, "suite": last.suite,
                                                 "step": last.step, "metrics": last.metrics},
-        "eta_s": view.remaining_work_s(step or 0, step_rate, now),
+        "eval_progress": None if counts is None else counts.to_json(),
+        "eta_s": view.remaining_work_s(step or 0, step_rate, now, None if counts is None else counts.eta_s),
         "segments_done": len([s for s in view.segments if s.state == "done"]),
         "segments": len(view.segments),
     }
@@ -100,7 +104,8 @@ def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
         tail = MetricsTail(home / "runs" / view.name / "metrics.jsonl") if view.name else None
         if tail is not None:
             tail.poll()
-            out["progress"] = progress_info(view, tail, now)
+            counts = EvalFollower(home).counts(view, view.name, now) if st.state == "running" else None
+            out["progress"] = progress_info(view, tail, now, counts)
     return out
 
 
@@ -122,8 +127,10 @@ def status_lines(st: Any, extra: dict, now: float) -> list[str]:
     p = extra.get("progress")
     if p is not None:
         loss = f", last loss {p['last_loss']:.4f}" if isinstance(p["last_loss"], (int, float)) else ""
+        ev = p.get("eval_progress")
+        counted = f": {EvalCounts(**ev).text()}" if ev else ""
         lines.append(f"  progress: step {p['step'] or 0}/{p['total_steps']}{loss}; segments {p['segments_done']}/"
-                     f"{p['segments']} done; {p['phase']}")
+                     f"{p['segments']} done; {p['phase']}{counted}")
         if p["last_checkpoint"]:
             lines.append(f"  last checkpoint: {p['last_checkpoint']} (step {p['last_checkpoint_step']})")
         ev = p["last_eval"]

@@ -164,10 +164,12 @@ class RunView:
         done = [s.until for s in self.segments if s.state == "done"]
         return max(done) if done else 0
 
-    def remaining_work_s(self, step: int, step_rate: float | None, now: float) -> float | None:
+    def remaining_work_s(self, step: int, step_rate: float | None, now: float,
+                         eval_left_s: float | None = None) -> float | None:
         """Seconds left, measured in this run: the segment in flight at ``step_rate``, the segments
-        after it at the pace of the finished ones (trainer start-up included), evaluations at their
-        mean duration, and the cadence waits not yet over. None while nothing was measured."""
+        after it at the pace of the finished ones (trainer start-up included), the evaluation in
+        flight by its own count (``eval_left_s``, else like the others), evaluations at their mean
+        duration, and the cadence waits not yet over. None while nothing was measured."""
         if self.state != "running":
             return 0.0
         finished = [s for s in self.segments if s.state == "done" and not s.reused and s.duration_s]
@@ -191,7 +193,9 @@ class RunView:
         mean_eval = sum(durations) / len(durations) if durations else 0.0
         left_evals = [e for e in self.evals() if e.state in ("pending", "running")]
         total += mean_eval * len(left_evals)
-        if self.phase.kind == "evaluating" and self.phase.since is not None:
+        if self.phase.kind == "evaluating" and eval_left_s is not None:
+            total += eval_left_s - (mean_eval if left_evals else 0.0)  # the one in flight: its own ETA
+        elif self.phase.kind == "evaluating" and self.phase.since is not None:
             total -= min(mean_eval, max(0.0, now - self.phase.since))
         first_open = next((s.index for s in self.segments if not s.reused), len(self.segments))
         waits_total = max(0, len(self.segments) - first_open) if self.interval_s > 0 else 0
@@ -335,50 +339,78 @@ def read_frames(path: Path) -> list[dict]:
     return out
 
 
-class MetricsTail:
-    """Follows ``metrics.jsonl`` by offset; a file that shrank (a resume rewrote it) is re-read."""
+class JsonlTail:
+    """Follows a JSON-lines file by offset, read-only and bounded: at most ``MAX_READ_BYTES`` per
+    poll (a bigger backlog is skipped to its tail), an unfinished last line waits for the next
+    poll, a line that is not a JSON object is skipped, a file that shrank (rewritten) is read again."""
 
     def __init__(self, path: Path):
         self.path = path
         self.offset = 0
-        self.frames: list[dict] = []
-        self.smoothed: float | None = None
-        self.last_loss: float | None = None
         self._partial = b""
 
-    def poll(self) -> list[dict]:
-        """New frames since the last poll."""
+    def restarted(self) -> None:
+        """The file was rewritten: what was read of it is gone (subclasses forget their state)."""
+
+    def poll_objects(self) -> list[dict]:
+        """The JSON objects of the lines completed since the last poll."""
         try:
             size = os.path.getsize(self.path)
         except OSError:
             return []
-        if size < self.offset:  # rewritten on resume: start over
-            self.offset, self.frames, self._partial, self.smoothed = 0, [], b"", None
+        if size < self.offset:  # rewritten: start over
+            self.offset, self._partial = 0, b""
+            self.restarted()
         if size == self.offset:
             return []
         start = max(self.offset, size - MAX_READ_BYTES)
-        with open(self.path, "rb") as f:
-            f.seek(start)
-            data = f.read(size - start)
-        if start > self.offset:  # skipped a backlog: drop the torn first line
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(start)
+                data = f.read(size - start)
+        except OSError:
+            return []
+        skipped, self.offset = start > self.offset, start + len(data)
+        if skipped:  # skipped a backlog: drop the torn first line
             self._partial, data = b"", data.split(b"\n", 1)[-1]
-        self.offset = size
         data = self._partial + data
         lines = data.split(b"\n")
         self._partial = lines.pop()  # an unfinished last line waits for the next poll
-        new = []
+        out = []
         for line in lines:
             try:
-                frame = json.loads(line)
+                obj = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(frame, dict) and isinstance(frame.get("step"), int):
+            if isinstance(obj, dict):
+                out.append(obj)
+        return out
+
+
+class MetricsTail(JsonlTail):
+    """Follows ``metrics.jsonl``; a file that shrank (a resume rewrote it) is re-read."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        self.frames: list[dict] = []
+        self.smoothed: float | None = None
+        self.last_loss: float | None = None
+
+    def restarted(self) -> None:
+        self.frames, self.smoothed = [], None
+
+    def poll(self) -> list[dict]:
+        """New frames since the last poll."""
+        new = []
+        for frame in self.poll_objects():
+            if isinstance(frame.get("step"), int):
                 new.append(frame)
                 loss = frame.get("train/loss")
                 if isinstance(loss, (int, float)):
                     self.last_loss = float(loss)
                     self.smoothed = loss if self.smoothed is None else SMOOTHING * self.smoothed + (1 - SMOOTHING) * loss
-        self.frames = (self.frames + new)[-MAX_FRAMES_KEPT:]
+        if new:
+            self.frames = (self.frames + new)[-MAX_FRAMES_KEPT:]
         return new
 
     @property

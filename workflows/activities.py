@@ -63,6 +63,16 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.close(dir_fd)
 
 
+def activity_dir(home: Path, name: str, activity_id: str) -> Path:
+    """Where an activity of run ``name`` keeps its spec and its attempts' progress files."""
+    return home / "runs" / name / "activity" / activity_id
+
+
+def progress_path(home: Path, name: str, activity_id: str, attempt: int) -> Path:
+    """The progress file of one attempt (``ctl`` reads it to show how far an evaluation is)."""
+    return activity_dir(home, name, activity_id) / f"progress-{attempt}.jsonl"
+
+
 def checkpoint_step(path: str | Path) -> int | None:
     """The step a ``.../step-NNNNNN`` checkpoint path names, or None."""
     m = _STEP_DIR.match(Path(path).name)
@@ -115,7 +125,7 @@ class TinyllmActivities:
         return [self.python, "-m", "tinyllm.cli", command, "--spec", str(spec_path), "--home", str(self.home), *extra]
 
     def _workdir(self, name: str, activity_id: str) -> Path:
-        return self.home / "runs" / name / "activity" / activity_id
+        return activity_dir(self.home, name, activity_id)
 
     def _run(self, ctx: ActivityContext, argv: list[str], progress_path: Path, how: Invocation | None = None) -> Any:
         from engine.subprocess_runner import run_subprocess  # the engine's runner
@@ -144,10 +154,10 @@ class TinyllmActivities:
         spec_path = work / "spec.json"
         atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
         resume = choose_resume(self.home, name, until, ctx.attempt, ctx.last_heartbeat_details)
-        extra = ["--progress", str(work / f"progress-{ctx.attempt}.jsonl")]
+        progress = progress_path(self.home, name, ctx.activity_id, ctx.attempt)
+        extra = ["--progress", str(progress)]
         if resume:
             extra += ["--resume", resume]
-        progress = work / f"progress-{ctx.attempt}.jsonl"
         argv, how = self._invocation(inp.spec, "train", spec_path, *extra)
         if not how.custom and inp.total_steps is not None and inp.total_steps != until:
             argv = [*argv, "--total-steps", str(inp.total_steps)]  # tinyllm's; not in the public contract
@@ -162,7 +172,7 @@ class TinyllmActivities:
         work = self._workdir(str(inp.spec["name"]), ctx.activity_id)
         spec_path = work / "spec.json"
         atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
-        progress = work / f"progress-{ctx.attempt}.jsonl"
+        progress = progress_path(self.home, str(inp.spec["name"]), ctx.activity_id, ctx.attempt)
         argv, how = self._invocation(inp.spec, "eval", spec_path, "--progress", str(progress))
         out = self._run(ctx, argv, progress, how)
         if how.custom:

@@ -48,3 +48,59 @@ def test_live_display_then_kill_then_one_resume_line(tmp_path: Path) -> None:
     finally:
         term.close()
     wait_for(lambda: not processes_with(str(home)), "the second trainer to be gone", 120)
+
+
+STUB_EVAL = '''"""An eval_command (the contract's): suite "counted" writes done/of counts, suite "plain" none;
+each waits for the test's release file, so the terminal can be read while it runs."""
+import argparse, json, time
+from pathlib import Path
+
+p = argparse.ArgumentParser()
+p.add_argument("--spec"); p.add_argument("--home"); p.add_argument("--progress")
+args = p.parse_args()
+spec = json.loads(Path(args.spec).read_text())
+suite = spec["suite"]
+
+
+def line(**fields):
+    with open(args.progress, "a") as f:
+        f.write(json.dumps({**fields, "time": time.time()}) + "\\n")
+
+
+line(event="starting")
+if suite == "counted":
+    line(event="ready", done=0, of=120, unit="windows")
+    time.sleep(0.3)
+    line(event="progress", done=37, of=120, unit="windows")
+deadline = time.monotonic() + 120
+while not (Path(args.home) / f"release-{suite}").exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+line(event="progress", **({"done": 120, "of": 120, "unit": "windows"} if suite == "counted" else {}))
+print(json.dumps({"suite": suite, "run": spec["name"], "summary": {"metrics": {}}}))
+'''
+
+
+def test_ctl_eval_shows_the_evaluations_own_count_else_the_time(tmp_path: Path) -> None:
+    """`ctl eval` on a terminal: the phase row is the suite's own bar (done/of from its progress file,
+    with an ETA) when the eval_command writes counts, and the time elapsed when it writes none."""
+    import json
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "stub_eval.py").write_text(STUB_EVAL)
+    (home / "ckpt").mkdir()
+    spec = home / "spec.json"
+    spec.write_text(json.dumps({"name": "stub", "steps": 2, "trainer": {
+        "command": ["python", "-c", "pass"], "eval_command": ["python", str(home / "stub_eval.py")]}}))
+    term = Terminal([sys.executable, "-m", "ctl.cli", "eval", "--spec", str(spec), "--suite", "counted",
+                     "--suite", "plain", "--subject", "a=ckpt", "--home", str(home)])
+    try:
+        term.wait_text(r"evaluating counted \(1/2\)\s+\S*━+\S*\s+37/120 windows, ETA \d+:\d\d", "the suite's own count")
+        (home / "release-counted").touch()
+        term.wait_text(r"evaluating plain \(2/2\)\s+\S*━+\S*\s+0:0[1-9]\n", "the time elapsed")
+        (home / "release-plain").touch()
+        term.wait_text(r"eval/a completed", "the end")
+        assert term.proc.wait(timeout=60) == 0
+        assert not re.search(r"evaluating plain \(2/2\)\s+\S*\s+\d+/\d+", term.text)  # no counts it never wrote
+    finally:
+        term.close()

@@ -189,3 +189,79 @@ def test_plot_png_is_written_and_draws_the_run(finished, tmp_path: Path) -> None
     assert list(ax_lr.get_lines()[0].get_ydata()) == [f["optim/lr"] for f in frames(home)]
     marks = ax.collections[0].get_offsets()
     assert [tuple(m) for m in marks] == [(st, summary(home, st)["heldout/loss"]) for st in (12, 24)]
+
+
+class _Backend:
+    """The run's real history, cut where the test says (read as another backend's: engine.history)."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def history(self, workflow_id: str) -> list:
+        return self.events
+
+
+def _until_eval_started(home: Path) -> tuple[list, float]:
+    from engine import Engine
+
+    eng = Engine(home / ".ctl" / "engine.db")
+    try:
+        events = eng.history("train/mini")
+    finally:
+        eng.close()
+    cut = next(i for i, e in enumerate(events)
+               if e.type == "activity_started" and e.attrs["activity_id"] == "eval-000012-ppl")
+    return events[:cut + 1], events[cut].time
+
+
+def _display(home: Path, events: list, now: float):
+    import io
+
+    from rich.console import Console
+
+    from ctl.display import LiveDisplay
+
+    out = io.StringIO()
+    d = LiveDisplay(home, _Backend(events), "train/mini", console=Console(file=out, width=300), clock=lambda: now)
+    d._poll()  # one poll, as the display's thread does every 0.5 s
+    return d, out.getvalue()
+
+
+def test_the_eval_phase_shows_the_count_of_its_progress_file(finished, tmp_path: Path) -> None:
+    """The display and `ctl status` read the evaluation's counts from its attempt's progress file:
+    the one tinyllm eval wrote in the run (ready 0/4, then 4/4 at the end of the subject), and a
+    recorded mid-evaluation file (37/120 after 10 s: ETA 22 s - the 2 s since) with a torn last line."""
+    import shutil
+    from types import SimpleNamespace
+
+    from ctl import runstatus
+
+    home, _ = finished
+    events, started = _until_eval_started(home)
+    lines = [json.loads(x) for x in (home / "runs/mini/activity/eval-000012-ppl/progress-1.jsonl").read_text().splitlines()]
+    counted = [x for x in lines if "done" in x]
+    assert (counted[0]["event"], counted[0]["done"], counted[-1]["done"], counted[-1]["of"]) == ("ready", 0, 4, 4)
+    _, text = _display(home, events, counted[-1]["time"])
+    assert "evaluating ppl (1/1) of step-000012: 4/4 windows, ETA 0:00 | step " in text  # the plain line
+
+    mid = tmp_path / "mid"
+    shutil.copytree(home / "runs/mini", mid / "runs/mini", ignore=shutil.ignore_patterns("ckpt", "activity"))
+    progress = mid / "runs/mini/activity/eval-000012-ppl/progress-1.jsonl"
+    progress.parent.mkdir(parents=True)
+    progress.write_text("".join(json.dumps(x) + "\n" for x in (
+        {"event": "starting", "time": started}, {"event": "ready", "done": 0, "of": 120, "unit": "windows", "time": started},
+        {"event": "progress", "done": 37, "of": 120, "unit": "windows", "time": started + 10})) + '{"event": "progress", "do')
+    d, text = _display(mid, events, started + 12)
+    assert "evaluating ppl (1/1) of step-000012: 37/120 windows, ETA 0:20 |" in text
+    assert d.phase_line(d._view(), started + 12) == ("evaluating ppl (1/1)", "step-000012: 37/120 windows, ETA 0:20",
+                                                     120.0, 37.0)  # the terminal's bar: 37 of 120
+    st = SimpleNamespace(workflow_id="train/mini", workflow="TrainRun", state="running")
+    extra = runstatus.describe(_Backend(events), mid, st, started + 12)
+    assert extra["progress"]["eval_progress"] == {"done": 37, "of": 120, "unit": "windows",
+                                                  "eta_s": pytest.approx(83 / 3.7 - 2)}
+    assert any(line.endswith("evaluating ppl (1/1) of step-000012: 37/120 windows, ETA 0:20")
+               for line in runstatus.status_lines(st, extra, started + 12))
+
+    progress.write_text(json.dumps({"event": "starting", "time": started}) + "\n")  # an eval_command without counts
+    _, text = _display(mid, events, started + 2)
+    assert "evaluating ppl (1/1): step-000012: 0:02 |" in text and "windows" not in text
