@@ -30,9 +30,16 @@ class Backend:
         from engine.temporal import ConfigError, TemporalConfig
 
         try:
-            return TemporalConfig.from_env(**dict(self.options))
+            cfg = TemporalConfig.from_env(**dict(self.options))
         except ConfigError as e:
             raise BadRequest(str(e)) from None
+        if cfg.api_key and not cfg.uses_tls and not _warned:
+            _warned.append(True)
+            print(f"ctl: warning: --no-tls sends $CTL_TEMPORAL_API_KEY to {cfg.address} in clear text", file=sys.stderr)
+        return cfg
+
+
+_warned: list[bool] = []  # the clear-text API key warning, once per ctl process
 
 
 _chosen = Backend()
@@ -44,6 +51,7 @@ def choose(backend: Backend) -> None:
     if backend.name not in BACKENDS:
         raise BadRequest(f"unknown backend {backend.name!r} (known: {', '.join(BACKENDS)})")
     _chosen = backend
+    _warned.clear()
 
 
 def chosen() -> Backend:
