@@ -324,13 +324,41 @@ class Engine(Worker):
         return good, bad
 
     def activities(self, workflow_id: str) -> list[ActivityInfo]:
-        self._row(workflow_id)
+        """Every activity the workflow scheduled, in command order: an open one (scheduled or running)
+        as its row says, a closed one (its row deleted) as its history says."""
+        infos: dict[str, ActivityInfo] = {}
+        for e in self.history(workflow_id):
+            a = e.attrs
+            info = infos.get(a.get("activity_id"))  # type: ignore[arg-type]
+            if e.type == h.ACTIVITY_SCHEDULED:
+                infos[a["activity_id"]] = ActivityInfo(a["activity_id"], a["name"], "scheduled", 0, e.time, None, None)
+            elif info is None:
+                continue
+            elif e.type == h.ACTIVITY_STARTED:
+                info.state, info.attempt = "running", a["attempt"]
+            elif e.type == h.ACTIVITY_HEARTBEAT and a.get("details") is not None:
+                info.last_heartbeat_details = a["details"]
+            elif e.type == h.ACTIVITY_COMPLETED:
+                info.state = "completed"
+            elif e.type == h.ACTIVITY_CANCELED:
+                info.state = "canceled"
+            elif e.type in (h.ACTIVITY_FAILED, h.ACTIVITY_TIMED_OUT):
+                info.state = "failed" if a.get("final") else "scheduled"
+                info.due_at = a.get("retry_at", info.due_at)
         rows = self.store.query(
-            "SELECT activity_id, name, state, attempt, due_at, hb_deadline, details FROM activities "
-            "WHERE workflow_id=? ORDER BY cmd",
+            "SELECT activity_id, state, attempt, due_at, hb_deadline, details FROM activities WHERE workflow_id=?",
             (workflow_id,),
         )
-        return [ActivityInfo(a, n, s, at, d, hb, json.loads(det) if det else None) for a, n, s, at, d, hb, det in rows]
+        open_rows = {r[0]: r for r in rows}
+        for aid, info in infos.items():
+            row = open_rows.get(aid)
+            if row is not None:
+                _, info.state, info.attempt, info.due_at, info.heartbeat_deadline, det = row
+                if det:
+                    info.last_heartbeat_details = json.loads(det)
+            elif info.state in ("scheduled", "running"):
+                info.state = "canceled"  # closed when its workflow ended (no event of its own)
+        return list(infos.values())
 
     def replay(self, workflow_id: str, events: list[Event] | None = None) -> ReplayResult:
         """Re-run the workflow's code over its history (or ``events``) without recording anything."""

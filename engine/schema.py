@@ -71,6 +71,36 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE events ADD COLUMN crc INTEGER;
         """,
     ),
+    (
+        3,
+        """
+        -- activities holds the open activities only (scheduled or running): closing one deletes its row
+        -- (its record is its history, Engine.activities), so each transition of a chain writes one small
+        -- leaf instead of the closed row's leaf, the next row's leaf and two state-index leaves
+        DELETE FROM activities WHERE state NOT IN ('scheduled', 'running');
+        DROP INDEX activities_state;
+        """,
+    ),
+    (
+        4,
+        """
+        -- events in a rowid table (appends go to the end of the table: a full leaf is followed by a new
+        -- one, not rebalanced with its two siblings as in a WITHOUT ROWID b-tree), found by (workflow, seq)
+        CREATE TABLE events_by_rowid (
+            workflow_id TEXT NOT NULL,
+            seq         INTEGER NOT NULL,
+            type        TEXT NOT NULL,
+            time        REAL NOT NULL,
+            attrs       TEXT NOT NULL,
+            crc         INTEGER,
+            UNIQUE (workflow_id, seq)
+        );
+        INSERT INTO events_by_rowid(workflow_id, seq, type, time, attrs, crc)
+            SELECT workflow_id, seq, type, time, attrs, crc FROM events ORDER BY workflow_id, seq;
+        DROP TABLE events;
+        ALTER TABLE events_by_rowid RENAME TO events;
+        """,
+    ),
 ]
 
 VERSION = MIGRATIONS[-1][0]

@@ -103,10 +103,8 @@ class _LiveSink:
             (r.workflow_id, cmd.activity_id),
         ).fetchone()
         if row is not None and row[0] == "scheduled":
-            self.db.execute(
-                "UPDATE activities SET state='canceled' WHERE workflow_id=? AND activity_id=?",
-                (r.workflow_id, cmd.activity_id),
-            )
+            self.db.execute("DELETE FROM activities WHERE workflow_id=? AND activity_id=?",
+                            (r.workflow_id, cmd.activity_id))  # closed: canceled
             self._append(
                 r, h.ACTIVITY_CANCELED,
                 {"cmd": k, "activity_id": cmd.activity_id, "attempt": row[1], "reason": "canceled before it ran"},
@@ -123,11 +121,8 @@ class _LiveSink:
              None if state == "completed" else dumps(payload), now, r.workflow_id),
         )
         # nothing is recorded after the end: a still-running attempt becomes stale (its heartbeat raises
-        # LeaseLost, its outcome is dropped, ctx.cancel_requested is True)
-        self.db.execute(
-            "UPDATE activities SET state='canceled' WHERE workflow_id=? AND state IN ('scheduled', 'running')",
-            (r.workflow_id,),
-        )
+        # LeaseLost, its outcome is dropped, ctx.cancel_requested is True); its row is closed (canceled)
+        self.db.execute("DELETE FROM activities WHERE workflow_id=?", (r.workflow_id,))
         self.db.execute("UPDATE timers SET state='canceled' WHERE workflow_id=? AND state='pending'", (r.workflow_id,))
         if state == "failed":
             log.error("workflow %s failed: %s: %s", r.workflow_id, payload.get("type"), payload.get("message"))
@@ -328,7 +323,7 @@ class Worker:
                 ev = append_event(db, lease.workflow_id, row[5] + 1, h.ACTIVITY_COMPLETED, now,
                                   {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt,
                                    "result": value})
-                self._close_activity(db, lease, "completed", mark=False)
+                self._close_activity(db, lease, mark=False)
                 self._run_task(db, after, lease.workflow_id, fresh=ev, wf_row=row[6:])  # the task it makes due
                 return
             else:
@@ -337,14 +332,13 @@ class Worker:
             if pending:
                 self._run_task(db, after, lease.workflow_id)
 
-    def _close_activity(self, db, lease: Lease, state: str, *, mark: bool = True) -> None:
-        """The attempt's row is closed; its workflow's task is due (``mark=False``: the caller runs it
-        in this transaction, which leaves ``task_pending`` as the task ends it)."""
-        db.execute(
-            "UPDATE activities SET state=?, hb_deadline=NULL, close_deadline=NULL, owner=NULL "
-            "WHERE workflow_id=? AND activity_id=?",
-            (state, lease.workflow_id, lease.activity_id),
-        )
+    def _close_activity(self, db, lease: Lease, *, mark: bool = True) -> None:
+        """The attempt's row is closed: deleted (the table holds open activities only; how it ended is
+        its history's last event for it, see ``Engine.activities``); its workflow's task is due
+        (``mark=False``: the caller runs it in this transaction, which leaves ``task_pending`` as the
+        task ends it)."""
+        db.execute("DELETE FROM activities WHERE workflow_id=? AND activity_id=?",
+                   (lease.workflow_id, lease.activity_id))
         if mark:
             self._mark_task(db, lease.workflow_id)
 
@@ -354,7 +348,7 @@ class Worker:
         (cancel,) = db.execute("SELECT cancel_requested FROM workflows WHERE id=?", (lease.workflow_id,)).fetchone()
         if cancel:
             append_next(db, lease.workflow_id, h.ACTIVITY_CANCELED, now, {**base, "error": err})
-            self._close_activity(db, lease, "canceled")
+            self._close_activity(db, lease)
             return
         policy = lease.options.retry
         non_retryable = (
@@ -366,7 +360,7 @@ class Worker:
         if non_retryable or (policy.max_attempts and counted >= policy.max_attempts):
             append_next(db, lease.workflow_id, h.ACTIVITY_FAILED, now,
                         {**base, "error": err, "final": True, "retryable": False})
-            self._close_activity(db, lease, "failed")
+            self._close_activity(db, lease)
             return
         retry_at = now + policy.delay_s(counted)
         append_next(db, lease.workflow_id, h.ACTIVITY_FAILED, now,
@@ -390,14 +384,14 @@ class Worker:
         lease = Lease(workflow_id, activity_id, "", cmd, attempt, None, None, None, now)  # type: ignore[arg-type]
         if cancel:
             append_next(db, workflow_id, h.ACTIVITY_CANCELED, now, {**base, "reason": f"{kind} after cancel"})
-            self._close_activity(db, lease, "canceled")
+            self._close_activity(db, lease)
             return
         nlost += 1 if lost else 0
         counted = attempt - nlost
         err = {"type": "WorkerLost" if lost else "Timeout", "message": f"attempt {attempt}: {kind}"}
         if not lost and policy.max_attempts and counted >= policy.max_attempts:
             append_next(db, workflow_id, h.ACTIVITY_TIMED_OUT, now, {**base, "error": err, "final": True})
-            self._close_activity(db, lease, "failed")
+            self._close_activity(db, lease)
             return
         retry_at = now if lost else now + policy.delay_s(counted)
         append_next(db, workflow_id, h.ACTIVITY_TIMED_OUT, now,

@@ -145,3 +145,43 @@ def test_non_json_activity_input_fails_the_workflow_clearly(db, clock):
     with pytest.raises(WorkflowFailed, match="input of activity 'a' is not JSON-able"):
         eng.result("w")
     assert not any(e.type == "activity_scheduled" for e in eng.history("w"))
+
+
+def test_activities_of_every_end_from_open_rows_and_history(db, clock):
+    """Closed activities have no row (engine schema 3): their state, attempt and last details come from the
+    history; an open one's from its row. Failed for good, retried then completed, canceled by the end."""
+    from engine import RetryPolicy, StepOptions
+
+    calls = {"flaky": 0}
+
+    def flaky(ctx, x):
+        calls["flaky"] += 1
+        ctx.heartbeat({"try": calls["flaky"]})
+        if calls["flaky"] == 1:
+            raise RuntimeError("once")
+        return x
+
+    def doomed(ctx, x):
+        raise ValueError("never")
+
+    async def wf(rt, x):
+        await rt.execute_activity("flaky", x, StepOptions(id="f", retry=RetryPolicy(initial_interval_s=1)))
+        try:
+            await rt.execute_activity("doomed", x, StepOptions(id="d", retry=RetryPolicy(max_attempts=1)))
+        except Exception:  # noqa: BLE001
+            pass
+        await rt.execute_activity("never-run", x, StepOptions(id="n"))  # no worker knows it: still scheduled
+
+    eng = make_engine(db, clock, workflows=[("wf", wf)], activities=[("flaky", flaky), ("doomed", doomed)])
+    eng.start("wf", "w", 1)
+    eng.run_until_idle()
+    clock.advance(2)
+    eng.run_until_idle()
+    got = [(a.activity_id, a.name, a.state, a.attempt, a.last_heartbeat_details) for a in eng.activities("w")]
+    assert got == [("f", "flaky", "completed", 2, {"try": 2}), ("d", "doomed", "failed", 1, None),
+                   ("n", "never-run", "scheduled", 0, None)]
+    assert eng.store.query("SELECT activity_id FROM activities") == [("n",)]
+    eng.cancel("w")
+    eng.run_until_idle()
+    assert [a.state for a in eng.activities("w")] == ["completed", "failed", "canceled"]
+    assert eng.store.query("SELECT COUNT(*) FROM activities") == [(0,)]

@@ -136,3 +136,48 @@ def test_a_second_store_in_this_process_keeps_its_locks_and_another_process_keep
     out = subprocess.run([sys.executable, "-c", reader, p], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "2"  # what the live connection commits reaches other processes
     live.close()
+
+
+def test_a_version_2_database_migrates_and_its_workflow_goes_on(tmp_path, monkeypatch, clock):
+    """Migrations 3 and 4 on a database the version-2 engine wrote: the closed activity's row goes (its
+    record is its history), the open one stays, every event moves to the rowid table unchanged (the
+    checksums still verify), and the workflow resumes where it stopped."""
+    from engine import StepOptions
+
+    async def two(rt, x):
+        a = await rt.execute_activity("first", x, StepOptions(id="a"))
+        return a + await rt.execute_activity("second", a, StepOptions(id="b"))
+
+    p = str(tmp_path / "engine.db")
+    with monkeypatch.context() as m:
+        m.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:2])
+        m.setattr(schema, "VERSION", 2)
+        old = Engine(p, clock=clock, inline_activities=True)
+        old.register_workflow("two", two)
+        old.register_activity("first", lambda ctx, x: x + 1)  # "second" waits for a worker that knows it
+        old.start("two", "w", 1)
+        old.run_until_idle()
+        with old.store.transaction("as version 2 left it") as db:  # it kept closed rows, state 'completed'
+            db.execute("INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, attempt, "
+                       "due_at) SELECT 'w', 'a', 0, 'first', '1', '{}', 'completed', 1, 0")
+        events = old.history("w")
+        old.close()
+    v2 = sqlite3.connect(p)
+    assert v2.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 2
+    assert v2.execute("SELECT activity_id, state FROM activities ORDER BY cmd").fetchall() == [
+        ("a", "completed"), ("b", "scheduled")]
+    v2.close()
+
+    eng = Engine(p, clock=clock, inline_activities=True)
+    eng.register_workflow("two", two)
+    eng.register_activity("first", lambda ctx, x: x + 1)
+    eng.register_activity("second", lambda ctx, x: x * 10)
+    assert eng.store.query("SELECT version FROM schema_version ORDER BY version") == [(v,) for v, _ in schema.MIGRATIONS]
+    assert eng.store.query("SELECT activity_id, state FROM activities") == [("b", "scheduled")]
+    names = {n for (n,) in eng.store.query("SELECT name FROM sqlite_master")}
+    assert "activities_state" not in names and "events_by_rowid" not in names
+    assert eng.history("w") == events  # read through the new table, checksums verified
+    assert eng.run_until_complete("w").result == 2 + 20
+    assert [(a.activity_id, a.state, a.attempt) for a in eng.activities("w")] == [("a", "completed", 1), ("b", "completed", 1)]
+    assert eng.store.query("SELECT COUNT(*) FROM activities") == [(0,)]
+    eng.close()
