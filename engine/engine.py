@@ -22,7 +22,7 @@ from . import history as h
 from . import leases
 from .clock import SystemClock
 from .errors import BadInput, DamagedRecord, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
-from .history import Event, append_event, damaged, decode_json, dumps, read_events, to_jsonable
+from .history import Event, append_event, damaged, decode_json, dumps, normalized, read_events, to_jsonable
 from .ids import check_id
 from .replay import Command, DrySink, Replayer
 from .store import Store
@@ -159,7 +159,34 @@ class Engine(Worker):
         schedules to this worker (one commit fewer than ``start`` + ``run_until_complete``): use it only
         where this engine goes on to run them, as here."""
         self._guard(self._start, workflow_name, workflow_id, input, True)
-        return self._result_of(self.run_until_complete(workflow_id, timeout_s=timeout_s))
+        return self._guard(self._execute_until_end, workflow_id, timeout_s)
+
+    def _execute_until_end(self, workflow_id: str, timeout_s: float | None) -> Any:
+        """Run the leases this engine holds until ``workflow_id`` has ended durably (its end's COMMIT
+        returned) and none is left; its result straight from the replayer, without polling or reading
+        it back. Anything else (a timer, work for another worker, a failure) goes the way of
+        ``run_until_complete``."""
+        import time
+
+        give_up = None if timeout_s is None else time.monotonic() + timeout_s
+        self._awaited[workflow_id] = None
+        try:
+            while (self._ready or self._inflight) and (give_up is None or time.monotonic() < give_up):
+                if self._tick():
+                    if self._awaited[workflow_id] is not None and not self._ready and not self._inflight:
+                        break
+                    continue
+                if self._inflight:
+                    self._drain_done(timeout_s=self.poll_interval_s)
+            outcome = self._awaited[workflow_id]
+        finally:
+            del self._awaited[workflow_id]
+        if outcome is not None and outcome[0] == "completed" and not self._ready and not self._inflight:
+            return outcome[1]
+        row = self._row(workflow_id)
+        if row[1] not in self._workflows:
+            raise NotFound(f"workflow {workflow_id!r} is a {row[1]!r}, which this engine has not registered")
+        return self._result_of(self._until_complete(workflow_id, timeout_s))
 
     def _start(self, workflow_name: str, workflow_id: str, input: Any, eager: bool) -> str:
         check_id(workflow_id)
@@ -169,25 +196,27 @@ class Engine(Worker):
         if not eager and self.store.query_one("SELECT 1 FROM workflows WHERE id=?", (workflow_id,)):
             return workflow_id  # (execute_workflow finds it in its transaction below)
         try:
-            raw = json.loads(dumps(input))
+            raw = normalized(input)
             value = reg.decode_input(raw)
             raw = json.loads(dumps(value)) if reg.input_type is not None else raw
         except (TypeError, ValueError) as e:
             raise BadInput(f"input of workflow {workflow_name!r} is invalid: {e}") from None
         now = self.clock.now()
+        input_text = dumps(raw)
         with self._tx("start") as (db, after):
-            if db.execute("SELECT 1 FROM workflows WHERE id=?", (workflow_id,)).fetchone():
-                return workflow_id
-            input_text = dumps(raw)
-            db.execute(
+            # an eager start runs the first task in this transaction, which leaves task_pending as it ends
+            if not db.execute(
                 "INSERT INTO workflows(id, name, input, state, created_at, updated_at, task_pending) "
-                "VALUES (?,?,?, 'running', ?, ?, 1)",
-                (workflow_id, workflow_name, input_text, now, now),
-            )
-            ev = append_event(db, workflow_id, 1, h.WORKFLOW_STARTED, now, {"workflow": workflow_name, "input": raw})
+                "VALUES (?,?,?, 'running', ?, ?, ?) ON CONFLICT(id) DO NOTHING",
+                (workflow_id, workflow_name, input_text, now, now, 0 if eager else 1),
+            ).rowcount:
+                return workflow_id  # it exists: unchanged
+            text = f'{{"input":{input_text},"workflow":{dumps(workflow_name)}}}'  # = dumps(attrs): keys in order
+            ev = append_event(db, workflow_id, 1, h.WORKFLOW_STARTED, now, {"workflow": workflow_name, "input": raw},
+                              text=text)
             if eager:  # the replayer starts from the input and event just written, not read back
                 self._cache_put(workflow_id, Replayer(workflow_id, reg.fn, value, None))
-                self._run_task(db, after, workflow_id, fresh=ev, wf_row=(workflow_name, input_text, "running", 1))
+                self._run_task(db, after, workflow_id, fresh=ev, wf_row=(workflow_name, input_text, "running", 0))
         return workflow_id
 
     def _row(self, workflow_id: str) -> tuple:

@@ -52,11 +52,37 @@ class Event(NamedTuple):
 _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)  # built once: json.dumps
 # with arguments builds a new encoder per call, a tenth of an activity's Python time
 _SCALARS = (int, str, bool, type(None))
+try:  # the C encoder behind _ENCODER, made once (JSONEncoder.encode makes one per call): no circular-reference
+    # markers, so a cycle is a RecursionError, reported as the ValueError json gives
+    from json.encoder import c_make_encoder as _c_make_encoder
+
+    _C_ENCODE = _c_make_encoder(None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ":", ",",
+                                True, False, False) if _c_make_encoder is not None else None
+except ImportError:  # pragma: no cover - CPython has it
+    _C_ENCODE = None
 
 
 def dumps(value: Any) -> str:
-    """Compact, key-sorted JSON (pydantic models are dumped in JSON mode first)."""
-    return _ENCODER.encode(to_jsonable(value))
+    """Compact, key-sorted JSON (pydantic models are dumped in JSON mode first); the same text as
+    ``_ENCODER.encode``, scalars and containers without building an encoder per call."""
+    t = type(value)
+    if t is str:
+        return _ENCODER.encode(value)
+    if t is int:
+        return int.__repr__(value)
+    if value is None:
+        return "null"
+    if t is bool:
+        return "true" if value else "false"
+    if t is float and value - value == 0.0:  # finite (NaN and infinities: the encoder's ValueError)
+        return float.__repr__(value)
+    value = to_jsonable(value)
+    if _C_ENCODE is None or not isinstance(value, (dict, list, tuple)):
+        return _ENCODER.encode(value)
+    try:
+        return "".join(_C_ENCODE(value, 0))
+    except RecursionError:
+        raise ValueError("Circular reference detected") from None
 
 
 def normalized(value: Any) -> Any:

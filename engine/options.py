@@ -24,6 +24,9 @@ class RetryPolicy:
         return min(self.initial_interval_s * self.backoff ** max(attempt - 1, 0), self.max_interval_s)
 
 
+_RETRY_TEXT: dict[tuple, str] = {}  # StepOptions.to_text
+
+
 @dataclass(frozen=True)
 class StepOptions:
     """Options of one activity command; ``id`` is its idempotency key within the workflow."""
@@ -49,6 +52,27 @@ class StepOptions:
                       "backoff": r.backoff, "max_interval_s": r.max_interval_s,
                       "non_retryable": list(r.non_retryable)},
         }
+
+    def to_text(self) -> str:
+        """``dumps(self.to_json())``, written out (an activity's largest JSON): the retry policy's text
+        is kept per policy (a few distinct policies in a program)."""
+        from .history import dumps
+
+        r = self.retry
+        # keyed with the types: 1 == 1.0 == True, but their texts differ
+        key = (r.max_attempts, r.initial_interval_s, r.backoff, r.max_interval_s, r.non_retryable,
+               type(r.max_attempts), type(r.initial_interval_s), type(r.backoff), type(r.max_interval_s),
+               tuple(map(type, r.non_retryable)) if type(r.non_retryable) is tuple else None)
+        try:
+            retry = _RETRY_TEXT.get(key)
+        except TypeError:  # an unhashable field: not kept
+            key, retry = None, None
+        if retry is None:
+            retry = dumps(self.to_json()["retry"])
+            if key is not None and len(_RETRY_TEXT) < 256:
+                _RETRY_TEXT[key] = retry
+        return (f'{{"heartbeat_timeout_s":{dumps(self.heartbeat_timeout_s)},"id":{dumps(self.id)},"retry":{retry},'
+                f'"start_to_close_timeout_s":{dumps(self.start_to_close_timeout_s)}}}')
 
     @classmethod
     def from_json(cls, d: dict) -> "StepOptions":

@@ -63,7 +63,7 @@ class _LiveSink:
             # started event once the code is blocked); else it waits, scheduled, for any worker
             take = self.w._can_take(cmd.name)
             hb, close = self.w._deadlines(opts, now) if take else (None, None)
-            input_text, opts_text = dumps(payload["input"]), dumps(opts_json)
+            input_text, opts_text = dumps(payload["input"]), opts.to_text()
             self.db.execute(
                 "INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, attempt, due_at, "
                 "hb_deadline, close_deadline, last_hb_at, owner) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -121,9 +121,12 @@ class _LiveSink:
              None if state == "completed" else dumps(payload), now, r.workflow_id),
         )
         # nothing is recorded after the end: a still-running attempt becomes stale (its heartbeat raises
-        # LeaseLost, its outcome is dropped, ctx.cancel_requested is True); its row is closed (canceled)
-        self.db.execute("DELETE FROM activities WHERE workflow_id=?", (r.workflow_id,))
-        self.db.execute("UPDATE timers SET state='canceled' WHERE workflow_id=? AND state='pending'", (r.workflow_id,))
+        # LeaseLost, its outcome is dropped, ctx.cancel_requested is True); its row is closed (canceled).
+        # Only a command without a resolution in the history can have an open row or a pending timer.
+        if len(r.resolutions) < len(r.commands):
+            self.db.execute("DELETE FROM activities WHERE workflow_id=?", (r.workflow_id,))
+            self.db.execute("UPDATE timers SET state='canceled' WHERE workflow_id=? AND state='pending'",
+                            (r.workflow_id,))
         if state == "failed":
             log.error("workflow %s failed: %s: %s", r.workflow_id, payload.get("type"), payload.get("message"))
 
@@ -144,6 +147,8 @@ class Worker:
         self._idle_runners = 0  # runners waiting on _run_q and not promised a lease yet
         self._done_q: queue.Queue = queue.Queue()
         self._group_after: tuple[int, list] | None = None  # (thread, acknowledgements) of an open group
+        self._awaited: dict[str, tuple | None] = {}  # workflows execute_workflow waits on: their outcome once
+        # their end is durable
 
     @contextlib.contextmanager
     def _tx(self, label: str, *, group: bool = False):
@@ -199,6 +204,8 @@ class Worker:
         else:
             r.feed(read_events(db, workflow_id, r.last_seq))
         r.advance()
+        if r.done and workflow_id in self._awaited:
+            after.append(lambda: self._awaited.__setitem__(workflow_id, r.outcome))
         if not r.done:
             if pending or wf_row is None:  # (its updated_at is its last event's time: Engine._row)
                 db.execute("UPDATE workflows SET task_pending=0, updated_at=? WHERE id=?", (self.clock.now(), workflow_id))
