@@ -97,15 +97,18 @@ def check_completed(o: Outcome) -> list[str]:
     return check_completed_state(o) + check_completed_ledger(o)
 
 
-def check_completed_state(o: Outcome, *, file_lines: list[str] | None = None) -> list[str]:
+def check_completed_state(o: Outcome, *, file_lines: list[str] | None = None,
+                          result_lines: list[str] | None = None) -> list[str]:
     """The part of ``check_completed`` that reads the run's outcome and files (not the ledger);
-    ``file_lines``: ``final_files_lines`` of the run's final files, already made."""
+    ``file_lines``: ``final_files_lines`` of the run's final files, already made; ``result_lines``:
+    ``check_result`` of this very result object, already made."""
     scn = o.scenario
     if o.state != "completed":
         err = o.error or {}
         return [f"workflow ended {o.state}, expected completed ({err.get('type')}: {err.get('message')})"]
     files = final_files_lines(o) if file_lines is None else list(file_lines)
-    return _check_result(scn, o.result) + _check_commands(scn, o.events) + files
+    res = check_result(scn, o.result) if result_lines is None else list(result_lines)
+    return res + _check_commands(scn, o.events) + files
 
 
 def final_files_lines(o: Outcome) -> list[str]:
@@ -120,7 +123,8 @@ def check_completed_ledger(o: Outcome) -> list[str]:
     return check_evaluations(o.ledger, o.scenario, wf=o.workflow_id) + check_steps(o.ledger)
 
 
-def _check_result(scn: Scenario, result: Any) -> list[str]:
+def check_result(scn: Scenario, result: Any) -> list[str]:
+    """The result against the oracle: steps, final loss, digest, every segment's end, loss and suites."""
     spec = scn.spec()
     ref = reference_state(spec, scn.steps)
     if not isinstance(result, dict):
@@ -384,7 +388,7 @@ def check_continued(o: Outcome, canceled: Outcome, *, ledger_start: int) -> list
     if o.state != "completed":
         err = o.error or {}
         return [f"the restarted run ended {o.state} ({err.get('type')}: {err.get('message')})"]
-    bad += _check_result(o.scenario, o.result)
+    bad += check_result(o.scenario, o.result)
     bad += check_steps(o.ledger)
     bad += _check_files(o, final_step=o.scenario.steps)
     # no step at or before the newest checkpoint of the canceled run is taken again

@@ -234,7 +234,48 @@ def _command_view(e) -> tuple:
     return ("timer", float(a["seconds"]))
 
 
-def checked_splice(reg, workflow_id: str, own: list, near: Target, ledger_entries: list[dict]) -> Target | None:
+@dataclass
+class DryStart:
+    """A dry replay, with its commands recorded, over the first ``events`` of a history (made once,
+    taken by the first checked splice of a forked recovery whose history starts with them)."""
+
+    events: list
+    replayer: Any
+    calls: list
+    used: bool = False
+
+
+def recording_replayer(reg, workflow_id: str, events: list) -> tuple[Any, list]:
+    """A fresh dry replayer of ``reg``'s code over ``events`` (not advanced), whose runtime notes every
+    command the code asks for (``_RecordingRuntime``), and that list."""
+    from engine.replay import DrySink, Replayer
+
+    if not events or events[0].type != h.WORKFLOW_STARTED:
+        raise ValueError("a history starts with a workflow_started event")
+    calls: list = []
+
+    async def recorded(rt, input):
+        return await reg.fn(_RecordingRuntime(rt, calls), input)
+
+    r = Replayer(workflow_id, recorded, reg.decode_input(events[0].attrs.get("input")), DrySink())
+    r.feed(events)
+    return r, calls
+
+
+def dry_start(reg, workflow_id: str, events: list) -> DryStart | None:
+    """``recording_replayer`` advanced over ``events``; None unless the code is then blocked on a recorded,
+    unresolved command (as ``simulator.prefix.build_prefix`` requires of its cut)."""
+    r, calls = recording_replayer(reg, workflow_id, events)
+    r.advance()
+    k = r.blocked_on
+    if (r.done or r.sink.new or r.cancel_event is not None or r.terminal is not None or k is None
+            or k >= len(r.commands) or k in r.resolutions):
+        return None
+    return DryStart(list(events), r, calls)
+
+
+def checked_splice(reg, workflow_id: str, own: list, near: Target, ledger_entries: list[dict],
+                   start: DryStart | None = None) -> Target | None:
     """The future of a run whose state at a convergence point equals ``near``'s but for its history.
 
     Such a run (e.g. a recovery that resumed from its segment's last checkpoint: its train result
@@ -246,9 +287,9 @@ def checked_splice(reg, workflow_id: str, own: list, near: Target, ledger_entrie
     clock are equal (the key), so every transaction, activity execution and file write after the
     point is the same, by induction over the commands, and only the result the code returns can
     differ, which the replay computes. None when it does not hold (the run then runs on).
+    ``start``: a dry replay of the first events of ``own``, made once for many recoveries (forked
+    children each take their copy); the code goes on from it over the rest (simulator/prefix.py, 3.).
     """
-    from engine.engine import replay_history
-
     run = near.run
     suffix = run.events[near.events_at:]
     if run.state != "completed" or not suffix or suffix[-1].type != h.WORKFLOW_COMPLETED:
@@ -262,17 +303,20 @@ def checked_splice(reg, workflow_id: str, own: list, near: Target, ledger_entrie
     shifted = [h.Event(base + 1 + i, e.type, e.time, e.attrs) for i, e in enumerate(body)]
     k0 = sum(1 for e in own if e.type in (h.ACTIVITY_SCHEDULED, h.TIMER_STARTED))
     want = [_command_view(e) for e in body if e.type in (h.ACTIVITY_SCHEDULED, h.TIMER_STARTED)]
-    calls: list = []
-
-    async def recorded(rt, input):
-        return await reg.fn(_RecordingRuntime(rt, calls), input)
-
-    replayed = replay_history(recorded, own + shifted, workflow_id=workflow_id, input_type=reg.input_type)
-    if not replayed.done or replayed.new_commands or replayed.outcome is None or replayed.outcome[0] != "completed":
+    cut = len(start.events) if start is not None else 0
+    if start is not None and not start.used and len(own) >= cut and own[:cut] == start.events:
+        start.used = True  # its replayer ran the code over these very events: it goes on from there
+        r, calls = start.replayer, start.calls
+        r.feed(own[cut:] + shifted)
+    else:
+        r, calls = recording_replayer(reg, workflow_id, own + shifted)
+    r.advance()
+    if not r.done or r.sink.new or r.outcome is None or r.outcome[0] != "completed":
         return None
+    replayed_result = r.outcome[1]
     if len(calls) != k0 + len(want) or calls[k0:] != want:
         return None
-    end = h.Event(base + len(body) + 1, h.WORKFLOW_COMPLETED, suffix[-1].time, {"result": replayed.outcome[1]})
-    spliced = Verified("completed", replayed.outcome[1], None, own + shifted + [end],
+    end = h.Event(base + len(body) + 1, h.WORKFLOW_COMPLETED, suffix[-1].time, {"result": replayed_result})
+    spliced = Verified("completed", replayed_result, None, own + shifted + [end],
                        ledger_entries + run.ledger[near.ledger_at:], run.file_lines)
     return Target(spliced, base, len(ledger_entries))

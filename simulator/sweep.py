@@ -16,7 +16,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from engine.clock import VirtualClock
 from engine.history import read_events
@@ -26,6 +26,7 @@ from .checks import (
     check_canceled,
     check_completed_ledger,
     check_completed_state,
+    check_result,
     check_continued,
     check_failed_suite,
     compare_with,
@@ -38,6 +39,7 @@ from .convergence import (
     Target,
     Verified,
     checked_splice,
+    dry_start,
     splice_ledger,
     state_key,
     without_history,
@@ -161,6 +163,7 @@ class Simulator:
         self.timing: Counter[str] = Counter()  # seconds spent in recoveries
         self.on_outcome: Callable[[str, list[int], Outcome], None] | None = None  # sees every checked run
         # dedup: recoveries after a long enough history share one fresh replay of it, by fork (simulator/prefix.py)
+        self._checked_results: dict[int, tuple[Any, list[str]]] = {}
         self.share_replay = True
         self.share_min_events = 2000  # below this, a fresh replay costs less than a fork (measured)
         self.share_every = 100  # a new shared replay once the history grew by this many events (and 5%)
@@ -236,9 +239,23 @@ class Simulator:
     def state_lines(self, o: Outcome, *, what: str = "kill", file_lines: list[str] | None = None) -> list[str]:
         """The checks of a completed run's outcome and files (all but the ledger's); ``file_lines``:
         the files' checks, already made (a spliced run's final files are its target's)."""
-        lines = check_completed_state(o, file_lines=file_lines)
+        lines = check_completed_state(o, file_lines=file_lines, result_lines=self._result_lines(o))
         if what != "reference":
             lines += compare_with(o, self.reference())
+        return lines
+
+    def _result_lines(self, o: Outcome) -> list[str] | None:
+        """``check_result`` of ``o.result``, made once per result object: the recoveries spliced to one
+        verified run share its result object (immutable from there: nothing writes into a result)."""
+        if o.state != "completed":
+            return None
+        hit = self._checked_results.get(id(o.result))
+        if hit is not None and hit[0] is o.result:
+            return hit[1]
+        if len(self._checked_results) >= 256:
+            self._checked_results.clear()
+        lines = check_result(self.scn, o.result)
+        self._checked_results[id(o.result)] = (o.result, lines)  # holds the object: its id is not reused
         return lines
 
     def _finish(self, o: Outcome, m: Mismatch | None) -> None:
@@ -325,8 +342,9 @@ class Simulator:
         last: list = [None, None]  # the previous recovery: its start key, and (outcome, state_lines, ledger suffix)
         found: dict[tuple, Target] = {}  # convergence points of recoveries that ran on
         src_history = HistoryDigest()  # the uninterrupted run's, brought up to date at its convergence points
-        if dedup and self.share_replay:
-            compare_with(self._ref, self._ref)  # its cached side, made here once rather than in every child
+        if dedup and self.share_replay:  # what children would each make again: made here once
+            compare_with(self._ref, self._ref)
+            self._result_lines(self._ref)
         for name in ("recoveries", "converged", "ran on", "checked splices", "refused splices", "shared replays"):
             self.stats.setdefault(name, 0)
 
@@ -415,6 +433,8 @@ class Simulator:
             new = None
         self.timing["shared replays"] += time.perf_counter() - t0
         if new is not None:
+            reg = eng._workflows[WORKFLOW_TRAIN_RUN]
+            new.dry = dry_start(reg, self.scn.workflow_id, self._ref.events[:new.seq])
             self.stats["shared replays"] += 1
             prefix[0] = new
 
@@ -481,7 +501,11 @@ class Simulator:
                     new = read_events(eng.store.conn, self.scn.workflow_id, rlive["copied_events"])
                 target = checked_splice(eng._workflows[WORKFLOW_TRAIN_RUN], self.scn.workflow_id,
                                         self._ref.events[:rlive["copied_events"]] + new, near,
-                                        list(rlive["fakes"].ledger.entries))
+                                        list(rlive["fakes"].ledger.entries),
+                                        start=prefix.dry if prefix is not None else None)
+                if prefix is not None and prefix.dry is not None and prefix.dry.used:
+                    self.stats["dry replays shared"] += 1
+                    prefix.dry = None  # (this child's copy is spent)
                 self.stats["checked splices" if target is not None else "refused splices"] += 1
                 if target is not None:
                     found[key] = target  # the other states of its kind converge here at once
