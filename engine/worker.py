@@ -23,6 +23,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict, deque
 from typing import Any
 
@@ -147,6 +148,7 @@ class Worker:
         self._idle_runners = 0  # runners waiting on _run_q and not promised a lease yet
         self._done_q: queue.Queue = queue.Queue()
         self._group_after: tuple[int, list] | None = None  # (thread, acknowledgements) of an open group
+        self._polls_due = 0.0  # time.monotonic() of the threaded loop's next polls (_tick)
         self._awaited: dict[str, tuple | None] = {}  # workflows execute_workflow waits on: their outcome once
         # their end is durable
 
@@ -490,10 +492,18 @@ class Worker:
                     self._spawn(self._ready.popleft())
             return True
         did = self._drain_done()
+        if self._inflight or did:  # threaded: while attempts finish, the polls below run once a poll interval
+            wait_s = self._polls_due - time.monotonic()
+            if wait_s > 0:
+                if not did:  # an attempt is running: wait for it (at most until the polls are due)
+                    did = self._drain_done(timeout_s=wait_s)
+                if did:
+                    return True
         did = self._expire() or did
         did = self._fire_timers() or did
         did = self._run_pending_tasks() or did
         did = self._start_due() or did
+        self._polls_due = time.monotonic() + self.poll_interval_s
         return did
 
     def _spawn(self, lease: Lease) -> None:
