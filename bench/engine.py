@@ -10,7 +10,9 @@ interleaved with the engine's work: every ``--probe-every`` activities the activ
 ``--repeat`` times and the median ratio printed:
 - one sequential workflow of ``--activities`` no-op activities, inline and on the threaded worker:
   activities/s, raw commits/s in the same slices, the ratio, COMMITs per activity;
-- WAL pages one sequential activity's COMMIT writes (a raw commit writes 1);
+- WAL pages one sequential activity's COMMIT writes (a raw commit writes 1), and the fdatasyncs per COMMIT
+  that follow from it (the COMMIT's own, and 2 per automatic checkpoint of 1,000 pages);
+- process CPU time per sequential activity beside a raw commit's (load-independent where wall time is not);
 - a 1-activity workflow: median ms per workflow with ``start`` + ``run_until_complete`` and with
   ``execute_workflow`` (its first task in the start's transaction), and the median ms of one raw
   commit measured between them;
@@ -154,6 +156,21 @@ def wal_pages_per_commit(path: str, n: int = 200) -> float:
     return frames / commits
 
 
+def cpu_per_activity(path: str, raw: Raw, n: int) -> tuple[float, float]:
+    """Process CPU seconds per sequential no-op activity (inline, no probes) and per raw commit, each
+    over its whole loop (SQLite's and the kernel's share of the commits included): steadier than wall
+    time on a shared machine."""
+    eng = _engine(path, True, Probe(None, 1, 0))
+    c0 = time.process_time()
+    eng.start("chain", "cpu", n)
+    eng.run_until_complete("cpu")
+    engine_cpu = (time.process_time() - c0) / n
+    eng.close()
+    c0 = time.process_time()
+    raw.commit(n)
+    return engine_cpu, (time.process_time() - c0) / n
+
+
 def concurrent_rate(path: str, workflows: int, steps: int) -> tuple[float, float]:
     """``workflows`` workflows of ``steps`` activities at once on the threaded worker."""
     eng = _engine(path, False, Probe(None, 1, 0), concurrency=workflows)
@@ -212,8 +229,12 @@ def main() -> None:
                 print(f"sequential {args.activities} no-op activities, {label:8s} {rate:8.0f}/s  {r:8.0f} (interleaved)"
                       f"  {rate / r:5.2f}   ({tx:.2f} COMMITs/activity)")
             print(f"  median ratio of {args.repeat}, {label}:{'':27s}{statistics.median(ratios):26.2f}")
-        print(f"WAL pages written per sequential activity's COMMIT:  {wal_pages_per_commit(os.path.join(d, 'pages.db')):5.2f}"
-              f"  (a raw commit: 1)")
+        pages = wal_pages_per_commit(os.path.join(d, 'pages.db'))
+        print(f"WAL pages written per sequential activity's COMMIT:  {pages:5.2f}  (a raw commit: 1); fdatasyncs per"
+              f" COMMIT: 1 + 2 per checkpoint of 1,000 pages = {1 + 2 * pages / 1000:.3f} (raw: 1.002)")
+        cpu, raw_cpu = cpu_per_activity(os.path.join(d, "cpu.db"), raw, args.activities)
+        print(f"CPU per sequential activity (process time, inline): {cpu * 1e6:6.0f} us  (a raw commit: "
+              f"{raw_cpu * 1e6:.0f} us; {cpu / raw_cpu:.1f}x)")
         plain, eager, commit_ms = one_activity_ms(os.path.join(d, "one.db"), raw, args.one)
         print(f"1-activity workflow, start + run_until_complete {plain:8.2f} ms  (a raw commit between: {commit_ms:.2f} ms"
               f" median; {plain / commit_ms:.1f} commits' time)")

@@ -186,7 +186,8 @@ class Engine(Worker):
         row = self._row(workflow_id)
         if row[1] not in self._workflows:
             raise NotFound(f"workflow {workflow_id!r} is a {row[1]!r}, which this engine has not registered")
-        return self._result_of(self._until_complete(workflow_id, timeout_s))
+        left_s = None if give_up is None else max(0.0, give_up - time.monotonic())
+        return self._result_of(self._until_complete(workflow_id, left_s))
 
     def _start(self, workflow_name: str, workflow_id: str, input: Any, eager: bool) -> str:
         check_id(workflow_id)

@@ -253,9 +253,10 @@ class Worker:
         ``_LiveSink.new_command``): only its started event is appended, at the replayer's end."""
         if known is not None:
             r, cmd, input_raw, opts, now = known
-            attrs = {"cmd": cmd, "activity_id": activity_id, "attempt": 1,
-                     "worker": f"{self.owner['host']}:{self.owner['pid']}"}
-            r.record(append_event(db, workflow_id, r.last_seq + 1, h.ACTIVITY_STARTED, now, attrs))
+            worker = self._worker_name()
+            attrs = {"cmd": cmd, "activity_id": activity_id, "attempt": 1, "worker": worker}
+            text = f'{{"activity_id":{dumps(activity_id)},"attempt":1,"cmd":{int(cmd)},"worker":{dumps(worker)}}}'
+            r.record(append_event(db, workflow_id, r.last_seq + 1, h.ACTIVITY_STARTED, now, attrs, text=text))
             return Lease(workflow_id, activity_id, r.commands[cmd].command.name, cmd, 1, input_raw, opts, None, now)
         now = self.clock.now()
         row = db.execute(
@@ -278,7 +279,7 @@ class Worker:
         )
         append_next(db, workflow_id, h.ACTIVITY_STARTED, now,
                     {"cmd": cmd, "activity_id": activity_id, "attempt": attempt,
-                     "worker": f"{self.owner['host']}:{self.owner['pid']}"})
+                     "worker": self._worker_name()})
         return Lease(workflow_id, activity_id, name, cmd, attempt, input_raw, opts, details, now)
 
     @staticmethod
@@ -287,6 +288,10 @@ class Worker:
         hb = now + opts.heartbeat_timeout_s if opts.heartbeat_timeout_s else None
         close = now + opts.start_to_close_timeout_s if opts.start_to_close_timeout_s else None
         return hb, close
+
+    def _worker_name(self) -> str:
+        """``host:pid``, as started events record the worker."""
+        return f"{self.owner['host']}:{self.owner['pid']}"
 
     def _owner_json(self) -> str:
         """The lease owner as recorded (it never changes after ``Engine.__init__``)."""
@@ -329,9 +334,10 @@ class Worker:
             if late:
                 self._time_out(db, lease.workflow_id, lease.activity_id, late, lost=False)
             elif ok:
-                ev = append_event(db, lease.workflow_id, row[5] + 1, h.ACTIVITY_COMPLETED, now,
-                                  {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt,
-                                   "result": value})
+                attrs = {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt, "result": value}
+                text = (f'{{"activity_id":{dumps(lease.activity_id)},"attempt":{int(lease.attempt)},'
+                        f'"cmd":{int(lease.cmd)},"result":{dumps(value)}}}')  # = dumps(attrs): keys in order
+                ev = append_event(db, lease.workflow_id, row[5] + 1, h.ACTIVITY_COMPLETED, now, attrs, text=text)
                 self._close_activity(db, lease, mark=False)
                 self._run_task(db, after, lease.workflow_id, fresh=ev, wf_row=row[6:])  # the task it makes due
                 return
