@@ -128,6 +128,12 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     start and said in the --progress 'ready' line (its "omp" field). Set
     OMP_WAIT_POLICY (or TINYLLM_OMP_WAIT_POLICY=ACTIVE|PASSIVE|auto) to choose
     yourself. Either policy gives bit-identical results.
+
+    \b
+    Start-up: torch's modules that only tracing uses (torch.export, the
+    python meta kernels) are run when first touched instead of at import
+    (about a third of `import torch`); the 'ready' line's "torch_defer" field
+    says which. TINYLLM_TORCH_DEFER=0 imports torch as it is. Same results.
     """
     import signal
 
@@ -157,10 +163,14 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
             check_resume_world_size(spec, home_dir, resume_path)  # one line, before torch or the lock
         if spec.distributed is not None and _RANK is None:
             _launch_distributed(spec, resume_path, progress, total_steps, home_dir, spec_path)
+        from . import torch_defer
+
+        torch_defer.install()  # torch's tracing-only modules run when touched, not at import (its docstring)
         if _RANK is not None:
             from .distributed import DistributedTrainer as Trainer
         else:
             from .trainer import Trainer
+        torch_defer.after_import()
 
         liveness.event("imported")
         trainer = Trainer(spec, home_dir, Path(progress).absolute() if progress else None, resume_path,
