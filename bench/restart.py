@@ -30,22 +30,23 @@ REPO = Path(__file__).resolve().parents[1]
 AIM_S = 2.5
 
 
-def _env(tree: Path = REPO) -> dict:
-    return {**os.environ, "PYTHONPATH": str(tree)}
+def _env(tree: Path = REPO, **extra: str) -> dict:
+    return {**os.environ, "PYTHONPATH": str(tree), **extra}
 
 
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "tinyllm.cli", *args]
 
 
-def end_to_end(home: Path, spec_file: Path, name: str, resume: str, tree: Path = REPO) -> dict:
+def end_to_end(home: Path, spec_file: Path, name: str, resume: str, tree: Path = REPO, **extra_env: str) -> dict:
     """One resumed CLI run: seconds from Popen to each progress mark and to the first new frame."""
     progress = home / f"progress-{time.monotonic_ns()}.jsonl"
     metrics = home / "runs" / name / "metrics.jsonl"
     t0, cpu0 = time.time(), _children_cpu_s()
     proc = subprocess.run(_cli("train", "--spec", str(spec_file), "--home", str(home), "--progress", str(progress),
                                "--resume", resume),
-                          env=_env(tree), cwd=home, capture_output=True, text=True, timeout=600)  # -m: cwd first
+                          env=_env(tree, **extra_env), cwd=home, capture_output=True, text=True,
+                          timeout=600)  # -m: cwd first
     if proc.returncode != 0:
         sys.exit(f"bench: resumed run failed: {proc.stderr[-2000:]}")
     if json.loads(proc.stdout.strip().splitlines()[-1])["resumed_from"] is None:
@@ -55,6 +56,8 @@ def end_to_end(home: Path, spec_file: Path, name: str, resume: str, tree: Path =
         d = json.loads(line)
         if d.get("event") in ("starting", "imported", "ready"):
             marks.setdefault(d["event"], d["time"] - t0)
+        if d.get("event") == "ready":
+            marks["deferred"] = d.get("torch_defer", {}).get("deferred", [])
     frames = [json.loads(line) for line in metrics.read_text().splitlines()]
     marks["first step"] = min(f["time"] for f in frames if f["time"] >= t0) - t0
     marks["cpu"] = _children_cpu_s() - cpu0
@@ -92,6 +95,9 @@ def child(args) -> None:
 
     spent["imports: click, pydantic, tinyllm.spec"] = time.perf_counter() - t_start
     t = time.perf_counter()
+    from tinyllm import torch_defer
+
+    torch_defer.install()  # as `tinyllm train` does (TINYLLM_TORCH_DEFER=0: off)
     import torch  # noqa: F401
 
     spent["import torch"] = time.perf_counter() - t
@@ -159,9 +165,10 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", code], env=_env(), check=True, timeout=600)
         return time.perf_counter() - t0
 
-    runs, bares, torches, childs, others = [], [], [], [], []
+    runs, bares, torches, childs, others, offs = [], [], [], [], [], []
     for _ in range(args.reps):  # alternated, so load changes hit all alike
         runs.append(end_to_end(home, resumed, "restart", resume))
+        offs.append(end_to_end(home, resumed, "restart", resume, TINYLLM_TORCH_DEFER="0"))
         if args.against:
             others.append(end_to_end(home, resumed, "restart", resume, tree=Path(args.against).absolute()))
         bares.append(bare("pass"))
@@ -172,7 +179,7 @@ def main() -> None:
         if out.returncode != 0:
             sys.exit(f"bench: child failed: {out.stderr[-2000:]}")
         childs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "deferred"}
     total = med["first step"]
     print(f"restart to resumed step (median of {args.reps}): {total:.2f} s (aim <= {AIM_S} s)"
           f"{'' if total <= AIM_S else '  ABOVE AIM'}")
@@ -183,8 +190,13 @@ def main() -> None:
         last = med[mark]
     print(f"  CPU time of the whole resumed process (its 2 steps, checkpoint and exit included): {med['cpu']:.2f} s "
           f"(about its wall time on an idle machine; the aim's proxy when the machine is busy)")
+    off = {k: statistics.median(r[k] for r in offs) for k in offs[0] if k != "deferred"}
+    print(f"  torch modules deferred (tinyllm/torch_defer.py): {', '.join(runs[0]['deferred']) or 'none'}")
+    print(f"  with TINYLLM_TORCH_DEFER=0 (alternated): {off['first step']:.2f} s to the resumed step "
+          f"(torch + trainer modules {off['imported'] - off['starting']:.3f} s), {off['cpu']:.2f} s CPU; "
+          f"deferral on is {off['first step'] / total:.2f}x as fast ({off['cpu'] / med['cpu']:.2f}x in CPU time)")
     if others:
-        o = {k: statistics.median(r[k] for r in others) for k in others[0]}
+        o = {k: statistics.median(r[k] for r in others) for k in others[0] if k != "deferred"}
         print(f"  against {args.against}: {o['first step']:.2f} s to the resumed step, {o['cpu']:.2f} s CPU; "
               f"this checkout is {o['first step'] / total:.2f}x as fast ({o['cpu'] / med['cpu']:.2f}x in CPU time)")
     print(f"breakdown in one process (median of {args.reps}), the real functions timed:")

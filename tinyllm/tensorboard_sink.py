@@ -10,8 +10,9 @@ step (rewritten to a temporary file, fsynced, renamed over the old one; a file w
 left is removed), exactly as ``metrics.jsonl`` is, so a resumed run continues the same step
 axis without duplicates; a fresh start (``resumed_step`` -1) drops all of them.
 
-``tensorboard`` (and torch's ``torch.utils.tensorboard``) are imported only when the sink is
-built; without them ``ImportError`` says what to install and the reporter goes on without it.
+``tensorboard`` (and torch's ``torch.utils.tensorboard``) are imported only at the sink's first
+frame (its cut-back then too); without them ``ImportError`` at construction says what to install
+and the reporter goes on without it.
 """
 from __future__ import annotations
 
@@ -60,18 +61,29 @@ def cut_back(log_dir: Path, keep_step: int) -> None:
 
 
 class TensorBoardSink:
+    """Opened at its first frame (or at close when none came): tensorboard's import (a tenth of a
+    second) and the cut-back come after the resumed step's first frame, not before it."""
+
     name = "tensorboard"
 
     def __init__(self, log_dir: Path, resumed_step: int = -1):
-        _, _, self._Summary, _, SummaryWriter = _imports()
-        log_dir = Path(log_dir)
-        if log_dir.is_dir():
-            for stale in log_dir.glob(".events.out.tfevents.*.tmp-*"):
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:  # the cheap check; imported when first used
+            raise ImportError(f"the tensorboard sink needs tensorboard ({INSTALL_HINT})")
+        self.log_dir, self.resumed_step, self.writer = Path(log_dir), resumed_step, None
+
+    def _cut_back(self) -> None:
+        if self.log_dir.is_dir():
+            for stale in self.log_dir.glob(".events.out.tfevents.*.tmp-*"):
                 stale.unlink(missing_ok=True)
-            cut_back(log_dir, resumed_step)
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+            cut_back(self.log_dir, self.resumed_step)
 
     def write(self, step: int, frame: dict) -> None:
+        if self.writer is None:
+            _, _, self._Summary, _, SummaryWriter = _imports()
+            self._cut_back()
+            self.writer = SummaryWriter(log_dir=str(self.log_dir))
         values = [self._Summary.Value(tag=k, simple_value=float(v)) for k, v in frame.items()
                   if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if values:
@@ -79,7 +91,10 @@ class TensorBoardSink:
             self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is None:
+            self._cut_back()  # no frame this time: the files still read as one run
+        else:
+            self.writer.close()
 
 
 def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
