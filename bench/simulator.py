@@ -62,7 +62,8 @@ def one_size(n: int, full: bool, every: int) -> dict:
         "tried": report.tried, "ok": report.ok, "mismatches": len(report.mismatches), "sweep_s": sweep_s,
         "cpu_s": cpu_s, "recoveries": sim.stats["recoveries"], "converged": sim.stats["converged"],
         "converged_s": sim.timing["converged"], "ran_on_s": sim.timing["ran on"],
-        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_mb": max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        / 1024, "shared": sim.stats["shared replays"],
     }
 
 
@@ -87,10 +88,12 @@ def main() -> None:
     print("2. growth with segments (10 steps each, checkpoint every 10, ppl, 5 s waits), dedup mode:")
     print("   swept: positions killed; recov.: recoveries run (the others share one, same durable state);")
     print("   conv.: of them, stopped at convergence (the others ran to the end), with the seconds in each kind;")
-    print("   ms/pos: full sweep time per position; CPU: the sweep's CPU seconds (the machine may be shared)")
+    print("   ms/pos: full sweep time per position (wall, CPU); CPU: the sweep's CPU seconds, forked recoveries")
+    print("   included (the machine may be shared: wall time lies, CPU less); shared: fresh replays shared by fork;")
+    print("   a sampled size's full sweep is estimated as distinct states x its time per recovery (marked est.)")
     print(f"   {'segments':>8} {'positions':>9} {'states':>6} {'uninterr.':>9} {'swept':>6} {'sweep':>9} "
-          f"{'CPU':>8} {'ms/pos':>7} {'recov.':>6} {'conv.':>6} {'conv. s':>8} {'ran-on s':>8} "
-          f"{'full sweep':>11} {'peak RSS':>9}")
+          f"{'CPU':>8} {'ms/pos':>7} {'CPU/pos':>7} {'recov.':>6} {'conv.':>6} {'shared':>6} {'conv. s':>8} "
+          f"{'ran-on s':>8} {'full sweep':>11} {'full CPU':>11} {'peak RSS':>9}")
     rows = []
     for n in (int(x) for x in a.sizes.split(",")):
         cmd = [sys.executable, os.path.abspath(__file__), "--one", str(n), "--full-up-to", str(a.full_up_to),
@@ -101,18 +104,23 @@ def main() -> None:
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         # a full sweep's time; sampled: distinct states x time per recovery (sampled kills rarely share one)
-        r["full_s"] = r["sweep_s"] if r["full"] else r["states"] * r["sweep_s"] / max(r["recoveries"], 1)
+        scale = 1.0 if r["full"] else r["states"] / max(r["recoveries"], 1)
+        r["full_s"], r["full_cpu_s"] = r["sweep_s"] * scale, r["cpu_s"] * scale
         r["per_pos_ms"] = 1000 * r["full_s"] / r["positions"]
+        r["cpu_pos_ms"] = 1000 * r["full_cpu_s"] / r["positions"]
         rows.append(r)
-        full = f"{r['full_s']:.1f}s" + ("" if r["full"] else " est.")
+        est = "" if r["full"] else " est."
+        full, full_cpu = f"{r['full_s']:.1f}s{est}", f"{r['full_cpu_s']:.1f}s{est}"
         print(f"   {n:>8} {r['positions']:>9} {r['states']:>6} {r['ref_s']:>8.2f}s {r['tried']:>6} "
-              f"{r['sweep_s']:>8.1f}s {r['cpu_s']:>7.1f}s {r['per_pos_ms']:>7.2f} {r['recoveries']:>6} "
-              f"{r['converged']:>6} {r['converged_s']:>7.1f}s {r['ran_on_s']:>7.1f}s "
-              f"{full:>11} {r['peak_mb']:>7.0f}MB" + ("" if r["ok"] else f"  (!) {r['mismatches']} MISMATCHES"))
+              f"{r['sweep_s']:>8.1f}s {r['cpu_s']:>7.1f}s {r['per_pos_ms']:>7.2f} {r['cpu_pos_ms']:>7.2f} "
+              f"{r['recoveries']:>6} {r['converged']:>6} {r['shared']:>6} {r['converged_s']:>7.1f}s "
+              f"{r['ran_on_s']:>7.1f}s {full:>11} {full_cpu:>11} "
+              f"{r['peak_mb']:>7.0f}MB" + ("" if r["ok"] else f"  (!) {r['mismatches']} MISMATCHES"))
     for x, y in zip(rows, rows[1:]):
         print(f"   {x['segments']} -> {y['segments']} segments: positions x{y['positions'] / x['positions']:.1f}, "
-              f"states x{y['states'] / x['states']:.1f}, time per position x{y['per_pos_ms'] / x['per_pos_ms']:.1f}, "
-              f"full sweep x{y['full_s'] / x['full_s']:.1f} (linear: x{y['segments'] // x['segments']})")
+              f"states x{y['states'] / x['states']:.1f}, time per position x{y['per_pos_ms'] / x['per_pos_ms']:.1f} "
+              f"(CPU x{y['cpu_pos_ms'] / x['cpu_pos_ms']:.1f}), full sweep x{y['full_s'] / x['full_s']:.1f} "
+              f"(CPU x{y['full_cpu_s'] / x['full_cpu_s']:.1f}; linear: x{y['segments'] // x['segments']})")
 
 
 if __name__ == "__main__":

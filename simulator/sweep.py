@@ -11,6 +11,7 @@ Every mismatch carries the seed/positions that reproduce it and a one-line comma
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import random
 import time
@@ -23,6 +24,7 @@ from engine.history import read_events
 from workflows.models import WORKFLOW_TRAIN_RUN
 
 from .checks import (
+    CHECKED_EVENTS,
     check_canceled,
     check_completed_ledger,
     check_completed_state,
@@ -31,6 +33,7 @@ from .checks import (
     check_failed_suite,
     compare_with,
     final_files_lines,
+    kept_events,
 )
 from .convergence import (
     CONVERGENCE_KIND,
@@ -164,6 +167,7 @@ class Simulator:
         self.on_outcome: Callable[[str, list[int], Outcome], None] | None = None  # sees every checked run
         # dedup: recoveries after a long enough history share one fresh replay of it, by fork (simulator/prefix.py)
         self._checked_results: dict[int, tuple[Any, list[str]]] = {}
+        self._kept_index: dict[int, tuple[list, list[int], list]] = {}
         self.share_replay = True
         self.share_min_events = 2000  # below this, a fresh replay costs less than a fork (measured)
         self.share_every = 100  # a new shared replay once the history grew by this many events (and 5%)
@@ -243,6 +247,19 @@ class Simulator:
         if what != "reference":
             lines += compare_with(o, self.reference())
         return lines
+
+    def _kept(self, events: list, start: int, stop: int | None = None) -> list:
+        """``kept_events(events[start:stop])`` (the first event kept too where ``start`` is 0), from an index
+        of ``events`` made once per list (the verified runs' histories are spliced thousands of times)."""
+        hit = self._kept_index.get(id(events))
+        if hit is None or hit[0] is not events:
+            if len(self._kept_index) >= 64:
+                self._kept_index.clear()
+            where = [i for i, e in enumerate(events) if i == 0 or e.type in CHECKED_EVENTS]
+            hit = self._kept_index[id(events)] = (events, where, [events[i] for i in where])
+        _, where, kept = hit
+        stop = len(events) if stop is None else stop
+        return kept[bisect.bisect_left(where, start):bisect.bisect_left(where, stop)]
 
     def _result_lines(self, o: Outcome) -> list[str] | None:
         """``check_result`` of ``o.result``, made once per result object: the recoveries spliced to one
@@ -526,12 +543,16 @@ class Simulator:
             self.stats["converged"] += 1
             copied = o.extra.pop("copied_events")
             t = target.run
+            own = o.events
             o = replace(o, state=t.state, result=t.result, error=t.error,
-                        events=self._ref.events[:copied] + o.events + t.events[target.events_at:],
+                        events=self._ref.events[:copied] + own + t.events[target.events_at:],
                         ledger=splice_ledger(o.ledger, target))
             state_lines = None
-            if not self.scn.fail_suites:
-                state_lines = self.state_lines(o, file_lines=t.file_lines)
+            if not self.scn.fail_suites:  # checked on the events the outcome checks read (checks.CHECKED_EVENTS)
+                short = kept_events(o.events) if copied == 0 else (
+                    self._kept(self._ref.events, 0, copied) + [e for e in own if e.type in CHECKED_EVENTS]
+                    + self._kept(t.events, target.events_at))
+                state_lines = self.state_lines(replace(o, events=short), file_lines=t.file_lines)
             run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, t.file_lines)
             remove_home(o.home)  # its files are the target's from here: checked with the target's
         for point in mine:

@@ -236,3 +236,25 @@ def test_bad_arguments_exit_2_before_any_run():
         r = _cli(*args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert r.stderr.strip()
+
+
+def test_the_outcome_checks_give_the_same_lines_on_the_kept_events_as_on_the_whole_history():
+    """A spliced recovery's outcome is checked on ``kept_events`` of its history (a third of it): for the
+    reference and for histories broken in each way the checks look for, the lines are the same."""
+    from dataclasses import replace
+
+    from engine import history as h
+    from simulator.checks import kept_events
+
+    sim = Simulator(Scenario(steps=60, eval_every=10, checkpoint_every=10, eval_interval_s=5))
+    ref = sim.reference()
+    ev = ref.events
+    late = [e._replace(time=e.time + 1.0) if e.type == h.TIMER_FIRED else e for e in ev]
+    early = [e._replace(time=e.time - 3.0) if e.type == h.ACTIVITY_SCHEDULED and e.seq > 10 else e for e in ev]
+    fired_twice = ev[:10] + [ev[9]._replace(seq=0)] + ev[10:]
+    broken = [ev, ev[:5] + ev[7:], late, early, fired_twice, ev[:-3]]
+    for i, events in enumerate(broken):
+        o = replace(ref, events=events)
+        want = sim.state_lines(o, what="kill")
+        assert want or i == 0
+        assert sim.state_lines(replace(o, events=kept_events(events)), what="kill") == want, i
