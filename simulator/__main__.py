@@ -114,7 +114,7 @@ def cmd_kill_every_position(a: argparse.Namespace) -> int:
     if a.mode == "dedup" and a.jobs <= 1:  # (forked workers keep their own counts)
         print(f"recoveries: {st['recoveries']} for {report.tried} positions (the others shared one); "
               f"{st['converged']} stopped at convergence ({st['checked splices']} after a checked replay), "
-              f"{st['ran on']} ran to the end")
+              f"{st['ran on']} ran to the end; {st['shared replays']} fresh replays shared by fork")
     return _print_report(report)
 
 

@@ -253,7 +253,7 @@ class Simulator:
         of ``events`` made once per list (the verified runs' histories are spliced thousands of times)."""
         hit = self._kept_index.get(id(events))
         if hit is None or hit[0] is not events:
-            if len(self._kept_index) >= 64:
+            if len(self._kept_index) >= 8:
                 self._kept_index.clear()
             where = [i for i, e in enumerate(events) if i == 0 or e.type in CHECKED_EVENTS]
             hit = self._kept_index[id(events)] = (events, where, [events[i] for i in where])
@@ -269,7 +269,7 @@ class Simulator:
         hit = self._checked_results.get(id(o.result))
         if hit is not None and hit[0] is o.result:
             return hit[1]
-        if len(self._checked_results) >= 256:
+        if len(self._checked_results) >= 8:  # recoveries that share a target come one after another
             self._checked_results.clear()
         lines = check_result(self.scn, o.result)
         self._checked_results[id(o.result)] = (o.result, lines)  # holds the object: its id is not reused
