@@ -1,24 +1,31 @@
 """Defer torch submodules that eager CPU training never runs, until something touches them.
 
-``import torch`` executes, among much else, three modules that only tracing needs (``torch.compile``,
+``import torch`` executes, among much else, modules that only tracing needs (``torch.compile``,
 ``torch.export``, fake and meta tensors), about a third of its CPU time:
 
 - ``torch._meta_registrations`` (with ``torch._decomp``, ``torch._refs``, ``torch._prims``): python
   kernels for the ``Meta`` dispatch key, decomposition and reference tables, fake-tensor impls,
   python-dispatcher kernels (``py_impl``), the ``prims`` op library;
 - ``torch.distributed._meta_registrations``: ``Meta`` kernels of the functional collectives;
-- ``torch.export`` (with ``torch._export``): the export API, its ``export::`` ops and tracepoints.
+- ``torch.export`` (with ``torch._export``): the export API, its ``export::`` ops and tracepoints;
+- and python-only APIs tinyllm never calls, whose import registers nothing outside themselves
+  (checked: no dispatcher, pytree, safe-globals or torch-wide registration; ``torch.utils.data``
+  registers its DataLoader-workers atexit flag when it runs): ``torch.utils.data``,
+  ``torch.distributions``, ``torch.masked``, ``torch.quasirandom``, ``torch.nn.intrinsic``,
+  ``torch.nn.qat``. (Not ``torch.nested``: it adds safe globals for ``torch.load``; not
+  ``torch.profiler``: it registers a global optimizer hook.)
 
 None of that is on an eager CPU tensor's dispatch path (CPU and autograd kernels are native), so
 training, ``torch.load``/``torch.save``, AdamW, ``clip_grad_norm_``, SDPA and gloo DDP compute the
 same bits without them (the final loss and digest of specs/tiny.json are unchanged; tests).
 
 How: before ``import torch``, ``install()`` puts a finder first on ``sys.meta_path``. For the modules
-above it returns the real spec with a loader that puts a module object into ``sys.modules`` and
-binds it as torch's attribute as usual, but runs the module's code only on first touch: any
-attribute but the import system's own metadata (``__name__``, ``__file__``, ``__spec__`` read
-outside the import machinery...), an ``import`` of it or of a submodule. Then, so that a side
-effect that nothing touches by name (a meta kernel, a fake impl) is never missing:
+above it returns the real spec with a loader that makes the module object, binds it on its parent as
+usual (``torch.export`` is there), but does not run its code; once bound, the object is taken out of
+``sys.modules``. Its first touch (any attribute but the import system's metadata: ``__name__``,
+``__file__``, ``__spec__``, ``__path__``...), or any later ``import`` of it or of a submodule (which
+now reaches the finder), runs its code through the import system into that same object. Then, so
+that a side effect that nothing touches by name (a meta kernel, a fake impl) is never missing:
 
 - the first touch of any deferred module runs all of them (``complete()``, in torch's order);
 - so does the first import of a module that traces or needs those tables (``CONSUMERS``:
@@ -49,7 +56,9 @@ import types
 
 ENV = "TINYLLM_TORCH_DEFER"  # "0": import torch as it is
 TORCH_VERSION = "2.13.0"  # what the lists below were checked against (pinned in constraints.txt)
-DEFERRED = ("torch.export", "torch.distributed._meta_registrations", "torch._meta_registrations")  # torch's order
+DEFERRED = ("torch.utils.data", "torch.distributions", "torch.nn.intrinsic", "torch.nn.qat", "torch.quasirandom",
+            "torch.masked", "torch.export", "torch.distributed._meta_registrations",
+            "torch._meta_registrations")  # in torch's import order
 CONSUMERS = ("torch._dynamo", "torch._inductor", "torch._export", "torch.onnx", "torch._decomp", "torch._refs",
              "torch._prims", "torch._functorch.aot_autograd", "torch._functorch.partitioners")
 # read without running the module: what the import system set before the module's code runs
