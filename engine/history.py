@@ -167,16 +167,24 @@ def read_events(db: sqlite3.Connection, workflow_id: str, after_seq: int = 0, li
     return out
 
 
+_INSERT_EVENTS = "INSERT INTO events(workflow_id, seq, type, time, attrs, crc) VALUES (?,?,?,?,?,?)"
+
+
+def event_row(workflow_id: str, seq: int, type: str, time: float, text: str) -> tuple:
+    """The columns of one event as ``insert_events`` writes them (``text``: ``dumps`` of its attrs)."""
+    return (workflow_id, seq, type, time, text, event_crc(workflow_id, seq, type, time, text))
+
+
+def insert_events(db: sqlite3.Connection, rows: list[tuple]) -> None:
+    """Insert ``event_row``s with one statement (the primary key guards each seq)."""
+    db.execute(_INSERT_EVENTS + ",(?,?,?,?,?,?)" * (len(rows) - 1), [x for row in rows for x in row])
+
+
 def append_event(db: sqlite3.Connection, workflow_id: str, seq: int, type: str, time: float, attrs: dict,
                  text: str | None = None) -> Event:
     """Append one event at ``seq`` (the caller knows the last seq; the primary key guards it).
     ``text``: ``dumps(attrs)`` where the caller has it already."""
-    if text is None:
-        text = dumps(attrs)
-    db.execute(
-        "INSERT INTO events(workflow_id, seq, type, time, attrs, crc) VALUES (?,?,?,?,?,?)",
-        (workflow_id, seq, type, time, text, event_crc(workflow_id, seq, type, time, text)),
-    )
+    db.execute(_INSERT_EVENTS, event_row(workflow_id, seq, type, time, dumps(attrs) if text is None else text))
     return Event(seq, type, time, attrs)
 
 

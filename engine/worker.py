@@ -47,8 +47,8 @@ class _LiveSink:
     def __init__(self, worker: "Worker", db):
         self.w = worker
         self.db = db
-        self.scheduled: list[tuple[str, int, Any, StepOptions, float]] = []  # inserted leased: (activity_id,
-        # cmd, input, options, leased at)
+        self.scheduled: list[tuple[str, int, Any, StepOptions, float, tuple]] = []  # inserted leased:
+        # (activity_id, cmd, input, options, leased at, its scheduled event's row, not inserted yet)
 
     def _append(self, r: Replayer, type: str, attrs: dict) -> h.Event:
         ev = append_event(self.db, r.workflow_id, r.last_seq + 1, type, self.w.clock.now(), attrs)
@@ -77,10 +77,13 @@ class _LiveSink:
             # the attrs' JSON from the pieces just encoded: the same text as dumps(attrs) (keys in order)
             text = (f'{{"activity_id":{dumps(cmd.activity_id)},"cmd":{int(k)},"input":{input_text},'
                     f'"name":{dumps(cmd.name)},"options":{opts_text}}}')
-            ev = append_event(self.db, r.workflow_id, r.last_seq + 1, h.ACTIVITY_SCHEDULED, now, attrs, text=text)
-            r.record(ev)
-            if take:
-                self.scheduled.append((cmd.activity_id, k, payload["input"], opts, now))
+            seq = r.last_seq + 1
+            if take:  # inserted with its started event, one statement (``Worker._lease``)
+                row = h.event_row(r.workflow_id, seq, h.ACTIVITY_SCHEDULED, now, text)
+                r.record(h.Event(seq, h.ACTIVITY_SCHEDULED, now, attrs))
+                self.scheduled.append((cmd.activity_id, k, payload["input"], opts, now, row))
+            else:
+                r.record(append_event(self.db, r.workflow_id, seq, h.ACTIVITY_SCHEDULED, now, attrs, text=text))
         else:
             fire_at = now + payload["seconds"]
             self.db.execute(
@@ -212,8 +215,8 @@ class Worker:
             if pending or wf_row is None:  # (its updated_at is its last event's time: Engine._row)
                 db.execute("UPDATE workflows SET task_pending=0, updated_at=? WHERE id=?", (self.clock.now(), workflow_id))
             after.append(lambda: self._cache_put(workflow_id, r))
-        for activity_id, cmd, input_raw, opts, leased_at in sink.scheduled:
-            lease = self._lease(db, workflow_id, activity_id, known=(r, cmd, input_raw, opts, leased_at))
+        for activity_id, cmd, input_raw, opts, leased_at, sched_row in sink.scheduled:
+            lease = self._lease(db, workflow_id, activity_id, known=(r, cmd, input_raw, opts, leased_at, sched_row))
             after.append(lambda lease=lease: self._ready.append(lease))
 
     def _new_replayer(self, reg, workflow_id: str, input_json: str, sink) -> Replayer:
@@ -249,14 +252,17 @@ class Worker:
 
     def _lease(self, db, workflow_id: str, activity_id: str, known: tuple | None = None) -> Lease | None:
         """Attempt n+1 of a due activity, in the open transaction. ``known``: ``(replayer, cmd, input,
-        options, leased at)`` of an activity this very transaction inserted already leased (attempt 1,
-        ``_LiveSink.new_command``): only its started event is appended, at the replayer's end."""
+        options, leased at, scheduled event row)`` of an activity this very transaction inserted already
+        leased (attempt 1, ``_LiveSink.new_command``): its scheduled event (recorded in the replayer, not
+        inserted yet) and its started event, at the replayer's end, are inserted together."""
         if known is not None:
-            r, cmd, input_raw, opts, now = known
+            r, cmd, input_raw, opts, now, sched_row = known
             worker = self._worker_name()
             attrs = {"cmd": cmd, "activity_id": activity_id, "attempt": 1, "worker": worker}
             text = f'{{"activity_id":{dumps(activity_id)},"attempt":1,"cmd":{int(cmd)},"worker":{dumps(worker)}}}'
-            r.record(append_event(db, workflow_id, r.last_seq + 1, h.ACTIVITY_STARTED, now, attrs, text=text))
+            seq = r.last_seq + 1
+            h.insert_events(db, [sched_row, h.event_row(workflow_id, seq, h.ACTIVITY_STARTED, now, text)])
+            r.record(h.Event(seq, h.ACTIVITY_STARTED, now, attrs))
             return Lease(workflow_id, activity_id, r.commands[cmd].command.name, cmd, 1, input_raw, opts, None, now)
         now = self.clock.now()
         row = db.execute(
