@@ -40,14 +40,14 @@ meta tensors; this is why the deferral is applied only by ``tinyllm train`` to i
 to a user's code (examples/, tinyllm.durable users): ``tinyllm train`` runs no user code.
 
 It is applied only where what it relies on holds: torch ``TORCH_VERSION`` (read from
-``torch/version.py`` before the import), source modules, CPython's import bootstrap. Else, or
-with ``TINYLLM_TORCH_DEFER=0`` in the environment, torch is imported as it is.
+``torch/version.py`` before the import; the lists above were checked against its code), CPython
+(its import system's order of lookups), modules loaded from source files. Else, or with
+``TINYLLM_TORCH_DEFER=0`` in the environment, torch is imported as it is.
 """
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
-import importlib.util
 import os
 import re
 import sys
@@ -66,7 +66,7 @@ CONSUMERS = ("torch._dynamo", "torch._inductor", "torch._export", "torch.onnx", 
 _METADATA = frozenset({"__name__", "__file__", "__cached__", "__loader__", "__package__", "__spec__", "__path__",
                        "__class__", "__dict__"})
 
-_lock = threading.RLock()
+_lock = threading.RLock()  # one completion at a time (tinyllm train imports from its main thread only)
 _modules: dict[str, types.ModuleType] = {}  # deferred module name -> its module object (bound on its parent)
 _state: dict[str, str] = {}  # module name -> "deferred" | "executed"
 _status = {"enabled": False, "reason": "not installed"}
@@ -103,8 +103,15 @@ def complete() -> None:
         _completing[0] = True
         try:
             for name in DEFERRED:
-                if _state.get(name) == "deferred":
-                    _unlist()
+                if _state.get(name) != "deferred":
+                    continue
+                _unlist()
+                module = _modules[name]
+                if sys.modules.get(name) is module:  # not bound on its parent yet (torch still importing): here
+                    _state[name] = "executed"
+                    object.__setattr__(module, "__class__", types.ModuleType)
+                    module.__spec__.loader.exec_module(module)
+                else:
                     importlib.import_module(name)  # not in sys.modules: the finder adopts the deferred object
         finally:
             _completing[0] = False
@@ -217,6 +224,8 @@ def install() -> dict:
         return status()
     if os.environ.get(ENV, "1") == "0":
         return _set(False, f"{ENV}=0")
+    if sys.implementation.name != "cpython":
+        return _set(False, f"{sys.implementation.name} (checked on CPython's import system)")
     version = _torch_version()
     if version != TORCH_VERSION:
         return _set(False, f"torch {version} (checked against {TORCH_VERSION})")
