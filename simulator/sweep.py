@@ -165,9 +165,9 @@ class Simulator:
         self.stats: Counter[str] = Counter()  # how runs ended, and how many kills they took
         self.timing: Counter[str] = Counter()  # seconds spent in recoveries
         self.on_outcome: Callable[[str, list[int], Outcome], None] | None = None  # sees every checked run
+        self._checked_results: dict[int, tuple[Any, list[str]]] = {}  # see _result_lines
+        self._kept_index: dict[int, tuple[list, list[int], list]] = {}  # see _kept
         # dedup: recoveries after a long enough history share one fresh replay of it, by fork (simulator/prefix.py)
-        self._checked_results: dict[int, tuple[Any, list[str]]] = {}
-        self._kept_index: dict[int, tuple[list, list[int], list]] = {}
         self.share_replay = True
         self.share_min_events = 2000  # below this, a fresh replay costs less than a fork (measured)
         self.share_every = 100  # a new shared replay once the history grew by this many events (and 5%)
@@ -411,7 +411,11 @@ class Simulator:
 
                 pre = prefix[0] if dedup else None
                 if pre is not None:
-                    m, payload = self._in_child(recover_and_check, found)
+                    try:
+                        m, payload = self._in_child(recover_and_check, found)
+                    except RuntimeError as e:  # the child died or raised outside the recovery: a finding too
+                        m, payload = Mismatch("kill", [n], [f"killed at position {n}: {where}", str(e)[-2000:]],
+                                              rerun_command(self.scn, [n], mutant=self.mutant)), None
                 else:
                     m, payload = recover_and_check()
                 if dedup and payload is not None:
