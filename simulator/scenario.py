@@ -339,3 +339,9 @@ def recover_from_snapshot(
                 events=events, ledger=led, plan=plan, lives=1, clock=rclock,
                 extra={"converged": stop.target, "copied_events": copied},
             )
+        except Exception:  # the sweep reports it (with the command that reruns it): no home left behind
+            eng = rlive.get("engine")
+            if eng is not None:
+                _crash_cleanup(eng)
+            remove_home(home)
+            raise
