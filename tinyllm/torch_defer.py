@@ -34,6 +34,10 @@ that a side effect that nothing touches by name (a meta kernel, a fake impl) is 
   order (its import ran them before anything could import those);
 - and so does constructing a ``FakeTensorMode`` (``after_import()``).
 
+One side effect of the deferred set is needed by eager code and is done by ``after_import()``
+itself: ``torch._prims.rng_prims`` sets ``torch.Generator``'s metaclass (``torch.Generator()``
+raises without it; post-training samples with generators); it is set the same way up front.
+
 What stays out: ops on ``device="meta"`` tensors that only have a python meta kernel raise
 ``NotImplementedError`` until ``complete()`` ran (no wrong numbers: they fail). tinyllm never makes
 meta tensors; this is why the deferral is applied only by ``tinyllm train`` to its own trainer, never
@@ -240,6 +244,19 @@ def after_import() -> None:
     if not _status["enabled"]:
         return
     _unlist()
+    torch = sys.modules["torch"]
+    set_metaclass = getattr(torch._C, "_set_generator_metaclass", None)
+    if set_metaclass is not None and "torch._prims.rng_prims" not in sys.modules:
+        # torch._prims.rng_prims (deferred with the meta registrations) gives torch.Generator its
+        # metaclass, without which eager code's torch.Generator() raises: set it as it does (it
+        # sets the same again when it runs)
+        from torch._opaque_base import OpaqueBaseMeta
+
+        set_metaclass(OpaqueBaseMeta)
+    try:
+        torch.Generator()
+    except RuntimeError:
+        complete()  # torch differs from what this expects: everything runs now
     fake = sys.modules.get("torch._subclasses.fake_tensor")
     mode = getattr(fake, "FakeTensorMode", None)
     if mode is None or getattr(mode.__init__, "tinyllm_completes", False):

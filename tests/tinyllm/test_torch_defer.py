@@ -68,6 +68,9 @@ torch_defer.install()
 import torch
 torch_defer.after_import()
 out = {"before": torch_defer.status()["deferred"]}
+g = torch.Generator()
+g.manual_seed(3)
+out["generator"] = torch.randn(4, generator=g).tolist()  # eager code needs Generator() while deferred
 x = torch.empty(16, device="meta")
 try:
     torch.histc(x)  # only a python meta kernel: not there while deferred (the documented gap)
@@ -90,6 +93,9 @@ elif how == "submodule":
     out["one_class"] = torch.export.ExportGraphSignature is g.ExportGraphSignature is \\
         sys.modules["torch.export.graph_signature"].ExportGraphSignature
 out["after"] = torch_defer.status()
+g = torch.Generator()
+g.manual_seed(3)
+out["generator_after"] = torch.randn(4, generator=g).tolist()
 out["meta_after"] = list(torch.histc(x).shape)
 out["modules"] = all(sys.modules[n] is getattr(sys.modules[n.rpartition(".")[0]], n.rpartition(".")[2])
                      and type(sys.modules[n]) is types.ModuleType for n in torch_defer.DEFERRED)
@@ -103,6 +109,7 @@ def _touched(how: str) -> dict:
     assert got["meta_before"] == "NotImplementedError"
     assert got["after"]["deferred"] == [] and got["after"]["executed"] == DEFERRED, f"{how} did not run them"
     assert got["meta_after"] == [100], "the python meta kernels must be registered once they ran"
+    assert got["generator"] == got["generator_after"]
     assert got["modules"], "each ran in the object bound on its parent, and is in sys.modules again"
     return got
 
