@@ -33,13 +33,14 @@ class Backend:
             cfg = TemporalConfig.from_env(**dict(self.options))
         except ConfigError as e:
             raise BadRequest(str(e)) from None
+        global _warned
         if cfg.api_key and not cfg.uses_tls and not _warned:
-            _warned.append(True)
+            _warned = True
             print(f"ctl: warning: --no-tls sends $CTL_TEMPORAL_API_KEY to {cfg.address} in clear text", file=sys.stderr)
         return cfg
 
 
-_warned: list[bool] = []  # the clear-text API key warning, once per ctl process
+_warned = False  # the clear-text API key warning given (once per chosen backend)
 
 
 _chosen = Backend()
@@ -47,11 +48,10 @@ _chosen = Backend()
 
 def choose(backend: Backend) -> None:
     """Set the backend of this ctl invocation (the CLI's group does it once per command)."""
-    global _chosen
+    global _chosen, _warned
     if backend.name not in BACKENDS:
         raise BadRequest(f"unknown backend {backend.name!r} (known: {', '.join(BACKENDS)})")
-    _chosen = backend
-    _warned.clear()
+    _chosen, _warned = backend, False
 
 
 def chosen() -> Backend:
