@@ -119,6 +119,8 @@ def run_child(args) -> None:
     import tinyllm  # noqa: F401  (before torch: the OpenMP policy, as the CLI does)
     from tinyllm import omp
 
+    omp.configure(threads=_spec(args).threads)  # as `tinyllm train` does before torch (import alone reads once)
+
     times = {"plain": child_plain, "tinyllm": child_tinyllm}[args.child](args)[WARMUP_STEPS - 1:]
     print(json.dumps({"median_s": statistics.median(times), "steps": len(times), "omp": omp.chosen(_spec(args).threads)}))
 
@@ -170,8 +172,10 @@ def throughput(args, home: Path) -> None:
     for rep in range(args.reps):  # alternate, so machine load hits every configuration alike
         for c in configs:
             results[c].append(measure(args, home, *c))
+            got = results[c][-1]
+            said = f" -> {got['omp']['wait_policy']} ({got['omp']['reason']})" if c[1] is None else ""
             print(f"  run {rep + 1}: {c[0]} policy={c[1] or 'own choice'} threads={c[2] or 'spec'}: "
-                  f"{1000 * results[c][-1]['median_s']:.1f} ms/step (load {load_str()})")
+                  f"{1000 * got['median_s']:.1f} ms/step (load {load_str()}){said}")
         if args.nanogpt:
             nano.append(measure_nanogpt(args))
             print(f"  run {rep + 1}: nanoGPT train.py: {1000 * nano[-1]['median_s']:.1f} ms/step (load {load_str()})")
@@ -185,7 +189,7 @@ def throughput(args, home: Path) -> None:
         p, o = ms[("plain", policy, None)], ms[("tinyllm", policy, None)]
         print(f"  OMP_WAIT_POLICY={policy:<7}: plain loop {p:6.1f} ms, tinyllm {o:6.1f} ms, plain/tinyllm {p / o:.3f} (aim >= 0.95)")
     a, one = ms[("tinyllm", None, None)], ms[("tinyllm", "PASSIVE", 1)]
-    chosen = ", ".join(sorted({f"{x['wait_policy']} ({x['reason']})" for x in auto}))
+    chosen = ", ".join(f"{p} {sum(x['wait_policy'] == p for x in auto)} of {len(auto)}" for p in ("ACTIVE", "PASSIVE"))
     print(f"  tinyllm's own choice: {a:6.1f} ms  [{chosen}]")
     print(f"  tinyllm 1 thread:     {one:6.1f} ms  (own choice vs 1 thread: {one / a:.3f}x the speed; aim >= 1 when loaded)")
     print(f"  ACTIVE vs PASSIVE (tinyllm): {ms[('tinyllm', 'PASSIVE', None)] / ms[('tinyllm', 'ACTIVE', None)]:.3f}x the speed")
