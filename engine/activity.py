@@ -23,6 +23,8 @@ class Lease:
     options: StepOptions
     details: Any
     started_at: float
+    appended: bool = False
+    """An event of this attempt (a heartbeat's details) was appended since it was leased."""
 
 
 class LiveActivityContext:

@@ -52,6 +52,7 @@ class Event(NamedTuple):
 _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)  # built once: json.dumps
 # with arguments builds a new encoder per call, a tenth of an activity's Python time
 _SCALARS = (int, str, bool, type(None))
+_encode_str = json.encoder.encode_basestring_ascii  # what _ENCODER.encode does with a str (ensure_ascii)
 try:  # the C encoder behind _ENCODER, made once (JSONEncoder.encode makes one per call): no circular-reference
     # markers, so a cycle is a RecursionError, reported as the ValueError json gives
     from json.encoder import c_make_encoder as _c_make_encoder
@@ -67,7 +68,7 @@ def dumps(value: Any) -> str:
     ``_ENCODER.encode``, scalars and containers without building an encoder per call."""
     t = type(value)
     if t is str:
-        return _ENCODER.encode(value)
+        return _encode_str(value)
     if t is int:
         return int.__repr__(value)
     if value is None:

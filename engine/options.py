@@ -1,7 +1,7 @@
 """Activity options: ids, timeouts and the retry policy (keyword-only, units last)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class RetryPolicy:
 
 
 _RETRY_TEXT: dict[tuple, str] = {}  # StepOptions.to_text
+DEFAULT_RETRY = RetryPolicy()
+"""The policy of a ``StepOptions`` given none (frozen: one instance serves them all)."""
+_dumps = None  # engine.history.dumps, bound at the first to_text (history imports nothing of this module)
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class StepOptions:
     """An attempt running longer than this is timed out (and retried per ``retry``)."""
     heartbeat_timeout_s: float | None = None
     """An attempt silent for longer than this is timed out and redelivered."""
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy = DEFAULT_RETRY
     """Retry policy for failed or timed-out attempts."""
 
     def to_json(self) -> dict:
@@ -56,21 +59,27 @@ class StepOptions:
     def to_text(self) -> str:
         """``dumps(self.to_json())``, written out (an activity's largest JSON): the retry policy's text
         is kept per policy (a few distinct policies in a program)."""
-        from .history import dumps
-
+        global _dumps
+        if _dumps is None:
+            from .history import dumps as _dumps
+        dumps = _dumps
         r = self.retry
-        # keyed with the types: 1 == 1.0 == True, but their texts differ
-        key = (r.max_attempts, r.initial_interval_s, r.backoff, r.max_interval_s, r.non_retryable,
-               type(r.max_attempts), type(r.initial_interval_s), type(r.backoff), type(r.max_interval_s),
-               tuple(map(type, r.non_retryable)) if type(r.non_retryable) is tuple else None)
-        try:
-            retry = _RETRY_TEXT.get(key)
-        except TypeError:  # an unhashable field: not kept
-            key, retry = None, None
+        retry = r.__dict__.get("_text")  # kept on the (frozen) policy itself, else per equal policy
         if retry is None:
-            retry = dumps(self.to_json()["retry"])
-            if key is not None and len(_RETRY_TEXT) < 256:
-                _RETRY_TEXT[key] = retry
+            # keyed with the types: 1 == 1.0 == True, but their texts differ
+            key = (r.max_attempts, r.initial_interval_s, r.backoff, r.max_interval_s, r.non_retryable,
+                   type(r.max_attempts), type(r.initial_interval_s), type(r.backoff), type(r.max_interval_s),
+                   tuple(map(type, r.non_retryable)) if type(r.non_retryable) is tuple else None)
+            try:
+                retry = _RETRY_TEXT.get(key)
+            except TypeError:  # an unhashable field: not kept
+                key, retry = None, None
+            if retry is None:
+                retry = dumps(self.to_json()["retry"])
+                if key is not None and len(_RETRY_TEXT) < 256:
+                    _RETRY_TEXT[key] = retry
+            if key is not None:
+                object.__setattr__(r, "_text", retry)
         return (f'{{"heartbeat_timeout_s":{dumps(self.heartbeat_timeout_s)},"id":{dumps(self.id)},"retry":{retry},'
                 f'"start_to_close_timeout_s":{dumps(self.start_to_close_timeout_s)}}}')
 

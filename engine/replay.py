@@ -127,6 +127,16 @@ class _Recorded:
     event: Event
 
 
+_RECORD = {  # what Replayer.record does with an event type
+    h.ACTIVITY_COMPLETED: 1, h.ACTIVITY_CANCELED: 1, h.TIMER_FIRED: 1, h.TIMER_CANCELED: 1,
+    h.ACTIVITY_FAILED: 1, h.ACTIVITY_TIMED_OUT: 1,
+    h.ACTIVITY_SCHEDULED: 2, h.TIMER_STARTED: 2,
+    h.WORKFLOW_STARTED: 3, h.CANCEL_REQUESTED: 4,
+    **{t: 5 for t in h.TERMINAL_EVENTS},
+}
+_FINAL_ONLY = (h.ACTIVITY_FAILED, h.ACTIVITY_TIMED_OUT)
+
+
 class Replayer:
     """The state of one workflow's code over its history (see the module docstring)."""
 
@@ -165,9 +175,14 @@ class Replayer:
             raise RuntimeError(f"history of {self.workflow_id!r} has a gap: seq {e.seq} after {self.last_seq}")
         self.last_seq = e.seq
         t, a = e.type, e.attrs
-        if t == h.WORKFLOW_STARTED:
-            self.start_event = e
-        elif t == h.ACTIVITY_SCHEDULED or t == h.TIMER_STARTED:
+        kind = _RECORD.get(t)
+        if kind is None:  # started, heartbeat: nothing the code reads
+            return
+        if kind == 1:  # a resolution (failed or timed out: only when final)
+            if t in _FINAL_ONLY and not a.get("final"):
+                return
+            self.resolutions[a["cmd"]] = e
+        elif kind == 2:  # a command
             if a["cmd"] != len(self.commands):
                 raise RuntimeError(f"history of {self.workflow_id!r}: command {a['cmd']} out of order")
             if t == h.ACTIVITY_SCHEDULED:
@@ -176,14 +191,12 @@ class Replayer:
             else:
                 cmd = Command("timer")
             self.commands.append(_Recorded(cmd, e))
-        elif t in (h.ACTIVITY_COMPLETED, h.ACTIVITY_CANCELED, h.TIMER_FIRED, h.TIMER_CANCELED):
-            self.resolutions[a["cmd"]] = e
-        elif t in (h.ACTIVITY_FAILED, h.ACTIVITY_TIMED_OUT) and a.get("final"):
-            self.resolutions[a["cmd"]] = e
-        elif t == h.CANCEL_REQUESTED:
+        elif kind == 3:
+            self.start_event = e
+        elif kind == 4:
             if self.cancel_event is None:
                 self.cancel_event = e
-        elif t in h.TERMINAL_EVENTS:
+        else:
             self.terminal = e
 
     # ---- driving the code ---------------------------------------------------------------------

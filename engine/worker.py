@@ -18,10 +18,10 @@ Everything a worker does is one ``Store.transaction``:
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections import OrderedDict, deque
@@ -38,20 +38,44 @@ from .replay import Replayer, error_to_json
 log = logging.getLogger("engine")
 
 CACHE_SIZE = 256
+
+
+class _Redo(Exception):
+    """A fast path's assumption did not hold: its transaction is rolled back and the plain path runs."""
+
+
 GROUP_MAX = 256  # outcomes recorded by one group commit at most
 
 
 class _LiveSink:
-    """Writes a replayer's new commands, cancels and end into the open transaction."""
+    """Writes a replayer's new commands, cancels and end into the open transaction.
+
+    The writes are held until ``flush`` (``Worker._run_task`` calls it once the code is blocked or
+    done): the events of a transition go in with one INSERT, the other statements after it, in the
+    order they were made. Nothing reads them before: a cancel, the only path that reads the
+    database, flushes first."""
 
     def __init__(self, worker: "Worker", db):
         self.w = worker
         self.db = db
         self.scheduled: list[tuple[str, int, Any, StepOptions, float, tuple]] = []  # inserted leased:
         # (activity_id, cmd, input, options, leased at, its scheduled event's row, not inserted yet)
+        self.rows: list[tuple] = []  # event rows not inserted yet (``h.event_row``), in seq order
+        self.stmts: list[tuple[str, tuple]] = []  # statements not run yet, in order
 
-    def _append(self, r: Replayer, type: str, attrs: dict) -> h.Event:
-        ev = append_event(self.db, r.workflow_id, r.last_seq + 1, type, self.w.clock.now(), attrs)
+    def flush(self) -> None:
+        if self.rows:
+            h.insert_events(self.db, self.rows)
+            self.rows = []
+        if self.stmts:
+            for sql, params in self.stmts:
+                self.db.execute(sql, params)
+            self.stmts = []
+
+    def _append(self, r: Replayer, type: str, attrs: dict, text: str | None = None) -> h.Event:
+        seq, now = r.last_seq + 1, self.w.clock.now()
+        self.rows.append(h.event_row(r.workflow_id, seq, type, now, dumps(attrs) if text is None else text))
+        ev = h.Event(seq, type, now, attrs)
         r.record(ev)
         return ev
 
@@ -65,13 +89,13 @@ class _LiveSink:
             take = self.w._can_take(cmd.name)
             hb, close = self.w._deadlines(opts, now) if take else (None, None)
             input_text, opts_text = dumps(payload["input"]), opts.to_text()
-            self.db.execute(
+            self.stmts.append((
                 "INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, attempt, due_at, "
                 "hb_deadline, close_deadline, last_hb_at, owner) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (r.workflow_id, cmd.activity_id, k, cmd.name, input_text, opts_text,
                  "running" if take else "scheduled", 1 if take else 0, now, hb, close, now if take else None,
                  self.w._owner_json() if take else None),
-            )
+            ))
             attrs = {"cmd": k, "activity_id": cmd.activity_id, "name": cmd.name, "input": payload["input"],
                      "options": opts_json}
             # the attrs' JSON from the pieces just encoded: the same text as dumps(attrs) (keys in order)
@@ -83,16 +107,16 @@ class _LiveSink:
                 r.record(h.Event(seq, h.ACTIVITY_SCHEDULED, now, attrs))
                 self.scheduled.append((cmd.activity_id, k, payload["input"], opts, now, row))
             else:
-                r.record(append_event(self.db, r.workflow_id, seq, h.ACTIVITY_SCHEDULED, now, attrs, text=text))
+                self.rows.append(h.event_row(r.workflow_id, seq, h.ACTIVITY_SCHEDULED, now, text))
+                r.record(h.Event(seq, h.ACTIVITY_SCHEDULED, now, attrs))
         else:
             fire_at = now + payload["seconds"]
-            self.db.execute(
-                "INSERT INTO timers(workflow_id, cmd, fire_at, state) VALUES (?,?,?, 'pending')",
-                (r.workflow_id, k, fire_at),
-            )
+            self.stmts.append(("INSERT INTO timers(workflow_id, cmd, fire_at, state) VALUES (?,?,?, 'pending')",
+                               (r.workflow_id, k, fire_at)))
             self._append(r, h.TIMER_STARTED, {"cmd": k, "seconds": payload["seconds"], "fire_at": fire_at})
 
     def cancel_pending(self, r, k):
+        self.flush()  # it reads the rows
         cmd = r.commands[k].command
         if cmd.kind == "timer":
             n = self.db.execute(
@@ -118,19 +142,21 @@ class _LiveSink:
     def finish(self, r, state, payload):
         now = self.w.clock.now()
         typ = {"completed": h.WORKFLOW_COMPLETED, "failed": h.WORKFLOW_FAILED, "canceled": h.WORKFLOW_CANCELED}[state]
-        self._append(r, typ, {"result": payload} if state == "completed" else {"error": payload})
-        self.db.execute(
+        text = dumps(payload)
+        self._append(r, typ, {"result": payload} if state == "completed" else {"error": payload},
+                     text=f'{{"result":{text}}}' if state == "completed" else f'{{"error":{text}}}')
+        self.stmts.append((
             "UPDATE workflows SET state=?, result=?, error=?, updated_at=?, task_pending=0 WHERE id=?",
-            (state, dumps(payload) if state == "completed" else None,
-             None if state == "completed" else dumps(payload), now, r.workflow_id),
-        )
+            (state, text if state == "completed" else None, None if state == "completed" else text, now,
+             r.workflow_id),
+        ))
         # nothing is recorded after the end: a still-running attempt becomes stale (its heartbeat raises
         # LeaseLost, its outcome is dropped, ctx.cancel_requested is True); its row is closed (canceled).
         # Only a command without a resolution in the history can have an open row or a pending timer.
         if len(r.resolutions) < len(r.commands):
-            self.db.execute("DELETE FROM activities WHERE workflow_id=?", (r.workflow_id,))
-            self.db.execute("UPDATE timers SET state='canceled' WHERE workflow_id=? AND state='pending'",
-                            (r.workflow_id,))
+            self.stmts.append(("DELETE FROM activities WHERE workflow_id=?", (r.workflow_id,)))
+            self.stmts.append(("UPDATE timers SET state='canceled' WHERE workflow_id=? AND state='pending'",
+                               (r.workflow_id,)))
         if state == "failed":
             log.error("workflow %s failed: %s: %s", r.workflow_id, payload.get("type"), payload.get("message"))
 
@@ -155,58 +181,49 @@ class Worker:
         self._awaited: dict[str, tuple | None] = {}  # workflows execute_workflow waits on: their outcome once
         # their end is durable
 
-    @contextlib.contextmanager
-    def _tx(self, label: str, *, group: bool = False):
-        """A ``Store.transaction``; ``after`` holds what acknowledges it (a lease handed to a runner,
-        a replayer cached), run only once its COMMIT returned: for a member of a group commit, once
-        the group's COMMIT returned."""
-        after: list = []
-        me = threading.get_ident()
-        if self._group_after is not None and self._group_after[0] == me:  # a member of this thread's group
-            with self.store.transaction(label) as db:
-                yield db, after
-            self._group_after[1].extend(after)  # held until the group is durable
-            return
-        if group:
-            self._group_after = (me, after)
-        try:
-            with self.store.transaction(label, group=group) as db:
-                yield db, after
-        finally:
-            if group:
-                self._group_after = None
-        for f in after:
-            f()
+    def _tx(self, label: str, *, group: bool = False) -> "_Tx":
+        """A ``Store.transaction`` entered as ``(db, after)``; ``after`` holds what acknowledges it (a
+        lease handed to a runner, a replayer cached), run only once its COMMIT returned: for a member
+        of a group commit, once the group's COMMIT returned."""
+        return _Tx(self, label, group)
 
     # ---- workflow tasks ---------------------------------------------------------------------
 
     def _run_task(self, db, after: list, workflow_id: str, fresh: h.Event | None = None,
-                  wf_row: tuple | None = None) -> None:
+                  wf_row: tuple | None = None, fresh_row: tuple | None = None, cached: Replayer | None = None) -> None:
         """Replay ``workflow_id`` and record its next commands; eagerly lease what we can run.
 
         ``fresh``: the event this transaction just appended (at the end of the history); a cached
-        replayer that has everything before it is fed it as is, without reading it back. ``wf_row``:
-        the workflow's (name, input, state, task_pending), read in this transaction already."""
+        replayer that has everything before it is fed it as is, without reading it back; ``fresh_row``:
+        its row when it is not inserted yet (it goes in with the task's own events). ``wf_row``: the
+        workflow's (name, input, state, task_pending), read in this transaction already; ``cached``: its
+        replayer, taken from the cache by the caller."""
+        sink = _LiveSink(self, db)
+        if fresh_row is not None:
+            sink.rows.append(fresh_row)
         row = wf_row or db.execute(
             "SELECT name, input, state, task_pending FROM workflows WHERE id=?", (workflow_id,)).fetchone()
         if row is None:
+            sink.flush()
             return
         name, input_json, state, pending = row
         if state != "running":
+            sink.flush()
             db.execute("UPDATE workflows SET task_pending=0 WHERE id=?", (workflow_id,))
             return
-        reg = self._workflows.get(name)
-        if reg is None:
-            db.execute("UPDATE workflows SET task_pending=1 WHERE id=?", (workflow_id,))
-            return  # another worker may know it; leave the task pending
-        sink = _LiveSink(self, db)
-        r = self._cache.pop(workflow_id, None)
+        r = cached if cached is not None else self._cache.pop(workflow_id, None)
         if r is None:
+            reg = self._workflows.get(name)
+            if reg is None:
+                sink.flush()
+                db.execute("UPDATE workflows SET task_pending=1 WHERE id=?", (workflow_id,))
+                return  # another worker may know it; leave the task pending
             r = self._new_replayer(reg, workflow_id, input_json, sink)
         r.sink = sink
         if fresh is not None and fresh.seq == r.last_seq + 1:
             r.record(fresh)
         else:
+            sink.flush()
             r.feed(read_events(db, workflow_id, r.last_seq))
         r.advance()
         if r.done and workflow_id in self._awaited:
@@ -216,8 +233,10 @@ class Worker:
                 db.execute("UPDATE workflows SET task_pending=0, updated_at=? WHERE id=?", (self.clock.now(), workflow_id))
             after.append(lambda: self._cache_put(workflow_id, r))
         for activity_id, cmd, input_raw, opts, leased_at, sched_row in sink.scheduled:
-            lease = self._lease(db, workflow_id, activity_id, known=(r, cmd, input_raw, opts, leased_at, sched_row))
+            lease = self._lease(db, workflow_id, activity_id, known=(r, cmd, input_raw, opts, leased_at, sched_row),
+                                rows=sink.rows)
             after.append(lambda lease=lease: self._ready.append(lease))
+        sink.flush()
 
     def _new_replayer(self, reg, workflow_id: str, input_json: str, sink) -> Replayer:
         raw = _recorded_input(sink.db, workflow_id, input_json)  # DamagedRecord: nothing is written
@@ -250,18 +269,21 @@ class Worker:
             return True
         return len(self._inflight) + len(self._ready) < self._max_concurrent
 
-    def _lease(self, db, workflow_id: str, activity_id: str, known: tuple | None = None) -> Lease | None:
+    def _lease(self, db, workflow_id: str, activity_id: str, known: tuple | None = None,
+               rows: list | None = None) -> Lease | None:
         """Attempt n+1 of a due activity, in the open transaction. ``known``: ``(replayer, cmd, input,
         options, leased at, scheduled event row)`` of an activity this very transaction inserted already
         leased (attempt 1, ``_LiveSink.new_command``): its scheduled event (recorded in the replayer, not
-        inserted yet) and its started event, at the replayer's end, are inserted together."""
+        inserted yet) and its started event, at the replayer's end, go to ``rows`` (the sink's events, inserted
+        together by its flush)."""
         if known is not None:
             r, cmd, input_raw, opts, now, sched_row = known
             worker = self._worker_name()
             attrs = {"cmd": cmd, "activity_id": activity_id, "attempt": 1, "worker": worker}
             text = f'{{"activity_id":{dumps(activity_id)},"attempt":1,"cmd":{int(cmd)},"worker":{dumps(worker)}}}'
             seq = r.last_seq + 1
-            h.insert_events(db, [sched_row, h.event_row(workflow_id, seq, h.ACTIVITY_STARTED, now, text)])
+            rows.append(sched_row)  # (the sink's rows: the scheduled row stays in its seq place)
+            rows.append(h.event_row(workflow_id, seq, h.ACTIVITY_STARTED, now, text))
             r.record(h.Event(seq, h.ACTIVITY_STARTED, now, attrs))
             return Lease(workflow_id, activity_id, r.commands[cmd].command.name, cmd, 1, input_raw, opts, None, now)
         now = self.clock.now()
@@ -323,6 +345,16 @@ class Worker:
             return False, e
 
     def _record_outcome(self, lease: Lease, ok: bool, value: Any) -> None:
+        if ok and not lease.appended:
+            r = self._cache.pop(lease.workflow_id, None)
+            if r is not None:
+                if r.cancel_event is None and not r.done:
+                    try:
+                        return self._complete_cached(lease, value, r)
+                    except _Redo:
+                        pass  # rolled back: the plain path below reads the rows and says why
+                else:
+                    self._cache_put(lease.workflow_id, r)
         with self._tx("complete" if ok else "fail") as (db, after):
             row = db.execute(
                 "SELECT a.state, a.attempt, a.hb_deadline, a.close_deadline, a.lost, "
@@ -352,6 +384,34 @@ class Worker:
             (pending,) = db.execute("SELECT task_pending FROM workflows WHERE id=?", (lease.workflow_id,)).fetchone()
             if pending:
                 self._run_task(db, after, lease.workflow_id)
+
+    def _complete_cached(self, lease: Lease, value: Any, r: Replayer) -> None:
+        """The plain path's completion in fewer statements, for an attempt whose workflow has a cached
+        replayer (taken from the cache): its row deleted where it is still this attempt's, running and
+        not late (the fencing check and the close in one statement); then the completed event at the
+        replayer's end, in one INSERT with the events of the task that follows. Someone else's event
+        since (a cancel) makes that seq taken: ``_Redo``, after a rollback (the replayer is dropped);
+        so does a row that is not this running attempt's (the replayer goes back to the cache)."""
+        wid, aid = lease.workflow_id, lease.activity_id
+        with self._tx("complete") as (db, after):
+            now = self.clock.now()
+            if not db.execute(
+                "DELETE FROM activities WHERE workflow_id=?1 AND activity_id=?2 AND state='running' AND attempt=?3 "
+                "AND (hb_deadline IS NULL OR hb_deadline>=?4) AND (close_deadline IS NULL OR close_deadline>=?4)",
+                (wid, aid, lease.attempt, now),
+            ).rowcount:
+                self._cache_put(wid, r)
+                raise _Redo
+            seq = r.last_seq + 1
+            attrs = {"cmd": lease.cmd, "activity_id": aid, "attempt": lease.attempt, "result": value}
+            text = (f'{{"activity_id":{dumps(aid)},"attempt":{int(lease.attempt)},'
+                    f'"cmd":{int(lease.cmd)},"result":{dumps(value)}}}')  # = dumps(attrs): keys in order
+            try:
+                self._run_task(db, after, wid, fresh=h.Event(seq, h.ACTIVITY_COMPLETED, now, attrs),
+                               wf_row=(None, None, "running", 0), cached=r,
+                               fresh_row=h.event_row(wid, seq, h.ACTIVITY_COMPLETED, now, text))
+            except sqlite3.IntegrityError:
+                raise _Redo from None
 
     def _close_activity(self, db, lease: Lease, *, mark: bool = True) -> None:
         """The attempt's row is closed: deleted (the table holds open activities only; how it ended is
@@ -448,6 +508,7 @@ class Worker:
                      lease.workflow_id, lease.activity_id),
                 )
                 if details is not None:
+                    lease.appended = True  # (the cached replayer has not seen it: no fast completion)
                     append_next(db, lease.workflow_id, h.ACTIVITY_HEARTBEAT, now,
                                 {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt,
                                  "details": details})
@@ -687,6 +748,46 @@ class Worker:
         # a deadline expires strictly after it passes
         cands = [x for x in (a, t) if x is not None] + [x + 1e-6 for x in (hb, close) if x is not None]
         return min(cands) if cands else None
+
+
+class _Tx:
+    """``Worker._tx``'s context manager (a class: cheaper than a generator-based one)."""
+
+    __slots__ = ("w", "label", "group", "after", "tx", "member")
+
+    def __init__(self, w: Worker, label: str, group: bool):
+        self.w, self.label, self.after = w, label, []
+        ga = w._group_after
+        self.member = ga is not None and ga[0] == threading.get_ident()  # a member of this thread's group
+        self.group = group and not self.member
+        self.tx = None
+
+    def __enter__(self) -> tuple:
+        w = self.w
+        if self.group:
+            w._group_after = (threading.get_ident(), self.after)
+        try:
+            self.tx = w.store.transaction(self.label, group=self.group)
+            return self.tx.__enter__(), self.after
+        except BaseException:
+            if self.group:
+                w._group_after = None
+            raise
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        w = self.w
+        try:
+            self.tx.__exit__(exc_type, exc, tb)
+        finally:
+            if self.group:
+                w._group_after = None
+        if exc_type is None:
+            if self.member:
+                w._group_after[1].extend(self.after)  # held until the group is durable
+            else:
+                for f in self.after:
+                    f()
+        return False
 
 
 def _late(hb_deadline: float | None, close_deadline: float | None, now: float) -> str | None:
