@@ -213,11 +213,14 @@ class Engine(Worker):
             ).rowcount:
                 return workflow_id  # it exists: unchanged
             text = f'{{"input":{input_text},"workflow":{dumps(workflow_name)}}}'  # = dumps(attrs): keys in order
-            ev = append_event(db, workflow_id, 1, h.WORKFLOW_STARTED, now, {"workflow": workflow_name, "input": raw},
-                              text=text)
-            if eager:  # the replayer starts from the input and event just written, not read back
-                self._cache_put(workflow_id, Replayer(workflow_id, reg.fn, value, None))
-                self._run_task(db, after, workflow_id, fresh=ev, wf_row=(workflow_name, input_text, "running", 0))
+            attrs = {"workflow": workflow_name, "input": raw}
+            if not eager:
+                append_event(db, workflow_id, 1, h.WORKFLOW_STARTED, now, attrs, text=text)
+            else:  # the replayer starts from the input and this event, which goes in with the task's own events
+                self._run_task(db, after, workflow_id, fresh=Event(1, h.WORKFLOW_STARTED, now, attrs),
+                               wf_row=(workflow_name, input_text, "running", 0),
+                               fresh_row=h.event_row(workflow_id, 1, h.WORKFLOW_STARTED, now, text),
+                               cached=Replayer(workflow_id, reg.fn, value, None))
         return workflow_id
 
     def _row(self, workflow_id: str) -> tuple:

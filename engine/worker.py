@@ -171,11 +171,12 @@ class Worker:
         self._cache: OrderedDict[str, Replayer] = OrderedDict()
         self._ready: deque[Lease] = deque()
         self._inflight: dict[tuple[str, str], Lease] = {}
-        self._run_q: queue.Queue = queue.Queue()  # leases for the runner threads (None: exit)
+        self._run_q: queue.SimpleQueue = queue.SimpleQueue()  # leases for the runner threads (None: exit);
+        # SimpleQueue (C, unbounded: at most one lease per runner is in it) hands off in a fraction of Queue's time
         self._runners: list[threading.Thread] = []
         self._runner_lock = threading.Lock()
         self._idle_runners = 0  # runners waiting on _run_q and not promised a lease yet
-        self._done_q: queue.Queue = queue.Queue()
+        self._done_q: queue.SimpleQueue = queue.SimpleQueue()  # outcomes: at most one per runner
         self._group_after: tuple[int, list] | None = None  # (thread, acknowledgements) of an open group
         self._polls_due = 0.0  # time.monotonic() of the threaded loop's next polls (_tick)
         self._awaited: dict[str, tuple | None] = {}  # workflows execute_workflow waits on: their outcome once
