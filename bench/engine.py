@@ -176,6 +176,120 @@ def cpu_per_activity(path: str, raw: Raw, n: int) -> tuple[float, float]:
     return engine_cpu, (time.process_time() - c0) / n
 
 
+class _Stopwatch:
+    """Exclusive time per phase: entering a phase pauses the one it was entered from."""
+
+    def __init__(self):
+        self.spent: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.stack: list[list] = []  # [phase, started at]
+
+    def wrap(self, phase: str, fn):
+        def timed(*a, **k):
+            t = time.perf_counter()
+            if self.stack:
+                top = self.stack[-1]
+                self.spent[top[0]] = self.spent.get(top[0], 0.0) + t - top[1]
+            self.stack.append([phase, t])
+            try:
+                return fn(*a, **k)
+            finally:
+                t2 = time.perf_counter()
+                ph, t1 = self.stack.pop()
+                self.spent[ph] = self.spent.get(ph, 0.0) + t2 - t1
+                self.calls[ph] = self.calls.get(ph, 0) + 1
+                if self.stack:
+                    self.stack[-1][1] = t2
+        return timed
+
+
+class _TimedConn:
+    """The store's connection with each statement timed as 'sql: <verb>' (BEGIN/COMMIT apart)."""
+
+    def __init__(self, conn, watch: _Stopwatch):
+        self._conn, self._timed = conn, {}
+        self._watch = watch
+
+    def execute(self, sql, params=()):
+        f = self._timed.get(sql)
+        if f is None:
+            verb = sql.split(None, 1)[0].upper()
+            label = {"BEGIN": "sql: BEGIN", "COMMIT": "sql: COMMIT", "SAVEPOINT": "sql: SAVEPOINT/RELEASE",
+                     "RELEASE": "sql: SAVEPOINT/RELEASE"}.get(verb, f"sql: {verb} {_table(sql)}")
+            f = self._timed[sql] = self._watch.wrap(label, self._conn.execute)
+        return f(sql, params)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+def _table(sql: str) -> str:
+    words = sql.replace("(", " ").split()
+    for i, w in enumerate(words):
+        if w.upper() in ("INTO", "FROM", "UPDATE") and i + 1 < len(words):
+            return words[i + 1]
+    return ""
+
+
+def phases(path: str, n: int) -> tuple[float, float, dict[str, tuple[float, int]]]:
+    """Where one sequential no-op activity's time goes (inline, best of 3 chains on ``path``'s disk):
+    (seconds per activity unwatched, watched, {phase: (seconds per activity, calls per activity)}).
+    Phases are exclusive: SQL by statement, the workflow code and replayer (``Replayer.advance``/
+    ``record``), building the new rows (the sink), JSON (``dumps``/``normalized``/``json.loads``), event
+    checksums, the activity call itself; "other" is the rest (the worker's Python: transaction helpers,
+    leases, the loop). The stopwatch costs ~1 us per watched call, most of it counted in "other"."""
+    import json as _json
+
+    from engine import engine as _e, history as _h, options as _o, replay as _r, worker as _w
+
+    plain = float("inf")
+    for k in range(3):
+        eng = _engine(f"{path}.plain{k}", True, Probe(None, 1, 0))
+        eng.start("chain", "ph", n)
+        t0 = time.perf_counter()
+        eng.run_until_complete("ph")
+        plain = min(plain, (time.perf_counter() - t0) / n)
+        eng.close()
+    best = None
+    for k in range(3):
+        watch = _Stopwatch()
+        saved = []
+
+        def patch(obj, name, phase):
+            saved.append((obj, name, getattr(obj, name)))
+            setattr(obj, name, watch.wrap(phase, getattr(obj, name)))
+
+        eng = _engine(f"{path}.watched{k}", True, Probe(None, 1, 0))
+        eng.start("chain", "ph", n)
+        try:
+            patch(_r.Replayer, "advance", "replay: workflow code + replayer")
+            patch(_r.Replayer, "record", "replay: workflow code + replayer")
+            patch(_w._LiveSink, "new_command", "rows: new command (sink)")
+            patch(_w._LiveSink, "finish", "rows: new command (sink)")
+            patch(_w.Worker, "_lease", "rows: lease (started event)")
+            patch(_w.Worker, "_execute", "the activity call (ctx, input, result)")
+            for mod in (_w, _h, _e):
+                patch(mod, "dumps", "JSON")
+            for mod in (_w, _h, _e, _r):
+                patch(mod, "normalized", "JSON") if hasattr(mod, "normalized") else None
+            patch(_o, "_dumps", "JSON") if _o._dumps is not None else None
+            patch(_json, "loads", "JSON")
+            patch(_h, "event_crc", "event checksums")
+            eng.store.conn = _TimedConn(eng.store.conn, watch)
+            total = watch.wrap("other (worker Python)", eng.run_until_complete)
+            t0 = time.perf_counter()
+            total("ph")
+            watched = (time.perf_counter() - t0) / n
+        finally:
+            for obj, name, fn in reversed(saved):
+                setattr(obj, name, fn)
+            eng.store.conn = eng.store.conn._conn if isinstance(eng.store.conn, _TimedConn) else eng.store.conn
+            eng.close()
+        if best is None or watched < best[0]:
+            best = (watched, {ph: (t / n, watch.calls.get(ph, 0) / n) for ph, t in watch.spent.items()})
+    return plain, best[0], best[1]
+
+
 def concurrent_rate(path: str, workflows: int, steps: int) -> tuple[float, float]:
     """``workflows`` workflows of ``steps`` activities at once on the threaded worker."""
     eng = _engine(path, False, Probe(None, 1, 0), concurrency=workflows)
@@ -253,6 +367,13 @@ def main() -> None:
             cpu, raw_cpu = min(c for c, _ in got), min(r for _, r in got)
             print(f"  the same on /dev/shm (no fsync), best of 3:        {cpu * 1e6:6.0f} us  (a raw commit: "
                   f"{raw_cpu * 1e6:.0f} us; {cpu / raw_cpu:.1f}x)")
+        if os.path.isdir("/dev/shm"):
+            with tempfile.TemporaryDirectory(dir="/dev/shm") as m:
+                plain_s, watched_s, split = phases(os.path.join(m, "ph.db"), args.activities)
+            print(f"where one sequential activity's time goes (/dev/shm, inline, best of 3): {plain_s * 1e6:.0f} us "
+                  f"unwatched, {watched_s * 1e6:.0f} us with the stopwatch")
+            for ph, (t, calls) in sorted(split.items(), key=lambda kv: -kv[1][0]):
+                print(f"  {ph:44s} {t * 1e6:7.1f} us  {100 * t / watched_s:4.0f} %  ({calls:.2f} calls)")
         plain, eager, commit_ms = one_activity_ms(os.path.join(d, "one.db"), raw, args.one)
         print(f"1-activity workflow, start + run_until_complete {plain:8.2f} ms  (a raw commit between: {commit_ms:.2f} ms"
               f" median; {plain / commit_ms:.1f} commits' time)")

@@ -137,7 +137,50 @@ def damaged(db: sqlite3.Connection, workflow_id: str, record: str, why: str) -> 
 
 def read_events(db: sqlite3.Connection, workflow_id: str, after_seq: int = 0, limit: int = -1) -> list[Event]:
     """The events after ``after_seq`` (at most ``limit``), each checked against its checksum
-    (``DamagedRecord`` if not)."""
+    (``DamagedRecord`` if not). Read as text, the common case; where SQLite cannot give a column as
+    UTF-8 text, or a column holds something else, read again as bytes to name the record."""
+    try:
+        rows = db.execute(
+            "SELECT seq, type, time, attrs, crc FROM events WHERE workflow_id=? AND seq>? ORDER BY seq LIMIT ?",
+            (workflow_id, after_seq, limit),
+        ).fetchall()
+    except sqlite3.OperationalError as e:
+        if "decode" not in str(e):
+            raise damaged(db, workflow_id, "its history", f"SQLite: {e}") from None
+        rows = None
+    except sqlite3.DatabaseError as e:
+        raise damaged(db, workflow_id, "its history", f"SQLite: {e}") from None
+    out: list[Event] = []
+    if rows is None:
+        return _read_events_as_bytes(db, workflow_id, after_seq, limit)
+    expect = after_seq + 1
+    decode = _DECODE
+    for seq, typ, t, attrs, crc in rows:
+        if type(typ) is not str or type(attrs) is not str or type(seq) is not int or type(t) is not float:
+            return _read_events_as_bytes(db, workflow_id, after_seq, limit)
+        if crc is not None and crc != zlib.crc32(
+                f"{workflow_id}\x00{seq}\x00{typ}\x00{t.hex()}\x00{attrs}".encode("utf-8")):  # = event_crc
+            raise damaged(db, workflow_id, f"event {seq}", "checksum mismatch")
+        if seq != expect:
+            raise damaged(db, workflow_id, f"event {expect}", f"missing (next recorded is {seq})")
+        try:
+            value, end = decode(attrs)
+        except (ValueError, RecursionError):
+            value, end = None, -1
+        if end != len(attrs):  # trailing text, or not JSON: as json.loads says
+            value = decode_json(db, attrs, workflow_id=workflow_id, record=f"event {seq}")
+        if type(value) is not dict:
+            raise damaged(db, workflow_id, f"event {seq}", "attributes are not an object")
+        out.append(Event(seq, typ, t, value))
+        expect += 1
+    return out
+
+
+_DECODE = json.JSONDecoder().raw_decode  # json.loads without its wrappers (the end is checked by the caller)
+
+
+def _read_events_as_bytes(db: sqlite3.Connection, workflow_id: str, after_seq: int, limit: int) -> list[Event]:
+    """``read_events`` with the text columns read as bytes: names the record that is not UTF-8 text."""
     try:
         rows = db.execute(
             "SELECT seq, CAST(type AS BLOB), time, CAST(attrs AS BLOB), crc FROM events "

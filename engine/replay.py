@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import json
 import traceback
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 from . import history as h
 from .errors import ActivityError, BadInput, Canceled, NondeterminismError, NonRetryableError, is_canceled
@@ -30,9 +29,9 @@ from .ids import check_id
 from .options import StepOptions
 
 
-@dataclass(frozen=True)
-class Command:
-    """What workflow code asked for; ``activity_id``/``name`` are None for timers."""
+class Command(NamedTuple):
+    """What workflow code asked for; ``activity_id``/``name`` are None for timers (a tuple: made and
+    compared once per command of every replay)."""
 
     kind: str  # "activity" | "timer"
     activity_id: str | None = None
@@ -121,8 +120,7 @@ class DrySink:
         pass
 
 
-@dataclass
-class _Recorded:
+class _Recorded(NamedTuple):
     command: Command
     event: Event
 

@@ -92,3 +92,36 @@ def test_read_only_store_never_writes_and_refuses_old_schema(tmp_path):
     (tmp_path / "empty.db").write_bytes(b"")
     with pytest.raises(BadInput, match="empty"):
         Store(tmp_path / "empty.db", readonly=True)
+
+
+@pytest.mark.parametrize("attrs, typ, time", [
+    ('{"cmd":0}', "activity_started", 5.0),           # plain (the text read)
+    (' {"cmd":0}\n', "activity_started", 5.0),        # JSON with whitespace around (json.loads' answer)
+    ('{"cmd":0} x', "activity_started", 5.0),         # trailing text: not JSON
+    ('[1]', "activity_started", 5.0),                 # JSON, not an object
+    ('{"a":' * 100000, "activity_started", 5.0),      # too deep for the decoder
+    ('{"cmd":0}', 7, 5.0),                            # a number in the type column
+    ('{"cmd":0}', "activity_started", "later"),       # text in the time column
+    ('{"cmd":0}', "activity_started", 5),             # an integer time (REAL affinity: read as 5.0)
+])
+def test_events_read_as_text_give_what_reading_them_as_bytes_gives(tmp_path, attrs, typ, time):
+    """``read_events`` reads text columns as text and goes back to reading them as bytes where a column
+    is not what it expects: both ways give the same events or the same error, for old events without a
+    checksum (any text gets that far) and for events with one."""
+    from engine.history import _read_events_as_bytes, event_crc, read_events
+
+    path = _two_workflows(tmp_path)
+    for with_crc in (False, True):
+        crc = event_crc("wf/b", 2, str(typ), float(time), attrs) if with_crc and not isinstance(time, str) else None
+        _raw(path, "DELETE FROM events WHERE workflow_id='wf/b' AND seq>=2")
+        _raw(path, "INSERT INTO events(workflow_id, seq, type, time, attrs, crc) VALUES ('wf/b', 2, ?, ?, ?, ?)",
+             (typ, time, attrs, crc))
+        conn = sqlite3.connect(path)
+        got = []
+        for read in (read_events, _read_events_as_bytes):
+            try:
+                got.append(read(conn, "wf/b", 0, -1))
+            except DamagedRecord as e:
+                got.append(str(e))
+        conn.close()
+        assert got[0] == got[1]
