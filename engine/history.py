@@ -221,7 +221,12 @@ def event_row(workflow_id: str, seq: int, type: str, time: float, text: str) -> 
 
 def insert_events(db: sqlite3.Connection, rows: list[tuple]) -> None:
     """Insert ``event_row``s with one statement (the primary key guards each seq)."""
-    db.execute(_INSERT_EVENTS + ",(?,?,?,?,?,?)" * (len(rows) - 1), [x for row in rows for x in row])
+    n = len(rows)
+    sql = _INSERT_N[n] if n < len(_INSERT_N) else _INSERT_EVENTS + ",(?,?,?,?,?,?)" * (n - 1)
+    db.execute(sql, rows[0] if n == 1 else [x for row in rows for x in row])
+
+
+_INSERT_N = ["", *(_INSERT_EVENTS + ",(?,?,?,?,?,?)" * (n - 1) for n in range(1, 9))]  # by the rows' count
 
 
 def append_event(db: sqlite3.Connection, workflow_id: str, seq: int, type: str, time: float, attrs: dict,

@@ -319,8 +319,12 @@ class Worker:
         return hb, close
 
     def _worker_name(self) -> str:
-        """``host:pid``, as started events record the worker."""
-        return f"{self.owner['host']}:{self.owner['pid']}"
+        """``host:pid``, as started events record the worker (the owner never changes after
+        ``Engine.__init__``)."""
+        name = self.__dict__.get("_worker_text")
+        if name is None:
+            name = self._worker_text = f"{self.owner['host']}:{self.owner['pid']}"
+        return name
 
     def _owner_json(self) -> str:
         """The lease owner as recorded (it never changes after ``Engine.__init__``)."""
