@@ -56,7 +56,8 @@ point are equal.
 that segment's own last checkpoint gets a train result naming another ``resumed_from``: its
 history digest never equals the uninterrupted run's again, though nothing else differs. When
 every other component of its key equals the uninterrupted run's at the same point, the workflow
-code is replayed (dry) over the recovery's own history followed by the uninterrupted run's
+code, as the recovery's own engine holds it there (its cached replayer, fed the recovery's own
+history; the engine is stopped at this point anyway), goes on dry over the uninterrupted run's
 events after the point. If the code then asks for exactly the commands recorded there (same
 activity names, ids, inputs and options, same timer durations) and completes, the recovery's
 future is that future with the code's own result at the end: by induction over the commands
@@ -64,7 +65,10 @@ after the point, each is recorded with the same attributes in both runs, runs on
 rows, files, clock and input, so returns the same result and writes the same files, and the
 code, given the same resolutions, asks for the same next command; only the value it finally
 returns can differ, and the replay computes it. If the code's later inputs depend on what
-differs, the splice is refused there and the recovery runs on (to a later point, or the end).
+differs, the splice is refused there and the recovery is made again from its kill, without
+this shortcut (its replayer was spent), and runs on (to a later point, or the end). Going on from
+the recovery's own replayer costs O(the future) per splice, not O(the whole history): that
+replayer is the very code state the recovery would run on with.
 
 ``tests/simulator`` checks the spliced outcomes against runs that really ran to the end, run
 for run, and shows that a key without its history digest, or a checked splice without its
@@ -234,17 +238,6 @@ def _command_view(e) -> tuple:
     return ("timer", float(a["seconds"]))
 
 
-@dataclass
-class DryStart:
-    """A dry replay, with its commands recorded, over the first ``events`` of a history (made once,
-    taken by the first checked splice of a forked recovery whose history starts with them)."""
-
-    events: list
-    replayer: Any
-    calls: list
-    used: bool = False
-
-
 def recording_replayer(reg, workflow_id: str, events: list) -> tuple[Any, list]:
     """A fresh dry replayer of ``reg``'s code over ``events`` (not advanced), whose runtime notes every
     command the code asks for (``_RecordingRuntime``), and that list."""
@@ -262,61 +255,84 @@ def recording_replayer(reg, workflow_id: str, events: list) -> tuple[Any, list]:
     return r, calls
 
 
-def dry_start(reg, workflow_id: str, events: list) -> DryStart | None:
-    """``recording_replayer`` advanced over ``events``; None unless the code is then blocked on a recorded,
-    unresolved command (as ``simulator.prefix.build_prefix`` requires of its cut)."""
-    r, calls = recording_replayer(reg, workflow_id, events)
-    r.advance()
-    k = r.blocked_on
-    if (r.done or r.sink.new or r.cancel_event is not None or r.terminal is not None or k is None
-            or k >= len(r.commands) or k in r.resolutions):
-        return None
-    return DryStart(list(events), r, calls)
+def _request_view(req) -> tuple:
+    """A command request as ``_RecordingRuntime`` notes it (the same tuple from the same call)."""
+    cmd, payload = req.command, req.payload
+    if cmd.kind != "activity":
+        return ("timer", float(payload["seconds"]))
+    try:
+        return ("activity", cmd.name, cmd.activity_id, json.loads(h.dumps(payload["input"])),
+                payload["options"].to_json())
+    except Exception:  # noqa: BLE001 - not JSON-able: the replayer says so; here, just no match
+        return ("unrecordable", cmd.name)
+
+
+def go_on_dry(r, calls: list) -> None:
+    """Turn the recovery's own cached replayer ``r`` (its engine stops here, at a convergence point)
+    into a dry one that notes the commands its code asks for from now on, as ``_RecordingRuntime``
+    does: the code goes on from exactly where the recovery's engine left it, with nothing written."""
+    from engine.replay import DrySink
+
+    command = r._command
+
+    def noted(req):
+        calls.append(_request_view(req))
+        return command(req)
+
+    r.sink = DrySink()
+    r._command = noted  # (an instance attribute: ``Replayer._step`` calls ``self._command``)
 
 
 def checked_splice(reg, workflow_id: str, own: list, near: Target, ledger_entries: list[dict],
-                   start: DryStart | None = None) -> Target | None:
+                   live=None) -> tuple[Target | None, bool]:
     """The future of a run whose state at a convergence point equals ``near``'s but for its history.
 
     Such a run (e.g. a recovery that resumed from its segment's last checkpoint: its train result
     names another ``resumed_from``) differs from ``near``'s run only in the values the workflow code
-    received so far. The code is replayed over the run's own events ``own``, then fed the events of
+    received so far. The code, as it stands after the run's own events ``own``, is fed the events of
     ``near``'s future; when it asks for exactly the commands recorded there after the point (same
     activities, inputs and options, same timer durations) and ends completed, the run's future is
     that future with the code's own result at the end: the engine's other state, the files and the
     clock are equal (the key), so every transaction, activity execution and file write after the
     point is the same, by induction over the commands, and only the result the code returns can
-    differ, which the replay computes. None when it does not hold (the run then runs on).
-    ``start``: a dry replay of the first events of ``own``, made once for many recoveries (forked
-    children each take their copy); the code goes on from it over the rest (simulator/prefix.py, 3.).
+    differ, which the replay computes. Returns (the target, or None when it does not hold: the run
+    then runs on; whether ``live`` was spent).
+    ``live``: the run's own cached replayer (its engine is idle at the point), whose code goes on dry
+    from exactly where the run left it (``go_on_dry``): no replay of ``own`` from its start. Once fed,
+    it is spent: a run refused here cannot run on with it (the caller recovers it again, without).
+    Without it the code is replayed dry from scratch over ``own``, then the future.
     """
     run = near.run
     suffix = run.events[near.events_at:]
     if run.state != "completed" or not suffix or suffix[-1].type != h.WORKFLOW_COMPLETED:
-        return None
+        return None, False
     body = suffix[:-1]
     if any(e.type in h.TERMINAL_EVENTS for e in body):
-        return None
+        return None, False
     base = len(own)
     if own and own[-1].seq != base:
-        return None
+        return None, False
     shifted = [h.Event(base + 1 + i, e.type, e.time, e.attrs) for i, e in enumerate(body)]
-    k0 = sum(1 for e in own if e.type in (h.ACTIVITY_SCHEDULED, h.TIMER_STARTED))
     want = [_command_view(e) for e in body if e.type in (h.ACTIVITY_SCHEDULED, h.TIMER_STARTED)]
-    cut = len(start.events) if start is not None else 0
-    if start is not None and not start.used and len(own) >= cut and own[:cut] == start.events:
-        start.used = True  # its replayer ran the code over these very events: it goes on from there
-        r, calls = start.replayer, start.calls
-        r.feed(own[cut:] + shifted)
+    spent = False
+    if live is not None and not live.done and live.blocked_on is not None and 0 < live.last_seq <= base:
+        r, calls, spent = live, [], True
+        go_on_dry(r, calls)
+        r.feed(own[r.last_seq:])  # what its own engine wrote since its last task (as its next task would)
+        if r.next_cmd != len(r.commands):  # the code asked for something not in its history: no match
+            return None, spent
+        k0 = 0  # calls are noted from here on
     else:
-        r, calls = recording_replayer(reg, workflow_id, own + shifted)
+        r, calls = recording_replayer(reg, workflow_id, own)
+        k0 = sum(1 for e in own if e.type in (h.ACTIVITY_SCHEDULED, h.TIMER_STARTED))
+    r.feed(shifted)
     r.advance()
     if not r.done or r.sink.new or r.outcome is None or r.outcome[0] != "completed":
-        return None
+        return None, spent
     replayed_result = r.outcome[1]
     if len(calls) != k0 + len(want) or calls[k0:] != want:
-        return None
+        return None, spent
     end = h.Event(base + len(body) + 1, h.WORKFLOW_COMPLETED, suffix[-1].time, {"result": replayed_result})
     spliced = Verified("completed", replayed_result, None, own + shifted + [end],
                        ledger_entries + run.ledger[near.ledger_at:], run.file_lines)
-    return Target(spliced, base, len(ledger_entries))
+    return Target(spliced, base, len(ledger_entries)), spent

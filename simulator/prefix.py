@@ -63,7 +63,6 @@ class ReplayPrefix:
     input_text: str  # the workflow row's input, as the replayer decoded it
     replayer: Replayer
     used: bool = False  # a coroutine runs on once: the first engine to take it consumes it
-    dry: Any = None  # a ``convergence.DryStart`` over the same events, for a checked splice
 
 
 class _PrefixSink(DrySink):

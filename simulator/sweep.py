@@ -42,7 +42,6 @@ from .convergence import (
     Target,
     Verified,
     checked_splice,
-    dry_start,
     splice_ledger,
     state_key,
     without_history,
@@ -118,6 +117,7 @@ def _state_key(live: dict, clock: VirtualClock) -> tuple:
 
 
 _WORKER_FN: Callable | None = None
+_SPENT = Target(None, 0, 0)  # a checked splice refused after it spent the recovery's replayer
 
 
 def _call(item):
@@ -454,8 +454,6 @@ class Simulator:
             new = None
         self.timing["shared replays"] += time.perf_counter() - t0
         if new is not None:
-            reg = eng._workflows[WORKFLOW_TRAIN_RUN]
-            new.dry = dry_start(reg, self.scn.workflow_id, self._ref.events[:new.seq])
             self.stats["shared replays"] += 1
             prefix[0] = new
 
@@ -506,7 +504,17 @@ class Simulator:
                        found: dict | None, history: HistoryDigest | None, prefix=None) -> Outcome:
         if found is None:
             return recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn)
-        mine: list[Target] = []  # this recovery's convergence points, verified when it ends
+        o = self._recover_once(n, where, home, live, ledger, clock, found, history.copy(), prefix, live_splice=True)
+        if o is None:  # a checked splice was refused after it spent the recovery's replayer: again, without it
+            self.stats["recoveries made again"] += 1
+            o = self._recover_once(n, where, home, live, ledger, clock, found, history, prefix, live_splice=False)
+        return o
+
+    def _recover_once(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
+                      found: dict, history: HistoryDigest, prefix, *, live_splice: bool) -> Outcome | None:
+        """One recovery stopped at convergence (see ``_recover``); None where a checked splice on the
+        recovery's own replayer was refused (that replayer is spent: the recovery must be made again)."""
+        mine: dict[tuple, Target] = {}  # this recovery's convergence points, verified when it ends
 
         def watch(rlive: dict, rclock: VirtualClock, label: str) -> None:
             key = state_key(label, rlive["engine"], rclock, rlive["fakes"], history)
@@ -520,25 +528,29 @@ class Simulator:
                 eng = rlive["engine"]
                 with eng.store._lock:
                     new = read_events(eng.store.conn, self.scn.workflow_id, rlive["copied_events"])
-                target = checked_splice(eng._workflows[WORKFLOW_TRAIN_RUN], self.scn.workflow_id,
-                                        self._ref.events[:rlive["copied_events"]] + new, near,
-                                        list(rlive["fakes"].ledger.entries),
-                                        start=prefix.dry if prefix is not None else None)
-                if prefix is not None and prefix.dry is not None and prefix.dry.used:
-                    self.stats["dry replays shared"] += 1
-                    prefix.dry = None  # (this child's copy is spent)
+                mine_replayer = eng._cache.get(self.scn.workflow_id) if live_splice else None
+                target, spent = checked_splice(eng._workflows[WORKFLOW_TRAIN_RUN], self.scn.workflow_id,
+                                               self._ref.events[:rlive["copied_events"]] + new, near,
+                                               list(rlive["fakes"].ledger.entries), live=mine_replayer)
                 self.stats["checked splices" if target is not None else "refused splices"] += 1
+                self.stats["splices on the recovery's own replayer"] += spent
                 if target is not None:
                     found[key] = target  # the other states of its kind converge here at once
                     raise Converged(target)
+                if spent:
+                    raise Converged(_SPENT)
             if key not in found:
-                found[key] = Target(None, history.last_seq.get(self.scn.workflow_id, 0),
-                                    len(rlive["fakes"].ledger.entries))
-                mine.append(found[key])
+                found[key] = mine[key] = Target(None, history.last_seq.get(self.scn.workflow_id, 0),
+                                                len(rlive["fakes"].ledger.entries))
 
         o = recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
                                   watch=watch, prefix=prefix)
         target = o.extra.pop("converged", None)
+        if target is _SPENT:
+            for key in mine:  # never verified: gone, as if this try had not been made
+                del found[key]
+            remove_home(o.home)
+            return None
         if target is None:  # ran to the end
             files = final_files_lines(o) if o.state == "completed" else []
             state_lines = None if self.scn.fail_suites else self.state_lines(o, file_lines=files)
@@ -559,7 +571,7 @@ class Simulator:
                 state_lines = self.state_lines(replace(o, events=short), file_lines=t.file_lines)
             run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, t.file_lines)
             remove_home(o.home)  # its files are the target's from here: checked with the target's
-        for point in mine:
+        for point in mine.values():
             point.run = run
         o.extra["state_lines"] = state_lines
         return o
