@@ -272,7 +272,7 @@ def phases(path: str, n: int) -> tuple[float, float, dict[str, tuple[float, int]
                 patch(mod, "dumps", "JSON")
             for mod in (_w, _h, _e, _r):
                 patch(mod, "normalized", "JSON") if hasattr(mod, "normalized") else None
-            patch(_o, "_dumps", "JSON") if _o._dumps is not None else None
+            patch(_o, "_dumps", "JSON") if getattr(_o, "_dumps", None) is not None else None
             patch(_json, "loads", "JSON")
             patch(_h, "event_crc", "event checksums")
             eng.store.conn = _TimedConn(eng.store.conn, watch)
