@@ -219,6 +219,7 @@ class Worker:
                 sink.flush()
                 db.execute("UPDATE workflows SET task_pending=1 WHERE id=?", (workflow_id,))
                 return  # another worker may know it; leave the task pending
+            sink.flush()  # (a fresh replayer reads event 1)
             r = self._new_replayer(reg, workflow_id, input_json, sink)
         r.sink = sink
         if fresh is not None and fresh.seq == r.last_seq + 1:
