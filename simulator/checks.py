@@ -17,9 +17,8 @@ from engine import history as h
 
 from .fakes import FakeState, reference_state
 from .ledger import Ledger
+from .ledger_folds import LedgerFold, StepsFold
 from .scenario import Outcome, Scenario
-
-WORK_KINDS = ("train-start", "steps", "ckpt", "eval-start", "eval-done", "corpus")
 
 
 # --- the expected shape of a run --------------------------------------------------------------
@@ -195,46 +194,12 @@ def check_evaluations(ledger: Ledger, scn: Scenario, *, wf: str | None = None) -
 
     One more execution is allowed only when the worker died during that very evaluation,
     before its completion was recorded (at-least-once delivery cannot do better): i.e. between
-    its start and the kill, the ledger shows no other work.
+    its start and the kill, the ledger shows no other work. A fold (simulator/ledger_folds.py).
     """
-    entries = ledger.entries
-    wanted = {(f"{scn.name}-{b:06d}", s) for b in scn.ends() for s in scn.suites}
-    starts: dict[tuple, list[int]] = defaultdict(list)
-    done: dict[tuple, int] = defaultdict(int)
-    bad = []
-    for i, e in enumerate(entries):
-        if wf is not None and e.get("wf") not in (wf, None):
-            continue
-        if e["kind"] == "eval-start":
-            key = (e["run"], e["suite"])
-            starts[key].append(i)
-            step = int(e["run"].rsplit("-", 1)[1]) if e["run"].rsplit("-", 1)[-1].isdigit() else None
-            if step is not None and e["steps"] != [step]:
-                bad.append(f"evaluation {e['run']} {e['suite']} saw the model at step {e['steps']}, not {step}")
-        elif e["kind"] == "eval-done":
-            done[(e["run"], e["suite"])] += 1
-    for key in sorted(set(starts) | wanted):
-        if key not in wanted:
-            bad.append(f"unexpected evaluation {key[0]} {key[1]}")
-            continue
-        if done[key] < 1 and not scn.fail_suites:
-            bad.append(f"evaluation {key[0]} {key[1]} never finished")
-        runs = starts[key]
-        for prev, nxt in zip(runs, runs[1:]):
-            if not _interrupted_alone(entries, prev, nxt, key):
-                bad.append(f"evaluation {key[0]} {key[1]} executed again (ledger #{entries[nxt]['seq']}) "
-                           f"though it was not interrupted")
-    return bad
-
-
-def _interrupted_alone(entries: list[dict], prev: int, nxt: int, key: tuple) -> bool:
-    """Between the evaluation starting at ``prev`` and the first kill after it: only its own entries."""
-    for e in entries[prev + 1:nxt]:
-        if e["kind"] == "crash":
-            return True
-        if e["kind"] in WORK_KINDS and (e.get("run"), e.get("suite")) != key:
-            return False
-    return False
+    fold = LedgerFold(scn, wf)
+    for e in ledger.entries:
+        fold.ev.feed(e, e["seq"])
+    return fold.ev.lines()
 
 
 def check_steps(ledger: Ledger) -> list[str]:
@@ -243,30 +208,12 @@ def check_steps(ledger: Ledger) -> list[str]:
     Every resumed trainer that takes steps must start from the newest checkpoint written
     before it, even when the kill fell between writing that checkpoint and recording its
     heartbeat (the redelivered attempt then resumes from LATEST, which is newer than the
-    last heartbeated checkpoint).
+    last heartbeated checkpoint). A fold (simulator/ledger_folds.py).
     """
-    bad = []
-    last_ckpt: dict[str, int] = {}  # run -> step of the newest checkpoint
-    executed: dict[str, int] = {}  # run -> highest step taken so far
-    pending_start: dict[str, dict] = {}
+    fold = StepsFold()
     for e in ledger.entries:
-        kind, run = e["kind"], e.get("run")
-        if kind == "train-start":
-            pending_start[run] = e
-        elif kind == "steps":
-            start = pending_start.pop(run, None)
-            if start is not None and start["from_step"] < executed.get(run, 0):
-                newest = last_ckpt.get(run, 0)
-                if start["from_step"] != newest:
-                    bad.append(
-                        f"{start['activity']} attempt {start['attempt']} resumed from step {start['from_step']} "
-                        f"after step {executed[run]} was taken and step {newest} checkpointed: "
-                        f"steps {start['from_step'] + 1}..{newest} redone"
-                    )
-            executed[run] = max(executed.get(run, 0), e["last"])
-        elif kind == "ckpt":
-            last_ckpt[run] = e["step"]
-    return bad
+        fold.feed(e)
+    return fold.lines
 
 
 def _check_files(o: Outcome, *, final_step: int | None) -> list[str]:

@@ -83,7 +83,7 @@ from typing import Any
 
 from engine import history as h
 
-from .ledger import Ledger
+from .ledger import Ledger, SplicedLedger
 
 CONVERGENCE_KIND = "timer-wait"
 
@@ -195,11 +195,9 @@ class Target:
 
 
 def splice_ledger(own: Ledger, target: Target) -> Ledger:
-    """This run's ledger up to the point, then the target's entries after its point (renumbered)."""
-    led = Ledger()
-    base = len(own.entries)
-    led.entries = own.entries + [{**e, "seq": base + i} for i, e in enumerate(target.run.ledger[target.ledger_at:])]
-    return led
+    """This run's ledger up to the point, then the target's entries after its point (renumbered; made
+    when read: the sweep checks the pieces, simulator/ledger_folds.py)."""
+    return SplicedLedger(own.entries, [(target.run.ledger, target.ledger_at, len(target.run.ledger))])
 
 
 # --- a splice checked by replaying the workflow code ------------------------------------------------

@@ -39,3 +39,29 @@ class Ledger:
 
     def dump(self, path: str | Path) -> None:
         Path(path).write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in self.entries))
+
+
+class SplicedLedger(Ledger):
+    """``head`` as it is, then the pieces ``(entries, start, stop)`` renumbered (``seq``) after it.
+
+    What a sweep's position sees (its past, then a verified run's future): its entries are made
+    only when read (a report, a test); the sweep checks it piecewise (simulator/ledger_folds.py).
+    """
+
+    def __init__(self, head: list[dict[str, Any]], pieces: list[tuple[list[dict[str, Any]], int, int]]) -> None:
+        self.head, self.pieces = head, list(pieces)
+        self._entries: list[dict[str, Any]] | None = None
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        if self._entries is None:
+            out = list(self.head)
+            for entries, start, stop in self.pieces:
+                base = len(out) - start
+                out += [{**entries[i], "seq": base + i} for i in range(start, stop)]
+            self._entries = out
+        return self._entries
+
+    @entries.setter
+    def entries(self, value: list[dict[str, Any]]) -> None:
+        self._entries = value

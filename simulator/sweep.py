@@ -48,7 +48,8 @@ from .convergence import (
 )
 from .fakes import FakeActivities
 from .faults import FaultPlan, random_kills
-from .ledger import Ledger
+from .ledger import Ledger, SplicedLedger
+from .ledger_folds import PrefixFold, TailCache, position_lines
 from .prefix import build_prefix, in_child
 from .scenario import START_TIME, Outcome, Scenario, new_home, recover_from_snapshot, remove_home, run_scenario
 
@@ -167,6 +168,8 @@ class Simulator:
         self.on_outcome: Callable[[str, list[int], Outcome], None] | None = None  # sees every checked run
         self._checked_results: dict[int, tuple[Any, list[str]]] = {}  # see _result_lines
         self._kept_index: dict[int, tuple[list, list[int], list]] = {}  # see _kept
+        self._target_lines: dict[int, tuple[Any, list[str]]] = {}  # see _spliced_state_lines
+        self._shared: dict[int, tuple[list, int]] = {}  # see _shared_with_ref
         # dedup: recoveries after a long enough history share one fresh replay of it, by fork (simulator/prefix.py)
         self.share_replay = True
         self.share_min_events = 2000  # below this, a fresh replay costs less than a fork (measured)
@@ -212,8 +215,10 @@ class Simulator:
         return self._ref
 
     def check(self, o: Outcome, *, what: str, kills: list[int], cancel_at: int | None = None,
-              seed: int | None = None, state_lines: list[str] | None = None) -> Mismatch | None:
-        """Every check of a finished run; ``state_lines``: its outcome/files checks, already made."""
+              seed: int | None = None, state_lines: list[str] | None = None,
+              ledger_lines: list[str] | None = None) -> Mismatch | None:
+        """Every check of a finished run; ``state_lines``: its outcome/files checks, already made;
+        ``ledger_lines``: ``check_completed_ledger``'s, made piecewise (simulator/ledger_folds.py)."""
         scn = self.scn
         if self.on_outcome is not None:
             self.on_outcome(what, kills, o)
@@ -233,7 +238,7 @@ class Simulator:
         else:
             if state_lines is None:
                 state_lines = self.state_lines(o, what=what)
-            lines = state_lines + check_completed_ledger(o)
+            lines = state_lines + (check_completed_ledger(o) if ledger_lines is None else ledger_lines)
         if not lines:
             remove_home(o.home)
             return None
@@ -260,6 +265,45 @@ class Simulator:
         _, where, kept = hit
         stop = len(events) if stop is None else stop
         return kept[bisect.bisect_left(where, start):bisect.bisect_left(where, stop)]
+
+    def _spliced_state_lines(self, o: Outcome, copied: int, own: list, target: Target) -> list[str]:
+        """``state_lines`` of a spliced recovery ``o``: its events are the reference's first ``copied``, then
+        ``own``, then the target's after its point. Where the events the checks read (checks.CHECKED_EVENTS)
+        equal the target's own (compared from the first event where either differs from the reference's:
+        O(what differs)), its lines are the target's, made once; else they are made on those events."""
+        t = target.run
+        m = min(copied, self._shared_with_ref(t.events))
+        mine = self._kept(self._ref.events, m, copied) + (
+            kept_events(own) if copied == 0 else [e for e in own if e.type in CHECKED_EVENTS])
+        theirs = self._kept(t.events, m, target.events_at)
+        if len(mine) == len(theirs) and all(a[1:] == b[1:] for a, b in zip(mine, theirs)):  # (type, time, attrs)
+            hit = self._target_lines.get(id(t))
+            if hit is None or hit[0] is not t:
+                if len(self._target_lines) >= 8:
+                    self._target_lines.clear()
+                hit = self._target_lines[id(t)] = (t, self.state_lines(replace(o, events=self._kept(t.events, 0)),
+                                                                       file_lines=t.file_lines))
+            self.stats["outcome checks as the target's"] += 1
+            return list(hit[1])
+        short = kept_events(o.events) if copied == 0 else (
+            self._kept(self._ref.events, 0, copied) + [e for e in own if e.type in CHECKED_EVENTS]
+            + self._kept(t.events, target.events_at))
+        return self.state_lines(replace(o, events=short), file_lines=t.file_lines)
+
+    def _shared_with_ref(self, events: list) -> int:
+        """How many first events of ``events`` are the reference's very objects (made once per list)."""
+        ref = self._ref.events
+        if events is ref:
+            return len(ref)
+        hit = self._shared.get(id(events))
+        if hit is None or hit[0] is not events:
+            if len(self._shared) >= 8:
+                self._shared.clear()
+            n, top = 0, min(len(events), len(ref))
+            while n < top and events[n] is ref[n]:
+                n += 1
+            hit = self._shared[id(events)] = (events, n)
+        return hit[1]
 
     def _result_lines(self, o: Outcome) -> list[str] | None:
         """``check_result`` of ``o.result``, made once per result object: the recoveries spliced to one
@@ -359,6 +403,19 @@ class Simulator:
         last: list = [None, None]  # the previous recovery: its start key, and (outcome, state_lines, ledger suffix)
         found: dict[tuple, Target] = {}  # convergence points of recoveries that ran on
         src_history = HistoryDigest()  # the uninterrupted run's, brought up to date at its convergence points
+        wf = self.scn.workflow_id
+        folds, tails = PrefixFold(ledger, self.scn, wf), TailCache(self.scn, wf)  # the ledger checks, piecewise
+
+        def ledger_lines(state: str, head: list, own: list, tail) -> list[str] | None:
+            """``check_completed_ledger`` of ``ledger[:p] + head[p:] + own pieces + tail``, p = len(ledger)."""
+            if state != "completed":
+                return []
+            p = len(ledger.entries)
+            fold, generation = folds.at()
+            fold.feed(head, p, len(head))
+            lines = position_lines(fold, own, len(head), tail, tails)
+            folds.check(generation)
+            return lines
         if dedup and self.share_replay:  # what children would each make again: made here once
             compare_with(self._ref, self._ref)
             self._result_lines(self._ref)
@@ -379,13 +436,15 @@ class Simulator:
             where = f"{kind} {label}"
             key = _state_key(live, clock)
             if dedup and last[0] == key:
-                rep, state_lines, suffix = last[1]
-                led = Ledger()
-                led.entries = list(ledger.entries)
-                led.record("crash", position=n, where=where)
-                led.entries += [{**e, "seq": len(led.entries) + i} for i, e in enumerate(suffix)]
-                o = replace(rep, ledger=led)
-                m = self.check(o, what="kill", kills=[n], state_lines=state_lines)
+                rep, state_lines, (own, tail) = last[1]
+                head = Ledger()
+                head.entries = list(ledger.entries)
+                head.record("crash", position=n, where=where)
+                o = replace(rep, ledger=SplicedLedger(head.entries, own + ([] if tail is None else
+                                                                            [(tail[0], tail[1], len(tail[0]))])))
+                lines = ledger_lines(o.state, head.entries, own, tail)
+                o.extra = {**o.extra, "ledger_lines": lines}
+                m = self.check(o, what="kill", kills=[n], state_lines=state_lines, ledger_lines=lines)
                 if m is not None:
                     m.lines.insert(0, f"killed at position {n}: {where}")
                     self._finish(o, m)
@@ -403,11 +462,15 @@ class Simulator:
                     if state_lines is None and not self.scn.fail_suites:
                         state_lines = self.state_lines(o)
                     crash = len(ledger.entries)
-                    m = self.check(o, what="kill", kills=[n], state_lines=state_lines)
+                    tail = o.extra.pop("ledger_tail", None)
+                    head = o.ledger.head if isinstance(o.ledger, SplicedLedger) else o.ledger.entries
+                    lines = o.extra["ledger_lines"] = ledger_lines(o.state, head, [], tail)
+                    m = self.check(o, what="kill", kills=[n], state_lines=state_lines, ledger_lines=lines)
                     if m is not None:
                         m.lines.insert(0, f"killed at position {n}: {where}")
                         self._finish(o, m)
-                    return m, (o, state_lines, o.ledger.entries[crash + 1:])
+                    own = head[crash + 1:]
+                    return m, (o, state_lines, ([(own, 0, len(own))], tail))
 
                 pre = prefix[0] if dedup else None
                 if pre is not None:
@@ -563,13 +626,9 @@ class Simulator:
             o = replace(o, state=t.state, result=t.result, error=t.error,
                         events=self._ref.events[:copied] + own + t.events[target.events_at:],
                         ledger=splice_ledger(o.ledger, target))
-            state_lines = None
-            if not self.scn.fail_suites:  # checked on the events the outcome checks read (checks.CHECKED_EVENTS)
-                short = kept_events(o.events) if copied == 0 else (
-                    self._kept(self._ref.events, 0, copied) + [e for e in own if e.type in CHECKED_EVENTS]
-                    + self._kept(t.events, target.events_at))
-                state_lines = self.state_lines(replace(o, events=short), file_lines=t.file_lines)
-            run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, t.file_lines)
+            o.extra["ledger_tail"] = (t.ledger, target.ledger_at)  # its ledger checks: piecewise
+            state_lines = None if self.scn.fail_suites else self._spliced_state_lines(o, copied, own, target)
+            run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, t.file_lines) if mine else None
             remove_home(o.home)  # its files are the target's from here: checked with the target's
         for point in mine.values():
             point.run = run
