@@ -15,6 +15,7 @@ from dataclasses import replace
 from simulator.checks import check_completed_ledger, check_evaluations, check_steps
 from simulator.ledger import Ledger, SplicedLedger
 from simulator.ledger_folds import WORK_KINDS, LedgerFold, PrefixFold, TailCache, position_lines
+from simulator.convergence import Target
 from simulator.fakes import FakeActivities
 from simulator.mutants import make_mutant
 from simulator.scenario import Scenario
@@ -191,6 +192,46 @@ def test_the_folds_give_the_whole_ledger_checks_lines_on_real_and_broken_ledgers
     assert fast > 20  # ...and the tail was proved clean without reading it in some of the others
 
 
+def _renumbered(entries: list[dict]) -> list[dict]:
+    return [{**e, "seq": i} for i, e in enumerate(entries)]
+
+
+def test_a_tail_is_read_where_the_position_differs_from_its_target_in_what_the_tail_reads():
+    """One case per comparison ``TailIndex.fast_clean`` makes: the target is clean, the position (its
+    past differs just there) is not; the piecewise lines must be the whole ledger's."""
+    scn = Scenario(steps=300, eval_every=60, checkpoint_every=30, suites=("ppl", "zoo"))
+    wf = scn.workflow_id
+    ref = Simulator(scn).reference().ledger.entries
+    crash = {"kind": "crash", "position": 0, "where": "test"}
+    cases = {}
+    j = next(i for i, e in enumerate(ref) if e["kind"] == "eval-start")
+    # a key the tail starts: the position started it already (not interrupted), the target had not
+    cases["fresh key"] = (ref[:j + 1], ref[:j], ref[j:])
+    # a key the tail starts again: the target's start was interrupted, the position's was not
+    cases["key's state"] = (ref[:j + 1], ref[:j + 1] + [crash], ref[j:])
+    c = [i for i, e in enumerate(ref) if e["kind"] == "ckpt"][2]
+    start = next(e for e in ref if e["kind"] == "train-start")
+    older = [e["step"] for e in ref[:c] if e["kind"] == "ckpt"][-1]
+    resume = [{**start, "attempt": 2, "from_step": older}, {**ref[c - 1], "kind": "steps", "first": older + 1,
+                                                             "last": ref[c]["step"]}]
+    # a trainer the tail resumes from the older checkpoint: the position has the newer one, the target not
+    cases["checkpoint"] = (ref[:c + 1], ref[:c], resume + ref[c + 1:])
+    t0 = next(i for i, e in enumerate(ref) if e["kind"] == "train-start" and i > c)
+    # a pending start the tail's steps read: the position's resumes from step 0
+    cases["pending start"] = (ref[:t0] + [{**ref[t0], "from_step": 0, "attempt": 2}], ref[:t0 + 1], ref[t0 + 1:])
+    tails = TailCache(scn, wf)
+    for name, (mine, theirs, tail) in cases.items():
+        target = _renumbered(theirs + tail)
+        assert _old(target, scn, wf) == [], name  # the target is clean
+        whole = _renumbered(mine + tail)
+        want = _old(whole, scn, wf)
+        assert want, name  # the position is not
+        for a in (1, len(mine) // 2, len(mine)):
+            lines, made = _piecewise(_renumbered(mine[:a]), _renumbered(mine)[a:], target, len(theirs), scn, wf,
+                                     tails)
+            assert made == whole and lines == want, (name, a)
+
+
 def test_in_a_sweep_each_positions_piecewise_ledger_lines_are_the_whole_ledgers(monkeypatch):
     """Every position of a sweep (dedup: converged, spliced, reused recoveries; forked off a shared replay
     or not), with the good fakes and with fakes whose recoveries break the ledger (a retried trainer
@@ -288,5 +329,12 @@ def test_a_spliced_outcomes_event_checks_piecewise_give_the_whole_historys_lines
             want = sim.state_lines(whole, file_lines=t.file_lines)
             assert real(sim, whole, copied, broken, target) == want
             dirty += bool(want) and not sim.check_reference()
+        if copied > 1:  # a target whose past differs from the reference's before the position's kill
+            head = _break_events(t.events[1:copied], rng)
+            other = Target(replace(t, events=t.events[:1] + head + t.events[copied:]),
+                           target.events_at + len(head) - (copied - 1), target.ledger_at)
+            want = sim.state_lines(replace(o, events=sim._ref.events[:copied] + own + t.events[target.events_at:]),
+                                   file_lines=t.file_lines)
+            assert real(sim, o, copied, own, other) == want
     assert dirty > 10
     assert sum(sim.stats["outcome checks as the target's"] for sim in {c[0] for c in calls}) > 20
