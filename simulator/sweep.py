@@ -437,6 +437,8 @@ class Simulator:
             key = _state_key(live, clock)
             if dedup and last[0] == key:
                 rep, state_lines, (own, tail) = last[1]
+                if tail is not None and tail[0] is None:
+                    tail = (self._ref.ledger.entries, tail[1])
                 head = Ledger()
                 head.entries = list(ledger.entries)
                 head.record("crash", position=n, where=where)
@@ -470,7 +472,9 @@ class Simulator:
                         m.lines.insert(0, f"killed at position {n}: {where}")
                         self._finish(o, m)
                     own = head[crash + 1:]
-                    return m, (o, state_lines, ([(own, 0, len(own))], tail))
+                    if tail is not None and tail[0] is self._ref.ledger.entries:
+                        tail = (None, tail[1])  # (a forked recovery sends this back: not the reference's ledger)
+                    return m, (replace(o, ledger=Ledger()), state_lines, ([(own, 0, len(own))], tail))
 
                 pre = prefix[0] if dedup else None
                 if pre is not None:
