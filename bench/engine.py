@@ -15,6 +15,8 @@ interleaved with the engine's work: every ``--probe-every`` activities the activ
 - WAL pages one sequential activity's COMMIT writes (a raw commit writes 1), and the fdatasyncs per COMMIT
   that follow from it (the COMMIT's own, and 2 per automatic checkpoint of 1,000 pages);
 - process CPU time per sequential activity beside a raw commit's (load-independent where wall time is not);
+- where one sequential activity's time goes on /dev/shm: an exclusive stopwatch over SQL (by statement),
+  the workflow code and replayer, building the new rows, JSON, event checksums, the activity call (``phases``);
 - a 1-activity workflow: median ms per workflow with ``start`` + ``run_until_complete`` and with
   ``execute_workflow`` (its first task in the start's transaction), and the median ms of one raw
   commit measured between them;
