@@ -210,8 +210,10 @@ class FakeActivities:
         # dict of the run whose files it copied
         self.files: dict[str, int] = dict(files or {})
         self._files_sum = sum(self.files.values())
+        self.log: list[str] = []  # the relative path of every file written, in order (scenario.SnapshotHome)
 
     def _wrote(self, rel: str, data: bytes) -> None:
+        self.log.append(rel)
         new = _file_hash(rel, data)
         self._files_sum += new - self.files.get(rel, 0)
         self.files[rel] = new

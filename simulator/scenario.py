@@ -290,9 +290,109 @@ def _link_tree(src: str, dst: str, depth: int = 0) -> None:
                 os.link(e.path, f"{dst}/{name}")
 
 
+def _listing(root: str) -> list[tuple[str, bytes | None]]:
+    """Every folder and file under ``root`` but the database and ``UNREAD``, with the files' bytes."""
+    out = []
+    for path, dirs, files in os.walk(root):
+        rel = os.path.relpath(path, root)
+        if rel == ".":
+            dirs[:] = [d for d in dirs if d not in UNREAD]
+        out.append((rel, None))
+        for name in files:
+            if not name.startswith("engine.db"):
+                with open(os.path.join(path, name), "rb") as f:
+                    out.append((os.path.join(rel, name), f.read()))
+    return sorted(out)
+
+
+class SnapshotHome:
+    """One recovery folder, reused for the snapshots of one source home: O(changed files) each.
+
+    A snapshot is the source's files as they stand (``_link_tree``: a hard link per file). Between
+    two recoveries, only the files written since differ: those the source's fakes wrote since the
+    last snapshot and those the last recovery's fakes wrote (``FakeActivities.log``; the fakes are
+    the only writers of files but the database and ``UNREAD``, and never write in place). So the
+    folder is made the source's again by linking those files anew from the source, or removing
+    them (and the folders that leaves empty) where the source has none; the database is copied
+    afresh each time. ``verify`` (tests): after each sync, the folder's listing (every folder,
+    every file's bytes) must equal the source's, else the recovery raises.
+    """
+
+    def __init__(self, src_home: Path):
+        self.src = os.fspath(src_home)
+        self.home: Path | None = None
+        self.verify = False
+        self._seen = 0  # how much of the source's log the folder has
+        self._own: list[str] = []  # what the last recovery wrote
+
+    def take(self, src_fakes: FakeActivities) -> Path:
+        """The folder, holding the source's files as they are now (its ``.ctl`` empty)."""
+        log = src_fakes.log
+        if self.home is None:
+            self.home = new_home()
+            _link_tree(self.src, os.fspath(self.home))
+        else:
+            home = os.fspath(self.home)
+            ctl = os.path.join(home, ".ctl")
+            if os.path.isdir(ctl):
+                for name in os.listdir(ctl):
+                    os.unlink(os.path.join(ctl, name))
+            changed = set(log[self._seen:])
+            changed.update(self._own)
+            if any(rel.split("/", 1)[0] in UNREAD for rel in self._own):
+                for top in UNREAD:
+                    shutil.rmtree(os.path.join(home, top), ignore_errors=True)
+            for rel in sorted(changed):
+                if rel.split("/", 1)[0] not in UNREAD:
+                    self._sync(home, rel)
+        self._seen, self._own = len(log), []
+        if self.verify and _listing(os.fspath(self.home)) != _listing(self.src):
+            raise RuntimeError(f"snapshot folder {self.home} differs from its source {self.src}")
+        return self.home
+
+    def _sync(self, home: str, rel: str) -> None:
+        dst, src = os.path.join(home, rel), os.path.join(self.src, rel)
+        try:
+            os.unlink(dst)
+        except FileNotFoundError:
+            pass
+        try:
+            os.link(src, dst)
+            return
+        except FileNotFoundError:
+            if os.path.exists(src):  # its folder is not in the snapshot yet
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                os.link(src, dst)
+                return
+        d = os.path.dirname(dst)  # not in the source: the folders this leaves empty go too
+        while len(d) > len(home):
+            try:
+                os.rmdir(d)
+            except OSError:  # not empty (or gone)
+                break
+            d = os.path.dirname(d)
+
+    def returned(self, fakes: FakeActivities | None) -> None:
+        """The recovery in the folder ended; ``fakes``: its fakes (None: the folder is given up)."""
+        if fakes is None:
+            self.drop()
+        else:
+            self._own = list(fakes.log)
+
+    def release(self) -> None:
+        """Leave the folder as it is (kept for a mismatch); the next snapshot makes a new one."""
+        self.home = None
+
+    def drop(self) -> None:
+        if self.home is not None:
+            remove_home(self.home)
+        self.home = None
+
+
 def recover_from_snapshot(
     scn: Scenario, src_home: Path, position: int, where: str, live: dict, ledger: Ledger, clock: VirtualClock,
     *, workflow_fn: Callable | None = None, watch: Callable | None = None, prefix=None,
+    pool: SnapshotHome | None = None,
 ) -> Outcome:
     """The worker of ``src_home`` dies at ``position``: a new worker recovers from a copy of its files.
 
@@ -308,8 +408,11 @@ def recover_from_snapshot(
     """
     from .convergence import CONVERGENCE_KIND, Converged
 
-    home = new_home()
-    _link_tree(os.fspath(src_home), os.fspath(home))
+    if pool is not None:
+        home = pool.take(live["fakes"])
+    else:
+        home = new_home()
+        _link_tree(os.fspath(src_home), os.fspath(home))
     copied = _copy_committed(src_home / ".ctl" / "engine.db", home / ".ctl" / "engine.db", scn.workflow_id)
     led = Ledger()
     led.entries = list(ledger.entries)
@@ -322,10 +425,15 @@ def recover_from_snapshot(
         plan.observe_only = (CONVERGENCE_KIND,)
     with _owner_dead(live["engine"].owner):
         try:
-            return run_scenario(scn, home, plan, workflow_fn=workflow_fn, ledger=led, clock=rclock,
-                                oom_left=dict(live["fakes"].oom_left), live=rlive, files=live["fakes"].files,
-                                prefix=prefix)
+            o = run_scenario(scn, home, plan, workflow_fn=workflow_fn, ledger=led, clock=rclock,
+                             oom_left=dict(live["fakes"].oom_left), live=rlive, files=live["fakes"].files,
+                             prefix=prefix)
+            if pool is not None:
+                pool.returned(rlive["fakes"])
+            return o
         except Converged as stop:
+            if pool is not None:
+                pool.returned(rlive["fakes"])
             eng = rlive["engine"]
             try:
                 from engine.history import read_events
@@ -343,5 +451,8 @@ def recover_from_snapshot(
             eng = rlive.get("engine")
             if eng is not None:
                 _crash_cleanup(eng)
-            remove_home(home)
+            if pool is not None:
+                pool.drop()
+            else:
+                remove_home(home)
             raise

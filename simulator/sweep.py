@@ -51,7 +51,9 @@ from .faults import FaultPlan, random_kills
 from .ledger import Ledger, SplicedLedger
 from .ledger_folds import PrefixFold, TailCache, position_lines
 from .prefix import build_prefix, in_child
-from .scenario import START_TIME, Outcome, Scenario, new_home, recover_from_snapshot, remove_home, run_scenario
+from .scenario import (
+    START_TIME, Outcome, Scenario, SnapshotHome, new_home, recover_from_snapshot, remove_home, run_scenario,
+)
 
 
 @dataclass
@@ -174,6 +176,9 @@ class Simulator:
         self.share_replay = True
         self.share_min_events = 2000  # below this, a fresh replay costs less than a fork (measured)
         self.share_every = 100  # a new shared replay once the history grew by this many events (and 5%)
+        self.reuse_snapshot_home = True  # in-process recoveries share one folder, synced per snapshot
+        self.verify_snapshots = False  # tests: each synced folder compared with its source, file for file
+        self._pool: SnapshotHome | None = None  # the snapshot folder of the running sweep
         quiet_engine_logs()
 
     # ---- single runs -------------------------------------------------------------------------
@@ -240,8 +245,10 @@ class Simulator:
                 state_lines = self.state_lines(o, what=what)
             lines = state_lines + (check_completed_ledger(o) if ledger_lines is None else ledger_lines)
         if not lines:
-            remove_home(o.home)
+            self._drop_home(o.home)
             return None
+        if self.keep_failed and self._pool is not None and o.home == self._pool.home:
+            self._pool.release()  # kept for the user as it is
         return Mismatch(what, kills, lines, rerun_command(scn, kills, cancel_at=cancel_at, mutant=self.mutant),
                         cancel_at=cancel_at, seed=seed, home=str(o.home) if self.keep_failed else None)
 
@@ -321,7 +328,12 @@ class Simulator:
 
     def _finish(self, o: Outcome, m: Mismatch | None) -> None:
         if m is not None and not self.keep_failed:
-            remove_home(o.home)
+            self._drop_home(o.home)
+
+    def _drop_home(self, home) -> None:
+        """A run's home is done with: removed, but for the reused snapshot folder (scenario.SnapshotHome)."""
+        if self._pool is None or home != self._pool.home:
+            remove_home(home)
 
     # ---- sweeps ----------------------------------------------------------------------------------
 
@@ -491,10 +503,16 @@ class Simulator:
             if stop_at_first and m is not None:
                 todo.clear()
 
+        if self.reuse_snapshot_home:
+            self._pool = SnapshotHome(home)
+            self._pool.verify = self.verify_snapshots
         try:
             src = run_scenario(self.scn, home, FaultPlan(observer=observe), workflow_fn=self.workflow_fn,
                                ledger=ledger, clock=clock, live=live)
         finally:
+            if self._pool is not None:
+                self._pool.drop()
+                self._pool = None
             remove_home(home)
         ref = self.reference()
         differs = compare_with(src, ref)
@@ -570,7 +588,8 @@ class Simulator:
     def _recover_timed(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
                        found: dict | None, history: HistoryDigest | None, prefix=None) -> Outcome:
         if found is None:
-            return recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn)
+            return recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
+                                         pool=self._pool)
         o = self._recover_once(n, where, home, live, ledger, clock, found, history.copy(), prefix, live_splice=True)
         if o is None:  # a checked splice was refused after it spent the recovery's replayer: again, without it
             self.stats["recoveries made again"] += 1
@@ -611,12 +630,12 @@ class Simulator:
                                                 len(rlive["fakes"].ledger.entries))
 
         o = recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
-                                  watch=watch, prefix=prefix)
+                                  watch=watch, prefix=prefix, pool=self._pool if prefix is None else None)
         target = o.extra.pop("converged", None)
         if target is _SPENT:
             for key in mine:  # never verified: gone, as if this try had not been made
                 del found[key]
-            remove_home(o.home)
+            self._drop_home(o.home)
             return None
         if target is None:  # ran to the end
             files = final_files_lines(o) if o.state == "completed" else []
@@ -633,7 +652,7 @@ class Simulator:
             o.extra["ledger_tail"] = (t.ledger, target.ledger_at)  # its ledger checks: piecewise
             state_lines = None if self.scn.fail_suites else self._spliced_state_lines(o, copied, own, target)
             run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, t.file_lines) if mine else None
-            remove_home(o.home)  # its files are the target's from here: checked with the target's
+            self._drop_home(o.home)  # its files are the target's from here: checked with the target's
         for point in mine.values():
             point.run = run
         o.extra["state_lines"] = state_lines

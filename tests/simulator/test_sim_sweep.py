@@ -112,6 +112,7 @@ def test_the_fast_modes_make_the_same_runs_as_the_literal_one():
 
     sim = Simulator(Scenario(steps=400, eval_every=150, checkpoint_every=50, suites=("ppl", "zoo")))
     sim.share_min_events, sim.share_every = 0, 1  # every recovery after the first cut forks off a shared replay
+    sim.verify_snapshots = True  # each reused snapshot folder is compared with its source, file for file
     sim.reference()
     positions = list(range(0, len(sim.trace), 3))
     for mode in ("rerun", "snapshot", "dedup"):
@@ -139,6 +140,7 @@ def test_at_100_segments_converged_recoveries_are_the_runs_that_ran_to_the_end()
 
     sim = Simulator(Scenario(steps=200, eval_every=2, checkpoint_every=10, eval_interval_s=5))
     sim.share_min_events, sim.share_every = 0, 1  # recoveries fork off a fresh replay shared per segment
+    sim.verify_snapshots = True
     sim.reference()
     assert len(sim.reference().result["segments"]) == 100
     n = len(sim.trace)
