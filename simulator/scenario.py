@@ -314,8 +314,10 @@ class SnapshotHome:
     the only writers of files but the database and ``UNREAD``, and never write in place). So the
     folder is made the source's again by linking those files anew from the source, or removing
     them (and the folders that leaves empty) where the source has none; the database is copied
-    afresh each time. ``verify`` (tests): after each sync, the folder's listing (every folder,
-    every file's bytes) must equal the source's, else the recovery raises.
+    afresh each time. A recovery forked off a shared replay (simulator/prefix.py) syncs and uses the
+    same folder and hands back what it did (``state``, ``adopt``); a child that dies leaves the
+    folder unknown: it is made anew. ``verify`` (tests): after each sync, the folder's listing
+    (every folder, every file's bytes) must equal the source's, else the recovery raises.
     """
 
     def __init__(self, src_home: Path):
@@ -378,6 +380,19 @@ class SnapshotHome:
             self.drop()
         else:
             self._own = list(fakes.log)
+
+    def state(self) -> tuple:
+        """What a forked child did with the folder, for the parent's ``adopt``."""
+        return self.home, self._seen, list(self._own)
+
+    def adopt(self, state: tuple | None) -> None:
+        """The folder as a forked recovery left it (None: unknown, e.g. the child died: made anew)."""
+        if state is None or (state[0] is not None and state[0] != self.home):
+            self.drop()
+        elif state[0] is None:  # the child kept it for a mismatch, or gave it up
+            self.home = None
+        else:
+            self._seen, self._own = state[1], state[2]
 
     def release(self) -> None:
         """Leave the folder as it is (kept for a mismatch); the next snapshot makes a new one."""

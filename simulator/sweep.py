@@ -176,7 +176,7 @@ class Simulator:
         self.share_replay = True
         self.share_min_events = 2000  # below this, a fresh replay costs less than a fork (measured)
         self.share_every = 100  # a new shared replay once the history grew by this many events (and 5%)
-        self.reuse_snapshot_home = True  # in-process recoveries share one folder, synced per snapshot
+        self.reuse_snapshot_home = True  # recoveries share one folder, synced per snapshot (forked ones too)
         self.verify_snapshots = False  # tests: each synced folder compared with its source, file for file
         self._pool: SnapshotHome | None = None  # the snapshot folder of the running sweep
         quiet_engine_logs()
@@ -562,9 +562,17 @@ class Simulator:
                 payload = (light(payload[0]),) + payload[1:]
             return (m, payload, {k: v - stats[k] for k, v in self.stats.items() if v != stats[k]},
                     {k: v - timing[k] for k, v in self.timing.items() if v != timing[k]},
-                    {k: t for k, t in found.items() if k not in keys}, seen)
+                    {k: t for k, t in found.items() if k not in keys}, seen,
+                    self._pool.state() if self._pool is not None else None)
 
-        m, payload, stats, timing, new, seen = in_child(child)
+        try:
+            m, payload, stats, timing, new, seen, pool = in_child(child)
+        except BaseException:
+            if self._pool is not None:  # what the child left in the snapshot folder is unknown
+                self._pool.drop()
+            raise
+        if self._pool is not None:
+            self._pool.adopt(pool)
         self.stats.update(stats)
         self.timing.update(timing)
         found.update(new)
@@ -630,7 +638,7 @@ class Simulator:
                                                 len(rlive["fakes"].ledger.entries))
 
         o = recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
-                                  watch=watch, prefix=prefix, pool=self._pool if prefix is None else None)
+                                  watch=watch, prefix=prefix, pool=self._pool)
         target = o.extra.pop("converged", None)
         if target is _SPENT:
             for key in mine:  # never verified: gone, as if this try had not been made
