@@ -91,37 +91,50 @@ def child(args) -> None:
     spent: dict[str, float] = {}
     import click  # noqa: F401
     import tinyllm.cli as cli
-    import tinyllm.spec  # noqa: F401
+    from tinyllm import torch_defer, torch_preload
 
-    spent["imports: click, pydantic, tinyllm.spec"] = time.perf_counter() - t_start
-    t = time.perf_counter()
-    from tinyllm import torch_defer
+    spent["imports: click, tinyllm.cli"] = time.perf_counter() - t_start
+    marks: dict[str, float] = {}
 
-    torch_defer.install()  # as `tinyllm train` does (TINYLLM_TORCH_DEFER=0: off)
-    import torch  # noqa: F401
-
-    spent["import torch"] = time.perf_counter() - t
-    t = time.perf_counter()
-    import tinyllm.trainer  # noqa: F401
-
-    spent["import tinyllm.trainer (beyond torch)"] = time.perf_counter() - t
-    for label, module, cls, attr in PHASES:
-        owner = importlib.import_module(module)
-        owner = getattr(owner, cls) if cls else owner
+    def wrap(owner, attr, before=None, after=None):
         fn = getattr(owner, attr)
 
-        def timed(*a, _fn=fn, _label=label, **kw):
-            if _label == "first step" and _label in spent:  # later steps are not start-up
-                return _fn(*a, **kw)
-            t0 = time.perf_counter()
+        def timed(*a, **kw):
+            if before:
+                before()
             try:
-                return _fn(*a, **kw)
+                return fn(*a, **kw)
             finally:
-                spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - t0
-                if _label == "first step":  # this process's CPU since it started (interpreter start included)
-                    spent["CPU time to the first step's end"] = time.process_time()
+                if after:
+                    after()
 
         setattr(owner, attr, timed)
+
+    def phases() -> None:  # once tinyllm.trainer is imported (by the CLI, after the preload)
+        for label, module, cls, attr in PHASES:
+            owner = importlib.import_module(module)
+            owner = getattr(owner, cls) if cls else owner
+            fn = getattr(owner, attr)
+
+            def timed(*a, _fn=fn, _label=label, **kw):
+                if _label == "first step" and _label in spent:  # later steps are not start-up
+                    return _fn(*a, **kw)
+                t0 = time.perf_counter()
+                try:
+                    return _fn(*a, **kw)
+                finally:
+                    spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - t0
+                    if _label == "first step":  # this process's CPU since it started (interpreter start included)
+                        spent["CPU time to the first step's end"] = time.process_time()
+
+            setattr(owner, attr, timed)
+
+    def mark(name):
+        return lambda: marks.__setitem__(name, time.perf_counter())
+
+    wrap(torch_preload, "while_loading", before=mark("read0"), after=mark("read1"))
+    wrap(torch_defer, "install", before=mark("torch0"))
+    wrap(torch_defer, "after_import", after=lambda: (mark("torch1")(), phases()))
     t = time.perf_counter()
     try:
         cli.main(["train", "--spec", args.child_spec, "--home", args.home, "--resume", args.resume],
@@ -129,6 +142,11 @@ def child(args) -> None:
     except SystemExit:
         pass
     spent["whole command (imports excluded)"] = time.perf_counter() - t
+    pre = torch_preload.status()
+    spent["read spec (pydantic, models) || load torch libs"] = marks["read1"] - marks["read0"]
+    spent["  the helper's spec read alone (its CPU)"] = pre.get("work_cpu_s", 0.0)
+    spent["  the main thread's library load alone"] = pre.get("load_s", 0.0)
+    spent["import torch + tinyllm.trainer"] = marks["torch1"] - marks["torch0"]
     print(json.dumps(spent))
 
 
@@ -167,15 +185,16 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", code], env=_env(), check=True, timeout=600)
         return time.perf_counter() - t0
 
-    runs, bares, torches, childs, child_offs, others, offs = [], [], [], [], [], [], []
+    runs, bares, torches, childs, child_offs, others, offs, pre_offs = [], [], [], [], [], [], [], []
     for _ in range(args.reps):  # alternated, so load changes hit all alike
         runs.append(end_to_end(home, resumed, "restart", resume))
         offs.append(end_to_end(home, resumed, "restart", resume, TINYLLM_TORCH_DEFER="0"))
+        pre_offs.append(end_to_end(home, resumed, "restart", resume, TINYLLM_TORCH_PRELOAD="0"))
         if args.against:
             others.append(end_to_end(home, resumed, "restart", resume, tree=Path(args.against).absolute()))
         bares.append(bare("pass"))
         torches.append(bare("import torch"))
-        for into, extra in ((childs, {}), (child_offs, {"TINYLLM_TORCH_DEFER": "0"})):
+        for into, extra in ((childs, {}), (child_offs, {"TINYLLM_TORCH_DEFER": "0", "TINYLLM_TORCH_PRELOAD": "0"})):
             out = subprocess.run([sys.executable, __file__, "--child-spec", str(resumed), "--home", str(home),
                                   "--resume", resume],
                                  env=_env(**extra), capture_output=True, text=True, timeout=600)
@@ -198,11 +217,16 @@ def main() -> None:
     print(f"  with TINYLLM_TORCH_DEFER=0 (alternated): {off['first step']:.2f} s to the resumed step "
           f"(torch + trainer modules {off['imported'] - off['starting']:.3f} s), {off['cpu']:.2f} s CPU; "
           f"deferral on is {off['first step'] / total:.2f}x as fast ({off['cpu'] / med['cpu']:.2f}x in CPU time)")
+    po = {k: statistics.median(r[k] for r in pre_offs) for k in pre_offs[0] if k != "deferred"}
+    print(f"  with TINYLLM_TORCH_PRELOAD=0 (alternated): {po['first step']:.2f} s to the resumed step "
+          f"(to 'imported' {po['imported']:.3f} s against {med['imported']:.3f} s), {po['cpu']:.2f} s CPU; "
+          f"the preload is {po['first step'] / total:.2f}x as fast ({po['cpu'] / med['cpu']:.2f}x in CPU time)")
     if others:
         o = {k: statistics.median(r[k] for r in others) for k in others[0] if k != "deferred"}
         print(f"  against {args.against}: {o['first step']:.2f} s to the resumed step, {o['cpu']:.2f} s CPU; "
               f"this checkout is {o['first step'] / total:.2f}x as fast ({o['cpu'] / med['cpu']:.2f}x in CPU time)")
-    print(f"breakdown in one process (median of {args.reps}), the real functions timed:  deferral on | off")
+    print(f"breakdown in one process (median of {args.reps}), the real functions timed:  "
+          f"deferral + preload on | both off")
     for key in childs[0]:
         print(f"  {key:<48} {statistics.median(c.get(key, 0.0) for c in childs):6.3f} s | "
               f"{statistics.median(c.get(key, 0.0) for c in child_offs):6.3f} s")

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from .errors import CheckpointError, PeerLost, RunLocked
-from .spec import SpecError
+from .spec_plain import SpecError  # tinyllm.spec's; pydantic is imported where a spec is read
 from .validation.errors import ArchiveError
 
 EXIT_BAD_INPUT = 2
@@ -133,26 +133,36 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     Start-up: torch's modules that only tracing uses (torch.export, the
     python meta kernels) are run when first touched instead of at import
     (about a third of `import torch`); the 'ready' line's "torch_defer" field
-    says which. TINYLLM_TORCH_DEFER=0 imports torch as it is. Same results.
+    says which. TINYLLM_TORCH_DEFER=0 imports torch as it is. Torch's native
+    libraries load while the spec is validated, in parallel (its
+    "torch_preload" field); TINYLLM_TORCH_PRELOAD=0 loads them at the
+    import instead. Same results either way.
     """
     import signal
 
+    from . import omp, torch_preload
     from .errors import request_stop
-    from .spec import load_train_spec
 
     global _RANK
     for sig in (signal.SIGTERM, signal.SIGINT):  # a stop before the loop starts still exits 130
         signal.signal(sig, request_stop)
+    home_dir = resolve_home(home)
+    threads = torch_preload.plan(spec_path)  # the spec's threads from its JSON; None: no preload
+    if threads is not None:  # the wait policy before libgomp loads (with torch's libraries, next)
+        omp.configure(threads=threads)
+    # the spec is read (pydantic, its models, validation) in a helper thread while this one loads
+    # torch's native libraries (tinyllm/torch_preload.py); a bad spec's error is raised below
+    read = torch_preload.while_loading(lambda: _read_train_spec(spec_path))
     from .ddp_launch import enter_rank, in_rank
 
     _RANK = enter_rank() if in_rank() else None
-    home_dir = resolve_home(home)
     try:
-        spec = load_train_spec(spec_path)  # before importing torch: a bad spec fails fast
-        from . import omp
+        spec = read.result()  # before importing torch: a bad spec fails fast
         from .progress import ProgressFile
 
-        omp.configure(threads=spec.threads)  # before torch loads: the wait policy for the spec's threads
+        if threads is None:
+            omp.configure(threads=spec.threads)  # before torch loads: the wait policy for the spec's threads
+        assert threads in (None, spec.threads), (threads, spec.threads)
 
         liveness = ProgressFile(progress if _RANK is None or _RANK.rank == 0 else None)
         liveness.event("starting", pid=os.getpid())  # alive before the torch import (seconds on a busy host)
@@ -171,6 +181,7 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
         else:
             from .trainer import Trainer
         torch_defer.after_import()
+        torch_preload.after_import()
 
         liveness.event("imported")
         trainer = Trainer(spec, home_dir, Path(progress).absolute() if progress else None, resume_path,
@@ -199,6 +210,14 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
         if _RANK is None:
             click.echo("tinyllm: stopped by signal after checkpointing", err=True)
         sys.exit(EXIT_CANCELED)
+
+
+def _read_train_spec(spec_path: str):
+    """The train spec, and the modules ``train`` needs before torch (all pure Python by now)."""
+    from . import ddp_launch, progress  # noqa: F401
+    from .spec import load_train_spec
+
+    return load_train_spec(spec_path)
 
 
 @main.command(name="eval")

@@ -14,13 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .names import IDENTIFIER_PATTERN  # shared with the torch-only helper (tinyllm.durable)
 from .objectives.config import DPOConfig, RefConfig, RLConfig, check_train_spec
 from .retention import KeepCheckpoints
+from .spec_plain import TRAIN_THREADS_DEFAULT, SpecError
 from .validation.config import ValidationConfig
 
 Identifier = Annotated[str, Field(pattern=IDENTIFIER_PATTERN, max_length=128)]
-
-
-class SpecError(ValueError):
-    """A spec that cannot be used; the message is one line naming the problem."""
 
 
 class _Strict(BaseModel):
@@ -80,7 +77,7 @@ class TrainSpec(_Strict):
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
     beta2: float = Field(0.95, ge=0.0, lt=1.0)
     grad_clip: float = Field(1.0, ge=0.0)  # 0 disables clipping
-    threads: int = Field(2, ge=1, le=1024)  # torch intra-op threads; fixed for bitwise repeatability
+    threads: int = Field(TRAIN_THREADS_DEFAULT, ge=1, le=1024)  # torch intra-op threads; fixed for bitwise repeatability
     log_every: int = Field(10, ge=1)  # console progress line every this many steps
     model: ModelConfig = ModelConfig()
     validation: ValidationConfig | None = None  # held-out validation during training (opt-in)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import checkpoint as ckpt
-from . import faults, omp, retention, runlock, torch_defer
+from . import faults, omp, retention, runlock, torch_defer, torch_preload
 from .corpus import open_corpus
 from .ddp_launch import check_world_size
 from .data import TokenStream
@@ -277,6 +277,7 @@ class Trainer:
         if event == "ready":  # the OpenMP wait policy this process runs with, and why (tinyllm/omp.py)
             fields["omp"] = omp.chosen(self.spec.threads)
             fields["torch_defer"] = torch_defer.status()  # torch modules not run yet (tinyllm/torch_defer.py)
+            fields["torch_preload"] = torch_preload.status()  # libraries loaded early (tinyllm/torch_preload.py)
         if event is None:
             self.progress_file.tick(**fields)
         else:

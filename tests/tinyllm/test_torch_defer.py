@@ -1,7 +1,8 @@
 """tinyllm/torch_defer.py: ``tinyllm train`` runs torch's tracing-only modules (torch.export, the python
 meta kernels) only when something touches them. A real resumed trainer says which were deferred, never
 runs them, and trains bit for bit as with the deferral off; whatever needs them gets them when it
-touches them. Each check runs in a fresh interpreter: what torch has run is process-wide state."""
+touches them (the same resume with tinyllm/torch_preload.py off too: bitwise the same). Each check runs
+in a fresh interpreter: what torch has run is process-wide state."""
 from __future__ import annotations
 
 import json
@@ -50,7 +51,7 @@ def test_a_resumed_trainer_defers_and_trains_bit_for_bit_as_with_it_off(home, tm
     shutil.copytree(home, off_home)  # the same checkpoint at step 2, resumed both ways
     on_result, on = run_python(TRAIN, str(spec), str(home), str(home / "p.jsonl"))
     off_result, off = run_python(TRAIN, str(off_home / "s.json"), str(off_home), str(off_home / "p.jsonl"),
-                                 TINYLLM_TORCH_DEFER="0")
+                                 TINYLLM_TORCH_DEFER="0", TINYLLM_TORCH_PRELOAD="0")  # and torch_preload.py off
     assert on_result["resumed_from"] == off_result["resumed_from"] == "runs/small/ckpt/step-000002"
     assert (on_result["final_loss_hex"], on_result["digest"]) == (off_result["final_loss_hex"], off_result["digest"])
     # the guard: deferred before the first step (the ready line) and still never run after steps and a checkpoint
@@ -58,6 +59,9 @@ def test_a_resumed_trainer_defers_and_trains_bit_for_bit_as_with_it_off(home, tm
                                                        "deferred": DEFERRED, "executed": []}
     assert on["deferred"] == DEFERRED and on["run"] == []
     assert _ready(off_home / "p.jsonl")["torch_defer"]["enabled"] is False
+    preload = _ready(home / "p.jsonl")["torch_preload"]  # its libraries were the ones torch imported
+    assert preload["enabled"] is True and preload["same_file"] is True, preload
+    assert _ready(off_home / "p.jsonl")["torch_preload"] == {"enabled": False, "reason": "TINYLLM_TORCH_PRELOAD=0"}
     assert off["reason"] == "TINYLLM_TORCH_DEFER=0" and off["run"] == DEFERRED  # torch imported as it is
 
 
