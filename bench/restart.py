@@ -2,12 +2,14 @@
 and its first step's metrics frame. Prints figures measured in this one run.
 
 1. end to end (the real CLI, ``--reps`` times, median): Popen -> the first resumed frame in
-   metrics.jsonl, with the progress file's ``starting`` (interpreter, click, the spec) and
-   ``imported`` (torch and the trainer's modules) and ``ready`` (set up and resumed) marks;
+   metrics.jsonl, with the progress file's ``starting`` (interpreter, click, the spec read while
+   torch's libraries load: tinyllm/torch_preload.py) and ``imported`` (torch and the trainer's
+   modules) and ``ready`` (set up and resumed) marks; alternated with the same run with
+   ``TINYLLM_TORCH_DEFER=0`` and with ``TINYLLM_TORCH_PRELOAD=0`` (and ``--against`` an older checkout);
 2. the same path in one child process, each phase timed by a stopwatch wrapped around the real
-   functions (imports, corpus check, model build, checkpoint choice with its checksum
-   verification, checkpoint load, metrics sinks, first step); plus, for scale, a bare interpreter
-   and a bare ``import torch``.
+   functions (the spec read || library load, imports, corpus check, model build, checkpoint choice
+   with its checksum verification, checkpoint load, metrics sinks, first step), with both
+   start-up measures on and both off; plus, for scale, a bare interpreter and a bare ``import torch``.
 
 Usage: python bench/restart.py [--spec specs/tiny.json] [--at 20] [--reps 3]
 The run is trained to step ``--at`` (one checkpoint there) first; each measured run resumes from
