@@ -350,11 +350,24 @@ def _start_view(e: dict) -> tuple:
 
 
 class TailCache:
-    """``TailIndex`` per target ledger (by identity; the last few)."""
+    """``TailIndex`` per target ledger (by identity; the last few). ``ref``: a ledger whose index serves
+    every tail equal to one of its own (a checked splice's target: its own past, then the uninterrupted
+    run's future)."""
 
-    def __init__(self, scn, wf: str | None, size: int = 8) -> None:
-        self.scn, self.wf, self.size = scn, wf, size
+    def __init__(self, scn, wf: str | None, size: int = 8, ref: list[dict] | None = None) -> None:
+        self.scn, self.wf, self.size, self.ref = scn, wf, size, ref
         self._by_id: dict[int, tuple[list, TailIndex]] = {}
+
+    def canonical(self, entries: list[dict], t: int) -> tuple[list[dict], int]:
+        """``(ref, x)`` where ``entries[t:]`` equals ``ref[x:]`` entry for entry (then their folds do too),
+        else ``(entries, t)`` as given."""
+        ref = self.ref
+        if ref is None or entries is ref:
+            return entries, t
+        x = len(ref) - (len(entries) - t)
+        if 0 <= x <= len(ref) and entries[t:] == ref[x:]:  # (mostly the very objects: compared by identity first)  # (mostly the very objects: compared by identity first)
+            return ref, x
+        return entries, t
 
     def get(self, entries: list[dict]) -> TailIndex:
         hit = self._by_id.get(id(entries))
@@ -377,7 +390,7 @@ def position_lines(fold: LedgerFold, own: list[tuple[list, int, int]], seq_base:
         fold.feed(entries, start, stop, seq)
         seq += max(0, stop - start)
     if tail is not None:
-        entries, t = tail
+        entries, t = tails.canonical(*tail)
         if tails.get(entries).fast_clean(fold, t):
             return []
         fold.feed(entries, t, len(entries), seq)

@@ -416,7 +416,8 @@ class Simulator:
         found: dict[tuple, Target] = {}  # convergence points of recoveries that ran on
         src_history = HistoryDigest()  # the uninterrupted run's, brought up to date at its convergence points
         wf = self.scn.workflow_id
-        folds, tails = PrefixFold(ledger, self.scn, wf), TailCache(self.scn, wf)  # the ledger checks, piecewise
+        folds = PrefixFold(ledger, self.scn, wf)  # the ledger checks, piecewise
+        tails = TailCache(self.scn, wf, ref=self._ref.ledger.entries)
 
         def ledger_lines(state: str, head: list, own: list, tail) -> list[str] | None:
             """``check_completed_ledger`` of ``ledger[:p] + head[p:] + own pieces + tail``, p = len(ledger)."""

@@ -164,7 +164,7 @@ def test_the_folds_give_the_whole_ledger_checks_lines_on_real_and_broken_ledgers
     entries = ref.ledger.entries
     assert check_completed_ledger(ref) == _old(entries, scn, wf) == []
     rng = random.Random(15)
-    tails = TailCache(scn, wf)
+    tails = TailCache(scn, wf, ref=entries)
     dirty = fast = 0
     for case in range(400):
         broken = _break(entries, rng) if case else [dict(e) for e in entries]
@@ -219,7 +219,7 @@ def test_a_tail_is_read_where_the_position_differs_from_its_target_in_what_the_t
     t0 = next(i for i, e in enumerate(ref) if e["kind"] == "train-start" and i > c)
     # a pending start the tail's steps read: the position's resumes from step 0
     cases["pending start"] = (ref[:t0] + [{**ref[t0], "from_step": 0, "attempt": 2}], ref[:t0 + 1], ref[t0 + 1:])
-    tails = TailCache(scn, wf)
+    tails = TailCache(scn, wf, ref=ref)
     for name, (mine, theirs, tail) in cases.items():
         target = _renumbered(theirs + tail)
         assert _old(target, scn, wf) == [], name  # the target is clean
