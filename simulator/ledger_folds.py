@@ -365,7 +365,7 @@ class TailCache:
         if ref is None or entries is ref:
             return entries, t
         x = len(ref) - (len(entries) - t)
-        if 0 <= x <= len(ref) and entries[t:] == ref[x:]:  # (mostly the very objects: compared by identity first)  # (mostly the very objects: compared by identity first)
+        if 0 <= x <= len(ref) and entries[t:] == ref[x:]:  # (mostly the very objects: compared by identity first)
             return ref, x
         return entries, t
 
