@@ -281,6 +281,13 @@ class TailIndex:
         self._n = 0
         self._at: dict[int, tuple] = {}
 
+    def warm(self, n: int) -> None:
+        """Fold the first ``n`` entries now (a forked child that asks for a later point goes on from there)."""
+        n = min(n, len(self.entries))
+        if n > self._n:
+            self._run.feed(self.entries, self._n, n)
+            self._n = n
+
     def at(self, t: int) -> tuple:
         hit = self._at.get(t)
         if hit is not None:

@@ -444,6 +444,7 @@ class Simulator:
                     src_history.catch_up(live["engine"].store.conn)
                 if self.share_replay:
                     self._refresh_prefix(prefix, live["engine"], src_history.last_seq.get(self.scn.workflow_id, 0))
+                    tails.get(self._ref.ledger.entries).warm(len(ledger.entries))  # (forked recoveries start from it)
             if n not in todo:
                 return
             where = f"{kind} {label}"
