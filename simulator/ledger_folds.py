@@ -73,9 +73,6 @@ class EvalFold:
             r = self.base.get(key)
         return _EMPTY if r is None else r
 
-    def has(self, key: tuple) -> bool:
-        return key in self.rec or (self.base is not None and key in self.base)
-
     def feed(self, e: dict, seq: int) -> None:
         kind = e["kind"]
         if self.pending:
@@ -183,14 +180,14 @@ class StepsFold:
 class LedgerFold:
     """Both folds: ``lines()`` = ``check_evaluations(...) + check_steps(...)`` of the entries fed."""
 
-    __slots__ = ("ev", "st", "fed")
+    __slots__ = ("ev", "st")
 
     def __init__(self, scn, wf: str | None) -> None:
-        self.ev, self.st, self.fed = EvalFold(scn, wf), StepsFold(), 0
+        self.ev, self.st = EvalFold(scn, wf), StepsFold()
 
     def fork(self) -> "LedgerFold":
         out = LedgerFold.__new__(LedgerFold)
-        out.ev, out.st, out.fed = self.ev.fork(), self.st.fork(), self.fed
+        out.ev, out.st = self.ev.fork(), self.st.fork()
         return out
 
     def feed(self, entries: list[dict], start: int = 0, stop: int | None = None, seq_base: int | None = None):
@@ -201,11 +198,7 @@ class LedgerFold:
             e = entries[i]
             ev.feed(e, e["seq"] if seq_base is None else seq_base + i - start)
             st.feed(e)
-        self.fed += max(0, stop - start)
         return self
-
-    def clean(self) -> bool:
-        return self.ev.clean() and not self.st.lines
 
     def lines(self) -> list[str]:
         return self.ev.lines() + list(self.st.lines)
