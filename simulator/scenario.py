@@ -387,12 +387,15 @@ class SnapshotHome:
 
     def adopt(self, state: tuple | None) -> None:
         """The folder as a forked recovery left it (None: unknown, e.g. the child died: made anew)."""
-        if state is None or (state[0] is not None and state[0] != self.home):
+        if state is None:
             self.drop()
         elif state[0] is None:  # the child kept it for a mismatch, or gave it up
             self.home = None
-        else:
-            self._seen, self._own = state[1], state[2]
+        elif self.home is None or state[0] == self.home:  # (the child may have made it)
+            self.home, self._seen, self._own = state
+        else:  # not expected: neither folder is known to be the source's
+            remove_home(state[0])
+            self.drop()
 
     def release(self) -> None:
         """Leave the folder as it is (kept for a mismatch); the next snapshot makes a new one."""

@@ -130,9 +130,11 @@ def test_at_100_segments_converged_recoveries_are_the_runs_that_ran_to_the_end()
     segment and near the end, each recovered by dedup (stopped at convergence, spliced) and run
     again literally from the start; the two agree run for run, and the splices happened."""
     seen: dict[str, dict] = {"rerun": {}, "dedup": {}}
+    homes: dict[str, set] = {"rerun": set(), "dedup": set()}
 
     def record(mode):
         def on_outcome(what, kills, o):
+            homes[mode].add(o.home)
             if what == "kill":
                 seen[mode][kills[0]] = (o.state, o.result, [(e.type, e.time, e.attrs) for e in o.events],
                                         _merged(o.ledger.entries))
@@ -161,6 +163,9 @@ def test_at_100_segments_converged_recoveries_are_the_runs_that_ran_to_the_end()
     for k in picks:
         assert seen["rerun"][k] == seen["dedup"][k], f"position {k}: {sim.where(k)}"
     assert sim.stats["converged"] >= 3 and sim.stats["checked splices"] >= 1 and sim.stats["shared replays"] >= 40
+    # the first recovery made the reused snapshot folder in a forked child; the others took it over from
+    # there, and it is gone after the sweep
+    assert len(homes["dedup"]) == 1 and not [h for h in homes["dedup"] | homes["rerun"] if h.exists()]
 
 
 class _Leaky:
