@@ -134,9 +134,10 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     python meta kernels) are run when first touched instead of at import
     (about a third of `import torch`); the 'ready' line's "torch_defer" field
     says which. TINYLLM_TORCH_DEFER=0 imports torch as it is. Torch's native
-    libraries load while the spec is validated, in parallel (its
-    "torch_preload" field); TINYLLM_TORCH_PRELOAD=0 loads them at the
-    import instead. Same results either way.
+    libraries load while the spec is validated, in parallel, when a CPU
+    is free for it (its "torch_preload" field); TINYLLM_TORCH_PRELOAD=0
+    loads them at the import instead, =1 in parallel whatever the load.
+    Same results either way.
     """
     import signal
 

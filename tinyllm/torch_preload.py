@@ -31,8 +31,12 @@ when it loads), so the CLI chooses it first, with the thread count read from the
 Used only where it was checked: CPython on Linux, torch ``TORCH_VERSION`` built for CPU (read from
 torch/version.py before any import), ``TORCH_USE_RTLD_GLOBAL`` unset (torch then loads differently),
 torch not imported yet, not a distributed spec (its ranks share the CPUs: nothing to overlap).
-``TINYLLM_TORCH_PRELOAD=0`` turns it off. The 'ready' progress line says what was done
-(``"torch_preload"``: enabled, reason, the load's and the helper's seconds).
+And only where a CPU is free for the second thread (the kernel's runnable tasks, sampled as
+tinyllm/omp.py does, leave room for 2): on a machine whose other CPU is busy the two threads only
+take turns, and measured at load ~2 that was 0.1-0.2 s slower, not faster (bench/restart.py).
+``TINYLLM_TORCH_PRELOAD=0`` turns it off, ``=1`` uses it whatever the load (``auto``, the default:
+as above). The 'ready' progress line says what was done and why (``"torch_preload"``: enabled,
+reason, the load's and the helper's seconds).
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ import threading
 import time
 from typing import Any, Callable
 
-ENV = "TINYLLM_TORCH_PRELOAD"  # "0": torch's libraries load at `import torch`, as usual
+ENV = "TINYLLM_TORCH_PRELOAD"  # "0": torch's libraries load at `import torch`, as usual; "1": always; "auto"
 TORCH_VERSION = "2.13.0"  # what the loading order below was checked against (pinned in constraints.txt)
 # C extension modules `tinyllm train` imports before torch (through pydantic, importlib.metadata, the
 # spec models, tinyllm.ddp_launch/progress), imported before the load so the helper never waits for it
@@ -118,10 +122,12 @@ def _torch_files() -> tuple[dict[str, str] | None, str]:
     return {"global_deps": deps, "torch._C": c_spec.origin}, ""
 
 
-def plan(spec_path: str, env=os.environ, modules=sys.modules) -> int | None:
+def plan(spec_path: str, env=os.environ, modules=sys.modules, busy: Callable[[], float | None] | None = None,
+         cpus: int | None = None) -> int | None:
     """The train spec's ``threads`` (read from its JSON, for the OpenMP policy) where the preload applies,
     else None (``status()`` says why). Never raises: the spec's own validation reports a bad spec."""
-    if env.get(ENV, "1") == "0":
+    mode = env.get(ENV, "auto").strip()
+    if mode == "0":
         return _set(False, f"{ENV}=0")
     if sys.implementation.name != "cpython" or not sys.platform.startswith("linux"):
         return _set(False, f"{sys.implementation.name} on {sys.platform} (checked on CPython, Linux)")
@@ -146,6 +152,13 @@ def plan(spec_path: str, env=os.environ, modules=sys.modules) -> int | None:
     files, why = _torch_files()
     if files is None:
         return _set(False, why)
+    if mode != "1":  # auto: two threads at once pay only where a CPU is free for the second one
+        from . import omp
+
+        others, cpus = (busy or omp.busy_tasks)(), cpus or omp.cpu_count()
+        if others is None or others + 2 > cpus:
+            return _set(False, f"{'unknown' if others is None else f'{others:g}'} other runnable tasks + 2 threads "
+                               f"exceed {cpus} CPUs (nothing to overlap; {ENV}=1 forces it)")
     _paths.clear()
     _paths.update(files)
     _set(True, f"torch {TORCH_VERSION} (cpu)")

@@ -49,7 +49,8 @@ def test_a_resumed_trainer_defers_and_trains_bit_for_bit_as_with_it_off(home, tm
     write_spec(spec, steps=3, checkpoint_every=1)
     off_home = tmp_path / "off"
     shutil.copytree(home, off_home)  # the same checkpoint at step 2, resumed both ways
-    on_result, on = run_python(TRAIN, str(spec), str(home), str(home / "p.jsonl"))
+    on_result, on = run_python(TRAIN, str(spec), str(home), str(home / "p.jsonl"),
+                               TINYLLM_TORCH_PRELOAD="1")  # whatever the load
     off_result, off = run_python(TRAIN, str(off_home / "s.json"), str(off_home), str(off_home / "p.jsonl"),
                                  TINYLLM_TORCH_DEFER="0", TINYLLM_TORCH_PRELOAD="0")  # and torch_preload.py off
     assert on_result["resumed_from"] == off_result["resumed_from"] == "runs/small/ckpt/step-000002"

@@ -48,7 +48,8 @@ def until_loaded(spec, home) -> tuple[dict, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "TINYLLM_"))}
     # importing tinyllm decides with OMP_NUM_THREADS threads: 1000 never fit (PASSIVE); libgomp prints
     # the policy it loaded with (OMP_DISPLAY_ENV): ACTIVE only if the CLI chose for the spec's 1 thread first
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1000", OMP_DISPLAY_ENV="verbose")
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1000", OMP_DISPLAY_ENV="verbose",
+               TINYLLM_TORCH_PRELOAD="1")  # whatever the machine's load (auto: tested below)
     out = subprocess.run([sys.executable, "-c", UNTIL_LOADED, str(spec), str(home)], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -95,8 +96,20 @@ def test_plan_reads_the_threads_or_the_specs_default(tmp_path):
 
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"name": "x", "steps": 1}))
-    assert torch_preload.plan(str(path), env={}, modules={}) == TrainSpec.model_fields["threads"].default
+    on = {torch_preload.ENV: "1"}
+    assert torch_preload.plan(str(path), env=on, modules={}) == TrainSpec.model_fields["threads"].default
     path.write_text(json.dumps({"name": "x", "steps": 1, "threads": 3}))
-    assert torch_preload.plan(str(path), env={}, modules={}) == 3
+    assert torch_preload.plan(str(path), env=on, modules={}) == 3
     assert torch_preload.status()["enabled"] is True
-    assert torch_preload.plan(str(path), env={}, modules={"torch": object()}) is None  # too late
+    assert torch_preload.plan(str(path), env=on, modules={"torch": object()}) is None  # too late
+
+
+def test_auto_preloads_only_where_a_cpu_is_free_for_the_second_thread(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"name": "x", "steps": 1, "threads": 2}))
+    assert torch_preload.plan(str(path), env={}, modules={}, busy=lambda: 0.0, cpus=2) == 2
+    assert torch_preload.plan(str(path), env={}, modules={}, busy=lambda: 1.0, cpus=2) is None
+    assert "1 other runnable tasks + 2 threads exceed 2 CPUs" in torch_preload.status()["reason"]
+    assert torch_preload.plan(str(path), env={}, modules={}, busy=lambda: None, cpus=8) is None  # unknown
+    assert torch_preload.plan(str(path), env={}, modules={}, busy=lambda: 1.0, cpus=4) == 2
+    assert torch_preload.plan(str(path), env={torch_preload.ENV: "1"}, modules={}, busy=lambda: 9.0, cpus=2) == 2
