@@ -13,7 +13,7 @@ libgomp reads ``OMP_WAIT_POLICY`` once, when it loads with torch, so the choice 
 So: ``ACTIVE`` when the CPUs this process may use have room for its threads besides the tasks
 running now, else ``PASSIVE``. ACTIVE comes with ``GOMP_SPINCOUNT=300000`` (libgomp's default
 spin for an unset policy, about 3 ms, then sleep), not plain ACTIVE's minutes of spinning. "Running now" is the kernel's count of runnable tasks
-(``procs_running`` in /proc/stat), the fewest of a few readings over a few milliseconds, less this process;
+(``procs_running`` in /proc/stat), the median of a few readings over a few milliseconds, less this process;
 not the load average, which still counts the trainer a restart replaces for a minute after it died.
 
 An explicit setting always wins: ``OMP_WAIT_POLICY`` (or ``GOMP_SPINCOUNT``) in the environment,
@@ -72,12 +72,12 @@ def read_procs_running(path: str = "/proc/stat") -> int | None:
 
 
 def busy_tasks(read=read_procs_running, samples: int = SAMPLES, gap_s: float = SAMPLE_GAP_S) -> float | None:
-    """Runnable tasks other than this process: the fewest of ``samples`` readings ``gap_s`` apart.
+    """Runnable tasks other than this process: the median of ``samples`` readings ``gap_s`` apart.
 
-    A CPU-bound competitor (another trainer, a build) is runnable at every reading; a task that only
-    woke up for a moment (a kernel worker flushing the last checkpoint, a shell, a monitor) is not,
-    and on a 2-CPU machine one such task in the readings' median chose PASSIVE, 3x slower per step
-    there (bench/train.py), for the whole process's life.
+    The median, not the fewest: processes started together (a launcher's ranks, a test's trainers) are
+    each other's competitors while one of them blocks for a moment; the fewest reading then saw a free
+    CPU that was not free, spun, and starved the rest (suspected in a CI run where four trainers
+    started together and a test's poller missed its kill).
     """
     seen = []
     for i in range(samples):
@@ -87,7 +87,8 @@ def busy_tasks(read=read_procs_running, samples: int = SAMPLES, gap_s: float = S
         seen.append(max(0, n - SELF_TASKS))
         if i + 1 < samples:
             time.sleep(gap_s)
-    return float(min(seen))
+    seen.sort()
+    return float(seen[len(seen) // 2])
 
 
 def choose(busy: float | None, cpus: int, threads: int) -> tuple[str, str]:

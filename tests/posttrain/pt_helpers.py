@@ -91,12 +91,15 @@ def write_spec(home: Path, spec: dict) -> Path:
     return p
 
 
-def tinyllm_popen(home: Path, spec: dict, progress: Path | None = None, env: dict | None = None) -> subprocess.Popen:
+def tinyllm_popen(home: Path, spec: dict, progress: Path | None = None, env: dict | None = None,
+                  nice: int = 0) -> subprocess.Popen:
+    """``nice`` > 0: the trainer yields the CPUs to this test process (a poller that must see a step
+    before the run ends); scheduling only, never the numbers."""
     args = [sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(write_spec(home, spec)), "--home", str(home)]
     if progress is not None:
         args += ["--progress", str(progress)]
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
 
 def frames(home: Path, name: str) -> list[dict]:

@@ -32,10 +32,10 @@ def test_choose_spins_only_where_every_thread_has_a_free_cpu(busy, cpus, threads
     assert omp.choose(busy, cpus, threads)[0] == policy
 
 
-def test_busy_tasks_is_the_fewest_readings_less_this_process():
+def test_busy_tasks_is_the_median_reading_less_this_process():
     assert omp.busy_tasks(fake_load(1, 1, 9, 1, 1), gap_s=0) == 0  # one spike is not a busy machine
-    assert omp.busy_tasks(fake_load(2, 2, 1, 2, 2), gap_s=0) == 0  # nor a task awake for 4 of 5 readings
-    assert omp.busy_tasks(fake_load(3, 4, 3, 3, 3), gap_s=0) == 2  # a competitor runnable at every reading
+    assert omp.busy_tasks(fake_load(2, 2, 1, 2, 1), gap_s=0) == 1  # a competitor that blocked for a moment still is
+    assert omp.busy_tasks(fake_load(3, 4, 3, 1, 3), gap_s=0) == 2
     assert omp.busy_tasks(fake_load(None), gap_s=0) is None  # no /proc: unknown, so PASSIVE
     assert omp.read_procs_running("/nonexistent/stat") is None
     assert omp.read_procs_running() >= 1  # the real /proc/stat counts at least this process
