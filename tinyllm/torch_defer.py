@@ -50,6 +50,7 @@ It is applied only where what it relies on holds: torch ``TORCH_VERSION`` (read 
 """
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import os
@@ -209,17 +210,31 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _torch_version() -> str | None:
-    """torch's version from its version.py, without importing torch."""
+@functools.lru_cache(maxsize=1)
+def torch_version_file() -> tuple[str, str] | None:
+    """(torch's package folder, the text of its version.py), without importing torch; None if unreadable.
+    Read once per process (torch_preload checks the same file)."""
     spec = importlib.machinery.PathFinder.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return None
+    root = list(spec.submodule_search_locations)[0]
     try:
-        with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py"), encoding="utf-8") as f:
-            m = re.search(r"^__version__\s*=\s*['\"]([^'\"+]+)", f.read(), re.M)
+        with open(os.path.join(root, "version.py"), encoding="utf-8") as f:
+            return root, f.read()
     except OSError:
         return None
+
+
+def version_in(text: str) -> str | None:
+    """``__version__`` in a torch/version.py text, without a local suffix (``+cpu``)."""
+    m = re.search(r"^__version__\s*=\s*['\"]([^'\"+]+)", text, re.M)
     return m.group(1) if m else None
+
+
+def _torch_version() -> str | None:
+    """torch's version from its version.py, without importing torch."""
+    found = torch_version_file()
+    return version_in(found[1]) if found else None
 
 
 def install() -> dict:

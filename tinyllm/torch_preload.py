@@ -98,18 +98,15 @@ def status() -> dict:
 def _torch_files() -> tuple[dict[str, str] | None, str]:
     """(paths of libtorch_global_deps.so and torch._C's file, "") where torch is the checked CPU build,
     else (None, why not); nothing is imported."""
-    spec = importlib.machinery.PathFinder.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return None, "torch not found"
-    root = list(spec.submodule_search_locations)[0]
-    try:
-        with open(os.path.join(root, "version.py"), encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
-        return None, "torch/version.py unreadable"
-    version = re.search(r"^__version__\s*=\s*['\"]([^'\"+]+)", text, re.M)
-    if version is None or version.group(1) != TORCH_VERSION:
-        return None, f"torch {version.group(1) if version else '?'} (checked against {TORCH_VERSION})"
+    from .torch_defer import torch_version_file, version_in
+
+    found = torch_version_file()
+    if found is None:
+        return None, "torch not found, or its version.py unreadable"
+    root, text = found
+    version = version_in(text)
+    if version != TORCH_VERSION:
+        return None, f"torch {version or '?'} (checked against {TORCH_VERSION})"
     for accelerator in ("cuda", "hip", "xpu"):  # a GPU build loads its own libraries first (torch/__init__.py)
         if not re.search(rf"^{accelerator}\s*(:[^=]*)?=\s*None\s*$", text, re.M):
             return None, f"torch built for {accelerator}"
