@@ -14,6 +14,9 @@ interleaved with the engine's work: every ``--probe-every`` activities the activ
   activities/s, raw commits/s in the same slices, the ratio, COMMITs per activity;
 - WAL pages one sequential activity's COMMIT writes (a raw commit writes 1), and the fdatasyncs per COMMIT
   that follow from it (the COMMIT's own, and 2 per automatic checkpoint of 1,000 pages);
+- a projection in plain SQLite (not the engine): one sequential activity's writes (delete one open-activity
+  row, insert the next, insert 3 events) on today's events layout and on two others, WAL pages per COMMIT
+  and COMMITs/s as a ratio of raw commits interleaved with them (the lever a schema change would pull);
 - process CPU time per sequential activity beside a raw commit's (load-independent where wall time is not);
 - where one sequential activity's time goes on /dev/shm: an exclusive stopwatch over SQL (by statement),
   the workflow code and replayer, building the new rows, JSON, event checksums, the activity call (``phases``);
@@ -161,6 +164,69 @@ def wal_pages_per_commit(path: str, n: int = 200) -> float:
     commits = eng.store.commits - c0
     eng.close()
     return frames / commits
+
+
+LAYOUTS = {
+    "today (rowid events + UNIQUE(workflow_id, seq))": "CREATE TABLE events (workflow_id TEXT NOT NULL, seq INTEGER "
+    "NOT NULL, type TEXT, time REAL, attrs TEXT, crc INTEGER, UNIQUE (workflow_id, seq))",
+    "events keyed rowid = workflow number << 32 | seq": "CREATE TABLE events (workflow_id TEXT NOT NULL, seq INTEGER "
+    "NOT NULL, type TEXT, time REAL, attrs TEXT, crc INTEGER)",
+    "WITHOUT ROWID events keyed (workflow_id, seq)": "CREATE TABLE events (workflow_id TEXT NOT NULL, seq INTEGER "
+    "NOT NULL, type TEXT, time REAL, attrs TEXT, crc INTEGER, PRIMARY KEY (workflow_id, seq)) WITHOUT ROWID",
+}
+EVENT_BYTES = (110, 330, 120)  # attrs of a completed, scheduled, started event of the chain (about)
+
+
+def layout_writes(path: str, ddl: str, n: int, raw: Raw | None = None) -> tuple[float, float, float | None, float]:
+    """A sequential activity's writes replayed in plain SQLite on one events layout (what an engine COMMIT
+    does: delete the open-activity row, insert the next, insert 3 events), after an older workflow of
+    ``WARMUP`` activities whose name sorts after this one (as in ``wal_pages_per_commit``): (WAL pages per
+    COMMIT with checkpoints off, then COMMITs/s of another such workflow with checkpoints on and the log
+    written over, raw commits/s in the same slices when ``raw``, process CPU seconds per COMMIT). A projection of a schema change, not
+    the engine."""
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("PRAGMA journal_mode=WAL")
+    c.execute("PRAGMA synchronous=FULL")
+    c.execute("CREATE TABLE activities (workflow_id TEXT, activity_id TEXT, body TEXT, "
+              "PRIMARY KEY (workflow_id, activity_id)) WITHOUT ROWID")
+    c.execute(ddl)
+    keyed = "UNIQUE" not in ddl and "WITHOUT ROWID" not in ddl  # the integer-keyed layout: rowid given
+    pages = rate = raw_rate = cpu_s = None
+    for num, (wf, count) in enumerate((("warm", WARMUP), ("pages", n), ("rate", n)), 1):
+        if wf == "pages":  # every frame kept: the log's frame count is the pages written
+            c.execute("PRAGMA wal_autocheckpoint=0")
+            c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if wf == "rate":  # checkpoints back on; the log, grown by "pages", is written over, not grown
+            c.execute("PRAGMA wal_autocheckpoint=1000")
+            if raw is not None:
+                raw.reset()
+        c.execute("INSERT INTO activities VALUES (?,?,?)", (wf, "a0", "x" * 300))
+        seq, spent, cpu = 0, 0.0, 0.0
+        for i in range(count):
+            if wf == "rate" and raw is not None and i % 20 == 0:
+                raw.commit(20)
+            t0, c0 = time.perf_counter(), time.process_time()
+            c.execute("BEGIN IMMEDIATE")
+            c.execute("DELETE FROM activities WHERE workflow_id=? AND activity_id=?", (wf, f"a{i}"))
+            c.execute("INSERT INTO activities VALUES (?,?,?)", (wf, f"a{i + 1}", "x" * 300))
+            for typ, size in zip(("completed", "scheduled", "started"), EVENT_BYTES):
+                seq += 1
+                row = (wf, seq, "activity_" + typ, 1.7e9 + seq, "y" * size, 123456789)
+                if keyed:
+                    c.execute("INSERT INTO events(rowid, workflow_id, seq, type, time, attrs, crc) "
+                              "VALUES (?,?,?,?,?,?,?)", ((num << 32) | seq, *row))
+                else:
+                    c.execute("INSERT INTO events VALUES (?,?,?,?,?,?)", row)
+            c.execute("COMMIT")
+            spent += time.perf_counter() - t0
+            cpu += time.process_time() - c0
+        if wf == "pages":
+            (_, frames, _) = c.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            pages = frames / count
+        if wf == "rate":
+            rate, raw_rate, cpu_s = count / spent, (raw.rate() if raw is not None else None), cpu / count
+    c.close()
+    return pages, rate, raw_rate, cpu_s
 
 
 def cpu_per_activity(path: str, raw: Raw, n: int) -> tuple[float, float]:
@@ -358,6 +424,14 @@ def main() -> None:
         pages = wal_pages_per_commit(os.path.join(d, 'pages.db'))
         print(f"WAL pages written per sequential activity's COMMIT:  {pages:5.2f}  (a raw commit: 1); fdatasyncs per"
               f" COMMIT: 1 + 2 per checkpoint of 1,000 pages = {1 + 2 * pages / 1000:.3f} (raw: 1.002)")
+        for k, (name, ddl) in enumerate(LAYOUTS.items()):  # a projection: plain SQLite, not the engine
+            got = [layout_writes(os.path.join(d, f"layout{k}-{rep}.db"), ddl, args.activities, raw)
+                   for rep in range(args.repeat)]
+            pages = statistics.median(g[0] for g in got)
+            ratio = statistics.median(g[1] / g[2] for g in got)
+            cpu_s = statistics.median(g[3] for g in got)
+            print(f"  projection, plain SQLite, {name:48s} {pages:5.2f} WAL pages/COMMIT, {ratio:4.2f} of raw "
+                  f"commits/s, {cpu_s * 1e6:4.0f} us CPU/COMMIT (median of {args.repeat})")
         cpu, raw_cpu = cpu_per_activity(os.path.join(d, "cpu.db"), raw, args.activities)
         print(f"CPU per sequential activity (process time, inline): {cpu * 1e6:6.0f} us  (a raw commit: "
               f"{raw_cpu * 1e6:.0f} us; {cpu / raw_cpu:.1f}x; the fsyncs' kernel time included)")
