@@ -150,7 +150,7 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     home_dir = resolve_home(home)
     threads = torch_preload.plan(spec_path)  # the spec's threads from its JSON; None: no preload
     if threads is not None:  # the wait policy before libgomp loads (with torch's libraries, next)
-        omp.configure(threads=threads)
+        omp.configure(threads=threads, adapt=True)
     # the spec is read (pydantic, its models, validation) in a helper thread while this one loads
     # torch's native libraries (tinyllm/torch_preload.py); a bad spec's error is raised below
     read = torch_preload.while_loading(lambda: _read_train_spec(spec_path))
@@ -162,7 +162,7 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
         from .progress import ProgressFile
 
         if threads is None:
-            omp.configure(threads=spec.threads)  # before torch loads: the wait policy for the spec's threads
+            omp.configure(threads=spec.threads, adapt=True)  # before torch: threads (at most the spec's) and policy
         assert threads in (None, spec.threads), (threads, spec.threads)
 
         liveness = ProgressFile(progress if _RANK is None or _RANK.rank == 0 else None)

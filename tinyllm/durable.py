@@ -74,8 +74,9 @@ EXIT_BAD_INPUT = 2
 EXIT_LOCKED = 75
 EXIT_CANCELED = 130
 # Spec keys that may change between a checkpoint and its resume (the rest is the trajectory).
+# threads: tinyllm's numerics are thread-invariant (tinyllm/model.py), so a resume may use another count.
 NON_TRAJECTORY_KEYS = frozenset({"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every",
-                                 "trainer"})
+                                 "trainer", "threads"})
 FINGERPRINT_ENV = "DURABLE_FINGERPRINT"
 FAULT_ENV = "DURABLE_FAULT"
 

@@ -25,7 +25,57 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+        return _LayerNorm.apply(x, self.weight, self.bias)
+
+
+# PyTorch's CPU reductions split a reduction to ONE value over >= 32768 elements into per-thread
+# partial sums (at::internal::GRAIN_SIZE), so its bits depend on the thread count; a reduction to many
+# values is split by output, each output summed by one thread in a fixed order. Every reduction of
+# the model and the objectives is of the second kind (or below the size), which makes training
+# bitwise the same for any ``torch.set_num_threads`` (tests/tinyllm/test_threads.py).
+SERIAL_SUM_MAX = 4096  # a full sum of at most this many elements never splits (well under 32768)
+ROW = 1024  # larger sums are taken per row of this many elements first
+
+
+def invariant_sum(v: torch.Tensor) -> torch.Tensor:
+    """The sum of all of ``v``'s elements, the same bits for any thread count: rows of ``ROW`` elements
+    (zero-padded: adding +0.0 changes no sum) summed first, then those sums, until few enough."""
+    v = v.reshape(-1)
+    while v.numel() > SERIAL_SUM_MAX:
+        pad = (-v.numel()) % ROW
+        if pad:
+            v = F.pad(v, (0, pad))
+        v = v.view(-1, ROW).sum(1)
+    return v.sum()
+
+
+def invariant_mean(v: torch.Tensor) -> torch.Tensor:
+    return invariant_sum(v) / v.numel()
+
+
+class _LayerNorm(torch.autograd.Function):
+    """``F.layer_norm`` with native forward and input gradient, but its weight/bias gradients as a sum
+    over rows per channel (split across threads by channel): the native CPU backward sums them in
+    per-thread partial buffers, the one thread-dependent gradient of this GPT."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        C = x.shape[-1]
+        out, mean, rstd = torch.ops.aten.native_layer_norm(x, [C], weight, bias, 1e-5)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        C = x.shape[-1]
+        dx, _, _ = torch.ops.aten.native_layer_norm_backward(
+            dy, x, [C], mean, rstd, weight, bias, [True, False, False])
+        xhat = (x - mean) * rstd
+        dw = (dy * xhat).reshape(-1, C).sum(0)  # (C,): each channel's rows summed by one thread
+        db = dy.reshape(-1, C).sum(0) if ctx.has_bias else None
+        return dx, dw, db
 
 
 class CausalSelfAttention(nn.Module):
@@ -116,5 +166,6 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
+        # the mean over B*T tokens as invariant_mean (a plain mean splits across threads from 32768 tokens)
+        per_token = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+        return logits, invariant_mean(per_token)

@@ -18,8 +18,13 @@ not the load average, which still counts the trainer a restart replaces for a mi
 
 An explicit setting always wins: ``OMP_WAIT_POLICY`` (or ``GOMP_SPINCOUNT``) in the environment,
 or ``TINYLLM_OMP_WAIT_POLICY=ACTIVE|PASSIVE|auto``. The policy changes only how idle threads wait,
-never the arithmetic: results are bit-identical under either (tests/tinyllm/test_omp.py). The
-thread count is the spec's ``threads``, a trajectory field (it changes the bits), never chosen here.
+never the arithmetic: results are bit-identical under either (tests/tinyllm/test_omp.py).
+
+The thread count of ``tinyllm train`` is chosen here too (``configure(adapt=True)``): the spec's
+``threads`` is the most it uses; with fewer CPUs free it uses fewer, down to 1; ``TINYLLM_THREADS=N``
+pins it. It changes speed only: the model's reductions are thread-invariant (tinyllm/model.py) and
+MKL runs in strict CNR mode (``MKL_CBWR=AUTO,STRICT``), so any count gives the same bits
+(tests/tinyllm/test_threads.py). Each segment is a new process, so each resume decides again.
 
 Limit: the choice holds for the process's life. A machine that becomes busy later keeps spinning
 threads until the process ends (``ctl train`` starts a new one per segment, which decides again);
@@ -39,6 +44,11 @@ OVERRIDE_ENV = "TINYLLM_OMP_WAIT_POLICY"  # ACTIVE | PASSIVE | auto (the default
 # inherits exactly that decides again for itself (a worker's choice at its start says nothing about
 # the machine when it starts a trainer); a value the user set differs from it and wins.
 MARK_ENV = "TINYLLM_OMP_AUTO"
+# MKL's strict conditional numerical reproducibility: its gemm then gives the same bits for any thread
+# count (without it, 3 threads differ from 1 and 2 at 40,960 tokens; with it 1 and 2 keep today's bits).
+# Read once when MKL loads with torch, so set here with the wait policy; a user's MKL_CBWR wins.
+CBWR_ENV = "MKL_CBWR"
+CBWR = "AUTO,STRICT"
 POLICIES = ("ACTIVE", "PASSIVE")
 # ACTIVE alone spins an idle thread for about 5 minutes (libgomp's figure) after each parallel
 # region: through checkpoint writes, evaluations, waits. libgomp's own default for an unset policy
@@ -102,6 +112,36 @@ def choose(busy: float | None, cpus: int, threads: int) -> tuple[str, str]:
     return "PASSIVE", f"{busy:g} other runnable tasks + {threads} threads exceed {cpus} CPUs"
 
 
+THREADS_ENV = "TINYLLM_THREADS"  # N pins the training thread count; auto (the default): chosen by load
+
+
+def choose_threads(busy: float | None, cpus: int, most: int) -> tuple[int, str]:
+    """(threads, reason): at most ``most``, only as many as the CPUs have room for beside ``busy``
+    other runnable tasks, at least 1. On a loaded machine more threads than free CPUs are slower than
+    one (2 threads were 0.79x of 1 on a loaded 2-core machine). The count never changes the bits."""
+    assert cpus >= 1 and most >= 1, (cpus, most)
+    if busy is None:
+        return most, "machine load unknown: the spec's threads"
+    free = int(cpus - busy)
+    n = max(1, min(most, free))
+    return n, f"{busy:g} other runnable tasks on {cpus} CPUs leave {max(free, 0)} free; at most {most}"
+
+
+def pinned_threads(env=os.environ) -> int | None:
+    """TINYLLM_THREADS=N (N >= 1): the thread count the user pinned; None for auto (or unset)."""
+    raw = env.get(THREADS_ENV, "auto").strip()
+    if raw.lower() in ("", "auto"):
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        print(f"tinyllm: warning: {THREADS_ENV}={raw!r} is not a positive integer or auto; using auto", file=sys.stderr)
+        return None
+    return n
+
+
 def default_threads(env=os.environ) -> int:
     """The thread count torch will start with: OMP_NUM_THREADS, else one per CPU."""
     try:
@@ -119,19 +159,36 @@ def _marked(env) -> dict[str, str]:
 
 
 def configure(env=os.environ, modules=sys.modules, busy=busy_tasks, cpus: int | None = None,
-              threads: int | None = None) -> dict:
+              threads: int | None = None, adapt: bool = False) -> dict:
     """Set the wait policy in ``env`` unless the user set one; return (and remember) what and why.
+
+    ``adapt`` (``tinyllm train``): ``threads`` is the most to use; the count is chosen by load
+    (``choose_threads``) unless TINYLLM_THREADS pins it, and the wait policy is chosen for that count;
+    ``chosen()`` then reports it and ``train_threads`` returns it.
 
     Called again (the CLI does, with the spec's ``threads``) before torch is imported, it decides
     again; once torch is imported it only says what libgomp was given.
     """
     global _CHOSEN
     cpus = cpus or cpu_count()
+    if "torch" not in modules:
+        env.setdefault(CBWR_ENV, CBWR)
     threads = threads or default_threads(env)
+    plan: dict = {}
+    if adapt:
+        most, pin = threads, pinned_threads(env)
+        if pin is not None:
+            threads, why = pin, f"{THREADS_ENV}={pin}"
+        else:
+            seen = busy()
+            busy = lambda: seen  # noqa: E731  (one sample decides both the count and the policy)
+            threads, why = choose_threads(seen, cpus, most)
+        plan = {"threads": threads, "threads_max": most, "threads_reason": why}
     if "torch" in modules:
         if not _CHOSEN.get("before_torch"):
             _CHOSEN = {"wait_policy": env.get(POLICY_ENV) or "(libgomp's default)",
                        "reason": "torch was imported before tinyllm", "cpus": cpus}
+        _CHOSEN.update(plan)
         return chosen(threads)
     ours = _marked(env)
     user = {k: env[k] for k in (POLICY_ENV, SPIN_ENV) if env.get(k) and env[k] != ours.get(k)}
@@ -155,12 +212,21 @@ def configure(env=os.environ, modules=sys.modules, busy=busy_tasks, cpus: int | 
     _CHOSEN = {"wait_policy": policy, "reason": reason, "cpus": cpus, "before_torch": True}
     if env.get(SPIN_ENV):
         _CHOSEN["spin_count"] = env[SPIN_ENV]
+    _CHOSEN["mkl_cbwr"] = env.get(CBWR_ENV, "")
+    _CHOSEN.update(plan)
     return chosen(threads)
+
+
+def train_threads(most: int) -> int:
+    """The thread count ``configure(adapt=True)`` chose for training, else ``most`` (the spec's)."""
+    if _CHOSEN.get("threads_max") != most:  # chosen for another spec (in-process callers), or not at all
+        return most
+    return int(_CHOSEN["threads"])
 
 
 def chosen(threads: int | None = None) -> dict:
     """What ``configure`` chose (for the progress 'ready' line), with the threads actually in use."""
     out = {k: v for k, v in _CHOSEN.items() if k != "before_torch"}
-    if threads is not None:
+    if threads is not None and "threads" not in out:
         out["threads"] = threads
     return out

@@ -77,7 +77,7 @@ class TrainSpec(_Strict):
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
     beta2: float = Field(0.95, ge=0.0, lt=1.0)
     grad_clip: float = Field(1.0, ge=0.0)  # 0 disables clipping
-    threads: int = Field(TRAIN_THREADS_DEFAULT, ge=1, le=1024)  # torch intra-op threads; fixed for bitwise repeatability
+    threads: int = Field(TRAIN_THREADS_DEFAULT, ge=1, le=1024)  # the most torch threads training uses: fewer when the CPUs are busy, TINYLLM_THREADS=N pins (same bits)
     log_every: int = Field(10, ge=1)  # console progress line every this many steps
     model: ModelConfig = ModelConfig()
     validation: ValidationConfig | None = None  # held-out validation during training (opt-in)

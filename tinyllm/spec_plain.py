@@ -8,4 +8,4 @@ class SpecError(ValueError):
     """A spec that cannot be used; the message is one line naming the problem."""
 
 
-TRAIN_THREADS_DEFAULT = 2  # TrainSpec.threads: torch intra-op threads; fixed for bitwise repeatability
+TRAIN_THREADS_DEFAULT = 2  # TrainSpec.threads: the most torch threads training uses (tinyllm/omp.py chooses by load)

@@ -132,7 +132,7 @@ class Trainer:
         self.lock_file = runlock.acquire(self.run_dir, self.spec.name)
 
     def _build(self) -> None:
-        torch.set_num_threads(self.spec.threads)
+        torch.set_num_threads(omp.train_threads(self.spec.threads))  # by load, at most the spec's: same bits
         use_deterministic_algorithms()
         defer_dynamo_in_optimizers()  # same optimizer; dynamo's import (seconds) skipped
         torch.manual_seed(self.spec.seed)
@@ -275,7 +275,7 @@ class Trainer:
         fields = {"step": self.step, "loss": None if math.isnan(self.loss) else self.loss,
                   "last_checkpoint": self.rel(self.last_path)}
         if event == "ready":  # the OpenMP wait policy this process runs with, and why (tinyllm/omp.py)
-            fields["omp"] = omp.chosen(self.spec.threads)
+            fields["omp"] = omp.chosen(omp.train_threads(self.spec.threads))
             fields["torch_defer"] = torch_defer.status()  # torch modules not run yet (tinyllm/torch_defer.py)
             fields["torch_preload"] = torch_preload.status()  # libraries loaded early (tinyllm/torch_preload.py)
         if event is None:

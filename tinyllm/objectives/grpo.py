@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..spec import SpecError
+from ..model import invariant_sum
 from ..validation.rewards import score
 from .common import Objective, Timer, optimizer_update, pack, token_logps
 from .data import JsonlFile, check_prompts_disjoint, cursor_indices, load_prompts
@@ -44,10 +45,10 @@ def clipped_objective(new_logp: torch.Tensor, old_logp: torch.Tensor, adv: torch
     ratio = torch.exp(new_logp - old_logp)
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     per_token = -torch.minimum(ratio * adv, clipped * adv)
-    n = mask.sum()
-    loss = (per_token * mask).sum() / n
-    clip_ratio = (((ratio - clipped).abs() > 0).float() * mask).sum() / n
-    return loss, clip_ratio.detach(), ((ratio * mask).sum() / n).detach()
+    n = invariant_sum(mask)  # sums as invariant_sum: the same bits for any thread count (tinyllm/model.py)
+    loss = invariant_sum(per_token * mask) / n
+    clip_ratio = invariant_sum(((ratio - clipped).abs() > 0).float() * mask) / n
+    return loss, clip_ratio.detach(), (invariant_sum(ratio * mask) / n).detach()
 
 
 def k3_kl(new_logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -142,7 +143,7 @@ class GRPOObjective(Objective):
             m = mask[idx]
             loss, clip_ratio, ratio = clipped_objective(new, ro.old_logps[idx], adv[idx], m, cfg.clip_eps)
             if ref_logp is not None:
-                kl = (k3_kl(new, ref_logp[idx]) * m).sum() / m.sum()
+                kl = invariant_sum(k3_kl(new, ref_logp[idx]) * m) / invariant_sum(m)
                 if cfg.kl_beta > 0:
                     loss = loss + cfg.kl_beta * kl
                 kls.append(float(kl.detach()))

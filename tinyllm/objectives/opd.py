@@ -22,6 +22,7 @@ import time
 import torch
 
 from ..spec import SpecError
+from ..model import invariant_sum
 from .common import pack, token_logps
 from .grpo import GRPOObjective
 from .init import load_frozen
@@ -68,5 +69,5 @@ class OPDObjective(GRPOObjective):
         timer.add("teacher", t0)
         reverse_kl = (rollouts.old_logps - teacher_logp) * mask
         adv = -(reverse_kl - loo_baseline(reverse_kl, mask, self.cfg.n_generation))
-        return adv, {"train/teacher_kl": float(reverse_kl.sum() / mask.sum())}
+        return adv, {"train/teacher_kl": float(invariant_sum(reverse_kl) / invariant_sum(mask))}
 

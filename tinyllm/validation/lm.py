@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from ..model import invariant_sum
 
 IGNORE = -1
 
@@ -60,9 +61,9 @@ def loss_sums(model: torch.nn.Module, wins: list[tuple[np.ndarray, np.ndarray]],
         x = torch.from_numpy(np.stack([w[0] for w in chunk])).to(device)
         y = torch.from_numpy(np.stack([w[1] for w in chunk])).to(device)
         logits, _ = model(x)
-        loss_sum = F.cross_entropy(
-            logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE, reduction="sum"
-        )
+        loss_sum = invariant_sum(F.cross_entropy(  # ignored targets give 0; the sum is thread-invariant
+            logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE, reduction="none"
+        ))
         total += float(loss_sum)
         count += int((y != IGNORE).sum())
         batches += 1
