@@ -13,7 +13,11 @@
 4. start-up: process start (Popen) to the first step's metrics frame, fresh and resumed
    (bench/restart.py breaks the resumed figure down).
 
-Usage: python bench/train.py [--steps 40] [--reps 3] [--spec FILE] [--nanogpt DIR] [--only throughput]
+5. the loaded case: N busy-loop processes (``--load``, default one per CPU) while tinyllm picks its
+   thread count and policy itself, vs 1 thread and vs the spec's threads pinned (TINYLLM_THREADS).
+
+Usage: python bench/train.py [--steps 40] [--reps 3] [--spec FILE] [--nanogpt DIR] [--only throughput|loaded]
+       [--load N]
 The default shape is nanoGPT's CPU recipe for tiny Shakespeare (4 layers, 4 heads, 128 wide,
 block 64, batch 12, dropout 0, torch's default thread count).
 """
@@ -119,17 +123,22 @@ def run_child(args) -> None:
     import tinyllm  # noqa: F401  (before torch: the OpenMP policy, as the CLI does)
     from tinyllm import omp
 
-    omp.configure(threads=_spec(args).threads)  # as `tinyllm train` does before torch (import alone reads once)
+    # as `tinyllm train` does before torch: the thread count (at most the spec's) and the policy by load
+    omp.configure(threads=_spec(args).threads, adapt=args.child == "tinyllm")
 
     times = {"plain": child_plain, "tinyllm": child_tinyllm}[args.child](args)[WARMUP_STEPS - 1:]
-    print(json.dumps({"median_s": statistics.median(times), "steps": len(times), "omp": omp.chosen(_spec(args).threads)}))
+    print(json.dumps({"median_s": statistics.median(times), "steps": len(times),
+                      "omp": omp.chosen(omp.train_threads(_spec(args).threads))}))
 
 
 # -- the parent ----------------------------------------------------------------------------
 
 def measure(args, home: Path, what: str, policy: str | None, threads: int | None = None) -> dict:
-    """One child process: ``policy`` None leaves OMP_WAIT_POLICY unset, so tinyllm chooses."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    """One child process: ``policy`` None leaves OMP_WAIT_POLICY unset, so tinyllm chooses; ``threads``
+    None lets tinyllm choose its count by load (at most the spec's), else pins it (TINYLLM_THREADS)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_THREADS")}
+    if threads:
+        env["TINYLLM_THREADS"] = str(threads)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if policy is not None:
         env["OMP_WAIT_POLICY"] = policy
@@ -257,6 +266,47 @@ def first_step_latency(home: Path, spec_file: Path) -> tuple[float, int]:
     return new[0]["time"] - t0, new[0]["step"]
 
 
+def _busy_loop() -> None:
+    while True:
+        pass
+
+
+def loaded(args, home: Path) -> None:
+    """The loaded case in one run: ``--load N`` busy-loop processes (default: one per CPU) run while
+    tinyllm picks its threads and policy itself, against 1 thread and against the spec's threads
+    pinned, alternating ``--reps`` times."""
+    import multiprocessing as mp
+
+    n = args.load or len(os.sched_getaffinity(0))
+    most = _spec(args).threads
+    busy = [mp.Process(target=_busy_loop, daemon=True) for _ in range(n)]
+    for b in busy:
+        b.start()
+    try:
+        time.sleep(1.0)  # the busy loops are runnable before the first child samples the load
+        configs = [("tinyllm", None, None), ("tinyllm", None, 1), ("tinyllm", None, most)]
+        results: dict[tuple, list[dict]] = {c: [] for c in configs}
+        for rep in range(args.reps):
+            for c in configs:
+                got = measure(args, home, *c)
+                results[c].append(got)
+                print(f"  loaded run {rep + 1}: threads={c[2] or 'own choice'}: {1000 * got['median_s']:.1f} ms/step "
+                      f"-> {got['omp'].get('threads')} threads, {got['omp']['wait_policy']} (load {load_str()})")
+    finally:
+        for b in busy:
+            b.terminate()
+        for b in busy:
+            b.join()
+    ms = {c: 1000 * statistics.median(r["median_s"] for r in rs) for c, rs in results.items()}
+    own, one, pinned = ms[configs[0]], ms[configs[1]], ms[configs[2]]
+    picked = sorted({r["omp"].get("threads") for r in results[configs[0]]})
+    print(f"loaded: {n} busy-loop processes on {len(os.sched_getaffinity(0))} CPUs, median of {args.reps} runs x "
+          f"{args.steps} steps")
+    print(f"  own choice ({picked} threads of at most {most}): {own:6.1f} ms; 1 thread {one:6.1f} ms; "
+          f"{most} threads pinned {pinned:6.1f} ms")
+    print(f"  own choice vs 1 thread: {one / own:.3f}x the speed (aim >= 1); vs {most} pinned: {pinned / own:.3f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", default=None, help="train spec (default: nanoGPT's CPU recipe; specs/tiny.json for "
@@ -264,7 +314,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="timed steps per throughput run (after 5 warm-up)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--nanogpt", default=None, help="a nanoGPT checkout with data/shakespeare_char prepared")
-    ap.add_argument("--only", choices=["throughput", "checkpoints"], default=None)
+    ap.add_argument("--only", choices=["throughput", "loaded", "checkpoints"], default=None)
+    ap.add_argument("--load", type=int, default=None, help="busy-loop processes for the loaded case (default: CPUs)")
     ap.add_argument("--child", choices=["plain", "tinyllm"], help=argparse.SUPPRESS)
     ap.add_argument("--home", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
@@ -282,6 +333,8 @@ def main() -> None:
           f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     if args.only in (None, "throughput"):
         throughput(args, home)
+    if args.only in (None, "loaded"):
+        loaded(args, home)
     if args.only in (None, "checkpoints"):
         checkpointing_and_startup(args, home)
 

@@ -122,12 +122,14 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     (gloo on CPU); this process launches them and reports for all of them (tinyllm/ddp_launch.py).
 
     \b
-    Speed: torch's OpenMP threads (the spec's `threads`) spin while waiting
-    (OMP_WAIT_POLICY=ACTIVE, full speed) when the machine has a free CPU for
-    each of them, else sleep (PASSIVE, safe when CPUs are busy); chosen at
-    start and said in the --progress 'ready' line (its "omp" field). Set
-    OMP_WAIT_POLICY (or TINYLLM_OMP_WAIT_POLICY=ACTIVE|PASSIVE|auto) to choose
-    yourself. Either policy gives bit-identical results.
+    Speed: the spec's `threads` is the most torch threads training uses; at
+    start it uses as many as the machine has free CPUs for (at least 1), and
+    they spin while waiting (OMP_WAIT_POLICY=ACTIVE, full speed) when each has
+    a free CPU, else sleep (PASSIVE, safe when CPUs are busy); both said in
+    the --progress 'ready' line (its "omp" field). TINYLLM_THREADS=N pins the
+    count; OMP_WAIT_POLICY (or TINYLLM_OMP_WAIT_POLICY=ACTIVE|PASSIVE|auto)
+    the policy. Any count and either policy give bit-identical results, so a
+    resume may run with another count (each segment decides again).
 
     \b
     Start-up: torch's modules that only tracing uses (torch.export, the

@@ -66,7 +66,7 @@ def test_an_explicit_user_setting_wins_over_the_load():
             assert e["OMP_WAIT_POLICY"] == policy
     e = {"GOMP_SPINCOUNT": "1000"}  # the user's spin count: left alone, no policy added
     got = configure(e, load=0)
-    assert e == {"GOMP_SPINCOUNT": "1000"} and "GOMP_SPINCOUNT=1000 set in the environment" in got["reason"]
+    assert e == {"GOMP_SPINCOUNT": "1000", "MKL_CBWR": "AUTO,STRICT"} and "GOMP_SPINCOUNT=1000 set in the environment" in got["reason"]
 
 
 def test_a_child_decides_again_unless_the_user_changed_what_the_parent_chose():
