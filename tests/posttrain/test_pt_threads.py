@@ -1,13 +1,35 @@
 """Each post-training objective gives the same bits for 1, 2 and 3 torch threads (the count is
-chosen by load at each start, tinyllm/omp.py; a spec's threads is only the most it uses)."""
+chosen by load at each start, tinyllm/omp.py; a spec's threads is only the most it uses).
+
+Each kind trains in a child process that imports tinyllm before torch, as ``tinyllm train`` does:
+MKL's strict CNR mode (MKL_CBWR, tinyllm/omp.py) is read when torch loads, and this pytest process
+may have loaded torch first (then MKL's gemm differs at 3 threads)."""
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+HERE = Path(__file__).resolve().parent
+CHILD = r"""
+import json, sys
+import tinyllm  # before torch
 from pt_helpers import copy_home, spec, train_inprocess
+from test_pt_threads import bigger
+pt_home, tmp, kind = sys.argv[1:4]
+got = {}
+for t in (1, 2, 3):
+    r = train_inprocess(copy_home(Path(pt_home), Path(tmp) / f"home{t}"), bigger(spec(kind), t))
+    got[t] = [r["final_loss_hex"], r["digest"]]
+print(json.dumps(got))
+""".replace("import json, sys", "import json, sys\nfrom pathlib import Path")
 
 
-def _bigger(d: dict, threads: int) -> dict:
+def bigger(d: dict, threads: int) -> dict:
     """10 steps (AdamW's first updates are about sign(g): a last-bit gradient difference hides there)
     and, for the RL objectives, more and longer rollouts, so LayerNorm sums over enough rows."""
     d = {**d, "threads": threads, "steps": 10}
@@ -21,9 +43,11 @@ def _bigger(d: dict, threads: int) -> dict:
 
 @pytest.mark.parametrize("kind", ["dpo", "grpo", "opd"])
 def test_objective_is_the_same_bits_for_1_2_3_threads(pt_home, tmp_path, kind):
-    got = {}
-    for t in (1, 2, 3):
-        home = copy_home(pt_home, tmp_path / f"home{t}")
-        r = train_inprocess(home, _bigger(spec(kind), t))
-        got[t] = (r["final_loss_hex"], r["digest"])
-    assert got[2] == got[1] and got[3] == got[1], got
+    repo = str(HERE.parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), repo, os.environ.get("PYTHONPATH", "")])}
+    env.pop("MKL_CBWR", None)
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(pt_home), str(tmp_path), kind], capture_output=True,
+                          text=True, env=env, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["2"] == got["1"] and got["3"] == got["1"], got
