@@ -74,9 +74,9 @@ EXIT_BAD_INPUT = 2
 EXIT_LOCKED = 75
 EXIT_CANCELED = 130
 # Spec keys that may change between a checkpoint and its resume (the rest is the trajectory).
-# threads: tinyllm's numerics are thread-invariant (tinyllm/model.py), so a resume may use another count.
+# "threads" stays a trajectory key here: a user's own loop is not thread-invariant as tinyllm's model is.
 NON_TRAJECTORY_KEYS = frozenset({"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every",
-                                 "trainer", "threads"})
+                                 "trainer"})
 FINGERPRINT_ENV = "DURABLE_FINGERPRINT"
 FAULT_ENV = "DURABLE_FAULT"
 
