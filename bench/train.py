@@ -124,21 +124,23 @@ def run_child(args) -> None:
     from tinyllm import omp
 
     # as `tinyllm train` does before torch: the thread count (at most the spec's) and the policy by load
-    omp.configure(threads=_spec(args).threads, adapt=args.child == "tinyllm")
+    most = _spec(args).threads
+    omp.configure(threads=most, adapt=args.child == "tinyllm")
 
     times = {"plain": child_plain, "tinyllm": child_tinyllm}[args.child](args)[WARMUP_STEPS - 1:]
     print(json.dumps({"median_s": statistics.median(times), "steps": len(times),
-                      "omp": omp.chosen(omp.train_threads(_spec(args).threads))}))
+                      "omp": omp.chosen(omp.train_threads(most))}))
 
 
 # -- the parent ----------------------------------------------------------------------------
 
 def measure(args, home: Path, what: str, policy: str | None, threads: int | None = None) -> dict:
     """One child process: ``policy`` None leaves OMP_WAIT_POLICY unset, so tinyllm chooses; ``threads``
-    None lets tinyllm choose its count by load (at most the spec's), else pins it (TINYLLM_THREADS)."""
+    None with ``policy`` None lets tinyllm choose its count by load (at most the spec's); else it is pinned
+    (TINYLLM_THREADS: ``threads``, or the spec's under a forced policy)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_THREADS")}
-    if threads:
-        env["TINYLLM_THREADS"] = str(threads)
+    if threads or policy is not None:  # a forced policy is a controlled run: the count the plain loop uses
+        env["TINYLLM_THREADS"] = str(threads or _spec(args).threads)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if policy is not None:
         env["OMP_WAIT_POLICY"] = policy
@@ -183,7 +185,7 @@ def throughput(args, home: Path) -> None:
             results[c].append(measure(args, home, *c))
             got = results[c][-1]
             said = f" -> {got['omp']['wait_policy']} ({got['omp']['reason']})" if c[1] is None else ""
-            print(f"  run {rep + 1}: {c[0]} policy={c[1] or 'own choice'} threads={c[2] or 'spec'}: "
+            print(f"  run {rep + 1}: {c[0]} policy={c[1] or 'own choice'} threads={c[2] or ('spec' if c[1] else 'own choice')}: "
                   f"{1000 * got['median_s']:.1f} ms/step (load {load_str()}){said}")
         if args.nanogpt:
             nano.append(measure_nanogpt(args))
