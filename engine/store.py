@@ -72,9 +72,9 @@ class Store:
                 raise BadInput(f"engine database {path!r}: cannot switch to WAL mode (got {mode})")
             conn.execute("PRAGMA synchronous = FULL")
             self._migrate(conn)
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # (see _unreadable)
             conn.close()
-            raise BadInput(f"engine database {path!r} is corrupt or unreadable: {e} (left untouched)") from None
+            raise BadInput(f"engine database {path!r} is corrupt or unreadable: {_unreadable(e)} (left untouched)") from None
         except BaseException:
             conn.close()
             raise
@@ -248,8 +248,8 @@ def damage_report(conn: sqlite3.Connection, limit: int = 5) -> list[str]:
     """SQLite's own integrity check: [] when the file is sound, else its first problems."""
     try:
         rows = conn.execute(f"PRAGMA integrity_check({int(limit)})").fetchall()
-    except sqlite3.DatabaseError as e:
-        return [str(e)]
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+        return [_unreadable(e)]
     problems = [str(r[0]) for r in rows]
     return [] if problems == ["ok"] else problems
 
@@ -282,8 +282,9 @@ def open_readonly(path: str, busy_timeout_s: float, check) -> sqlite3.Connection
         if "unable to open" not in str(e) or (os.path.exists(wal) and os.path.getsize(wal) > 0):
             raise BadInput(f"cannot read engine database {path!r} read-only: {e} (left untouched)") from None
         conn = _connect_checked(uri + "&immutable=1", busy_timeout_s)  # nobody can be writing it
-    except sqlite3.DatabaseError as e:
-        raise BadInput(f"engine database {path!r} is not an SQLite database or is damaged: {e} (left untouched)") from None
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+        raise BadInput(f"engine database {path!r} is not an SQLite database or is damaged: {_unreadable(e)} "
+                       "(left untouched)") from None
     try:
         check(conn)
         v = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
@@ -291,13 +292,21 @@ def open_readonly(path: str, busy_timeout_s: float, check) -> sqlite3.Connection
             raise BadInput(f"engine database {path!r} has schema version {v}; open it once where it is writable "
                            f"(any ctl train) to upgrade it to {schema.VERSION}")
         conn.execute("PRAGMA query_only = 1")
-    except sqlite3.DatabaseError as e:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
         conn.close()
-        raise BadInput(f"engine database {path!r} is damaged: {e} (left untouched)") from None
+        raise BadInput(f"engine database {path!r} is damaged: {_unreadable(e)} (left untouched)") from None
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _unreadable(e: BaseException) -> str:
+    """What SQLite said; a ``UnicodeDecodeError`` is Python failing to decode SQLite's own message, which
+    quotes a damaged schema entry (e.g. ``malformed database schema (ev\x80nts)``)."""
+    if isinstance(e, UnicodeDecodeError):
+        return "its schema is damaged (SQLite's message about it is not UTF-8 text)"
+    return str(e)
 
 
 def _connect_checked(uri: str, busy_timeout_s: float) -> sqlite3.Connection:

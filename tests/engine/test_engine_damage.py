@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from engine import Engine
+from engine import Engine, VirtualClock
 from engine.errors import BadInput, DamagedRecord
 from engine.store import Store
 
@@ -125,3 +125,22 @@ def test_events_read_as_text_give_what_reading_them_as_bytes_gives(tmp_path, att
                 got.append(str(e))
         conn.close()
         assert got[0] == got[1]
+
+
+def test_a_damaged_schema_name_is_a_clear_refusal_not_a_traceback(tmp_path):
+    """A byte of a table's name in the schema turned into one that is not UTF-8: SQLite refuses the schema
+    with a message quoting that name, which Python cannot decode (a UnicodeDecodeError, found by
+    tests/ctl/test_badinput_fuzz.py); both ways of opening say the database is damaged, and leave it."""
+    path = tmp_path / "engine.db"
+    Engine(str(path), clock=VirtualClock(start=1.0)).close()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"tableeventsevents") + len(b"tableev")
+    raw[at] = 0x80
+    path.write_bytes(bytes(raw))
+    for readonly in (True, False):
+        with pytest.raises(BadInput, match="damaged"):
+            Store(str(path), readonly=readonly)
+    assert path.read_bytes() == bytes(raw)
