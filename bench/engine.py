@@ -15,9 +15,15 @@ interleaved with the engine's work: every ``--probe-every`` activities the activ
 - WAL pages one sequential activity's COMMIT writes (a raw commit writes 1), and the fdatasyncs per COMMIT
   that follow from it (the COMMIT's own, and 2 per automatic checkpoint of 1,000 pages);
 - a projection in plain SQLite (not the engine): one sequential activity's writes (delete one open-activity
-  row, insert the next, insert 3 events) on today's events layout and on two others, WAL pages per COMMIT
-  and COMMITs/s as a ratio of raw commits interleaved with them (the lever a schema change would pull);
-- process CPU time per sequential activity beside a raw commit's (load-independent where wall time is not);
+  row, insert the next, insert 3 events) on the events layouts of schema 4 (today's), an integer-keyed one
+  (tried as schema 5 on branch engsch, not landed: it cuts sequential pages but writes 2.6x the pages under
+  concurrent workflows) and a WITHOUT ROWID one, WAL pages per COMMIT and COMMITs/s as a ratio of raw commits interleaved with them: what SQLite
+  itself reaches doing the engine's writes, without the engine's Python;
+- process CPU time per sequential activity beside a raw commit's (load-independent where wall time is not),
+  and the ratio a simple model gives: an activity takes a raw commit's wall time plus the engine's CPU beyond
+  the commit's own (spent between commits, so it adds to the wait); the same on /dev/shm, and on /dev/shm
+  with each activity sleeping 100 us (one blocking wait per activity, as each COMMIT's fsync is on disk):
+  on a VM whose idle CPU halts, the engine's CPU grows with that wait, not with the disk;
 - where one sequential activity's time goes on /dev/shm: an exclusive stopwatch over SQL (by statement),
   the workflow code and replayer, building the new rows, JSON, event checksums, the activity call (``phases``);
 - a 1-activity workflow: median ms per workflow with ``start`` + ``run_until_complete`` and with
@@ -167,9 +173,9 @@ def wal_pages_per_commit(path: str, n: int = 200) -> float:
 
 
 LAYOUTS = {
-    "today (rowid events + UNIQUE(workflow_id, seq))": "CREATE TABLE events (workflow_id TEXT NOT NULL, seq INTEGER "
+    "schema 4, today (rowid events + UNIQUE(workflow_id, seq))": "CREATE TABLE events (workflow_id TEXT NOT NULL, seq INTEGER "
     "NOT NULL, type TEXT, time REAL, attrs TEXT, crc INTEGER, UNIQUE (workflow_id, seq))",
-    "events keyed rowid = workflow number << 32 | seq": "CREATE TABLE events (workflow_id TEXT NOT NULL, seq INTEGER "
+    "integer key (workflow number << 32 | seq, no index)": "CREATE TABLE events (workflow_id TEXT NOT NULL, seq INTEGER "
     "NOT NULL, type TEXT, time REAL, attrs TEXT, crc INTEGER)",
     "WITHOUT ROWID events keyed (workflow_id, seq)": "CREATE TABLE events (workflow_id TEXT NOT NULL, seq INTEGER "
     "NOT NULL, type TEXT, time REAL, attrs TEXT, crc INTEGER, PRIMARY KEY (workflow_id, seq)) WITHOUT ROWID",
@@ -229,10 +235,10 @@ def layout_writes(path: str, ddl: str, n: int, raw: Raw | None = None) -> tuple[
     return pages, rate, raw_rate, cpu_s
 
 
-def cpu_per_activity(path: str, raw: Raw, n: int) -> tuple[float, float]:
+def cpu_per_activity(path: str, raw: Raw, n: int) -> tuple[float, float, float]:
     """Process CPU seconds per sequential no-op activity (inline, no probes) and per raw commit, each
     over its whole loop (SQLite's and the kernel's share of the commits included): steadier than wall
-    time on a shared machine."""
+    time on a shared machine; then the raw commits' wall seconds each."""
     eng = _engine(path, True, Probe(None, 1, 0))
     c0 = time.process_time()
     eng.start("chain", "cpu", n)
@@ -240,8 +246,38 @@ def cpu_per_activity(path: str, raw: Raw, n: int) -> tuple[float, float]:
     engine_cpu = (time.process_time() - c0) / n
     eng.close()
     c0 = time.process_time()
-    raw.commit(n)
-    return engine_cpu, (time.process_time() - c0) / n
+    wall = raw.commit(n)
+    return engine_cpu, (time.process_time() - c0) / n, wall / n
+
+
+class _Nap:
+    """An activity that sleeps ``wait_s`` (a blocking wait, as an fsync is, with no disk behind it)."""
+
+    def __init__(self, wait_s: float):
+        self.wait_s = wait_s
+
+    def __call__(self, ctx, x):
+        time.sleep(self.wait_s)
+        return x
+
+
+def cpu_per_waiting_activity(path: str, n: int, wait_s: float) -> float:
+    """Process CPU seconds per sequential inline activity that sleeps ``wait_s``, less what ``n`` such sleeps
+    cost alone: on memory, the engine's CPU when each activity also waits once (as on disk each COMMIT's
+    fsync does). On this project's VM that CPU was 2-3x the no-wait figure, like the disk's: the cost is
+    the wait (the CPU going idle and coming back), not the disk or the instructions (callgrind: equal)."""
+    c0 = time.process_time()
+    for _ in range(n):
+        time.sleep(wait_s)
+    alone = time.process_time() - c0
+    eng = _engine(path, True, Probe(None, 1, 0))
+    eng.register_activity("noop", _Nap(wait_s))
+    c0 = time.process_time()
+    eng.start("chain", "nap", n)
+    eng.run_until_complete("nap")
+    cpu = time.process_time() - c0
+    eng.close()
+    return (cpu - alone) / n
 
 
 class _Stopwatch:
@@ -432,17 +468,27 @@ def main() -> None:
             cpu_s = statistics.median(g[3] for g in got)
             print(f"  projection, plain SQLite, {name:48s} {pages:5.2f} WAL pages/COMMIT, {ratio:4.2f} of raw "
                   f"commits/s, {cpu_s * 1e6:4.0f} us CPU/COMMIT (median of {args.repeat})")
-        cpu, raw_cpu = cpu_per_activity(os.path.join(d, "cpu.db"), raw, args.activities)
+        cpu, raw_cpu, raw_wall = cpu_per_activity(os.path.join(d, "cpu.db"), raw, args.activities)
         print(f"CPU per sequential activity (process time, inline): {cpu * 1e6:6.0f} us  (a raw commit: "
               f"{raw_cpu * 1e6:.0f} us; {cpu / raw_cpu:.1f}x; the fsyncs' kernel time included)")
+        extra = cpu - raw_cpu  # the engine's CPU beyond the commit's own, spent between commits (serial)
+        print(f"  model: a raw commit takes {raw_wall * 1e6:.0f} us wall ({raw_cpu / raw_wall:.0%} CPU); an activity that "
+              f"long plus the engine's {extra * 1e6:.0f} us of CPU beyond it gives a ratio of "
+              f"{raw_wall / (raw_wall + extra):.2f}; 0.75 needs that extra CPU at most {raw_wall / 3 * 1e6:.0f} us")
         if os.path.isdir("/dev/shm"):  # memory: no fsync, the engine's own CPU (best of 3)
             with tempfile.TemporaryDirectory(dir="/dev/shm") as m:
                 shm_raw = Raw(os.path.join(m, "raw.db"))
                 got = [cpu_per_activity(os.path.join(m, f"cpu{k}.db"), shm_raw, args.activities) for k in range(3)]
                 shm_raw.c.close()
-            cpu, raw_cpu = min(c for c, _ in got), min(r for _, r in got)
+            cpu, raw_cpu = min(g[0] for g in got), min(g[1] for g in got)
             print(f"  the same on /dev/shm (no fsync), best of 3:        {cpu * 1e6:6.0f} us  (a raw commit: "
                   f"{raw_cpu * 1e6:.0f} us; {cpu / raw_cpu:.1f}x)")
+            with tempfile.TemporaryDirectory(dir="/dev/shm") as m:
+                nap = min(cpu_per_waiting_activity(os.path.join(m, f"nap{k}.db"), args.activities, 100e-6)
+                          for k in range(3))
+            print(f"  on /dev/shm, each activity sleeping 100 us, best of 3: {nap * 1e6:4.0f} us  (beyond the sleeps' own "
+                  f"CPU; {nap / cpu:.1f}x the no-wait figure: what one blocking wait per activity costs the "
+                  f"engine's CPU here)")
         if os.path.isdir("/dev/shm"):
             with tempfile.TemporaryDirectory(dir="/dev/shm") as m:
                 plain_s, watched_s, split = phases(os.path.join(m, "ph.db"), args.activities)
