@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import checkpoint as ckpt
-from . import faults, omp, retention, runlock, torch_defer, torch_preload
+from . import faults, heap, omp, retention, runlock, torch_defer, torch_preload
 from .corpus import open_corpus
 from .ddp_launch import check_world_size
 from .data import TokenStream
@@ -133,6 +133,7 @@ class Trainer:
 
     def _build(self) -> None:
         torch.set_num_threads(omp.train_threads(self.spec.threads))  # by load, at most the spec's: same bits
+        heap.keep_freed_memory()  # no page faults per step (tinyllm/heap.py): same bits
         use_deterministic_algorithms()
         defer_dynamo_in_optimizers()  # same optimizer; dynamo's import (seconds) skipped
         torch.manual_seed(self.spec.seed)
@@ -278,6 +279,7 @@ class Trainer:
             fields["omp"] = omp.chosen(omp.train_threads(self.spec.threads))
             fields["torch_defer"] = torch_defer.status()  # torch modules not run yet (tinyllm/torch_defer.py)
             fields["torch_preload"] = torch_preload.status()  # libraries loaded early (tinyllm/torch_preload.py)
+            fields["heap"] = heap.status()  # freed memory kept for the next step (tinyllm/heap.py)
         if event is None:
             self.progress_file.tick(**fields)
         else:
