@@ -63,6 +63,19 @@ def trajectory_fields(spec: TrainSpec) -> dict:
     return fields
 
 
+def make_optimizer(model: torch.nn.Module, spec: TrainSpec) -> torch.optim.AdamW:
+    """AdamW in two groups (weight decay on matrices only). ``foreach=True``: on CPU the same per-tensor
+    kernels in the same order as ``foreach=False`` (bitwise the same steps, tests/tinyllm/test_optimizer.py),
+    looped in C++ instead of Python (about 0.5 ms of a 40-70 ms step). ``fused=True`` is faster again
+    but rounds differently (its bits differ), so it is not used."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr_at(0, spec), betas=(spec.beta1, spec.beta2), foreach=True,
+    )
+
+
 class TrainerHooks:
     """No-op hooks; validation (tinyllm/validation) subclasses this."""
 
@@ -138,12 +151,7 @@ class Trainer:
         defer_dynamo_in_optimizers()  # same optimizer; dynamo's import (seconds) skipped
         torch.manual_seed(self.spec.seed)
         self.model = GPT(self.spec.model)
-        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
-        no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=lr_at(0, self.spec), betas=(self.spec.beta1, self.spec.beta2), foreach=False,
-        )
+        self.optimizer = make_optimizer(self.model, self.spec)
         self.step, self.cursor, self.loss = 0, 0, float("nan")
         if self.objective is not None:
             self.objective.attach(self)  # init_from weights; reference, teacher, rollout module
@@ -169,6 +177,8 @@ class Trainer:
             self.objective.check_identity(manifest.get("meta", {}).get("posttrain"), self.resumed_from)
         self.model.load_state_dict(components["model"])
         self.optimizer.load_state_dict(components["optimizer"])
+        for group in self.optimizer.param_groups:  # a checkpoint saved before foreach was on: same bits, faster
+            group["foreach"] = True
         torch.set_rng_state(state["torch_rng"])
         self.step, self.cursor, self.loss = state["step"], state["cursor"], state["loss"]
         self.resume_marker = components.get("validation")  # a validation journal's pending marker
