@@ -283,6 +283,8 @@ class Trainer:
 
     def _liveness(self, event: str | None = None) -> None:
         """A liveness line (tinyllm/progress.py): ``event`` now, else a timed ``progress`` line."""
+        if event is None and not self.progress_file.due():
+            return  # called every step: its fields (two path resolutions) only when a line is written
         fields = {"step": self.step, "loss": None if math.isnan(self.loss) else self.loss,
                   "last_checkpoint": self.rel(self.last_path)}
         if event == "ready":  # the OpenMP wait policy this process runs with, and why (tinyllm/omp.py)
