@@ -185,7 +185,11 @@ def measure(args, home: Path, what: str, policy: str | None, threads: int | None
     """One child process: ``policy`` None leaves OMP_WAIT_POLICY unset, so tinyllm chooses; ``threads``
     None with ``policy`` None lets tinyllm choose its count by load (at most the spec's); else it is pinned
     (TINYLLM_THREADS: ``threads``, or the spec's under a forced policy)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_THREADS")}
+    # TINYLLM_OMP_AUTO too: it marks the policy this (parent) process chose for itself at its start; a child
+    # handed exactly that value takes it for tinyllm's own choice and decides again by load, so a forced
+    # PASSIVE ran ACTIVE whenever the parent had chosen PASSIVE (runs with 0 worker sleeps under "PASSIVE")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_THREADS", "TINYLLM_OMP_AUTO")}
     if threads or policy is not None:  # a forced policy is a controlled run: the count the plain loop uses
         env["TINYLLM_THREADS"] = str(threads or _spec(args).threads)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -217,7 +221,8 @@ runpy.run_path("train.py", init_globals={"print": stamped}, run_name="__main__")
 def measure_nanogpt(args, threads: int | None = None) -> dict:
     """nanoGPT's own train.py on the same shape, in the user's environment (policy unset; ``threads``:
     OMP_NUM_THREADS); its median iteration by its own wall figure and by CPU time."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "PYTHONPATH", "TINYLLM_OMP_AUTO")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written into the checkout
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -314,7 +319,7 @@ def cpu_one_thread(args, home: Path) -> None:
 def phases(args, home: Path) -> None:
     """bench/train_phases.py at 1 thread: each phase of tinyllm's step by CPU time, beside nanoGPT's model
     and loop at its 65-character vocabulary and at tinyllm's 256 (the same work), alternating in one process."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_OMP_AUTO")}
     env.update(TINYLLM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
     cmd = [sys.executable, str(REPO / "bench" / "train_phases.py"), str(home), "--steps", str(args.steps)]
     cmd += ["--nanogpt", args.nanogpt] if args.nanogpt else []
