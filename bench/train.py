@@ -7,16 +7,25 @@
    Each figure is its own process (the policy is fixed when libgomp loads), runs alternate
    ``--reps`` times so machine load hits all alike, and each is the median step of a run.
    ``--nanogpt DIR`` also times nanoGPT's own ``train.py`` from a checkout with
-   ``data/shakespeare_char`` prepared (optional; nothing else here needs nanoGPT);
+   ``data/shakespeare_char`` prepared (optional; nothing else here needs nanoGPT). Its model has its
+   data's 65-character vocabulary; tinyllm's tokens are bytes (256), a larger embedding, head and
+   softmax: about 3% more arithmetic per step (``--only phases`` shows both);
 2. checkpoint save time as a fraction of training time, for specs/tiny.json at its cadence;
 3. checkpoint size in bytes per parameter;
 4. start-up: process start (Popen) to the first step's metrics frame, fresh and resumed
    (bench/restart.py breaks the resumed figure down).
 
+1b. (``--only cpu1``) the same at 1 thread by CPU time per step: plain loop, tinyllm, tinyllm with
+   glibc's default heap, nanoGPT's train.py (its CPU time read at each of its "iter" lines). Every
+   child also reports its CPU time, minor page faults and OpenMP worker sleeps per step.
+1c. (``--only phases``) bench/train_phases.py: each phase of one step by CPU time at 1 thread, tinyllm
+   beside nanoGPT's model.py + train.py loop body (at its 65-token vocabulary and at tinyllm's 256).
+
 5. the loaded case: N busy-loop processes (``--load``, default one per CPU) while tinyllm picks its
    thread count and policy itself, vs 1 thread and vs the spec's threads pinned (TINYLLM_THREADS).
 
-Usage: python bench/train.py [--steps 40] [--reps 3] [--spec FILE] [--nanogpt DIR] [--only throughput|loaded]
+Usage: python bench/train.py [--steps 40] [--reps 3] [--spec FILE] [--nanogpt DIR]
+       [--only throughput|cpu1|phases|loaded|checkpoints]
        [--load N]
 The default shape is nanoGPT's CPU recipe for tiny Shakespeare (4 layers, 4 heads, 128 wide,
 block 64, batch 12, dropout 0, torch's default thread count).
@@ -44,6 +53,45 @@ RECIPE = {"name": "nanogpt-recipe", "steps": 40, "corpus": "default", "seed": 7,
 
 # -- child processes: one measurement each, the OpenMP policy fixed by the parent's environment --
 
+class Stamps:
+    """Per step: wall time, this process's CPU time (all threads) and minor page faults; and, over the
+    timed steps only, the voluntary context switches of the threads other than the main one (an OpenMP
+    worker sleeping in the kernel between parallel regions: 0 while it spins through every gap)."""
+
+    def __init__(self, total_steps: int):
+        self.total, self.rows, self.sleeps_at = total_steps, [], {}
+
+    def mark(self) -> None:
+        import resource
+
+        self.rows.append((time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt))
+        if len(self.rows) in (WARMUP_STEPS, self.total):
+            self.sleeps_at[len(self.rows)] = _worker_sleeps()
+
+    def summary(self) -> dict:
+        rows = self.rows[WARMUP_STEPS - 1:]
+        d = [[b[i] - a[i] for a, b in zip(rows, rows[1:])] for i in range(3)]
+        n = len(rows) - 1
+        sleeps = (self.sleeps_at.get(self.total, 0) - self.sleeps_at.get(WARMUP_STEPS, 0)) / n if n > 0 else 0.0
+        return {"median_s": statistics.median(d[0]), "cpu_s": statistics.median(d[1]), "faults": sum(d[2]) / n,
+                "worker_sleeps": sleeps, "steps": n}
+
+
+def _worker_sleeps() -> int:
+    """Voluntary context switches of every thread of this process but the main one."""
+    total = 0
+    for status in Path(f"/proc/{os.getpid()}/task").glob("*/status"):
+        if status.parent.name == str(os.getpid()):
+            continue
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue  # a thread that ended
+    return total
+
+
 def _spec(args):
     from tinyllm.spec import parse_train_spec
 
@@ -55,8 +103,8 @@ def _spec(args):
     return parse_train_spec(data)
 
 
-def child_plain(args) -> list[float]:
-    """The plain loop; per-step seconds."""
+def child_plain(args) -> Stamps:
+    """The plain loop (nanoGPT's train.py loop, tinyllm's GPT)."""
     import numpy as np
     import torch
 
@@ -82,8 +130,7 @@ def child_plain(args) -> list[float]:
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=spec.lr, betas=(spec.beta1, spec.beta2))
     model.train()
-    times, x, y = [], *get_batch()
-    t0 = time.perf_counter()
+    stamps, (x, y) = Stamps(spec.steps), get_batch()
     for step in range(spec.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, spec)
@@ -94,29 +141,27 @@ def child_plain(args) -> list[float]:
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss.item()
-        t1 = time.perf_counter()
-        times.append(t1 - t0)
-        t0 = t1
-    return times
+        stamps.mark()  # the end of each step, as the trainer's frames are
+    return stamps
 
 
-def child_tinyllm(args) -> list[float]:
-    """tinyllm's real Trainer (metrics sinks on, liveness, hooks); per-step seconds between frames."""
+def child_tinyllm(args) -> Stamps:
+    """tinyllm's real Trainer (metrics sinks on, liveness, hooks); timed between frames."""
     from tinyllm.metrics import Reporter, default_reporter
     from tinyllm.trainer import Trainer
 
     spec = _spec(args).model_copy(update={"name": f"bench-{os.getpid()}"})
     trainer = Trainer(spec, Path(args.home))
-    stamps: list[float] = []
+    stamps = Stamps(spec.steps)
 
     class Stamped(Reporter):
         def report(self, step, frame):
             super().report(step, frame)
-            stamps.append(time.perf_counter())
+            stamps.mark()
 
     inner = default_reporter(trainer.run_dir, -1, spec.steps, spec.log_every)
     trainer.run(reporter=Stamped(inner.sinks))
-    return [b - a for a, b in zip(stamps, stamps[1:])]
+    return stamps
 
 
 def run_child(args) -> None:
@@ -127,23 +172,30 @@ def run_child(args) -> None:
     most = _spec(args).threads
     omp.configure(threads=most, adapt=args.child == "tinyllm")
 
-    times = {"plain": child_plain, "tinyllm": child_tinyllm}[args.child](args)[WARMUP_STEPS - 1:]
-    print(json.dumps({"median_s": statistics.median(times), "steps": len(times),
-                      "omp": omp.chosen(omp.train_threads(most))}))
+    stamps = {"plain": child_plain, "tinyllm": child_tinyllm}[args.child](args)
+    from tinyllm import heap
+
+    print(json.dumps({**stamps.summary(), "omp": omp.chosen(omp.train_threads(most)), "heap": heap.status()}))
 
 
 # -- the parent ----------------------------------------------------------------------------
 
-def measure(args, home: Path, what: str, policy: str | None, threads: int | None = None) -> dict:
+def measure(args, home: Path, what: str, policy: str | None, threads: int | None = None,
+            extra_env: dict | None = None) -> dict:
     """One child process: ``policy`` None leaves OMP_WAIT_POLICY unset, so tinyllm chooses; ``threads``
     None with ``policy`` None lets tinyllm choose its count by load (at most the spec's); else it is pinned
     (TINYLLM_THREADS: ``threads``, or the spec's under a forced policy)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_THREADS")}
+    # TINYLLM_OMP_AUTO too: it marks the policy this (parent) process chose for itself at its start; a child
+    # handed exactly that value takes it for tinyllm's own choice and decides again by load, so a forced
+    # PASSIVE ran ACTIVE whenever the parent had chosen PASSIVE (runs with 0 worker sleeps under "PASSIVE")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_THREADS", "TINYLLM_OMP_AUTO")}
     if threads or policy is not None:  # a forced policy is a controlled run: the count the plain loop uses
         env["TINYLLM_THREADS"] = str(threads or _spec(args).threads)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if policy is not None:
         env["OMP_WAIT_POLICY"] = policy
+    env.update(extra_env or {})
     cmd = [sys.executable, __file__, "--child", what, "--home", str(home), "--steps", str(args.steps)]
     cmd += ["--spec", args.spec] if args.spec else []
     cmd += ["--threads", str(threads)] if threads else []
@@ -153,21 +205,41 @@ def measure(args, home: Path, what: str, policy: str | None, threads: int | None
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure_nanogpt(args) -> dict:
-    """nanoGPT's own train.py on the same shape, in the user's environment (policy unset)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "PYTHONPATH")}
+# Runs nanoGPT's train.py unmodified; its "iter N: ..." lines get this process's CPU time appended (its
+# own figure is wall time), through a `print` in its globals.
+NANOGPT_DRIVER = """
+import builtins, runpy, sys, time
+def stamped(*a, **k):
+    if a and isinstance(a[0], str) and a[0].startswith("iter "):
+        a = (a[0] + f" cpu_s={time.process_time():.6f}",) + a[1:]
+    builtins.print(*a, **k)
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", init_globals={"print": stamped}, run_name="__main__")
+"""
+
+
+def measure_nanogpt(args, threads: int | None = None) -> dict:
+    """nanoGPT's own train.py on the same shape, in the user's environment (policy unset; ``threads``:
+    OMP_NUM_THREADS); its median iteration by its own wall figure and by CPU time."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "PYTHONPATH", "TINYLLM_OMP_AUTO")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written into the checkout
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     m = RECIPE["model"]
-    cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
+    cmd = [sys.executable, "-c", NANOGPT_DRIVER, "config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
            "--eval_iters=1", "--log_interval=1", f"--block_size={m['block_size']}", f"--batch_size={RECIPE['batch_size']}",
            f"--n_layer={m['n_layer']}", f"--n_head={m['n_head']}", f"--n_embd={m['n_embd']}", "--dropout=0.0",
            f"--max_iters={args.steps + WARMUP_STEPS}", "--lr_decay_iters=2000", "--eval_interval=100000",
            f"--out_dir={tempfile.mkdtemp(prefix='nanogpt-out-')}"]
     out = subprocess.run(cmd, cwd=args.nanogpt, env=env, capture_output=True, text=True, timeout=1800)
-    pairs = re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", out.stdout, re.M)
-    ms = [float(t) for i, t in pairs if int(i) >= WARMUP_STEPS]
-    if out.returncode != 0 or not ms:
+    rows = [(int(i), float(t), float(c)) for i, t, c in
+            re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms.* cpu_s=([\d.]+)", out.stdout, re.M)]
+    ms = [t for i, t, _ in rows if i >= WARMUP_STEPS]
+    cpu = [b[2] - a[2] for a, b in zip(rows, rows[1:]) if b[0] >= WARMUP_STEPS]
+    if out.returncode != 0 or not ms or not cpu:
         sys.exit(f"bench: nanoGPT's train.py failed:\n{out.stdout[-1000:]}{out.stderr[-2000:]}")
-    return {"median_s": statistics.median(ms) / 1000, "steps": len(ms)}
+    return {"median_s": statistics.median(ms) / 1000, "cpu_s": statistics.median(cpu), "steps": len(ms)}
 
 
 def load_str() -> str:
@@ -186,10 +258,12 @@ def throughput(args, home: Path) -> None:
             got = results[c][-1]
             said = f" -> {got['omp']['wait_policy']} ({got['omp']['reason']})" if c[1] is None else ""
             print(f"  run {rep + 1}: {c[0]} policy={c[1] or 'own choice'} threads={c[2] or ('spec' if c[1] else 'own choice')}: "
-                  f"{1000 * got['median_s']:.1f} ms/step (load {load_str()}){said}")
+                  f"{1000 * got['median_s']:.1f} ms/step, CPU {1000 * got['cpu_s']:.1f} ms, {got['faults']:.0f} faults/step, "
+                  f"{got['worker_sleeps']:.1f} worker sleeps/step (load {load_str()}){said}")
         if args.nanogpt:
             nano.append(measure_nanogpt(args))
-            print(f"  run {rep + 1}: nanoGPT train.py: {1000 * nano[-1]['median_s']:.1f} ms/step (load {load_str()})")
+            print(f"  run {rep + 1}: nanoGPT train.py: {1000 * nano[-1]['median_s']:.1f} ms/step, CPU "
+                  f"{1000 * nano[-1]['cpu_s']:.1f} ms (load {load_str()})")
         loads.append(load_str())
     ms = {c: 1000 * statistics.median(r["median_s"] for r in rs) for c, rs in results.items()}
     auto = [r["omp"] for r in results[("tinyllm", None, None)]]
@@ -208,6 +282,63 @@ def throughput(args, home: Path) -> None:
         n = 1000 * statistics.median(r["median_s"] for r in nano)
         print(f"  nanoGPT train.py (policy unset): {n:6.1f} ms; nanoGPT/tinyllm's choice {n / a:.3f}, "
               f"nanoGPT/tinyllm ACTIVE {n / ms[('tinyllm', 'ACTIVE', None)]:.3f} (aim >= 1.0 when idle)")
+
+
+def cpu_one_thread(args, home: Path) -> None:
+    """At 1 thread, by CPU time per step (process time, median step): the plain loop, tinyllm, tinyllm
+    with glibc's default heap (TINYLLM_KEEP_HEAP=0, tinyllm/heap.py), and nanoGPT's train.py
+    (OMP_NUM_THREADS=1), alternating ``--reps`` times. One thread has no OpenMP worker to wait for, so
+    the figure is the work of a step; CPU time still grows when other processes share the cores' caches."""
+    configs = [("plain", ()), ("tinyllm", ()), ("tinyllm", (("TINYLLM_KEEP_HEAP", "0"),))]
+    label = {configs[0]: "plain loop", configs[1]: "tinyllm", configs[2]: "tinyllm, heap not kept"}
+    results: dict = {c: [] for c in configs}
+    nano: list[dict] = []
+    loads = [load_str()]
+    for rep in range(args.reps):
+        for c in configs:
+            got = measure(args, home, c[0], "PASSIVE", threads=1, extra_env=dict(c[1]))
+            results[c].append(got)
+            print(f"  1-thread run {rep + 1}: {label[c]}: CPU {1000 * got['cpu_s']:.1f} ms/step, wall {1000 * got['median_s']:.1f} ms, "
+                  f"{got['faults']:.0f} faults/step (load {load_str()})")
+        if args.nanogpt:
+            nano.append(measure_nanogpt(args, threads=1))
+            print(f"  1-thread run {rep + 1}: nanoGPT train.py: CPU {1000 * nano[-1]['cpu_s']:.1f} ms/step, wall "
+                  f"{1000 * nano[-1]['median_s']:.1f} ms (load {load_str()})")
+        loads.append(load_str())
+    cpu = {c: 1000 * statistics.median(r["cpu_s"] for r in rs) for c, rs in results.items()}
+    faults = {c: statistics.median(r["faults"] for r in rs) for c, rs in results.items()}
+    t = cpu[configs[1]]
+    print(f"1 thread, CPU ms per step, median of {args.reps} runs x {args.steps} steps, 1-min load {' -> '.join(loads)}")
+    for c in configs:
+        print(f"  {label[c]:<24}: {cpu[c]:6.1f} ms CPU, {faults[c]:6.0f} faults/step, /tinyllm {cpu[c] / t:.3f}")
+    if nano:
+        n = 1000 * statistics.median(r["cpu_s"] for r in nano)
+        print(f"  {'nanoGPT train.py':<24}: {n:6.1f} ms CPU, /tinyllm {n / t:.3f} (>= 1: tinyllm's step is less work)")
+
+
+def phases(args, home: Path) -> None:
+    """bench/train_phases.py at 1 thread: each phase of tinyllm's step by CPU time, beside nanoGPT's model
+    and loop at its 65-character vocabulary and at tinyllm's 256 (the same work), alternating in one process."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_OMP_AUTO")}
+    env.update(TINYLLM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    cmd = [sys.executable, str(REPO / "bench" / "train_phases.py"), str(home), "--steps", str(args.steps)]
+    cmd += ["--nanogpt", args.nanogpt] if args.nanogpt else []
+    load = load_str()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        sys.exit(f"bench: train_phases failed:\n{out.stderr[-2000:]}")
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    cols = [("tinyllm", got["tinyllm"])] + [(f"nanoGPT V={v}", ph) for v, ph in got["nanogpt"].items()]
+    names = list(dict.fromkeys(k for _, ph in cols for k in ph))
+    print(f"phases: CPU ms per step at 1 thread, median of {args.steps} steps, one process (load {load} -> {load_str()})")
+    print("  " + f"{'phase':<22}" + "".join(f"{c:>15}" for c, _ in cols))
+    for k in names:
+        print("  " + f"{k:<22}" + "".join(f"{ph.get(k, 0.0):15.3f}" for _, ph in cols))
+    sums = [sum(ph.values()) for _, ph in cols]
+    print("  " + f"{'sum':<22}" + "".join(f"{x:15.3f}" for x in sums))
+    print(f"  tinyllm's real train_step + report: {got['tinyllm_real_step_ms']:.3f} ms (the phases' sum: {sums[0]:.3f})")
+    for (c, _), x in zip(cols[1:], sums[1:]):
+        print(f"  {c}/tinyllm: {x / sums[0]:.3f}")
 
 
 def checkpointing_and_startup(args, home: Path) -> None:
@@ -316,7 +447,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="timed steps per throughput run (after 5 warm-up)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--nanogpt", default=None, help="a nanoGPT checkout with data/shakespeare_char prepared")
-    ap.add_argument("--only", choices=["throughput", "loaded", "checkpoints"], default=None)
+    ap.add_argument("--only", choices=["throughput", "cpu1", "phases", "loaded", "checkpoints"], default=None)
     ap.add_argument("--load", type=int, default=None, help="busy-loop processes for the loaded case (default: CPUs)")
     ap.add_argument("--child", choices=["plain", "tinyllm"], help=argparse.SUPPRESS)
     ap.add_argument("--home", help=argparse.SUPPRESS)
@@ -335,6 +466,10 @@ def main() -> None:
           f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     if args.only in (None, "throughput"):
         throughput(args, home)
+    if args.only in (None, "cpu1"):
+        cpu_one_thread(args, home)
+    if args.only in (None, "phases"):
+        phases(args, home)
     if args.only in (None, "loaded"):
         loaded(args, home)
     if args.only in (None, "checkpoints"):

@@ -48,9 +48,13 @@ class ProgressFile:
         """A liveness line now."""
         self.write({"event": event, **fields})
 
+    def due(self) -> bool:
+        """Whether ``tick`` would write a line now (a caller may skip building its fields otherwise)."""
+        return self.path is not None and time.monotonic() - self.last_at >= self.every_s
+
     def tick(self, **fields: Any) -> None:
         """A ``progress`` liveness line, if ``every_s`` passed since the last line of any kind."""
-        if self.path is not None and time.monotonic() - self.last_at >= self.every_s:
+        if self.due():
             self.event("progress", **fields)
 
 

@@ -115,6 +115,7 @@ def test_both_policies_train_bit_for_bit_alike_and_say_which_ran(home, monkeypat
     # choice is ACTIVE, marked as tinyllm's; a child handed ACTIVE with that mark decides again
     for name in [k for k in os.environ if k.startswith(("OMP_WAIT_POLICY", "GOMP_", omp.MARK_ENV))]:
         monkeypatch.delenv(name)
+    monkeypatch.setenv(omp.THREADS_ENV, "2")  # about the policy: the count pinned, not chosen by the machine's load
     for policy in omp.POLICIES:
         monkeypatch.setenv("OMP_WAIT_POLICY", policy)
         home_p = home / policy
