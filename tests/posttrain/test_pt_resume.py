@@ -24,8 +24,11 @@ KILL_SPECS = {
     "opd": spec("opd", VALIDATION["opd"], steps=8, checkpoint_every=1),
     # a durable validation (save_checkpoint) killed during its evaluation at trainer step 2 (model step 4)
     "grpo-pending": spec("grpo", {**VALIDATION["grpo"], "save_checkpoint": True}, name="grpo-pending", steps=3),
+    # killed after its durable validation at trainer step 2 recorded completion, before the frame was emitted
+    "grpo-unframed": spec("grpo", {**VALIDATION["grpo"], "save_checkpoint": True}, name="grpo-unframed", steps=3),
 }
-KILL_ENV = {"grpo-pending": {"TINYLLM_VALIDATION_KILL": "during_evaluation@2"}}
+KILL_ENV = {"grpo-pending": {"TINYLLM_VALIDATION_KILL": "during_evaluation@2"},
+            "grpo-unframed": {"TINYLLM_VALIDATION_KILL": "before_frame@2"}}
 
 
 def _progress_step(path) -> int:
@@ -34,6 +37,23 @@ def _progress_step(path) -> int:
         return max((x["step"] for x in lines if "checkpoint" in x), default=-1)  # checkpoint lines only
     except (OSError, ValueError):
         return -1
+
+
+def _undelivered(home, name: str, pid: int) -> set[int]:
+    """Steps whose validation the killed process recorded as completed in a full checkpoint but whose
+    frame it never wrote: the kill fell between the two. The seed makes that delivery at-most-once (the
+    checkpoint is authoritative; a resume does not repeat a completed validation), so such a frame is
+    legitimately missing; anything else missing is a bug."""
+    from tinyllm.validation.transaction import read_journal
+
+    written = {f["step"] for f in frames(home, name)}
+    out = set()
+    for d in sorted((home / "runs" / name / "ckpt").glob("step-*")):
+        journal = read_journal(d, None)
+        if journal is not None and journal.phase == "completed" and journal.completed_pid == pid \
+                and journal.step not in written:
+            out.add(journal.step)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +73,8 @@ def killed(pt_home, tmp_path_factory):
                 p.send_signal(signal.SIGKILL)
             if p.poll() is not None or kind not in KILL_ENV and _progress_step(progress) >= 2:
                 p.wait(timeout=60)
-                out[kind] = (home, p.returncode, p.stderr.read(), _progress_step(progress))
+                out[kind] = (home, p.returncode, p.stderr.read(), _progress_step(progress),
+                             _undelivered(home, KILL_SPECS[kind]["name"], p.pid))
                 del procs[kind]
         time.sleep(0.01)
     assert not procs, f"not killed in time: {sorted(procs)}"
@@ -68,7 +89,7 @@ def baselines(pt_home, tmp_path_factory):
 
 @pytest.mark.parametrize("kind", list(KILL_SPECS))
 def test_sigkill_then_resume_is_bitwise_equal(killed, baselines, kind):
-    home, returncode, stderr, at = killed[kind]
+    home, returncode, stderr, at, undelivered = killed[kind]
     assert returncode == -signal.SIGKILL, stderr[-2000:]
     steps = KILL_SPECS[kind]["steps"]
     assert at < steps, "the run finished before the kill; the spec is too short"
@@ -77,9 +98,14 @@ def test_sigkill_then_resume_is_bitwise_equal(killed, baselines, kind):
     assert result["resumed_from"] is not None
     base_home, base = baselines
     assert (result["final_loss_hex"], result["digest"]) == (base[kind]["final_loss_hex"], base[kind]["digest"])
-    assert train_losses(home, name) == train_losses(base_home, name) and len(train_losses(home, name)) == steps
+    resumed_at = int(result["resumed_from"].rstrip("/").rsplit("step-", 1)[1])
+    assert undelivered <= {resumed_at}, undelivered  # only the resume step's frame can be lost in that window
+    if kind == "grpo-unframed":  # the window hit on purpose: lost once, the validation not repeated
+        assert undelivered == {2} and resumed_at == 2
+    want_losses = [x for x in train_losses(base_home, name) if x[0] not in undelivered]
+    assert train_losses(home, name) == want_losses and len(want_losses) == steps - len(undelivered)
     got = {s: without_timers(f) for s, f in val_frames(home, name).items()}
-    want = {s: without_timers(f) for s, f in val_frames(base_home, name).items()}
+    want = {s: without_timers(f) for s, f in val_frames(base_home, name).items() if s not in undelivered}
     assert got == want and steps in got
 
 

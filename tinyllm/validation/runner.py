@@ -155,6 +155,8 @@ class Validator:
         tx.completed(archive)
         self.completed = tx.journal
         metrics = tx.journal.metrics()
+        if tx.durable:  # the checkpoint is authoritative: a kill here loses this frame, never repeats the pass
+            maybe_kill("before_frame", tx.step)
         publish({**tx.journal.frame, **metrics})
         if tx.durable:
             maybe_kill("after_publication", tx.step)
