@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import logging
 import random
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -122,6 +123,7 @@ def _state_key(live: dict, clock: VirtualClock) -> tuple:
     return live["engine"].store.commits, fakes.writes, clock.now(), tuple(sorted(fakes.oom_left.items()))
 
 
+_DIGITS = re.compile(r"\d+")
 _WORKER_FN: Callable | None = None
 _SPENT = Target(None, 0, 0)  # a checked splice refused after it spent the recovery's replayer
 
@@ -177,7 +179,7 @@ class Simulator:
         self._shared: dict[int, tuple[list, int]] = {}  # see _shared_with_ref
         # dedup: recoveries after a long enough history share one fresh replay of it, by fork (simulator/prefix.py)
         self.share_replay = True
-        self.share_min_events = 2000  # below this, a fresh replay costs less than a fork (measured): no fork
+        self.share_min_events = 1000  # below this, a fresh replay costs about what a fork does (measured): no fork
         self.share_every = 1  # a new cut once the history grew by this many events
         self.share_spine = True  # later cuts: the same replayer fed on (prefix.advance_prefix), not replayed fresh
         self.share_donors = True  # a recovery stopped at a cut hands its replayer to one after it (_admit)
@@ -446,8 +448,12 @@ class Simulator:
         donors: dict[int, list] = {}  # cut -> replayers of recoveries that stopped there (``_admit``)
         ready: list = []  # shared replays made of them, each for one in-process recovery
 
+        gives_back: dict[tuple, bool] = {}  # kind of position -> whether its last in-process recovery donated
+        conv_at = [0]  # the uninterrupted run's last convergence point
+
         def observe(n: int, kind: str, label: str) -> None:
             if dedup and kind == CONVERGENCE_KIND:
+                conv_at[0] = n
                 found.clear()
                 with live["engine"].store._lock:
                     src_history.catch_up(live["engine"].store.conn)
@@ -501,17 +507,26 @@ class Simulator:
                         tail = (None, tail[1])  # (a forked recovery sends this back: not the reference's ledger)
                     return m, (replace(o, ledger=Ledger()), state_lines, ([(own, 0, len(own))], tail))
 
-                # a recovery starts from a donated replay (in-process), else forks off the spine where the
-                # history is long enough, else replays fresh in-process (a forked one that dies: a mismatch)
+                # Where a recovery's replay starts (each way exact; only the cost differs): forked off the
+                # spine where the history is long enough and this kind of position did not donate last time
+                # (its donated replays are kept for those that give one back), else a donated replay
+                # (in-process), else forked where long enough, else a fresh replay in-process. (A forked
+                # recovery that dies or raises: a mismatch.)
                 pre, fork = None, False
-                if dedup and ready:
+                kind_here = (kind, _DIGITS.sub("#", label), n - conv_at[0])
+                long_enough = dedup and prefix[0] is not None and prefix[0].seq >= self.share_min_events
+                if long_enough and not gives_back.get(kind_here, True):
+                    pre, fork = prefix[0], True
+                elif dedup and ready:
                     pre = ready.pop()
                     self.stats["recoveries from a donated replay"] += 1
-                elif dedup and prefix[0] is not None and prefix[0].seq >= self.share_min_events:
+                elif long_enough:
                     pre, fork = prefix[0], True
-                    self.stats["forked recoveries"] += 1
+                self.stats["forked recoveries"] += fork
                 self._donations = []
                 m, payload = recover_and_check()
+                if not fork:
+                    gives_back[kind_here] = bool(self._donations)
                 if self.share_donors:
                     for cut, r, digest in self._donations:
                         donors.setdefault(cut, []).append((r, digest))

@@ -109,6 +109,27 @@ def test_adopt_donor_takes_only_a_replayer_stopped_at_the_spines_point():
     assert r.issued == fresh.issued
 
 
+def test_a_donor_is_admitted_only_where_its_visible_history_is_the_uninterrupted_runs():
+    """``Simulator._admit``: at the spine's cut, a donor whose history digest differs from the uninterrupted
+    run's there is refused (its code saw other values: e.g. another ``resumed_from``), one of an earlier
+    cut is dropped, one whose digest is the run's is adopted."""
+    from engine import history as h
+
+    scn = Scenario(steps=60, eval_every=10, checkpoint_every=10, eval_interval_s=5)
+    sim = Simulator(scn)
+    ev = sim.reference().events
+    cuts = [i + 1 for i, e in enumerate(ev) if e.type == h.TIMER_STARTED]
+    c1 = cuts[1]
+    spine = prefix.ReplayPrefix("train/tiny", c1, "crcs", "input", _replayer(ev[:c1]))
+    donors = {cuts[0]: [(_replayer(ev[:cuts[0]]), b"d0")], c1: [(_replayer(ev[:c1]), b"other")]}
+    ready: list = []
+    sim._admit(spine, b"d1", donors, ready)
+    assert not ready and not donors and sim.stats["refused donations"] == 1
+    donors = {c1: [(_replayer(ev[:c1]), b"d1")]}
+    sim._admit(spine, b"d1", donors, ready)
+    assert len(ready) == 1 and sim.stats["donated replays"] == 1
+
+
 async def _replay_aware(rt, input):
     """A TrainRun whose result tells which of its commands it saw replayed: code that reads is_replaying
     (a fresh replay answers True where the live run that made the history answered False)."""
