@@ -272,14 +272,18 @@ def in_child(fn: Callable[[], Any]) -> Any:
 
     parent = os.getpid()
     rfd, wfd = os.pipe()
-    gc.freeze()  # the child's collector would otherwise touch (copy) every page of the parent
+    # the child's collector would otherwise touch (copy) every page of the parent: the child starts with it
+    # off. (Not gc.freeze(): the parent's young garbage, frozen then thawed into the oldest generation at
+    # each fork, waits for a full collection; a sweep that forked thousands of times grew to a gigabyte.)
+    enabled, pid = gc.isenabled(), -1
+    gc.disable()
     try:
         pid = os.fork()
     finally:
-        gc.unfreeze()
+        if enabled and pid != 0:
+            gc.enable()
     if pid == 0:  # the child: never returns
         os.close(rfd)
-        gc.disable()
         leases.os = _ParentPid(parent)
         code = 0
         try:
