@@ -1,9 +1,10 @@
 """Shared replays (simulator/prefix.py): the spine fed on at each cut, and recoveries that take the replayer
 a recovery stopped at that cut donated (``Simulator._admit``, ``prefix.adopt_donor``), in-process or forked.
 
-Each is compared with a literal rerun from the start, run for run, on a sample of positions of a
-100-segment run; and a donated replay taken without adopt_donor's checks (a donor of another cut) makes
-that comparison fail, so the checks are what keeps it honest.
+Both ways are compared with literal reruns from the start, run for run, on a sample of positions of a
+100-segment run; adopt_donor and _admit refuse the donors that would not equal a fresh replay (other
+cut, other visible history, code that read is_replaying), and a mutant without the is_replaying guard
+is caught (its outcomes change).
 """
 from __future__ import annotations
 
