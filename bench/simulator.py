@@ -1,6 +1,6 @@
 """Simulator benchmark: kill positions per second, and how a full sweep grows with segments.
 
-    python bench/simulator.py [--sizes 10,100,1000] [--full-up-to 100] [--sample-every 50] [--skip-hand]
+    python bench/simulator.py [--sizes 10,100,1000] [--full-up-to 100] [--sample-every 50] [--skip-hand] [--skip-aims]
 
 Prints figures measured in this one run (nothing is asserted):
 1. the seed's hand example (1200 steps, eval_every 500, 30 s waits, ppl, checkpoints every 100)
@@ -11,9 +11,13 @@ Prints figures measured in this one run (nothing is asserted):
    the kills, the uninterrupted run's time, then the dedup sweep of every position (sizes up to
    ``--full-up-to``) or of every ``--sample-every``-th position: wall and CPU time (forked
    recoveries included), time per position, recoveries run, how many stopped at convergence,
-   fresh replays shared by fork, peak RSS. A sampled sweep's full time is estimated as the
+   how many started from a donated replay or forked off the spine, peak RSS. A sampled sweep's
+   full time is estimated as the
    sweep with no kill (measured apart) plus distinct states x its time per recovery ("est.");
-   ratios between sizes show the growth (linear: x10 per x10 segments).
+   ratios between sizes show the growth (linear: x10 per x10 segments);
+3. issue 15's own scenario (1000 steps, checkpoints every 50, ppl, 5 s waits) with 10 and 100
+   segments, every position, each in its own process: whole-process wall and CPU time (as
+   ``/usr/bin/time`` gives them), CPU per position and its ratio, peak RSS.
 """
 from __future__ import annotations
 
@@ -45,9 +49,9 @@ def _cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def one_size(n: int, full: bool, every: int) -> dict:
-    """One size, measured in this process (run by ``--one``)."""
-    scn = Scenario(steps=10 * n, eval_every=10, checkpoint_every=10, eval_interval_s=5)
+def one_size(n: int, full: bool, every: int, scn: Scenario | None = None) -> dict:
+    """One size, measured in this process (run by ``--one``); ``scn``: another scenario than n segments of 10."""
+    scn = scn or Scenario(steps=10 * n, eval_every=10, checkpoint_every=10, eval_interval_s=5)
     sim = Simulator(scn)
     t0 = time.perf_counter()
     sim.reference()
@@ -70,7 +74,54 @@ def one_size(n: int, full: bool, every: int) -> dict:
         "converged_s": sim.timing["converged"], "ran_on_s": sim.timing["ran on"],
         "peak_mb": max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
         / 1024, "shared": sim.stats["shared replays"], "base_s": base_s, "base_cpu_s": base_cpu_s,
+        "donated": sim.stats["recoveries from a donated replay"], "forked": sim.stats["forked recoveries"],
     }
+
+
+def _child(args: list[str]) -> dict | str:
+    """This file run again with ``args`` (one measurement in its own process): its JSON line, with the
+    process's wall time from outside (interpreter start and imports included, as ``/usr/bin/time`` says)."""
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True)
+    wall_s = time.perf_counter() - t0
+    if out.returncode != 0:
+        return f"failed: {out.stderr.strip().splitlines()[-1:]}"
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "wall_s": wall_s}
+
+
+def aims() -> None:
+    """Issue 15's aims on its own scenario, each sweep in its own process (CPU, whole process: imports too)."""
+    print("3. issue 15's scenario: python -m simulator kill-every-position --steps 1000 --eval-interval 5 "
+          "--suites ppl --checkpoint-every 50 --eval-every E (every position), in one process each:")
+    rows = {}
+    for e in (100, 10):
+        r = _child(["--aim", str(e)])
+        if isinstance(r, str):
+            print(f"   E={e}: {r}")
+            return
+        rows[e] = r
+        print(f"   E={e:<3} segments {r['segments']:>4}: {r['positions']} positions, {r['recoveries']} recoveries "
+              f"({r['donated']} from a donated replay, {r['forked']} forked), {r['tried']} tried, "
+              f"{'all matched' if r['ok'] else 'MISMATCHES'}; wall {r['wall_s']:.2f} s, CPU {r['proc_cpu_s']:.2f} s "
+              f"= {1000 * r['proc_cpu_s'] / r['positions']:.2f} ms per position; peak RSS {r['peak_mb']:.0f} MB")
+    a, b = rows[100], rows[10]
+    ratio = (b["proc_cpu_s"] / b["positions"]) / (a["proc_cpu_s"] / a["positions"])
+    print(f"   CPU per position, 100 segments / 10 segments: x{ratio:.2f} (aim: at most x3); "
+          f"the 100-segment sweep: {b['wall_s']:.1f} s wall (aim: under 10 s), {b['peak_mb']:.0f} MB (aim: under 300 MB)")
+
+
+def one_aim(e: int) -> dict:
+    """The issue's scenario with ``--eval-every e``, the whole process measured (as ``/usr/bin/time`` would)."""
+    scn = Scenario(steps=1000, eval_every=e, eval_interval_s=5, suites=("ppl",), checkpoint_every=50)
+    sim = Simulator(scn)
+    report = sim.kill_every_position()
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"segments": len(scn.ends()), "positions": report.positions, "tried": report.tried, "ok": report.ok,
+            "recoveries": sim.stats["recoveries"], "donated": sim.stats["recoveries from a donated replay"],
+            "forked": sim.stats["forked recoveries"],
+            "proc_cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+            "peak_mb": max(me.ru_maxrss, kids.ru_maxrss) / 1024}
 
 
 def main() -> None:
@@ -79,10 +130,15 @@ def main() -> None:
     ap.add_argument("--full-up-to", type=int, default=100, help="sweep every position up to this many segments")
     ap.add_argument("--sample-every", type=int, default=50, help="above it: every this-many-th position")
     ap.add_argument("--skip-hand", action="store_true", help="skip the hand example's sweeps")
+    ap.add_argument("--skip-aims", action="store_true", help="skip issue 15's scenario (section 3)")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # one size, JSON out (internal)
+    ap.add_argument("--aim", type=int, default=None, help=argparse.SUPPRESS)  # one eval_every, JSON out (internal)
     a = ap.parse_args()
     if a.one is not None:
         print(json.dumps(one_size(a.one, a.one <= a.full_up_to, a.sample_every)))
+        return
+    if a.aim is not None:
+        print(json.dumps(one_aim(a.aim)))
         return
     print(f"cpus: {os.cpu_count()}, load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if not a.skip_hand:
@@ -95,11 +151,12 @@ def main() -> None:
     print("   swept: positions killed; recov.: recoveries run (the others share one, same durable state);")
     print("   conv.: of them, stopped at convergence (the others ran to the end), with the seconds in each kind;")
     print("   ms/pos: full sweep time per position (wall, CPU); CPU: the sweep's CPU seconds, forked recoveries")
-    print("   included (the machine may be shared: wall time lies, CPU less); shared: fresh replays shared by fork;")
+    print("   included (the machine may be shared: wall time lies, CPU less); donat.: recoveries that started from")
+    print("   a replayer an earlier recovery stopped with (simulator/prefix.py); forked: recoveries forked off the spine;")
     print("   a sampled size's full sweep is estimated (marked est.) as the same sweep with no position killed")
     print("   (measured apart) plus distinct states x the sample's time per recovery")
     print(f"   {'segments':>8} {'positions':>9} {'states':>6} {'uninterr.':>9} {'swept':>6} {'sweep':>9} "
-          f"{'CPU':>8} {'ms/pos':>7} {'CPU/pos':>7} {'recov.':>6} {'conv.':>6} {'shared':>6} {'conv. s':>8} "
+          f"{'CPU':>8} {'ms/pos':>7} {'CPU/pos':>7} {'recov.':>6} {'conv.':>6} {'donat.':>6} {'forked':>6} {'conv. s':>8} "
           f"{'ran-on s':>8} {'full sweep':>11} {'full CPU':>11} {'peak RSS':>9}")
     rows = []
     for n in (int(x) for x in a.sizes.split(",")):
@@ -122,7 +179,7 @@ def main() -> None:
         full, full_cpu = f"{r['full_s']:.1f}s{est}", f"{r['full_cpu_s']:.1f}s{est}"
         print(f"   {n:>8} {r['positions']:>9} {r['states']:>6} {r['ref_s']:>8.2f}s {r['tried']:>6} "
               f"{r['sweep_s']:>8.1f}s {r['cpu_s']:>7.1f}s {r['per_pos_ms']:>7.2f} {r['cpu_pos_ms']:>7.2f} "
-              f"{r['recoveries']:>6} {r['converged']:>6} {r['shared']:>6} {r['converged_s']:>7.1f}s "
+              f"{r['recoveries']:>6} {r['converged']:>6} {r['donated']:>6} {r['forked']:>6} {r['converged_s']:>7.1f}s "
               f"{r['ran_on_s']:>7.1f}s {full:>11} {full_cpu:>11} "
               f"{r['peak_mb']:>7.0f}MB" + ("" if r["ok"] else f"  (!) {r['mismatches']} MISMATCHES"))
     for x, y in zip(rows, rows[1:]):
@@ -130,6 +187,10 @@ def main() -> None:
               f"states x{y['states'] / x['states']:.1f}, time per position x{y['per_pos_ms'] / x['per_pos_ms']:.1f} "
               f"(CPU x{y['cpu_pos_ms'] / x['cpu_pos_ms']:.1f}), full sweep x{y['full_s'] / x['full_s']:.1f} "
               f"(CPU x{y['full_cpu_s'] / x['full_cpu_s']:.1f}; linear: x{y['segments'] // x['segments']})")
+
+
+    if not a.skip_aims:
+        aims()
 
 
 if __name__ == "__main__":

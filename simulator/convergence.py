@@ -281,7 +281,40 @@ def go_on_dry(r, calls: list) -> None:
     r._command = noted  # (an instance attribute: ``Replayer._step`` calls ``self._command``)
 
 
-def checked_splice(reg, workflow_id: str, own: list, near: Target, ledger_entries: list[dict],
+class JoinedEvents:
+    """``head[:n] + tail`` as a read-only sequence, made without copying ``head`` (a recovery's own history:
+    the uninterrupted run's first ``n`` events, then its own; a forked recovery touches no more of them
+    than it reads, simulator/prefix.py)."""
+
+    def __init__(self, head: list, n: int, tail: list):
+        self.head, self.n, self.tail = head, n, tail
+
+    def __len__(self) -> int:
+        return self.n + len(self.tail)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                return list(self)[i]
+            out = self.head[start:min(stop, self.n)] if start < self.n else []
+            return out + self.tail[max(start - self.n, 0):max(stop - self.n, 0)]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.head[i] if i < self.n else self.tail[i - self.n]
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield self.head[i]
+        yield from self.tail
+
+
+NO_SPLICE = object()  # ``splice_replay``: the future does not hold for this run
+
+
+def checked_splice(reg, workflow_id: str, own, near: Target, ledger_entries: list[dict],
                    live=None) -> tuple[Target | None, bool]:
     """The future of a run whose state at a convergence point equals ``near``'s but for its history.
 
@@ -299,18 +332,28 @@ def checked_splice(reg, workflow_id: str, own: list, near: Target, ledger_entrie
     from exactly where the run left it (``go_on_dry``): no replay of ``own`` from its start. Once fed,
     it is spent: a run refused here cannot run on with it (the caller recovers it again, without).
     Without it the code is replayed dry from scratch over ``own``, then the future.
+    (``splice_replay`` then ``splice_target``: a forked recovery makes the first, the sweep the second.)
     """
+    result, spent = splice_replay(reg, workflow_id, own, near, live=live)
+    if result is NO_SPLICE:
+        return None, spent
+    return splice_target(list(own), near, ledger_entries, result), spent
+
+
+def splice_replay(reg, workflow_id: str, own, near: Target, live=None) -> tuple[Any, bool]:
+    """``checked_splice``'s check: the result the code returns over ``near``'s future, or ``NO_SPLICE``;
+    and whether ``live`` was spent. ``own``: a sequence of the run's events (``JoinedEvents``)."""
     run = near.run
     suffix = run.events[near.events_at:]
     if run.state != "completed" or not suffix or suffix[-1].type != h.WORKFLOW_COMPLETED:
-        return None, False
+        return NO_SPLICE, False
     body = suffix[:-1]
     if any(e.type in h.TERMINAL_EVENTS for e in body):
-        return None, False
+        return NO_SPLICE, False
     base = len(own)
     if own and own[-1].seq != base:
-        return None, False
-    shifted = [h.Event(base + 1 + i, e.type, e.time, e.attrs) for i, e in enumerate(body)]
+        return NO_SPLICE, False
+    shifted = _shifted(body, base)
     want = [_command_view(e) for e in body if e.type in (h.ACTIVITY_SCHEDULED, h.TIMER_STARTED)]
     spent = False
     if live is not None and not live.done and live.blocked_on is not None and 0 < live.last_seq <= base:
@@ -318,7 +361,7 @@ def checked_splice(reg, workflow_id: str, own: list, near: Target, ledger_entrie
         go_on_dry(r, calls)
         r.feed(own[r.last_seq:])  # what its own engine wrote since its last task (as its next task would)
         if r.next_cmd != len(r.commands):  # the code asked for something not in its history: no match
-            return None, spent
+            return NO_SPLICE, spent
         k0 = 0  # calls are noted from here on
     else:
         r, calls = recording_replayer(reg, workflow_id, own)
@@ -326,11 +369,23 @@ def checked_splice(reg, workflow_id: str, own: list, near: Target, ledger_entrie
     r.feed(shifted)
     r.advance()
     if not r.done or r.sink.new or r.outcome is None or r.outcome[0] != "completed":
-        return None, spent
-    replayed_result = r.outcome[1]
+        return NO_SPLICE, spent
     if len(calls) != k0 + len(want) or calls[k0:] != want:
-        return None, spent
-    end = h.Event(base + len(body) + 1, h.WORKFLOW_COMPLETED, suffix[-1].time, {"result": replayed_result})
-    spliced = Verified("completed", replayed_result, None, own + shifted + [end],
+        return NO_SPLICE, spent
+    return r.outcome[1], spent
+
+
+def _shifted(body: list, base: int) -> list:
+    return [h.Event(base + 1 + i, e.type, e.time, e.attrs) for i, e in enumerate(body)]
+
+
+def splice_target(own: list, near: Target, ledger_entries: list[dict], result: Any) -> Target:
+    """The target ``checked_splice`` makes of a run whose ``splice_replay`` gave ``result``: its own events
+    and ledger, then ``near``'s future (renumbered), ending completed with ``result``."""
+    run = near.run
+    suffix = run.events[near.events_at:]
+    body, base = suffix[:-1], len(own)
+    end = h.Event(base + len(body) + 1, h.WORKFLOW_COMPLETED, suffix[-1].time, {"result": result})
+    spliced = Verified("completed", result, None, own + _shifted(body, base) + [end],
                        ledger_entries + run.ledger[near.ledger_at:], run.file_lines)
-    return Target(spliced, base, len(ledger_entries)), spent
+    return Target(spliced, base, len(ledger_entries))

@@ -40,6 +40,37 @@ from .ledger import Ledger
 
 
 
+class FilesOverlay:
+    """A recovery's file digests (``FakeActivities.files``): those of the run whose files it copied
+    (``base``, read, never written: a forked recovery touches no more of it than it reads), then its own."""
+
+    def __init__(self, base: dict[str, int], base_sum: int):
+        self.base, self.base_sum, self.own = base, base_sum, {}
+        self._added = 0  # own paths not in base
+
+    def get(self, rel: str, default: Any = None) -> Any:
+        v = self.own.get(rel)
+        return v if v is not None else self.base.get(rel, default)
+
+    def __setitem__(self, rel: str, value: int) -> None:
+        if rel not in self.own and rel not in self.base:
+            self._added += 1
+        self.own[rel] = value
+
+    def __len__(self) -> int:
+        return len(self.base) + self._added
+
+    def __iter__(self):
+        yield from self.base
+        yield from (k for k in self.own if k not in self.base)
+
+    def values(self):
+        return [self.get(k) for k in self]
+
+    def items(self):
+        return [(k, self.get(k)) for k in self]
+
+
 class NoFaults:
     """A plan with no positions to kill at (the fakes outside the simulator's sweep)."""
 
@@ -208,8 +239,11 @@ class FakeActivities:
         # every file written under home (relative path -> hash of path and bytes), and their sum: an
         # order-independent digest of the files (simulator/convergence.py); a recovery inherits the
         # dict of the run whose files it copied
-        self.files: dict[str, int] = dict(files or {})
-        self._files_sum = sum(self.files.values())
+        if isinstance(files, FilesOverlay):
+            self.files, self._files_sum = files, files.base_sum
+        else:
+            self.files = dict(files or {})
+            self._files_sum = sum(self.files.values())
         self.log: list[str] = []  # the relative path of every file written, in order (scenario.SnapshotHome)
 
     def _wrote(self, rel: str, data: bytes) -> None:

@@ -65,3 +65,41 @@ class SplicedLedger(Ledger):
     @entries.setter
     def entries(self, value: list[dict[str, Any]]) -> None:
         self._entries = value
+
+
+class TailLedger(Ledger):
+    """``head`` (another ledger's entries, shared, never written) then this ledger's own entries: a
+    recovery's ledger (the killed run's entries, then its own) made without copying the head, whose
+    entries a forked recovery would otherwise touch (copy) page by page. ``entries`` is made when read."""
+
+    def __init__(self, head: list[dict[str, Any]]) -> None:
+        self.head, self.own = head, []
+        self._n = len(head)
+        self._entries: list[dict[str, Any]] | None = None
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        if self._entries is None or len(self._entries) != self._n + len(self.own):
+            self._entries = self.head[:self._n] + self.own
+        return self._entries
+
+    @entries.setter
+    def entries(self, value: list[dict[str, Any]]) -> None:
+        self.head, self.own, self._n, self._entries = value, [], len(value), None
+
+    def record(self, kind: str, **fields: Any) -> None:
+        own = self.own
+        last = own[-1] if own else (self.head[self._n - 1] if self._n else None)
+        if (kind == "steps" and last is not None and last["kind"] == "steps"
+                and last["activity"] == fields["activity"] and last["last"] + 1 == fields["first"]):
+            if not own:  # the head's last entry is extended: it is replaced, in a copy of the head
+                self.head, self._n = self.head[:self._n - 1], self._n - 1
+            else:
+                own.pop()
+            own.append({**last, "last": fields["last"]})
+            self._entries = None
+            return
+        fields["kind"] = kind
+        fields["seq"] = self._n + len(own)
+        own.append(fields)
+        self._entries = None

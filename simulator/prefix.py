@@ -31,6 +31,18 @@ Why the result equals a fresh replay of the recovery's whole history (the argume
    read while the code runs, after everything is fed in both). So the code issues the same
    commands with the same inputs, and the sink gets the same calls.
 
+4. The spine (``advance_prefix``): one prefix replayer, made fresh once, is fed the uninterrupted
+   run's events in chunks, one per convergence point, and advanced after each, instead of a fresh
+   replay at each cut. Its indexes are the same fold (2.). Its code is sent, for each command j, the
+   outcome of j's resolution as it stood when the code reached j; a fresh replay sends the one
+   standing after all events. They are the same where no command is resolved twice, which the feed
+   checks (else the spine is dropped and the next cut is replayed fresh). ``now`` is the resolution's
+   time in both; ``is_replaying`` is True for every command in both, since after each chunk the code
+   is blocked on a recorded command and issued none (checked after each chunk, as in 3.). A cancel
+   recorded anywhere drops the spine. So after each chunk the spine's replayer is the state a fresh
+   replay of the whole history up to that cut reaches, and 3. applies to the cut as it does to a
+   ``build_prefix`` one. ``tests/simulator`` compares spine-forked recoveries with literal reruns.
+
 A bug that only a fresh replay of the events after the cut would show is therefore one in
 the engine's incremental feed, which every uninterrupted run exercises at every task;
 ``tests/simulator`` runs the sweep with a prefix at every cut and compares every position's
@@ -48,9 +60,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine.history import read_events
-from engine.replay import DrySink, Replayer
+from engine.replay import _FINAL_ONLY, _RECORD, DrySink, Replayer, WorkflowRuntime
 
 MAX_REPLY_BYTES = 1 << 31  # a child's reply larger than this is a runaway
+_RESOLVES = {t for t, kind in _RECORD.items() if kind == 1}  # the events that resolve a command
 
 
 @dataclass
@@ -105,7 +118,10 @@ def build_prefix(eng, workflow_id: str, workflow_name: str) -> ReplayPrefix | No
         r = eng._new_replayer(reg, workflow_id, row[0], sink)
         if r.fn is not reg.fn:  # the input no longer validates: nothing to share
             return None
-        r.feed(read_events(conn, workflow_id, 0))
+        events = read_events(conn, workflow_id, 0)
+        if _resolved_twice(events, set()):  # (the spine's chunks need it: see 4.)
+            return None
+        r.feed(events)
         r.advance()
         crcs = event_crcs(conn, workflow_id, r.last_seq)
     k = r.blocked_on
@@ -117,20 +133,112 @@ def build_prefix(eng, workflow_id: str, workflow_name: str) -> ReplayPrefix | No
     return ReplayPrefix(workflow_id, r.last_seq, crcs, row[0], r)
 
 
-def use_prefix(eng, prefix: ReplayPrefix) -> None:
+def advance_prefix(eng, prefix: ReplayPrefix, workflow_name: str) -> bool:
+    """The spine: ``prefix``'s replayer (made fresh by ``build_prefix``) fed the events of ``eng``'s database
+    recorded since its cut, read and checksummed as the engine's task reads them, and advanced, in place;
+    its cut moves to the history's end. False (``prefix`` is then unusable: drop it) where the feed would
+    not equal a fresh replay of the whole history (see the module docstring, 4.): an event resolving a
+    command already resolved, or the code not left blocked on a recorded, unresolved command."""
+    reg = eng._workflows.get(workflow_name)
+    r = prefix.replayer
+    if reg is None or r.fn is not reg.fn or prefix.used:
+        return False
+    conn = eng.store.conn
+    with eng.store._lock:
+        row = conn.execute("SELECT input, state FROM workflows WHERE id=?", (prefix.workflow_id,)).fetchone()
+        if row is None or row[1] != "running" or row[0] != prefix.input_text:
+            return False
+        new = read_events(conn, prefix.workflow_id, prefix.seq)
+        crcs = None
+        if new:
+            crcs = event_crcs(conn, prefix.workflow_id, new[-1].seq)
+    if not new:
+        return True
+    if _resolved_twice(new, set(r.resolutions)):  # a fresh replay would read the later one instead
+        return False
+    sink = _PrefixSink(conn)
+    r.sink = sink
+    try:
+        r.feed(new)
+        r.advance()
+    finally:
+        r.sink = None
+    k = r.blocked_on
+    ok = (not r.done and not sink.new and not sink.canceled and not sink.finished and r.cancel_event is None
+          and r.terminal is None and k is not None and k < len(r.commands) and k not in r.resolutions)
+    if not ok or crcs is None:
+        return False
+    prefix.seq, prefix.crcs = r.last_seq, crcs
+    return True
+
+
+def _resolved_twice(events, resolved: set) -> bool:
+    """Whether a command is resolved twice, by ``events`` or by them after ``resolved`` (commands)."""
+    for e in events:
+        if e.type in _RESOLVES and (e.type not in _FINAL_ONLY or e.attrs.get("final")):
+            k = e.attrs.get("cmd")
+            if k in resolved:
+                return True
+            resolved.add(k)
+    return False
+
+
+class NotingRuntime(WorkflowRuntime):
+    """The seam as the engine hands it to workflow code, noting whether the code read ``is_replaying``
+    (the one value a fresh replay and a live run give the code differently: see ``adopt_donor``)."""
+
+    read_replaying = False
+
+    @property
+    def is_replaying(self) -> bool:
+        self.read_replaying = True
+        return self._r.next_cmd < len(self._r.commands)
+
+
+def use_prefix(eng, prefix: ReplayPrefix | None) -> None:
     """Make ``eng``'s first replay of ``prefix.workflow_id`` start from ``prefix`` (used once), where its
-    database holds the same input and events 1..seq; otherwise the engine replays from scratch."""
+    database holds the same input and events 1..seq; otherwise the engine replays from scratch, and the
+    fresh replayer's seam notes reads of ``is_replaying`` (``NotingRuntime``; no prefix: only that)."""
     fresh = eng._new_replayer
 
     def new_replayer(reg, workflow_id, input_json, sink):
-        if (not prefix.used and workflow_id == prefix.workflow_id and input_json == prefix.input_text
-                and reg.fn is prefix.replayer.fn
+        if (prefix is not None and not prefix.used and workflow_id == prefix.workflow_id
+                and input_json == prefix.input_text and reg.fn is prefix.replayer.fn
                 and event_crcs(sink.db, workflow_id, prefix.seq) == prefix.crcs):
             prefix.used = True
             return prefix.replayer
-        return fresh(reg, workflow_id, input_json, sink)
+        r = fresh(reg, workflow_id, input_json, sink)
+        if not r.started:  # (its code has not run: it gets the noting seam from its start)
+            r.rt = NotingRuntime(r)
+        return r
 
     eng._new_replayer = new_replayer
+
+
+def adopt_donor(spine: ReplayPrefix, r: Replayer) -> ReplayPrefix | None:
+    """A shared replay at the spine's cut made of ``r``, the cached replayer of a recovery that stopped at
+    this very cut with its visible history equal to the uninterrupted run's (the caller compares the
+    digests: see 5.), or None where ``r`` does not qualify. Its code state is ``r``'s (that recovery is
+    over: its coroutine goes on nowhere else); its indexes are the spine's (the uninterrupted run's
+    events, checksummed), so the recovery that takes it reads and feeds only the events after the cut."""
+    s = spine.replayer
+    rt = r.rt
+    if (type(rt) is not NotingRuntime or rt.read_replaying or rt._r is not r or r.fn is not s.fn
+            or not r.started or r.done or s.done or r.cancel_event is not None or r.terminal is not None
+            or r._cancel_tried or r.next_cmd != s.next_cmd or r.blocked_on != s.blocked_on or r.now != s.now
+            or r.issued != s.issued or r.activity_ids != s.activity_ids
+            or r.resolutions.keys() != s.resolutions.keys()
+            or [c.command for c in r.commands] != [c.command for c in s.commands]
+            or r.input_value != s.input_value):
+        return None
+    out = Replayer(s.workflow_id, s.fn, r.input_value, None)
+    out.rt, rt._r = rt, out  # the code's seam now answers for the new replayer
+    out.last_seq, out.commands, out.resolutions = s.last_seq, list(s.commands), dict(s.resolutions)
+    out.activity_ids, out.start_event = set(s.activity_ids), s.start_event
+    out.coro, out.started, out.now = r.coro, True, r.now
+    out.next_cmd, out.blocked_on, out.issued = r.next_cmd, r.blocked_on, list(r.issued)
+    r.coro, r.done = None, True  # (spent: nothing may drive it again)
+    return ReplayPrefix(spine.workflow_id, spine.seq, spine.crcs, spine.input_text, out)
 
 
 class _ParentPid:
@@ -164,14 +272,18 @@ def in_child(fn: Callable[[], Any]) -> Any:
 
     parent = os.getpid()
     rfd, wfd = os.pipe()
-    gc.freeze()  # the child's collector would otherwise touch (copy) every page of the parent
+    # the child's collector would otherwise touch (copy) every page of the parent: the child starts with it
+    # off. (Not gc.freeze(): the parent's young garbage, frozen then thawed into the oldest generation at
+    # each fork, waits for a full collection; a sweep that forked thousands of times grew to a gigabyte.)
+    enabled, pid = gc.isenabled(), -1
+    gc.disable()
     try:
         pid = os.fork()
     finally:
-        gc.unfreeze()
+        if enabled and pid != 0:
+            gc.enable()
     if pid == 0:  # the child: never returns
         os.close(rfd)
-        gc.disable()
         leases.os = _ParentPid(parent)
         code = 0
         try:

@@ -23,9 +23,9 @@ from engine.errors import NotFound
 from engine.history import Event
 from workflows.models import ACTIVITY_CORPUS, ACTIVITY_EVAL, ACTIVITY_TRAIN, WORKFLOW_TRAIN_RUN, TrainRunInput
 
-from .fakes import FakeActivities
+from .fakes import FakeActivities, FilesOverlay
 from .faults import FaultPlan, FaultyClock, FaultyStore, SimulatedCrash
-from .ledger import Ledger
+from .ledger import Ledger, TailLedger
 
 START_TIME = 1_700_000_000.0
 MAX_LIVES = 10_000  # a scenario that never ends is a bug of the engine: stop and say so
@@ -151,6 +151,7 @@ def run_scenario(
     live: dict | None = None,
     files: dict[str, int] | None = None,
     prefix=None,
+    noting: bool = False,
 ) -> Outcome:
     """Run ``scn`` to its end under ``plan``, restarting the worker after every simulated kill.
 
@@ -160,6 +161,7 @@ def run_scenario(
     ``live``: filled with the current ``engine`` and ``fakes`` (for ``snapshot``).
     ``files``: the digests of the files already in ``home`` (``FakeActivities.files``).
     ``prefix``: a ``simulator.prefix.ReplayPrefix`` the engine's first replay may start from.
+    ``noting``: fresh replayers note reads of ``is_replaying`` (``simulator.prefix.NotingRuntime``).
     """
     ledger = ledger if ledger is not None else Ledger()
     clock = clock if clock is not None else VirtualClock(START_TIME)
@@ -196,7 +198,7 @@ def run_scenario(
         eng = None
         try:
             eng = _open_engine(db, clock, plan, fakes, workflow_fn)
-            if prefix is not None:
+            if prefix is not None or noting:
                 from .prefix import use_prefix
 
                 use_prefix(eng, prefix)
@@ -247,6 +249,10 @@ def _copy_committed(src: Path, dst: Path, workflow_id: str | None = None) -> int
     source = sqlite3.connect(src.resolve().as_uri() + "?mode=ro", uri=True)
     target = sqlite3.connect(dst)
     try:
+        # read through a mapping, written through a small cache: a third less time and a third of the
+        # memory pages touched of the default caches, for the same pages copied (measured, issue 15)
+        source.execute("PRAGMA mmap_size=1073741824")
+        target.execute("PRAGMA cache_size=16")
         source.backup(target)
         if workflow_id is None:
             return 0
@@ -432,8 +438,7 @@ def recover_from_snapshot(
         home = new_home()
         _link_tree(os.fspath(src_home), os.fspath(home))
     copied = _copy_committed(src_home / ".ctl" / "engine.db", home / ".ctl" / "engine.db", scn.workflow_id)
-    led = Ledger()
-    led.entries = list(ledger.entries)
+    led = TailLedger(ledger.entries)  # (the uninterrupted run is paused: its entries do not change meanwhile)
     led.record("crash", position=position, where=where)
     plan = FaultPlan(count=position + 1)
     rlive: dict = {"copied_events": copied}
@@ -444,8 +449,9 @@ def recover_from_snapshot(
     with _owner_dead(live["engine"].owner):
         try:
             o = run_scenario(scn, home, plan, workflow_fn=workflow_fn, ledger=led, clock=rclock,
-                             oom_left=dict(live["fakes"].oom_left), live=rlive, files=live["fakes"].files,
-                             prefix=prefix)
+                             oom_left=dict(live["fakes"].oom_left), live=rlive,
+                             files=FilesOverlay(live["fakes"].files, live["fakes"]._files_sum),
+                             prefix=prefix, noting=True)
             if pool is not None:
                 pool.returned(rlive["fakes"])
             return o

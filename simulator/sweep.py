@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import logging
 import random
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -39,18 +40,21 @@ from .convergence import (
     CONVERGENCE_KIND,
     Converged,
     HistoryDigest,
+    NO_SPLICE,
+    JoinedEvents,
     Target,
     Verified,
-    checked_splice,
     splice_ledger,
+    splice_replay,
+    splice_target,
     state_key,
     without_history,
 )
 from .fakes import FakeActivities
 from .faults import FaultPlan, random_kills
-from .ledger import Ledger, SplicedLedger
+from .ledger import Ledger, SplicedLedger, TailLedger
 from .ledger_folds import PrefixFold, TailCache, position_lines
-from .prefix import build_prefix, in_child
+from .prefix import adopt_donor, advance_prefix, build_prefix, in_child
 from .scenario import (
     START_TIME, Outcome, Scenario, SnapshotHome, new_home, recover_from_snapshot, remove_home, run_scenario,
 )
@@ -119,6 +123,7 @@ def _state_key(live: dict, clock: VirtualClock) -> tuple:
     return live["engine"].store.commits, fakes.writes, clock.now(), tuple(sorted(fakes.oom_left.items()))
 
 
+_DIGITS = re.compile(r"\d+")
 _WORKER_FN: Callable | None = None
 _SPENT = Target(None, 0, 0)  # a checked splice refused after it spent the recovery's replayer
 
@@ -174,8 +179,12 @@ class Simulator:
         self._shared: dict[int, tuple[list, int]] = {}  # see _shared_with_ref
         # dedup: recoveries after a long enough history share one fresh replay of it, by fork (simulator/prefix.py)
         self.share_replay = True
-        self.share_min_events = 2000  # below this, a fresh replay costs less than a fork (measured)
-        self.share_every = 100  # a new shared replay once the history grew by this many events (and 5%)
+        self.share_min_events = 1000  # below this, a fresh replay costs about what a fork does (measured): no fork
+        self.share_every = 1  # a new cut once the history grew by this many events
+        self.share_spine = True  # later cuts: the same replayer fed on (prefix.advance_prefix), not replayed fresh
+        self.share_donors = True  # a recovery stopped at a cut hands its replayer to one after it (_admit)
+        self.share_ready_max = 16  # donated replays kept at most
+        self._donations: list = []  # (cut, replayer, digest) handed over by the running recovery
         self.reuse_snapshot_home = True  # recoveries share one folder, synced per snapshot (forked ones too)
         self.verify_snapshots = False  # tests: each synced folder compared with its source, file for file
         self._pool: SnapshotHome | None = None  # the snapshot folder of the running sweep
@@ -436,15 +445,22 @@ class Simulator:
             self.stats.setdefault(name, 0)
 
         prefix: list = [None]  # the current shared fresh replay of the uninterrupted run (simulator/prefix.py)
+        donors: dict[int, list] = {}  # cut -> replayers of recoveries that stopped there (``_admit``)
+        ready: list = []  # shared replays made of them, each for one in-process recovery
+
+        gives_back: dict[tuple, bool] = {}  # kind of position -> whether its last in-process recovery donated
+        conv_at = [0]  # the uninterrupted run's last convergence point
 
         def observe(n: int, kind: str, label: str) -> None:
             if dedup and kind == CONVERGENCE_KIND:
+                conv_at[0] = n
                 found.clear()
                 with live["engine"].store._lock:
                     src_history.catch_up(live["engine"].store.conn)
                 if self.share_replay:
                     self._refresh_prefix(prefix, live["engine"], src_history.last_seq.get(self.scn.workflow_id, 0))
                     tails.get(self._ref.ledger.entries).warm(len(ledger.entries))  # (forked recoveries start from it)
+                    self._admit(prefix[0], src_history.digest.get(wf), donors, ready)
             if n not in todo:
                 return
             where = f"{kind} {label}"
@@ -470,9 +486,10 @@ class Simulator:
                 def recover_and_check():
                     try:
                         o = self._recover(n, where, home, live, ledger, clock, found if dedup else None,
-                                          src_history.copy() if dedup else None, prefix=pre)
+                                          src_history.copy() if dedup else None, prefix=pre, fork=fork)
                     except Exception as e:  # noqa: BLE001 - an engine error is a finding, not a crash of the sweep
-                        return Mismatch("kill", [n], [f"killed at position {n}: {where}", f"recovery raised {e!r}"],
+                        return Mismatch("kill", [n], [f"killed at position {n}: {where}",
+                                                      f"recovery raised {str(e)[-2000:] if isinstance(e, RuntimeError) else repr(e)}"],
                                         rerun_command(self.scn, [n], mutant=self.mutant)), None
                     state_lines = o.extra.pop("state_lines", None)
                     if state_lines is None and not self.scn.fail_suites:
@@ -490,15 +507,30 @@ class Simulator:
                         tail = (None, tail[1])  # (a forked recovery sends this back: not the reference's ledger)
                     return m, (replace(o, ledger=Ledger()), state_lines, ([(own, 0, len(own))], tail))
 
-                pre = prefix[0] if dedup else None
-                if pre is not None:
-                    try:
-                        m, payload = self._in_child(recover_and_check, found)
-                    except RuntimeError as e:  # the child died or raised outside the recovery: a finding too
-                        m, payload = Mismatch("kill", [n], [f"killed at position {n}: {where}", str(e)[-2000:]],
-                                              rerun_command(self.scn, [n], mutant=self.mutant)), None
-                else:
-                    m, payload = recover_and_check()
+                # Where a recovery's replay starts (each way exact; only the cost differs): forked off the
+                # spine where the history is long enough and this kind of position did not donate last time
+                # (its donated replays are kept for those that give one back), else a donated replay
+                # (in-process), else forked where long enough, else a fresh replay in-process. (A forked
+                # recovery that dies or raises: a mismatch.)
+                pre, fork = None, False
+                kind_here = (kind, _DIGITS.sub("#", label), n - conv_at[0])
+                long_enough = dedup and prefix[0] is not None and prefix[0].seq >= self.share_min_events
+                if long_enough and not gives_back.get(kind_here, True):
+                    pre, fork = prefix[0], True
+                elif dedup and ready:
+                    pre = ready.pop()
+                    self.stats["recoveries from a donated replay"] += 1
+                elif long_enough:
+                    pre, fork = prefix[0], True
+                self.stats["forked recoveries"] += fork
+                self._donations = []
+                m, payload = recover_and_check()
+                if not fork:
+                    gives_back[kind_here] = bool(self._donations)
+                if self.share_donors:
+                    for cut, r, digest in self._donations:
+                        donors.setdefault(cut, []).append((r, digest))
+                self._donations = []
                 if dedup and payload is not None:
                     last[0], last[1] = key, payload
             out.append(m)
@@ -527,48 +559,107 @@ class Simulator:
         return out
 
     def _refresh_prefix(self, prefix: list, eng, events: int) -> None:
-        """At a convergence point of the uninterrupted run: a new shared fresh replay (simulator/prefix.py)
-        once its history has grown by ``share_every`` events and a twentieth since the last one."""
+        """At a convergence point of the uninterrupted run: the shared replay (simulator/prefix.py) moved to
+        this cut, once the history grew by ``share_every`` events since the last cut. The first is a fresh
+        replay (``build_prefix``); later ones feed the same replayer the events since (``advance_prefix``:
+        the spine, O(new events)); one the spine refuses is made fresh again. Recoveries fork off it only
+        where the history has ``share_min_events`` events; it also checks donated replays (``_admit``)."""
         cur = prefix[0]
-        if events < self.share_min_events:
-            return
-        if cur is not None and events - cur.seq < max(self.share_every, cur.seq // 20):
+        if cur is not None and events - cur.seq < self.share_every:
             return
         t0 = time.perf_counter()
+        new = None
         try:
-            new = build_prefix(eng, self.scn.workflow_id, WORKFLOW_TRAIN_RUN)
+            if cur is not None and self.share_spine and advance_prefix(eng, cur, WORKFLOW_TRAIN_RUN):
+                new = cur
+                self.stats["spine cuts"] += 1
+            else:
+                prefix[0] = None  # (a refused spine is unusable)
+                new = build_prefix(eng, self.scn.workflow_id, WORKFLOW_TRAIN_RUN)
+                self.stats["fresh shared replays"] += new is not None
         except Exception:  # noqa: BLE001 - then each recovery replays from scratch, and meets it itself
             new = None
         self.timing["shared replays"] += time.perf_counter() - t0
         if new is not None:
             self.stats["shared replays"] += 1
-            prefix[0] = new
+        prefix[0] = new
 
-    def _in_child(self, recover_and_check: Callable, found: dict) -> tuple:
-        """``recover_and_check()`` in a forked child (it takes its copy of the shared replay); what the
-        parent keeps of it comes back: the mismatch, the outcome later positions reuse, the counts, the
-        convergence points it verified, and the outcomes ``on_outcome`` saw."""
-        keep_events = self.on_outcome is not None
+    def _admit(self, spine, digest, donors: dict, ready: list) -> None:
+        """At a convergence point of the uninterrupted run, its spine at this cut: the replayers donated by
+        recoveries that stopped at this very cut become shared replays (``prefix.adopt_donor``) where their
+        visible history's digest is the uninterrupted run's here; those of earlier cuts are dropped."""
+        if spine is None:
+            donors.clear()
+            ready.clear()
+            return
+        for r, theirs in donors.pop(spine.seq, ()):
+            p = adopt_donor(spine, r) if theirs == digest and digest is not None else None
+            self.stats["donated replays" if p is not None else "refused donations"] += 1
+            if p is not None:
+                ready.append(p)
+        for cut in [c for c in donors if c < spine.seq]:
+            del donors[cut]
+        del ready[:-self.share_ready_max]  # (older cuts are still good; the newest are used first)
 
-        def light(o: Outcome) -> Outcome:  # picklable: no plan (closures), no clock (a lock)
-            plan = FaultPlan(count=o.plan.count)
-            plan.crashes = [None] * len(o.plan.crashes)
-            return replace(o, plan=plan, clock=None, events=o.events if keep_events else [])
+    def _recover(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
+                 found: dict | None, history: HistoryDigest | None, prefix=None, fork: bool = False) -> Outcome:
+        """The recovery of a kill at ``n``; with ``found``, stopped at convergence and spliced; ``fork``: in a
+        forked child, off the shared replay ``prefix``."""
+        self.stats["recoveries"] += 1
+        t0, before = time.perf_counter(), self.stats["converged"]
+        try:
+            return self._recover_timed(n, where, home, live, ledger, clock, found, history, prefix, fork)
+        finally:
+            kind = "converged" if self.stats["converged"] > before else "ran on"
+            self.stats[kind] += kind == "ran on"
+            self.timing[kind] += time.perf_counter() - t0
+
+    def _recover_timed(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
+                       found: dict | None, history: HistoryDigest | None, prefix, fork: bool) -> Outcome:
+        if found is None:
+            return recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
+                                         pool=self._pool)
+        args = (n, where, home, live, ledger, clock, found, history, prefix)
+        raw = self._run_forked(args) if fork else self._run_twice(*args, lean=False)
+        return self._recover_finish(*raw)
+
+    def _run_twice(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock, found: dict,
+                   history: HistoryDigest, prefix, *, lean: bool) -> tuple:
+        """``_recover_run``, and again without the recovery's own replayer where a checked splice spent it."""
+        raw = self._recover_run(n, where, home, live, ledger, clock, found, history.copy(), prefix,
+                                live_splice=True, lean=lean)
+        if raw is None:  # a checked splice was refused after it spent the recovery's replayer: again, without it
+            self.stats["recoveries made again"] += 1
+            raw = self._recover_run(n, where, home, live, ledger, clock, found, history, prefix,
+                                    live_splice=False, lean=lean)
+        return raw
+
+    def _run_forked(self, args: tuple) -> tuple:
+        """``_run_twice`` in a forked child, which takes its copy of the shared replay (simulator/prefix.py).
+
+        The child runs the recovery only, up to its convergence point or its end, and touches as little of
+        the sweep's memory as it can (every object it touches is a page copied, and the sweep's memory
+        grows with the history): back come its own events and ledger entries, which point it converged
+        to (by key), the points it passed, its counts. The parent splices and checks (``_recover_finish``)
+        with its own objects and caches, exactly as an in-process recovery does."""
+        ledger: Ledger = args[4]
+        found: dict = args[6]
+        p = len(ledger.entries)
 
         def child():
-            stats, timing, keys, seen = Counter(self.stats), Counter(self.timing), set(found), []
-            if self.on_outcome is not None:
-                self.on_outcome = lambda what, kills, o: seen.append((what, kills, light(o)))
-            m, payload = recover_and_check()
-            if payload is not None:
-                payload = (light(payload[0]),) + payload[1:]
-            return (m, payload, {k: v - stats[k] for k, v in self.stats.items() if v != stats[k]},
+            stats, timing = Counter(self.stats), Counter(self.timing)
+            o, mine, target, conv = self._run_twice(*args, lean=True)
+            led = o.ledger  # (a TailLedger over ``ledger``: its own entries only, not the head's)
+            tail = (led._n, led.own) if isinstance(led, TailLedger) else (p, led.entries[p:])
+            light = replace(o, ledger=tail, plan=FaultPlan(count=o.plan.count), clock=None, scenario=None)
+            light.plan.crashes = [None] * len(o.plan.crashes)
+            return ((light, {k: (t.events_at, t.ledger_at) for k, t in mine.items()}, None if target is None
+                     else conv), {k: v - stats[k] for k, v in self.stats.items() if v != stats[k]},
                     {k: v - timing[k] for k, v in self.timing.items() if v != timing[k]},
-                    {k: t for k, t in found.items() if k not in keys}, seen,
                     self._pool.state() if self._pool is not None else None)
 
         try:
-            m, payload, stats, timing, new, seen, pool = in_child(child)
+            (light, points, conv), stats, timing, pool = in_child(child)
         except BaseException:
             if self._pool is not None:  # what the child left in the snapshot folder is unknown
                 self._pool.drop()
@@ -577,40 +668,35 @@ class Simulator:
             self._pool.adopt(pool)
         self.stats.update(stats)
         self.timing.update(timing)
-        found.update(new)
-        if self.on_outcome is not None:
-            for args in seen:
-                self.on_outcome(*args)
-        return m, payload
+        led = Ledger()
+        kept, own_entries = light.ledger
+        led.entries = ledger.entries[:kept] + own_entries
+        o = replace(light, scenario=self.scn, ledger=led)
+        mine = {}
+        for key, (ev, le) in points.items():
+            found[key] = mine[key] = Target(None, ev, le)
+        target = None
+        if conv is not None:
+            how, key, result = conv
+            if how == "splice":  # made in the child from its own replayer: the same target, made here
+                own = self._ref.events[:o.extra["copied_events"]] + o.events
+                target = splice_target(own, self._near[without_history(key)], list(led.entries), result)
+                found[key] = target
+            else:
+                target = self._targets.get(key) or found.get(key)
+                if target is None or target.run is None:
+                    raise RuntimeError("a forked recovery converged to a point the sweep does not know")
+        return o, mine, target, conv
 
-    def _recover(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
-                 found: dict | None, history: HistoryDigest | None, prefix=None) -> Outcome:
-        """The recovery of a kill at ``n``; with ``found``, stopped at convergence and spliced."""
-        self.stats["recoveries"] += 1
-        t0, before = time.perf_counter(), self.stats["converged"]
-        try:
-            return self._recover_timed(n, where, home, live, ledger, clock, found, history, prefix)
-        finally:
-            kind = "converged" if self.stats["converged"] > before else "ran on"
-            self.stats[kind] += kind == "ran on"
-            self.timing[kind] += time.perf_counter() - t0
-
-    def _recover_timed(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
-                       found: dict | None, history: HistoryDigest | None, prefix=None) -> Outcome:
-        if found is None:
-            return recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
-                                         pool=self._pool)
-        o = self._recover_once(n, where, home, live, ledger, clock, found, history.copy(), prefix, live_splice=True)
-        if o is None:  # a checked splice was refused after it spent the recovery's replayer: again, without it
-            self.stats["recoveries made again"] += 1
-            o = self._recover_once(n, where, home, live, ledger, clock, found, history, prefix, live_splice=False)
-        return o
-
-    def _recover_once(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
-                      found: dict, history: HistoryDigest, prefix, *, live_splice: bool) -> Outcome | None:
-        """One recovery stopped at convergence (see ``_recover``); None where a checked splice on the
-        recovery's own replayer was refused (that replayer is spent: the recovery must be made again)."""
+    def _recover_run(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
+                     found: dict, history: HistoryDigest, prefix, *, live_splice: bool, lean: bool) -> tuple | None:
+        """One recovery run, stopped at convergence: (its outcome so far, the convergence points it passed,
+        the target it converged to or None where it ran to the end, how: ("key", key, None) or
+        ("splice", key, result) where a checked splice made the target); None where a checked splice on
+        the recovery's own replayer was refused (that replayer is spent: the recovery must be made again).
+        ``lean`` (a forked child): a checked splice's target is left for the parent to make."""
         mine: dict[tuple, Target] = {}  # this recovery's convergence points, verified when it ends
+        conv: list = [None]
 
         def watch(rlive: dict, rclock: VirtualClock, label: str) -> None:
             key = state_key(label, rlive["engine"], rclock, rlive["fakes"], history)
@@ -618,6 +704,11 @@ class Simulator:
                 return
             target = self._targets.get(key) or found.get(key)
             if target is not None and target.run is not None:
+                conv[0] = ("key", key, None)
+                if not lean and target is self._targets.get(key):  # at the uninterrupted run's own point
+                    r = rlive["engine"]._cache.get(self.scn.workflow_id)
+                    if r is not None:  # its code, fed the same visible history: a replay to share (``_admit``)
+                        self._donations.append((target.events_at, r, history.digest.get(self.scn.workflow_id)))
                 raise Converged(target)
             near = self._near.get(without_history(key))
             if near is not None and key not in found:  # the same state as the uninterrupted run's but for the history
@@ -625,13 +716,17 @@ class Simulator:
                 with eng.store._lock:
                     new = read_events(eng.store.conn, self.scn.workflow_id, rlive["copied_events"])
                 mine_replayer = eng._cache.get(self.scn.workflow_id) if live_splice else None
-                target, spent = checked_splice(eng._workflows[WORKFLOW_TRAIN_RUN], self.scn.workflow_id,
-                                               self._ref.events[:rlive["copied_events"]] + new, near,
-                                               list(rlive["fakes"].ledger.entries), live=mine_replayer)
-                self.stats["checked splices" if target is not None else "refused splices"] += 1
+                own = JoinedEvents(self._ref.events, rlive["copied_events"], new)
+                result, spent = splice_replay(eng._workflows[WORKFLOW_TRAIN_RUN], self.scn.workflow_id, own, near,
+                                              live=mine_replayer)
+                self.stats["checked splices" if result is not NO_SPLICE else "refused splices"] += 1
                 self.stats["splices on the recovery's own replayer"] += spent
-                if target is not None:
+                if result is not NO_SPLICE:
+                    entries = rlive["fakes"].ledger.entries
+                    target = (Target(None, len(own), len(entries)) if lean
+                              else splice_target(list(own), near, list(entries), result))
                     found[key] = target  # the other states of its kind converge here at once
+                    conv[0] = ("splice", key, result)
                     raise Converged(target)
                 if spent:
                     raise Converged(_SPENT)
@@ -647,6 +742,11 @@ class Simulator:
                 del found[key]
             self._drop_home(o.home)
             return None
+        return o, mine, target, conv[0]
+
+    def _recover_finish(self, o: Outcome, mine: dict, target: Target | None, conv) -> Outcome:
+        """A recovery run (``_recover_run``) made an outcome: spliced to its target's future where it
+        converged, its passed points verified with it, its outcome checks made (``state_lines``)."""
         if target is None:  # ran to the end
             files = final_files_lines(o) if o.state == "completed" else []
             state_lines = None if self.scn.fail_suites else self.state_lines(o, file_lines=files)
