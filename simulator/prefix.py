@@ -192,7 +192,7 @@ class NotingRuntime(WorkflowRuntime):
     @property
     def is_replaying(self) -> bool:
         self.read_replaying = True
-        return self._r.next_cmd < len(self._r.commands)
+        return WorkflowRuntime.is_replaying.fget(self)  # the engine's own answer
 
 
 def use_prefix(eng, prefix: ReplayPrefix | None) -> None:
