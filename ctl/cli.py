@@ -5,67 +5,20 @@ started or written), 1 failed, 74 disk full (resumable); see the README's table.
 """
 from __future__ import annotations
 
-import datetime as dt
-import json
 import logging
 import os
 import signal
-import sqlite3
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
-from engine.errors import BadInput as EngineBadInput
-
-from . import app, historyview, runstatus
+from . import app, cli_inspect
 from .workerlog import WorkerLog
-from .app import BadRequest, CtlError
-from .runview import figures_text, first_subject_metrics
-
-home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
-                           help="Home folder (default: $CTL_HOME, else the current directory).")
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (stable shape, see README).")
-
-
-def _edge(fn: Callable) -> Callable:
-    """Turn domain errors into one line on stderr and the exit code (the only place that does)."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except CtlError as e:
-            _exit_with(e)
-        except EngineBadInput as e:  # a damaged record met while running: nothing was written
-            _exit_with(BadRequest(str(e)))
-        except (sqlite3.Error, OSError) as e:
-            from .homecheck import as_ctl_error
-
-            home = kwargs.get("home")
-            err = as_ctl_error(e, app.resolve_home(home) if "home" in kwargs else None)
-            if err is None:
-                raise
-            _exit_with(err)
-    return wrapper
-
-
-def _exit_with(e: CtlError) -> None:
-    click.echo(f"ctl: {e}", err=True)
-    sys.stderr.flush()
-    sys.exit(e.exit_code)
-
-
-def _print_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=True))
-
-
-def _when(t: float) -> str:
-    return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+from .app import BadRequest
+from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved
 
 
 @click.group(context_settings={"max_content_width": 100})
@@ -156,7 +109,7 @@ def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool) -> Any:
 
 def _finish(st: Any, as_json: bool, describe: Callable[[Any], None]) -> None:
     if as_json:
-        _print_json(app.outcome_json(st))
+        print_json(app.outcome_json(st))
     elif st.state == "completed":
         describe(st.result)
     elif st.state == "canceled":
@@ -170,20 +123,6 @@ def _finish(st: Any, as_json: bool, describe: Callable[[Any], None]) -> None:
     else:
         click.echo(f"{st.workflow_id} is {st.state}: {st.waiting_on or ''}")
     sys.exit(app.exit_code(st.state))
-
-
-def _describe_train(result: dict) -> None:
-    click.echo(f"run {result['name']}: {result['steps']} steps, checkpoint {result['checkpoint']}")
-    for seg in result["segments"]:
-        t = seg["train"]
-        line = f"  step {seg['until']:>7}  loss {t['final_loss']:.6f} ({t['final_loss_hex']})  digest {t['digest'][:16]}"
-        for s in (seg.get("evals") or {}).get("suites", []):
-            line += f"  {s['suite']}: {figures_text(first_subject_metrics(s), limit=2) or 'done'}"
-        click.echo(line)
-        for r in t.get("refused_checkpoints") or []:
-            click.echo(f"    refused checkpoint {r['checkpoint']}: {r['reason']}; "
-                       f"resumed from {t.get('resumed_from') or 'scratch'}")
-    click.echo(f"final_loss_hex {result['final_loss_hex']}  digest {result['digest']}")
 
 
 def _describe_eval(result: dict) -> None:
@@ -212,7 +151,7 @@ def _describe_eval(result: dict) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress display on stderr (the result still goes to stdout).")
 @json_option
 @home_option
-@_edge
+@edge
 def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: str | None, eval_seed: int,
           eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float, quiet: bool,
           as_json: bool, home: str | None) -> None:
@@ -255,13 +194,13 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
         st = engine.status(wid)
         if detach and st.state == "running":
             if as_json:
-                _print_json(app.outcome_json(st))
+                print_json(app.outcome_json(st))
             else:
                 click.echo(f"{wid} running; follow it with `ctl status {wid}`; run it with `ctl worker`")
             return
         if st.state == "running":
             st = _follow(home_dir, engine, wid, quiet=quiet)
-        _finish(st, as_json, _describe_train)
+        _finish(st, as_json, describe_train)
     finally:
         engine.close()
 
@@ -277,7 +216,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
               help="Seconds one run of the trainer may take.")
 @json_option
 @home_option
-@_edge
+@edge
 def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeout_s: float, as_json: bool,
                   home: str | None) -> None:
     """Prove that the spec's trainer resumes exactly: run it uninterrupted, then again with seeded
@@ -304,7 +243,7 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
                    "<home>/.ctl/verify/)", err=True)
         sys.exit(app.EXIT_CANCELED)
     if as_json:
-        _print_json(report.as_json())
+        print_json(report.as_json())
     else:
         verdict = "EXACT" if report.exact else "NOT EXACT"
         click.echo(f"{report.name}: {verdict} after {report.kills_landed} interruption(s) "
@@ -331,7 +270,7 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
 @click.option("--max-items", type=int, default=None, help="At most this many items per suite [default: all].")
 @json_option
 @home_option
-@_edge
+@edge
 def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, ...], name: str, tag: str, seed: int,
           corpus: str, max_items: int | None, as_json: bool, home: str | None) -> None:
     """Evaluate checkpoints: workflow eval/<name>, one activity per suite over the subjects.
@@ -373,7 +312,7 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
 @main.command()
 @click.argument("workflow_id")
 @home_option
-@_edge
+@edge
 def cancel(workflow_id: str, home: str | None) -> None:
     """Request the cancel of WORKFLOW_ID (train/<name> names its newest workflow).
 
@@ -388,7 +327,7 @@ def cancel(workflow_id: str, home: str | None) -> None:
     """
     engine = app.open_engine(app.resolve_home(home), create=False)
     try:
-        wid = _resolved(engine, workflow_id)
+        wid = resolved(engine, workflow_id)
         if engine.cancel(wid):
             click.echo(f"cancel requested for {wid}; it stops after its next checkpoint")
         else:
@@ -399,273 +338,8 @@ def cancel(workflow_id: str, home: str | None) -> None:
 
 
 @main.command()
-@click.argument("workflow_id", required=False)
-@json_option
 @home_option
-@_edge
-def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
-    """Show WORKFLOW_ID's state, or a table of every workflow.
-
-    For a run: whether a live worker holds it (pid, host, lease age) or nobody does, the
-    current step and last loss, the last checkpoint, the last evaluation's figures, the ETA,
-    and pending timers in local time with the time remaining. --json adds the fields
-    "worker", "progress" and "timers" (README, "Watching a run").
-
-    \b
-    Exit codes: 0 completed or running (or no id given), 130 canceled, 1 failed,
-                2 unknown id or no database.
-    \b
-    Examples:
-      ctl status                  # a table of all workflows
-      ctl status train/tiny --json
-    """
-    home_dir = app.resolve_home(home)
-    engine = app.open_engine(home_dir, create=False, readonly=True)
-    try:
-        if workflow_id is None:
-            _list_all(engine, as_json)
-            return
-        st = engine.status(_resolved(engine, workflow_id))
-        now = time.time()
-        extra = runstatus.describe(engine, home_dir, st, now)
-        if as_json:
-            _print_json(app.outcome_json(st) | {"waiting_on": st.waiting_on} | extra)
-        else:
-            click.echo(f"{st.workflow_id} ({st.workflow}): {st.state}"
-                       + (" (cancel requested)" if st.cancel_requested and st.state == "running" else ""))
-            if st.waiting_on and not st.waiting_on.startswith("timer"):  # timers: below, in local time
-                click.echo(f"  waiting on: {runstatus.readable(st.waiting_on)}")
-            for line in runstatus.status_lines(st, extra, now):
-                click.echo(line)
-            if st.error:
-                click.echo(f"  error: {app.error_line(st.error)}")
-            if st.state == "completed" and st.workflow == "TrainRun":
-                _describe_train(st.result)
-        sys.exit(app.exit_code(st.state))
-    finally:
-        engine.close()
-
-
-def _resolved(engine: Any, workflow_id: str) -> str:
-    wid = app.resolve_id(engine, workflow_id)
-    if wid != workflow_id:
-        why = "the run's first workflow" if workflow_id == f"{wid}/1" else "its newest run; `ctl list` shows all"
-        click.echo(f"ctl: {workflow_id} -> {wid} ({why})", err=True)
-    return wid
-
-
-def _table(rows: list) -> None:
-    if not rows:
-        click.echo("no workflows")
-        return
-    click.echo(f"{'WORKFLOW ID':<32} {'KIND':<12} {'STATE':<10} {'UPDATED':<19}")
-    for s in rows:
-        state = s.state + ("*" if s.cancel_requested and s.state == "running" else "")
-        click.echo(f"{s.workflow_id:<32} {s.workflow:<12} {state:<10} {_when(s.updated_at):<19}")
-
-
-@main.command(name="list")
-@json_option
-@home_option
-@_edge
-def list_(as_json: bool, home: str | None) -> None:
-    """List every workflow of the home folder: id, kind, state (* = cancel requested), last update.
-
-    \b
-    Exit codes: 0, or 2 when the home has no database.
-    \b
-    Example:
-      ctl list --json
-    """
-    engine = app.open_engine(app.resolve_home(home), create=False, readonly=True)
-    try:
-        _list_all(engine, as_json)
-    finally:
-        engine.close()
-
-
-def _list_all(engine: Any, as_json: bool) -> None:
-    """Every readable workflow; each damaged one as a line on stderr, then exit 2."""
-    rows, damaged = engine.list_readable()
-    if as_json:
-        _print_json([app.outcome_json(s) for s in rows])
-    else:
-        _table(rows)
-    for e in damaged:
-        click.echo(f"ctl: {e}", err=True)
-    if damaged:
-        sys.exit(app.EXIT_BAD_INPUT)
-
-
-@main.command()
-@click.argument("workflow_id")
-@json_option
-@home_option
-@_edge
-def history(workflow_id: str, as_json: bool, home: str | None) -> None:
-    """Print WORKFLOW_ID's recorded events as aligned columns: seq, ISO local time, event,
-    activity#attempt, and the details that matter (checkpoint, loss, evaluation figures,
-    error class and message, a timer's fire time).
-
-    --json prints every event in full: {"workflow_id", "events": [{"seq", "type", "time", "attrs"}]}.
-
-    \b
-    Exit codes: 0, or 2 for an unknown id or no database.
-    \b
-    Example:
-      ctl history train/tiny --json
-    """
-    engine = app.open_engine(app.resolve_home(home), create=False, readonly=True)
-    try:
-        wid = _resolved(engine, workflow_id)
-        events = engine.history(wid)
-        if as_json:
-            _print_json({"workflow_id": wid, "events": [e.to_json() for e in events]})
-        else:
-            for line in historyview.table(events):
-                click.echo(line)
-    finally:
-        engine.close()
-
-
-def _train_run(engine: Any, workflow_id: str) -> tuple[Any, list]:
-    """A TrainRun's status and history; BadRequest for another kind of workflow."""
-    wid = _resolved(engine, workflow_id)
-    st = engine.status(wid)
-    if st.workflow != "TrainRun":
-        raise BadRequest(f"{wid} is a {st.workflow}, not a training run (train/<name>)")
-    return st, engine.history(wid)
-
-
-@main.command()
-@click.argument("workflow_id", metavar="train/NAME")
-@json_option
-@home_option
-@_edge
-def show(workflow_id: str, as_json: bool, home: str | None) -> None:
-    """Show a training run as a table: each segment with its end step, state, checkpoint,
-    train loss, time taken, attempts and each suite's figure; then, when the spec has held-out
-    validation, every validation frame of runs/<name>/metrics.jsonl.
-
-    \b
-    Exit codes: 0, or 2 for an unknown id, not a training run, or no database.
-    \b
-    Example:
-      ctl show train/tiny
-    """
-    from .runview import run_view
-    from .show import show as show_run
-
-    home_dir = app.resolve_home(home)
-    engine = app.open_engine(home_dir, create=False, readonly=True)
-    try:
-        st, events = _train_run(engine, workflow_id)
-        view = run_view(st.workflow_id, events, st.state)
-        lines, data = show_run(view, home_dir, app.recorded_input(engine, st.workflow_id).get("spec") or {})
-        if as_json:
-            _print_json(data)
-        else:
-            for line in lines:
-                click.echo(line)
-    finally:
-        engine.close()
-
-
-@main.command()
-@click.argument("workflow_id", metavar="train/NAME")
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
-              help="Write a PNG (matplotlib) instead of plotting in the terminal (plotext).")
-@json_option
-@home_option
-@_edge
-def plot(workflow_id: str, output: str | None, as_json: bool, home: str | None) -> None:
-    """Plot a training run: training loss (and its smoothed curve), held-out validation
-    curves and each checkpoint's evaluation figure over steps, and the learning rate.
-
-    The curves come from runs/<name>/metrics.jsonl, the evaluations from the run's history.
-    Without -o it draws in the terminal (no dependency); -o needs the optional extra
-    pip install 'durable-train[plot]' (matplotlib). --json prints the plotted series instead.
-
-    \b
-    Exit codes: 0, 2 for an unknown id, not a training run, no metrics yet or no database,
-                1 when matplotlib (for -o) is not installed.
-    \b
-    Examples:
-      ctl plot train/tiny
-      ctl plot train/tiny -o tiny.png
-    """
-    from . import plot as plotting
-    from .runview import run_view
-
-    home_dir = app.resolve_home(home)
-    engine = app.open_engine(home_dir, create=False, readonly=True)
-    try:
-        st, events = _train_run(engine, workflow_id)
-        s = plotting.series(run_view(st.workflow_id, events, st.state), home_dir)
-    finally:
-        engine.close()
-    if as_json:
-        _print_json(s.to_json())
-        return
-    if not s.loss:
-        raise BadRequest(f"{st.workflow_id} has no training steps in runs/*/metrics.jsonl yet; nothing to plot")
-    try:
-        if output:
-            path = plotting.write_png(s, Path(output))
-            click.echo(f"wrote {path} ({len(s.loss)} steps, {len(s.evals)} evaluation(s))")
-        else:
-            size = os.get_terminal_size(sys.stdout.fileno()) if sys.stdout.isatty() else os.terminal_size((100, 30))
-            click.echo(plotting.terminal(s, width=size.columns, height=min(size.lines, 40), color=sys.stdout.isatty()))
-    except plotting.PlotUnavailable as e:
-        raise CtlError(str(e)) from None
-
-
-@main.command()
-@click.option("--fix", is_flag=True, help="Remove leftover temporaries of unfinished writes (nothing else).")
-@json_option
-@home_option
-@_edge
-def doctor(fix: bool, as_json: bool, home: str | None) -> None:
-    """Check the home folder and say what each problem means for which run.
-
-    Checks the database (SQLite integrity, application and schema, every workflow's row and
-    history with each event's checksum, activities leased to a worker that is gone), each
-    run's checkpoints against their manifests and its LATEST pointer, each corpus against its
-    checksums, and leftover temporaries of writes that did not finish. Read-only: it repairs
-    nothing unless --fix, which removes leftover temporaries only (run locks are kernel locks,
-    never stale; a lease of a dead worker is expired by the next `ctl train` or `ctl worker`).
-
-    \b
-    Exit codes: 0 clean (or everything found was fixed), 1 problems found, 2 bad home.
-    \b
-    Example:
-      ctl doctor --home runs-home && ctl doctor --fix
-    """
-    from . import doctor as doc
-
-    home_dir = app.resolve_home(home)
-    if not home_dir.is_dir():
-        raise BadRequest(f"home {home_dir} does not exist")
-    report = doc.examine(home_dir)
-    removed = doc.fix(home_dir, report) if fix else []
-    left = [f for f in report.findings if f.path not in removed]
-    if as_json:
-        _print_json(report.to_json() | {"removed": removed})
-    else:
-        for f in left:
-            click.echo(f.line())
-        for r in removed:
-            click.echo(f"removed  {r}")
-        c = report.checked
-        click.echo(f"checked {c['workflows']} workflow(s), {c['events']} event(s), {c['runs']} run(s), "
-                   f"{c['checkpoints']} checkpoint(s), {c['corpora']} corpus(es): "
-                   + ("no problems" if not left else f"{len(left)} problem(s)"))
-    sys.exit(app.EXIT_FAILED if left else app.EXIT_OK)
-
-
-@main.command()
-@home_option
-@_edge
+@edge
 def worker(home: str | None) -> None:
     """Run the workflows of the home folder until SIGINT/SIGTERM (runs started with --detach).
 
@@ -713,7 +387,7 @@ def worker(home: str | None) -> None:
 @click.option("--db-filename", default=None, metavar="FILE",
               help="The server's state (SQLite) [default: <home>/.ctl/temporal-dev.db].")
 @home_option
-@_edge
+@edge
 def server(port: int, ip: str, db_filename: str | None, home: str | None) -> None:
     """Run a local Temporal dev server in the foreground, for --backend temporal on one machine.
 
@@ -738,6 +412,9 @@ def server(port: int, ip: str, db_filename: str | None, home: str | None) -> Non
     click.echo(f"ctl server: Temporal dev server on {ip}:{port}, state in {db} (Ctrl-C to stop)", err=True)
     os.execv(binary, dev_server_argv(binary, port=port, db_filename=str(db), ip=ip))
 
+
+for _command in cli_inspect.COMMANDS:  # status, list, history, show, plot, doctor (ctl/cli_inspect.py)
+    main.add_command(_command)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,80 @@
+"""What every ``ctl`` command shares: the --home and --json options, the error edge (domain errors become
+one line on stderr and an exit code, only here), JSON and time printing, a finished run's summary."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sqlite3
+import sys
+from typing import Any, Callable
+
+import click
+
+from engine.errors import BadInput as EngineBadInput
+
+from . import app
+from .app import BadRequest, CtlError
+from .runview import figures_text, first_subject_metrics
+
+home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
+                           help="Home folder (default: $CTL_HOME, else the current directory).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (stable shape, see README).")
+
+
+def edge(fn: Callable) -> Callable:
+    """Turn domain errors into one line on stderr and the exit code (the only place that does)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CtlError as e:
+            exit_with(e)
+        except EngineBadInput as e:  # a damaged record met while running: nothing was written
+            exit_with(BadRequest(str(e)))
+        except (sqlite3.Error, OSError) as e:
+            from .homecheck import as_ctl_error
+
+            home = kwargs.get("home")
+            err = as_ctl_error(e, app.resolve_home(home) if "home" in kwargs else None)
+            if err is None:
+                raise
+            exit_with(err)
+    return wrapper
+
+
+def exit_with(e: CtlError) -> None:
+    click.echo(f"ctl: {e}", err=True)
+    sys.stderr.flush()
+    sys.exit(e.exit_code)
+
+
+def print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def when(t: float) -> str:
+    return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def describe_train(result: dict) -> None:
+    click.echo(f"run {result['name']}: {result['steps']} steps, checkpoint {result['checkpoint']}")
+    for seg in result["segments"]:
+        t = seg["train"]
+        line = f"  step {seg['until']:>7}  loss {t['final_loss']:.6f} ({t['final_loss_hex']})  digest {t['digest'][:16]}"
+        for s in (seg.get("evals") or {}).get("suites", []):
+            line += f"  {s['suite']}: {figures_text(first_subject_metrics(s), limit=2) or 'done'}"
+        click.echo(line)
+        for r in t.get("refused_checkpoints") or []:
+            click.echo(f"    refused checkpoint {r['checkpoint']}: {r['reason']}; "
+                       f"resumed from {t.get('resumed_from') or 'scratch'}")
+    click.echo(f"final_loss_hex {result['final_loss_hex']}  digest {result['digest']}")
+
+
+def resolved(engine: Any, workflow_id: str) -> str:
+    wid = app.resolve_id(engine, workflow_id)
+    if wid != workflow_id:
+        why = "the run's first workflow" if workflow_id == f"{wid}/1" else "its newest run; `ctl list` shows all"
+        click.echo(f"ctl: {workflow_id} -> {wid} ({why})", err=True)
+    return wid
