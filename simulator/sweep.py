@@ -184,6 +184,8 @@ class Simulator:
         self.share_spine = True  # later cuts: the same replayer fed on (prefix.advance_prefix), not replayed fresh
         self.share_donors = True  # a recovery stopped at a cut hands its replayer to one after it (_admit)
         self.share_ready_max = 16  # donated replays kept at most
+        self.share_indexes = True  # an in-process replay from scratch copies the spine's indexes (prefix.py, 6.)
+        self._index = None  # the spine, for the running in-process recovery's replays from scratch
         self._donations: list = []  # (cut, replayer, digest) handed over by the running recovery
         self.reuse_snapshot_home = True  # recoveries share one folder, synced per snapshot (forked ones too)
         self.verify_snapshots = False  # tests: each synced folder compared with its source, file for file
@@ -524,7 +526,14 @@ class Simulator:
                     pre, fork = prefix[0], True
                 self.stats["forked recoveries"] += fork
                 self._donations = []
-                m, payload = recover_and_check()
+                self._index = prefix[0] if self.share_indexes and not fork else None
+                indexed = 0 if self._index is None else self._index.indexed
+                try:
+                    m, payload = recover_and_check()
+                finally:
+                    if self._index is not None:
+                        self.stats["replays from scratch on the spine's indexes"] += self._index.indexed - indexed
+                    self._index = None
                 if not fork:
                     gives_back[kind_here] = bool(self._donations)
                 if self.share_donors:
@@ -735,7 +744,7 @@ class Simulator:
                                                 len(rlive["fakes"].ledger.entries))
 
         o = recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
-                                  watch=watch, prefix=prefix, pool=self._pool)
+                                  watch=watch, prefix=prefix, pool=self._pool, index=None if lean else self._index)
         target = o.extra.pop("converged", None)
         if target is _SPENT:
             for key in mine:  # never verified: gone, as if this try had not been made
