@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -418,7 +419,7 @@ class SnapshotHome:
 def recover_from_snapshot(
     scn: Scenario, src_home: Path, position: int, where: str, live: dict, ledger: Ledger, clock: VirtualClock,
     *, workflow_fn: Callable | None = None, watch: Callable | None = None, prefix=None,
-    pool: SnapshotHome | None = None, index=None,
+    pool: SnapshotHome | None = None, index=None, timing=None,
 ) -> Outcome:
     """The worker of ``src_home`` dies at ``position``: a new worker recovers from a copy of its files.
 
@@ -434,12 +435,15 @@ def recover_from_snapshot(
     """
     from .convergence import CONVERGENCE_KIND, Converged
 
+    c0 = time.process_time()
     if pool is not None:
         home = pool.take(live["fakes"])
     else:
         home = new_home()
         _link_tree(os.fspath(src_home), os.fspath(home))
     copied = _copy_committed(src_home / ".ctl" / "engine.db", home / ".ctl" / "engine.db", scn.workflow_id)
+    if timing is not None:  # (``timing``: a Counter of CPU seconds by part, the sweep's)
+        timing["cpu: snapshots (files, database copy)"] += time.process_time() - c0
     led = TailLedger(ledger.entries)  # (the uninterrupted run is paused: its entries do not change meanwhile)
     led.record("crash", position=position, where=where)
     plan = FaultPlan(count=position + 1)
