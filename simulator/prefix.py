@@ -225,7 +225,7 @@ def use_prefix(eng, prefix: ReplayPrefix | None, index: ReplayPrefix | None = No
         if not r.started:  # (its code has not run: it gets the noting seam from its start)
             r.rt = NotingRuntime(r)
         if (index is not None and workflow_id == index.workflow_id and input_json == index.input_text
-                and r.fn is reg.fn and not r.started and r.last_seq == 0
+                and r.fn is reg.fn and not r.started and r.last_seq == 0 and index.replayer.last_seq == index.seq
                 and event_crcs(sink.db, workflow_id, index.seq) == index.crcs):
             copy_indexes(index.replayer, r)
             index.indexed += 1
