@@ -17,7 +17,9 @@ Prints figures measured in this one run (nothing is asserted):
    ratios between sizes show the growth (linear: x10 per x10 segments);
 3. issue 15's own scenario (1000 steps, checkpoints every 50, ppl, 5 s waits) with 10 and 100
    segments, every position, each in its own process: whole-process wall and CPU time (as
-   ``/usr/bin/time`` gives them), CPU per position and its ratio, peak RSS.
+   ``/usr/bin/time`` gives them), CPU per position and its ratio, peak RSS, and each sweep's recovery CPU
+   split by how a recovery started (a donated replayer, from scratch on the spine's indexes, forked) and by
+   part (snapshot, engine run, checked splices' dry runs, splicing and checks).
 """
 from __future__ import annotations
 
@@ -104,6 +106,7 @@ def aims() -> None:
               f"({r['donated']} from a donated replay, {r['forked']} forked), {r['tried']} tried, "
               f"{'all matched' if r['ok'] else 'MISMATCHES'}; wall {r['wall_s']:.2f} s, CPU {r['proc_cpu_s']:.2f} s "
               f"= {1000 * r['proc_cpu_s'] / r['positions']:.2f} ms per position; peak RSS {r['peak_mb']:.0f} MB")
+        print(_parts(r))
     a, b = rows[100], rows[10]
     ratio = (b["proc_cpu_s"] / b["positions"]) / (a["proc_cpu_s"] / a["positions"])
     print(f"   CPU per position, 100 segments / 10 segments: x{ratio:.2f} (aim: at most x3); "
@@ -121,7 +124,27 @@ def one_aim(e: int) -> dict:
             "recoveries": sim.stats["recoveries"], "donated": sim.stats["recoveries from a donated replay"],
             "forked": sim.stats["forked recoveries"],
             "proc_cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
-            "peak_mb": max(me.ru_maxrss, kids.ru_maxrss) / 1024}
+            "peak_mb": max(me.ru_maxrss, kids.ru_maxrss) / 1024,
+            "starts": {k[len("recoveries started "):]: v for k, v in sim.stats.items()
+                       if k.startswith("recoveries started ")},
+            "cpu": {k[len("cpu: "):]: v for k, v in sim.timing.items() if k.startswith("cpu: ")},
+            "splices": sim.stats["checked splices"] + sim.stats["refused splices"]}
+
+
+def _parts(r: dict) -> str:
+    """One sweep's recovery CPU, by how each recovery started and by part (Simulator.timing's "cpu: ...")."""
+    cpu, n = r["cpu"], max(r["recoveries"], 1)
+    starts = ", ".join(f"{k} {c} x {1000 * cpu.get('recoveries started ' + k, 0.0) / max(c, 1):.1f} ms"
+                       for k, c in sorted(r["starts"].items()))
+    rec = sum(v for k, v in cpu.items() if k.startswith("recoveries started "))
+    snap, dry = cpu.get("snapshots (files, database copy)", 0.0), cpu.get("checked splices' dry runs", 0.0)
+    fin = cpu.get("splicing and outcome checks", 0.0)
+    run = rec - snap - dry - fin
+    return (f"      recoveries by start: {starts}\n"
+            f"      per recovery {1000 * rec / n:.2f} ms CPU = snapshot {1000 * snap / n:.2f} + engine run to convergence "
+            f"{1000 * run / n:.2f} + checked splices' dry runs {1000 * dry / n:.2f} ({r['splices']} splices, "
+            f"{1000 * dry / max(r['splices'], 1):.1f} ms each) + splicing and checks {1000 * fin / n:.2f}; "
+            f"outside recoveries (imports, the paused run, shared positions) {r['proc_cpu_s'] - rec:.2f} s")
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -152,6 +153,7 @@ def run_scenario(
     files: dict[str, int] | None = None,
     prefix=None,
     noting: bool = False,
+    index=None,
 ) -> Outcome:
     """Run ``scn`` to its end under ``plan``, restarting the worker after every simulated kill.
 
@@ -162,6 +164,7 @@ def run_scenario(
     ``files``: the digests of the files already in ``home`` (``FakeActivities.files``).
     ``prefix``: a ``simulator.prefix.ReplayPrefix`` the engine's first replay may start from.
     ``noting``: fresh replayers note reads of ``is_replaying`` (``simulator.prefix.NotingRuntime``).
+    ``index``: a ``ReplayPrefix`` whose indexes a replay from scratch may copy (``prefix.use_prefix``).
     """
     ledger = ledger if ledger is not None else Ledger()
     clock = clock if clock is not None else VirtualClock(START_TIME)
@@ -198,10 +201,10 @@ def run_scenario(
         eng = None
         try:
             eng = _open_engine(db, clock, plan, fakes, workflow_fn)
-            if prefix is not None or noting:
+            if prefix is not None or noting or index is not None:
                 from .prefix import use_prefix
 
-                use_prefix(eng, prefix)
+                use_prefix(eng, prefix, index)
             live["engine"] = eng
             eng.start(WORKFLOW_TRAIN_RUN, wid, scn.input())
             status = eng.run_until_complete(wid)
@@ -416,7 +419,7 @@ class SnapshotHome:
 def recover_from_snapshot(
     scn: Scenario, src_home: Path, position: int, where: str, live: dict, ledger: Ledger, clock: VirtualClock,
     *, workflow_fn: Callable | None = None, watch: Callable | None = None, prefix=None,
-    pool: SnapshotHome | None = None,
+    pool: SnapshotHome | None = None, index=None, timing=None,
 ) -> Outcome:
     """The worker of ``src_home`` dies at ``position``: a new worker recovers from a copy of its files.
 
@@ -432,12 +435,15 @@ def recover_from_snapshot(
     """
     from .convergence import CONVERGENCE_KIND, Converged
 
+    c0 = time.process_time()
     if pool is not None:
         home = pool.take(live["fakes"])
     else:
         home = new_home()
         _link_tree(os.fspath(src_home), os.fspath(home))
     copied = _copy_committed(src_home / ".ctl" / "engine.db", home / ".ctl" / "engine.db", scn.workflow_id)
+    if timing is not None:  # (``timing``: a Counter of CPU seconds by part, the sweep's)
+        timing["cpu: snapshots (files, database copy)"] += time.process_time() - c0
     led = TailLedger(ledger.entries)  # (the uninterrupted run is paused: its entries do not change meanwhile)
     led.record("crash", position=position, where=where)
     plan = FaultPlan(count=position + 1)
@@ -451,7 +457,7 @@ def recover_from_snapshot(
             o = run_scenario(scn, home, plan, workflow_fn=workflow_fn, ledger=led, clock=rclock,
                              oom_left=dict(live["fakes"].oom_left), live=rlive,
                              files=FilesOverlay(live["fakes"].files, live["fakes"]._files_sum),
-                             prefix=prefix, noting=True)
+                             prefix=prefix, noting=True, index=index)
             if pool is not None:
                 pool.returned(rlive["fakes"])
             return o

@@ -128,6 +128,14 @@ _WORKER_FN: Callable | None = None
 _SPENT = Target(None, 0, 0)  # a checked splice refused after it spent the recovery's replayer
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children (forked recoveries)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _call(item):
     return _WORKER_FN(item)
 
@@ -184,6 +192,8 @@ class Simulator:
         self.share_spine = True  # later cuts: the same replayer fed on (prefix.advance_prefix), not replayed fresh
         self.share_donors = True  # a recovery stopped at a cut hands its replayer to one after it (_admit)
         self.share_ready_max = 16  # donated replays kept at most
+        self.share_indexes = True  # an in-process replay from scratch copies the spine's indexes (prefix.py, 6.)
+        self._index = None  # the spine, for the running in-process recovery's replays from scratch
         self._donations: list = []  # (cut, replayer, digest) handed over by the running recovery
         self.reuse_snapshot_home = True  # recoveries share one folder, synced per snapshot (forked ones too)
         self.verify_snapshots = False  # tests: each synced folder compared with its source, file for file
@@ -524,7 +534,20 @@ class Simulator:
                     pre, fork = prefix[0], True
                 self.stats["forked recoveries"] += fork
                 self._donations = []
-                m, payload = recover_and_check()
+                self._index = prefix[0] if self.share_indexes and not fork else None
+                indexed = 0 if self._index is None else self._index.indexed
+                c0, k0 = time.process_time(), _children_cpu() if fork else 0.0
+                try:
+                    m, payload = recover_and_check()
+                finally:
+                    grew = 0 if self._index is None else self._index.indexed - indexed
+                    self.stats["replays from scratch on the spine's indexes"] += grew
+                    self._index = None
+                    start = ("forked" if fork else "donated" if pre is not None
+                             else "from scratch, indexes copied" if grew else "from scratch")
+                    self.stats[f"recoveries started {start}"] += 1
+                    self.timing[f"cpu: recoveries started {start}"] += (
+                        time.process_time() - c0 + (_children_cpu() - k0 if fork else 0.0))
                 if not fork:
                     gives_back[kind_here] = bool(self._donations)
                 if self.share_donors:
@@ -621,7 +644,11 @@ class Simulator:
                                          pool=self._pool)
         args = (n, where, home, live, ledger, clock, found, history, prefix)
         raw = self._run_forked(args) if fork else self._run_twice(*args, lean=False)
-        return self._recover_finish(*raw)
+        c0 = time.process_time()
+        try:
+            return self._recover_finish(*raw)
+        finally:
+            self.timing["cpu: splicing and outcome checks"] += time.process_time() - c0
 
     def _run_twice(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock, found: dict,
                    history: HistoryDigest, prefix, *, lean: bool) -> tuple:
@@ -717,8 +744,10 @@ class Simulator:
                     new = read_events(eng.store.conn, self.scn.workflow_id, rlive["copied_events"])
                 mine_replayer = eng._cache.get(self.scn.workflow_id) if live_splice else None
                 own = JoinedEvents(self._ref.events, rlive["copied_events"], new)
+                c0 = time.process_time()
                 result, spent = splice_replay(eng._workflows[WORKFLOW_TRAIN_RUN], self.scn.workflow_id, own, near,
                                               live=mine_replayer)
+                self.timing["cpu: checked splices' dry runs"] += time.process_time() - c0
                 self.stats["checked splices" if result is not NO_SPLICE else "refused splices"] += 1
                 self.stats["splices on the recovery's own replayer"] += spent
                 if result is not NO_SPLICE:
@@ -735,7 +764,8 @@ class Simulator:
                                                 len(rlive["fakes"].ledger.entries))
 
         o = recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
-                                  watch=watch, prefix=prefix, pool=self._pool)
+                                  watch=watch, prefix=prefix, pool=self._pool, index=None if lean else self._index,
+                                  timing=self.timing)
         target = o.extra.pop("converged", None)
         if target is _SPENT:
             for key in mine:  # never verified: gone, as if this try had not been made

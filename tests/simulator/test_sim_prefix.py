@@ -71,3 +71,45 @@ def test_a_shared_replay_is_taken_only_where_the_history_is_the_prefixs(tmp_path
     assert same.run_until_complete("w/1").result == 2
     same.close()
     assert prefix.used  # the same history took the shared replay
+
+
+def test_a_replay_from_scratch_copies_the_spines_indexes_only_where_the_history_is_the_prefixs(tmp_path,
+                                                                                            monkeypatch) -> None:
+    """``use_prefix``'s ``index`` (module docstring, 6.): the code replays from its start, the indexes of
+    events 1..c come from the prefix, only for a database whose events 1..c have the prefix's checksums."""
+    import simulator.prefix as prefix_mod
+
+    copied: list[int] = []
+    real = prefix_mod.copy_indexes
+    monkeypatch.setattr(prefix_mod, "copy_indexes", lambda src, dst: (copied.append(src.last_seq), real(src, dst)))
+    clock = VirtualClock()
+    eng = engine(tmp_path / "a.db", clock)
+    eng.start("wf", "w/1")
+    eng.run_until_idle()
+    spine = build_prefix(eng, "w/1", "wf")
+    assert spine is not None
+    copy_db(eng, tmp_path / "same.db")
+    copy_db(eng, tmp_path / "other.db")
+    eng.close()
+    db = sqlite3.connect(str(tmp_path / "other.db"))
+    seq, typ, t, attrs = db.execute("SELECT seq, type, time, attrs FROM events WHERE workflow_id='w/1' "
+                                    "AND type='activity_completed'").fetchone()
+    changed = json.dumps({**json.loads(attrs), "result": 41}, separators=(",", ":"))
+    db.execute("UPDATE events SET attrs=?, crc=? WHERE workflow_id='w/1' AND seq=?",
+               (changed, event_crc("w/1", seq, typ, t, changed), seq))
+    db.commit()
+    db.close()
+
+    other = engine(tmp_path / "other.db", clock)
+    use_prefix(other, None, index=spine)
+    clock.advance(61)
+    assert other.run_until_complete("w/1").result == 42  # its own events, read and folded
+    other.close()
+    assert copied == []
+
+    same = engine(tmp_path / "same.db", clock)
+    use_prefix(same, None, index=spine)
+    assert same.run_until_complete("w/1").result == 2
+    same.close()
+    assert copied == [spine.seq] and not spine.used  # the indexes copied, the spine's code untouched
+    assert spine.replayer.last_seq == spine.seq

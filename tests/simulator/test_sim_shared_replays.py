@@ -59,6 +59,8 @@ def test_at_100_segments_donated_and_forked_replays_make_the_literal_runs(fork_f
         assert dedup[k] == literal[k], f"position {k}: {sim.where(k)}"
     if fork_from:  # each recovery after the first took a replayer a recovery before it stopped with
         assert sim.stats["recoveries from a donated replay"] >= 10 and sim.stats["forked recoveries"] == 0
+        # and those with none replayed from scratch on the spine's indexes (prefix.py, 6.)
+        assert sim.stats["replays from scratch on the spine's indexes"] >= 10
     else:  # each forked off the spine (forked ones donate nothing back)
         assert sim.stats["forked recoveries"] >= 20
     assert sim.stats["spine cuts"] >= 90
