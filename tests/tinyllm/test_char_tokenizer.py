@@ -155,14 +155,38 @@ def test_sigkill_then_resume_is_bitwise_equal_at_character_level(chome, char_ref
 
 def test_resume_against_another_vocabulary_is_refused(chome, char_reference, tmp_path):
     shutil.copytree(char_reference["home"] / "runs", chome / "runs")
+    old_vocab = json.loads((chome / "corpora/char/meta.json").read_text())["vocab"]
     shutil.rmtree(chome / "corpora" / "char")  # the same corpus name, rebuilt from other text
-    (chome / "other.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 50)
+    # as many characters (69: the same vocab_size, the same trajectory fields), one of them another
+    (chome / "other.txt").write_text((old_vocab.replace("8", "9") + "\n") * 50)
     build(chome, name="char", sources=["other.txt"], tokenizer="char")
     proc = cli_in_process(chome, "train", "--spec", str(char_spec(tmp_path / "s.json", steps=40)))
     assert proc.exit_code == 2
-    assert "was trained with the char tokenizer (69 characters" in proc.stderr
-    assert "but corpus 'char' now has the char tokenizer (28 characters" in proc.stderr
+    assert "was trained with the char tokenizer (69 characters, vocabulary sha256 f9c944dc68f4" in proc.stderr
+    assert "but corpus 'char' now has the char tokenizer (69 characters, vocabulary sha256 " in proc.stderr
     assert (chome / "runs/nanogpt-char/ckpt/LATEST").read_text().strip() == "step-000030"
+    # a byte corpus under the name: refused the same way
+    shutil.rmtree(chome / "corpora" / "char")
+    build(chome, name="char")
+    proc = cli_in_process(chome, "train", "--spec", str(char_spec(tmp_path / "s.json", steps=40)))
+    assert proc.exit_code == 2 and "but corpus 'char' now has the byte tokenizer (vocab 256)" in proc.stderr
+
+
+def test_generation_samples_in_the_runs_vocabulary():
+    import torch
+
+    from tinyllm import tokenizer
+    from tinyllm.model import GPT
+    from tinyllm.spec import ModelConfig
+    from tinyllm.validation.generation import generate
+
+    tok = tokenizer.build_vocab("ab\n")
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=3, block_size=16, n_layer=1, n_head=1, n_embd=8)).eval()
+    sampling = {"repetition_penalty": 1.0, "temperature": 1.0, "top_k": None, "top_p": 1.0, "max_tokens": 12}
+    with torch.no_grad():
+        out = generate(model, ["ab", "ba"], [1, 2], block_size=16, sampling=sampling, tok=tok)
+    assert all(set(t) <= {"a", "b"} for t in out) and any(len(t) < 12 for t in out)  # stops at its newline (id 0)
 
 
 # -- evaluation and held-out validation ----------------------------------------------------------
