@@ -305,6 +305,10 @@ def throughput(args, home: Path) -> None:
             own, act = ("tinyllm", None, None, corpus), ("tinyllm", "ACTIVE", None, corpus)
             print(f"  nanoGPT/tinyllm {kind}: own choice wall {n / ms[own]:.3f} CPU {nc / cpu[own]:.3f}; "
                   f"ACTIVE wall {n / ms[act]:.3f} CPU {nc / cpu[act]:.3f} (aim >= 1.0 when idle)")
+            # each rep's ratio against the nanoGPT run next to it: load that comes and goes hits both alike
+            per = [r["median_s"] / t["median_s"] for r, t in zip(nano, results[own])]
+            print(f"    per run, nanoGPT/tinyllm {kind} own choice (wall): {' '.join(f'{x:.3f}' for x in per)}; "
+                  f"median {statistics.median(per):.3f}")
 
 
 def cpu_one_thread(args, home: Path) -> None:
