@@ -8,15 +8,18 @@
    ``--reps`` times so machine load hits all alike, and each is the median step of a run.
    ``--nanogpt DIR`` also times nanoGPT's own ``train.py`` from a checkout with
    ``data/shakespeare_char`` prepared (optional; nothing else here needs nanoGPT). Its model has its
-   data's 65-character vocabulary; tinyllm's tokens are bytes (256), a larger embedding, head and
-   softmax: about 3% more arithmetic per step (``--only phases`` shows both);
+   data's character vocabulary (68 in that checkout's meta.pkl); tinyllm runs both ways in the same
+   alternation: at bytes (vocab 256, a larger embedding, head and softmax: about 3% more arithmetic
+   per step, ``--only phases``) and with its char tokenizer on a char corpus (equal work: built from
+   nanoGPT's own ``input.txt`` when ``--nanogpt`` is given, so the same 68 characters and the same
+   token ids as its train.bin; else the built-in text, 69 characters). Ratios by wall and CPU time;
 2. checkpoint save time as a fraction of training time, for specs/tiny.json at its cadence;
 3. checkpoint size in bytes per parameter;
 4. start-up: process start (Popen) to the first step's metrics frame, fresh and resumed
    (bench/restart.py breaks the resumed figure down).
 
 1b. (``--only cpu1``) the same at 1 thread by CPU time per step: plain loop, tinyllm, tinyllm with
-   glibc's default heap, nanoGPT's train.py (its CPU time read at each of its "iter" lines). Every
+   glibc's default heap, tinyllm at character level, nanoGPT's train.py (its CPU time read at each of its "iter" lines). Every
    child also reports its CPU time, minor page faults and OpenMP worker sleeps per step.
 1c. (``--only phases``) bench/train_phases.py: each phase of one step by CPU time at 1 thread, tinyllm
    beside nanoGPT's model.py + train.py loop body (at its 65-token vocabulary and at tinyllm's 256).
@@ -97,6 +100,8 @@ def _spec(args):
 
     data = json.loads(Path(args.spec).read_text()) if args.spec else dict(RECIPE, threads=len(os.sched_getaffinity(0)))
     data.update(steps=args.steps + WARMUP_STEPS, checkpoint_every=10**6, log_every=10**6)
+    if getattr(args, "corpus", None):
+        data["corpus"] = args.corpus  # "char": the character-level corpus main() builds
     if args.threads:
         data["threads"] = args.threads
     data.pop("validation", None)
@@ -110,12 +115,14 @@ def child_plain(args) -> Stamps:
 
     from tinyllm.corpus import open_corpus
     from tinyllm.model import GPT
-    from tinyllm.trainer import lr_at
+    from tinyllm.tokenizer import from_corpus_meta
+    from tinyllm.trainer import lr_at, with_vocab
 
     spec = _spec(args)
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed)
-    data, _ = open_corpus(Path(args.home), spec.corpus)  # a uint16 memmap, as nanoGPT's train.bin
+    data, meta = open_corpus(Path(args.home), spec.corpus)  # a uint16 memmap, as nanoGPT's train.bin
+    spec = with_vocab(spec, from_corpus_meta(meta), spec.corpus)  # the corpus's vocabulary, as the trainer
     T, B = spec.model.block_size, spec.batch_size
     offsets = np.arange(T + 1)
 
@@ -181,7 +188,7 @@ def run_child(args) -> None:
 # -- the parent ----------------------------------------------------------------------------
 
 def measure(args, home: Path, what: str, policy: str | None, threads: int | None = None,
-            extra_env: dict | None = None) -> dict:
+            extra_env: dict | None = None, corpus: str | None = None) -> dict:
     """One child process: ``policy`` None leaves OMP_WAIT_POLICY unset, so tinyllm chooses; ``threads``
     None with ``policy`` None lets tinyllm choose its count by load (at most the spec's); else it is pinned
     (TINYLLM_THREADS: ``threads``, or the spec's under a forced policy)."""
@@ -199,6 +206,7 @@ def measure(args, home: Path, what: str, policy: str | None, threads: int | None
     cmd = [sys.executable, __file__, "--child", what, "--home", str(home), "--steps", str(args.steps)]
     cmd += ["--spec", args.spec] if args.spec else []
     cmd += ["--threads", str(threads)] if threads else []
+    cmd += ["--corpus", corpus] if corpus else []
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         sys.exit(f"bench: child {what} {policy} failed:\n{out.stderr[-2000:]}")
@@ -247,17 +255,20 @@ def load_str() -> str:
 
 
 def throughput(args, home: Path) -> None:
-    configs = [("plain", "PASSIVE", None), ("tinyllm", "PASSIVE", None), ("plain", "ACTIVE", None),
-               ("tinyllm", "ACTIVE", None), ("tinyllm", None, None), ("tinyllm", "PASSIVE", 1)]
+    """(what, policy, threads, corpus): corpus None is the byte-level default, "char" the char corpus."""
+    configs = [("plain", "PASSIVE", None, None), ("tinyllm", "PASSIVE", None, None), ("plain", "ACTIVE", None, None),
+               ("tinyllm", "ACTIVE", None, None), ("tinyllm", None, None, None), ("tinyllm", "PASSIVE", 1, None),
+               ("tinyllm", "PASSIVE", None, "char"), ("tinyllm", "ACTIVE", None, "char"), ("tinyllm", None, None, "char")]
     results: dict[tuple, list[dict]] = {c: [] for c in configs}
     nano: list[dict] = []
     loads = [load_str()]
     for rep in range(args.reps):  # alternate, so machine load hits every configuration alike
         for c in configs:
-            results[c].append(measure(args, home, *c))
+            results[c].append(measure(args, home, *c[:3], corpus=c[3]))
             got = results[c][-1]
             said = f" -> {got['omp']['wait_policy']} ({got['omp']['reason']})" if c[1] is None else ""
-            print(f"  run {rep + 1}: {c[0]} policy={c[1] or 'own choice'} threads={c[2] or ('spec' if c[1] else 'own choice')}: "
+            print(f"  run {rep + 1}: {c[0]}{' char' if c[3] else ''} policy={c[1] or 'own choice'} "
+                  f"threads={c[2] or ('spec' if c[1] else 'own choice')}: "
                   f"{1000 * got['median_s']:.1f} ms/step, CPU {1000 * got['cpu_s']:.1f} ms, {got['faults']:.0f} faults/step, "
                   f"{got['worker_sleeps']:.1f} worker sleeps/step (load {load_str()}){said}")
         if args.nanogpt:
@@ -266,22 +277,38 @@ def throughput(args, home: Path) -> None:
                   f"{1000 * nano[-1]['cpu_s']:.1f} ms (load {load_str()})")
         loads.append(load_str())
     ms = {c: 1000 * statistics.median(r["median_s"] for r in rs) for c, rs in results.items()}
-    auto = [r["omp"] for r in results[("tinyllm", None, None)]]
-    threads = results[("tinyllm", "ACTIVE", None)][0]["omp"]["threads"]
-    print(f"throughput: ms per step, median of {args.reps} runs x {args.steps} steps, {threads} threads, "
-          f"1-min load {' -> '.join(loads)}")
+    cpu = {c: 1000 * statistics.median(r["cpu_s"] for r in rs) for c, rs in results.items()}
+    auto = [r["omp"] for r in results[("tinyllm", None, None, None)]]
+    threads = results[("tinyllm", "ACTIVE", None, None)][0]["omp"]["threads"]
+    print(f"throughput: ms per step (wall, and CPU of all threads), median of {args.reps} runs x {args.steps} steps, "
+          f"{threads} threads, 1-min load {' -> '.join(loads)}; char vocabulary {args.char_vocab} ({args.char_source})")
     for policy in ("ACTIVE", "PASSIVE"):
-        p, o = ms[("plain", policy, None)], ms[("tinyllm", policy, None)]
+        p, o = ms[("plain", policy, None, None)], ms[("tinyllm", policy, None, None)]
         print(f"  OMP_WAIT_POLICY={policy:<7}: plain loop {p:6.1f} ms, tinyllm {o:6.1f} ms, plain/tinyllm {p / o:.3f} (aim >= 0.95)")
-    a, one = ms[("tinyllm", None, None)], ms[("tinyllm", "PASSIVE", 1)]
+    a, one = ms[("tinyllm", None, None, None)], ms[("tinyllm", "PASSIVE", 1, None)]
     chosen = ", ".join(f"{p} {sum(x['wait_policy'] == p for x in auto)} of {len(auto)}" for p in ("ACTIVE", "PASSIVE"))
     print(f"  tinyllm's own choice: {a:6.1f} ms  [{chosen}]")
     print(f"  tinyllm 1 thread:     {one:6.1f} ms  (own choice vs 1 thread: {one / a:.3f}x the speed; aim >= 1 when loaded)")
-    print(f"  ACTIVE vs PASSIVE (tinyllm): {ms[('tinyllm', 'PASSIVE', None)] / ms[('tinyllm', 'ACTIVE', None)]:.3f}x the speed")
+    print(f"  ACTIVE vs PASSIVE (tinyllm): {ms[('tinyllm', 'PASSIVE', None, None)] / ms[('tinyllm', 'ACTIVE', None, None)]:.3f}x the speed")
+    rows = [(f"tinyllm {kind:<5}", c) for kind, corpus in (("byte", None), ("char", "char"))
+            for c in (("tinyllm", "ACTIVE", None, corpus), ("tinyllm", "PASSIVE", None, corpus), ("tinyllm", None, None, corpus))]
+    for label, c in rows:
+        print(f"  {label} {c[1] or 'own choice':<10}: {ms[c]:6.1f} ms wall, {cpu[c]:6.1f} ms CPU")
+    for policy in ("ACTIVE", "PASSIVE", None):
+        b, ch = ("tinyllm", policy, None, None), ("tinyllm", policy, None, "char")
+        print(f"  byte/char ({policy or 'own choice'}): wall {ms[b] / ms[ch]:.3f}, CPU {cpu[b] / cpu[ch]:.3f} (> 1: char is less work)")
     if nano:
         n = 1000 * statistics.median(r["median_s"] for r in nano)
-        print(f"  nanoGPT train.py (policy unset): {n:6.1f} ms; nanoGPT/tinyllm's choice {n / a:.3f}, "
-              f"nanoGPT/tinyllm ACTIVE {n / ms[('tinyllm', 'ACTIVE', None)]:.3f} (aim >= 1.0 when idle)")
+        nc = 1000 * statistics.median(r["cpu_s"] for r in nano)
+        print(f"  nanoGPT train.py (policy unset): {n:6.1f} ms wall, {nc:6.1f} ms CPU")
+        for kind, corpus in (("byte", None), ("char", "char")):
+            own, act = ("tinyllm", None, None, corpus), ("tinyllm", "ACTIVE", None, corpus)
+            print(f"  nanoGPT/tinyllm {kind}: own choice wall {n / ms[own]:.3f} CPU {nc / cpu[own]:.3f}; "
+                  f"ACTIVE wall {n / ms[act]:.3f} CPU {nc / cpu[act]:.3f} (aim >= 1.0 when idle)")
+            # each rep's ratio against the nanoGPT run next to it: load that comes and goes hits both alike
+            per = [r["median_s"] / t["median_s"] for r, t in zip(nano, results[own])]
+            print(f"    per run, nanoGPT/tinyllm {kind} own choice (wall): {' '.join(f'{x:.3f}' for x in per)}; "
+                  f"median {statistics.median(per):.3f}")
 
 
 def cpu_one_thread(args, home: Path) -> None:
@@ -289,14 +316,16 @@ def cpu_one_thread(args, home: Path) -> None:
     with glibc's default heap (TINYLLM_KEEP_HEAP=0, tinyllm/heap.py), and nanoGPT's train.py
     (OMP_NUM_THREADS=1), alternating ``--reps`` times. One thread has no OpenMP worker to wait for, so
     the figure is the work of a step; CPU time still grows when other processes share the cores' caches."""
-    configs = [("plain", ()), ("tinyllm", ()), ("tinyllm", (("TINYLLM_KEEP_HEAP", "0"),))]
-    label = {configs[0]: "plain loop", configs[1]: "tinyllm", configs[2]: "tinyllm, heap not kept"}
+    configs = [("plain", (), None), ("tinyllm", (), None), ("tinyllm", (("TINYLLM_KEEP_HEAP", "0"),), None),
+               ("plain", (), "char"), ("tinyllm", (), "char")]
+    label = {configs[0]: "plain loop", configs[1]: "tinyllm", configs[2]: "tinyllm, heap not kept",
+             configs[3]: f"plain loop char ({args.char_vocab})", configs[4]: f"tinyllm char ({args.char_vocab})"}
     results: dict = {c: [] for c in configs}
     nano: list[dict] = []
     loads = [load_str()]
     for rep in range(args.reps):
         for c in configs:
-            got = measure(args, home, c[0], "PASSIVE", threads=1, extra_env=dict(c[1]))
+            got = measure(args, home, c[0], "PASSIVE", threads=1, extra_env=dict(c[1]), corpus=c[2])
             results[c].append(got)
             print(f"  1-thread run {rep + 1}: {label[c]}: CPU {1000 * got['cpu_s']:.1f} ms/step, wall {1000 * got['median_s']:.1f} ms, "
                   f"{got['faults']:.0f} faults/step (load {load_str()})")
@@ -313,7 +342,8 @@ def cpu_one_thread(args, home: Path) -> None:
         print(f"  {label[c]:<24}: {cpu[c]:6.1f} ms CPU, {faults[c]:6.0f} faults/step, /tinyllm {cpu[c] / t:.3f}")
     if nano:
         n = 1000 * statistics.median(r["cpu_s"] for r in nano)
-        print(f"  {'nanoGPT train.py':<24}: {n:6.1f} ms CPU, /tinyllm {n / t:.3f} (>= 1: tinyllm's step is less work)")
+        print(f"  {'nanoGPT train.py':<24}: {n:6.1f} ms CPU, /tinyllm {n / t:.3f}, /tinyllm char {n / cpu[configs[4]]:.3f} "
+              f"(>= 1: tinyllm's step is less work)")
 
 
 def phases(args, home: Path) -> None:
@@ -452,6 +482,7 @@ def main() -> None:
     ap.add_argument("--child", choices=["plain", "tinyllm"], help=argparse.SUPPRESS)
     ap.add_argument("--home", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--corpus", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return run_child(args)
@@ -462,6 +493,14 @@ def main() -> None:
 
     home = Path(tempfile.mkdtemp(prefix="tinyllm-bench-"))
     build_corpus(CorpusSpec(name="default"), home)
+    shakespeare = Path(args.nanogpt) / "data" / "shakespeare_char" / "input.txt" if args.nanogpt else None
+    if shakespeare is not None and shakespeare.is_file():  # nanoGPT's own text: its vocabulary and token ids
+        char = build_corpus(CorpusSpec(name="char", sources=[str(shakespeare.resolve())], tokenizer="char"), home)
+        args.char_source = f"nanoGPT's {shakespeare.relative_to(args.nanogpt)}"
+    else:
+        char = build_corpus(CorpusSpec(name="char", tokenizer="char"), home)
+        args.char_source = "the built-in text"
+    args.char_vocab = json.loads((home / char["path"] / "meta.json").read_text())["vocab_size"]
     print(f"bench: spec {args.spec or 'nanoGPT CPU recipe'}, {len(os.sched_getaffinity(0))} CPUs, home {home}, "
           f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     if args.only in (None, "throughput"):

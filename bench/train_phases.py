@@ -6,7 +6,8 @@ CPU time; beside it, with ``--nanogpt DIR``, nanoGPT's ``model.py`` GPT through 
 ``train.py`` loop body (its ``get_batch``, AdamW as its ``configure_optimizers`` builds it on CPU,
 ``clip_grad_norm_``), alternating step by step in one process so that machine load hits both alike.
 The real ``Trainer.train_step`` (+ its report) is timed alternately too: the phases' sum should match it.
-nanoGPT runs twice: at its data's vocabulary (65 characters, as its ``train.py``) and at tinyllm's 256.
+nanoGPT runs twice: at its data's vocabulary (meta.pkl's, 68 characters here, as its ``train.py``) and at
+tinyllm's byte-level 256.
 Figures are medians per step; 1 thread (no OpenMP worker to wait for) by CPU time; with
 TINYLLM_THREADS=N (N > 1) by wall time, the policy from the environment or tinyllm's choice.
 
@@ -178,7 +179,7 @@ def main() -> None:
         import pickle
 
         meta = pickle.loads((Path(args.nanogpt) / "data" / "shakespeare_char" / "meta.pkl").read_bytes())
-        # train.py's model has the character vocabulary of its data (65); tinyllm's is bytes (256), so
+        # train.py's model has the character vocabulary of its data (68 here); tinyllm's is bytes (256), so
         # nanoGPT at 256 is the same work as tinyllm's step (larger embedding, head and softmax)
         for vocab in (int(meta["vocab_size"]), tinyllm_vocab(tr)):
             theirs[vocab], their_step = nanogpt_parts(Path(args.nanogpt), vocab)

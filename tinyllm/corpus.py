@@ -3,7 +3,10 @@
 Both token files are raw little-endian uint16 (``np.memmap``-able). The held-out part is explicit:
 either the user's ``heldout`` files, or the tail byte range of the source text (recorded in
 meta.json as ``{"kind": "tail", "start", "end"}``). Training reads only tokens.bin, so it never
-sees held-out text. Building is idempotent: an existing corpus whose source checksum matches is
+sees held-out text. Token ids follow the spec's ``tokenizer``: ``byte`` (id = UTF-8 byte) or ``char``
+(id = index in the vocabulary of the corpus's text, sources and held-out part together, as nanoGPT
+computes it over its whole input; stored in meta.json as ``vocab`` and ``vocab_sha256``; its tail
+split is in characters). Building is idempotent: an existing corpus whose source checksum matches is
 kept as is; one built from other sources is never overwritten (bad input, exit 2).
 """
 from __future__ import annotations
@@ -88,8 +91,12 @@ def plan_corpus(spec: CorpusSpec, home: Path) -> tuple[np.ndarray, np.ndarray, d
         split = int(len(train_bytes) * (1.0 - spec.heldout_fraction))
         train_bytes, held_bytes = train_bytes[:split], train_bytes[split:]
         heldout = {"kind": "tail", "start": split, "end": split + len(held_bytes), "fraction": spec.heldout_fraction}
-    tokens = np.frombuffer(train_bytes, dtype=np.uint8).astype("<u2")  # byte-level: id = byte
-    held = np.frombuffer(held_bytes, dtype=np.uint8).astype("<u2")
+    vocab = None
+    if spec.tokenizer == "char":
+        tokens, held, vocab, heldout = _char_tokens(spec, train_bytes, held_bytes, heldout)
+    else:
+        tokens = np.frombuffer(train_bytes, dtype=np.uint8).astype("<u2")  # byte-level: id = byte
+        held = np.frombuffer(held_bytes, dtype=np.uint8).astype("<u2")
     if len(tokens) < 2 or len(held) < 2:
         raise SpecError(f"corpus {spec.name!r} is too small: {len(tokens)} training and {len(held)} held-out tokens")
     checksum_input = json.dumps({"spec": spec.model_dump(exclude={"name"}), "source": source, "heldout": heldout}, sort_keys=True)
@@ -97,7 +104,7 @@ def plan_corpus(spec: CorpusSpec, home: Path) -> tuple[np.ndarray, np.ndarray, d
         "format": FORMAT,
         "name": spec.name,
         "tokenizer": spec.tokenizer,
-        "vocab_size": tokenizer.VOCAB_SIZE,
+        "vocab_size": tokenizer.VOCAB_SIZE if vocab is None else vocab.vocab_size,
         "dtype": "uint16",
         "source": source,
         "heldout": heldout,
@@ -107,7 +114,36 @@ def plan_corpus(spec: CorpusSpec, home: Path) -> tuple[np.ndarray, np.ndarray, d
         "heldout_sha256": _sha(held),
         "checksum": hashlib.sha256(checksum_input.encode() + _sha(tokens).encode() + _sha(held).encode()).hexdigest(),
     }
+    if vocab is not None:
+        meta.update(vocab=vocab.chars, vocab_sha256=vocab.sha256)
     return tokens, held, meta
+
+
+def _utf8(data: bytes, what: str, name: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"corpus {name!r}: the char tokenizer reads UTF-8 text; {what} is not UTF-8 "
+                        f"(byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
+def _char_tokens(spec: CorpusSpec, train_bytes: bytes, held_bytes: bytes, heldout: dict):
+    """(train ids, held-out ids, vocabulary, heldout record) at character level; a tail split
+    (already cut in bytes above) is redone in characters, as nanoGPT's prepare.py does."""
+    if heldout["kind"] == "tail":
+        text = _utf8(train_bytes + held_bytes, "the source text", spec.name)
+        split = int(len(text) * (1.0 - spec.heldout_fraction))
+        train_text, held_text = text[:split], text[split:]
+        heldout = {**heldout, "start": split, "end": len(text), "unit": "characters"}
+    else:
+        train_text = _utf8(train_bytes, "the source text", spec.name)
+        held_text = _utf8(held_bytes, "the held-out text", spec.name)
+    distinct = len(set(train_text) | set(held_text))
+    if distinct > tokenizer.MAX_CHAR_VOCAB:
+        raise SpecError(f"corpus {spec.name!r} has {distinct} distinct characters; the char tokenizer holds at most "
+                        f"{tokenizer.MAX_CHAR_VOCAB} (use the byte tokenizer)")
+    vocab = tokenizer.build_vocab(train_text + held_text)
+    return vocab.encode(train_text).astype("<u2"), vocab.encode(held_text).astype("<u2"), vocab, heldout
 
 
 def read_meta(path: Path) -> dict | None:
@@ -146,7 +182,7 @@ def build_corpus(spec: CorpusSpec, home: Path) -> dict:
     if final.exists() and existing is not None and existing.get("checksum") == meta["checksum"] and _intact(final, existing):
         built = False
     elif final.exists() and existing is not None and existing.get("checksum") != meta["checksum"]:
-        raise SpecError(f"corpus {spec.name!r} already exists at {final} with other sources; use another name or remove it")
+        raise SpecError(f"corpus {spec.name!r} already exists at {final} with other sources or another tokenizer; use another name or remove it")
     elif final.exists() and existing is None and any(final.iterdir()):
         raise SpecError(f"{final} exists but is not a corpus (no readable meta.json); remove it or use another name")
     else:  # absent, empty, or same sources with damaged files: (re)build atomically

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import tokenizer
 from .validation.faults import maybe_kill
 from .validation.isolation import isolated
 from .validation.lm import IGNORE, lm_metrics, loss_sums, windows
@@ -54,7 +53,7 @@ class RankValidator:
         cfg, block = self.inner.cfg, self.inner.spec.model.block_size
         if self.rank > 0:  # rank 0's run() loaded (and verified) the source just before
             self.inner.source = load_source(cfg, self.inner.home, block)
-        wins = windows(tokenizer.encode(self.inner.source.text), block, cfg.max_samples)
+        wins = windows(self.inner.tok.encode(self.inner.source.text), block, cfg.max_samples)
 
         def on_batch(n: int) -> None:
             if n == 1 and self.rank == 0:

@@ -2,7 +2,12 @@
 
 ppl: token-weighted mean negative log-likelihood over ``corpora/<corpus>/heldout.bin`` in
 consecutive non-overlapping windows of the model's block size (``max_items`` windows sampled by
-``seed`` when set); reports ``loss`` (nats/token), ``ppl`` = exp(loss), ``bpb`` (bits per byte).
+``seed`` when set); reports ``loss`` (nats/token), ``ppl`` = exp(loss), ``bpb`` (bits per token: per
+byte for the byte tokenizer, per character for char).
+
+Tokenizer: each subject encodes with the vocabulary its checkpoint pins (``meta.tokenizer``; absent:
+byte). ppl refuses a corpus whose held-out ids are of another vocabulary; zoo refuses, before any
+item is scored, an item with a character outside a char-level subject's vocabulary.
 
 zoo: the tasks shipped in ``tinyllm/data/zoo/*.jsonl``, lm-evaluation-harness-like:
 ``multiple_choice`` items (``context``, ``choices``, ``gold``) scored by the log-likelihood of each
@@ -42,7 +47,8 @@ _MASK64 = (1 << 64) - 1
 
 
 def load_subject(home: Path, subject: EvalSubject) -> tuple[GPT, int]:
-    """The subject's model (eval mode) and its training step; bad checkpoints are bad input."""
+    """The subject's model (eval mode) and its training step; bad checkpoints are bad input.
+    ``subject_tokenizer`` gives the vocabulary it was trained with."""
     path = Path(subject.model) if os.path.isabs(subject.model) else home / subject.model
     if not path.is_dir():
         raise SpecError(f"subject {subject.id!r}: checkpoint not found: {path}")
@@ -55,10 +61,19 @@ def load_subject(home: Path, subject: EvalSubject) -> tuple[GPT, int]:
         raise SpecError(f"subject {subject.id!r}: {path} has no model config in its manifest") from None
     if "model" not in components:
         raise SpecError(f"subject {subject.id!r}: {path} holds no model")
+    try:
+        tok = tokenizer.from_identity(manifest["meta"].get("tokenizer"))  # absent: byte (older checkpoints)
+    except (ValueError, AttributeError) as e:
+        raise SpecError(f"subject {subject.id!r}: {path} has an unusable tokenizer record ({e})") from None
     model = GPT(cfg)
     model.load_state_dict(components["model"])
     model.eval()
+    model.tok = tok  # the vocabulary every text of this subject is encoded with
     return model, int(manifest["step"])
+
+
+def subject_tokenizer(model: GPT) -> tokenizer.Tokenizer:
+    return getattr(model, "tok", tokenizer.BYTE)
 
 
 def _sample(n: int, k: int | None, seed: int, salt: str) -> list[int]:
@@ -123,8 +138,23 @@ def heldout_nll(model: GPT, tokens: np.ndarray, max_items: int | None, seed: int
     return total, count
 
 
+def check_ppl_corpus(spec: EvalSpec, meta: dict, models: dict) -> None:
+    """held-out ids mean something only in the vocabulary they were built with: each subject's must be
+    the corpus's (a byte model on a char corpus, or another char vocabulary, is refused before work)."""
+    try:
+        theirs = tokenizer.from_corpus_meta(meta)
+    except ValueError as e:
+        raise SpecError(f"corpus {spec.corpus!r}: its meta.json tokenizer is unusable ({e}); rebuild it") from None
+    for subject in spec.subjects:
+        mine = subject_tokenizer(models[subject.id][0])
+        if mine.identity() != theirs.identity():
+            raise SpecError(f"subject {subject.id!r} was trained with the {mine.describe()}, but corpus "
+                            f"{spec.corpus!r} holds ids of the {theirs.describe()}; evaluate it on its own corpus")
+
+
 def run_ppl(spec: EvalSpec, home: Path, models: dict) -> list[EvalResult]:
-    tokens, _ = open_corpus(home, spec.corpus, "heldout")
+    tokens, meta = open_corpus(home, spec.corpus, "heldout")
+    check_ppl_corpus(spec, meta, models)
     rows = []
     windows = Count(sum(len(heldout_windows(len(tokens), models[s.id][0].cfg.block_size, spec.max_items, spec.seed))
                         for s in spec.subjects), "windows")
@@ -153,8 +183,9 @@ def zoo_tasks() -> dict[str, list[dict]]:
 
 @torch.no_grad()
 def continuation_logprob(model: GPT, context: str, continuation: str) -> float:
-    """Sum of log p(continuation bytes | context), context cut from the left to fit the block."""
-    ctx, cont = tokenizer.encode(context).astype(np.int64), tokenizer.encode(continuation).astype(np.int64)
+    """Sum of log p(continuation tokens | context), context cut from the left to fit the block."""
+    tok = subject_tokenizer(model)
+    ctx, cont = tok.encode(context).astype(np.int64), tok.encode(continuation).astype(np.int64)
     seq = np.concatenate([ctx, cont])[-(model.cfg.block_size + 1):]
     x = torch.from_numpy(seq[:-1])[None]  # (1, t)
     logits, _ = model(x)
@@ -165,7 +196,8 @@ def continuation_logprob(model: GPT, context: str, continuation: str) -> float:
 
 @torch.no_grad()
 def greedy_generate(model: GPT, context: str, max_new_tokens: int, until: list[str]) -> str:
-    ids = list(tokenizer.encode(context).astype(np.int64))
+    tok = subject_tokenizer(model)
+    ids = list(tok.encode(context).astype(np.int64))
     out: list[int] = []
     for _ in range(max_new_tokens):
         x = torch.tensor(ids[-model.cfg.block_size:], dtype=torch.long)[None]
@@ -173,10 +205,10 @@ def greedy_generate(model: GPT, context: str, max_new_tokens: int, until: list[s
         nxt = int(torch.argmax(logits[0, -1]).item())  # ties: the lowest id
         ids.append(nxt)
         out.append(nxt)
-        text = tokenizer.decode(out)
+        text = tok.decode(out)
         if any(u in text for u in until):
             break
-    text = tokenizer.decode(out)
+    text = tok.decode(out)
     for u in until:
         text = text.split(u)[0] if u else text
     return text
@@ -205,10 +237,29 @@ def score_task(model: GPT, items: list[dict], count_to: Count | None = None) -> 
     raise SpecError(f"zoo task item type {kind!r} is unknown")
 
 
+def check_zoo_texts(spec: EvalSpec, tasks: dict[str, list[dict]], models: dict) -> None:
+    """Every text a subject would read must encode in its vocabulary: a char-level subject and an item
+    with a character outside it is one bad-input line before any item is scored."""
+    for subject in spec.subjects:
+        tok = subject_tokenizer(models[subject.id][0])
+        if tok.kind == "byte":
+            continue
+        for task, chosen in tasks.items():
+            for n, item in enumerate(chosen, start=1):
+                texts = [item.get("context", "")] + list(item.get("choices", []))
+                for text in texts:
+                    try:
+                        tok.check(text, f"zoo task {task!r} item {n} for subject {subject.id!r}")
+                    except tokenizer.UnknownCharacter as e:
+                        raise SpecError(f"{e}; the zoo suite needs a byte-level subject or a corpus holding "
+                                        "every character of its tasks") from None
+
+
 def run_zoo(spec: EvalSpec, models: dict) -> list[EvalResult]:
     rows = []
     tasks = {task: [items[i] for i in _sample(len(items), spec.max_items, spec.seed, task)]
              for task, items in zoo_tasks().items()}
+    check_zoo_texts(spec, tasks, models)
     count = Count(len(spec.subjects) * sum(len(chosen) for chosen in tasks.values()), "items")
     for subject in spec.subjects:
         model, step = models[subject.id]

@@ -131,6 +131,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        if cfg.vocab_size is None:  # no corpus named the vocabulary: byte-level (the trainer fills it in)
+            cfg = cfg.model_copy(update={"vocab_size": 256})
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)  # token embedding (V, C)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)  # position embedding (T, C)

@@ -27,7 +27,9 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     """A small decoder-only transformer (nanoGPT shape)."""
 
-    vocab_size: int = Field(256, ge=256, le=1 << 20)  # byte-level tokens (ids 0..255) need at least 256
+    # None: the corpus's vocabulary (byte: 256; char: its characters), filled in by the trainer (a
+    # model built without a corpus is byte-level); an explicit value at least that (wider: unused ids)
+    vocab_size: int | None = Field(None, ge=2, le=1 << 20)
     block_size: int = Field(64, ge=2, le=1 << 16)  # context length in tokens
     n_layer: int = Field(2, ge=1, le=1024)  # transformer blocks
     n_head: int = Field(2, ge=1, le=1024)  # attention heads per block
@@ -125,7 +127,9 @@ class CorpusSpec(_Strict):
     sources: list[str] = []  # text files or globs, relative to the home or absolute; [] = built-in
     heldout: list[str] = []  # held-out files or globs (disjoint from sources); [] = the tail range
     heldout_fraction: float = Field(0.1, gt=0.0, lt=1.0)  # tail share held out when heldout == []
-    tokenizer: Literal["byte"] = "byte"  # byte-level: any text, vocab 256
+    # byte: any text, vocab 256; char: UTF-8 text, vocab = its sorted distinct characters (nanoGPT's
+    # shakespeare_char), computed here over sources and held-out text and stored in meta.json
+    tokenizer: Literal["byte", "char"] = "byte"
 
 
 class EvalSubject(_Strict):

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import checkpoint as ckpt
-from . import faults, heap, omp, retention, runlock, torch_defer, torch_preload
+from . import faults, heap, omp, retention, runlock, tokenizer, torch_defer, torch_preload
 from .corpus import open_corpus
 from .ddp_launch import check_world_size
 from .data import TokenStream
@@ -54,6 +54,18 @@ def lr_at(step: int, spec: TrainSpec) -> float:
         return spec.min_lr
     ratio = (step - spec.warmup_steps) / max(1, spec.lr_decay_steps - spec.warmup_steps)
     return spec.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (spec.lr - spec.min_lr)
+
+
+def with_vocab(spec: TrainSpec, tok: tokenizer.Tokenizer, source: str) -> TrainSpec:
+    """``spec`` with ``model.vocab_size`` filled in from the tokenizer (None: its vocabulary); an explicit
+    value below it is bad input (a wider one is allowed: its extra ids are never read)."""
+    given = spec.model.vocab_size
+    if given is None:
+        return spec.model_copy(update={"model": spec.model.model_copy(update={"vocab_size": tok.vocab_size})})
+    if given < tok.vocab_size:
+        raise SpecError(f"invalid train spec: model.vocab_size {given} is smaller than the {tok.describe()} of "
+                        f"{source}; omit it (it follows the tokenizer) or give at least {tok.vocab_size}")
+    return spec
 
 
 def trajectory_fields(spec: TrainSpec) -> dict:
@@ -108,8 +120,6 @@ class Trainer:
         # Bad input is refused here, before anything is written.
         if cfg.n_embd % cfg.n_head:
             raise SpecError(f"invalid train spec: model.n_embd ({cfg.n_embd}) is not a multiple of model.n_head ({cfg.n_head})")
-        if cfg.vocab_size < 256:
-            raise SpecError(f"invalid train spec: model.vocab_size {cfg.vocab_size} < 256 (byte-level tokens)")
         self.total_steps = spec.steps if total_steps is None else total_steps
         if self.total_steps < spec.steps:
             raise SpecError(f"--total-steps {self.total_steps} is below the spec's steps {spec.steps}")
@@ -121,9 +131,17 @@ class Trainer:
         if spec.objective != "lm":
             from .objectives import build_objective
 
+            self.tok = tokenizer.BYTE  # post-training is byte-level (tinyllm/objectives)
+            self.spec = spec = with_vocab(spec, self.tok, "post-training")
             self.objective = build_objective(spec, self.home, self.log)  # bad input: exit 2, nothing written
         else:
             tokens, self.corpus_meta = open_corpus(self.home, spec.corpus, "tokens")
+            try:
+                self.tok = tokenizer.from_corpus_meta(self.corpus_meta)
+            except ValueError as e:
+                raise SpecError(f"corpus {spec.corpus!r}: its meta.json tokenizer is unusable ({e}); rebuild it") from None
+            self.spec = spec = with_vocab(spec, self.tok, f"corpus {spec.corpus!r}")
+            cfg = spec.model
             try:
                 self.data = TokenStream(tokens, cfg.block_size, spec.batch_size, spec.seed)
             except ValueError as e:
@@ -133,7 +151,7 @@ class Trainer:
             from .validation.runner import Validator
 
             self.validator = Validator(spec, self.home, self.run_dir, log=self.log, total_steps=self.total_steps,
-                                       objective=self.objective)  # bad held-out data: exit 2
+                                       objective=self.objective, tok=self.tok)  # bad held-out data: exit 2
             if self.objective is None:
                 self.validator.check_corpus(tokens, f"corpus {spec.corpus!r}")  # overlap with training: exit 2
             elif spec.validation.objective != "lm":
@@ -168,6 +186,7 @@ class Trainer:
         state = components["training_state"]
         if state["step"] > self.spec.steps:
             raise SpecError(f"checkpoint {self.resumed_from} is at step {state['step']}, beyond the spec's steps {self.spec.steps}")
+        self._check_tokenizer(manifest.get("meta", {}).get("tokenizer"))  # before the generic diff (vocab_size)
         saved = manifest.get("meta", {}).get("trajectory")
         check_world_size(saved, self.spec, self.rel(self.resumed_from))  # its own clear line, before the generic diff
         if saved is not None and saved != trajectory_fields(self.spec):
@@ -186,6 +205,17 @@ class Trainer:
             self.objective.on_resume(self, components)
         self.hooks.on_resume(self, components)
         print(f"tinyllm: resumed {self.spec.name} from {self.rel(self.resumed_from)} at step {self.step}", file=self.log, flush=True)
+
+    def _check_tokenizer(self, saved: dict | None) -> None:
+        """The checkpoint's vocabulary must be the corpus's (absent: byte, as before the char tokenizer)."""
+        try:
+            theirs = tokenizer.from_identity(saved)
+        except ValueError as e:
+            raise SpecError(f"checkpoint {self.rel(self.resumed_from)}: its tokenizer record is unusable ({e})") from None
+        if theirs.identity() != self.tok.identity():
+            raise SpecError(f"checkpoint {self.rel(self.resumed_from)} was trained with the {theirs.describe()}, but "
+                            f"corpus {self.spec.corpus!r} now has the {self.tok.describe()}; resume it against the "
+                            "corpus it was trained on, or start another run")
 
     def _report_resume(self) -> None:
         """One progress line saying where this invocation starts and which checkpoints it refused."""
@@ -250,7 +280,7 @@ class Trainer:
                 **self.hooks.checkpoint_components(self, self.step)}
 
     def checkpoint_meta(self) -> dict:
-        meta = {"name": self.spec.name, "trajectory": trajectory_fields(self.spec)}
+        meta = {"name": self.spec.name, "trajectory": trajectory_fields(self.spec), "tokenizer": self.tok.identity()}
         if self.objective is not None:
             meta["posttrain"] = self.objective.identity()  # init/ref/teacher digests, sampling, tokenizer
         return meta

@@ -25,7 +25,7 @@ def _steps(spec, build, n: int = 12):
     model = GPT(spec.model)
     opt = build(model)
     gen = torch.Generator().manual_seed(3)
-    x = torch.randint(0, spec.model.vocab_size, (4, spec.model.block_size), generator=gen)
+    x = torch.randint(0, model.cfg.vocab_size, (4, spec.model.block_size), generator=gen)  # 256: no corpus, bytes
     for step in range(n):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, spec)

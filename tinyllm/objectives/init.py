@@ -18,7 +18,7 @@ from ..model import GPT, state_digest
 from ..spec import ModelConfig, SpecError
 
 _RUN_AT_STEP = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)@(\d+)$")
-TOKENIZER = "byte"  # tinyllm's only tokenizer; with the vocab size it is the tokenizer identity
+TOKENIZER = "byte"  # the only tokenizer post-training takes (load_frozen refuses char checkpoints)
 
 
 @dataclass
@@ -62,6 +62,10 @@ def load_frozen(ref: str, home: Path, what: str) -> FrozenCheckpoint:
         raise SpecError(f"{what} checkpoint {ref!r} cannot be used: {e}") from None
     if "model" not in components:
         raise SpecError(f"{what} checkpoint {ref!r} has no model component (components {manifest.get('components')})")
+    kind = (manifest.get("meta", {}).get("tokenizer") or {}).get("kind", "byte")
+    if kind != "byte":  # rollouts, prompts, pairs and rewards are byte-level (tinyllm/objectives/data.py)
+        raise SpecError(f"{what} checkpoint {ref!r} was trained with the {kind} tokenizer; post-training "
+                        "objectives (dpo, grpo, opd) take byte-level checkpoints only")
     raw_cfg = (manifest.get("meta", {}).get("trajectory") or {}).get("model")
     try:
         config = ModelConfig.model_validate(raw_cfg)

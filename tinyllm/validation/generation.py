@@ -6,8 +6,8 @@ its own ``torch.Generator`` seeded from (validation seed, i, g), so its tokens d
 batch it lands in, and the global RNG is never touched. Sampling, per position: repetition penalty
 (CTRL: a seen token's logit is divided by the penalty if positive, multiplied if negative), then
 greedy if temperature == 0, else temperature, top-k, top-p (nucleus) and a draw. A rollout stops
-after ``max_tokens`` tokens or at a newline (the byte tokenizer has no end-of-sequence token); the
-newline is not part of the completion. Batches are right-padded: causal attention keeps each row's
+after ``max_tokens`` tokens or at a newline (the tokenizers have no end-of-sequence token; a char
+vocabulary without a newline never stops early); the newline is not part of the completion. Batches are right-padded: causal attention keeps each row's
 last real position exact, and logits are read there.
 """
 from __future__ import annotations
@@ -52,10 +52,13 @@ def _next_token(logits: torch.Tensor, seen: list[int], sampling: dict, gen: torc
     return int(torch.multinomial(probs, 1, generator=gen))
 
 
-def generate(model, prompts: list[str], seeds: list[int], *, block_size: int, sampling: dict) -> list[str]:
-    """Completions of ``prompts`` (one batch); call inside ``isolated``."""
+def generate(model, prompts: list[str], seeds: list[int], *, block_size: int, sampling: dict,
+             tok: tokenizer.Tokenizer = tokenizer.BYTE) -> list[str]:
+    """Completions of ``prompts`` (one batch) in ``tok``'s ids (stop: its newline, if it has one);
+    call inside ``isolated``."""
     device = next(model.parameters()).device
-    seqs = [list(map(int, tokenizer.encode(p))) for p in prompts]
+    stop = tok.token_of("\n")
+    seqs = [list(map(int, tok.encode(p))) for p in prompts]
     gens = [torch.Generator().manual_seed(s) for s in seeds]
     out: list[list[int]] = [[] for _ in prompts]
     live = list(range(len(prompts)))
@@ -70,14 +73,14 @@ def generate(model, prompts: list[str], seeds: list[int], *, block_size: int, sa
         logits, _ = model(x.to(device))
         still = []
         for r, i in enumerate(live):
-            tok = _next_token(logits[r, len(ctx[r]) - 1].cpu(), seqs[i], sampling, gens[i])
-            if tok == STOP_TOKEN:
+            t = _next_token(logits[r, len(ctx[r]) - 1].cpu(), seqs[i], sampling, gens[i])
+            if t == stop:
                 continue
-            seqs[i].append(tok)
-            out[i].append(tok)
+            seqs[i].append(t)
+            out[i].append(t)
             still.append(i)
         live = still
-    return [tokenizer.decode(o) for o in out]
+    return [tok.decode(o) for o in out]
 
 
 def evaluate_generation(
@@ -92,6 +95,7 @@ def evaluate_generation(
     max_samples: int | None = None,
     on_batch: Callable[[int], None] | None = None,
     generate_fn: Callable[..., list[str]] | None = None,
+    tok: tokenizer.Tokenizer = tokenizer.BYTE,
 ) -> tuple[dict[str, float], list[dict]]:
     """(metrics, rollouts): val/reward_* over all rollouts and val/<reward>, val/<reward>_count.
 
@@ -102,7 +106,7 @@ def evaluate_generation(
     rollouts: list[dict] = []
     for b in range(0, len(jobs), batch_size):
         chunk = jobs[b : b + batch_size]
-        texts = (generate_fn or (lambda *a, **k: generate(model, *a, **k)))(
+        texts = (generate_fn or (lambda *a, **k: generate(model, *a, tok=tok, **k)))(
             [rows[i]["prompt"] for i, _ in chunk],
             [rollout_seed(seed, i, g) for i, g in chunk],
             block_size=block_size,

@@ -34,7 +34,7 @@ from .isolation import isolated
 from .lm import evaluate_lm
 from .planning import StepPlan, plan_step
 from .schedule import is_validation_step
-from .source import HeldOutSource, check_disjoint, load_source, resolve_path, verify_unchanged
+from .source import HeldOutSource, check_disjoint, check_encodes, load_source, resolve_path, verify_unchanged
 from .transaction import Journal, ValidationTransaction, check_identity, read_journal, resume_action
 
 Publish = Callable[[dict], None]
@@ -42,8 +42,9 @@ Publish = Callable[[dict], None]
 
 class Validator:
     def __init__(self, spec, home: str | Path, run_dir: str | Path, log=None, objective=None,
-                 total_steps: int | None = None):
+                 total_steps: int | None = None, tok: tokenizer.Tokenizer = tokenizer.BYTE):
         self.spec = spec
+        self.tok = tok  # the run's tokenizer (its corpus's): held-out text and prompts encode with it
         self.total_steps = spec.steps if total_steps is None else total_steps  # the run's, not the segment's
         self.cfg: ValidationConfig = spec.validation
         assert self.cfg is not None and self.cfg.enabled
@@ -57,11 +58,12 @@ class Validator:
         self.reward = effective_validation_reward(spec)
         self.sampling = effective_validation_sampling(spec)
         self.source: HeldOutSource = load_source(self.cfg, self.home, self.spec.model.block_size)
+        check_encodes(self.source, self.tok)  # a character outside a char vocabulary: exit 2, before work
         self.rollouts: list[dict] = []  # generation: the last pass's rollouts (for inspection)
 
     # -- start ---------------------------------------------------------------------------------
     def check_corpus(self, training_tokens: np.ndarray, corpus: str = "training corpus") -> None:
-        check_disjoint(self.source, training_tokens, corpus)
+        check_disjoint(self.source, training_tokens, corpus, self.tok)
 
     def due(self, step: int) -> bool:
         return is_validation_step(step * self.scale, self.total_steps * self.scale, self.cfg)
@@ -75,7 +77,8 @@ class Validator:
         return {
             "config": {**self.cfg.identity(), "sampling": self.sampling, "reward": self.reward},
             "source": self.source.identity(),
-            "model": {"config": self.spec.model.model_dump(mode="json"), "tokenizer": "byte",
+            "model": {"config": self.spec.model.model_dump(mode="json"),
+                      "tokenizer": "byte" if self.tok.kind == "byte" else self.tok.identity(),
                       **({"posttrain": self.objective.identity()} if self.objective is not None else {})},
             "weights_digest": state_digest(model.state_dict()),
         }
@@ -130,7 +133,7 @@ class Validator:
 
         with isolated(model):
             if cfg.objective == "lm":
-                metrics = evaluate_lm(model, tokenizer.encode(self.source.text), block_size=block,
+                metrics = evaluate_lm(model, self.tok.encode(self.source.text), block_size=block,
                                       batch_size=cfg.batch_size, max_samples=cfg.max_samples, on_batch=on_batch)
             elif cfg.objective == "dpo":  # the training objective, in inference mode, over held-out pairs
                 metrics = self.objective.evaluate(model, self.source.pairs, cfg.batch_size, cfg.max_samples, on_batch)
@@ -140,7 +143,7 @@ class Validator:
                 if rollout is not None:  # pinned to the scheduled model step: another version is fatal
                     generate_fn = partial(rollout.generate_texts, expected_version=step * self.scale)
                 metrics, self.rollouts = evaluate_generation(
-                    model, self.source.prompts, block_size=block, batch_size=cfg.batch_size,
+                    model, self.source.prompts, block_size=block, batch_size=cfg.batch_size, tok=self.tok,
                     sampling=self.sampling, rewards=self.reward, seed=cfg.seed,
                     max_samples=cfg.max_samples, on_batch=on_batch, generate_fn=generate_fn)
                 metrics["val/step"] = step * self.scale

@@ -116,13 +116,35 @@ def _parse_prompts(cfg: ValidationConfig, path: Path, text: str) -> list[dict]:
     return out
 
 
-def check_disjoint(source: HeldOutSource, training_tokens: np.ndarray, corpus: str = "training corpus") -> None:
-    """Reject a held-out source that overlaps the training data (byte-level tokens = UTF-8 bytes).
+def check_encodes(source: HeldOutSource, tok) -> None:
+    """A char-level run reads only its corpus's characters: held-out text (lm) or prompts (generation)
+    with another one is one ``ValidationDataError`` line at start (bytes: everything encodes)."""
+    from ..tokenizer import UnknownCharacter
+
+    try:
+        if source.text:
+            tok.check(source.text, f"validation data {source.path}")
+        for n, row in enumerate(source.prompts, start=1):
+            tok.check(row["prompt"], f"validation data {source.path} prompt {n}")
+        for n, row in enumerate(source.pairs, start=1):
+            for key in ("prompt", "chosen", "rejected"):
+                tok.check(row[key], f"validation data {source.path} pair {n} {key}")
+    except UnknownCharacter as e:
+        raise ValidationDataError(str(e)) from None
+
+
+def check_disjoint(source: HeldOutSource, training_tokens: np.ndarray, corpus: str = "training corpus",
+                   tok=None) -> None:
+    """Reject a held-out source that overlaps the training data (byte-level tokens = UTF-8 bytes;
+    char-level ones are decoded with ``tok`` and compared as UTF-8).
 
     Overlap: the whole held-out file, or any held-out record (lm line; generation prompt or
     response) of at least ``MIN_OVERLAP_BYTES`` bytes, occurs verbatim in the training tokens.
     """
-    train = np.asarray(training_tokens).astype(np.uint8).tobytes()
+    if tok is not None and tok.kind != "byte":
+        train = tok.decode(np.asarray(training_tokens)).encode("utf-8")
+    else:
+        train = np.asarray(training_tokens).astype(np.uint8).tobytes()
     whole = (source.text or "").strip().encode("utf-8")
     if len(whole) >= MIN_OVERLAP_BYTES and whole in train:
         raise ValidationDataError(f"validation data {source.path} overlaps the {corpus}: the whole file occurs in it")
