@@ -8,21 +8,22 @@ the start in a fresh home and kills in-process; ``snapshot`` copies the files of
 uninterrupted run at k; ``dedup`` (default) also shares one recovery among positions that
 leave the same durable state, checking each position's own ledger.
 Every mismatch carries the seed/positions that reproduce it and a one-line command.
+
+``Simulator`` is here (single runs, the reference run, the checks, the sweeps' entry points); its
+parts are ``snapshot_sweep`` (``snapshot_kills`` and its recoveries: convergence, shared replays,
+forks), ``random_sweeps`` (``random_kills``, ``cancels``) and ``report`` (``Mismatch``, ``Report``,
+``rerun_command``, all importable from here too).
 """
 from __future__ import annotations
 
 import bisect
 import logging
-import random
-import re
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 from engine.clock import VirtualClock
-from engine.history import read_events
-from workflows.models import WORKFLOW_TRAIN_RUN
 
 from .checks import (
     CHECKED_EVENTS,
@@ -38,102 +39,29 @@ from .checks import (
 )
 from .convergence import (
     CONVERGENCE_KIND,
-    Converged,
     HistoryDigest,
-    NO_SPLICE,
-    JoinedEvents,
     Target,
     Verified,
-    splice_ledger,
-    splice_replay,
-    splice_target,
     state_key,
     without_history,
 )
 from .fakes import FakeActivities
-from .faults import FaultPlan, random_kills
-from .ledger import Ledger, SplicedLedger, TailLedger
-from .ledger_folds import PrefixFold, TailCache, position_lines
-from .prefix import adopt_donor, advance_prefix, build_prefix, in_child
+from .faults import FaultPlan
+from .ledger import Ledger
+from .prefix import adopt_donor  # noqa: F401 - re-exported (the snapshot sweep's checked adoption)
+from .random_sweeps import RandomSweeps
+from .report import Mismatch, Report, rerun_command
 from .scenario import (
-    START_TIME, Outcome, Scenario, SnapshotHome, new_home, recover_from_snapshot, remove_home, run_scenario,
+    START_TIME, Outcome, Scenario, SnapshotHome, new_home, remove_home, run_scenario,
 )
-
-
-@dataclass
-class Mismatch:
-    what: str  # "kill", "kills", "cancel", "reference", "oom", "failed-suite"
-    kills: list[int]
-    lines: list[str]
-    command: str
-    cancel_at: int | None = None
-    seed: int | None = None
-    home: str | None = None
-
-    def __str__(self) -> str:
-        where = f"kills at {self.kills}" if self.kills else "no kill"
-        if self.cancel_at is not None:
-            where += f", cancel at {self.cancel_at}"
-        if self.seed is not None:
-            where += f", seed {self.seed}"
-        head = f"MISMATCH ({self.what}; {where}):"
-        body = "\n".join(f"  - {line}" for line in self.lines[:8])
-        more = f"\n  ... {len(self.lines) - 8} more" if len(self.lines) > 8 else ""
-        home = f"\n  files kept in {self.home}" if self.home else ""
-        return f"{head}\n{body}{more}{home}\n  rerun: {self.command}"
-
-
-@dataclass
-class Report:
-    name: str
-    tried: int = 0
-    matched: int = 0
-    positions: int = 0
-    elapsed_s: float = 0.0
-    mismatches: list[Mismatch] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.mismatches and self.tried == self.matched
-
-    def record(self, mismatch: Mismatch | None) -> bool:
-        """Count one run; True when it mismatched."""
-        self.tried += 1
-        if mismatch is None:
-            self.matched += 1
-            return False
-        self.mismatches.append(mismatch)
-        return True
-
-    def summary(self) -> str:
-        rate = self.tried / self.elapsed_s if self.elapsed_s > 0 else 0.0
-        return (f"{self.name}: {self.tried} tried, {self.matched} matched, {len(self.mismatches)} mismatched "
-                f"({self.positions} positions in the uninterrupted run; {self.elapsed_s:.1f}s, {rate:.0f}/s)")
-
+from .snapshot_sweep import SnapshotSweep, _state_key
 
 def quiet_engine_logs() -> None:
     """The engine logs every redelivery at WARNING; a sweep makes thousands on purpose."""
     logging.getLogger("engine").setLevel(logging.CRITICAL)
 
 
-def _state_key(live: dict, clock: VirtualClock) -> tuple:
-    """What a kill here leaves, within one uninterrupted run: its committed transactions, the
-    files written, the time, the faults still to come (the same key: byte-identical files)."""
-    fakes = live["fakes"]
-    return live["engine"].store.commits, fakes.writes, clock.now(), tuple(sorted(fakes.oom_left.items()))
-
-
-_DIGITS = re.compile(r"\d+")
 _WORKER_FN: Callable | None = None
-_SPENT = Target(None, 0, 0)  # a checked splice refused after it spent the recovery's replayer
-
-
-def _children_cpu() -> float:
-    """CPU seconds of this process's finished children (forked recoveries)."""
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def _call(item):
@@ -154,17 +82,7 @@ def _map(fn: Callable, items: list, jobs: int):
         yield from pool.imap(_call, items, chunksize=8)
 
 
-def rerun_command(scn: Scenario, kills: Iterable[int], *, cancel_at: int | None = None,
-                  mutant: str | None = None) -> str:
-    cmd = f"python -m simulator kill-at {scn.flags()} --kills {','.join(map(str, kills)) or 'none'}"
-    if cancel_at is not None:
-        cmd += f" --cancel-at {cancel_at}"
-    if mutant:
-        cmd += f" --mutant {mutant}"
-    return cmd
-
-
-class Simulator:
+class Simulator(SnapshotSweep, RandomSweeps):
     """Runs one scenario (and one workflow function: the real one, or a mutant) many times."""
 
     def __init__(self, scn: Scenario, *, workflow_fn: Callable | None = None, mutant: str | None = None,
@@ -412,392 +330,6 @@ class Simulator:
         report.elapsed_s = time.perf_counter() - t0
         return report
 
-    def snapshot_kills(self, positions: list[int], *, stop_at_first: bool = False,
-                       dedup: bool = True) -> list[Mismatch | None]:
-        """Kills at ``positions`` (increasing), recovered from snapshots of one uninterrupted run.
-
-        ``dedup``: two shortcuts, each exact (``tests/simulator`` compares them with literal runs).
-        (a) Positions where the durable state is the same (same committed transactions, same
-        files written, same clock; e.g. the steps between two checkpoints, where nothing is
-        written) recover identically, since the recovery is deterministic and reads nothing
-        else: the first is run, the next ones reuse its outcome with their own ledger (what
-        the worker did before the kill), on which the ledger checks run again. The durable
-        state only grows along the run, so only the previous position's recovery is kept.
-        (b) A recovery stops at the first convergence point where its state key equals that
-        of a verified run at the same point (simulator/convergence.py): the uninterrupted run,
-        or an earlier recovery that ran on (kept until the uninterrupted run's next
-        convergence point, after which no later kill can reach its states).
-        """
-        self.reference()
-        todo, out = set(positions), []
-        home, ledger, clock, live = new_home(), Ledger(), VirtualClock(START_TIME), {}
-        last: list = [None, None]  # the previous recovery: its start key, and (outcome, state_lines, ledger suffix)
-        found: dict[tuple, Target] = {}  # convergence points of recoveries that ran on
-        src_history = HistoryDigest()  # the uninterrupted run's, brought up to date at its convergence points
-        wf = self.scn.workflow_id
-        folds = PrefixFold(ledger, self.scn, wf)  # the ledger checks, piecewise
-        tails = TailCache(self.scn, wf, ref=self._ref.ledger.entries)
-
-        def ledger_lines(state: str, head: list, own: list, tail) -> list[str] | None:
-            """``check_completed_ledger`` of ``ledger[:p] + head[p:] + own pieces + tail``, p = len(ledger)."""
-            if state != "completed":
-                return []
-            p = len(ledger.entries)
-            fold, generation = folds.at()
-            fold.feed(head, p, len(head))
-            lines = position_lines(fold, own, len(head), tail, tails)
-            folds.check(generation)
-            return lines
-        if dedup and self.share_replay:  # what children would each make again: made here once
-            compare_with(self._ref, self._ref)
-            self._result_lines(self._ref)
-        for name in ("recoveries", "converged", "ran on", "checked splices", "refused splices", "shared replays"):
-            self.stats.setdefault(name, 0)
-
-        prefix: list = [None]  # the current shared fresh replay of the uninterrupted run (simulator/prefix.py)
-        donors: dict[int, list] = {}  # cut -> replayers of recoveries that stopped there (``_admit``)
-        ready: list = []  # shared replays made of them, each for one in-process recovery
-
-        gives_back: dict[tuple, bool] = {}  # kind of position -> whether its last in-process recovery donated
-        conv_at = [0]  # the uninterrupted run's last convergence point
-
-        def observe(n: int, kind: str, label: str) -> None:
-            if dedup and kind == CONVERGENCE_KIND:
-                conv_at[0] = n
-                found.clear()
-                with live["engine"].store._lock:
-                    src_history.catch_up(live["engine"].store.conn)
-                if self.share_replay:
-                    self._refresh_prefix(prefix, live["engine"], src_history.last_seq.get(self.scn.workflow_id, 0))
-                    tails.get(self._ref.ledger.entries).warm(len(ledger.entries))  # (forked recoveries start from it)
-                    self._admit(prefix[0], src_history.digest.get(wf), donors, ready)
-            if n not in todo:
-                return
-            where = f"{kind} {label}"
-            key = _state_key(live, clock)
-            if dedup and last[0] == key:
-                rep, state_lines, (own, tail) = last[1]
-                if tail is not None and tail[0] is None:
-                    tail = (self._ref.ledger.entries, tail[1])
-                head = Ledger()
-                head.entries = list(ledger.entries)
-                head.record("crash", position=n, where=where)
-                o = replace(rep, ledger=SplicedLedger(head.entries, own + ([] if tail is None else
-                                                                            [(tail[0], tail[1], len(tail[0]))])))
-                lines = ledger_lines(o.state, head.entries, own, tail)
-                o.extra = {**o.extra, "ledger_lines": lines}
-                m = self.check(o, what="kill", kills=[n], state_lines=state_lines, ledger_lines=lines)
-                if m is not None:
-                    m.lines.insert(0, f"killed at position {n}: {where}")
-                    self._finish(o, m)
-            else:
-                last[0] = last[1] = None
-
-                def recover_and_check():
-                    try:
-                        o = self._recover(n, where, home, live, ledger, clock, found if dedup else None,
-                                          src_history.copy() if dedup else None, prefix=pre, fork=fork)
-                    except Exception as e:  # noqa: BLE001 - an engine error is a finding, not a crash of the sweep
-                        return Mismatch("kill", [n], [f"killed at position {n}: {where}",
-                                                      f"recovery raised {str(e)[-2000:] if isinstance(e, RuntimeError) else repr(e)}"],
-                                        rerun_command(self.scn, [n], mutant=self.mutant)), None
-                    state_lines = o.extra.pop("state_lines", None)
-                    if state_lines is None and not self.scn.fail_suites:
-                        state_lines = self.state_lines(o)
-                    crash = len(ledger.entries)
-                    tail = o.extra.pop("ledger_tail", None)
-                    head = o.ledger.head if isinstance(o.ledger, SplicedLedger) else o.ledger.entries
-                    lines = o.extra["ledger_lines"] = ledger_lines(o.state, head, [], tail)
-                    m = self.check(o, what="kill", kills=[n], state_lines=state_lines, ledger_lines=lines)
-                    if m is not None:
-                        m.lines.insert(0, f"killed at position {n}: {where}")
-                        self._finish(o, m)
-                    own = head[crash + 1:]
-                    if tail is not None and tail[0] is self._ref.ledger.entries:
-                        tail = (None, tail[1])  # (a forked recovery sends this back: not the reference's ledger)
-                    return m, (replace(o, ledger=Ledger()), state_lines, ([(own, 0, len(own))], tail))
-
-                # Where a recovery's replay starts (each way exact; only the cost differs): forked off the
-                # spine where the history is long enough and this kind of position did not donate last time
-                # (its donated replays are kept for those that give one back), else a donated replay
-                # (in-process), else forked where long enough, else a fresh replay in-process. (A forked
-                # recovery that dies or raises: a mismatch.)
-                pre, fork = None, False
-                kind_here = (kind, _DIGITS.sub("#", label), n - conv_at[0])
-                long_enough = dedup and prefix[0] is not None and prefix[0].seq >= self.share_min_events
-                if long_enough and not gives_back.get(kind_here, True):
-                    pre, fork = prefix[0], True
-                elif dedup and ready:
-                    pre = ready.pop()
-                    self.stats["recoveries from a donated replay"] += 1
-                elif long_enough:
-                    pre, fork = prefix[0], True
-                self.stats["forked recoveries"] += fork
-                self._donations = []
-                self._index = prefix[0] if self.share_indexes and not fork else None
-                indexed = 0 if self._index is None else self._index.indexed
-                c0, k0 = time.process_time(), _children_cpu() if fork else 0.0
-                try:
-                    m, payload = recover_and_check()
-                finally:
-                    grew = 0 if self._index is None else self._index.indexed - indexed
-                    self.stats["replays from scratch on the spine's indexes"] += grew
-                    self._index = None
-                    start = ("forked" if fork else "donated" if pre is not None
-                             else "from scratch, indexes copied" if grew else "from scratch")
-                    self.stats[f"recoveries started {start}"] += 1
-                    self.timing[f"cpu: recoveries started {start}"] += (
-                        time.process_time() - c0 + (_children_cpu() - k0 if fork else 0.0))
-                if not fork:
-                    gives_back[kind_here] = bool(self._donations)
-                if self.share_donors:
-                    for cut, r, digest in self._donations:
-                        donors.setdefault(cut, []).append((r, digest))
-                self._donations = []
-                if dedup and payload is not None:
-                    last[0], last[1] = key, payload
-            out.append(m)
-            if stop_at_first and m is not None:
-                todo.clear()
-
-        if self.reuse_snapshot_home:
-            self._pool = SnapshotHome(home)
-            self._pool.verify = self.verify_snapshots
-        try:
-            src = run_scenario(self.scn, home, FaultPlan(observer=observe), workflow_fn=self.workflow_fn,
-                               ledger=ledger, clock=clock, live=live)
-        finally:
-            if self._pool is not None:
-                self._pool.drop()
-                self._pool = None
-            remove_home(home)
-        ref = self.reference()
-        differs = compare_with(src, ref)
-        if [(e.type, e.time) for e in src.events] != [(e.type, e.time) for e in ref.events]:
-            differs.append("their histories differ")
-        if differs:
-            out.append(Mismatch("reference", [], ["two uninterrupted runs differ: the simulation is not "
-                                                  "deterministic"] + differs,
-                                rerun_command(self.scn, [], mutant=self.mutant)))
-        return out
-
-    def _refresh_prefix(self, prefix: list, eng, events: int) -> None:
-        """At a convergence point of the uninterrupted run: the shared replay (simulator/prefix.py) moved to
-        this cut, once the history grew by ``share_every`` events since the last cut. The first is a fresh
-        replay (``build_prefix``); later ones feed the same replayer the events since (``advance_prefix``:
-        the spine, O(new events)); one the spine refuses is made fresh again. Recoveries fork off it only
-        where the history has ``share_min_events`` events; it also checks donated replays (``_admit``)."""
-        cur = prefix[0]
-        if cur is not None and events - cur.seq < self.share_every:
-            return
-        t0 = time.perf_counter()
-        new = None
-        try:
-            if cur is not None and self.share_spine and advance_prefix(eng, cur, WORKFLOW_TRAIN_RUN):
-                new = cur
-                self.stats["spine cuts"] += 1
-            else:
-                prefix[0] = None  # (a refused spine is unusable)
-                new = build_prefix(eng, self.scn.workflow_id, WORKFLOW_TRAIN_RUN)
-                self.stats["fresh shared replays"] += new is not None
-        except Exception:  # noqa: BLE001 - then each recovery replays from scratch, and meets it itself
-            new = None
-        self.timing["shared replays"] += time.perf_counter() - t0
-        if new is not None:
-            self.stats["shared replays"] += 1
-        prefix[0] = new
-
-    def _admit(self, spine, digest, donors: dict, ready: list) -> None:
-        """At a convergence point of the uninterrupted run, its spine at this cut: the replayers donated by
-        recoveries that stopped at this very cut become shared replays (``prefix.adopt_donor``) where their
-        visible history's digest is the uninterrupted run's here; those of earlier cuts are dropped."""
-        if spine is None:
-            donors.clear()
-            ready.clear()
-            return
-        for r, theirs in donors.pop(spine.seq, ()):
-            p = adopt_donor(spine, r) if theirs == digest and digest is not None else None
-            self.stats["donated replays" if p is not None else "refused donations"] += 1
-            if p is not None:
-                ready.append(p)
-        for cut in [c for c in donors if c < spine.seq]:
-            del donors[cut]
-        del ready[:-self.share_ready_max]  # (older cuts are still good; the newest are used first)
-
-    def _recover(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
-                 found: dict | None, history: HistoryDigest | None, prefix=None, fork: bool = False) -> Outcome:
-        """The recovery of a kill at ``n``; with ``found``, stopped at convergence and spliced; ``fork``: in a
-        forked child, off the shared replay ``prefix``."""
-        self.stats["recoveries"] += 1
-        t0, before = time.perf_counter(), self.stats["converged"]
-        try:
-            return self._recover_timed(n, where, home, live, ledger, clock, found, history, prefix, fork)
-        finally:
-            kind = "converged" if self.stats["converged"] > before else "ran on"
-            self.stats[kind] += kind == "ran on"
-            self.timing[kind] += time.perf_counter() - t0
-
-    def _recover_timed(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
-                       found: dict | None, history: HistoryDigest | None, prefix, fork: bool) -> Outcome:
-        if found is None:
-            return recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
-                                         pool=self._pool)
-        args = (n, where, home, live, ledger, clock, found, history, prefix)
-        raw = self._run_forked(args) if fork else self._run_twice(*args, lean=False)
-        c0 = time.process_time()
-        try:
-            return self._recover_finish(*raw)
-        finally:
-            self.timing["cpu: splicing and outcome checks"] += time.process_time() - c0
-
-    def _run_twice(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock, found: dict,
-                   history: HistoryDigest, prefix, *, lean: bool) -> tuple:
-        """``_recover_run``, and again without the recovery's own replayer where a checked splice spent it."""
-        raw = self._recover_run(n, where, home, live, ledger, clock, found, history.copy(), prefix,
-                                live_splice=True, lean=lean)
-        if raw is None:  # a checked splice was refused after it spent the recovery's replayer: again, without it
-            self.stats["recoveries made again"] += 1
-            raw = self._recover_run(n, where, home, live, ledger, clock, found, history, prefix,
-                                    live_splice=False, lean=lean)
-        return raw
-
-    def _run_forked(self, args: tuple) -> tuple:
-        """``_run_twice`` in a forked child, which takes its copy of the shared replay (simulator/prefix.py).
-
-        The child runs the recovery only, up to its convergence point or its end, and touches as little of
-        the sweep's memory as it can (every object it touches is a page copied, and the sweep's memory
-        grows with the history): back come its own events and ledger entries, which point it converged
-        to (by key), the points it passed, its counts. The parent splices and checks (``_recover_finish``)
-        with its own objects and caches, exactly as an in-process recovery does."""
-        ledger: Ledger = args[4]
-        found: dict = args[6]
-        p = len(ledger.entries)
-
-        def child():
-            stats, timing = Counter(self.stats), Counter(self.timing)
-            o, mine, target, conv = self._run_twice(*args, lean=True)
-            led = o.ledger  # (a TailLedger over ``ledger``: its own entries only, not the head's)
-            tail = (led._n, led.own) if isinstance(led, TailLedger) else (p, led.entries[p:])
-            light = replace(o, ledger=tail, plan=FaultPlan(count=o.plan.count), clock=None, scenario=None)
-            light.plan.crashes = [None] * len(o.plan.crashes)
-            return ((light, {k: (t.events_at, t.ledger_at) for k, t in mine.items()}, None if target is None
-                     else conv), {k: v - stats[k] for k, v in self.stats.items() if v != stats[k]},
-                    {k: v - timing[k] for k, v in self.timing.items() if v != timing[k]},
-                    self._pool.state() if self._pool is not None else None)
-
-        try:
-            (light, points, conv), stats, timing, pool = in_child(child)
-        except BaseException:
-            if self._pool is not None:  # what the child left in the snapshot folder is unknown
-                self._pool.drop()
-            raise
-        if self._pool is not None:
-            self._pool.adopt(pool)
-        self.stats.update(stats)
-        self.timing.update(timing)
-        led = Ledger()
-        kept, own_entries = light.ledger
-        led.entries = ledger.entries[:kept] + own_entries
-        o = replace(light, scenario=self.scn, ledger=led)
-        mine = {}
-        for key, (ev, le) in points.items():
-            found[key] = mine[key] = Target(None, ev, le)
-        target = None
-        if conv is not None:
-            how, key, result = conv
-            if how == "splice":  # made in the child from its own replayer: the same target, made here
-                own = self._ref.events[:o.extra["copied_events"]] + o.events
-                target = splice_target(own, self._near[without_history(key)], list(led.entries), result)
-                found[key] = target
-            else:
-                target = self._targets.get(key) or found.get(key)
-                if target is None or target.run is None:
-                    raise RuntimeError("a forked recovery converged to a point the sweep does not know")
-        return o, mine, target, conv
-
-    def _recover_run(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
-                     found: dict, history: HistoryDigest, prefix, *, live_splice: bool, lean: bool) -> tuple | None:
-        """One recovery run, stopped at convergence: (its outcome so far, the convergence points it passed,
-        the target it converged to or None where it ran to the end, how: ("key", key, None) or
-        ("splice", key, result) where a checked splice made the target); None where a checked splice on
-        the recovery's own replayer was refused (that replayer is spent: the recovery must be made again).
-        ``lean`` (a forked child): a checked splice's target is left for the parent to make."""
-        mine: dict[tuple, Target] = {}  # this recovery's convergence points, verified when it ends
-        conv: list = [None]
-
-        def watch(rlive: dict, rclock: VirtualClock, label: str) -> None:
-            key = state_key(label, rlive["engine"], rclock, rlive["fakes"], history)
-            if key is None:
-                return
-            target = self._targets.get(key) or found.get(key)
-            if target is not None and target.run is not None:
-                conv[0] = ("key", key, None)
-                if not lean and target is self._targets.get(key):  # at the uninterrupted run's own point
-                    r = rlive["engine"]._cache.get(self.scn.workflow_id)
-                    if r is not None:  # its code, fed the same visible history: a replay to share (``_admit``)
-                        self._donations.append((target.events_at, r, history.digest.get(self.scn.workflow_id)))
-                raise Converged(target)
-            near = self._near.get(without_history(key))
-            if near is not None and key not in found:  # the same state as the uninterrupted run's but for the history
-                eng = rlive["engine"]
-                with eng.store._lock:
-                    new = read_events(eng.store.conn, self.scn.workflow_id, rlive["copied_events"])
-                mine_replayer = eng._cache.get(self.scn.workflow_id) if live_splice else None
-                own = JoinedEvents(self._ref.events, rlive["copied_events"], new)
-                c0 = time.process_time()
-                result, spent = splice_replay(eng._workflows[WORKFLOW_TRAIN_RUN], self.scn.workflow_id, own, near,
-                                              live=mine_replayer)
-                self.timing["cpu: checked splices' dry runs"] += time.process_time() - c0
-                self.stats["checked splices" if result is not NO_SPLICE else "refused splices"] += 1
-                self.stats["splices on the recovery's own replayer"] += spent
-                if result is not NO_SPLICE:
-                    entries = rlive["fakes"].ledger.entries
-                    target = (Target(None, len(own), len(entries)) if lean
-                              else splice_target(list(own), near, list(entries), result))
-                    found[key] = target  # the other states of its kind converge here at once
-                    conv[0] = ("splice", key, result)
-                    raise Converged(target)
-                if spent:
-                    raise Converged(_SPENT)
-            if key not in found:
-                found[key] = mine[key] = Target(None, history.last_seq.get(self.scn.workflow_id, 0),
-                                                len(rlive["fakes"].ledger.entries))
-
-        o = recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
-                                  watch=watch, prefix=prefix, pool=self._pool, index=None if lean else self._index,
-                                  timing=self.timing)
-        target = o.extra.pop("converged", None)
-        if target is _SPENT:
-            for key in mine:  # never verified: gone, as if this try had not been made
-                del found[key]
-            self._drop_home(o.home)
-            return None
-        return o, mine, target, conv[0]
-
-    def _recover_finish(self, o: Outcome, mine: dict, target: Target | None, conv) -> Outcome:
-        """A recovery run (``_recover_run``) made an outcome: spliced to its target's future where it
-        converged, its passed points verified with it, its outcome checks made (``state_lines``)."""
-        if target is None:  # ran to the end
-            files = final_files_lines(o) if o.state == "completed" else []
-            state_lines = None if self.scn.fail_suites else self.state_lines(o, file_lines=files)
-            run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, files)
-        else:  # its past, then the target's future
-            self.stats["converged"] += 1
-            copied = o.extra.pop("copied_events")
-            t = target.run
-            own = o.events
-            o = replace(o, state=t.state, result=t.result, error=t.error,
-                        events=self._ref.events[:copied] + own + t.events[target.events_at:],
-                        ledger=splice_ledger(o.ledger, target))
-            o.extra["ledger_tail"] = (t.ledger, target.ledger_at)  # its ledger checks: piecewise
-            state_lines = None if self.scn.fail_suites else self._spliced_state_lines(o, copied, own, target)
-            run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, t.file_lines) if mine else None
-            self._drop_home(o.home)  # its files are the target's from here: checked with the target's
-        for point in mine.values():
-            point.run = run
-        o.extra["state_lines"] = state_lines
-        return o
-
     def count_states(self) -> int:
         """How many distinct durable states the positions of the uninterrupted run leave (dedup's runs)."""
         keys: set[tuple] = set()
@@ -811,43 +343,3 @@ class Simulator:
 
     def where(self, k: int) -> str:
         return " ".join(self.trace[k]) if 0 <= k < len(self.trace) else "(past the uninterrupted run's end)"
-
-    def random_kills(self, *, seed: int, runs: int, kills_per_run: int, stop_at_first: bool = False) -> Report:
-        """``runs`` runs, each killed ``1..kills_per_run`` times at positions drawn by ``seed``."""
-        t0 = time.perf_counter()
-        report = Report("random-kills")
-        self.reference()
-        report.positions = len(self.trace)
-        rng = random.Random(seed)
-        for _ in range(runs):
-            run_seed = rng.randrange(2**31)
-            n = random.Random(run_seed).randint(1, kills_per_run)
-            kills = random_kills(run_seed, len(self.trace), n)
-            o = self.run(kills)
-            m = self.check(o, what="kills", kills=kills, seed=run_seed)
-            if report.record(m):
-                self._finish(o, m)
-                if stop_at_first:
-                    break
-        report.elapsed_s = time.perf_counter() - t0
-        return report
-
-    def cancels(self, *, seed: int, runs: int, stop_at_first: bool = False) -> Report:
-        """Cancel at a random position and kill at another (before or after it), then restart the spec."""
-        t0 = time.perf_counter()
-        report = Report("kills-during-cancel")
-        self.reference()
-        n = len(self.trace)
-        report.positions = n
-        rng = random.Random(seed)
-        for _ in range(runs):
-            cancel_at = rng.randrange(n)
-            kills = sorted({rng.randrange(n) for _ in range(rng.randint(1, 2))})
-            o = self.run(kills, cancel_at=cancel_at)
-            m = self.check(o, what="cancel", kills=kills, cancel_at=cancel_at, seed=seed)
-            if report.record(m):
-                self._finish(o, m)
-                if stop_at_first:
-                    break
-        report.elapsed_s = time.perf_counter() - t0
-        return report
