@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-import simulator.sweep as sweep
+import simulator.snapshot_sweep as snapshot_sweep
 from simulator import prefix
 from simulator.scenario import Scenario
 from simulator.sweep import Simulator
@@ -192,4 +192,4 @@ def test_the_spine_refuses_a_history_that_resolves_a_command_twice():
 
 
 def test_the_sweep_module_uses_the_checked_adoption():
-    assert sweep.adopt_donor is prefix.adopt_donor
+    assert snapshot_sweep.adopt_donor is prefix.adopt_donor  # (the module that calls it; sweep only re-exports it)
