@@ -38,8 +38,9 @@ def copy_db(src: Engine, dst) -> None:
     out.close()
 
 
-def test_a_shared_replay_is_taken_only_where_the_history_is_the_prefixs(tmp_path) -> None:
-    clock = VirtualClock()
+def _prefix_and_two_copies(tmp_path, clock):
+    """A prefix of w/1 blocked on its timer, and two copies of its database: same.db as it is, other.db
+    with another history (the activity's recorded result changed, its checksum made valid again)."""
     eng = engine(tmp_path / "a.db", clock)
     eng.start("wf", "w/1")
     eng.run_until_idle()  # blocked on the timer
@@ -48,8 +49,6 @@ def test_a_shared_replay_is_taken_only_where_the_history_is_the_prefixs(tmp_path
     copy_db(eng, tmp_path / "same.db")
     copy_db(eng, tmp_path / "other.db")
     eng.close()
-
-    # another history: the activity's recorded result changed, its checksum made valid again
     db = sqlite3.connect(str(tmp_path / "other.db"))
     seq, typ, t, attrs = db.execute("SELECT seq, type, time, attrs FROM events WHERE workflow_id='w/1' "
                                     "AND type='activity_completed'").fetchone()
@@ -58,6 +57,12 @@ def test_a_shared_replay_is_taken_only_where_the_history_is_the_prefixs(tmp_path
                (changed, event_crc("w/1", seq, typ, t, changed), seq))
     db.commit()
     db.close()
+    return prefix
+
+
+def test_a_shared_replay_is_taken_only_where_the_history_is_the_prefixs(tmp_path) -> None:
+    clock = VirtualClock()
+    prefix = _prefix_and_two_copies(tmp_path, clock)
 
     other = engine(tmp_path / "other.db", clock)
     use_prefix(other, prefix)
@@ -83,22 +88,7 @@ def test_a_replay_from_scratch_copies_the_spines_indexes_only_where_the_history_
     real = prefix_mod.copy_indexes
     monkeypatch.setattr(prefix_mod, "copy_indexes", lambda src, dst: (copied.append(src.last_seq), real(src, dst)))
     clock = VirtualClock()
-    eng = engine(tmp_path / "a.db", clock)
-    eng.start("wf", "w/1")
-    eng.run_until_idle()
-    spine = build_prefix(eng, "w/1", "wf")
-    assert spine is not None
-    copy_db(eng, tmp_path / "same.db")
-    copy_db(eng, tmp_path / "other.db")
-    eng.close()
-    db = sqlite3.connect(str(tmp_path / "other.db"))
-    seq, typ, t, attrs = db.execute("SELECT seq, type, time, attrs FROM events WHERE workflow_id='w/1' "
-                                    "AND type='activity_completed'").fetchone()
-    changed = json.dumps({**json.loads(attrs), "result": 41}, separators=(",", ":"))
-    db.execute("UPDATE events SET attrs=?, crc=? WHERE workflow_id='w/1' AND seq=?",
-               (changed, event_crc("w/1", seq, typ, t, changed), seq))
-    db.commit()
-    db.close()
+    spine = _prefix_and_two_copies(tmp_path, clock)
 
     other = engine(tmp_path / "other.db", clock)
     use_prefix(other, None, index=spine)
