@@ -79,6 +79,35 @@ class _LayerNorm(torch.autograd.Function):
         return dx, dw, db
 
 
+class _Softmax(torch.autograd.Function):
+    """``torch.softmax`` over the last dim with its backward ``(g - sum(g * y)) * y`` as written: the
+    native CPU backward of a short last dim gives other bits for 1 thread than for 2 (seen on an AVX2
+    AMD EPYC with torch 2.13), which made dropout runs depend on the thread count."""
+
+    @staticmethod
+    def forward(ctx, a):
+        y = torch.softmax(a, -1)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return (g - (g * y).sum(-1, keepdim=True)) * y  # the sum: each row by one thread
+
+
+def _dropout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
+    """Causal attention with dropout: the forward bits of SDPA's math path (what it runs on CPU when
+    dropout > 0: q and k each scaled by the square root of the scale, an additive -inf mask, softmax,
+    dropout, matmul), with a thread-invariant softmax backward (``_Softmax``)."""
+    T = q.size(-2)
+    sf = math.sqrt(1.0 / math.sqrt(q.size(-1)))
+    mask = torch.zeros(T, T, dtype=q.dtype).masked_fill_(
+        torch.ones(T, T, dtype=torch.bool).tril_().logical_not_(), float("-inf"))  # (T, T)
+    att = _Softmax.apply((q * sf) @ (k.transpose(-2, -1) * sf) + mask)  # (B, H, T, T)
+    return F.dropout(att, p, True) @ v  # (B, H, T, C/H)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -95,9 +124,10 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, C/H)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )  # (B, H, T, C/H)
+        if self.training and self.dropout > 0:
+            y = _dropout_attention(q, k, v, self.dropout)  # (B, H, T, C/H)
+        else:  # the fused CPU kernel: thread-invariant
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, C/H)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
