@@ -50,14 +50,11 @@ import torch
 
 from .errors import CheckpointError
 from .faults import CHECKPOINT_ENV, kill_point
+from .names import step_dir_name
 
 FULL_COMPONENTS = frozenset({"model", "optimizer", "training_state"})
 FORMAT = 1
 MANIFEST = "manifest.json"
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:06d}"
 
 
 def artifact_dir_name(step: int) -> str:

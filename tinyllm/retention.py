@@ -37,6 +37,8 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .names import resolve_checkpoint
+
 PRUNED_PREFIX = ".pruned-"
 LOG_NAME = "retention.log"
 
@@ -106,8 +108,6 @@ def evaluated(home: Path, ckpt_root: Path) -> set[str]:
 def init_from_named(home: Path, ckpt_root: Path) -> set[str]:
     """Checkpoints a train spec of the home (``runs/*/activity/*/spec.json``, as ctl runs them)
     starts from or learns from: ``init_from`` and ``teacher`` (``<run>@<step>`` or a path)."""
-    from .objectives.init import resolve_checkpoint
-
     paths = []
     for f in home.glob("runs/*/activity/*/spec.json"):
         try:

@@ -37,23 +37,11 @@ from .metrics import Reporter, default_reporter
 from .model import GPT, state_digest
 from .torch_startup import defer_dynamo_in_optimizers, optimizer_step, use_deterministic_algorithms
 from .progress import ProgressFile
-from .spec import SpecError, TrainSpec
+from .spec import SpecError, TrainSpec, lr_at  # lr_at re-exported: bench/ and tests use it from here
 
 # Spec fields that do not change the trajectory: they may differ between a checkpoint and its resume.
 NON_TRAJECTORY_FIELDS = {"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every", "validation",
                          "keep_checkpoints"}
-
-
-def lr_at(step: int, spec: TrainSpec) -> float:
-    """Learning rate of the optimizer step with 0-based index ``step``; independent of ``spec.steps``."""
-    if step < spec.warmup_steps:
-        return spec.lr * (step + 1) / spec.warmup_steps
-    if spec.lr_decay_steps is None:
-        return spec.lr
-    if step >= spec.lr_decay_steps:
-        return spec.min_lr
-    ratio = (step - spec.warmup_steps) / max(1, spec.lr_decay_steps - spec.warmup_steps)
-    return spec.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (spec.lr - spec.min_lr)
 
 
 def with_vocab(spec: TrainSpec, tok: tokenizer.Tokenizer, source: str) -> TrainSpec:
