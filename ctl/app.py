@@ -13,7 +13,6 @@ names the first one itself.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import workflows
 from engine.errors import BadInput, NotFound
+from tinyllm import fsio
 from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, load_json_file, parse_corpus_spec,
                           parse_train_spec)
 from tinyllm.trainer_spec import has_trainer
@@ -58,7 +58,7 @@ class DiskFull(CtlError):
 
 def resolve_home(home: str | None) -> Path:
     """``--home``, else ``$CTL_HOME``, else the current directory."""
-    path = Path(home or os.environ.get("CTL_HOME") or os.getcwd()).expanduser().absolute()
+    path = fsio.resolve_home(home)
     if path.exists() and not path.is_dir():
         raise BadRequest(f"home {path} is not a directory")
     return path

@@ -12,9 +12,10 @@ import os
 import sqlite3
 from pathlib import Path
 
+from tinyllm.fsio import DISK_FULL_ERRNOS
+
 from .app import BadRequest, CtlError, DiskFull
 
-_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
 
 
@@ -75,7 +76,7 @@ def as_ctl_error(err: BaseException, home: Path | None) -> CtlError | None:
         return BadRequest(f"engine database {db} is damaged: {err}; nothing was written; `ctl doctor` says "
                           f"what each run can still use")
     if isinstance(err, OSError):
-        if err.errno in _FULL:
+        if err.errno in DISK_FULL_ERRNOS:
             return DiskFull(f"disk full writing {err.filename or home}; free some space and run the same command "
                             f"again (nothing recorded is lost)")
         if err.errno == errno.EROFS or (err.errno in _READ_ONLY and home is not None):

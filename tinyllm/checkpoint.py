@@ -49,27 +49,18 @@ from typing import Any, Mapping
 import torch
 
 from .errors import CheckpointError
+from .diskfull import writing
 from .faults import CHECKPOINT_ENV, kill_point
+from .fsio import atomic_write, fsync_dir, write_synced
+from .names import step_dir_name
 
 FULL_COMPONENTS = frozenset({"model", "optimizer", "training_state"})
 FORMAT = 1
 MANIFEST = "manifest.json"
 
 
-def step_dir_name(step: int) -> str:
-    return f"step-{step:06d}"
-
-
 def artifact_dir_name(step: int) -> str:
     return f"iter_{step:06d}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def make_dirs(path: Path) -> None:
@@ -84,16 +75,12 @@ def make_dirs(path: Path) -> None:
             d.mkdir()
         except FileExistsError:
             pass
-        _fsync_dir(d.parent)
+        fsync_dir(d.parent)
 
 
 def _write_file(path: Path, data: bytes) -> None:
-    from .diskfull import writing
-
-    with writing(path), open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    with writing(path):
+        write_synced(path, data)
 
 
 def _serialize(obj: Any) -> bytes:
@@ -124,7 +111,7 @@ def write_checkpoint_dir(final: Path, step: int, components: Mapping[str, Any], 
     }
     manifest["manifest_sha256"] = manifest_digest(manifest)
     _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     replaced = None
     if final.exists():  # re-saving a step (e.g. resumed from an older checkpoint): swap it out
         replaced = final.parent / f".replaced-{final.name}-{os.getpid()}"
@@ -136,7 +123,7 @@ def write_checkpoint_dir(final: Path, step: int, components: Mapping[str, Any], 
         if replaced is not None:
             os.rename(replaced, final)
         raise
-    _fsync_dir(final.parent)  # the new entry is durable before the old copy goes and LATEST moves
+    fsync_dir(final.parent)  # the new entry is durable before the old copy goes and LATEST moves
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)
     return final
@@ -144,10 +131,7 @@ def write_checkpoint_dir(final: Path, step: int, components: Mapping[str, Any], 
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` atomically: temp file, fsync, ``os.replace``, dir fsync."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    _write_file(tmp, text.encode("utf-8"))
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    atomic_write(path, text.encode("utf-8"), write=_write_file)
 
 
 def publish_latest(ckpt_root: Path, dir_name: str) -> None:
@@ -307,7 +291,7 @@ def recover_interrupted_writes(run_dir: Path, log=None) -> list[Path]:
             except CheckpointError:
                 pass
             os.rename(source, target)
-            _fsync_dir(root)
+            fsync_dir(root)
             restored.append(target)
             print(f"tinyllm: restored {target} from {what} (a write was killed between its two renames)",
                   file=log, flush=True)
@@ -390,14 +374,6 @@ def choose_resume(run_dir: Path, explicit: Path | None = None, max_step: int | N
         choice.path = candidate
         return choice
     return choice
-
-
-def find_resume_checkpoint(run_dir: Path, explicit: Path | None = None, log=None) -> Path | None:
-    """``choose_resume``'s path, its lines (``describe_choice``) written to ``log`` (stderr)."""
-    choice = choose_resume(run_dir, explicit)
-    for line in describe_choice(choice):
-        print(line, file=log or sys.stderr)
-    return choice.path
 
 
 def describe_choice(choice: ResumeChoice, rel=str) -> list[str]:

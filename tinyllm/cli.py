@@ -9,23 +9,27 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 import click
 
-from .errors import CheckpointError, PeerLost, RunLocked
+from .diskfull import is_disk_full, remove_own_temporaries
+from .errors import CheckpointError, PeerLost, RunLocked, request_stop
+from .fsio import resolve_home
 from .spec_plain import SpecError  # tinyllm.spec's; pydantic is imported where a spec is read
 from .validation.errors import ArchiveError
+
+# The imports inside the commands stay there on purpose: this module is the start of every tinyllm
+# process, and the spec's pydantic models, the trainer (torch) and the evals load only in the command
+# that needs them, in the order ``train`` chooses (the spec read while torch's libraries load:
+# tinyllm/torch_preload.py); the modules imported above are standard library and click only.
 
 EXIT_BAD_INPUT = 2
 EXIT_DISK_FULL = 74  # tinyllm.diskfull: a write found no space; own temporaries removed, resumable
 EXIT_LOCKED = 75
 EXIT_CANCELED = 130
-
-
-def resolve_home(home: str | None) -> Path:
-    return Path(home or os.environ.get("CTL_HOME") or os.getcwd()).absolute()
 
 
 _RANK = None  # a torchrun rank's RankStatus (tinyllm/ddp_launch.py): its verdict goes to the launcher
@@ -41,8 +45,6 @@ def _fail(message: str, code: int) -> None:
 
 def _disk_full(err: OSError, home: Path) -> None:
     """Remove this process's temporaries, then one line and exit 74 (nothing written is lost)."""
-    from .diskfull import remove_own_temporaries
-
     remove_own_temporaries(home)
     _fail(f"disk full writing {err.filename or home}; free some space and run the same command again",
           EXIT_DISK_FULL)
@@ -88,8 +90,6 @@ def corpus(spec_path: str | None, home: str | None) -> None:
     """Build corpora/<name>/ (idempotent)."""
     from .corpus import build_corpus
     from .spec import CorpusSpec, load_corpus_spec
-
-    from .diskfull import is_disk_full
 
     try:
         spec = load_corpus_spec(spec_path) if spec_path else CorpusSpec()
@@ -141,10 +141,7 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     loads them at the import instead, =1 in parallel whatever the load.
     Same results either way.
     """
-    import signal
-
     from . import omp, torch_preload
-    from .errors import request_stop
 
     global _RANK
     for sig in (signal.SIGTERM, signal.SIGINT):  # a stop before the loop starts still exits 130
@@ -201,8 +198,6 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     except ArchiveError as e:  # retryable: the resumed run retries only the publication
         _fail(str(e), e.exit_code)
     except OSError as e:
-        from .diskfull import is_disk_full
-
         if not is_disk_full(e):
             raise
         _disk_full(e, home_dir)
@@ -242,8 +237,6 @@ def eval_(spec_path: str, progress: str | None, home: str | None) -> None:
     except SpecError as e:
         _fail(str(e), EXIT_BAD_INPUT)
     except OSError as e:
-        from .diskfull import is_disk_full
-
         if not is_disk_full(e):
             raise
         _disk_full(e, resolve_home(home))

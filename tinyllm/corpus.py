@@ -22,6 +22,8 @@ import numpy as np
 
 from . import tokenizer
 from .builtin_text import builtin_text
+from .diskfull import writing
+from .fsio import fsync_dir, write_synced
 from .spec import CorpusSpec, SpecError
 
 FORMAT = 1
@@ -165,12 +167,8 @@ def _intact(path: Path, meta: dict) -> bool:
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
-    from .diskfull import writing
-
-    with writing(path), open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    with writing(path):
+        write_synced(path, data)
 
 
 def build_corpus(spec: CorpusSpec, home: Path) -> dict:
@@ -195,9 +193,7 @@ def build_corpus(spec: CorpusSpec, home: Path) -> dict:
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
-        fd = os.open(final.parent, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+        fsync_dir(final.parent)
     return {"name": spec.name, "path": str(final.relative_to(home)), "tokens": meta["tokens"],
             "heldout_tokens": meta["heldout_tokens"], "checksum": meta["checksum"], "built": built}
 

@@ -14,8 +14,9 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
+from .fsio import DISK_FULL_ERRNOS
+
 EXIT_DISK_FULL = 74
-_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 MAX_ENTRIES = 200_000  # bound on the clean-up walk
 
 
@@ -30,7 +31,7 @@ class DiskFull(OSError):
 
 
 def is_disk_full(err: BaseException) -> bool:
-    return isinstance(err, OSError) and err.errno in _FULL
+    return isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS
 
 
 @contextlib.contextmanager

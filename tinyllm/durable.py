@@ -46,6 +46,7 @@ import argparse
 import json
 import math
 import os
+import random
 import re
 import signal
 import sys
@@ -68,6 +69,7 @@ from .durable_state import (
 )
 from .errors import RunLocked
 from .metrics import JsonlSink
+from .fsio import rel, resolve_home
 from .names import IDENTIFIER_PATTERN
 
 EXIT_BAD_INPUT = 2
@@ -133,10 +135,8 @@ def load_spec(path: str | Path) -> dict:
 
 def seed_everything(seed: int) -> None:
     """Seed Python ``random``, NumPy's global generator and torch (CPU and CUDA) with ``seed``."""
-    import random
-
     random.seed(seed)
-    try:
+    try:  # numpy is optional for the helper (tinyllm/durable_state.py)
         import numpy as np
 
         np.random.seed(seed % 2**32)
@@ -210,7 +210,7 @@ class DurableRun:
         self.log_every: int = int(self.spec.get("log_every", 10))
         self.seed: int = int(self.spec.get("seed", 0))
         self.config: dict = dict(self.spec.get("config", {}))
-        self.home = Path(home or os.environ.get("CTL_HOME") or os.getcwd()).absolute()
+        self.home = resolve_home(home)
         self.run_dir = self.home / "runs" / self.name
         self.progress = Path(progress).absolute() if progress else None
         self.resume_arg = None
@@ -514,12 +514,7 @@ class DurableRun:
         return fp
 
     def rel(self, path: Path | None) -> str | None:
-        if path is None:
-            return None
-        try:
-            return str(Path(path).resolve().relative_to(self.home.resolve()))
-        except ValueError:
-            return str(Path(path).resolve())
+        return rel(path, self.home)
 
     def _emit(self, extra: Mapping[str, Any], sync: bool = False) -> None:
         """Append one progress line (the contract's fields plus ``extra``)."""

@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from .diskfull import writing
+from .tensorboard_sink import TensorBoardSink
+
 
 class Sink(Protocol):
     name: str
@@ -77,8 +80,6 @@ class JsonlSink:
                     kept.append(line + "\n")
             except ValueError:
                 continue  # a line torn by a kill
-        from .diskfull import writing
-
         tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}")
         try:
             with writing(tmp):
@@ -125,9 +126,7 @@ class Reporter:
 def default_reporter(run_dir: Path, resumed_step: int, total_steps: int, log_every: int) -> Reporter:
     sinks: list = [ConsoleSink(log_every, total_steps), JsonlSink(run_dir / "metrics.jsonl", resumed_step)]
     try:
-        from .tensorboard_sink import TensorBoardSink
-
         sinks.append(TensorBoardSink(run_dir / "tensorboard", resumed_step))
-    except Exception:
-        pass  # tensorboard is optional
+    except ImportError:
+        pass  # tensorboard is optional (the sink imports it only when first used)
     return Reporter(sinks)

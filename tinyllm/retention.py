@@ -30,12 +30,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from .fsio import fsync_dir
+from .names import resolve_checkpoint
 
 PRUNED_PREFIX = ".pruned-"
 LOG_NAME = "retention.log"
@@ -106,8 +110,6 @@ def evaluated(home: Path, ckpt_root: Path) -> set[str]:
 def init_from_named(home: Path, ckpt_root: Path) -> set[str]:
     """Checkpoints a train spec of the home (``runs/*/activity/*/spec.json``, as ctl runs them)
     starts from or learns from: ``init_from`` and ``teacher`` (``<run>@<step>`` or a path)."""
-    from .objectives.init import resolve_checkpoint
-
     paths = []
     for f in home.glob("runs/*/activity/*/spec.json"):
         try:
@@ -171,17 +173,7 @@ KILL_ENV = "TINYLLM_RETENTION_KILL"  # tests only: "<after_rename|during_delete|
 def _maybe_kill(phase: str, step: int, i: int) -> None:
     target = os.environ.get(KILL_ENV)
     if target and target == f"{phase}@{step}#{i}":
-        import signal
-
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def remove_leftovers(ckpt_root: Path) -> None:
@@ -212,7 +204,7 @@ def prune(run_dir: Path, home: Path, keep: KeepCheckpoints | None, *, step: int,
     for i, name in enumerate(doomed):
         hidden = ckpt_root / f"{PRUNED_PREFIX}{name}-{os.getpid()}"
         os.rename(ckpt_root / name, hidden)  # atomic: gone from every listing at once
-        _fsync_dir(ckpt_root)
+        fsync_dir(ckpt_root)
         _maybe_kill("after_rename", step, i)
         for j, f in enumerate(sorted(hidden.iterdir())):  # file by file: a kill leaves a torn, hidden dir
             f.unlink() if not f.is_dir() else shutil.rmtree(f)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
@@ -188,6 +189,18 @@ class EvalSummary(_Strict):
     seed: int
     results: list[EvalResult]
     metrics: dict[str, dict[str, float]]  # subject -> "task/metric" -> value
+
+
+def lr_at(step: int, spec: TrainSpec) -> float:
+    """Learning rate of the optimizer step with 0-based index ``step``; independent of ``spec.steps``."""
+    if step < spec.warmup_steps:
+        return spec.lr * (step + 1) / spec.warmup_steps
+    if spec.lr_decay_steps is None:
+        return spec.lr
+    if step >= spec.lr_decay_steps:
+        return spec.min_lr
+    ratio = (step - spec.warmup_steps) / max(1, spec.lr_decay_steps - spec.warmup_steps)
+    return spec.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (spec.lr - spec.min_lr)
 
 
 def format_validation_error(err: ValidationError, what: str, model: type[BaseModel] | None = None) -> str:

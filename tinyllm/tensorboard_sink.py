@@ -128,16 +128,3 @@ class TensorBoardSink:
             self._cut_back()  # no frame this time: the files still read as one run
         else:
             self.writer.close()
-
-
-def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """``{tag: [(step, value), ...]}`` of every event file of ``log_dir``, in file order (for tests, plots)."""
-    RawEventFileLoader, Event, _, _ = _imports()
-    out: dict[str, list[tuple[int, float]]] = {}
-    for path in event_files(log_dir):
-        for record in RawEventFileLoader(str(path)).Load():
-            e = Event.FromString(record)
-            if e.HasField("summary"):
-                for v in e.summary.value:
-                    out.setdefault(v.tag, []).append((e.step, v.simple_value))
-    return out

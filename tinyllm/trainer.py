@@ -33,27 +33,17 @@ from .corpus import open_corpus
 from .ddp_launch import check_world_size
 from .data import TokenStream
 from .errors import STOP, request_stop
+from .fsio import rel
 from .metrics import Reporter, default_reporter
 from .model import GPT, state_digest
 from .torch_startup import defer_dynamo_in_optimizers, optimizer_step, use_deterministic_algorithms
 from .progress import ProgressFile
-from .spec import SpecError, TrainSpec
+from .spec import SpecError, TrainSpec, lr_at  # lr_at re-exported: bench/ and tests use it from here
+from .validation.faults import maybe_kill
 
 # Spec fields that do not change the trajectory: they may differ between a checkpoint and its resume.
 NON_TRAJECTORY_FIELDS = {"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every", "validation",
                          "keep_checkpoints"}
-
-
-def lr_at(step: int, spec: TrainSpec) -> float:
-    """Learning rate of the optimizer step with 0-based index ``step``; independent of ``spec.steps``."""
-    if step < spec.warmup_steps:
-        return spec.lr * (step + 1) / spec.warmup_steps
-    if spec.lr_decay_steps is None:
-        return spec.lr
-    if step >= spec.lr_decay_steps:
-        return spec.min_lr
-    ratio = (step - spec.warmup_steps) / max(1, spec.lr_decay_steps - spec.warmup_steps)
-    return spec.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (spec.lr - spec.min_lr)
 
 
 def with_vocab(spec: TrainSpec, tok: tokenizer.Tokenizer, source: str) -> TrainSpec:
@@ -227,12 +217,7 @@ class Trainer:
         self.progress_file.write(line, durable=True)
 
     def rel(self, path: Path | None) -> str | None:
-        if path is None:
-            return None
-        try:
-            return str(Path(path).resolve().relative_to(self.home.resolve()))
-        except ValueError:
-            return str(Path(path).resolve())
+        return rel(path, self.home)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -342,8 +327,6 @@ class Trainer:
     def _validation_step(self, frame: dict, regular_due: bool) -> bool:
         """Validate at ``self.step`` (an optimizer boundary) per its checkpoint plan; the step's
         frame is reported with the val/* metrics. False: stop (termination at this boundary)."""
-        from .validation.faults import maybe_kill
-
         step = self.step
         if any(p.grad is not None for p in self.model.parameters()):
             raise RuntimeError(f"validation at step {step} with gradients in flight (inside gradient accumulation)")

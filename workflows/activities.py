@@ -1,6 +1,6 @@
 """The real activities: ``tinyllm train|eval|corpus`` as subprocesses through the engine's runner.
 
-Nothing of tinyllm is imported (no torch in the worker): everything crosses as a command
+Nothing of tinyllm runs here (no torch in the worker; only its stdlib-only tinyllm.fsio): everything crosses as a command
 line, files under the home folder and an exit code (contracts/subprocess-activity.md).
 Each activity writes its spec (atomically) and its progress file under
 ``runs/<name>/activity/<activity-id>/``; ``train`` passes ``--resume`` with the last
@@ -14,9 +14,7 @@ mapping of activity name to ``fn(ctx, input)``; ``tinyllm_activities(home)`` bui
 """
 from __future__ import annotations
 
-import errno
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -24,6 +22,7 @@ from typing import Any, Callable
 
 from engine.errors import NonRetryableError
 from engine.seam import ActivityContext
+from tinyllm.fsio import DISK_FULL_ERRNOS, atomic_write  # standard library only: no torch in the worker
 
 from .models import (
     ACTIVITY_CORPUS,
@@ -43,24 +42,13 @@ _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file, fsync and rename (never a torn file)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, text.encode("utf-8"), cleanup=True)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
-        if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        if e.errno in DISK_FULL_ERRNOS:
             raise NonRetryableError(f"disk full writing {path}", type="DiskFull") from None
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def activity_dir(home: Path, name: str, activity_id: str) -> Path:

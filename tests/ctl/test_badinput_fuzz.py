@@ -271,9 +271,7 @@ def test_damaged_checkpoint_files_are_refused_never_loaded(pristine, tmp_path_fa
 @DAMAGE
 @given(data=st.data())
 def test_damaged_latest_never_raises_and_resumes_from_a_verified_checkpoint(pristine, tmp_path_factory, data):
-    import io
-
-    from tinyllm.checkpoint import find_resume_checkpoint, verify_checkpoint
+    from tinyllm.checkpoint import choose_resume, verify_checkpoint
 
     home, _ = pristine
     run = tmp_path_factory.mktemp("latest") / "mini"
@@ -283,7 +281,7 @@ def test_damaged_latest_never_raises_and_resumes_from_a_verified_checkpoint(pris
         latest.write_bytes(data.draw(st.binary(max_size=40)))
     else:
         apply(latest, data.draw(damage(latest.stat().st_size)))
-    chosen = find_resume_checkpoint(run, log=io.StringIO())
+    chosen = choose_resume(run, None).path
     assert chosen is not None and verify_checkpoint(chosen)["resumable"]
 
 

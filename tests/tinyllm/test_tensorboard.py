@@ -15,10 +15,22 @@ pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader  # noqa: E402
 from tensorboard.compat.proto.event_pb2 import Event  # noqa: E402
 
-from tinyllm.tensorboard_sink import event_files, read_scalars  # noqa: E402
+from tinyllm.tensorboard_sink import event_files  # noqa: E402
 from tl_helpers import run_tinyllm, write_spec  # noqa: E402
 
 TINY = dict(batch_size=4, checkpoint_every=4, model={"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32})
+
+
+def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` of every event file of ``log_dir``, in file order."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in event_files(log_dir):
+        for record in RawEventFileLoader(str(path)).Load():
+            e = Event.FromString(record)
+            if e.HasField("summary"):
+                for v in e.summary.value:
+                    out.setdefault(v.tag, []).append((e.step, v.simple_value))
+    return out
 
 
 def f32(x: float) -> float:

@@ -27,7 +27,7 @@ def test_no_save_no_regular_is_ephemeral():
 
 def test_coincident_regular_save_makes_validation_durable_and_writes_once():
     p = plan(cfg=cfg(), regular_due=True)
-    assert (p.kind, p.components, p.durable, p.checkpoint_before_validation) == ("full", FULL, True, True)
+    assert (p.kind, p.components, p.durable) == ("full", FULL, True)
     p2 = plan(cfg=cfg(save_checkpoint=True), regular_due=True)
     assert p2.components == FULL and p2.durable
 
@@ -40,7 +40,7 @@ def test_full_request_alone_is_durable():
 def test_proper_subset_warns_and_is_a_partial_artifact_after_validation():
     with pytest.warns(PartialCheckpointWarning, match="non-resumable"):
         p = plan(cfg=cfg(save_checkpoint=True, checkpoint_components=["model"]))
-    assert (p.kind, p.components, p.durable, p.checkpoint_before_validation) == ("partial", frozenset({"model"}), False, False)
+    assert (p.kind, p.components, p.durable) == ("partial", frozenset({"model"}), False)
 
 
 def test_subset_unioned_with_regular_is_full_and_does_not_warn():

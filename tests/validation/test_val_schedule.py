@@ -2,9 +2,14 @@
 from hypothesis import given, strategies as st
 
 from tinyllm.validation.config import ValidationConfig
-from tinyllm.validation.schedule import validation_steps
+from tinyllm.validation.schedule import is_validation_step
 
 D = {"path": "h.txt"}
+
+
+def validation_steps(total_steps: int, cfg: ValidationConfig | None, start_step: int = 0) -> list[int]:
+    """The validation steps in ``[start_step, total_steps]``, ascending, each once."""
+    return [s for s in range(max(0, start_step), total_steps + 1) if is_validation_step(s, total_steps, cfg)]
 
 
 def cfg(**kw):

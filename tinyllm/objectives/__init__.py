@@ -13,6 +13,8 @@ from pathlib import Path
 
 def build_objective(spec, home: Path, log):
     """The spec's objective, its data and checkpoints loaded and checked (bad input: SpecError)."""
+    # imported here, not at the top: tinyllm.spec imports this package (objectives.config) and must
+    # stay free of torch, which every objective module imports
     if spec.objective == "dpo":
         from .dpo import DPOObjective
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..spec import SpecError
+from ..spec import SpecError, lr_at
 from ..torch_startup import optimizer_step
 
 
@@ -35,8 +35,6 @@ def token_logps(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tor
 
 def optimizer_update(trainer, loss: torch.Tensor | None, update_index: int) -> dict:
     """One optimizer step at LR ``lr_at(update_index)`` after ``loss.backward()`` (None: already backed)."""
-    from ..trainer import lr_at
-
     lr = lr_at(update_index, trainer.spec)
     for group in trainer.optimizer.param_groups:
         group["lr"] = lr

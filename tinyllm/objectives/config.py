@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..validation.config import ANSWER_REWARDS, REWARDS
+from ..validation.config import ANSWER_REWARDS, REWARDS, reward_list
 
 OBJECTIVES = ("lm", "dpo", "grpo", "opd")
 ROLLOUT_OBJECTIVES = frozenset({"grpo", "opd"})
@@ -75,12 +75,7 @@ class RLConfig(_Strict):
     scale_rewards: Literal["group", "none"] = "group"  # group: divide by the group's std
     adv_eps: float = Field(1e-4, gt=0.0)  # the epsilon of (r - mean) / (std + eps)
 
-    @field_validator("reward", mode="before")
-    @classmethod
-    def _reward_list(cls, v):
-        if v is None:
-            return []
-        return [v] if isinstance(v, str) else v
+    _reward_list = field_validator("reward", mode="before")(reward_list)
 
     @field_validator("reward")
     @classmethod

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import tokenizer
 from ..spec import SpecError
-from ..validation.source import jsonl_objects, read_utf8, resolve_path
+from ..datafiles import jsonl_objects, read_utf8, resolve_path
 
 END = "\n"  # a completion ends with a newline (the byte tokenizer has no EOS); generation stops there
 

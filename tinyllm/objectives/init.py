@@ -7,17 +7,16 @@ digest of its model weights, recorded in every checkpoint of the new run and che
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..checkpoint import CheckpointError, load_checkpoint, step_dir_name
+from ..checkpoint import CheckpointError, load_checkpoint
 from ..model import GPT, state_digest
+from ..names import resolve_checkpoint
 from ..spec import ModelConfig, SpecError
 
-_RUN_AT_STEP = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)@(\d+)$")
 TOKENIZER = "byte"  # the only tokenizer post-training takes (load_frozen refuses char checkpoints)
 
 
@@ -41,14 +40,6 @@ class FrozenCheckpoint:
         for p in model.parameters():
             p.requires_grad_(False)
         return model
-
-
-def resolve_checkpoint(ref: str, home: Path) -> Path:
-    m = _RUN_AT_STEP.match(ref)
-    if m:
-        return Path(home) / "runs" / m.group(1) / "ckpt" / step_dir_name(int(m.group(2)))
-    p = Path(ref)
-    return p if p.is_absolute() else Path(home) / p
 
 
 def load_frozen(ref: str, home: Path, what: str) -> FrozenCheckpoint:

@@ -27,6 +27,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 COMPONENTS: tuple[str, ...] = ("model", "optimizer", "training_state")  # all three = exact resume
 REWARDS: tuple[str, ...] = ("exact_match", "prefix_match", "contains", "numeric", "nonempty")
 ANSWER_REWARDS: frozenset[str] = frozenset({"exact_match", "prefix_match", "contains", "numeric"})
+
+
+def reward_list(v):
+    """A ``reward`` field as given (one name, a list, or null) made a list (the validation and rl blocks')."""
+    if v is None:
+        return []
+    return [v] if isinstance(v, str) else v
+
+
 DEFAULT_MAX_TOKENS = 32  # tinyllm has no training rollout limit to inherit; this is its default
 
 
@@ -95,12 +104,7 @@ class ValidationConfig(_Strict):
     sampling: SamplingConfig = SamplingConfig()
     checkpoint: ValidationCheckpointConfig = ValidationCheckpointConfig()
 
-    @field_validator("reward", mode="before")
-    @classmethod
-    def _reward_list(cls, v):
-        if v is None:
-            return []
-        return [v] if isinstance(v, str) else v
+    _reward_list = field_validator("reward", mode="before")(reward_list)
 
     @field_validator("checkpoint_components")
     @classmethod

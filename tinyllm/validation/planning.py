@@ -43,12 +43,6 @@ class StepPlan:
             return "none"
         return "full" if self.components == FULL else "partial"
 
-    @property
-    def checkpoint_before_validation(self) -> bool:
-        """Full checkpoints are written before validation (they carry its pending marker);
-        a partial artifact requested only by validation is committed after it evaluates."""
-        return self.kind == "full"
-
 
 def plan_step(
     step: int,

@@ -22,8 +22,3 @@ def is_validation_step(step: int, total_steps: int, cfg: ValidationConfig | None
     if step == 0:
         return cfg.before_training
     return cfg.every_steps > 0 and step % cfg.every_steps == 0
-
-
-def validation_steps(total_steps: int, cfg: ValidationConfig | None, start_step: int = 0) -> list[int]:
-    """The validation steps in ``[start_step, total_steps]``, ascending, each once."""
-    return [s for s in range(max(0, start_step), total_steps + 1) if is_validation_step(s, total_steps, cfg)]

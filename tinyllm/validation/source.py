@@ -7,25 +7,19 @@ changed during a run is a data mismatch, fatal.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..datafiles import BUILTIN_DIR, jsonl_objects, read_utf8, resolve_path  # noqa: F401 (BUILTIN_DIR, resolve_path: re-exported)
+from ..objectives.data import load_pairs
+from ..spec import SpecError
+from ..tokenizer import UnknownCharacter
 from .config import ValidationConfig
 from .errors import ValidationDataError
 
-BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data" / "validation"
 MIN_OVERLAP_BYTES = 24  # held-out records at least this long must not occur verbatim in training
-
-
-def resolve_path(path: str, home: str | Path) -> Path:
-    """``builtin:<file>`` -> shipped file; relative -> under the home; absolute as is."""
-    if path.startswith("builtin:"):
-        return BUILTIN_DIR / path.removeprefix("builtin:")
-    p = Path(path)
-    return p if p.is_absolute() else Path(home) / p
 
 
 @dataclass(frozen=True)
@@ -49,20 +43,6 @@ class HeldOutSource:
         return [r for r in out if len(r.encode("utf-8")) >= MIN_OVERLAP_BYTES]
 
 
-def read_utf8(path: Path, what: str, error: type[Exception]) -> tuple[bytes, str]:
-    """The bytes of a data file and their UTF-8 text; any problem is one ``error`` line naming ``what``."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{what} file not found: {path}") from None
-    except OSError as e:
-        raise error(f"cannot read {what} file {path}: {e.strerror}") from None
-    try:
-        return raw, raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise error(f"{what} file {path} is not UTF-8 text (byte {e.start})") from None
-
-
 def load_source(cfg: ValidationConfig, home: str | Path, block_size: int = 1 << 30) -> HeldOutSource:
     """Read and parse the held-out source; any problem is one ``ValidationDataError`` line."""
     assert cfg.data is not None
@@ -74,30 +54,12 @@ def load_source(cfg: ValidationConfig, home: str | Path, block_size: int = 1 << 
             raise ValidationDataError(f"validation data file {path} has fewer than 2 tokens")
         return HeldOutSource(path, sha, len(raw), text=text)
     if cfg.objective == "dpo":  # the training pairs' format (tinyllm.objectives.data)
-        from ..objectives.data import load_pairs
-        from ..spec import SpecError
-
         try:
             pairs = load_pairs(str(path), home, block_size, "validation data").rows
         except SpecError as e:
             raise ValidationDataError(str(e)) from None
         return HeldOutSource(path, sha, len(raw), pairs=pairs)
     return HeldOutSource(path, sha, len(raw), prompts=_parse_prompts(cfg, path, text))
-
-
-def jsonl_objects(text: str, label: str, error: type[Exception]):
-    """(line number, object) for each non-blank line of JSONL ``text``; ``error`` naming ``label`` and the
-    line for one that is not a JSON object."""
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise error(f"{label} line {n} is not valid JSON: {e.msg}") from None
-        if not isinstance(row, dict):
-            raise error(f"{label} line {n} is not a JSON object")
-        yield n, row
 
 
 def _parse_prompts(cfg: ValidationConfig, path: Path, text: str) -> list[dict]:
@@ -119,8 +81,6 @@ def _parse_prompts(cfg: ValidationConfig, path: Path, text: str) -> list[dict]:
 def check_encodes(source: HeldOutSource, tok) -> None:
     """A char-level run reads only its corpus's characters: held-out text (lm) or prompts (generation)
     with another one is one ``ValidationDataError`` line at start (bytes: everything encodes)."""
-    from ..tokenizer import UnknownCharacter
-
     try:
         if source.text:
             tok.check(source.text, f"validation data {source.path}")
