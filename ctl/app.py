@@ -26,31 +26,11 @@ from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, load_json_fil
 from tinyllm.trainer_spec import has_trainer
 from workflows.models import EvalSubject, EvalSuiteInput, TrainRunInput
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_DISK_FULL = 74  # sysexits' EX_IOERR: a write failed for lack of space; free some, run the same command
-EXIT_CANCELED = 130
+from .errors import (EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_DISK_FULL, EXIT_FAILED, EXIT_OK,  # noqa: F401 (re-exported)
+                     BadRequest, CtlError, DiskFull)
+
 ENDED = ("completed", "failed", "canceled")
 DEFAULT_SUITES = ("ppl",)  # what `ctl train` evaluates each checkpoint with unless told otherwise
-
-
-class CtlError(Exception):
-    """A problem to report in one line; ``exit_code`` says how ctl exits."""
-
-    exit_code = EXIT_FAILED
-
-
-class BadRequest(CtlError):
-    """Bad input: nothing was started and nothing written."""
-
-    exit_code = EXIT_BAD_INPUT
-
-
-class DiskFull(CtlError):
-    """A write failed for lack of space (ENOSPC, SQLite's "database or disk is full")."""
-
-    exit_code = EXIT_DISK_FULL
 
 
 # --- home and engine ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .app import BadRequest, CtlError
+from .errors import BadRequest, CtlError
 
 EMBEDDED = "embedded"
 TEMPORAL = "temporal"

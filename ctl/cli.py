@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import click
 
-from . import app, cli_inspect
+from . import app, cli_inspect, errors
 from .workerlog import WorkerLog
-from .app import BadRequest
+from .errors import BadRequest
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved
 
 
@@ -101,7 +101,7 @@ def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool) -> Any:
         click.echo(f"ctl: interrupted; {workflow_id} keeps its checkpoints: run the same command to resume, "
                    f"or `ctl cancel {workflow_id}`", err=True)
         sys.stderr.flush()
-        os._exit(app.EXIT_CANCELED)  # like a kill: the trainer dies with us, the run resumes next time
+        os._exit(errors.EXIT_CANCELED)  # like a kill: the trainer dies with us, the run resumes next time
     finally:
         if progress:
             progress.stop()
@@ -117,7 +117,7 @@ def _finish(st: Any, as_json: bool, describe: Callable[[Any], None]) -> None:
     elif st.state == "failed" and (full := app.disk_full_message(st.error)):
         click.echo(f"ctl: {full}; free some space and run the same command again: it resumes from the last "
                    f"checkpoint", err=True)
-        sys.exit(app.EXIT_DISK_FULL)
+        sys.exit(errors.EXIT_DISK_FULL)
     elif st.state == "failed":
         click.echo(f"{st.workflow_id} failed: {app.error_line(st.error)}", err=True)
     else:
@@ -241,7 +241,7 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
     except KeyboardInterrupt:  # the trainer's process group was killed on the way out (verify._run_attempt)
         click.echo("ctl verify-resume: interrupted; nothing was compared (its scratch runs are under "
                    "<home>/.ctl/verify/)", err=True)
-        sys.exit(app.EXIT_CANCELED)
+        sys.exit(errors.EXIT_CANCELED)
     if as_json:
         print_json(report.as_json())
     else:

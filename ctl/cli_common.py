@@ -13,7 +13,7 @@ import click
 from engine.errors import BadInput as EngineBadInput
 
 from . import app
-from .app import BadRequest, CtlError
+from .errors import BadRequest, CtlError
 from .runview import figures_text, first_subject_metrics
 
 home_option = click.option("--home", type=click.Path(file_okay=False), default=None,

@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from . import app, historyview, runstatus
-from .app import BadRequest, CtlError
+from . import app, errors, historyview, runstatus
+from .errors import BadRequest, CtlError
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved, when
 
 @click.command()
@@ -105,7 +105,7 @@ def _list_all(engine: Any, as_json: bool) -> None:
     for e in damaged:
         click.echo(f"ctl: {e}", err=True)
     if damaged:
-        sys.exit(app.EXIT_BAD_INPUT)
+        sys.exit(errors.EXIT_BAD_INPUT)
 
 
 @click.command()
@@ -271,7 +271,7 @@ def doctor(fix: bool, as_json: bool, home: str | None) -> None:
         click.echo(f"checked {c['workflows']} workflow(s), {c['events']} event(s), {c['runs']} run(s), "
                    f"{c['checkpoints']} checkpoint(s), {c['corpora']} corpus(es): "
                    + ("no problems" if not left else f"{len(left)} problem(s)"))
-    sys.exit(app.EXIT_FAILED if left else app.EXIT_OK)
+    sys.exit(errors.EXIT_FAILED if left else errors.EXIT_OK)
 
 
 COMMANDS = (status, list_, history, show, plot, doctor)

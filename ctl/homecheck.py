@@ -12,7 +12,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from .app import BadRequest, CtlError, DiskFull
+from .errors import BadRequest, CtlError, DiskFull
 
 _FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}

@@ -31,7 +31,7 @@ from tinyllm.spec import SpecError, load_json_file
 from tinyllm.trainer_spec import has_trainer, parse_run_spec
 from workflows.trainer_command import invocation
 
-from .app import BadRequest, CtlError
+from .errors import BadRequest, CtlError
 
 SIGNALS = ("kill", "term", "both")
 EXPLAIN = {
