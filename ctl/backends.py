@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import workflows
+
 from .errors import BadRequest, CtlError
 
 EMBEDDED = "embedded"
@@ -27,7 +29,7 @@ class Backend:
     options: tuple[tuple[str, Any], ...] = ()  # the Temporal connection options as given (None: default)
 
     def temporal_config(self) -> Any:
-        from engine.temporal import ConfigError, TemporalConfig
+        from engine.temporal import ConfigError, TemporalConfig  # lazy: the optional temporal extra
 
         try:
             cfg = TemporalConfig.from_env(**dict(self.options))
@@ -68,8 +70,7 @@ def _print_progress(activity_id: str, details: Any) -> None:
 
 def open_temporal(home: Path, *, progress: bool = True) -> Any:
     """A ``TemporalEngine`` with the workflows and the real activities of ``home`` registered."""
-    import workflows
-    from engine import temporal
+    from engine import temporal  # lazy: the optional temporal extra (temporalio), see the module docstring
 
     cfg = chosen().temporal_config()
     try:

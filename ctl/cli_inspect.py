@@ -14,8 +14,12 @@ from typing import Any
 import click
 
 from . import app, errors, historyview, runstatus
+from . import doctor as doc
+from . import plot as plotting
 from .errors import BadRequest, CtlError
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved, when
+from .runview import run_view
+from .show import show as show_run
 
 @click.command()
 @click.argument("workflow_id", required=False)
@@ -164,9 +168,6 @@ def show(workflow_id: str, as_json: bool, home: str | None) -> None:
     Example:
       ctl show train/tiny
     """
-    from .runview import run_view
-    from .show import show as show_run
-
     home_dir = app.resolve_home(home)
     engine = app.open_engine(home_dir, create=False, readonly=True)
     try:
@@ -205,9 +206,6 @@ def plot(workflow_id: str, output: str | None, as_json: bool, home: str | None) 
       ctl plot train/tiny
       ctl plot train/tiny -o tiny.png
     """
-    from . import plot as plotting
-    from .runview import run_view
-
     home_dir = app.resolve_home(home)
     engine = app.open_engine(home_dir, create=False, readonly=True)
     try:
@@ -252,8 +250,6 @@ def doctor(fix: bool, as_json: bool, home: str | None) -> None:
     Example:
       ctl doctor --home runs-home && ctl doctor --fix
     """
-    from . import doctor as doc
-
     home_dir = app.resolve_home(home)
     if not home_dir.is_dir():
         raise BadRequest(f"home {home_dir} does not exist")
