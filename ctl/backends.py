@@ -21,6 +21,7 @@ from .errors import BadRequest, CtlError
 EMBEDDED = "embedded"
 TEMPORAL = "temporal"
 BACKENDS = (EMBEDDED, TEMPORAL)
+APP_PACKAGES = ("workflows", "tinyllm")  # what Temporal's workflow sandbox takes from outside, beside the engine
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ def open_temporal(home: Path, *, progress: bool = True) -> Any:
     except temporal.MissingExtra as e:
         raise BadRequest(str(e)) from None
     try:
-        engine = temporal.TemporalEngine(cfg, on_heartbeat=_print_progress if progress else None)
+        engine = temporal.TemporalEngine(cfg, on_heartbeat=_print_progress if progress else None,
+                                         passthrough_modules=APP_PACKAGES)
     except temporal.Unreachable as e:
         raise CtlError(str(e)) from None
     workflows.register(engine, activities=workflows.tinyllm_activities(home))
