@@ -344,6 +344,7 @@ def phases(path: str, n: int) -> tuple[float, float, dict[str, tuple[float, int]
     leases, the loop). The stopwatch costs ~1 us per watched call, most of it counted in "other"."""
     import json as _json
 
+    # a profiler: it wraps the engine's internal functions, so it names the internal modules on purpose
     from engine import engine as _e, history as _h, options as _o, replay as _r, worker as _w
 
     plain = float("inf")

@@ -19,38 +19,21 @@ from pathlib import Path
 from typing import Any
 
 import workflows
-from engine.errors import BadInput, NotFound
+from engine import BadInput, Engine, NotFound, Store, check_id
 from tinyllm import fsio
 from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, load_json_file, parse_corpus_spec,
                           parse_train_spec)
 from tinyllm.trainer_spec import has_trainer
 from workflows.models import EvalSubject, EvalSuiteInput, TrainRunInput
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_DISK_FULL = 74  # sysexits' EX_IOERR: a write failed for lack of space; free some, run the same command
-EXIT_CANCELED = 130
+from . import backends
+from .errors import (EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_DISK_FULL, EXIT_FAILED, EXIT_OK,  # noqa: F401 (re-exported)
+                     BadRequest, CtlError, DiskFull)
+from .homecheck import check_home_writable, refuse_lost_history
+from .trainers import check_suite_names, custom_train_request
+
 ENDED = ("completed", "failed", "canceled")
 DEFAULT_SUITES = ("ppl",)  # what `ctl train` evaluates each checkpoint with unless told otherwise
-
-
-class CtlError(Exception):
-    """A problem to report in one line; ``exit_code`` says how ctl exits."""
-
-    exit_code = EXIT_FAILED
-
-
-class BadRequest(CtlError):
-    """Bad input: nothing was started and nothing written."""
-
-    exit_code = EXIT_BAD_INPUT
-
-
-class DiskFull(CtlError):
-    """A write failed for lack of space (ENOSPC, SQLite's "database or disk is full")."""
-
-    exit_code = EXIT_DISK_FULL
 
 
 # --- home and engine ---------------------------------------------------------------------
@@ -76,23 +59,14 @@ def open_engine(home: Path, *, create: bool, readonly: bool = False, **engine_kw
     ``readonly=True`` (status, list, history) opens the database so that it can never be
     written, which also works in a read-only home.
     """
-    from engine import Engine
-    from engine.store import Store
-
-    from . import backends
-
     if backends.chosen().name == backends.TEMPORAL:  # the run's files stay in home; the state on the cluster
         if not readonly:
-            from .homecheck import check_home_writable
-
             check_home_writable(home)
         return backends.open_temporal(home)
     path = db_path(home)
     if not create and not path.exists():
         raise BadRequest(f"no ctl database in {home} (looked for {path}); pass --home or set CTL_HOME")
     if not readonly:
-        from .homecheck import check_home_writable, refuse_lost_history
-
         check_home_writable(home)
         if create:
             refuse_lost_history(home, path)
@@ -140,8 +114,6 @@ def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 
     except SpecError as e:
         raise BadRequest(str(e)) from None
     if has_trainer(raw):  # a user's trainer (ctl/trainers.py)
-        from .trainers import custom_train_request
-
         return custom_train_request(raw, suites, eval_seed=eval_seed, eval_max_items=eval_max_items,
                                     corpus_file=corpus_file)
     if suites is None:
@@ -200,8 +172,6 @@ def eval_request(name: str, suites: list[str], subjects: list[str], *, tag: str 
     inp = EvalSuiteInput(name=name, tag=tag, suites=list(suites), subjects=parsed, seed=seed, corpus=corpus,
                          max_items=max_items, trainer=trainer)
     if trainer is not None:
-        from .trainers import check_suite_names
-
         check_suite_names(list(suites))
         return inp
     _check_suites(list(suites), name)
@@ -249,8 +219,6 @@ def readable_workflows(engine: Any) -> list[Any]:
 def resolve_id(engine: Any, workflow_id: str) -> str:
     """An id as given, or for a run's base id its newest workflow; BadRequest when unknown."""
     try:
-        from engine.ids import check_id
-
         check_id(workflow_id)
     except BadInput as e:
         raise BadRequest(str(e)) from None

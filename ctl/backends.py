@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .app import BadRequest, CtlError
+import workflows
+
+from .errors import BadRequest, CtlError
 
 EMBEDDED = "embedded"
 TEMPORAL = "temporal"
 BACKENDS = (EMBEDDED, TEMPORAL)
+APP_PACKAGES = ("workflows", "tinyllm")  # what Temporal's workflow sandbox takes from outside, beside the engine
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class Backend:
     options: tuple[tuple[str, Any], ...] = ()  # the Temporal connection options as given (None: default)
 
     def temporal_config(self) -> Any:
-        from engine.temporal import ConfigError, TemporalConfig
+        from engine.temporal import ConfigError, TemporalConfig  # lazy: the optional temporal extra
 
         try:
             cfg = TemporalConfig.from_env(**dict(self.options))
@@ -68,8 +71,7 @@ def _print_progress(activity_id: str, details: Any) -> None:
 
 def open_temporal(home: Path, *, progress: bool = True) -> Any:
     """A ``TemporalEngine`` with the workflows and the real activities of ``home`` registered."""
-    import workflows
-    from engine import temporal
+    from engine import temporal  # lazy: the optional temporal extra (temporalio), see the module docstring
 
     cfg = chosen().temporal_config()
     try:
@@ -77,7 +79,8 @@ def open_temporal(home: Path, *, progress: bool = True) -> Any:
     except temporal.MissingExtra as e:
         raise BadRequest(str(e)) from None
     try:
-        engine = temporal.TemporalEngine(cfg, on_heartbeat=_print_progress if progress else None)
+        engine = temporal.TemporalEngine(cfg, on_heartbeat=_print_progress if progress else None,
+                                         passthrough_modules=APP_PACKAGES)
     except temporal.Unreachable as e:
         raise CtlError(str(e)) from None
     workflows.register(engine, activities=workflows.tinyllm_activities(home))

@@ -15,10 +15,12 @@ from typing import Any, Callable
 
 import click
 
-from . import app, cli_inspect
+from . import app, backends, cli_inspect, errors
 from .workerlog import WorkerLog
-from .app import BadRequest
+from .errors import BadRequest
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved
+from .trainers import eval_trainer
+from .verify import verify_resume as run_verify_resume
 
 
 @click.group(context_settings={"max_content_width": 100})
@@ -64,8 +66,6 @@ def main(backend: str, address: str | None, namespace: str | None, task_queue: s
 
     Run `ctl COMMAND --help` for each command.
     """
-    from . import backends
-
     options = (("address", address), ("namespace", namespace), ("task_queue", task_queue), ("tls_cert", tls_cert),
                ("tls_key", tls_key), ("tls_ca", tls_ca), ("tls", tls))
     backends.choose(backends.Backend(backend, options))
@@ -85,7 +85,7 @@ def _interrupt_on_signals() -> None:
 
 def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool) -> Any:
     """Run a worker in this process until ``workflow_id`` ends; show its progress on stderr."""
-    from .display import LiveDisplay
+    from .display import LiveDisplay  # lazy: rich costs ~0.2 s of start-up; only a followed run's display needs it
 
     _interrupt_on_signals()  # the run stays resumable
     logging.getLogger("engine").addHandler(logging.NullHandler())  # the display (or --quiet) speaks instead
@@ -101,7 +101,7 @@ def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool) -> Any:
         click.echo(f"ctl: interrupted; {workflow_id} keeps its checkpoints: run the same command to resume, "
                    f"or `ctl cancel {workflow_id}`", err=True)
         sys.stderr.flush()
-        os._exit(app.EXIT_CANCELED)  # like a kill: the trainer dies with us, the run resumes next time
+        os._exit(errors.EXIT_CANCELED)  # like a kill: the trainer dies with us, the run resumes next time
     finally:
         if progress:
             progress.stop()
@@ -117,7 +117,7 @@ def _finish(st: Any, as_json: bool, describe: Callable[[Any], None]) -> None:
     elif st.state == "failed" and (full := app.disk_full_message(st.error)):
         click.echo(f"ctl: {full}; free some space and run the same command again: it resumes from the last "
                    f"checkpoint", err=True)
-        sys.exit(app.EXIT_DISK_FULL)
+        sys.exit(errors.EXIT_DISK_FULL)
     elif st.state == "failed":
         click.echo(f"{st.workflow_id} failed: {app.error_line(st.error)}", err=True)
     else:
@@ -232,16 +232,14 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
       ctl verify-resume --spec examples/specs/durable.json
       ctl verify-resume --spec specs/tiny.json --kills 5 --seed 1 --signal kill --json
     """
-    from .verify import verify_resume as run
-
     _interrupt_on_signals()
     try:
-        report = run(spec_file, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
+        report = run_verify_resume(spec_file, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
                      timeout_s=timeout_s)
     except KeyboardInterrupt:  # the trainer's process group was killed on the way out (verify._run_attempt)
         click.echo("ctl verify-resume: interrupted; nothing was compared (its scratch runs are under "
                    "<home>/.ctl/verify/)", err=True)
-        sys.exit(app.EXIT_CANCELED)
+        sys.exit(errors.EXIT_CANCELED)
     if as_json:
         print_json(report.as_json())
     else:
@@ -289,8 +287,6 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
     home_dir = app.resolve_home(home)
     trainer = None
     if spec_file is not None:
-        from .trainers import eval_trainer
-
         trainer = eval_trainer(spec_file)
     inp = app.eval_request(name, list(suites), list(subjects), tag=tag, seed=seed, corpus=corpus, max_items=max_items,
                            trainer=trainer)
@@ -399,7 +395,7 @@ def server(port: int, ip: str, db_filename: str | None, home: str | None) -> Non
     Example:
       ctl server &  ctl --backend temporal train --spec specs/tiny.json
     """
-    from engine.temporal.server import ServerError, dev_server_argv, find_temporal_binary
+    from engine.temporal.server import ServerError, dev_server_argv, find_temporal_binary  # lazy: the optional extra
 
     try:
         binary = find_temporal_binary()

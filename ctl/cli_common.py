@@ -3,6 +3,7 @@ one line on stderr and an exit code, only here), JSON and time printing, a finis
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import sqlite3
 import sys
@@ -10,10 +11,11 @@ from typing import Any, Callable
 
 import click
 
-from engine.errors import BadInput as EngineBadInput
+from engine import BadInput as EngineBadInput
 
 from . import app
-from .app import BadRequest, CtlError
+from .errors import BadRequest, CtlError
+from .homecheck import as_ctl_error
 from .runview import figures_text, first_subject_metrics
 
 home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
@@ -23,8 +25,6 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (
 
 def edge(fn: Callable) -> Callable:
     """Turn domain errors into one line on stderr and the exit code (the only place that does)."""
-    import functools
-
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -34,8 +34,6 @@ def edge(fn: Callable) -> Callable:
         except EngineBadInput as e:  # a damaged record met while running: nothing was written
             exit_with(BadRequest(str(e)))
         except (sqlite3.Error, OSError) as e:
-            from .homecheck import as_ctl_error
-
             home = kwargs.get("home")
             err = as_ctl_error(e, app.resolve_home(home) if "home" in kwargs else None)
             if err is None:

@@ -13,9 +13,13 @@ from typing import Any
 
 import click
 
-from . import app, historyview, runstatus
-from .app import BadRequest, CtlError
+from . import app, errors, historyview, runstatus
+from . import doctor as doc
+from . import plot as plotting
+from .errors import BadRequest, CtlError
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved, when
+from .runview import run_view
+from .show import show as show_run
 
 @click.command()
 @click.argument("workflow_id", required=False)
@@ -105,7 +109,7 @@ def _list_all(engine: Any, as_json: bool) -> None:
     for e in damaged:
         click.echo(f"ctl: {e}", err=True)
     if damaged:
-        sys.exit(app.EXIT_BAD_INPUT)
+        sys.exit(errors.EXIT_BAD_INPUT)
 
 
 @click.command()
@@ -164,9 +168,6 @@ def show(workflow_id: str, as_json: bool, home: str | None) -> None:
     Example:
       ctl show train/tiny
     """
-    from .runview import run_view
-    from .show import show as show_run
-
     home_dir = app.resolve_home(home)
     engine = app.open_engine(home_dir, create=False, readonly=True)
     try:
@@ -205,9 +206,6 @@ def plot(workflow_id: str, output: str | None, as_json: bool, home: str | None) 
       ctl plot train/tiny
       ctl plot train/tiny -o tiny.png
     """
-    from . import plot as plotting
-    from .runview import run_view
-
     home_dir = app.resolve_home(home)
     engine = app.open_engine(home_dir, create=False, readonly=True)
     try:
@@ -252,8 +250,6 @@ def doctor(fix: bool, as_json: bool, home: str | None) -> None:
     Example:
       ctl doctor --home runs-home && ctl doctor --fix
     """
-    from . import doctor as doc
-
     home_dir = app.resolve_home(home)
     if not home_dir.is_dir():
         raise BadRequest(f"home {home_dir} does not exist")
@@ -271,7 +267,7 @@ def doctor(fix: bool, as_json: bool, home: str | None) -> None:
         click.echo(f"checked {c['workflows']} workflow(s), {c['events']} event(s), {c['runs']} run(s), "
                    f"{c['checkpoints']} checkpoint(s), {c['corpora']} corpus(es): "
                    + ("no problems" if not left else f"{len(left)} problem(s)"))
-    sys.exit(app.EXIT_FAILED if left else app.EXIT_OK)
+    sys.exit(errors.EXIT_FAILED if left else errors.EXIT_OK)
 
 
 COMMANDS = (status, list_, history, show, plot, doctor)

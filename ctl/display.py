@@ -27,10 +27,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from engine import read_events
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
+from workflows.activities import checkpoint_step, choose_resume
 
 from .evalprogress import EvalCounts, EvalFollower, run_name
+from .runstatus import worker_info
 from .runview import (MetricsTail, RunView, figures_text, first_subject_metrics, fmt_duration, headline, local_time,
                       run_view)
 
@@ -116,8 +119,6 @@ class LiveDisplay:
     # -- reading -------------------------------------------------------------------------
 
     def _read_events(self) -> list[Any]:
-        from engine.history import read_events
-
         after = self.events[-1].seq if self.events else 0
         store = getattr(self.engine, "store", None)
         if store is None:  # another backend (Temporal): its own history call
@@ -148,8 +149,6 @@ class LiveDisplay:
         return f"[bold]{self.workflow_id}[/]: " + self._resume_text(view)
 
     def _resume_text(self, view: RunView) -> str:
-        from .runstatus import worker_info
-
         done = len([s for s in view.segments if s.state == "done"])
         head = f"segments {done}/{len(view.segments)} done"
         p = view.phase
@@ -173,8 +172,6 @@ class LiveDisplay:
         return f"resumed ({head}), at step {view.steps_done()}/{view.total_steps}"
 
     def _resume_training(self, view: RunView, activity_id: str) -> str:
-        from workflows.activities import checkpoint_step, choose_resume
-
         seg = view.segment(activity_id)
         label = f"{activity_id} (segment {seg.index}/{len(view.segments)})" if seg else activity_id
         details = next((e.attrs.get("details") for e in reversed(self.events)

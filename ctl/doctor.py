@@ -14,6 +14,7 @@ only read. What it checks:
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -22,7 +23,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from engine import BadInput, DamagedRecord, Engine, Store, damage_report, owner_dead
 from tinyllm.runlock import pid_running
+
+from .app import db_path
 
 MAX_ENTRIES = 200_000  # bound on the walk for temporaries
 _TEMP = re.compile(r"^\.(?:tmp|replaced)-.+-(\d+)$|^.+\.tmp-(\d+)$")  # .tmp-step-000100-PID, x.tmp-PID
@@ -109,12 +113,6 @@ def _rel(home: Path, p: Path) -> str:
 
 
 def _database(home: Path, checked: dict) -> list[Finding]:
-    from engine import Engine
-    from engine.errors import BadInput, DamagedRecord
-    from engine.store import Store, damage_report
-
-    from .app import db_path
-
     path = db_path(home)
     rel = _rel(home, path)
     has_runs = (home / "runs").is_dir() and any(p.is_dir() for p in (home / "runs").iterdir())
@@ -163,8 +161,6 @@ def _means_for(workflow_id: str | None) -> str:
 
 
 def _activities(engine: Any, rel: str, workflow_id: str) -> list[Finding]:
-    from engine import leases
-
     out = []
     try:
         rows = engine.store.query(
@@ -185,7 +181,7 @@ def _activities(engine: Any, rel: str, workflow_id: str) -> list[Finding]:
             owner_info = json.loads(owner) if owner else None
         except (ValueError, TypeError):
             owner_info = None
-        if state == "running" and owner_info is not None and leases.owner_dead(owner_info):
+        if state == "running" and owner_info is not None and owner_dead(owner_info):
             out.append(Finding("stale", rel, f"workflow {workflow_id}: activity {aid} is leased to a worker that is "
                                f"gone (pid {owner_info.get('pid')})",
                                f"{workflow_id} resumes it from its last checkpoint with the next `ctl train` or "
@@ -197,6 +193,7 @@ def _activities(engine: Any, rel: str, workflow_id: str) -> list[Finding]:
 
 
 def _checkpoints(home: Path, run_dir: Path, checked: dict) -> list[Finding]:
+    # lazy: tinyllm.checkpoint imports torch (seconds of start-up for every ctl command otherwise)
     from tinyllm.checkpoint import CheckpointError, list_step_dirs, read_latest, verify_checkpoint
 
     name = run_dir.name
@@ -236,9 +233,7 @@ def _checkpoints(home: Path, run_dir: Path, checked: dict) -> list[Finding]:
 
 
 def _corpus(home: Path, cdir: Path) -> list[Finding]:
-    import hashlib
-
-    from tinyllm.corpus import read_meta
+    from tinyllm.corpus import read_meta  # lazy: it imports numpy, which ctl's start-up otherwise avoids
 
     meta = read_meta(cdir)
     if meta is None:

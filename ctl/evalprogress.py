@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workflows.activities import progress_path
+
 from .runview import JsonlTail, RunView, fmt_duration
 
 MAX_UNIT_CHARS = 24
@@ -93,8 +95,6 @@ class EvalFollower:
 
     def counts(self, view: RunView, name: str, now: float) -> EvalCounts | None:
         """The counts of the eval in flight in ``view`` (run ``name``), or None."""
-        from workflows.activities import progress_path
-
         p = view.phase
         if p.kind != "evaluating" or not p.activity_id or not name or not isinstance(p.attempt, int):
             self._key = self._tail = None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tinyllm.fsio import DISK_FULL_ERRNOS
 
-from .app import BadRequest, CtlError, DiskFull
+from .errors import BadRequest, CtlError, DiskFull
 
 _READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
 

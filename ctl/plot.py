@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .runview import SMOOTHING, RunView, headline, read_frames
+from .termplot import chart
 
 INSTALL_HINT = "pip install 'durable-train[plot]'"
 
@@ -75,7 +76,7 @@ def _xy(points: list[tuple[int, float]]) -> tuple[list[int], list[float]]:
 def figure(s: Series) -> Any:
     """The matplotlib figure: losses (+ evaluations marked) above, learning rate below."""
     try:
-        import matplotlib
+        import matplotlib  # lazy: the optional [plot] extra, only -o needs it
 
         matplotlib.use("Agg")
         from matplotlib.figure import Figure
@@ -123,8 +124,6 @@ def write_png(s: Series, path: Path) -> Path:
 
 def terminal(s: Series, *, width: int, height: int, color: bool) -> str:
     """The plot as text: losses with the evaluations marked, then the learning rate."""
-    from .termplot import chart
-
     curves = [("train/loss", s.loss), ("smoothed", s.smoothed)]
     curves += [(k, v) for k, v in sorted(s.val.items()) if "loss" in k or "objective" in k]
     marks = [(float(st), v, label) for st, v, label in s.evals if v == v]

@@ -20,13 +20,14 @@ Reads the engine's tables through the engine's own connection (``engine.store.qu
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-from engine import leases
+from engine import owner_dead
 
 from .evalprogress import EvalCounts, EvalFollower
-from .runview import MetricsTail, RunView, local_time, run_view
+from .runview import MetricsTail, RunView, figures_text, fmt_duration, local_time, run_view
 
 OVERDUE_S = 15.0  # due work nobody took for this long: no worker is running the home folder
 
@@ -55,7 +56,7 @@ def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str,
             continue
         owner = json.loads(owner_json) if owner_json else None
         late = hb_deadline is not None and now > hb_deadline
-        live = not late and not leases.owner_dead(owner)
+        live = not late and not owner_dead(owner)
         since = started_at.get(f"{aid}#{attempt}")
         return {"live": live, "activity_id": aid, "attempt": attempt,
                 "pid": (owner or {}).get("pid"), "host": (owner or {}).get("host"),
@@ -111,8 +112,6 @@ def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
 
 def status_lines(st: Any, extra: dict, now: float) -> list[str]:
     """The human lines of ``ctl status ID`` below its state line."""
-    from .runview import figures_text, fmt_duration
-
     lines = []
     w = extra.get("worker")
     if w is not None:
@@ -147,6 +146,4 @@ def status_lines(st: Any, extra: dict, now: float) -> list[str]:
 
 def readable(text: str) -> str:
     """Epoch seconds in an engine message (``due at 1796106682.433``) as local time."""
-    import re
-
     return re.sub(r"\b(1\d{9}(?:\.\d+)?)\b", lambda m: local_time(float(m.group(1)), date=True), text)

@@ -12,11 +12,14 @@ Everything here reads; nothing writes. ``ctl status``, ``ctl show`` and the live
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from workflows import segments as segment_ends
 
 MAX_FRAMES_KEPT = 512  # the rate window and the smoothing only need the recent frames
 SMOOTHING = 0.9  # exponential moving average of the training loss (as TensorBoard's slider)
@@ -214,8 +217,6 @@ def _spec_of(events: list[Any]) -> tuple[dict, dict]:
 
 def run_view(workflow_id: str, events: list[Any], state: str = "running") -> RunView:
     """Fold a TrainRun's history into a ``RunView`` (see the module docstring)."""
-    from workflows import segments as segment_ends
-
     spec, inp = _spec_of(events)
     name = str(spec.get("name", ""))
     steps = int(spec.get("steps", 0) or 0)
@@ -449,7 +450,5 @@ def fmt_duration(seconds: float | None) -> str:
 
 
 def local_time(t: float, *, date: bool = False) -> str:
-    import datetime as dt
-
     stamp = dt.datetime.fromtimestamp(t).astimezone()
     return stamp.isoformat(timespec="seconds") if date else stamp.strftime("%H:%M:%S")

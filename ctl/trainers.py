@@ -16,7 +16,7 @@ from tinyllm.spec import IDENTIFIER_PATTERN, SpecError, load_json_file
 from tinyllm.trainer_spec import CustomTrainSpec, has_trainer, parse_run_spec
 from workflows.models import TrainRunInput
 
-from .app import BadRequest
+from .errors import BadRequest
 
 
 def resolved_spec(raw: dict, base: Path | None = None) -> tuple[dict, CustomTrainSpec]:

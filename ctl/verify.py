@@ -31,7 +31,8 @@ from tinyllm.spec import SpecError, load_json_file
 from tinyllm.trainer_spec import has_trainer, parse_run_spec
 from workflows.trainer_command import invocation
 
-from .app import BadRequest, CtlError
+from .errors import BadRequest, CtlError
+from .trainers import resolved_spec
 
 SIGNALS = ("kill", "term", "both")
 EXPLAIN = {
@@ -375,8 +376,6 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
     except SpecError as e:
         raise BadRequest(str(e)) from None
     if has_trainer(raw):
-        from .trainers import resolved_spec
-
         raw, spec = resolved_spec(raw)
     name = spec.name
     workdir = user_home / ".ctl" / "verify" / name

@@ -16,6 +16,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
+from engine import read_events
+
 from .historyview import details
 from .runview import fmt_duration, local_time
 
@@ -59,8 +61,6 @@ class WorkerLog:
                 return
 
     def _poll(self, initial: bool = False) -> None:
-        from engine.history import read_events
-
         store = self.engine.store
         ids = [r[0] for r in store.query("SELECT id FROM workflows WHERE state='running'")]
         ids += [w for w in self._touched if w not in ids]

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import Canceled, NonRetryableError
+from engine import Canceled, NonRetryableError
 
 from workflows.activities import choose_resume
 

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.store import Store
+from engine import Store
 
 
 class SimulatedCrash(BaseException):

@@ -13,8 +13,7 @@ import types
 from typing import Any, Callable
 
 import workflows
-from engine.errors import ActivityError, Canceled, is_canceled
-from engine.options import StepOptions
+from engine import ActivityError, Canceled, StepOptions, is_canceled
 from workflows import (
     ACTIVITY_EVAL,
     EvalActivityInput,

@@ -70,7 +70,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engine.history import read_events
+from engine import read_events
+# the simulator's documented hook into the replayer (engine/__init__.py's docstring): not public API
 from engine.replay import _FINAL_ONLY, _RECORD, DrySink, Replayer, WorkflowRuntime
 
 MAX_REPLY_BYTES = 1 << 31  # a child's reply larger than this is a runaway
@@ -296,7 +297,7 @@ def in_child(fn: Callable[[], Any]) -> Any:
     """
     sys.stdout.flush()
     sys.stderr.flush()
-    from engine import leases
+    from engine import leases  # the simulator's hook: it marks lease owners dead or live (internal)
 
     parent = os.getpid()
     rfd, wfd = os.pipe()

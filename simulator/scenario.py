@@ -18,10 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import workflows
-from engine import Engine
-from engine.clock import VirtualClock
-from engine.errors import NotFound
-from engine.history import Event
+from engine import Engine, Event, NotFound, VirtualClock, read_events
 from workflows.models import ACTIVITY_CORPUS, ACTIVITY_EVAL, ACTIVITY_TRAIN, WORKFLOW_TRAIN_RUN, TrainRunInput
 
 from .fakes import FakeActivities, FilesOverlay
@@ -132,7 +129,7 @@ def _crash_cleanup(eng: Engine | None) -> None:
     """The process died: its connection goes away (any open transaction is rolled back)."""
     if eng is None:
         return
-    from engine import leases
+    from engine import leases  # the simulator's hook: it marks lease owners dead or live (internal)
 
     leases.mark_dead(eng.owner)
     eng.store.close()
@@ -227,7 +224,7 @@ def _owner_dead(owner: dict):
     The engine tells a dead in-process owner by its instance id missing from the live set
     (``engine.leases``); the paused worker's id is put back before it resumes.
     """
-    from engine import leases
+    from engine import leases  # the simulator's hook: it marks lease owners dead or live (internal)
 
     leases.mark_dead(owner)
     try:
@@ -466,8 +463,6 @@ def recover_from_snapshot(
                 pool.returned(rlive["fakes"])
             eng = rlive["engine"]
             try:
-                from engine.history import read_events
-
                 with eng.store._lock:
                     events = read_events(eng.store.conn, scn.workflow_id, copied)
             finally:

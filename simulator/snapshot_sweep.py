@@ -15,8 +15,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 
-from engine.clock import VirtualClock
-from engine.history import read_events
+from engine import VirtualClock, read_events
 from workflows.models import WORKFLOW_TRAIN_RUN
 
 from .checks import compare_with, final_files_lines

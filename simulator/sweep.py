@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Callable, Iterable
 
-from engine.clock import VirtualClock
+from engine import VirtualClock
 
 from .checks import (
     CHECKED_EVENTS,

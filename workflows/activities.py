@@ -20,8 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.errors import NonRetryableError
-from engine.seam import ActivityContext
+from engine import ActivityContext, NonRetryableError, run_subprocess
 from tinyllm.fsio import DISK_FULL_ERRNOS, atomic_write  # standard library only: no torch in the worker
 
 from .models import (
@@ -116,8 +115,6 @@ class TinyllmActivities:
         return activity_dir(self.home, name, activity_id)
 
     def _run(self, ctx: ActivityContext, argv: list[str], progress_path: Path, how: Invocation | None = None) -> Any:
-        from engine.subprocess_runner import run_subprocess  # the engine's runner
-
         progress_path.unlink(missing_ok=True)  # an attempt's heartbeats come from its own lines
         cwd, env = (how.cwd, how.env) if how is not None else (str(self.home), self.env)
         done = run_subprocess(ctx, argv, progress_path=str(progress_path), cwd=cwd, env=env)

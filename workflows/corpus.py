@@ -4,8 +4,7 @@ TrainRun runs it first, so training never starts on a missing corpus; its failur
 """
 from __future__ import annotations
 
-from engine.errors import ActivityError, Canceled, NonRetryableError, is_canceled
-from engine.seam import Runtime
+from engine import ActivityError, Canceled, NonRetryableError, Runtime, is_canceled
 
 from .models import ACTIVITY_CORPUS, CorpusBuildInput, CorpusBuildResult
 from .options import corpus_options

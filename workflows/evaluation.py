@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 
-from engine.errors import ActivityError, Canceled, is_canceled
-from engine.seam import Runtime
+from engine import ActivityError, Canceled, Runtime, is_canceled
 
 from .models import ACTIVITY_EVAL, EvalActivityInput, EvalSuiteInput, EvalSuiteResult, SuiteOutputs
 from .options import eval_options

@@ -5,7 +5,7 @@ Ids name what they do (pitfall 2): ``train-000500`` is the segment ending at ste
 """
 from __future__ import annotations
 
-from engine.options import RetryPolicy, StepOptions
+from engine import RetryPolicy, StepOptions
 
 # A command that writes no progress line for its heartbeat timeout is presumed hung: its process tree is
 # stopped and the attempt redelivered (engine/subprocess_runner.py). The timeout must cover the longest

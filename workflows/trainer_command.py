@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from engine.errors import NonRetryableError
+from engine import NonRetryableError
 
 PYTHON_WORDS = ("python", "python3")  # as a command's first word: the interpreter running the worker
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.errors import ActivityError, Canceled, NonRetryableError, is_canceled
-from engine.seam import Runtime
+from engine import ActivityError, Canceled, NonRetryableError, Runtime, is_canceled
 from tinyllm.spec import SpecError
 from tinyllm.trainer_spec import RunSpec, parse_run_spec
 

@@ -41,7 +41,10 @@ from .history import convert_history
 from .runtime import register_workflow
 from .workflow import SeamWorkflow
 
-PASSTHROUGH_MODULES = ("engine", "workflows", "tinyllm", "pydantic", "pydantic_core", "annotated_types")
+# The workflow sandbox takes these from outside instead of re-importing them: the engine's own and its
+# models' library; the app's packages come from the caller (``passthrough_modules``) and the registered
+# workflow code's top-level packages.
+PASSTHROUGH_MODULES = ("engine", "pydantic", "pydantic_core", "annotated_types")
 _STATES = {
     WorkflowExecutionStatus.RUNNING: "running",
     WorkflowExecutionStatus.COMPLETED: "completed",
@@ -85,8 +88,10 @@ class TemporalEngine:
         heartbeat_throttle_s: float = 1.0,
         on_heartbeat: Callable[[str, Any], None] | None = None,
         connect_timeout_s: float = 30.0,
+        passthrough_modules: tuple[str, ...] = (),
     ):
         self.config = config
+        self.passthrough_modules = tuple(passthrough_modules)
         self.max_concurrent_activities = max_concurrent_activities
         self.heartbeat_throttle_s = heartbeat_throttle_s
         self.on_heartbeat = on_heartbeat
@@ -303,7 +308,10 @@ class TemporalEngine:
     # --- running a worker here ---------------------------------------------------------------
 
     def _worker(self) -> Worker:
-        restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES)
+        registered = {m.split(".")[0] for fn, input_type in self._workflows.values()
+                      for m in (getattr(fn, "__module__", None), getattr(input_type, "__module__", None)) if m}
+        passthrough = sorted({*PASSTHROUGH_MODULES, *self.passthrough_modules, *registered})
+        restrictions = SandboxRestrictions.default.with_passthrough_modules(*passthrough)
         return Worker(
             self.client,
             task_queue=self.config.task_queue,

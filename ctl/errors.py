@@ -1,0 +1,30 @@
+"""ctl's error classes and exit codes, in one table; only ``ctl/cli.py`` turns errors into exits.
+
+A leaf module: ``ctl.app``, ``ctl.backends``, ``ctl.homecheck`` and ``ctl.trainers`` all raise
+these, so they live below all of them (``ctl.app`` re-exports them for older callers).
+"""
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_DISK_FULL = 74  # sysexits' EX_IOERR: a write failed for lack of space; free some, run the same command
+EXIT_CANCELED = 130
+
+
+class CtlError(Exception):
+    """A problem to report in one line; ``exit_code`` says how ctl exits."""
+
+    exit_code = EXIT_FAILED
+
+
+class BadRequest(CtlError):
+    """Bad input: nothing was started and nothing written."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class DiskFull(CtlError):
+    """A write failed for lack of space (ENOSPC, SQLite's "database or disk is full")."""
+
+    exit_code = EXIT_DISK_FULL

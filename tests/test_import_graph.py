@@ -1,0 +1,134 @@
+"""No import circles: the module graph of the top-level imports (ast, nothing is imported).
+
+An edge ``a -> b`` is an import statement in ``a``'s module body (not inside a function: those
+are the lazy ones) of module ``b``; ``from p import n`` is an edge to ``p.n`` when that is a
+module, else to ``p`` (its ``__init__``). A circle is a strongly connected component of more
+than one module (or a module importing itself). Run this file directly to print the circles.
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("engine", "workflows", "ctl", "simulator", "tinyllm")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+                                         or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _top_level_imports(tree: ast.Module, lazy: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Import statements of the module body, also under module-level if/try/with (not in defs, not
+    under ``if TYPE_CHECKING:``, which never runs); ``lazy``: also those in functions (a report)."""
+    if lazy:
+        skip = {id(n) for t in ast.walk(tree) if _type_checking(t) for b in t.body for n in ast.walk(b)}
+        return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skip]
+    found, todo = [], list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif _type_checking(node):
+            todo.extend(node.orelse)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                todo.extend(getattr(node, field, []) or [])
+        elif isinstance(node, ast.ExceptHandler):
+            todo.extend(node.body)
+    return found
+
+
+def import_graph(lazy: bool = False) -> dict[str, set[str]]:
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        for node in _top_level_imports(ast.parse(path.read_text(), str(path)), lazy):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    here = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    here = here[:len(here) - (node.level - 1)]
+                    base = ".".join(here + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            graph[mod].update(t for t in targets if t in mods and t != mod)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components with more than one module, each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def cycles_touching(package: str, lazy: bool = False) -> list[list[str]]:
+    return [c for c in cycles(import_graph(lazy)) if any(m == package or m.startswith(package + ".") for m in c)]
+
+
+@pytest.mark.parametrize("package", [
+    "ctl", "engine", "workflows", "simulator",
+    pytest.param("tinyllm", marks=pytest.mark.xfail(strict=False, reason="tinyllm's circles are being removed on "
+                                                                         "another branch; reported, not yet enforced")),
+])
+def test_no_import_cycles(package: str) -> None:
+    found = cycles_touching(package)
+    for c in found:
+        print(f"{package}: import circle: {' <-> '.join(c)}")
+    assert not found, f"{package}: {len(found)} import circle(s): {found}"
+
+
+if __name__ == "__main__":  # --lazy: count the imports inside functions too
+    for pkg in PACKAGES:
+        found = cycles_touching(pkg, lazy="--lazy" in sys.argv)
+        print(f"{pkg}: {len(found)} circle(s)")
+        for c in found:
+            print("   ", " <-> ".join(c))
