@@ -114,13 +114,11 @@ def cycles_touching(package: str, lazy: bool = False) -> list[list[str]]:
     return [c for c in cycles(import_graph(lazy)) if any(m == package or m.startswith(package + ".") for m in c)]
 
 
-@pytest.mark.parametrize("package", [
-    "ctl", "engine", "workflows", "simulator",
-    pytest.param("tinyllm", marks=pytest.mark.xfail(strict=False, reason="tinyllm's circles are being removed on "
-                                                                         "another branch; reported, not yet enforced")),
-])
-def test_no_import_cycles(package: str) -> None:
-    found = cycles_touching(package)
+@pytest.mark.parametrize("lazy", [False, True], ids=["top-level", "with-in-function-imports"])
+@pytest.mark.parametrize("package", ["ctl", "engine", "workflows", "simulator", "tinyllm"])
+def test_no_import_cycles(package: str, lazy: bool) -> None:
+    """No circle, also counting imports inside functions (a lazy import must not hide one)."""
+    found = cycles_touching(package, lazy)
     for c in found:
         print(f"{package}: import circle: {' <-> '.join(c)}")
     assert not found, f"{package}: {len(found)} import circle(s): {found}"
