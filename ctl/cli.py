@@ -23,7 +23,27 @@ from .trainers import eval_trainer
 from .verify import verify_resume as run_verify_resume
 
 
+def _versions() -> str:
+    """durable-train's and torch's versions from the installed metadata (torch is not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+    return f"ctl (durable-train) {of('durable-train')}, torch {of('torch')}"
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(_versions())
+        ctx.exit(0)
+
+
 @click.group(context_settings={"max_content_width": 100})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print durable-train's and torch's versions and exit.")
 @click.option("--backend", type=click.Choice(["embedded", "temporal"]), default="embedded", show_default=True,
               envvar="CTL_BACKEND", help="Engine: the embedded SQLite engine, or a Temporal cluster [$CTL_BACKEND].")
 @click.option("--address", default=None, metavar="HOST:PORT", envvar="CTL_TEMPORAL_ADDRESS",

@@ -70,7 +70,7 @@ from .durable_state import (
 from .errors import RunLocked
 from .metrics import JsonlSink
 from .fsio import rel, resolve_home
-from .names import IDENTIFIER_PATTERN
+from .names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys
 
 EXIT_BAD_INPUT = 2
 EXIT_LOCKED = 75
@@ -111,7 +111,9 @@ def load_spec(path: str | Path) -> dict:
     """Read and check the parts of a train spec the helper relies on (``DurableError`` otherwise)."""
     p = Path(path)
     try:
-        spec = json.loads(p.read_text(encoding="utf-8"))
+        spec = json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=refuse_duplicate_keys)
+    except DuplicateKeyError as e:
+        raise DurableError(f"train spec file {p}: {e} (strict JSON: each key once)") from None
     except FileNotFoundError:
         raise DurableError(f"train spec file not found: {p}") from None
     except OSError as e:

@@ -20,3 +20,18 @@ def resolve_checkpoint(ref: str, home: Path) -> Path:
         return Path(home) / "runs" / m.group(1) / "ckpt" / step_dir_name(int(m.group(2)))
     p = Path(ref)
     return p if p.is_absolute() else Path(home) / p
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object names the same key twice (``json`` would silently keep the last value)."""
+
+
+def refuse_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    """``object_pairs_hook`` for ``json.loads``: a dict, or ``DuplicateKeyError`` naming the key.
+    Applies to every object, nested ones included."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(f"duplicate key {key!r}")
+        out[key] = value
+    return out

@@ -12,7 +12,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .names import IDENTIFIER_PATTERN  # shared with the torch-only helper (tinyllm.durable)
+from .names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys  # shared with the torch-only helper (tinyllm.durable)
 from .objectives.config import DPOConfig, RefConfig, RLConfig, check_train_spec
 from .retention import KeepCheckpoints
 from .spec_plain import TRAIN_THREADS_DEFAULT, SpecError
@@ -293,7 +293,9 @@ def load_json_file(path: str | Path, what: str) -> object:
     except UnicodeDecodeError as e:
         raise SpecError(f"{what} file {p} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=refuse_duplicate_keys)
+    except DuplicateKeyError as e:
+        raise SpecError(f"{what} file {p}: {e} (strict JSON: each key once)") from None
     except json.JSONDecodeError as e:
         raise SpecError(f"{what} file {p} is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
     except (ValueError, RecursionError) as e:

@@ -204,3 +204,46 @@ def test_corpus_spec_is_checked_strictly_before_anything_starts(tmp_path):
     one_line_error(ctl(home, "train", "--spec", str(spec), "--corpus-spec", str(corpus)), 2,
                    "sourcs: unknown field (did you mean sources?)", "heldout_fraction: must be a number")
     assert snapshot(home) == {}
+
+
+_TOP_DUP = '{"name": "mini", "steps": 300, "steps": 400}'
+_NESTED_DUP = '{"name": "mini", "steps": 3, "model": {"n_layer": 1, "n_layer": 2}}'
+
+
+@pytest.mark.parametrize("text, key", [(_TOP_DUP, "steps"), (_NESTED_DUP, "n_layer")])
+def test_duplicate_key_in_any_spec_is_refused_naming_key_and_file(tmp_path, text, key):
+    """Strict JSON: ``"steps": 300, "steps": 400`` is refused (json keeps the last one silently),
+    top-level or nested, in each spec each CLI reads, before anything is written or started."""
+    home = tmp_path / "h"
+    home.mkdir()
+    spec = tmp_path / "dup.json"
+    spec.write_text(text)
+    custom = tmp_path / "custom.json"
+    custom.write_text('{"name": "c", "steps": 2, "trainer": {"command": ["python", "-c", "pass"], "command": ["x"]}}')
+    good = write_json(tmp_path / "s.json", SPEC)
+    runs = [
+        (ctl(home, "train", "--spec", str(spec)), spec, key),
+        (ctl(home, "train", "--spec", str(good), "--corpus-spec", str(spec)), spec, key),
+        (ctl(home, "train", "--spec", str(custom)), custom, "command"),
+        (ctl(home, "verify-resume", "--spec", str(spec)), spec, key),
+        (ctl(home, "eval", "--spec", str(custom), "--suite", "ppl", "--subject", "a=ckpt"), custom, "command"),
+        (tinyllm(home, "train", "--spec", str(spec)), spec, key),
+        (tinyllm(home, "corpus", "--spec", str(spec)), spec, key),
+        (tinyllm(home, "eval", "--spec", str(spec)), spec, key),
+    ]
+    for proc, path, k in runs:
+        one_line_error(proc, 2, f"duplicate key '{k}'", str(path))
+    assert snapshot(home) == {}
+
+
+def test_duplicate_key_refused_by_the_durable_helper(tmp_path):
+    """The torch-only helper (tinyllm.durable, custom trainers) reads specs itself: same refusal."""
+    import subprocess
+    import sys
+    from bi_helpers import env
+    spec = tmp_path / "dup.json"
+    spec.write_text('{"name": "s", "steps": 4, "config": {"lr": 0.1, "lr": 0.2}}')
+    proc = subprocess.run([sys.executable, "examples/durable_train.py", "--spec", str(spec), "--home", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, env=env(), cwd=str(Path(__file__).parents[2]))
+    one_line_error(proc, 2, "duplicate key 'lr'", str(spec))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dup.json"]

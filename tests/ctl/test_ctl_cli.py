@@ -177,3 +177,17 @@ def test_bad_eval_input(tmp_path: Path, args: list[str], needle: str) -> None:
     code, _, err = run(tmp_path, *args)
     assert code == 2 and needle in err, err
     assert files_under(tmp_path) == set()
+
+
+def test_version_prints_package_and_torch_versions_without_importing_torch():
+    import subprocess
+    import sys
+    from importlib.metadata import version
+    code = ("import sys; from ctl.cli import main\n"
+            "try:\n    main(['--version'])\nexcept SystemExit as e:\n"
+            "    print('torch imported' if 'torch' in sys.modules else 'no torch'); sys.exit(e.code)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=str(Path(__file__).parents[2]))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"ctl (durable-train) {version('durable-train')}, torch {version('torch')}",
+                                        "no torch"], proc.stdout
