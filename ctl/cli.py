@@ -245,7 +245,7 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
     differing step and the state most likely not restored. Scratch runs go to <home>/.ctl/verify/<name>/.
 
     \b
-    Exit codes: 0 exact, 1 not exact (with the diagnosis) or a run failed, 2 bad input, 130 interrupted
+    Exit codes: 0 exact, 3 not proven (no interruption resumed from a mid-run checkpoint), 1 not exact (with the diagnosis) or a run failed, 2 bad input, 130 interrupted
     (SIGINT/SIGTERM: the trainer is killed, nothing compared).
     \b
     Examples:
@@ -263,14 +263,17 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
     if as_json:
         print_json(report.as_json())
     else:
-        verdict = "EXACT" if report.exact else "NOT EXACT"
+        verdict = {"exact": "EXACT", "not_proven": "NOT PROVEN"}.get(report.verdict, "NOT EXACT")
         click.echo(f"{report.name}: {verdict} after {report.kills_landed} interruption(s) "
                    f"({report.steps_compared} steps compared)")
         click.echo(f"  final_loss_hex {report.final_loss_hex['uninterrupted']} vs {report.final_loss_hex['resumed']}")
         click.echo(f"  digest         {str(report.digest['uninterrupted'])[:16]} vs {str(report.digest['resumed'])[:16]}")
+        for n, i in enumerate(report.interruptions, 1):
+            click.echo(f"  interruption {n}: {i['signal']} ({i['mode']}) at step {i['step_killed']}, resumed from "
+                       f"checkpoint step {i['resumed_from']}, {i['steps_redone']} step(s) redone")
         if report.diagnosis:
             click.echo(f"  {report.diagnosis}")
-    sys.exit(0 if report.exact else 1)
+    sys.exit({"exact": 0, "not_proven": 3}.get(report.verdict, 1))
 
 
 @main.command(name="eval")

@@ -79,6 +79,8 @@ class Report:
     suspects: list[str] = field(default_factory=list)
     attempts: list[dict] = field(default_factory=list)
     workdir: str = ""
+    verdict: str = ""  # exact | not_exact | not_proven
+    interruptions: list[dict] = field(default_factory=list)
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -330,14 +332,20 @@ def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: in
     return attempt
 
 
-def plan_kills(kills: int, steps: int, seed: int, signal_mode: str, helper: bool) -> list[tuple[str, int]]:
-    """Seeded (mode, step) interruptions: increasing steps in 1..steps-1; every third a checkpoint-write
-    kill for trainers built on the helper; ``both`` alternates SIGKILL and SIGTERM."""
+def plan_kills(kills: int, steps: int, seed: int, signal_mode: str, helper: bool,
+               checkpoint_every: int = 1) -> list[tuple[str, int]]:
+    """Seeded (mode, step) interruptions, each a known number of steps after a durable checkpoint: target =
+    a checkpoint step c (0 < c < steps) plus 1..checkpoint_every-1, distinct checkpoints, increasing; every
+    third a checkpoint-write kill for trainers built on the helper; ``both`` alternates SIGKILL and SIGTERM.
+    Empty when the cadence allows none (checkpoint_every >= steps, or checkpoint_every == 1)."""
     rng = random.Random(seed)
-    count = min(kills, max(0, steps - 1))
-    targets = sorted(rng.sample(range(1, steps), count)) if count else []
+    every = max(1, checkpoint_every)
+    ckpts = [c for c in range(every, steps, every) if c + 1 <= steps - 1]
+    count = min(kills, len(ckpts)) if every > 1 else 0
+    chosen = sorted(rng.sample(ckpts, count)) if count else []
     plan = []
-    for i, target in enumerate(targets):
+    for i, c in enumerate(chosen):
+        target = min(steps - 1, c + rng.randint(1, every - 1))
         mode = {"kill": "kill", "term": "term"}.get(signal_mode) or ("kill" if rng.random() < 0.5 else "term")
         if helper and signal_mode != "term" and i % 3 == 2:
             mode = "checkpoint-write"
@@ -399,7 +407,7 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
         raise err(f"the uninterrupted run failed (exit {ref.returncode}): {why}")
     ref_lines = _progress_lines(ref_home / "attempt-0.jsonl")
     helper = any("tracked" in ln for ln in ref_lines)
-    plan = plan_kills(kills, spec.steps, seed, signal_mode, helper)
+    plan = plan_kills(kills, spec.steps, seed, signal_mode, helper, spec.checkpoint_every)
     log(f"verify-resume {name}: interrupted run, {len(plan)} interruption(s) (seed {seed}) in {kill_home}")
     attempts: list[Attempt] = []
     for i, (mode, target) in enumerate(plan, 1):
@@ -437,7 +445,20 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
     if not ref_steps:
         text = text or f"no per-step records in runs/{name}/metrics.jsonl: only the final loss and digest compared"
         exact = loss_equal and digest_equal
-    return Report(name=name, exact=exact, kills_planned=len(plan), kills_landed=landed,
+    interruptions = []
+    for prev, nxt in zip(attempts, attempts[1:]):
+        if prev.mode != "final" and prev.returncode != 0:
+            interruptions.append({"signal": {"term": "SIGTERM"}.get(prev.mode, "SIGKILL"), "mode": prev.mode,
+                                  "step_killed": prev.reached_step, "resumed_from": nxt.resumed_step,
+                                  "steps_redone": max(0, (prev.reached_step or 0) - nxt.resumed_step)})
+    proven = any(i["resumed_from"] > 0 for i in interruptions)
+    verdict = "not_exact" if not exact else ("exact" if proven else "not_proven")
+    if verdict == "not_proven":
+        exact = False
+        text = text or ("no interruption resumed from a checkpoint" if plan else
+                        f"no interruption resumed from a checkpoint: steps {spec.steps} / checkpoint_every "
+                        f"{spec.checkpoint_every} allow no kill after a mid-run checkpoint")
+    return Report(name=name, verdict=verdict, interruptions=interruptions, exact=exact, kills_planned=len(plan), kills_landed=landed,
                   final_loss_hex={"uninterrupted": ref_result.get("final_loss_hex"),
                                   "resumed": got_result.get("final_loss_hex")},
                   digest={"uninterrupted": ref_result.get("digest"), "resumed": got_result.get("digest")},

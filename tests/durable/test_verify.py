@@ -61,6 +61,22 @@ def test_tinyllm_resumes_exactly(tmp_path) -> None:
     assert report["exact"] and report["steps_compared"] == 10 and report["kills_landed"] >= 1, report
 
 
+@pytest.mark.parametrize("seed", ["1", "2"])
+def test_forget_generators_is_never_exact_now_that_every_kill_resumes_from_a_checkpoint(tmp_path, seed) -> None:
+    rc, report, err = verify(tmp_path, EXAMPLES / "specs/forget-generators.json", "--kills", "2", "--seed", seed)
+    assert rc == 1 and report["verdict"] == "not_exact", err[-3000:]
+    assert report["interruptions"] and all(i["resumed_from"] > 0 for i in report["interruptions"]), report
+
+
+def test_a_plan_that_cannot_resume_from_a_checkpoint_is_not_proven_exit_3(tmp_path) -> None:
+    spec = json.loads((EXAMPLES / "specs/durable.json").read_text())
+    spec["steps"], spec["checkpoint_every"] = 6, 6
+    rc, report, err = verify(tmp_path, write_spec(tmp_path, spec), "--kills", "2", "--seed", "1")
+    assert rc == 3, err[-3000:]
+    assert report["verdict"] == "not_proven" and not report["exact"], report
+    assert "no interruption resumed from a checkpoint" in report["diagnosis"], report
+
+
 def test_bad_input_exits_2(tmp_path) -> None:
     rc, _, err = verify(tmp_path, tmp_path / "missing.json")
     assert rc == 2 and "not found" in err
@@ -100,9 +116,17 @@ def test_diagnose_by_the_pattern_when_the_visible_state_is_equal() -> None:
 
 
 def test_plan_kills_is_seeded_and_in_range() -> None:
-    a = plan_kills(5, 30, 7, "both", helper=True)
-    assert a == plan_kills(5, 30, 7, "both", helper=True) and len(a) == 5
+    a = plan_kills(5, 30, 7, "both", helper=True, checkpoint_every=5)
+    assert a == plan_kills(5, 30, 7, "both", helper=True, checkpoint_every=5) and len(a) == 5
     assert all(1 <= s < 30 for _, s in a) and [s for _, s in a] == sorted(s for _, s in a)
-    assert {m for m, _ in plan_kills(6, 30, 1, "term", helper=True)} == {"term"}
+    assert {m for m, _ in plan_kills(6, 30, 1, "term", helper=True, checkpoint_every=4)} == {"term"}
     assert "checkpoint-write" in {m for m, _ in a}
-    assert "checkpoint-write" not in {m for m, _ in plan_kills(6, 30, 1, "kill", helper=False)}
+    assert "checkpoint-write" not in {m for m, _ in plan_kills(6, 30, 1, "kill", helper=False, checkpoint_every=4)}
+
+
+def test_plan_kills_lands_after_a_checkpoint() -> None:
+    for seed in range(1, 11):  # forget-generators: 20 steps, checkpoint_every 5
+        plan = plan_kills(2, 20, seed, "both", helper=True, checkpoint_every=5)
+        assert plan == plan_kills(2, 20, seed, "both", helper=True, checkpoint_every=5)
+        assert len(plan) == 2 and all(t % 5 and t > 5 and t < 20 for _, t in plan)
+    assert plan_kills(3, 10, 1, "both", helper=True, checkpoint_every=10) == []
