@@ -1,7 +1,7 @@
 """``ctl``: start, follow, cancel and inspect durable training runs (a thin click layer over ctl.app).
 
 Exit codes: 0 completed, 130 canceled (or interrupted), 2 bad input (one message, nothing
-started or written), 1 failed, 74 disk full (resumable); see the README's table.
+started or written), 1 failed, 74 disk full (resumable); see the README's table (in full: docs/ctl.md).
 """
 from __future__ import annotations
 

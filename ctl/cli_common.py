@@ -20,7 +20,7 @@ from .runview import figures_text, first_subject_metrics
 
 home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
                            help="Home folder (default: $CTL_HOME, else the current directory).")
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (stable shape, see README).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (stable shape, see docs/ctl.md).")
 
 
 def edge(fn: Callable) -> Callable:

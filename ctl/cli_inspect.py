@@ -32,7 +32,7 @@ def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
     For a run: whether a live worker holds it (pid, host, lease age) or nobody does, the
     current step and last loss, the last checkpoint, the last evaluation's figures, the ETA,
     and pending timers in local time with the time remaining. --json adds the fields
-    "worker", "progress" and "timers" (README, "Watching a run").
+    "worker", "progress" and "timers" (docs/ctl.md, "Watching a run").
 
     \b
     Exit codes: 0 completed or running (or no id given), 130 canceled, 1 failed,

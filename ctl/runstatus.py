@@ -1,7 +1,7 @@
 """``ctl status ID`` of a training run: who runs it, how far it is, what it waits for.
 
 ``describe(engine, home, workflow_id, now)`` returns the ``--json`` fields that ``ctl status``
-adds to ``app.outcome_json`` (stable; README "Watching a run" documents them):
+adds to ``app.outcome_json`` (stable; docs/ctl.md "Watching a run" documents them):
 
 * ``worker``: ``{"live": bool, "activity_id", "attempt", "pid", "host", "lease_age_s",
   "heartbeat_age_s"}`` of the activity attempt in flight, or, when nothing is in flight,

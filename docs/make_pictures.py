@@ -1,4 +1,4 @@
-"""Generate the README's pictures of a real run: the live display of `ctl train` and `ctl plot`.
+"""Generate the pictures in docs/ctl.md ("Watching a run") of a real run: the live display of `ctl train` and `ctl plot`.
 
     python docs/make_pictures.py            # writes docs/live-display.svg and docs/plot.png
 

@@ -1,4 +1,4 @@
-"""examples/plain_train.py made durable with tinyllm.durable (see the README for the diff).
+"""examples/plain_train.py made durable with tinyllm.durable (see docs/trainer-contract.md for the diff).
 
 It follows the trainer contract, so `ctl train --spec examples/specs/durable.json` runs it as a
 durable workflow and `ctl verify-resume --spec examples/specs/durable.json` proves it exact.

@@ -1,4 +1,4 @@
-"""A plain PyTorch training script: not durable (the README shows the diff that makes it so).
+"""A plain PyTorch training script: not durable (docs/trainer-contract.md shows the diff that makes it so).
 
 A small MLP with dropout learns three interleaved spirals it generates, from a shuffling DataLoader,
 with AdamW, a warmup-then-decay LambdaLR schedule and a noise augmentation drawn from its own generator.

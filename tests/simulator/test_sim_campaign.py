@@ -4,7 +4,7 @@ Seed 7 run 0 is `ctl train` hit by readers, a SIGKILL of the trainer, a SIGKILL 
 SIGSTOP of the trainer; seed 6 run 0 is `ctl train --detach` + `ctl worker` hit by a SIGKILL
 of the trainer, a cancel (then the same command continues), and two more concurrent
 `ctl train` of the same spec. Between them every fault kind runs in CI; the long soak is
-`python -m simulator campaign --seed 901 --runs 30 --faults 8 --jobs 3` (see README).
+`python -m simulator campaign --seed 901 --runs 30 --faults 8 --jobs 3` (see docs/simulator.md).
 
 Seed 22 run 0 trains a user's own trainer instead (examples/durable_train.py on tinyllm.durable,
 each segment evaluated by examples/eval_spirals.py): `ctl train` hit by a SIGKILL inside a
