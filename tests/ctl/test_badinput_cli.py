@@ -11,6 +11,8 @@ import pytest
 from bi_helpers import (SPEC, Tmpfs, copy_home, ctl, db_of, event_offsets, nth, one_line_error, poke, snapshot,
                         tinyllm, write_json)
 
+pytestmark = pytest.mark.slow  # every row runs the real ctl/tinyllm as subprocesses
+
 
 def _train(home: Path, spec: Path) -> list[str]:
     return ["train", "--spec", str(spec), "--no-eval"]

@@ -84,6 +84,7 @@ def _one_line(message: str) -> None:
     assert message and "\n" not in message and "Traceback" not in message, message
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.sampled_from(range(len(TRAIN_BASES))).flatmap(lambda i: mutated(TRAIN_BASES[i])))
 def test_mutated_train_specs_are_valid_or_one_clean_line(data):
@@ -132,6 +133,7 @@ def test_mutated_corpus_specs_are_valid_or_one_clean_line(data):
         _one_line(str(e))
 
 
+@pytest.mark.slow
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(mutated(SPEC))
 def test_refused_mutations_through_the_real_clis_exit_2_and_write_nothing(tmp_path_factory, data):
@@ -215,6 +217,7 @@ def pristine(finished_home, tmp_path_factory):
     return home, seen
 
 
+@pytest.mark.slow
 @DAMAGE
 @given(data=st.data())
 def test_damaged_database_is_reported_or_reads_back_equal(pristine, tmp_path_factory, data):
@@ -231,6 +234,7 @@ def test_damaged_database_is_reported_or_reads_back_equal(pristine, tmp_path_fac
         _one_line(line)
 
 
+@pytest.mark.slow
 def test_damaged_database_through_the_real_ctl_never_a_traceback(pristine, tmp_path):
     home, _ = pristine
     cases = [("zero-page", 4096, 4096), ("truncate", 5 * 4096 + 100, 0)]
@@ -244,6 +248,7 @@ def test_damaged_database_through_the_real_ctl_never_a_traceback(pristine, tmp_p
                 assert len(proc.stderr.strip().splitlines()) >= 1 and proc.stderr.startswith("ctl: ")
 
 
+@pytest.mark.slow
 @DAMAGE
 @given(data=st.data())
 def test_damaged_checkpoint_files_are_refused_never_loaded(pristine, tmp_path_factory, data):
@@ -268,6 +273,7 @@ def test_damaged_checkpoint_files_are_refused_never_loaded(pristine, tmp_path_fa
         assert after == before
 
 
+@pytest.mark.slow
 @DAMAGE
 @given(data=st.data())
 def test_damaged_latest_never_raises_and_resumes_from_a_verified_checkpoint(pristine, tmp_path_factory, data):
@@ -285,6 +291,7 @@ def test_damaged_latest_never_raises_and_resumes_from_a_verified_checkpoint(pris
     assert chosen is not None and verify_checkpoint(chosen)["resumable"]
 
 
+@pytest.mark.slow
 @DAMAGE
 @given(data=st.data())
 def test_damaged_corpus_is_refused_or_equal(pristine, tmp_path_factory, data):
@@ -336,6 +343,7 @@ def test_damaged_validation_phase_file_is_one_clean_line(tmp_path_factory, garba
         _one_line(str(e))
 
 
+@pytest.mark.slow
 def test_a_run_goes_on_from_its_undamaged_state(pristine, tmp_path):
     """Real processes: the newest checkpoint damaged -> resumed from the one before, final loss bitwise
     equal to the undamaged run's; a damaged corpus -> exit 2 in one line, rebuilt by tinyllm corpus

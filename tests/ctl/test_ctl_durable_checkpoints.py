@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # real ctl train runs
+
 DEADLINE_S = 300
 MODEL = {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.1}  # dropout: RNG in play
 GENERATION = {"enabled": True, "objective": "generation", "every_steps": 3,

@@ -9,7 +9,11 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from obs_helpers import Terminal, ctl, last_step, processes_with, wait_for, write_spec
+
+pytestmark = pytest.mark.slow  # real ctl train runs, killed
 
 
 def test_live_display_then_kill_then_one_resume_line(tmp_path: Path) -> None:

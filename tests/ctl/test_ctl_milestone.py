@@ -22,6 +22,8 @@ import pytest
 
 from tinyllm import runlock
 
+pytestmark = pytest.mark.slow  # real ctl train runs, killed and canceled (~25 s each)
+
 SPEC = {
     "name": "mini", "steps": 24, "seed": 5, "eval_every": 12, "eval_interval_seconds": 0,
     "checkpoint_every": 3, "batch_size": 4, "lr": 0.003, "warmup_steps": 3, "lr_decay_steps": 24,

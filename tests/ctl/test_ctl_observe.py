@@ -13,6 +13,8 @@ import pytest
 
 from obs_helpers import SPEC, ctl, write_spec
 
+pytestmark = pytest.mark.slow  # reads a run made by the real ctl train (module fixture); ctl as subprocesses
+
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"
 
 

@@ -17,7 +17,11 @@ import json
 import signal
 from pathlib import Path
 
+import pytest
+
 from simulator import procs
+
+pytestmark = pytest.mark.slow  # ctl readers in other processes (~20 s)
 
 TIMEOUT_S = 180
 SPEC = {  # long enough never to finish before the cancel; a checkpoint every few steps

@@ -19,6 +19,8 @@ import pytest
 import workflows
 from simulator import procs
 
+pytestmark = pytest.mark.slow  # real ctl/worker processes and signals
+
 BOUND_S = 120
 SPEC = {
     "name": "sig", "steps": 4000, "seed": 5, "eval_every": 0, "checkpoint_every": 5,

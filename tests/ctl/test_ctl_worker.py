@@ -15,6 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # real ctl train --detach and ctl worker
+
 DEADLINE_S = 120
 SPEC = {
     "name": "own", "corpus": "mine", "steps": 6, "seed": 3, "eval_every": 0, "checkpoint_every": 3,

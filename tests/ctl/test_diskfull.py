@@ -15,6 +15,8 @@ import pytest
 
 from bi_helpers import SPEC, Tmpfs, env, write_json
 
+pytestmark = pytest.mark.slow  # real ctl train on a tmpfs
+
 
 def _fill(fs: Path) -> Path:
     """Write a filler until the file system is full (1 MiB, then 4 KiB, then 1-byte writes)."""

@@ -8,7 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from ctl.doctor import _temporaries
+
+pytestmark = pytest.mark.slow  # writer processes, alive, dead and zombie
 
 
 def test_a_temporary_is_a_leftover_only_when_its_writer_is_gone_or_a_zombie(tmp_path: Path) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # torchrun with 2 gloo ranks, real signals (up to ~40 s)
+
 DEADLINE_S = 180
 SPEC = {
     "name": "ddp", "steps": 120, "seed": 7, "checkpoint_every": 10, "batch_size": 4, "lr": 0.003,

@@ -41,6 +41,7 @@ print(json.dumps({"name": spec["name"], "steps": spec["steps"], "checkpoint": "r
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule, message", [
     ("result", "trainer broke the contract (result line): it exited 0, but its last stdout line is not a JSON object"),
     ("progress", "trainer broke the contract (progress lines): line 1 of progress-1.jsonl is not JSON"),

@@ -17,6 +17,8 @@ from helpers import ROOT, example_spec, lines, wait_for
 
 from tinyllm import runlock
 
+pytestmark = pytest.mark.slow  # real ctl train/eval of the example trainer
+
 NAME = "usr"
 SPEC = example_spec(name=NAME, steps=60, checkpoint_every=5, eval_every=0, config={
     **example_spec()["config"], "step_sleep_s": 0.05})

@@ -99,6 +99,7 @@ def _loop(home: Path, steps: int, fake: FakeCudaRng) -> tuple[DurableRun, list[s
     return run, losses
 
 
+@pytest.mark.slow
 def test_a_resumed_loop_drawing_from_the_device_rng_continues_bit_for_bit(fake_cuda: FakeCudaRng) -> None:
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b, \
             contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

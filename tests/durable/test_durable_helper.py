@@ -9,9 +9,13 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from helpers import ROOT, lines, start_example, wait_for, write_spec, example_spec
 
 from tinyllm import runlock
+
+pytestmark = pytest.mark.slow  # the example trainer as a subprocess
 
 
 def test_the_helper_imports_torch_and_nothing_else_of_the_project() -> None:

@@ -15,6 +15,8 @@ from helpers import EXAMPLES, ROOT, write_spec
 
 from ctl.verify import diagnose, plan_kills
 
+pytestmark = pytest.mark.slow  # ctl verify-resume kills real trainers (~15-25 s each)
+
 
 def verify(home, spec_path, *args: str) -> tuple[int, dict | None, str]:
     p = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(spec_path), "--home", str(home),

@@ -22,6 +22,8 @@ from test_engine_subprocess import wait_for
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import eng_worker  # noqa: E402
 
+pytestmark = pytest.mark.slow  # real launcher and rank processes
+
 HEARTBEAT_S = 5.0  # short, so the tests are quick; a loaded host may time out a later attempt as well
 DEADLINE_S = 120
 

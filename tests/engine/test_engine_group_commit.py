@@ -129,6 +129,7 @@ def test_a_failed_group_commit_loses_no_acknowledged_transition(tmp_path, kind):
     raise AssertionError("more than 40 group commits for 24 activities")
 
 
+@pytest.mark.slow
 def test_sigkill_under_group_commit_loses_no_acknowledged_transition(tmp_path):
     """A real worker process (threaded, group commit) SIGKILLed three times mid-run, then run to the end."""
     db, ledger_path = str(tmp_path / "engine.db"), str(tmp_path / "ledger")

@@ -7,10 +7,14 @@ import sys
 import time
 from collections import defaultdict
 
+import pytest
+
 from eng_helpers import python_cmd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import eng_worker  # noqa: E402
+
+pytestmark = pytest.mark.slow  # two worker processes
 
 
 def wait_for(cond, timeout_s, what):

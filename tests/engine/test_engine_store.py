@@ -109,6 +109,7 @@ def test_migrations_apply_in_order_and_keep_data(tmp_path, monkeypatch):
     assert [v for (v,) in s2.query("SELECT version FROM schema_version ORDER BY version")][-2:] == [extra[0] - 1, extra[0]]
 
 
+@pytest.mark.slow
 def test_a_second_store_in_this_process_keeps_its_locks_and_another_process_keeps_the_wal(tmp_path):
     """Opening a Store never opens the file outside SQLite (defect 1 of issue 9).
 

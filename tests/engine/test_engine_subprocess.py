@@ -15,6 +15,8 @@ from engine.subprocess_runner import run_subprocess
 
 from eng_helpers import Crash, make_engine, python_cmd
 
+pytestmark = pytest.mark.slow  # the subprocess runner with real child processes
+
 
 def wait_for(cond, timeout_s=20.0, what="condition"):
     deadline = time.monotonic() + timeout_s

@@ -13,6 +13,8 @@ import pytest
 from pt_helpers import VALIDATION, copy_home, frames, spec, train_inprocess, without_timers, write_spec
 from tinyllm import runlock
 
+pytestmark = pytest.mark.slow  # real ctl train, killed mid-segment
+
 CTL_SPECS = {
     "dpo": spec("dpo", VALIDATION["dpo"], steps=10, eval_every=5, checkpoint_every=1),
     "grpo": spec("grpo", VALIDATION["grpo"], steps=8, eval_every=4, checkpoint_every=1),

@@ -87,6 +87,7 @@ def baselines(pt_home, tmp_path_factory):
     return home, {kind: train_inprocess(home, s) for kind, s in KILL_SPECS.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(KILL_SPECS))
 def test_sigkill_then_resume_is_bitwise_equal(killed, baselines, kind):
     home, returncode, stderr, at, undelivered = killed[kind]

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # one child process per objective
+
 HERE = Path(__file__).resolve().parent
 CHILD = r"""
 import json, sys

@@ -27,6 +27,8 @@ pytest.importorskip("temporalio", reason="the [temporal] extra is not installed:
 from no_leak import assert_secret_nowhere  # noqa: E402
 from tinyllm import runlock  # noqa: E402
 
+pytestmark = pytest.mark.slow  # real ctl processes on a real Temporal dev server
+
 SPEC = {
     "name": "mini", "steps": 24, "seed": 5, "eval_every": 12, "eval_interval_seconds": 0,
     "checkpoint_every": 3, "batch_size": 4, "lr": 0.003, "warmup_steps": 3, "lr_decay_steps": 24,

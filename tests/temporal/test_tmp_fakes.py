@@ -23,6 +23,8 @@ from engine.temporal import TemporalEngine  # noqa: E402
 from wf_fakes import Fakes, reference_loss  # noqa: E402
 from wf_world import World, hand_spec  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a real Temporal dev server (session fixture, a process)
+
 DEADLINE_S = 180
 
 

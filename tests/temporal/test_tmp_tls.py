@@ -40,6 +40,8 @@ from tls_front import TlsFront, make_certs  # noqa: E402
 
 from ctl.cli import main  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a real Temporal dev server behind a TLS front, real ctl processes
+
 SECRET = "ctl-tls-test-key-9d41c07a3e"
 WRONG = "ctl-tls-wrong-key-5e2b8f"
 SPEC = {"name": "tiny", "steps": 4, "seed": 5, "eval_every": 0, "checkpoint_every": 2, "batch_size": 4, "lr": 0.003,

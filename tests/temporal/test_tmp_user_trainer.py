@@ -15,6 +15,8 @@ pytest.importorskip("temporalio", reason="the [temporal] extra is not installed:
 
 from test_tmp_ctl import HEARTBEAT_S, Ctl  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a real Temporal dev server and the example trainer's processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
