@@ -13,6 +13,8 @@ import random
 import tempfile
 from pathlib import Path
 
+import pytest
+
 import numpy as np
 import torch
 from hypothesis import given, settings
@@ -104,6 +106,7 @@ def _loop(home: Path, steps: int, every: int, seed: int, scaler_on: bool) -> tup
     return run, losses
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None)
 @given(first=st.integers(1, 6), more=st.integers(1, 4), every=st.integers(1, 3), seed=st.integers(0, 1000),
        scaler_on=st.booleans())

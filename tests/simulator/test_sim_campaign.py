@@ -30,6 +30,7 @@ def want():
     return uninterrupted()  # one reference run for both seeds (the spec is the same)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,kinds", [(7, {"readers", "kill-trainer", "kill-ctl", "stop-trainer"}),
                                         (6, {"kill-trainer", "cancel", "second-train"})])
 def test_a_campaign_run_survives_its_faults(seed, kinds, want):
@@ -43,6 +44,7 @@ def test_a_campaign_run_survives_its_faults(seed, kinds, want):
     assert {rng.choice(FAULTS) for _ in range(4)} == kinds  # the plan this test claims to run
 
 
+@pytest.mark.slow
 def test_a_campaign_run_of_a_user_trainer_survives_its_faults():
     lines: list[str] = []
     rc = campaign(22, 1, faults_per_run=2, target=examples_target(), log=lines.append)

@@ -12,6 +12,8 @@ import random
 from collections import defaultdict
 from dataclasses import replace
 
+import pytest
+
 from simulator.checks import check_completed_ledger, check_evaluations, check_steps
 from simulator.ledger import Ledger, SplicedLedger
 from simulator.ledger_folds import WORK_KINDS, LedgerFold, PrefixFold, TailCache, position_lines
@@ -232,6 +234,7 @@ def test_a_tail_is_read_where_the_position_differs_from_its_target_in_what_the_t
             assert made == whole and lines == want, (name, a)
 
 
+@pytest.mark.slow
 def test_in_a_sweep_each_positions_piecewise_ledger_lines_are_the_whole_ledgers(monkeypatch):
     """Every position of a sweep (dedup: converged, spliced, reused recoveries; forked off a shared replay
     or not), with the good fakes and with fakes whose recoveries break the ledger (a retried trainer
@@ -298,6 +301,7 @@ def _break_events(events: list, rng: random.Random) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_a_spliced_outcomes_event_checks_piecewise_give_the_whole_historys_lines(monkeypatch):
     """``Simulator._spliced_state_lines`` (the target's lines where the events the checks read are the
     target's, compared only where they can differ) against ``state_lines`` on the whole spliced history:

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from simulator.kill_loop import compare, kill_loop
 
 SPEC = Path(__file__).with_name("kill-loop-spec.json")
 
 
+@pytest.mark.slow
 def test_three_sigkills_then_the_same_command_ends_bitwise_equal(capsys, tmp_path):
     rc = kill_loop(str(SPEC), kills=3, seed=1, home=str(tmp_path / "killed"), timeout_s=600)
     out = capsys.readouterr().out

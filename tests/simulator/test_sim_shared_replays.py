@@ -44,6 +44,7 @@ def _runs(sim: Simulator, picks: list[int], mode: str) -> dict:
     return report, seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fork_from", [0, 10**9], ids=["forked-when-none-donated", "in-process-only"])
 def test_at_100_segments_donated_and_forked_replays_make_the_literal_runs(fork_from):
     sim = Simulator(Scenario(steps=200, eval_every=2, checkpoint_every=10, eval_interval_s=5))
@@ -156,6 +157,7 @@ async def _replay_aware(rt, input):
     return result.model_copy(update={"name": result.name + "-" + "".join("r" if x else "l" for x in seen)})
 
 
+@pytest.mark.slow
 def test_a_workflow_that_reads_is_replaying_is_not_shared_and_the_guard_is_what_says_so(monkeypatch):
     """Such code is outside replay's contract (its dedup runs differ from its literal ones already), but a
     donated replay must change nothing even there: its donors are refused (the noting seam), so its sweep

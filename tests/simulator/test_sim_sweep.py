@@ -9,6 +9,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from simulator.mutants import make_mutant
 from workflows.models import ACTIVITY_TRAIN
 from workflows.training import train_run
@@ -16,6 +18,7 @@ from simulator.scenario import Scenario
 from simulator.sweep import Simulator
 
 
+@pytest.mark.slow
 def test_hand_example_killed_at_every_position():
     """Section 3's run (1200 steps, eval_every 500, 30 s waits, ppl; checkpoints every 100)."""
     sim = Simulator(Scenario())
@@ -32,6 +35,7 @@ def test_hand_example_killed_at_every_position():
     assert literal.ok and literal.tried == len(range(0, len(sim.trace), 10))
 
 
+@pytest.mark.slow
 def test_seeded_runs_with_several_kills():
     sim = Simulator(Scenario(suites=("ppl", "zoo"), corpus=True))
     report = sim.random_kills(seed=11, runs=25, kills_per_run=5)
@@ -40,6 +44,7 @@ def test_seeded_runs_with_several_kills():
     assert sum(n for key, n in sim.stats.items() if key in ("3 kills", "4 kills", "5 kills")) > 0
 
 
+@pytest.mark.slow
 def test_kills_during_cancel_end_canceled_and_the_spec_continues():
     sim = Simulator(Scenario(suites=("ppl", "zoo")))
     report = sim.cancels(seed=5, runs=25)
@@ -69,6 +74,7 @@ def test_a_suite_failing_for_good_stops_the_run_under_kills():
     assert sim.reference().state == "failed"
 
 
+@pytest.mark.slow
 def test_a_mismatch_names_its_positions_and_a_command_that_reproduces_it():
     sim = Simulator(Scenario(steps=300, eval_every=100, checkpoint_every=50), mutant="s05-train-to-end",
                     workflow_fn=make_mutant("s05-train-to-end"))
@@ -98,6 +104,7 @@ def _merged(entries):
     return out
 
 
+@pytest.mark.slow
 def test_the_fast_modes_make_the_same_runs_as_the_literal_one():
     """Literal (run again, killed in-process), snapshot (files copied at the kill) and dedup (one
     recovery per distinct durable state, each position's own ledger) agree, run for run."""
@@ -125,6 +132,7 @@ def test_the_fast_modes_make_the_same_runs_as_the_literal_one():
     assert sim.stats["shared replays"] >= 2
 
 
+@pytest.mark.slow
 def test_at_100_segments_converged_recoveries_are_the_runs_that_ran_to_the_end():
     """100 segments (2 steps each, a checkpoint every 10): kills of several kinds around one
     segment and near the end, each recovered by dedup (stopped at convergence, spliced) and run
@@ -227,6 +235,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "simulator", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_the_command_prints_positions_tried_and_matched_and_exits_by_the_outcome():
     small = ["--steps", "120", "--eval-every", "50", "--eval-interval", "30", "--suites", "ppl,zoo",
              "--checkpoint-every", "20"]
@@ -238,6 +247,7 @@ def test_the_command_prints_positions_tried_and_matched_and_exits_by_the_outcome
     assert bad.returncode == 1 and "MISMATCH" in bad.stdout and "rerun: python -m simulator kill-at" in bad.stdout
 
 
+@pytest.mark.slow
 def test_bad_arguments_exit_2_before_any_run():
     for args in (["kill-at", "--kills", "3", "--steps", "0"], ["kill-at", "--kills", "x"],
                  ["kill-every-position", "--suites", "nope"], ["kill-at", "--kills", "1", "--mutant", "nope"]):

@@ -21,6 +21,7 @@ def invoke(*args: str, env: dict | None = None) -> tuple[int, str, str]:
     return r.exit_code, r.stdout, r.stderr
 
 
+@pytest.mark.slow
 def test_embedded_default_imports_no_temporal(tmp_path: Path) -> None:
     spec = tmp_path / "s.json"
     spec.write_text(json.dumps({"name": "mini", "steps": 4, "eval_every": 2}))
@@ -72,6 +73,7 @@ def test_api_key_not_in_repr() -> None:
     assert "s3cr3t" not in repr(cfg) and "s3cr3t" not in cfg.describe() and cfg.uses_tls
 
 
+@pytest.mark.slow
 def test_ctl_server_starts_a_local_dev_server(tmp_path: Path) -> None:
     pytest.importorskip("temporalio", reason="the [temporal] extra is not installed")
     import signal

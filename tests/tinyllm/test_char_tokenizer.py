@@ -137,6 +137,7 @@ def char_reference(tmp_path_factory, char_corpora) -> dict:
     return {"result": last_json(proc.stdout), "home": home}
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_equal_at_character_level(chome, char_reference, tmp_path):
     spec = char_spec(tmp_path / "spec.json")
     progress = tmp_path / "progress-1.jsonl"
@@ -153,6 +154,7 @@ def test_sigkill_then_resume_is_bitwise_equal_at_character_level(chome, char_ref
     assert result["digest"] == char_reference["result"]["digest"]
 
 
+@pytest.mark.slow
 def test_resume_against_another_vocabulary_is_refused(chome, char_reference, tmp_path):
     shutil.copytree(char_reference["home"] / "runs", chome / "runs")
     old_vocab = json.loads((chome / "corpora/char/meta.json").read_text())["vocab"]
@@ -195,6 +197,7 @@ def _eval_spec(path: Path, suite: str, corpus: str, model: str = "runs/nanogpt-c
     return _json(path, name="e", suite=suite, corpus=corpus, max_items=4, subjects=[{"id": "c", "model": model}])
 
 
+@pytest.mark.slow
 def test_ppl_encodes_with_the_subjects_vocabulary_and_refuses_another(chome, char_reference, tmp_path):
     shutil.copytree(char_reference["home"] / "runs", chome / "runs")
     ok = cli_in_process(chome, "eval", "--spec", str(_eval_spec(tmp_path / "ok.json", "ppl", "char")))
@@ -257,6 +260,7 @@ def test_validation_of_a_char_run_uses_its_vocabulary(chome, tmp_path):
     assert tok.encode(text).max() < 69 and tokenizer.encode(text).max() >= 69  # the byte ids would not fit
 
 
+@pytest.mark.slow
 def test_post_training_refuses_a_char_checkpoint(chome, char_reference, tmp_path):
     from tinyllm.objectives.init import load_frozen
     from tinyllm.spec import SpecError

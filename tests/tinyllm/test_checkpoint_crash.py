@@ -112,6 +112,7 @@ def test_every_entry_is_fsynced_before_latest_names_it_and_before_return(tmp_pat
 # --- a kill between the two renames of a re-save ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_real_sigkill_between_the_renames_keeps_the_checkpoint(home, tmp_path):
     """LATEST (step 4) is corrupt, so the trainer resumes from step 2 and re-saves step 4 over it; a
     real SIGKILL between that re-save's two renames leaves LATEST naming a missing directory. The
@@ -197,6 +198,7 @@ def test_corrupt_explicit_resume_gives_way_to_newer_valid_latest(tmp_path):
     assert choice.path == run / "ckpt/step-000002" and len(choice.refused) == 2
 
 
+@pytest.mark.slow
 def test_trainer_reports_the_refused_checkpoint_on_stderr_progress_and_result(home, tmp_path):
     spec = write_spec(tmp_path / "crash.json", **{**FAST, "steps": 4})
     assert run_tinyllm(home, "train", "--spec", str(spec)).returncode == 0
@@ -229,6 +231,7 @@ def _val_frames(home: Path) -> dict[int, dict]:
             for r in rows if any(k.startswith("val/") for k in r)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["garbled", "metric-changed"])
 def test_corrupt_phase_file_refuses_its_checkpoint(home, tmp_path, damage):
     spec = write_spec(tmp_path / "crash.json", **{**FAST, "checkpoint_every": 3, "validation": VALIDATION})

@@ -8,6 +8,8 @@ import pytest
 
 from tl_helpers import SMALL_SPEC, run_tinyllm, tree, write_spec
 
+pytestmark = pytest.mark.slow  # every case runs the real tinyllm CLI
+
 
 @pytest.mark.parametrize("changes,needle", [
     ({"name": "../x"}, "name"),

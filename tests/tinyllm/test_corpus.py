@@ -76,6 +76,7 @@ def test_overlapping_heldout_is_refused(texts):
     assert not (texts / "corpora").exists()
 
 
+@pytest.mark.slow
 def test_cli_refuses_other_sources_for_an_existing_corpus_and_unmatched_globs(texts, tmp_path):
     spec = tmp_path / "c.json"
     spec.write_text(json.dumps({"name": "mine", "sources": ["texts/a.txt"]}))

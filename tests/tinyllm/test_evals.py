@@ -40,6 +40,7 @@ def _spec(home, suite, **extra):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suite,extra", [("ppl", {"max_items": 40}), ("zoo", {"max_items": 4})])
 def test_eval_outputs_match_the_schema_and_repeat_exactly(trained, suite, extra):
     spec = _spec(trained, suite, **extra)

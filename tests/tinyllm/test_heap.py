@@ -45,6 +45,7 @@ def _faults(home, **env) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["faults"]
 
 
+@pytest.mark.slow
 @glibc
 def test_a_training_step_faults_in_no_fresh_pages(home):
     # measured 185-297 over these 16 steps; without the setting 17,833-18,759 (bursts of 2,000-3,900 faults
@@ -57,6 +58,7 @@ def test_the_setting_can_be_turned_off():
     assert got == {"enabled": False, "reason": f"{heap.ENV}=0"} and heap.status() == got
 
 
+@pytest.mark.slow
 @glibc
 def test_the_ready_line_says_what_was_done(home):
     p = run_tinyllm(home, "train", "--spec", str(write_spec(home / "s.json", steps=1)), "--progress",

@@ -95,6 +95,7 @@ def test_a_bad_override_warns_and_chooses(capsys):
     assert "is not ACTIVE, PASSIVE or auto" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_importing_tinyllm_sets_the_policy_before_torch():
     """A real interpreter: the package sets it at import; the user's value is left as it is."""
     code = "import os, sys, tinyllm; assert 'torch' not in sys.modules; print(os.environ['OMP_WAIT_POLICY'])"
@@ -107,6 +108,7 @@ def test_importing_tinyllm_sets_the_policy_before_torch():
     assert out.stdout.strip() == "passive", out.stderr
 
 
+@pytest.mark.slow
 def test_both_policies_train_bit_for_bit_alike_and_say_which_ran(home, monkeypatch):
     """Real trainers on 2 threads, one per policy (the user's setting): same loss and weights."""
     spec = write_spec(home / "two-threads.json", threads=2, steps=6, checkpoint_every=6)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import torch
 
 from tinyllm.model import GPT
@@ -38,6 +40,7 @@ def _steps(spec, build, n: int = 12):
         v.clone() for s in opt.state.values() for v in s.values()]
 
 
+@pytest.mark.slow
 def test_trainer_optimizer_steps_equal_single_tensor_adamw_bitwise():
     spec = _spec(model={"block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32})
 

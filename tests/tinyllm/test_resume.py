@@ -14,6 +14,8 @@ import pytest
 
 from tl_helpers import SMALL_SPEC, cli_in_process, last_json, run_tinyllm, start_tinyllm, wait_for_progress, write_spec
 
+pytestmark = pytest.mark.slow  # real tinyllm trainers, SIGKILL and SIGTERM (reference run: a module fixture)
+
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, built_corpus) -> dict:

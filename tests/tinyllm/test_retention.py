@@ -44,6 +44,7 @@ def test_boundaries_can_be_given_up() -> None:
     assert prune == NAMES[:5]
 
 
+@pytest.mark.slow
 def test_keep_checkpoints_is_validated_and_not_part_of_the_trajectory(home: Path) -> None:
     spec = write_spec(home / "s.json", keep_checkpoints={"last": 0})
     p = run_tinyllm(home, "train", "--spec", str(spec))
@@ -55,6 +56,7 @@ def _ckpts(home: Path, name: str = "small") -> list[str]:
     return sorted(p.name for p in (home / "runs" / name / "ckpt").iterdir() if p.name != "LATEST")
 
 
+@pytest.mark.slow
 def test_a_run_prunes_keeps_boundaries_and_evaluated_checkpoints_and_logs(home: Path) -> None:
     # an evaluation names step 10: it is kept although neither last nor a boundary
     ev = home / "evals/ppl/small-000002"
@@ -80,6 +82,7 @@ def uninterrupted(tmp_path_factory, built_corpus) -> dict:
     return last_json(ref.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["after_rename", "during_delete"])
 def test_kill_during_pruning_then_resume_is_exact(home: Path, phase: str, monkeypatch, uninterrupted) -> None:
     base = dict(steps=10, checkpoint_every=2, keep_checkpoints={"last": 1, "boundaries": False}, **TINY)

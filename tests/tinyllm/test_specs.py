@@ -32,6 +32,7 @@ train_specs = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(train_specs)
 def test_train_spec_round_trips_through_json(data):

@@ -18,6 +18,8 @@ from tensorboard.compat.proto.event_pb2 import Event  # noqa: E402
 from tinyllm.tensorboard_sink import event_files  # noqa: E402
 from tl_helpers import run_tinyllm, write_spec  # noqa: E402
 
+pytestmark = pytest.mark.slow  # real tinyllm train runs
+
 TINY = dict(batch_size=4, checkpoint_every=4, model={"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32})
 
 

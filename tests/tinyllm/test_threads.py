@@ -47,6 +47,7 @@ print(json.dumps(out))
 # dropout > 0 runs attention on SDPA's math path, whose native softmax backward over a short last dim
 # of few rows (16 x 15 tokens here) gave other bits for 1 thread than for 2 on an AVX2 AMD EPYC
 # (tinyllm/model.py _Softmax)
+@pytest.mark.slow
 @pytest.mark.parametrize("dropout,N,T", [(0.0, 160, 256), (0.1, 160, 256), (0.1, 16, 15)])
 def test_loss_and_every_gradient_are_the_same_bits_for_1_2_3_threads_above_the_split_size(dropout, N, T):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -85,12 +86,14 @@ def _train(home, spec, threads: int) -> dict:
     return last_json(proc.stdout)
 
 
+@pytest.mark.slow
 def test_training_is_the_same_bits_for_1_2_3_threads(runs):
     for t in (2, 3):
         assert runs[t]["final_loss_hex"] == runs[1]["final_loss_hex"], t
         assert runs[t]["digest"] == runs[1]["digest"], t
 
 
+@pytest.mark.slow
 def test_resume_with_1_thread_after_a_2_thread_segment_equals_one_run(runs, home):
     _train(home, write_spec(home / "s10.json", steps=10, threads=3), 2)
     second = _train(home, write_spec(home / "s20.json", steps=20, threads=3), 1)

@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from tl_helpers import REPO, write_spec
 
 from tinyllm import torch_defer
@@ -43,6 +45,7 @@ def _ready(progress) -> dict:
     return [json.loads(line) for line in progress.read_text().splitlines() if '"ready"' in line][-1]
 
 
+@pytest.mark.slow
 def test_a_resumed_trainer_defers_and_trains_bit_for_bit_as_with_it_off(home, tmp_path):
     spec = write_spec(home / "s.json", steps=2, checkpoint_every=1)
     run_python(TRAIN, str(spec), str(home), str(home / "p0.jsonl"))
@@ -119,10 +122,12 @@ def _touched(how: str) -> dict:
     return got
 
 
+@pytest.mark.slow
 def test_a_fake_tensor_mode_runs_what_was_deferred_first():
     assert _touched("fake")["fake"] == ["FakeTensor", [2, 4]]
 
 
+@pytest.mark.slow
 def test_importing_a_consumer_or_a_submodule_runs_them_once():
     assert _touched("consumer")["one_decomp"] is True
     assert _touched("submodule")["one_class"] is True  # the parent package ran first, its submodule once

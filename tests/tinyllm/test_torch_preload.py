@@ -56,6 +56,7 @@ def until_loaded(spec, home) -> tuple[dict, str]:
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
 
 
+@pytest.mark.slow
 def test_the_libraries_load_with_the_specs_policy_while_the_helper_reads_the_spec(tmp_path):
     spec = write_spec(tmp_path / "s.json", threads=1)
     got, stderr = until_loaded(spec, tmp_path)
@@ -66,6 +67,7 @@ def test_the_libraries_load_with_the_specs_policy_while_the_helper_reads_the_spe
     assert "GOMP_SPINCOUNT = '300000'" in stderr
 
 
+@pytest.mark.slow
 def test_a_bad_spec_fails_after_the_load_as_it_did_before(tmp_path):
     spec = write_spec(tmp_path / "s.json", threads=1, stpes=3)
     got, _ = until_loaded(spec, tmp_path)

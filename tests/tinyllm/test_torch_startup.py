@@ -8,7 +8,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tl_helpers import REPO, write_spec
+
+pytestmark = pytest.mark.slow  # fresh interpreters running the trainer (~7 s each)
 
 
 def run_python(code: str, *args: str) -> dict:

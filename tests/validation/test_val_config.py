@@ -81,6 +81,7 @@ def test_identity_excludes_schedule_but_includes_sampling():
     assert a.identity() != ValidationConfig(**{**GEN, "seed": 1}).identity()
 
 
+@pytest.mark.slow
 def test_spec_module_imports_without_torch():
     code = "import sys, tinyllm.spec, tinyllm.validation.config, tinyllm.validation.schedule, tinyllm.validation.planning; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -13,6 +13,8 @@ import pytest
 from tinyllm.validation.errors import ValidationFailure
 from val_helpers import LM, frames, journal, spec_dict, tinyllm_popen, train_inprocess, val_frames
 
+pytestmark = pytest.mark.slow  # kills real tinyllm trainers at every phase
+
 SPEC = spec_dict({**LM, "every_steps": 2, "save_checkpoint": True}, checkpoint_every=3)
 
 # phase -> (checkpoint the resume starts from, journal phase left at step 4 by the kill)

@@ -205,6 +205,7 @@ def test_sigterm_during_an_ephemeral_validation_is_not_repeated_on_resume(home, 
     assert [f["step"] for f in frames(home)] == [1, 2, 3, 4, 5, 6] and sorted(val_frames(home)) == [2, 4, 6]
 
 
+@pytest.mark.slow
 def test_cli_strict_archive_failure_is_one_line_exit_1(home):
     """The real ``tinyllm train``: a failed strict archive copy is retryable (exit 1), one clear line, no traceback."""
     v = {**LM, "every_steps": 0, "checkpoint": {"archive_dir": "archive"}}

@@ -17,10 +17,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 import workflows
 from engine import Engine
 from engine.leases import proc_start
 from workflows.models import TrainRunInput
+
+pytestmark = pytest.mark.slow  # a real trainer frozen by SIGSTOP (~33 s)
 
 HEARTBEAT_S = 12.0  # covers the trainer's longest silent phase here (the torch import, ~3 s) ~4x over
 DEADLINE_S = 240

@@ -14,6 +14,8 @@ from engine.store import Store
 from wf_world import World, small_spec
 from wf_fakes import Crash, reference_loss
 
+pytestmark = pytest.mark.slow  # a crash at every commit and every step (4-10 s each)
+
 WID = "train/tiny"
 INPUT = {"spec": small_spec(), "corpus": {"name": "default"}, "eval_suites": ["ppl", "zoo"]}
 EVERY = small_spec()["checkpoint_every"]
