@@ -17,7 +17,7 @@ import click
 
 from . import app, backends, cli_inspect, errors
 from .workerlog import WorkerLog
-from .errors import BadRequest
+from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, BadRequest
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved
 from .trainers import eval_trainer
 from .verify import verify_resume as run_verify_resume
@@ -273,7 +273,7 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
                        f"checkpoint step {i['resumed_from']}, {i['steps_redone']} step(s) redone")
         if report.diagnosis:
             click.echo(f"  {report.diagnosis}")
-    sys.exit({"exact": 0, "not_proven": 3}.get(report.verdict, 1))
+    sys.exit({"exact": EXIT_OK, "not_proven": EXIT_NOT_PROVEN}.get(report.verdict, EXIT_FAILED))
 
 
 @main.command(name="eval")

@@ -8,6 +8,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_NOT_PROVEN = 3  # ctl verify-resume: no interruption resumed from a mid-run checkpoint
 EXIT_DISK_FULL = 74  # sysexits' EX_IOERR: a write failed for lack of space; free some, run the same command
 EXIT_CANCELED = 130
 

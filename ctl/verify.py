@@ -337,15 +337,16 @@ def plan_kills(kills: int, steps: int, seed: int, signal_mode: str, helper: bool
     """Seeded (mode, step) interruptions, each a known number of steps after a durable checkpoint: target =
     a checkpoint step c (0 < c < steps) plus 1..checkpoint_every-1, distinct checkpoints, increasing; every
     third a checkpoint-write kill for trainers built on the helper; ``both`` alternates SIGKILL and SIGTERM.
-    Empty when the cadence allows none (checkpoint_every >= steps, or checkpoint_every == 1)."""
+    With checkpoint_every 1 the target is c + 1 (resumed from c or c + 1). Empty when the cadence allows
+    none (checkpoint_every >= steps)."""
     rng = random.Random(seed)
     every = max(1, checkpoint_every)
     ckpts = [c for c in range(every, steps, every) if c + 1 <= steps - 1]
-    count = min(kills, len(ckpts)) if every > 1 else 0
+    count = min(kills, len(ckpts))
     chosen = sorted(rng.sample(ckpts, count)) if count else []
     plan = []
     for i, c in enumerate(chosen):
-        target = min(steps - 1, c + rng.randint(1, every - 1))
+        target = min(steps - 1, c + (rng.randint(1, every - 1) if every > 1 else 1))
         mode = {"kill": "kill", "term": "term"}.get(signal_mode) or ("kill" if rng.random() < 0.5 else "term")
         if helper and signal_mode != "term" and i % 3 == 2:
             mode = "checkpoint-write"
@@ -458,7 +459,8 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
         text = text or ("no interruption resumed from a checkpoint" if plan else
                         f"no interruption resumed from a checkpoint: steps {spec.steps} / checkpoint_every "
                         f"{spec.checkpoint_every} allow no kill after a mid-run checkpoint")
-    return Report(name=name, verdict=verdict, interruptions=interruptions, exact=exact, kills_planned=len(plan), kills_landed=landed,
+    return Report(name=name, verdict=verdict, interruptions=interruptions, exact=exact, kills_planned=len(plan),
+                  kills_landed=landed,
                   final_loss_hex={"uninterrupted": ref_result.get("final_loss_hex"),
                                   "resumed": got_result.get("final_loss_hex")},
                   digest={"uninterrupted": ref_result.get("digest"), "resumed": got_result.get("digest")},

@@ -132,3 +132,5 @@ def test_plan_kills_lands_after_a_checkpoint() -> None:
         assert plan == plan_kills(2, 20, seed, "both", helper=True, checkpoint_every=5)
         assert len(plan) == 2 and all(t % 5 and t > 5 and t < 20 for _, t in plan)
     assert plan_kills(3, 10, 1, "both", helper=True, checkpoint_every=10) == []
+    every_step = plan_kills(3, 10, 1, "both", helper=True, checkpoint_every=1)  # a checkpoint each step:
+    assert len(every_step) == 3 and all(2 <= t < 10 for _, t in every_step)  # one step after a checkpoint > 0
