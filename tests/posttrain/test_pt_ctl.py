@@ -3,6 +3,7 @@ SIGKILLed in the middle of its second segment, then the same command again: the 
 weights digest and the final frame (train/* and val/*) equal an uninterrupted run's, bit for bit.
 Real processes throughout (ctl, the engine's worker and runner, tinyllm); the three runs go at once."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -42,8 +43,12 @@ def resumed(pt_home, tmp_path_factory):
     for kind, s in CTL_SPECS.items():
         home = copy_home(pt_home, tmp_path_factory.mktemp(f"ctl-{kind}") / "home")
         path = write_spec(home, s)
+        # the trainer holds one step before its end (TINYLLM_HOLD_AT, in segment 2): a starved poller
+        # cannot let a run finish before its kill; the kill still lands anywhere from segment 2's first
+        # checkpoint to the hold. The second command has no hold.
+        hold = {**os.environ, "TINYLLM_HOLD_AT": str(s["steps"] - 1)}
         runs[kind] = (home, path, subprocess.Popen(ctl_cmd(home, path), stdout=subprocess.PIPE,
-                                                   stderr=subprocess.PIPE, text=True))
+                                                   stderr=subprocess.PIPE, text=True, env=hold))
     deadline = time.monotonic() + DEADLINE_S
     pending = dict(runs)
     while pending and time.monotonic() < deadline:

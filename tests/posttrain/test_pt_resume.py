@@ -29,6 +29,11 @@ KILL_SPECS = {
 }
 KILL_ENV = {"grpo-pending": {"TINYLLM_VALIDATION_KILL": "during_evaluation@2"},
             "grpo-unframed": {"TINYLLM_VALIDATION_KILL": "before_frame@2"}}
+# The others are SIGKILLed by the poller below wherever they are once a checkpoint >= 2 shows; they hold
+# (TINYLLM_HOLD_AT) two steps before their end so that a starved poller cannot let one finish first (a CI
+# run on a contended machine had grpo and opd end before their kill). The hold is not a kill point: the kill
+# lands anywhere from checkpoint 2 to the hold.
+HOLD_ENV = {kind: {"TINYLLM_HOLD_AT": str(s["steps"] - 2)} for kind, s in KILL_SPECS.items() if kind not in KILL_ENV}
 
 
 def _progress_step(path) -> int:
@@ -64,7 +69,7 @@ def killed(pt_home, tmp_path_factory):
         progress = home / "progress.jsonl"
         # niced: four trainers on two CPUs must not starve the poller below past the kill point (a CI run
         # had two of them finish before their kill)
-        procs[kind] = (home, progress, tinyllm_popen(home, s, progress, env=KILL_ENV.get(kind), nice=10))
+        procs[kind] = (home, progress, tinyllm_popen(home, s, progress, env=KILL_ENV.get(kind) or HOLD_ENV[kind], nice=10))
     deadline = time.monotonic() + 300
     out = {}
     while procs and time.monotonic() < deadline:

@@ -5,6 +5,7 @@ A module of its own (not conftest): several test folders have a conftest.py, and
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -29,9 +30,9 @@ def run_tinyllm(home: Path, *args: str, timeout: float = 120) -> subprocess.Comp
     return subprocess.run(tinyllm_cmd(*args, "--home", str(home)), capture_output=True, text=True, timeout=timeout, cwd=home)
 
 
-def start_tinyllm(home: Path, *args: str) -> subprocess.Popen:
+def start_tinyllm(home: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(tinyllm_cmd(*args, "--home", str(home)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=home)
+                            text=True, cwd=home, env={**os.environ, **env} if env else None)
 
 
 def last_json(stdout: str) -> dict:
