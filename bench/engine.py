@@ -345,7 +345,7 @@ def phases(path: str, n: int) -> tuple[float, float, dict[str, tuple[float, int]
     import json as _json
 
     # a profiler: it wraps the engine's internal functions, so it names the internal modules on purpose
-    from engine import engine as _e, history as _h, options as _o, replay as _r, worker as _w
+    from engine import _engine as _e, _history as _h, _options as _o, _replay as _r, _worker as _w
 
     plain = float("inf")
     for k in range(3):

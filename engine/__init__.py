@@ -1,6 +1,6 @@
 """A durable, replaying workflow engine over one SQLite file.
 
-Public surface: ``Engine`` (engine/engine.py), the clocks, ``StepOptions`` /
+Public surface: ``Engine`` (engine/_engine.py), the clocks, ``StepOptions`` /
 ``RetryPolicy``, the errors, the ``Runtime`` / ``ActivityContext`` seam, and
 ``Store`` (the one transaction helper; subclass it to inject crashes), and the helpers the app's
 tools read a home with: ``read_events``, ``damage_report`` / ``DamagedRecord``, ``check_id``,
@@ -8,12 +8,12 @@ tools read a home with: ``read_events``, ``damage_report`` / ``DamagedRecord``, 
 
 Callers outside ``engine/`` import from here only. Two exceptions: ``engine.temporal`` is a
 separate optional subpackage (imported lazily, needs the ``temporal`` extra), and the simulator's
-deep hooks into the replayer stay ``from engine.replay import ...`` in ``simulator/`` (marked
+deep hooks into the replayer stay ``from engine._replay import ...`` in ``simulator/`` (marked
 there); they are not public.
 """
-from .clock import SystemClock, VirtualClock
-from .engine import ActivityInfo, Engine, ReplayResult, WorkflowStatus, replay_history
-from .errors import (
+from ._clock import SystemClock, VirtualClock
+from ._engine import ActivityInfo, Engine, ReplayResult, WorkflowStatus, replay_history
+from ._errors import (
     ActivityError,
     BadInput,
     Canceled,
@@ -28,13 +28,13 @@ from .errors import (
     WorkflowRunning,
     is_canceled,
 )
-from .history import Event, read_events
-from .ids import check_id
-from .leases import owner_dead
-from .options import RetryPolicy, StepOptions
-from .seam import ActivityContext, Runtime
-from .store import Store, damage_report
-from .subprocess_runner import run_subprocess
+from ._history import Event, read_events
+from ._ids import check_id
+from ._leases import owner_dead
+from ._options import RetryPolicy, StepOptions
+from ._seam import ActivityContext, Runtime
+from ._store import Store, damage_report
+from ._subprocess_runner import run_subprocess
 
 __all__ = [
     "ActivityContext", "ActivityError", "ActivityInfo", "BadInput", "Canceled", "DamagedRecord", "Engine",

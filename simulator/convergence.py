@@ -29,8 +29,8 @@ from there is a deterministic function of what it reads from then on:
    have a cached replayer is in the key too: a fresh engine that has not replayed yet is not
    at the same point as one that has (its next task replays from scratch, which is exactly what
    a kill there must exercise), so it does not converge before its first replay.
-2. **The database.** Besides the replayer's reads, the engine reads (engine/worker.py,
-   engine/engine.py): the workflow rows (all columns in the key); activity rows that are
+2. **The database.** Besides the replayer's reads, the engine reads (engine/_worker.py,
+   engine/_engine.py): the workflow rows (all columns in the key); activity rows that are
    scheduled or running, by state filter or by id for the attempt in hand (all their columns
    in the key: attempt, lost, due time, heartbeat details, owner...); activity rows that ended
    only through filters on state and through the primary key of new rows, and every row is
@@ -81,7 +81,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from engine import history as h  # the simulator's hook into the engine's event kinds (internal, not public)
+from engine import _history as h  # the simulator's hook into the engine's event kinds (internal, not public)
 
 from .ledger import Ledger, SplicedLedger
 
@@ -239,7 +239,7 @@ def _command_view(e) -> tuple:
 def recording_replayer(reg, workflow_id: str, events: list) -> tuple[Any, list]:
     """A fresh dry replayer of ``reg``'s code over ``events`` (not advanced), whose runtime notes every
     command the code asks for (``_RecordingRuntime``), and that list."""
-    from engine.replay import DrySink, Replayer  # the simulator's documented hook into the replayer
+    from engine._replay import DrySink, Replayer  # the simulator's documented hook into the replayer
 
     if not events or events[0].type != h.WORKFLOW_STARTED:
         raise ValueError("a history starts with a workflow_started event")
@@ -269,7 +269,7 @@ def go_on_dry(r, calls: list) -> None:
     """Turn the recovery's own cached replayer ``r`` (its engine stops here, at a convergence point)
     into a dry one that notes the commands its code asks for from now on, as ``_RecordingRuntime``
     does: the code goes on from exactly where the recovery's engine left it, with nothing written."""
-    from engine.replay import DrySink  # the simulator's documented hook into the replayer
+    from engine._replay import DrySink  # the simulator's documented hook into the replayer
 
     command = r._command
 

@@ -72,7 +72,7 @@ from typing import Any, Callable
 
 from engine import read_events
 # the simulator's documented hook into the replayer (engine/__init__.py's docstring): not public API
-from engine.replay import _FINAL_ONLY, _RECORD, DrySink, Replayer, WorkflowRuntime
+from engine._replay import _FINAL_ONLY, _RECORD, DrySink, Replayer, WorkflowRuntime
 
 MAX_REPLY_BYTES = 1 << 31  # a child's reply larger than this is a runaway
 _RESOLVES = {t for t, kind in _RECORD.items() if kind == 1}  # the events that resolve a command
@@ -297,7 +297,7 @@ def in_child(fn: Callable[[], Any]) -> Any:
     """
     sys.stdout.flush()
     sys.stderr.flush()
-    from engine import leases  # the simulator's hook: it marks lease owners dead or live (internal)
+    from engine import _leases as leases  # the simulator's hook: it marks lease owners dead or live (internal)
 
     parent = os.getpid()
     rfd, wfd = os.pipe()

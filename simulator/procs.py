@@ -68,7 +68,7 @@ def deleted_db_files(pid: int) -> list[str]:
     """Files named engine.db* that process ``pid`` holds open although they were deleted.
 
     A process writing into a deleted WAL commits into a file nobody else will ever read:
-    the symptom of a dropped POSIX lock (see engine/store.py).
+    the symptom of a dropped POSIX lock (see engine/_store.py).
     """
     return [f for f in db_files(pid) if f.endswith("(deleted)")]
 

@@ -129,7 +129,7 @@ def _crash_cleanup(eng: Engine | None) -> None:
     """The process died: its connection goes away (any open transaction is rolled back)."""
     if eng is None:
         return
-    from engine import leases  # the simulator's hook: it marks lease owners dead or live (internal)
+    from engine import _leases as leases  # the simulator's hook: it marks lease owners dead or live (internal)
 
     leases.mark_dead(eng.owner)
     eng.store.close()
@@ -224,7 +224,7 @@ def _owner_dead(owner: dict):
     The engine tells a dead in-process owner by its instance id missing from the live set
     (``engine.leases``); the paused worker's id is put back before it resumes.
     """
-    from engine import leases  # the simulator's hook: it marks lease owners dead or live (internal)
+    from engine import _leases as leases  # the simulator's hook: it marks lease owners dead or live (internal)
 
     leases.mark_dead(owner)
     try:
@@ -237,7 +237,7 @@ def _copy_committed(src: Path, dst: Path, workflow_id: str | None = None) -> int
     """What a kill leaves of database ``src``: its committed transactions, copied by SQLite.
 
     Never a file copy: a Python open()/close() of a database file this process has open
-    drops the live connection's POSIX locks (see engine/store.py). A fresh connection sees
+    drops the live connection's POSIX locks (see engine/_store.py). A fresh connection sees
     only what was committed, as recovery after a crash would. Returns how many events of
     ``workflow_id`` were copied.
     """

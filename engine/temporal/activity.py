@@ -26,13 +26,13 @@ from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from .. import proctree
-from ..errors import NonRetryableError, is_canceled
-from ..options import StepOptions
+from .. import _proctree as proctree
+from .._errors import NonRetryableError, is_canceled
+from .._options import StepOptions
 
 
 class TemporalActivityContext:
-    """``engine.seam.ActivityContext`` over ``temporalio.activity`` (see the module docstring)."""
+    """``engine._seam.ActivityContext`` over ``temporalio.activity`` (see the module docstring)."""
 
     def __init__(self, activity_id: str, on_heartbeat: Callable[[str, Any], None] | None = None):
         info = activity.info()
@@ -71,7 +71,7 @@ class TemporalActivityContext:
 
     @property
     def process_tag(self) -> str:
-        """Tags the attempt's processes (engine/proctree.py): scope = the cluster and namespace."""
+        """Tags the attempt's processes (engine/_proctree.py): scope = the cluster and namespace."""
         scope = hashlib.sha256(f"temporal|{self._info.workflow_namespace}".encode()).hexdigest()[:16]
         return proctree.attempt_tag(scope, self.workflow_id, self._activity_id, self.attempt)
 

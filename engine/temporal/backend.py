@@ -31,13 +31,13 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from ..engine import WorkflowStatus
-from ..errors import BadInput, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
-from ..history import Event, to_jsonable
-from ..ids import check_id
-from .activity import seam_activity
+from .._engine import WorkflowStatus
+from .._errors import BadInput, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
+from .._history import Event, to_jsonable
+from .._ids import check_id
+from ._activity import seam_activity
 from .config import TemporalConfig, explain_connect_error
-from .history import convert_history
+from ._history import convert_history
 from .runtime import register_workflow
 from .workflow import SeamWorkflow
 

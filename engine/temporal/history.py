@@ -1,4 +1,4 @@
-"""Temporal's event history read as the embedded engine's events (``engine.history.Event``).
+"""Temporal's event history read as the embedded engine's events (``engine._history.Event``).
 
 The same event types and attributes, so that ``ctl history``, ``--json`` and the run continuation
 (``workflows.collect_prior``) read either backend alike: ``workflow_started`` (``workflow``,
@@ -18,8 +18,8 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.api.failure.v1 import Failure
 
-from .. import history as h
-from ..history import Event
+from .. import _history as h
+from .._history import Event
 
 _SKIPPED = {
     EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,

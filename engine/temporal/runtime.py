@@ -32,9 +32,9 @@ from temporalio.exceptions import ActivityError as TemporalActivityError
 from temporalio.exceptions import ApplicationError, CancelledError, TimeoutError as TemporalTimeoutError
 from temporalio.workflow import ActivityCancellationType
 
-from ..errors import ActivityError, Canceled, EngineError, NondeterminismError, is_canceled
-from ..history import to_jsonable
-from ..options import RetryPolicy, StepOptions
+from .._errors import ActivityError, Canceled, EngineError, NondeterminismError, is_canceled
+from .._history import to_jsonable
+from .._options import RetryPolicy, StepOptions
 
 DEFAULT_START_TO_CLOSE_S = 30 * 24 * 3600.0  # Temporal needs one; the seam's None means "no limit"
 
@@ -86,7 +86,7 @@ def _error_info(err: BaseException | None) -> tuple[str, str, Any, bool]:
 
 
 class TemporalRuntime:
-    """``engine.seam.Runtime`` inside a Temporal workflow (see the module docstring)."""
+    """``engine._seam.Runtime`` inside a Temporal workflow (see the module docstring)."""
 
     @property
     def workflow_id(self) -> str:

@@ -183,8 +183,8 @@ def apply(path: Path, d) -> None:
 def _read_everything(db: Path) -> tuple[dict, list[str]]:
     """What the read commands see: {workflow: events} of the readable ones, and the damage reported."""
     from engine import Engine
-    from engine.errors import BadInput
-    from engine.store import Store
+    from engine import BadInput
+    from engine import Store
 
     try:
         store = Store(db, readonly=True)
@@ -317,7 +317,7 @@ def test_damaged_corpus_is_refused_or_equal(pristine, tmp_path_factory, data):
 @DAMAGE
 @given(st.binary(max_size=300))
 def test_damaged_progress_lines_are_skipped_never_raise(tmp_path_factory, garbage):
-    from engine.subprocess_runner import _Progress
+    from engine._subprocess_runner import _Progress
 
     p = tmp_path_factory.mktemp("prog") / "progress.jsonl"
     p.write_bytes(b"")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import NonRetryableError
+from engine import NonRetryableError
 from workflows.trainer_command import check_progress, check_train_result, invocation
 
 # A trainer that follows the contract except where its config's "break" says otherwise.

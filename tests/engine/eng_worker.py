@@ -16,8 +16,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 from engine import Engine, RetryPolicy, StepOptions  # noqa: E402
-from engine.leases import proc_start  # noqa: E402
-from engine.subprocess_runner import run_subprocess  # noqa: E402
+from engine._leases import proc_start  # noqa: E402
+from engine._subprocess_runner import run_subprocess  # noqa: E402
 
 DIR = sys.argv[3] if len(sys.argv) > 3 else "."
 

@@ -13,8 +13,8 @@ import threading
 import pytest
 
 from engine import RetryPolicy, StepOptions, SystemClock
-from engine.leases import proc_start
-from engine.subprocess_runner import run_subprocess
+from engine._leases import proc_start
+from engine._subprocess_runner import run_subprocess
 
 from eng_helpers import make_engine, python_cmd
 from test_engine_subprocess import wait_for

@@ -8,8 +8,8 @@ import sqlite3
 import pytest
 
 from engine import Engine, VirtualClock
-from engine.errors import BadInput, DamagedRecord
-from engine.store import Store
+from engine._errors import BadInput, DamagedRecord
+from engine._store import Store
 
 
 async def echo(rt, inp):
@@ -108,7 +108,7 @@ def test_events_read_as_text_give_what_reading_them_as_bytes_gives(tmp_path, att
     """``read_events`` reads text columns as text and goes back to reading them as bytes where a column
     is not what it expects: both ways give the same events or the same error, for old events without a
     checksum (any text gets that far) and for events with one."""
-    from engine.history import _read_events_as_bytes, event_crc, read_events
+    from engine._history import _read_events_as_bytes, event_crc, read_events
 
     path = _two_workflows(tmp_path)
     for with_crc in (False, True):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, RetryPolicy, StepOptions, VirtualClock, WorkflowCanceled
-from engine import history as h
+from engine import _history as h
 
 from eng_helpers import make_engine
 

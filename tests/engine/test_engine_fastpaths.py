@@ -8,7 +8,7 @@ import json
 import pytest
 
 from engine import RetryPolicy, StepOptions, VirtualClock, WorkflowFailed
-from engine.history import dumps
+from engine._history import dumps
 
 from eng_helpers import make_engine
 

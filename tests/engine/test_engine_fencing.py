@@ -18,7 +18,7 @@ import threading
 import pytest
 
 from engine import LeaseLost, RetryPolicy, StepOptions
-from engine.history import dumps
+from engine._history import dumps
 
 from eng_helpers import make_engine
 

@@ -6,7 +6,7 @@ import sqlite3
 import pytest
 
 from engine import BadInput, Engine, Store, VirtualClock
-from engine import schema
+from engine import _schema as schema
 
 from eng_helpers import Crash, CrashStore
 

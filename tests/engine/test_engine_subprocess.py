@@ -10,8 +10,8 @@ import time
 import pytest
 
 from engine import RetryPolicy, StepOptions, SystemClock, VirtualClock, WorkflowFailed
-from engine.leases import proc_start
-from engine.subprocess_runner import run_subprocess
+from engine._leases import proc_start
+from engine._subprocess_runner import run_subprocess
 
 from eng_helpers import Crash, make_engine, python_cmd
 

@@ -9,8 +9,8 @@ import json
 import sqlite3
 
 from engine import Engine, StepOptions
-from engine.clock import VirtualClock
-from engine.history import event_crc
+from engine import VirtualClock
+from engine._history import event_crc
 from simulator.prefix import build_prefix, use_prefix
 
 

@@ -21,7 +21,7 @@ import pytest
 
 import workflows
 from engine import Engine
-from engine.leases import proc_start
+from engine._leases import proc_start
 from workflows.models import TrainRunInput
 
 pytestmark = pytest.mark.slow  # a real trainer frozen by SIGSTOP (~33 s)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.store import Store
+from engine import Store
 
 from wf_world import World, small_spec
 from wf_fakes import Crash, reference_loss

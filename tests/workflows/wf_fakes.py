@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.errors import Canceled, NonRetryableError
+from engine import Canceled, NonRetryableError
 from workflows.activities import choose_resume
 from workflows.models import (
     CorpusBuildInput,

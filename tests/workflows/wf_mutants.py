@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import time
 
-from engine.errors import ActivityError, Canceled, is_canceled
-from engine.options import RetryPolicy, StepOptions
+from engine import ActivityError, Canceled, is_canceled
+from engine import RetryPolicy, StepOptions
 from tinyllm.spec import TrainSpec
 from workflows import evaluation as eval_mod
 from workflows.corpus import corpus_build as real_corpus_build

@@ -8,7 +8,7 @@ from typing import Any
 
 import workflows
 from engine import Engine, VirtualClock
-from engine.store import Store
+from engine import Store
 
 from wf_fakes import Fakes
 

@@ -12,7 +12,7 @@ import sqlite3
 import zlib
 from typing import Any, NamedTuple
 
-from .errors import DamagedRecord
+from ._errors import DamagedRecord
 
 WORKFLOW_STARTED = "workflow_started"
 WORKFLOW_COMPLETED = "workflow_completed"

@@ -1,13 +1,13 @@
-"""The context an activity function ``fn(ctx, input)`` gets (see ``engine.seam.ActivityContext``)."""
+"""The context an activity function ``fn(ctx, input)`` gets (see ``engine._seam.ActivityContext``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .options import StepOptions
+from ._options import StepOptions
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ._engine import Engine
 
 
 @dataclass
@@ -59,7 +59,7 @@ class LiveActivityContext:
 
     @property
     def process_tag(self) -> str:
-        """The tag every process of this attempt carries (engine/proctree.py)."""
+        """The tag every process of this attempt carries (engine/_proctree.py)."""
         return self._engine._process_tag(self._lease.workflow_id, self._lease.activity_id, self._lease.attempt)
 
     @property

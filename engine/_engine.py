@@ -7,7 +7,7 @@
     eng.run_until_complete("count/1")
     eng.result("count/1")
 
-See engine/worker.py for the transactions and engine/replay.py for replay.
+See engine/_worker.py for the transactions and engine/_replay.py for replay.
 """
 from __future__ import annotations
 
@@ -18,15 +18,15 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import history as h
-from . import leases
-from .clock import SystemClock
-from .errors import BadInput, DamagedRecord, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
-from .history import Event, append_event, damaged, decode_json, dumps, normalized, read_events, to_jsonable
-from .ids import check_id
-from .replay import Command, DrySink, Replayer
-from .store import Store
-from .worker import Worker
+from . import _history as h
+from . import _leases as leases
+from ._clock import SystemClock
+from ._errors import BadInput, DamagedRecord, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
+from ._history import Event, append_event, damaged, decode_json, dumps, normalized, read_events, to_jsonable
+from ._ids import check_id
+from ._replay import Command, DrySink, Replayer
+from ._store import Store
+from ._worker import Worker
 
 TERMINAL = ("completed", "failed", "canceled")
 

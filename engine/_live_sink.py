@@ -1,6 +1,6 @@
 """The live sink: a replayer's new commands, cancels and end, written into the worker's open transaction.
 
-``Worker._run_task`` (engine/worker.py) gives a replayer one per transaction; during replay the
+``Worker._run_task`` (engine/_worker.py) gives a replayer one per transaction; during replay the
 replayer's sink is a no-op, only a live transition writes.
 """
 from __future__ import annotations
@@ -8,13 +8,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from . import history as h
-from .history import dumps
-from .options import StepOptions
-from .replay import Replayer
+from . import _history as h
+from ._history import dumps
+from ._options import StepOptions
+from ._replay import Replayer
 
 if TYPE_CHECKING:
-    from .worker import Worker
+    from ._worker import Worker
 
 log = logging.getLogger("engine")
 

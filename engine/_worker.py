@@ -14,9 +14,9 @@ Everything a worker does is one ``Store.transaction``:
 - ``timer``: a due timer fires, then the workflow task that follows.
 - ``heartbeat``: details and a later deadline, only for the current attempt.
 
-``Engine`` (engine/engine.py) mixes this in and adds the public API. Parts live beside it:
-engine/live_sink.py (the rows a live transition writes), engine/attempts.py (failure, retry,
-timeouts, heartbeats, a dead worker's leftovers) and engine/runners.py (runner threads and group
+``Engine`` (engine/_engine.py) mixes this in and adds the public API. Parts live beside it:
+engine/_live_sink.py (the rows a live transition writes), engine/_attempts.py (failure, retry,
+timeouts, heartbeats, a dead worker's leftovers) and engine/_runners.py (runner threads and group
 commit).
 """
 from __future__ import annotations
@@ -30,15 +30,15 @@ import time
 from collections import OrderedDict, deque
 from typing import Any
 
-from . import history as h
-from .activity import Lease, LiveActivityContext
-from .attempts import Attempts, overdue
-from .errors import BadInput, NonRetryableError
-from .history import append_event, append_next, dumps, normalized, read_events
-from .live_sink import LiveSink
-from .options import StepOptions
-from .replay import Replayer
-from .runners import Runners
+from . import _history as h
+from ._activity import Lease, LiveActivityContext
+from ._attempts import Attempts, overdue
+from ._errors import BadInput, NonRetryableError
+from ._history import append_event, append_next, dumps, normalized, read_events
+from ._live_sink import LiveSink
+from ._options import StepOptions
+from ._replay import Replayer
+from ._runners import Runners
 
 log = logging.getLogger("engine")
 
@@ -453,7 +453,7 @@ class _Tx:
 
 def _recorded_input(db, workflow_id: str, input_json: str) -> Any:
     """The workflow's input, which must equal the (checksummed) input of its started event."""
-    from .history import damaged, decode_json
+    from ._history import damaged, decode_json
 
     raw = decode_json(db, input_json, workflow_id=workflow_id, record="its input")
     first = read_events(db, workflow_id, 0, limit=1)

@@ -67,7 +67,7 @@ MIGRATIONS: list[tuple[int, str]] = [
     (
         2,
         """
-        -- crc32 of each event as written (engine.history.event_crc), NULL for events of version 1
+        -- crc32 of each event as written (engine._history.event_crc), NULL for events of version 1
         ALTER TABLE events ADD COLUMN crc INTEGER;
         """,
     ),

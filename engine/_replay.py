@@ -22,11 +22,11 @@ import json
 import traceback
 from typing import Any, Callable, NamedTuple, Protocol
 
-from . import history as h
-from .errors import ActivityError, BadInput, Canceled, NondeterminismError, NonRetryableError, is_canceled
-from .history import Event
-from .ids import check_id
-from .options import StepOptions
+from . import _history as h
+from ._errors import ActivityError, BadInput, Canceled, NondeterminismError, NonRetryableError, is_canceled
+from ._history import Event
+from ._ids import check_id
+from ._options import StepOptions
 
 
 class Command(NamedTuple):
@@ -56,7 +56,7 @@ class _Request:
 
 
 class WorkflowRuntime:
-    """The ``Runtime`` handed to workflow code (see ``engine.seam.Runtime``)."""
+    """The ``Runtime`` handed to workflow code (see ``engine._seam.Runtime``)."""
 
     def __init__(self, replayer: "Replayer"):
         self._r = replayer

@@ -27,7 +27,7 @@ class RetryPolicy:
 _RETRY_TEXT: dict[tuple, str] = {}  # StepOptions.to_text
 DEFAULT_RETRY = RetryPolicy()
 """The policy of a ``StepOptions`` given none (frozen: one instance serves them all)."""
-_dumps = None  # engine.history.dumps, bound at the first to_text (history imports nothing of this module)
+_dumps = None  # engine._history.dumps, bound at the first to_text (history imports nothing of this module)
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class StepOptions:
         is kept per policy (a few distinct policies in a program)."""
         global _dumps
         if _dumps is None:
-            from .history import dumps as _dumps
+            from ._history import dumps as _dumps
         dumps = _dumps
         r = self.retry
         retry = r.__dict__.get("_text")  # kept on the (frozen) policy itself, else per equal policy

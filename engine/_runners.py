@@ -1,6 +1,6 @@
 """The threaded worker's runner threads and its group commit of their outcomes.
 
-``Worker`` (engine/worker.py) mixes this in: ``_tick`` hands leases to ``_spawn`` and records what
+``Worker`` (engine/_worker.py) mixes this in: ``_tick`` hands leases to ``_spawn`` and records what
 ``_drain_done`` collects.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from .activity import Lease
+from ._activity import Lease
 
 GROUP_MAX = 256  # outcomes recorded by one group commit at most
 

@@ -28,8 +28,8 @@ import threading
 import urllib.parse
 from collections import Counter
 
-from . import schema
-from .errors import BadInput
+from . import _schema as schema
+from ._errors import BadInput
 
 
 

@@ -6,7 +6,7 @@ the kernel kills the child. ``PR_SET_PDEATHSIG`` fires when the *thread* that
 forked exits, so ``run_subprocess`` blocks in its calling thread until the
 child has ended. Every process of the attempt, grandchildren in their own
 sessions included, carries the attempt's tag (``DURABLE_ATTEMPT``, see
-engine/proctree.py): before the child starts, whatever is left of earlier
+engine/_proctree.py): before the child starts, whatever is left of earlier
 attempts of the same activity is stopped (SIGTERM, a bounded wait for a
 trainer still checkpointing, then SIGKILL), and when the attempt ends, however
 it ends, nothing of it is left. The child's pid is recorded with the lease
@@ -38,8 +38,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from . import proctree
-from .errors import Canceled, NonRetryableError
+from . import _proctree as proctree
+from ._errors import Canceled, NonRetryableError
 
 log = logging.getLogger("engine")
 

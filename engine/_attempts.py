@@ -1,7 +1,7 @@
 """How an attempt ends other than by its own result: failure and retry, timeouts, heartbeats, a dead
 worker's leftovers (its process tree killed before redelivery), and cancel checks.
 
-``Worker`` (engine/worker.py) mixes this in; every method runs in, or opens, a ``Worker._tx``.
+``Worker`` (engine/_worker.py) mixes this in; every method runs in, or opens, a ``Worker._tx``.
 """
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import json
 import logging
 from typing import Any
 
-from . import history as h
-from . import leases, proctree
-from .activity import Lease
-from .errors import LeaseLost, NonRetryableError
-from .history import append_next, dumps
-from .options import StepOptions
-from .replay import error_to_json
+from . import _history as h
+from . import _leases as leases, _proctree as proctree
+from ._activity import Lease
+from ._errors import LeaseLost, NonRetryableError
+from ._history import append_next, dumps
+from ._options import StepOptions
+from ._replay import error_to_json
 
 log = logging.getLogger("engine")
 
@@ -121,7 +121,7 @@ class Attempts:
         return proctree.attempt_tag(self._scope, workflow_id, activity_id, attempt)
 
     def _kill_dead_attempt(self, workflow_id: str, activity_id: str, attempt: int, child_json: str | None) -> None:
-        """Before a dead worker's attempt is redelivered: every process it started is gone (engine/proctree.py).
+        """Before a dead worker's attempt is redelivered: every process it started is gone (engine/_proctree.py).
 
         An attempt that recorded no child started no process (the runner records one before it spawns), so
         no scan of /proc is needed for it (the simulator expires thousands of those)."""

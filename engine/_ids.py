@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import BadInput
+from ._errors import BadInput
 
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*\Z")
 MAX_ID_LEN = 200

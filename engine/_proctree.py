@@ -24,7 +24,7 @@ import signal
 import time
 from typing import Iterable
 
-from .leases import proc_start
+from ._leases import proc_start
 
 ENV_TAG = "DURABLE_ATTEMPT"
 _KEY = ENV_TAG.encode() + b"="

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, TypeVar
 
-from .options import StepOptions
+from ._options import StepOptions
 
 T = TypeVar("T")
 
