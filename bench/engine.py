@@ -369,10 +369,10 @@ def phases(path: str, n: int) -> tuple[float, float, dict[str, tuple[float, int]
         try:
             patch(_r.Replayer, "advance", "replay: workflow code + replayer")
             patch(_r.Replayer, "record", "replay: workflow code + replayer")
-            patch(_w._LiveSink, "new_command", "rows: new command (sink)")
-            patch(_w._LiveSink, "finish", "rows: new command (sink)")
-            patch(_w.Worker, "_lease", "rows: lease (started event)")
-            patch(_w.Worker, "_execute", "the activity call (ctx, input, result)")
+            patch(_w.LiveSink, "new_command", "rows: new command (sink)")
+            patch(_w.LiveSink, "finish", "rows: new command (sink)")
+            patch(_w.Worker, "lease", "rows: lease (started event)")
+            patch(_w.Worker, "execute", "the activity call (ctx, input, result)")
             for mod in (_w, _h, _e):
                 patch(mod, "dumps", "JSON")
             for mod in (_w, _h, _e, _r):

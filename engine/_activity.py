@@ -2,12 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._options import StepOptions
-
-if TYPE_CHECKING:
-    from ._engine import Engine
 
 
 @dataclass
@@ -27,14 +24,26 @@ class Lease:
     """An event of this attempt (a heartbeat's details) was appended since it was leased."""
 
 
+class AttemptHooks(Protocol):
+    """What a live context asks of the worker that leased its attempt (``engine._attempts.Attempts``)."""
+
+    def process_tag(self, workflow_id: str, activity_id: str, attempt: int) -> str: ...
+
+    def cancel_requested(self, lease: Lease) -> bool: ...
+
+    def heartbeat(self, lease: Lease, details: Any, now: float) -> None: ...
+
+    def record_child(self, lease: Lease, pid: int | None) -> None: ...
+
+
 class LiveActivityContext:
     """Backed by the engine's store: heartbeats are durable and fenced by the attempt number."""
 
-    def __init__(self, engine: "Engine", lease: Lease):
-        self._engine = engine
+    def __init__(self, hooks: AttemptHooks, clock: Any, lease: Lease):
+        self._hooks = hooks
         self._lease = lease
         self._last_write = lease.started_at
-        self.clock = engine.clock
+        self.clock = clock
         """The engine's clock (virtual in tests and the simulator)."""
 
     @property
@@ -60,7 +69,7 @@ class LiveActivityContext:
     @property
     def process_tag(self) -> str:
         """The tag every process of this attempt carries (engine/_proctree.py)."""
-        return self._engine._process_tag(self._lease.workflow_id, self._lease.activity_id, self._lease.attempt)
+        return self._hooks.process_tag(self._lease.workflow_id, self._lease.activity_id, self._lease.attempt)
 
     @property
     def last_heartbeat_details(self) -> Any:
@@ -69,7 +78,7 @@ class LiveActivityContext:
     @property
     def cancel_requested(self) -> bool:
         """True once the workflow's cancel was requested (or it ended, or this attempt lost its lease)."""
-        return self._engine._cancel_requested(self._lease)
+        return self._hooks.cancel_requested(self._lease)
 
     def heartbeat(self, details: Any = None) -> None:
         """Record ``details`` (when given) and extend the lease; raises ``LeaseLost`` in a stale attempt.
@@ -82,10 +91,10 @@ class LiveActivityContext:
             hb = self._lease.options.heartbeat_timeout_s
             if now - self._last_write < (hb / 4 if hb else 30.0):
                 return
-        self._engine._heartbeat(self._lease, details, now)
+        self._hooks.heartbeat(self._lease, details, now)
         self._last_write = now
 
     def record_child(self, pid: int | None) -> None:
         """Record a subprocess's pid (None: one is about to start) so that a recovering worker kills
         this attempt's processes if this worker dies."""
-        self._engine._record_child(self._lease, pid)
+        self._hooks.record_child(self._lease, pid)

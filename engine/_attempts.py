@@ -1,13 +1,17 @@
 """How an attempt ends other than by its own result: failure and retry, timeouts, heartbeats, a dead
 worker's leftovers (its process tree killed before redelivery), and cancel checks.
 
-``Worker`` (engine/_worker.py) mixes this in; every method runs in, or opens, a ``Worker._tx``.
+``Attempts`` is an object the worker (engine/_worker.py) owns; it gets the store, the clock, the
+worker's transactions (engine/_tx.py), the lease owner's recorded text and the one callback it needs
+(``run_task``: the workflow task an expiry makes due). It is also what a live activity context calls
+(``engine._activity.AttemptHooks``: heartbeat, cancel check, process tag, child record). Every
+method runs in, or opens, one of the worker's transactions.
 """
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from . import _history as h
 from . import _leases as leases, _proctree as proctree
@@ -16,20 +20,31 @@ from ._errors import LeaseLost, NonRetryableError
 from ._history import append_next, dumps
 from ._options import StepOptions
 from ._replay import error_to_json
+from ._store import Store
+from ._tx import Transactions
 
 log = logging.getLogger("engine")
 
 
 class Attempts:
-    """Attempt endings and the expiry poll; state set up by ``Engine.__init__``."""
+    """Attempt endings, heartbeats and the expiry poll of one worker."""
 
-    def _fail(self, db, lease: Lease, exc: BaseException, *, lost: int, now: float) -> None:
+    def __init__(self, store: Store, clock: Any, tx: Transactions, owner_json: str,
+                 run_task: Callable[..., None]):
+        self.store = store
+        self.clock = clock
+        self.tx = tx
+        self.owner_json = owner_json  # the worker's lease owner as recorded (never changes)
+        self.run_task = run_task  # (db, after, workflow_id): the workflow task an expiry makes due
+        self._scope: str | None = None  # engine/_proctree.py's scope of this database, once asked
+
+    def fail(self, db, lease: Lease, exc: BaseException, *, lost: int, now: float) -> None:
         base = {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt}
         err = error_to_json(exc)
         (cancel,) = db.execute("SELECT cancel_requested FROM workflows WHERE id=?", (lease.workflow_id,)).fetchone()
         if cancel:
             append_next(db, lease.workflow_id, h.ACTIVITY_CANCELED, now, {**base, "error": err})
-            self._close_activity(db, lease)
+            close_activity(db, lease.workflow_id, lease.activity_id)
             return
         policy = lease.options.retry
         non_retryable = (
@@ -41,7 +56,7 @@ class Attempts:
         if non_retryable or (policy.max_attempts and counted >= policy.max_attempts):
             append_next(db, lease.workflow_id, h.ACTIVITY_FAILED, now,
                         {**base, "error": err, "final": True, "retryable": False})
-            self._close_activity(db, lease)
+            close_activity(db, lease.workflow_id, lease.activity_id)
             return
         retry_at = now + policy.delay_s(counted)
         append_next(db, lease.workflow_id, h.ACTIVITY_FAILED, now,
@@ -52,7 +67,7 @@ class Attempts:
             (retry_at, lease.workflow_id, lease.activity_id),
         )
 
-    def _time_out(self, db, workflow_id: str, activity_id: str, kind: str, *, lost: bool) -> None:
+    def time_out(self, db, workflow_id: str, activity_id: str, kind: str, *, lost: bool) -> None:
         """The running attempt is over (deadline passed, or its worker died): redeliver or fail for good."""
         cmd, attempt, options_json, nlost = db.execute(
             "SELECT cmd, attempt, options, lost FROM activities WHERE workflow_id=? AND activity_id=?",
@@ -62,17 +77,16 @@ class Attempts:
         policy = StepOptions.from_json(json.loads(options_json)).retry
         base = {"cmd": cmd, "activity_id": activity_id, "attempt": attempt, "kind": kind}
         (cancel,) = db.execute("SELECT cancel_requested FROM workflows WHERE id=?", (workflow_id,)).fetchone()
-        lease = Lease(workflow_id, activity_id, "", cmd, attempt, None, None, None, now)  # type: ignore[arg-type]
         if cancel:
             append_next(db, workflow_id, h.ACTIVITY_CANCELED, now, {**base, "reason": f"{kind} after cancel"})
-            self._close_activity(db, lease)
+            close_activity(db, workflow_id, activity_id)
             return
         nlost += 1 if lost else 0
         counted = attempt - nlost
         err = {"type": "WorkerLost" if lost else "Timeout", "message": f"attempt {attempt}: {kind}"}
         if not lost and policy.max_attempts and counted >= policy.max_attempts:
             append_next(db, workflow_id, h.ACTIVITY_TIMED_OUT, now, {**base, "error": err, "final": True})
-            self._close_activity(db, lease)
+            close_activity(db, workflow_id, activity_id)
             return
         retry_at = now if lost else now + policy.delay_s(counted)
         append_next(db, workflow_id, h.ACTIVITY_TIMED_OUT, now,
@@ -83,11 +97,11 @@ class Attempts:
             (retry_at, nlost, workflow_id, activity_id),
         )
 
-    def _heartbeat(self, lease: Lease, details: Any, now: float) -> None:
+    def heartbeat(self, lease: Lease, details: Any, now: float) -> None:
         if details is not None:
             details = json.loads(dumps(details))
         lost = None
-        with self._tx("heartbeat") as (db, _after):
+        with self.tx("heartbeat") as (db, _after):
             row = db.execute(
                 "SELECT state, attempt, hb_deadline, close_deadline FROM activities "
                 "WHERE workflow_id=? AND activity_id=?",
@@ -97,7 +111,7 @@ class Attempts:
             if row is None or row[0] != "running" or row[1] != lease.attempt:
                 lost = f"attempt {lease.attempt} is no longer current"
             elif late:
-                self._time_out(db, lease.workflow_id, lease.activity_id, late, lost=False)
+                self.time_out(db, lease.workflow_id, lease.activity_id, late, lost=False)
                 lost = f"attempt {lease.attempt} {late}"
             else:
                 hb = lease.options.heartbeat_timeout_s
@@ -115,8 +129,8 @@ class Attempts:
         if lost:
             raise LeaseLost(f"{lease.workflow_id}/{lease.activity_id}: {lost}; stop this attempt")
 
-    def _process_tag(self, workflow_id: str, activity_id: str, attempt: int) -> str:
-        if not hasattr(self, "_scope"):
+    def process_tag(self, workflow_id: str, activity_id: str, attempt: int) -> str:
+        if self._scope is None:
             self._scope = proctree.scope_of(self.store.path)
         return proctree.attempt_tag(self._scope, workflow_id, activity_id, attempt)
 
@@ -130,20 +144,20 @@ class Attempts:
         child = json.loads(child_json)
         if leases.kill_leftover(child):
             log.warning("killed the leftover process group of %s/%s attempt %d", workflow_id, activity_id, attempt)
-        left = proctree.kill_attempt(self._process_tag(workflow_id, activity_id, attempt))
+        left = proctree.kill_attempt(self.process_tag(workflow_id, activity_id, attempt))
         if left:
             log.error("processes %s of %s/%s attempt %d could not be killed", sorted(left), workflow_id,
                       activity_id, attempt)
 
-    def _record_child(self, lease: Lease, pid: int | None) -> None:
+    def record_child(self, lease: Lease, pid: int | None) -> None:
         child = {"pid": pid, "pstart": leases.proc_start(pid) if pid is not None else None}
-        with self._tx("child") as (db, _after):
+        with self.tx("child") as (db, _after):
             db.execute(
                 "UPDATE activities SET child=? WHERE workflow_id=? AND activity_id=? AND attempt=? AND state='running'",
                 (dumps(child), lease.workflow_id, lease.activity_id, lease.attempt),
             )
 
-    def _cancel_requested(self, lease: Lease) -> bool:
+    def cancel_requested(self, lease: Lease) -> bool:
         row = self.store.query_one(
             "SELECT w.state, w.cancel_requested, a.state, a.attempt FROM workflows w JOIN activities a "
             "ON a.workflow_id = w.id WHERE w.id=? AND a.activity_id=?",
@@ -151,13 +165,13 @@ class Attempts:
         )
         return row is None or row[0] != "running" or bool(row[1]) or row[2] != "running" or row[3] != lease.attempt
 
-    def _expire(self) -> bool:
+    def expire(self) -> bool:
         now = self.clock.now()
         # this worker's own leases without deadlines can neither be late nor dead while it runs this
         rows = self.store.query(
             "SELECT workflow_id, activity_id, attempt, hb_deadline, close_deadline, owner FROM activities "
             "WHERE state='running' AND NOT (owner IS ? AND hb_deadline IS NULL AND close_deadline IS NULL) "
-            "ORDER BY workflow_id, activity_id", (self._owner_json(),)
+            "ORDER BY workflow_id, activity_id", (self.owner_json,)
         )
         did = False
         dead_owners: dict[str | None, bool] = {}  # one liveness check per owner (it reads /proc)
@@ -172,7 +186,7 @@ class Attempts:
                 (child_json,) = self.store.query_one(
                     "SELECT child FROM activities WHERE workflow_id=? AND activity_id=?", (wf, aid))
                 self._kill_dead_attempt(wf, aid, attempt, child_json)
-            with self._tx("expire") as (db, after):
+            with self.tx("expire") as (db, after):
                 row = db.execute(
                     "SELECT state, attempt FROM activities WHERE workflow_id=? AND activity_id=?", (wf, aid)
                 ).fetchone()
@@ -180,12 +194,27 @@ class Attempts:
                     continue
                 if dead:
                     log.warning("worker of %s/%s attempt %d is gone; redelivering", wf, aid, attempt)
-                self._time_out(db, wf, aid, late or "worker lost", lost=dead)
+                self.time_out(db, wf, aid, late or "worker lost", lost=dead)
                 (pending,) = db.execute("SELECT task_pending FROM workflows WHERE id=?", (wf,)).fetchone()
                 if pending:
-                    self._run_task(db, after, wf)
+                    self.run_task(db, after, wf)
             did = True
         return did
+
+
+def close_activity(db, workflow_id: str, activity_id: str, *, mark: bool = True) -> None:
+    """The attempt's row is closed: deleted (the table holds open activities only; how it ended is
+    its history's last event for it, see ``Engine.activities``); its workflow's task is due
+    (``mark=False``: the caller runs it in this transaction, which leaves ``task_pending`` as the
+    task ends it)."""
+    db.execute("DELETE FROM activities WHERE workflow_id=? AND activity_id=?", (workflow_id, activity_id))
+    if mark:
+        mark_task(db, workflow_id)
+
+
+def mark_task(db, workflow_id: str) -> None:
+    """The workflow's task is due (a worker's poll runs it)."""
+    db.execute("UPDATE workflows SET task_pending=1 WHERE id=? AND state='running'", (workflow_id,))
 
 
 def overdue(hb_deadline: float | None, close_deadline: float | None, now: float) -> str | None:

@@ -7,7 +7,8 @@
     eng.run_until_complete("count/1")
     eng.result("count/1")
 
-See engine/_worker.py for the transactions and engine/_replay.py for replay.
+The engine owns a ``Worker`` (engine/_worker.py: the transactions and the loop's steps) and adds the
+public API; engine/_replay.py replays.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import inspect
 import json
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -93,13 +95,16 @@ def replay_history(fn: Callable, events: list[Event], *, workflow_id: str = "rep
     return ReplayResult(list(r.issued), r.done, r.outcome, sink.new)
 
 
-class Engine(Worker):
+class Engine:
     """A durable workflow engine over one SQLite file; also an in-process worker.
 
     ``inline_activities=True`` runs activities one at a time on the calling
     thread (deterministic: tests, the simulator). Otherwise each activity runs
     in its own thread (at most ``max_concurrent_activities``) while the loop
     keeps polling the database for cancels, timeouts and timers.
+
+    It owns its ``Worker`` (``_worker``, engine/_worker.py), which owns the attempts and runners;
+    the loops below drive it.
     """
 
     def __init__(
@@ -124,11 +129,20 @@ class Engine(Worker):
             self.owner["worker_id"] = worker_id
         self._workflows: dict[str, _Registered] = {}
         self._activities: dict[str, _Registered] = {}
-        self._inline = inline_activities
-        self._max_concurrent = max(1, max_concurrent_activities)
-        self.poll_interval_s = poll_interval_s
         self._dead = False
-        self._init_worker()
+        self._stalls = 0  # idle waits in a row with work due and not run (virtual clock)
+        self._worker = Worker(self.store, self.clock, self.owner, self._workflows, self._activities,
+                              inline=inline_activities, max_concurrent=max(1, max_concurrent_activities),
+                              poll_interval_s=poll_interval_s)
+
+    @property
+    def poll_interval_s(self) -> float:
+        """How long an idle worker waits between polls of the database (its worker's, one value)."""
+        return self._worker.poll_interval_s
+
+    @poll_interval_s.setter
+    def poll_interval_s(self, value: float) -> None:
+        self._worker.poll_interval_s = value
 
     # ---- registration ---------------------------------------------------------------------------
 
@@ -166,22 +180,21 @@ class Engine(Worker):
         returned) and none is left; its result straight from the replayer, without polling or reading
         it back. Anything else (a timer, work for another worker, a failure) goes the way of
         ``run_until_complete``."""
-        import time
-
+        w = self._worker
         give_up = None if timeout_s is None else time.monotonic() + timeout_s
-        self._awaited[workflow_id] = None
+        w.awaited[workflow_id] = None
         try:
-            while (self._ready or self._inflight) and (give_up is None or time.monotonic() < give_up):
-                if self._tick():
-                    if self._awaited[workflow_id] is not None and not self._ready and not self._inflight:
+            while (w.ready or w.inflight) and (give_up is None or time.monotonic() < give_up):
+                if w.tick():
+                    if w.awaited[workflow_id] is not None and not w.ready and not w.inflight:
                         break
                     continue
-                if self._inflight:
-                    self._drain_done(timeout_s=self.poll_interval_s)
-            outcome = self._awaited[workflow_id]
+                if w.inflight:
+                    w.runners.drain(timeout_s=self.poll_interval_s)
+            outcome = w.awaited[workflow_id]
         finally:
-            del self._awaited[workflow_id]
-        if outcome is not None and outcome[0] == "completed" and not self._ready and not self._inflight:
+            del w.awaited[workflow_id]
+        if outcome is not None and outcome[0] == "completed" and not w.ready and not w.inflight:
             return outcome[1]
         row = self._row(workflow_id)
         if row[1] not in self._workflows:
@@ -204,7 +217,7 @@ class Engine(Worker):
             raise BadInput(f"input of workflow {workflow_name!r} is invalid: {e}") from None
         now = self.clock.now()
         input_text = dumps(raw)
-        with self._tx("start") as (db, after):
+        with self._worker.tx("start") as (db, after):
             # an eager start runs the first task in this transaction, which leaves task_pending as it ends
             if not db.execute(
                 "INSERT INTO workflows(id, name, input, state, created_at, updated_at, task_pending) "
@@ -217,7 +230,7 @@ class Engine(Worker):
             if not eager:
                 append_event(db, workflow_id, 1, h.WORKFLOW_STARTED, now, attrs, text=text)
             else:  # the replayer starts from the input and this event, which goes in with the task's own events
-                self._run_task(db, after, workflow_id, fresh=Event(1, h.WORKFLOW_STARTED, now, attrs),
+                self._worker.run_task(db, after, workflow_id, fresh=Event(1, h.WORKFLOW_STARTED, now, attrs),
                                wf_row=(workflow_name, input_text, "running", 0),
                                fresh_row=h.event_row(workflow_id, 1, h.WORKFLOW_STARTED, now, text),
                                cached=Replayer(workflow_id, reg.fn, value, None))
@@ -312,7 +325,7 @@ class Engine(Worker):
     def cancel(self, workflow_id: str) -> bool:
         """Record a cancel request (any process may call this); False if ended or already requested."""
         self._row(workflow_id)
-        with self._tx("cancel") as (db, _after):
+        with self._worker.tx("cancel") as (db, _after):
             state, cancel = db.execute(
                 "SELECT state, cancel_requested FROM workflows WHERE id=?", (workflow_id,)
             ).fetchone()
@@ -416,8 +429,8 @@ class Engine(Worker):
         except BaseException:
             self._dead = True
             leases.mark_dead(self.owner)
-            self._cache.clear()
-            self._stop_runners()
+            self._worker.cache.clear()
+            self._worker.runners.stop()
             raise
 
     def run_until_idle(self) -> None:
@@ -425,12 +438,13 @@ class Engine(Worker):
         self._guard(self._until_idle)
 
     def _until_idle(self) -> None:
+        w = self._worker
         while True:
-            if self._tick():
+            if w.tick():
                 continue
-            if not self._inflight:
+            if not w.inflight:
                 return
-            self._drain_done(timeout_s=self.poll_interval_s)
+            w.runners.drain(timeout_s=self.poll_interval_s)
 
     def run_until_complete(self, workflow_id: str, *, timeout_s: float | None = None) -> WorkflowStatus:
         """Work until ``workflow_id`` has ended, waiting on the clock (a virtual clock just advances)."""
@@ -440,8 +454,6 @@ class Engine(Worker):
         return self._guard(self._until_complete, workflow_id, timeout_s)
 
     def _until_complete(self, workflow_id: str, timeout_s: float | None) -> WorkflowStatus:
-        import time
-
         give_up = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             self._until_idle()
@@ -459,13 +471,14 @@ class Engine(Worker):
 
     def _wait(self) -> None:
         """Idle: let time pass until the next wake-up (virtual: jump there), or one poll interval."""
-        wake = self._next_wake()
+        w = self._worker
+        wake = w.next_wake()
         now = self.clock.now()
         if getattr(self.clock, "virtual", False):
             if wake is None:
                 raise EngineError("nothing is scheduled and no time can make progress (is a worker missing?)")
             if wake <= now:
-                self._stalls = getattr(self, "_stalls", 0) + 1
+                self._stalls += 1
                 if self._stalls > 1000:
                     raise EngineError(f"work due at {wake} is not being run (stalled)")
             else:
@@ -473,20 +486,21 @@ class Engine(Worker):
             self.clock.advance(max(0.0, wake - now))
             return
         delay = self.poll_interval_s if wake is None else min(max(wake - now, 0.0), self.poll_interval_s)
-        self._drain_done(timeout_s=delay) if self._inflight else self.clock.sleep(delay)
+        w.runners.drain(timeout_s=delay) if w.inflight else self.clock.sleep(delay)
 
     def run_forever(self, stop_event: threading.Event | None = None) -> None:
         """The long-running worker loop; returns when ``stop_event`` is set."""
         stop = stop_event or threading.Event()
+        w = self._worker
 
         def loop():
             while not stop.is_set():
-                if self._tick():
+                if w.tick():
                     continue
-                if self._inflight:
-                    self._drain_done(timeout_s=self.poll_interval_s)
+                if w.inflight:
+                    w.runners.drain(timeout_s=self.poll_interval_s)
                     continue
-                wake = self._next_wake() if getattr(self.clock, "virtual", False) else None
+                wake = w.next_wake() if getattr(self.clock, "virtual", False) else None
                 if wake is not None:
                     self.clock.advance(max(0.0, wake - self.clock.now()))
                 else:
@@ -495,7 +509,7 @@ class Engine(Worker):
         self._guard(loop)
 
     def close(self) -> None:
-        self._stop_runners()
+        self._worker.runners.stop()
         if not self._dead:
             self._dead = True
             leases.mark_dead(self.owner)

@@ -1,34 +1,46 @@
 """The live sink: a replayer's new commands, cancels and end, written into the worker's open transaction.
 
-``Worker._run_task`` (engine/_worker.py) gives a replayer one per transaction; during replay the
-replayer's sink is a no-op, only a live transition writes.
+``Worker.run_task`` (engine/_worker.py) gives a replayer one per transaction; during replay the
+replayer's sink is a no-op, only a live transition writes. What it needs of the worker is
+``SinkHooks``: the clock, whether the worker takes an activity at once, and its lease owner's text.
 """
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from . import _history as h
 from ._history import dumps
-from ._options import StepOptions
+from ._options import StepOptions, attempt_deadlines
 from ._replay import Replayer
 
-if TYPE_CHECKING:
-    from ._worker import Worker
-
 log = logging.getLogger("engine")
+
+
+@dataclass(frozen=True)
+class SinkHooks:
+    """The few things of its worker a live sink reads (built once per worker)."""
+
+    clock: Any
+    can_take: Callable[[str], bool]
+    """Whether the worker leases a newly scheduled activity of this name in the same transaction."""
+    owner_json: str
+    """The worker's lease owner, as recorded in an activity row."""
 
 
 class LiveSink:
     """Writes a replayer's new commands, cancels and end into the open transaction.
 
-    The writes are held until ``flush`` (``Worker._run_task`` calls it once the code is blocked or
+    The writes are held until ``flush`` (``Worker.run_task`` calls it once the code is blocked or
     done): the events of a transition go in with one INSERT, the other statements after it, in the
     order they were made. Nothing reads them before: a cancel, the only path that reads the
     database, flushes first."""
 
-    def __init__(self, worker: "Worker", db):
-        self.w = worker
+    __slots__ = ("w", "db", "scheduled", "rows", "stmts")
+
+    def __init__(self, hooks: SinkHooks, db):
+        self.w = hooks
         self.db = db
         self.scheduled: list[tuple[str, int, Any, StepOptions, float, tuple]] = []  # inserted leased:
         # (activity_id, cmd, input, options, leased at, its scheduled event's row, not inserted yet)
@@ -56,17 +68,17 @@ class LiveSink:
         if cmd.kind == "activity":
             opts: StepOptions = payload["options"]
             opts_json = opts.to_json()
-            # one this worker can run at once is inserted already leased (``Worker._lease`` appends its
+            # one this worker can run at once is inserted already leased (``Worker.lease`` appends its
             # started event once the code is blocked); else it waits, scheduled, for any worker
-            take = self.w._can_take(cmd.name)
-            hb, close = self.w._deadlines(opts, now) if take else (None, None)
+            take = self.w.can_take(cmd.name)
+            hb, close = attempt_deadlines(opts, now) if take else (None, None)
             input_text, opts_text = dumps(payload["input"]), opts.to_text()
             self.stmts.append((
                 "INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, attempt, due_at, "
                 "hb_deadline, close_deadline, last_hb_at, owner) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (r.workflow_id, cmd.activity_id, k, cmd.name, input_text, opts_text,
                  "running" if take else "scheduled", 1 if take else 0, now, hb, close, now if take else None,
-                 self.w._owner_json() if take else None),
+                 self.w.owner_json if take else None),
             ))
             attrs = {"cmd": k, "activity_id": cmd.activity_id, "name": cmd.name, "input": payload["input"],
                      "options": opts_json}
@@ -74,7 +86,7 @@ class LiveSink:
             text = (f'{{"activity_id":{dumps(cmd.activity_id)},"cmd":{int(k)},"input":{input_text},'
                     f'"name":{dumps(cmd.name)},"options":{opts_text}}}')
             seq = r.last_seq + 1
-            if take:  # inserted with its started event, one statement (``Worker._lease``)
+            if take:  # inserted with its started event, one statement (``Worker.lease``)
                 row = h.event_row(r.workflow_id, seq, h.ACTIVITY_SCHEDULED, now, text)
                 r.record(h.Event(seq, h.ACTIVITY_SCHEDULED, now, attrs))
                 self.scheduled.append((cmd.activity_id, k, payload["input"], opts, now, row))

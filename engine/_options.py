@@ -88,3 +88,10 @@ class StepOptions:
         r = dict(d.get("retry") or {})
         r["non_retryable"] = tuple(r.get("non_retryable") or ())
         return cls(**{**d, "retry": RetryPolicy(**r)})
+
+
+def attempt_deadlines(opts: StepOptions, now: float) -> tuple[float | None, float | None]:
+    """Heartbeat and start-to-close deadlines of an attempt leased at ``now``."""
+    hb = now + opts.heartbeat_timeout_s if opts.heartbeat_timeout_s else None
+    close = now + opts.start_to_close_timeout_s if opts.start_to_close_timeout_s else None
+    return hb, close

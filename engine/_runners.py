@@ -1,35 +1,51 @@
 """The threaded worker's runner threads and its group commit of their outcomes.
 
-``Worker`` (engine/_worker.py) mixes this in: ``_tick`` hands leases to ``_spawn`` and records what
-``_drain_done`` collects.
+``Runners`` is an object the worker (engine/_worker.py) owns: its loop hands leases to ``spawn``
+and records what ``drain`` collects. It gets the two worker functions it calls (``execute``: run
+one attempt; ``record``: record its outcome) and the worker's transactions (engine/_tx.py).
 """
 from __future__ import annotations
 
 import queue
 import threading
+from typing import Any, Callable
 
 from ._activity import Lease
+from ._tx import Transactions
 
 GROUP_MAX = 256  # outcomes recorded by one group commit at most
 
 
 class Runners:
-    """Runner threads and group commit; state set up by ``Worker._init_worker``."""
+    """Runner threads and group commit; ``inflight``: the attempts handed to a runner, not recorded yet."""
 
-    def _spawn(self, lease: Lease) -> None:
+    def __init__(self, execute: Callable[[Lease], tuple[bool, Any]], record: Callable[[Lease, bool, Any], None],
+                 tx: Transactions):
+        self.execute = execute
+        self.record = record
+        self.tx = tx
+        self.inflight: dict[tuple[str, str], Lease] = {}
+        self._run_q: queue.SimpleQueue = queue.SimpleQueue()  # leases for the runner threads (None: exit);
+        # SimpleQueue (C, unbounded: at most one lease per runner is in it) hands off in a fraction of Queue's time
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._idle = 0  # runners waiting on _run_q and not promised a lease yet
+        self._done_q: queue.SimpleQueue = queue.SimpleQueue()  # outcomes: at most one per runner
+
+    def spawn(self, lease: Lease) -> None:
         """Hand ``lease`` to an idle runner thread, or to a new one when none is idle (a thread start
         costs more than a no-op activity; a hung attempt never holds up another one)."""
-        self._inflight[(lease.workflow_id, lease.activity_id)] = lease
-        with self._runner_lock:
-            reuse = self._idle_runners > 0
-            self._idle_runners -= reuse
+        self.inflight[(lease.workflow_id, lease.activity_id)] = lease
+        with self._lock:
+            reuse = self._idle > 0
+            self._idle -= reuse
         self._run_q.put(lease)
         if not reuse:
-            t = threading.Thread(target=self._runner, name="activity runner", daemon=True)
-            self._runners.append(t)
+            t = threading.Thread(target=self._run, name="activity runner", daemon=True)
+            self._threads.append(t)
             t.start()
 
-    def _runner(self) -> None:
+    def _run(self) -> None:
         me = threading.current_thread()
         while True:
             lease = self._run_q.get()
@@ -37,21 +53,21 @@ class Runners:
                 return
             me.name = f"activity {lease.workflow_id}/{lease.activity_id}"
             try:
-                ok, value = self._execute(lease)
+                ok, value = self.execute(lease)
             except BaseException as crash:  # noqa: BLE001 - handed to the loop, which re-raises it
                 self._done_q.put((lease, None, crash))
                 return
-            with self._runner_lock:  # idle before the loop hears of it: the loop may hand it the next lease
-                self._idle_runners += 1
+            with self._lock:  # idle before the loop hears of it: the loop may hand it the next lease
+                self._idle += 1
             self._done_q.put((lease, ok, value))
 
-    def _stop_runners(self) -> None:
+    def stop(self) -> None:
         """Idle runners exit (busy ones after their attempt)."""
-        for _ in self._runners:
+        for _ in self._threads:
             self._run_q.put(None)
-        self._runners = []
+        self._threads = []
 
-    def _drain_done(self, timeout_s: float | None = None) -> bool:
+    def drain(self, timeout_s: float | None = None) -> bool:
         """Record the outcomes of finished attempts: all that are waiting (at most ``GROUP_MAX``) in one
         group commit, each its own member transaction (the ones that finish during a COMMIT's fsync
         wait for the next one). A member's error rolls back that member alone and is raised once the
@@ -68,17 +84,17 @@ class Runners:
             if not batch:
                 return did
             for lease, ok, value in batch:
-                self._inflight.pop((lease.workflow_id, lease.activity_id), None)
+                self.inflight.pop((lease.workflow_id, lease.activity_id), None)
                 if ok is None:
                     raise value
             if len(batch) == 1:
-                self._record_outcome(*batch[0])
+                self.record(*batch[0])
             else:
                 errors = []
-                with self._tx("group", group=True):
+                with self.tx("group", group=True):
                     for item in batch:
                         try:
-                            self._record_outcome(*item)
+                            self.record(*item)
                         except Exception as e:  # noqa: BLE001 - raised below, after the others commit
                             errors.append(e)
                 if errors:

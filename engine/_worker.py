@@ -1,6 +1,6 @@
 """The worker: state transitions of workflow tasks, activities and timers, and the polling loop.
 
-Everything a worker does is one ``Store.transaction``:
+Everything a worker does is one ``Store.transaction`` (entered through engine/_tx.py):
 
 - ``task``: replay the workflow code over its history and record what it asks
   for next (activity scheduled, timer started, workflow ended). When this
@@ -14,31 +14,35 @@ Everything a worker does is one ``Store.transaction``:
 - ``timer``: a due timer fires, then the workflow task that follows.
 - ``heartbeat``: details and a later deadline, only for the current attempt.
 
-``Engine`` (engine/_engine.py) mixes this in and adds the public API. Parts live beside it:
-engine/_live_sink.py (the rows a live transition writes), engine/_attempts.py (failure, retry,
-timeouts, heartbeats, a dead worker's leftovers) and engine/_runners.py (runner threads and group
-commit).
+``Engine`` (engine/_engine.py) owns one ``Worker`` and adds the public API. The worker owns its
+parts as objects: ``Transactions`` (engine/_tx.py), ``Attempts`` (engine/_attempts.py: failure,
+retry, timeouts, heartbeats, a dead worker's leftovers; also what a live activity context calls)
+and ``Runners`` (engine/_runners.py: runner threads and group commit); a live sink
+(engine/_live_sink.py) gets ``SinkHooks``.
+
+``new_replayer`` is an attribute on purpose: the simulator (simulator/prefix.py) replaces it on one
+worker to start a replay from a shared prefix; it is the one documented hook into a worker.
 """
 from __future__ import annotations
 
 import json
 import logging
-import queue
 import sqlite3
-import threading
 import time
 from collections import OrderedDict, deque
 from typing import Any
 
 from . import _history as h
 from ._activity import Lease, LiveActivityContext
-from ._attempts import Attempts, overdue
+from ._attempts import Attempts, close_activity, mark_task, overdue
 from ._errors import BadInput, NonRetryableError
-from ._history import append_event, append_next, dumps, normalized, read_events
-from ._live_sink import LiveSink
-from ._options import StepOptions
+from ._history import append_event, append_next, damaged, decode_json, dumps, normalized, read_events
+from ._live_sink import LiveSink, SinkHooks
+from ._options import StepOptions, attempt_deadlines
 from ._replay import Replayer
 from ._runners import Runners
+from ._store import Store
+from ._tx import Transactions
 
 log = logging.getLogger("engine")
 
@@ -49,36 +53,39 @@ class _Redo(Exception):
     """A fast path's assumption did not hold: its transaction is rolled back and the plain path runs."""
 
 
-class Worker(Attempts, Runners):
-    """Transitions and the loop; state set up by ``Engine.__init__``."""
+class Worker:
+    """Transitions and the loop over one store, for the workflows and activities registered with it.
 
-    # set by Engine.__init__: store, clock, owner, _workflows, _activities, _inline, _max_concurrent,
-    # poll_interval_s, _cache, _ready, _inflight, _done_q
+    ``workflows`` / ``activities``: the engine's registries (the same dicts: a later registration is
+    seen); ``owner``: the lease owner this worker records (engine/_leases.py); ``inline``: attempts
+    run on the calling thread, one at a time, else on runner threads, at most ``max_concurrent``."""
 
-    def _init_worker(self) -> None:
-        self._cache: OrderedDict[str, Replayer] = OrderedDict()
-        self._ready: deque[Lease] = deque()
-        self._inflight: dict[tuple[str, str], Lease] = {}
-        self._run_q: queue.SimpleQueue = queue.SimpleQueue()  # leases for the runner threads (None: exit);
-        # SimpleQueue (C, unbounded: at most one lease per runner is in it) hands off in a fraction of Queue's time
-        self._runners: list[threading.Thread] = []
-        self._runner_lock = threading.Lock()
-        self._idle_runners = 0  # runners waiting on _run_q and not promised a lease yet
-        self._done_q: queue.SimpleQueue = queue.SimpleQueue()  # outcomes: at most one per runner
-        self._group_after: tuple[int, list] | None = None  # (thread, acknowledgements) of an open group
-        self._polls_due = 0.0  # time.monotonic() of the threaded loop's next polls (_tick)
-        self._awaited: dict[str, tuple | None] = {}  # workflows execute_workflow waits on: their outcome once
+    def __init__(self, store: Store, clock: Any, owner: dict, workflows: dict, activities: dict, *,
+                 inline: bool, max_concurrent: int, poll_interval_s: float):
+        self.store = store
+        self.clock = clock
+        self.workflows = workflows
+        self.activities = activities
+        self.inline = inline
+        self.max_concurrent = max_concurrent
+        self.poll_interval_s = poll_interval_s
+        self.owner_json = dumps(owner)  # the lease owner as recorded (it never changes after this)
+        self.worker_name = f"{owner['host']}:{owner['pid']}"  # as started events record the worker
+        self.tx = Transactions(store)
+        self.attempts = Attempts(store, clock, self.tx, self.owner_json, self.run_task)
+        self.runners = Runners(self.execute, self.record_outcome, self.tx)
+        self.sink_hooks = SinkHooks(clock, self.can_take, self.owner_json)
+        self.cache: OrderedDict[str, Replayer] = OrderedDict()
+        self.ready: deque[Lease] = deque()
+        self.inflight = self.runners.inflight  # (the same dict: attempts handed to a runner thread)
+        self.awaited: dict[str, tuple | None] = {}  # workflows execute_workflow waits on: their outcome once
         # their end is durable
-
-    def _tx(self, label: str, *, group: bool = False) -> "_Tx":
-        """A ``Store.transaction`` entered as ``(db, after)``; ``after`` holds what acknowledges it (a
-        lease handed to a runner, a replayer cached), run only once its COMMIT returned: for a member
-        of a group commit, once the group's COMMIT returned."""
-        return _Tx(self, label, group)
+        self.new_replayer = self._new_replayer  # (the simulator's hook: see the module docstring)
+        self._polls_due = 0.0  # time.monotonic() of the threaded loop's next polls (tick)
 
     # ---- workflow tasks ---------------------------------------------------------------------
 
-    def _run_task(self, db, after: list, workflow_id: str, fresh: h.Event | None = None,
+    def run_task(self, db, after: list, workflow_id: str, fresh: h.Event | None = None,
                   wf_row: tuple | None = None, fresh_row: tuple | None = None, cached: Replayer | None = None) -> None:
         """Replay ``workflow_id`` and record its next commands; eagerly lease what we can run.
 
@@ -87,7 +94,7 @@ class Worker(Attempts, Runners):
         its row when it is not inserted yet (it goes in with the task's own events). ``wf_row``: the
         workflow's (name, input, state, task_pending), read in this transaction already; ``cached``: its
         replayer, taken from the cache by the caller."""
-        sink = LiveSink(self, db)
+        sink = LiveSink(self.sink_hooks, db)
         if fresh_row is not None:
             sink.rows.append(fresh_row)
         row = wf_row or db.execute(
@@ -100,15 +107,15 @@ class Worker(Attempts, Runners):
             sink.flush()
             db.execute("UPDATE workflows SET task_pending=0 WHERE id=?", (workflow_id,))
             return
-        r = cached if cached is not None else self._cache.pop(workflow_id, None)
+        r = cached if cached is not None else self.cache.pop(workflow_id, None)
         if r is None:
-            reg = self._workflows.get(name)
+            reg = self.workflows.get(name)
             if reg is None:
                 sink.flush()
                 db.execute("UPDATE workflows SET task_pending=1 WHERE id=?", (workflow_id,))
                 return  # another worker may know it; leave the task pending
             sink.flush()  # (a fresh replayer reads event 1)
-            r = self._new_replayer(reg, workflow_id, input_json, sink)
+            r = self.new_replayer(reg, workflow_id, input_json, sink)
         r.sink = sink
         if fresh is not None and fresh.seq == r.last_seq + 1:
             r.record(fresh)
@@ -116,16 +123,16 @@ class Worker(Attempts, Runners):
             sink.flush()
             r.feed(read_events(db, workflow_id, r.last_seq))
         r.advance()
-        if r.done and workflow_id in self._awaited:
-            after.append(lambda: self._awaited.__setitem__(workflow_id, r.outcome))
+        if r.done and workflow_id in self.awaited:
+            after.append(lambda: self.awaited.__setitem__(workflow_id, r.outcome))
         if not r.done:
             if pending or wf_row is None:  # (its updated_at is its last event's time: Engine._row)
                 db.execute("UPDATE workflows SET task_pending=0, updated_at=? WHERE id=?", (self.clock.now(), workflow_id))
-            after.append(lambda: self._cache_put(workflow_id, r))
+            after.append(lambda: self.cache_put(workflow_id, r))
         for activity_id, cmd, input_raw, opts, leased_at, sched_row in sink.scheduled:
-            lease = self._lease(db, workflow_id, activity_id, known=(r, cmd, input_raw, opts, leased_at, sched_row),
+            lease = self.lease(db, workflow_id, activity_id, known=(r, cmd, input_raw, opts, leased_at, sched_row),
                                 rows=sink.rows)
-            after.append(lambda lease=lease: self._ready.append(lease))
+            after.append(lambda lease=lease: self.ready.append(lease))
         sink.flush()
 
     def _new_replayer(self, reg, workflow_id: str, input_json: str, sink) -> Replayer:
@@ -142,24 +149,21 @@ class Worker(Attempts, Runners):
             value = None
         return Replayer(workflow_id, fn, value, sink)
 
-    def _cache_put(self, workflow_id: str, r: Replayer) -> None:
-        self._cache[workflow_id] = r
-        while len(self._cache) > CACHE_SIZE:
-            self._cache.popitem(last=False)
-
-    def _mark_task(self, db, workflow_id: str) -> None:
-        db.execute("UPDATE workflows SET task_pending=1 WHERE id=? AND state='running'", (workflow_id,))
+    def cache_put(self, workflow_id: str, r: Replayer) -> None:
+        self.cache[workflow_id] = r
+        while len(self.cache) > CACHE_SIZE:
+            self.cache.popitem(last=False)
 
     # ---- activities ---------------------------------------------------------------------------
 
-    def _can_take(self, name: str) -> bool:
-        if name not in self._activities:
+    def can_take(self, name: str) -> bool:
+        if name not in self.activities:
             return False
-        if self._inline:
+        if self.inline:
             return True
-        return len(self._inflight) + len(self._ready) < self._max_concurrent
+        return len(self.inflight) + len(self.ready) < self.max_concurrent
 
-    def _lease(self, db, workflow_id: str, activity_id: str, known: tuple | None = None,
+    def lease(self, db, workflow_id: str, activity_id: str, known: tuple | None = None,
                rows: list | None = None) -> Lease | None:
         """Attempt n+1 of a due activity, in the open transaction. ``known``: ``(replayer, cmd, input,
         options, leased at, scheduled event row)`` of an activity this very transaction inserted already
@@ -168,7 +172,7 @@ class Worker(Attempts, Runners):
         together by its flush)."""
         if known is not None:
             r, cmd, input_raw, opts, now, sched_row = known
-            worker = self._worker_name()
+            worker = self.worker_name
             attrs = {"cmd": cmd, "activity_id": activity_id, "attempt": 1, "worker": worker}
             text = f'{{"activity_id":{dumps(activity_id)},"attempt":1,"cmd":{int(cmd)},"worker":{dumps(worker)}}}'
             seq = r.last_seq + 1
@@ -189,42 +193,21 @@ class Worker(Attempts, Runners):
         input_raw = json.loads(input_json)
         details = json.loads(details_json) if details_json is not None else None
         attempt += 1
-        hb, close = self._deadlines(opts, now)
+        hb, close = attempt_deadlines(opts, now)
         db.execute(
             "UPDATE activities SET state='running', attempt=?, hb_deadline=?, close_deadline=?, last_hb_at=?, "
             "owner=?, child=NULL WHERE workflow_id=? AND activity_id=?",
-            (attempt, hb, close, now, self._owner_json(), workflow_id, activity_id),
+            (attempt, hb, close, now, self.owner_json, workflow_id, activity_id),
         )
         append_next(db, workflow_id, h.ACTIVITY_STARTED, now,
                     {"cmd": cmd, "activity_id": activity_id, "attempt": attempt,
-                     "worker": self._worker_name()})
+                     "worker": self.worker_name})
         return Lease(workflow_id, activity_id, name, cmd, attempt, input_raw, opts, details, now)
 
-    @staticmethod
-    def _deadlines(opts: StepOptions, now: float) -> tuple[float | None, float | None]:
-        """Heartbeat and start-to-close deadlines of an attempt leased at ``now``."""
-        hb = now + opts.heartbeat_timeout_s if opts.heartbeat_timeout_s else None
-        close = now + opts.start_to_close_timeout_s if opts.start_to_close_timeout_s else None
-        return hb, close
-
-    def _worker_name(self) -> str:
-        """``host:pid``, as started events record the worker (the owner never changes after
-        ``Engine.__init__``)."""
-        name = self.__dict__.get("_worker_text")
-        if name is None:
-            name = self._worker_text = f"{self.owner['host']}:{self.owner['pid']}"
-        return name
-
-    def _owner_json(self) -> str:
-        """The lease owner as recorded (it never changes after ``Engine.__init__``)."""
-        if getattr(self, "_owner_text", None) is None:
-            self._owner_text = dumps(self.owner)
-        return self._owner_text
-
-    def _execute(self, lease: Lease) -> tuple[bool, Any]:
+    def execute(self, lease: Lease) -> tuple[bool, Any]:
         """Run one attempt; ``(True, result_json)`` or ``(False, exception)``. Crashes propagate."""
-        reg = self._activities[lease.name]
-        ctx = LiveActivityContext(self, lease)
+        reg = self.activities[lease.name]
+        ctx = LiveActivityContext(self.attempts, self.clock, lease)
         try:
             try:
                 value = reg.decode_input(lease.input)
@@ -238,9 +221,9 @@ class Worker(Attempts, Runners):
         except Exception as e:  # noqa: BLE001 - recorded as the attempt's failure
             return False, e
 
-    def _record_outcome(self, lease: Lease, ok: bool, value: Any) -> None:
+    def record_outcome(self, lease: Lease, ok: bool, value: Any) -> None:
         if ok and not lease.appended:
-            r = self._cache.pop(lease.workflow_id, None)
+            r = self.cache.pop(lease.workflow_id, None)
             if r is not None:
                 if r.cancel_event is None and not r.done:
                     try:
@@ -248,8 +231,8 @@ class Worker(Attempts, Runners):
                     except _Redo:
                         pass  # rolled back: the plain path below reads the rows and says why
                 else:
-                    self._cache_put(lease.workflow_id, r)
-        with self._tx("complete" if ok else "fail") as (db, after):
+                    self.cache_put(lease.workflow_id, r)
+        with self.tx("complete" if ok else "fail") as (db, after):
             row = db.execute(
                 "SELECT a.state, a.attempt, a.hb_deadline, a.close_deadline, a.lost, "
                 "(SELECT MAX(seq) FROM events WHERE workflow_id=?1), w.name, w.input, w.state, w.task_pending "
@@ -264,20 +247,20 @@ class Worker(Attempts, Runners):
             now = self.clock.now()
             late = overdue(row[2], row[3], now)
             if late:
-                self._time_out(db, lease.workflow_id, lease.activity_id, late, lost=False)
+                self.attempts.time_out(db, lease.workflow_id, lease.activity_id, late, lost=False)
             elif ok:
                 attrs = {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt, "result": value}
                 text = (f'{{"activity_id":{dumps(lease.activity_id)},"attempt":{int(lease.attempt)},'
                         f'"cmd":{int(lease.cmd)},"result":{dumps(value)}}}')  # = dumps(attrs): keys in order
                 ev = append_event(db, lease.workflow_id, row[5] + 1, h.ACTIVITY_COMPLETED, now, attrs, text=text)
-                self._close_activity(db, lease, mark=False)
-                self._run_task(db, after, lease.workflow_id, fresh=ev, wf_row=row[6:])  # the task it makes due
+                close_activity(db, lease.workflow_id, lease.activity_id, mark=False)
+                self.run_task(db, after, lease.workflow_id, fresh=ev, wf_row=row[6:])  # the task it makes due
                 return
             else:
-                self._fail(db, lease, value, lost=row[4], now=now)
+                self.attempts.fail(db, lease, value, lost=row[4], now=now)
             (pending,) = db.execute("SELECT task_pending FROM workflows WHERE id=?", (lease.workflow_id,)).fetchone()
             if pending:
-                self._run_task(db, after, lease.workflow_id)
+                self.run_task(db, after, lease.workflow_id)
 
     def _complete_cached(self, lease: Lease, value: Any, r: Replayer) -> None:
         """The plain path's completion in fewer statements, for an attempt whose workflow has a cached
@@ -287,117 +270,107 @@ class Worker(Attempts, Runners):
         since (a cancel) makes that seq taken: ``_Redo``, after a rollback (the replayer is dropped);
         so does a row that is not this running attempt's (the replayer goes back to the cache)."""
         wid, aid = lease.workflow_id, lease.activity_id
-        with self._tx("complete") as (db, after):
+        with self.tx("complete") as (db, after):
             now = self.clock.now()
             if not db.execute(
                 "DELETE FROM activities WHERE workflow_id=?1 AND activity_id=?2 AND state='running' AND attempt=?3 "
                 "AND (hb_deadline IS NULL OR hb_deadline>=?4) AND (close_deadline IS NULL OR close_deadline>=?4)",
                 (wid, aid, lease.attempt, now),
             ).rowcount:
-                self._cache_put(wid, r)
+                self.cache_put(wid, r)
                 raise _Redo
             seq = r.last_seq + 1
             attrs = {"cmd": lease.cmd, "activity_id": aid, "attempt": lease.attempt, "result": value}
             text = (f'{{"activity_id":{dumps(aid)},"attempt":{int(lease.attempt)},'
                     f'"cmd":{int(lease.cmd)},"result":{dumps(value)}}}')  # = dumps(attrs): keys in order
             try:
-                self._run_task(db, after, wid, fresh=h.Event(seq, h.ACTIVITY_COMPLETED, now, attrs),
+                self.run_task(db, after, wid, fresh=h.Event(seq, h.ACTIVITY_COMPLETED, now, attrs),
                                wf_row=(None, None, "running", 0), cached=r,
                                fresh_row=h.event_row(wid, seq, h.ACTIVITY_COMPLETED, now, text))
             except sqlite3.IntegrityError:
                 raise _Redo from None
 
-    def _close_activity(self, db, lease: Lease, *, mark: bool = True) -> None:
-        """The attempt's row is closed: deleted (the table holds open activities only; how it ended is
-        its history's last event for it, see ``Engine.activities``); its workflow's task is due
-        (``mark=False``: the caller runs it in this transaction, which leaves ``task_pending`` as the
-        task ends it)."""
-        db.execute("DELETE FROM activities WHERE workflow_id=? AND activity_id=?",
-                   (lease.workflow_id, lease.activity_id))
-        if mark:
-            self._mark_task(db, lease.workflow_id)
-
     # ---- the loop -----------------------------------------------------------------------------
 
-    def _tick(self) -> bool:
+    def tick(self) -> bool:
         """Do one round of runnable work; False when nothing was runnable."""
-        if self._ready:
-            if self._inline:
-                lease = self._ready.popleft()
-                ok, value = self._execute(lease)
-                self._record_outcome(lease, ok, value)
+        if self.ready:
+            if self.inline:
+                lease = self.ready.popleft()
+                ok, value = self.execute(lease)
+                self.record_outcome(lease, ok, value)
             else:
-                while self._ready:
-                    self._spawn(self._ready.popleft())
+                while self.ready:
+                    self.runners.spawn(self.ready.popleft())
             return True
-        did = self._drain_done()
-        if self._inflight or did:  # threaded: while attempts finish, the polls below run once a poll interval
+        did = self.runners.drain()
+        if self.inflight or did:  # threaded: while attempts finish, the polls below run once a poll interval
             wait_s = self._polls_due - time.monotonic()
             if wait_s > 0:
                 if not did:  # an attempt is running: wait for it (at most until the polls are due)
-                    did = self._drain_done(timeout_s=wait_s)
+                    did = self.runners.drain(timeout_s=wait_s)
                 if did:
                     return True
-        did = self._expire() or did
-        did = self._fire_timers() or did
-        did = self._run_pending_tasks() or did
-        did = self._start_due() or did
+        did = self.attempts.expire() or did
+        did = self.fire_timers() or did
+        did = self.run_pending_tasks() or did
+        did = self.start_due() or did
         self._polls_due = time.monotonic() + self.poll_interval_s
         return did
 
-    def _fire_timers(self) -> bool:
+    def fire_timers(self) -> bool:
         rows = self.store.query(
             "SELECT workflow_id, cmd FROM timers WHERE state='pending' AND fire_at<=? ORDER BY fire_at, workflow_id, cmd",
             (self.clock.now(),),
         )
         for wf, cmd in rows:
-            with self._tx("timer") as (db, after):
+            with self.tx("timer") as (db, after):
                 n = db.execute(
                     "UPDATE timers SET state='fired' WHERE workflow_id=? AND cmd=? AND state='pending'", (wf, cmd)
                 ).rowcount
                 if n:
                     append_next(db, wf, h.TIMER_FIRED, self.clock.now(), {"cmd": cmd})
-                    self._mark_task(db, wf)
-                    self._run_task(db, after, wf)
+                    mark_task(db, wf)
+                    self.run_task(db, after, wf)
         return bool(rows)
 
-    def _run_pending_tasks(self) -> bool:
+    def run_pending_tasks(self) -> bool:
         rows = self.store.query(
             "SELECT id, name FROM workflows WHERE task_pending=1 AND state='running' ORDER BY created_at, id"
         )
         did = False
         for wf, name in rows:
-            if name not in self._workflows:
+            if name not in self.workflows:
                 continue
-            with self._tx("task") as (db, after):
+            with self.tx("task") as (db, after):
                 (pending,) = db.execute("SELECT task_pending FROM workflows WHERE id=?", (wf,)).fetchone()
                 if pending:
-                    self._run_task(db, after, wf)
+                    self.run_task(db, after, wf)
             did = True
         return did
 
-    def _start_due(self) -> bool:
-        room = 1_000_000 if self._inline else self._max_concurrent - len(self._inflight) - len(self._ready)
-        if room <= 0 or not self._activities:
+    def start_due(self) -> bool:
+        room = 1_000_000 if self.inline else self.max_concurrent - len(self.inflight) - len(self.ready)
+        if room <= 0 or not self.activities:
             return False
         rows = self.store.query(
             "SELECT workflow_id, activity_id, name FROM activities WHERE state='scheduled' AND due_at<=? "
             "ORDER BY due_at, workflow_id, activity_id",
             (self.clock.now(),),
         )
-        rows = [r for r in rows if r[2] in self._activities][:room]
+        rows = [r for r in rows if r[2] in self.activities][:room]
         if not rows:
             return False
-        with self._tx("lease") as (db, after):
+        with self.tx("lease") as (db, after):
             for wf, aid, _ in rows:
-                lease = self._lease(db, wf, aid)
+                lease = self.lease(db, wf, aid)
                 if lease is not None:
-                    after.append(lambda lease=lease: self._ready.append(lease))
+                    after.append(lambda lease=lease: self.ready.append(lease))
         return True
 
-    def _next_wake(self) -> float | None:
+    def next_wake(self) -> float | None:
         """The earliest time at which something becomes runnable without new events."""
-        names = list(self._activities) or [""]
+        names = list(self.activities) or [""]
         marks = ",".join("?" * len(names))
         (a,) = self.store.query_one(
             f"SELECT MIN(due_at) FROM activities WHERE state='scheduled' AND name IN ({marks})", tuple(names)
@@ -411,55 +384,11 @@ class Worker(Attempts, Runners):
         return min(cands) if cands else None
 
 
-class _Tx:
-    """``Worker._tx``'s context manager (a class: cheaper than a generator-based one)."""
-
-    __slots__ = ("w", "label", "group", "after", "tx", "member")
-
-    def __init__(self, w: Worker, label: str, group: bool):
-        self.w, self.label, self.after = w, label, []
-        ga = w._group_after
-        self.member = ga is not None and ga[0] == threading.get_ident()  # a member of this thread's group
-        self.group = group and not self.member
-        self.tx = None
-
-    def __enter__(self) -> tuple:
-        w = self.w
-        if self.group:
-            w._group_after = (threading.get_ident(), self.after)
-        try:
-            self.tx = w.store.transaction(self.label, group=self.group)
-            return self.tx.__enter__(), self.after
-        except BaseException:
-            if self.group:
-                w._group_after = None
-            raise
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        w = self.w
-        try:
-            self.tx.__exit__(exc_type, exc, tb)
-        finally:
-            if self.group:
-                w._group_after = None
-        if exc_type is None:
-            if self.member:
-                w._group_after[1].extend(self.after)  # held until the group is durable
-            else:
-                for f in self.after:
-                    f()
-        return False
-
-
 def _recorded_input(db, workflow_id: str, input_json: str) -> Any:
     """The workflow's input, which must equal the (checksummed) input of its started event."""
-    from ._history import damaged, decode_json
-
     raw = decode_json(db, input_json, workflow_id=workflow_id, record="its input")
     first = read_events(db, workflow_id, 0, limit=1)
     if first and first[0].attrs.get("input") != raw:
         raise damaged(db, workflow_id, "its input", "differs from the input recorded in event 1")
     return raw
 
-
-_LiveSink = LiveSink  # (the name bench/engine.py patches)

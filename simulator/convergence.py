@@ -152,7 +152,8 @@ def _visible(typ: str, attrs_text: str) -> str | None:
 
 def state_key(label: str, eng, clock, fakes, history: HistoryDigest) -> tuple | None:
     """The key of the state at a convergence point (see the module docstring); None: not one."""
-    if eng._ready or eng._inflight:  # not idle: not a convergence point
+    w = eng._worker  # the simulator's hook into the engine's worker (engine/_worker.py): its queues and cache
+    if w.ready or w.inflight:  # not idle: not a convergence point
         return None
     conn = eng.store.conn
     with eng.store._lock:
@@ -169,7 +170,7 @@ def state_key(label: str, eng, clock, fakes, history: HistoryDigest) -> tuple | 
         timers_ended = tuple(conn.execute(
             "SELECT workflow_id, state, COUNT(*) FROM timers WHERE state!='pending' "
             "GROUP BY workflow_id, state ORDER BY workflow_id, state").fetchall())
-    return (label, clock.now(), digest, tuple(sorted(eng._cache)), getattr(eng, "_stalls", 0),
+    return (label, clock.now(), digest, tuple(sorted(w.cache)), getattr(eng, "_stalls", 0),
             workflows, live, ended, timers, timers_ended, fakes.files_digest(), tuple(sorted(fakes.oom_left.items())))
 
 

@@ -12,7 +12,7 @@ expiry of the dead worker's leases, its own transactions; its first workflow tas
 event after the cut from its own database (checksums verified), feeds them to the replayer and
 runs the workflow code on from where the prefix replay left it, exactly as the engine's task
 does with a replayer it has. The events up to the cut were replayed by a *fresh* replayer
-(the engine's own ``_new_replayer``: the recorded input decoded and checked against event 1,
+(the worker's own ``new_replayer``: the recorded input decoded and checked against event 1,
 every event read from 0 and checksummed, the code run from its start), once per cut.
 
 Why the result equals a fresh replay of the recovery's whole history (the argument):
@@ -92,7 +92,7 @@ class ReplayPrefix:
 
 
 class _PrefixSink(DrySink):
-    """A dry sink that has the database the engine's ``_new_replayer`` reads the input from."""
+    """A dry sink that has the database the worker's ``new_replayer`` reads the input from."""
 
     def __init__(self, db):
         super().__init__()
@@ -128,7 +128,7 @@ def build_prefix(eng, workflow_id: str, workflow_name: str) -> ReplayPrefix | No
         if row is None or row[1] != "running":
             return None
         sink = _PrefixSink(conn)
-        r = eng._new_replayer(reg, workflow_id, row[0], sink)
+        r = eng._worker.new_replayer(reg, workflow_id, row[0], sink)
         if r.fn is not reg.fn:  # the input no longer validates: nothing to share
             return None
         events = read_events(conn, workflow_id, 0)
@@ -214,7 +214,7 @@ def use_prefix(eng, prefix: ReplayPrefix | None, index: ReplayPrefix | None = No
     fresh replayer's seam notes reads of ``is_replaying`` (``NotingRuntime``; no prefix: only that).
     ``index``: a prefix (the spine) whose indexes a replay from scratch copies where its database holds
     the same input and events 1..``index.seq`` (see the module docstring, 6.); its code is not used."""
-    fresh = eng._new_replayer
+    fresh = eng._worker.new_replayer  # the worker's documented hook (engine/_worker.py's docstring)
 
     def new_replayer(reg, workflow_id, input_json, sink):
         if (prefix is not None and not prefix.used and workflow_id == prefix.workflow_id
@@ -232,7 +232,7 @@ def use_prefix(eng, prefix: ReplayPrefix | None, index: ReplayPrefix | None = No
             index.indexed += 1
         return r
 
-    eng._new_replayer = new_replayer
+    eng._worker.new_replayer = new_replayer
 
 
 def copy_indexes(src: Replayer, dst: Replayer) -> None:

@@ -386,7 +386,7 @@ class SnapshotSweep:
             if target is not None and target.run is not None:
                 conv[0] = ("key", key, None)
                 if not lean and target is self._targets.get(key):  # at the uninterrupted run's own point
-                    r = rlive["engine"]._cache.get(self.scn.workflow_id)
+                    r = rlive["engine"]._worker.cache.get(self.scn.workflow_id)
                     if r is not None:  # its code, fed the same visible history: a replay to share (``_admit``)
                         self._donations.append((target.events_at, r, history.digest.get(self.scn.workflow_id)))
                 raise Converged(target)
@@ -395,7 +395,7 @@ class SnapshotSweep:
                 eng = rlive["engine"]
                 with eng.store._lock:
                     new = read_events(eng.store.conn, self.scn.workflow_id, rlive["copied_events"])
-                mine_replayer = eng._cache.get(self.scn.workflow_id) if live_splice else None
+                mine_replayer = eng._worker.cache.get(self.scn.workflow_id) if live_splice else None  # (a hook: engine/_worker.py)
                 own = JoinedEvents(self._ref.events, rlive["copied_events"], new)
                 c0 = time.process_time()
                 result, spent = splice_replay(eng._workflows[WORKFLOW_TRAIN_RUN], self.scn.workflow_id, own, near,

@@ -172,10 +172,10 @@ def test_a_lease_is_a_compare_and_set(db, clock):
     starter.run_until_idle()
     a = make_engine(db, clock, workflows=[("w", wf)], activities=[("later", lambda ctx, x: x)])
     b = make_engine(db, clock, workflows=[("w", wf)], activities=[("later", lambda ctx, x: x)])
-    with a._tx("lease") as (tx, _):
-        first = a._lease(tx, "w", "x")
-    with b._tx("lease") as (tx, _):
-        second = b._lease(tx, "w", "x")
+    with a._worker.tx("lease") as (tx, _):
+        first = a._worker.lease(tx, "w", "x")
+    with b._worker.tx("lease") as (tx, _):
+        second = b._worker.lease(tx, "w", "x")
     assert first is not None and first.attempt == 1
     assert second is None
     assert [e.attrs["attempt"] for e in a.history("w") if e.type == "activity_started"] == [1]

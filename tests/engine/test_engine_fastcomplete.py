@@ -94,7 +94,7 @@ def test_a_stale_attempt_changes_nothing(tmp_path):
 
 
 def test_a_redone_completion_inside_a_group_commit_rolls_back_only_itself(tmp_path):
-    """Two outcomes recorded by one group commit (as the threaded worker's ``_drain_done`` does), the
+    """Two outcomes recorded by one group commit (as the threaded worker's ``Runners.drain`` does), the
     first meeting a cancel recorded since by another engine: its member is rolled back to its savepoint
     and redone by the plain path as another member; the second member's fast completion is kept; one
     COMMIT makes all durable, and both workflows end as they should."""
@@ -103,18 +103,19 @@ def test_a_redone_completion_inside_a_group_commit_rolls_back_only_itself(tmp_pa
     eng = make_engine(path, clock, workflows=[("two", two_steps)], activities=[("step", lambda ctx, x: x * 10)])
     for wid in ("w1", "w2"):
         eng.start("two", wid, 2)
-    eng._run_pending_tasks()  # both first tasks: each schedules s0, leased to this engine
-    leases = list(eng._ready)
-    eng._ready.clear()
-    assert sorted(le.workflow_id for le in leases) == ["w1", "w2"] and all(le.workflow_id in eng._cache for le in leases)
-    outcomes = [(le, *eng._execute(le)) for le in leases]
+    w = eng._worker  # (this test drives the engine's worker step by step)
+    w.run_pending_tasks()  # both first tasks: each schedules s0, leased to this engine
+    leases = list(w.ready)
+    w.ready.clear()
+    assert sorted(le.workflow_id for le in leases) == ["w1", "w2"] and all(le.workflow_id in w.cache for le in leases)
+    outcomes = [(le, *w.execute(le)) for le in leases]
     other = Engine(path, clock=clock)
     assert other.cancel("w1")
     other.close()
     commits, members = eng.store.commits, eng.store.members
-    with eng._tx("group", group=True):
+    with w.tx("group", group=True):
         for le, ok, value in sorted(outcomes, key=lambda o: o[0].workflow_id):
-            eng._record_outcome(le, ok, value)
+            w.record_outcome(le, ok, value)
     assert eng.store.commits == commits + 1
     assert eng.store.members - members == 2  # w1's redo and w2's (w1's fast member was rolled back)
     t1, t2 = _types(eng, "w1"), _types(eng, "w2")
