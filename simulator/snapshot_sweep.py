@@ -5,8 +5,8 @@ where a fresh engine recovers and runs to the end (``_recover``). With dedup, po
 the same durable state share one recovery, and a recovery stops at convergence and is spliced to
 a verified run (simulator/convergence.py); recoveries after a long history start off a shared
 replay of it, forked or donated (simulator/prefix.py: ``_refresh_prefix``, ``_admit``,
-``_run_forked``). ``SnapshotSweep`` is a part of ``simulator.sweep.Simulator`` (its checks,
-reference run and caches are there).
+``_run_forked``). ``SnapshotSweep`` is an object a ``simulator.sweep.Simulator`` owns (its checks,
+reference run and caches are the simulator's).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import re
 import time
 from collections import Counter
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from engine import VirtualClock, read_events
 from workflows.models import WORKFLOW_TRAIN_RUN
@@ -42,6 +43,9 @@ from .scenario import (
     START_TIME, Outcome, SnapshotHome, new_home, recover_from_snapshot, remove_home, run_scenario,
 )
 
+if TYPE_CHECKING:
+    from .sweep import Simulator
+
 
 def _state_key(live: dict, clock: VirtualClock) -> tuple:
     """What a kill here leaves, within one uninterrupted run: its committed transactions, the
@@ -63,7 +67,25 @@ def _children_cpu() -> float:
 
 
 class SnapshotSweep:
-    """Kills recovered from snapshots of one uninterrupted run (a part of ``simulator.sweep.Simulator``)."""
+    """Kills recovered from snapshots of one uninterrupted run.
+
+    A ``Simulator`` (simulator/sweep.py) owns one and hands it itself: the sweep uses its scenario
+    and settings (``scn``, ``workflow_fn``, ``mutant``, ``share_*``, ``reuse_snapshot_home``,
+    ``verify_snapshots``), its reference run and checks (``reference``, ``check``, ``state_lines``,
+    ``_spliced_state_lines``, ``_finish``, ``_drop_home``, ``_ref``, ``_targets``, ``_near``) and its
+    counters (``stats``, ``timing``). The sweep's own state is the running sweep's snapshot folder
+    (``pool``) and its shared replays (``_index``, ``_donations``)."""
+
+    def __init__(self, sim: "Simulator"):
+        self.sim = sim
+        self._pool: SnapshotHome | None = None  # the snapshot folder of the running sweep
+        self._index = None  # the spine, for the running in-process recovery's replays from scratch
+        self._donations: list = []  # (cut, replayer, digest) handed over by the running recovery
+
+    @property
+    def pool(self) -> "SnapshotHome | None":
+        """The snapshot folder of the running sweep (None between sweeps)."""
+        return self._pool
 
     def snapshot_kills(self, positions: list[int], *, stop_at_first: bool = False,
                        dedup: bool = True) -> list[Mismatch | None]:
@@ -81,15 +103,15 @@ class SnapshotSweep:
         or an earlier recovery that ran on (kept until the uninterrupted run's next
         convergence point, after which no later kill can reach its states).
         """
-        self.reference()
+        self.sim.reference()
         todo, out = set(positions), []
         home, ledger, clock, live = new_home(), Ledger(), VirtualClock(START_TIME), {}
         last: list = [None, None]  # the previous recovery: its start key, and (outcome, state_lines, ledger suffix)
         found: dict[tuple, Target] = {}  # convergence points of recoveries that ran on
         src_history = HistoryDigest()  # the uninterrupted run's, brought up to date at its convergence points
-        wf = self.scn.workflow_id
-        folds = PrefixFold(ledger, self.scn, wf)  # the ledger checks, piecewise
-        tails = TailCache(self.scn, wf, ref=self._ref.ledger.entries)
+        wf = self.sim.scn.workflow_id
+        folds = PrefixFold(ledger, self.sim.scn, wf)  # the ledger checks, piecewise
+        tails = TailCache(self.sim.scn, wf, ref=self.sim._ref.ledger.entries)
 
         def ledger_lines(state: str, head: list, own: list, tail) -> list[str] | None:
             """``check_completed_ledger`` of ``ledger[:p] + head[p:] + own pieces + tail``, p = len(ledger)."""
@@ -101,11 +123,11 @@ class SnapshotSweep:
             lines = position_lines(fold, own, len(head), tail, tails)
             folds.check(generation)
             return lines
-        if dedup and self.share_replay:  # what children would each make again: made here once
-            compare_with(self._ref, self._ref)
-            self._result_lines(self._ref)
+        if dedup and self.sim.share_replay:  # what children would each make again: made here once
+            compare_with(self.sim._ref, self.sim._ref)
+            self.sim._result_lines(self.sim._ref)
         for name in ("recoveries", "converged", "ran on", "checked splices", "refused splices", "shared replays"):
-            self.stats.setdefault(name, 0)
+            self.sim.stats.setdefault(name, 0)
 
         prefix: list = [None]  # the current shared fresh replay of the uninterrupted run (simulator/prefix.py)
         donors: dict[int, list] = {}  # cut -> replayers of recoveries that stopped there (``_admit``)
@@ -120,9 +142,9 @@ class SnapshotSweep:
                 found.clear()
                 with live["engine"].store._lock:
                     src_history.catch_up(live["engine"].store.conn)
-                if self.share_replay:
-                    self._refresh_prefix(prefix, live["engine"], src_history.last_seq.get(self.scn.workflow_id, 0))
-                    tails.get(self._ref.ledger.entries).warm(len(ledger.entries))  # (forked recoveries start from it)
+                if self.sim.share_replay:
+                    self._refresh_prefix(prefix, live["engine"], src_history.last_seq.get(self.sim.scn.workflow_id, 0))
+                    tails.get(self.sim._ref.ledger.entries).warm(len(ledger.entries))  # (forked recoveries start from it)
                     self._admit(prefix[0], src_history.digest.get(wf), donors, ready)
             if n not in todo:
                 return
@@ -131,7 +153,7 @@ class SnapshotSweep:
             if dedup and last[0] == key:
                 rep, state_lines, (own, tail) = last[1]
                 if tail is not None and tail[0] is None:
-                    tail = (self._ref.ledger.entries, tail[1])
+                    tail = (self.sim._ref.ledger.entries, tail[1])
                 head = Ledger()
                 head.entries = list(ledger.entries)
                 head.record("crash", position=n, where=where)
@@ -139,10 +161,10 @@ class SnapshotSweep:
                                                                             [(tail[0], tail[1], len(tail[0]))])))
                 lines = ledger_lines(o.state, head.entries, own, tail)
                 o.extra = {**o.extra, "ledger_lines": lines}
-                m = self.check(o, what="kill", kills=[n], state_lines=state_lines, ledger_lines=lines)
+                m = self.sim.check(o, what="kill", kills=[n], state_lines=state_lines, ledger_lines=lines)
                 if m is not None:
                     m.lines.insert(0, f"killed at position {n}: {where}")
-                    self._finish(o, m)
+                    self.sim._finish(o, m)
             else:
                 last[0] = last[1] = None
 
@@ -153,20 +175,20 @@ class SnapshotSweep:
                     except Exception as e:  # noqa: BLE001 - an engine error is a finding, not a crash of the sweep
                         return Mismatch("kill", [n], [f"killed at position {n}: {where}",
                                                       f"recovery raised {str(e)[-2000:] if isinstance(e, RuntimeError) else repr(e)}"],
-                                        rerun_command(self.scn, [n], mutant=self.mutant)), None
+                                        rerun_command(self.sim.scn, [n], mutant=self.sim.mutant)), None
                     state_lines = o.extra.pop("state_lines", None)
-                    if state_lines is None and not self.scn.fail_suites:
-                        state_lines = self.state_lines(o)
+                    if state_lines is None and not self.sim.scn.fail_suites:
+                        state_lines = self.sim.state_lines(o)
                     crash = len(ledger.entries)
                     tail = o.extra.pop("ledger_tail", None)
                     head = o.ledger.head if isinstance(o.ledger, SplicedLedger) else o.ledger.entries
                     lines = o.extra["ledger_lines"] = ledger_lines(o.state, head, [], tail)
-                    m = self.check(o, what="kill", kills=[n], state_lines=state_lines, ledger_lines=lines)
+                    m = self.sim.check(o, what="kill", kills=[n], state_lines=state_lines, ledger_lines=lines)
                     if m is not None:
                         m.lines.insert(0, f"killed at position {n}: {where}")
-                        self._finish(o, m)
+                        self.sim._finish(o, m)
                     own = head[crash + 1:]
-                    if tail is not None and tail[0] is self._ref.ledger.entries:
+                    if tail is not None and tail[0] is self.sim._ref.ledger.entries:
                         tail = (None, tail[1])  # (a forked recovery sends this back: not the reference's ledger)
                     return m, (replace(o, ledger=Ledger()), state_lines, ([(own, 0, len(own))], tail))
 
@@ -177,33 +199,33 @@ class SnapshotSweep:
                 # recovery that dies or raises: a mismatch.)
                 pre, fork = None, False
                 kind_here = (kind, _DIGITS.sub("#", label), n - conv_at[0])
-                long_enough = dedup and prefix[0] is not None and prefix[0].seq >= self.share_min_events
+                long_enough = dedup and prefix[0] is not None and prefix[0].seq >= self.sim.share_min_events
                 if long_enough and not gives_back.get(kind_here, True):
                     pre, fork = prefix[0], True
                 elif dedup and ready:
                     pre = ready.pop()
-                    self.stats["recoveries from a donated replay"] += 1
+                    self.sim.stats["recoveries from a donated replay"] += 1
                 elif long_enough:
                     pre, fork = prefix[0], True
-                self.stats["forked recoveries"] += fork
+                self.sim.stats["forked recoveries"] += fork
                 self._donations = []
-                self._index = prefix[0] if self.share_indexes and not fork else None
+                self._index = prefix[0] if self.sim.share_indexes and not fork else None
                 indexed = 0 if self._index is None else self._index.indexed
                 c0, k0 = time.process_time(), _children_cpu() if fork else 0.0
                 try:
                     m, payload = recover_and_check()
                 finally:
                     grew = 0 if self._index is None else self._index.indexed - indexed
-                    self.stats["replays from scratch on the spine's indexes"] += grew
+                    self.sim.stats["replays from scratch on the spine's indexes"] += grew
                     self._index = None
                     start = ("forked" if fork else "donated" if pre is not None
                              else "from scratch, indexes copied" if grew else "from scratch")
-                    self.stats[f"recoveries started {start}"] += 1
-                    self.timing[f"cpu: recoveries started {start}"] += (
+                    self.sim.stats[f"recoveries started {start}"] += 1
+                    self.sim.timing[f"cpu: recoveries started {start}"] += (
                         time.process_time() - c0 + (_children_cpu() - k0 if fork else 0.0))
                 if not fork:
                     gives_back[kind_here] = bool(self._donations)
-                if self.share_donors:
+                if self.sim.share_donors:
                     for cut, r, digest in self._donations:
                         donors.setdefault(cut, []).append((r, digest))
                 self._donations = []
@@ -213,25 +235,25 @@ class SnapshotSweep:
             if stop_at_first and m is not None:
                 todo.clear()
 
-        if self.reuse_snapshot_home:
+        if self.sim.reuse_snapshot_home:
             self._pool = SnapshotHome(home)
-            self._pool.verify = self.verify_snapshots
+            self._pool.verify = self.sim.verify_snapshots
         try:
-            src = run_scenario(self.scn, home, FaultPlan(observer=observe), workflow_fn=self.workflow_fn,
+            src = run_scenario(self.sim.scn, home, FaultPlan(observer=observe), workflow_fn=self.sim.workflow_fn,
                                ledger=ledger, clock=clock, live=live)
         finally:
             if self._pool is not None:
                 self._pool.drop()
                 self._pool = None
             remove_home(home)
-        ref = self.reference()
+        ref = self.sim.reference()
         differs = compare_with(src, ref)
         if [(e.type, e.time) for e in src.events] != [(e.type, e.time) for e in ref.events]:
             differs.append("their histories differ")
         if differs:
             out.append(Mismatch("reference", [], ["two uninterrupted runs differ: the simulation is not "
                                                   "deterministic"] + differs,
-                                rerun_command(self.scn, [], mutant=self.mutant)))
+                                rerun_command(self.sim.scn, [], mutant=self.sim.mutant)))
         return out
 
     def _refresh_prefix(self, prefix: list, eng, events: int) -> None:
@@ -241,23 +263,23 @@ class SnapshotSweep:
         the spine, O(new events)); one the spine refuses is made fresh again. Recoveries fork off it only
         where the history has ``share_min_events`` events; it also checks donated replays (``_admit``)."""
         cur = prefix[0]
-        if cur is not None and events - cur.seq < self.share_every:
+        if cur is not None and events - cur.seq < self.sim.share_every:
             return
         t0 = time.perf_counter()
         new = None
         try:
-            if cur is not None and self.share_spine and advance_prefix(eng, cur, WORKFLOW_TRAIN_RUN):
+            if cur is not None and self.sim.share_spine and advance_prefix(eng, cur, WORKFLOW_TRAIN_RUN):
                 new = cur
-                self.stats["spine cuts"] += 1
+                self.sim.stats["spine cuts"] += 1
             else:
                 prefix[0] = None  # (a refused spine is unusable)
-                new = build_prefix(eng, self.scn.workflow_id, WORKFLOW_TRAIN_RUN)
-                self.stats["fresh shared replays"] += new is not None
+                new = build_prefix(eng, self.sim.scn.workflow_id, WORKFLOW_TRAIN_RUN)
+                self.sim.stats["fresh shared replays"] += new is not None
         except Exception:  # noqa: BLE001 - then each recovery replays from scratch, and meets it itself
             new = None
-        self.timing["shared replays"] += time.perf_counter() - t0
+        self.sim.timing["shared replays"] += time.perf_counter() - t0
         if new is not None:
-            self.stats["shared replays"] += 1
+            self.sim.stats["shared replays"] += 1
         prefix[0] = new
 
     def _admit(self, spine, digest, donors: dict, ready: list) -> None:
@@ -270,30 +292,30 @@ class SnapshotSweep:
             return
         for r, theirs in donors.pop(spine.seq, ()):
             p = adopt_donor(spine, r) if theirs == digest and digest is not None else None
-            self.stats["donated replays" if p is not None else "refused donations"] += 1
+            self.sim.stats["donated replays" if p is not None else "refused donations"] += 1
             if p is not None:
                 ready.append(p)
         for cut in [c for c in donors if c < spine.seq]:
             del donors[cut]
-        del ready[:-self.share_ready_max]  # (older cuts are still good; the newest are used first)
+        del ready[:-self.sim.share_ready_max]  # (older cuts are still good; the newest are used first)
 
     def _recover(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
                  found: dict | None, history: HistoryDigest | None, prefix=None, fork: bool = False) -> Outcome:
         """The recovery of a kill at ``n``; with ``found``, stopped at convergence and spliced; ``fork``: in a
         forked child, off the shared replay ``prefix``."""
-        self.stats["recoveries"] += 1
-        t0, before = time.perf_counter(), self.stats["converged"]
+        self.sim.stats["recoveries"] += 1
+        t0, before = time.perf_counter(), self.sim.stats["converged"]
         try:
             return self._recover_timed(n, where, home, live, ledger, clock, found, history, prefix, fork)
         finally:
-            kind = "converged" if self.stats["converged"] > before else "ran on"
-            self.stats[kind] += kind == "ran on"
-            self.timing[kind] += time.perf_counter() - t0
+            kind = "converged" if self.sim.stats["converged"] > before else "ran on"
+            self.sim.stats[kind] += kind == "ran on"
+            self.sim.timing[kind] += time.perf_counter() - t0
 
     def _recover_timed(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
                        found: dict | None, history: HistoryDigest | None, prefix, fork: bool) -> Outcome:
         if found is None:
-            return recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
+            return recover_from_snapshot(self.sim.scn, home, n, where, live, ledger, clock, workflow_fn=self.sim.workflow_fn,
                                          pool=self._pool)
         args = (n, where, home, live, ledger, clock, found, history, prefix)
         raw = self._run_forked(args) if fork else self._run_twice(*args, lean=False)
@@ -301,7 +323,7 @@ class SnapshotSweep:
         try:
             return self._recover_finish(*raw)
         finally:
-            self.timing["cpu: splicing and outcome checks"] += time.process_time() - c0
+            self.sim.timing["cpu: splicing and outcome checks"] += time.process_time() - c0
 
     def _run_twice(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock, found: dict,
                    history: HistoryDigest, prefix, *, lean: bool) -> tuple:
@@ -309,7 +331,7 @@ class SnapshotSweep:
         raw = self._recover_run(n, where, home, live, ledger, clock, found, history.copy(), prefix,
                                 live_splice=True, lean=lean)
         if raw is None:  # a checked splice was refused after it spent the recovery's replayer: again, without it
-            self.stats["recoveries made again"] += 1
+            self.sim.stats["recoveries made again"] += 1
             raw = self._recover_run(n, where, home, live, ledger, clock, found, history, prefix,
                                     live_splice=False, lean=lean)
         return raw
@@ -327,15 +349,15 @@ class SnapshotSweep:
         p = len(ledger.entries)
 
         def child():
-            stats, timing = Counter(self.stats), Counter(self.timing)
+            stats, timing = Counter(self.sim.stats), Counter(self.sim.timing)
             o, mine, target, conv = self._run_twice(*args, lean=True)
             led = o.ledger  # (a TailLedger over ``ledger``: its own entries only, not the head's)
             tail = (led._n, led.own) if isinstance(led, TailLedger) else (p, led.entries[p:])
             light = replace(o, ledger=tail, plan=FaultPlan(count=o.plan.count), clock=None, scenario=None)
             light.plan.crashes = [None] * len(o.plan.crashes)
             return ((light, {k: (t.events_at, t.ledger_at) for k, t in mine.items()}, None if target is None
-                     else conv), {k: v - stats[k] for k, v in self.stats.items() if v != stats[k]},
-                    {k: v - timing[k] for k, v in self.timing.items() if v != timing[k]},
+                     else conv), {k: v - stats[k] for k, v in self.sim.stats.items() if v != stats[k]},
+                    {k: v - timing[k] for k, v in self.sim.timing.items() if v != timing[k]},
                     self._pool.state() if self._pool is not None else None)
 
         try:
@@ -346,12 +368,12 @@ class SnapshotSweep:
             raise
         if self._pool is not None:
             self._pool.adopt(pool)
-        self.stats.update(stats)
-        self.timing.update(timing)
+        self.sim.stats.update(stats)
+        self.sim.timing.update(timing)
         led = Ledger()
         kept, own_entries = light.ledger
         led.entries = ledger.entries[:kept] + own_entries
-        o = replace(light, scenario=self.scn, ledger=led)
+        o = replace(light, scenario=self.sim.scn, ledger=led)
         mine = {}
         for key, (ev, le) in points.items():
             found[key] = mine[key] = Target(None, ev, le)
@@ -359,11 +381,11 @@ class SnapshotSweep:
         if conv is not None:
             how, key, result = conv
             if how == "splice":  # made in the child from its own replayer: the same target, made here
-                own = self._ref.events[:o.extra["copied_events"]] + o.events
-                target = splice_target(own, self._near[without_history(key)], list(led.entries), result)
+                own = self.sim._ref.events[:o.extra["copied_events"]] + o.events
+                target = splice_target(own, self.sim._near[without_history(key)], list(led.entries), result)
                 found[key] = target
             else:
-                target = self._targets.get(key) or found.get(key)
+                target = self.sim._targets.get(key) or found.get(key)
                 if target is None or target.run is None:
                     raise RuntimeError("a forked recovery converged to a point the sweep does not know")
         return o, mine, target, conv
@@ -382,27 +404,27 @@ class SnapshotSweep:
             key = state_key(label, rlive["engine"], rclock, rlive["fakes"], history)
             if key is None:
                 return
-            target = self._targets.get(key) or found.get(key)
+            target = self.sim._targets.get(key) or found.get(key)
             if target is not None and target.run is not None:
                 conv[0] = ("key", key, None)
-                if not lean and target is self._targets.get(key):  # at the uninterrupted run's own point
-                    r = rlive["engine"]._worker.cache.get(self.scn.workflow_id)
+                if not lean and target is self.sim._targets.get(key):  # at the uninterrupted run's own point
+                    r = rlive["engine"]._worker.cache.get(self.sim.scn.workflow_id)
                     if r is not None:  # its code, fed the same visible history: a replay to share (``_admit``)
-                        self._donations.append((target.events_at, r, history.digest.get(self.scn.workflow_id)))
+                        self._donations.append((target.events_at, r, history.digest.get(self.sim.scn.workflow_id)))
                 raise Converged(target)
-            near = self._near.get(without_history(key))
+            near = self.sim._near.get(without_history(key))
             if near is not None and key not in found:  # the same state as the uninterrupted run's but for the history
                 eng = rlive["engine"]
                 with eng.store._lock:
-                    new = read_events(eng.store.conn, self.scn.workflow_id, rlive["copied_events"])
-                mine_replayer = eng._worker.cache.get(self.scn.workflow_id) if live_splice else None  # (a hook: engine/_worker.py)
-                own = JoinedEvents(self._ref.events, rlive["copied_events"], new)
+                    new = read_events(eng.store.conn, self.sim.scn.workflow_id, rlive["copied_events"])
+                mine_replayer = eng._worker.cache.get(self.sim.scn.workflow_id) if live_splice else None  # (a hook: engine/_worker.py)
+                own = JoinedEvents(self.sim._ref.events, rlive["copied_events"], new)
                 c0 = time.process_time()
-                result, spent = splice_replay(eng._workflows[WORKFLOW_TRAIN_RUN], self.scn.workflow_id, own, near,
+                result, spent = splice_replay(eng._workflows[WORKFLOW_TRAIN_RUN], self.sim.scn.workflow_id, own, near,
                                               live=mine_replayer)
-                self.timing["cpu: checked splices' dry runs"] += time.process_time() - c0
-                self.stats["checked splices" if result is not NO_SPLICE else "refused splices"] += 1
-                self.stats["splices on the recovery's own replayer"] += spent
+                self.sim.timing["cpu: checked splices' dry runs"] += time.process_time() - c0
+                self.sim.stats["checked splices" if result is not NO_SPLICE else "refused splices"] += 1
+                self.sim.stats["splices on the recovery's own replayer"] += spent
                 if result is not NO_SPLICE:
                     entries = rlive["fakes"].ledger.entries
                     target = (Target(None, len(own), len(entries)) if lean
@@ -413,17 +435,17 @@ class SnapshotSweep:
                 if spent:
                     raise Converged(_SPENT)
             if key not in found:
-                found[key] = mine[key] = Target(None, history.last_seq.get(self.scn.workflow_id, 0),
+                found[key] = mine[key] = Target(None, history.last_seq.get(self.sim.scn.workflow_id, 0),
                                                 len(rlive["fakes"].ledger.entries))
 
-        o = recover_from_snapshot(self.scn, home, n, where, live, ledger, clock, workflow_fn=self.workflow_fn,
+        o = recover_from_snapshot(self.sim.scn, home, n, where, live, ledger, clock, workflow_fn=self.sim.workflow_fn,
                                   watch=watch, prefix=prefix, pool=self._pool, index=None if lean else self._index,
-                                  timing=self.timing)
+                                  timing=self.sim.timing)
         target = o.extra.pop("converged", None)
         if target is _SPENT:
             for key in mine:  # never verified: gone, as if this try had not been made
                 del found[key]
-            self._drop_home(o.home)
+            self.sim._drop_home(o.home)
             return None
         return o, mine, target, conv[0]
 
@@ -432,20 +454,20 @@ class SnapshotSweep:
         converged, its passed points verified with it, its outcome checks made (``state_lines``)."""
         if target is None:  # ran to the end
             files = final_files_lines(o) if o.state == "completed" else []
-            state_lines = None if self.scn.fail_suites else self.state_lines(o, file_lines=files)
+            state_lines = None if self.sim.scn.fail_suites else self.sim.state_lines(o, file_lines=files)
             run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, files)
         else:  # its past, then the target's future
-            self.stats["converged"] += 1
+            self.sim.stats["converged"] += 1
             copied = o.extra.pop("copied_events")
             t = target.run
             own = o.events
             o = replace(o, state=t.state, result=t.result, error=t.error,
-                        events=self._ref.events[:copied] + own + t.events[target.events_at:],
+                        events=self.sim._ref.events[:copied] + own + t.events[target.events_at:],
                         ledger=splice_ledger(o.ledger, target))
             o.extra["ledger_tail"] = (t.ledger, target.ledger_at)  # its ledger checks: piecewise
-            state_lines = None if self.scn.fail_suites else self._spliced_state_lines(o, copied, own, target)
+            state_lines = None if self.sim.scn.fail_suites else self.sim._spliced_state_lines(o, copied, own, target)
             run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, t.file_lines) if mine else None
-            self._drop_home(o.home)  # its files are the target's from here: checked with the target's
+            self.sim._drop_home(o.home)  # its files are the target's from here: checked with the target's
         for point in mine.values():
             point.run = run
         o.extra["state_lines"] = state_lines

@@ -9,10 +9,11 @@ uninterrupted run at k; ``dedup`` (default) also shares one recovery among posit
 leave the same durable state, checking each position's own ledger.
 Every mismatch carries the seed/positions that reproduce it and a one-line command.
 
-``Simulator`` is here (single runs, the reference run, the checks, the sweeps' entry points); its
-parts are ``snapshot_sweep`` (``snapshot_kills`` and its recoveries: convergence, shared replays,
-forks), ``random_sweeps`` (``random_kills``, ``cancels``) and ``report`` (``Mismatch``, ``Report``,
-``rerun_command``, all importable from here too).
+``Simulator`` is here (single runs, the reference run, the checks, the sweeps' entry points); it
+owns its parts as objects, each handed the simulator: ``snapshot_sweep.SnapshotSweep``
+(``snapshot_kills`` and its recoveries: convergence, shared replays, forks) and
+``random_sweeps.RandomSweeps`` (``random_kills``, ``cancels``); ``report`` has ``Mismatch``,
+``Report``, ``rerun_command``, all importable from here too.
 """
 from __future__ import annotations
 
@@ -48,11 +49,10 @@ from .convergence import (
 from .fakes import FakeActivities
 from .faults import FaultPlan
 from .ledger import Ledger
-from .prefix import adopt_donor  # noqa: F401 - re-exported (the snapshot sweep's checked adoption)
 from .random_sweeps import RandomSweeps
 from .report import Mismatch, Report, rerun_command
 from .scenario import (
-    START_TIME, Outcome, Scenario, SnapshotHome, new_home, remove_home, run_scenario,
+    START_TIME, Outcome, Scenario, new_home, remove_home, run_scenario,
 )
 from .snapshot_sweep import SnapshotSweep, _state_key
 
@@ -82,7 +82,7 @@ def _map(fn: Callable, items: list, jobs: int):
         yield from pool.imap(_call, items, chunksize=8)
 
 
-class Simulator(SnapshotSweep, RandomSweeps):
+class Simulator:
     """Runs one scenario (and one workflow function: the real one, or a mutant) many times."""
 
     def __init__(self, scn: Scenario, *, workflow_fn: Callable | None = None, mutant: str | None = None,
@@ -111,11 +111,10 @@ class Simulator(SnapshotSweep, RandomSweeps):
         self.share_donors = True  # a recovery stopped at a cut hands its replayer to one after it (_admit)
         self.share_ready_max = 16  # donated replays kept at most
         self.share_indexes = True  # an in-process replay from scratch copies the spine's indexes (prefix.py, 6.)
-        self._index = None  # the spine, for the running in-process recovery's replays from scratch
-        self._donations: list = []  # (cut, replayer, digest) handed over by the running recovery
         self.reuse_snapshot_home = True  # recoveries share one folder, synced per snapshot (forked ones too)
         self.verify_snapshots = False  # tests: each synced folder compared with its source, file for file
-        self._pool: SnapshotHome | None = None  # the snapshot folder of the running sweep
+        self._snapshots = SnapshotSweep(self)  # snapshot_kills and its recoveries (simulator/snapshot_sweep.py)
+        self._random = RandomSweeps(self)  # random_kills, cancels (simulator/random_sweeps.py)
         quiet_engine_logs()
 
     # ---- single runs -------------------------------------------------------------------------
@@ -184,8 +183,9 @@ class Simulator(SnapshotSweep, RandomSweeps):
         if not lines:
             self._drop_home(o.home)
             return None
-        if self.keep_failed and self._pool is not None and o.home == self._pool.home:
-            self._pool.release()  # kept for the user as it is
+        pool = self._snapshots.pool
+        if self.keep_failed and pool is not None and o.home == pool.home:
+            pool.release()  # kept for the user as it is
         return Mismatch(what, kills, lines, rerun_command(scn, kills, cancel_at=cancel_at, mutant=self.mutant),
                         cancel_at=cancel_at, seed=seed, home=str(o.home) if self.keep_failed else None)
 
@@ -269,10 +269,26 @@ class Simulator(SnapshotSweep, RandomSweeps):
 
     def _drop_home(self, home) -> None:
         """A run's home is done with: removed, but for the reused snapshot folder (scenario.SnapshotHome)."""
-        if self._pool is None or home != self._pool.home:
+        pool = self._snapshots.pool
+        if pool is None or home != pool.home:
             remove_home(home)
 
     # ---- sweeps ----------------------------------------------------------------------------------
+
+    def snapshot_kills(self, positions: list[int], *, stop_at_first: bool = False,
+                       dedup: bool = True) -> list[Mismatch | None]:
+        """Kills at ``positions`` (increasing), recovered from snapshots of one uninterrupted run
+        (``SnapshotSweep.snapshot_kills``)."""
+        return self._snapshots.snapshot_kills(positions, stop_at_first=stop_at_first, dedup=dedup)
+
+    def random_kills(self, *, seed: int, runs: int, kills_per_run: int, stop_at_first: bool = False) -> Report:
+        """``runs`` runs, each killed ``1..kills_per_run`` times at positions drawn by ``seed``."""
+        return self._random.random_kills(seed=seed, runs=runs, kills_per_run=kills_per_run,
+                                         stop_at_first=stop_at_first)
+
+    def cancels(self, *, seed: int, runs: int, stop_at_first: bool = False) -> Report:
+        """Cancel at a random position and kill at another (before or after it), then restart the spec."""
+        return self._random.cancels(seed=seed, runs=runs, stop_at_first=stop_at_first)
 
     def check_reference(self) -> Mismatch | None:
         """The uninterrupted run against the oracle (checked once)."""

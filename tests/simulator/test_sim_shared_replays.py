@@ -1,5 +1,5 @@
 """Shared replays (simulator/prefix.py): the spine fed on at each cut, and recoveries that take the replayer
-a recovery stopped at that cut donated (``Simulator._admit``, ``prefix.adopt_donor``), in-process or forked.
+a recovery stopped at that cut donated (``SnapshotSweep._admit``, ``prefix.adopt_donor``), in-process or forked.
 
 Both ways are compared with literal reruns from the start, run for run, on a sample of positions of a
 100-segment run; adopt_donor and _admit refuse the donors that would not equal a fresh replay (other
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-import simulator.snapshot_sweep as snapshot_sweep
 from simulator import prefix
 from simulator.scenario import Scenario
 from simulator.sweep import Simulator
@@ -127,10 +126,10 @@ def test_a_donor_is_admitted_only_where_its_visible_history_is_the_uninterrupted
     spine = prefix.ReplayPrefix("train/tiny", c1, "crcs", "input", _replayer(ev[:c1]))
     donors = {cuts[0]: [(_replayer(ev[:cuts[0]]), b"d0")], c1: [(_replayer(ev[:c1]), b"other")]}
     ready: list = []
-    sim._admit(spine, b"d1", donors, ready)
+    sim._snapshots._admit(spine, b"d1", donors, ready)
     assert not ready and not donors and sim.stats["refused donations"] == 1
     donors = {c1: [(_replayer(ev[:c1]), b"d1")]}
-    sim._admit(spine, b"d1", donors, ready)
+    sim._snapshots._admit(spine, b"d1", donors, ready)
     assert len(ready) == 1 and sim.stats["donated replays"] == 1
 
 
@@ -191,7 +190,3 @@ def test_the_spine_refuses_a_history_that_resolves_a_command_twice():
     assert not prefix._resolved_twice(ev, set())  # a retried failure resolves nothing
     assert prefix._resolved_twice(ev + [h.Event(4, h.ACTIVITY_TIMED_OUT, 3.0, {"cmd": 1, "final": True})], set())
     assert prefix._resolved_twice(ev[1:], {1})
-
-
-def test_the_sweep_module_uses_the_checked_adoption():
-    assert snapshot_sweep.adopt_donor is prefix.adopt_donor  # (the module that calls it; sweep only re-exports it)
