@@ -205,10 +205,6 @@ class TemporalEngine:
     def history(self, workflow_id: str) -> list[Event]:
         return convert_history(self._call(self._events(workflow_id)), self.client.data_converter.payload_converter)
 
-    def raw_history(self, workflow_id: str) -> Any:
-        """Temporal's own ``WorkflowHistory`` (protos), e.g. to check what the server recorded."""
-        return self._call(self.client.get_workflow_handle(workflow_id).fetch_history())
-
     def status(self, workflow_id: str) -> WorkflowStatus:
         desc = self._call(self._describe(workflow_id))
         events = self.history(workflow_id)

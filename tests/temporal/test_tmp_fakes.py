@@ -20,6 +20,7 @@ pytest.importorskip("temporalio", reason="the [temporal] extra is not installed:
 import workflows  # noqa: E402
 from engine import VirtualClock  # noqa: E402
 from engine.temporal import TemporalEngine  # noqa: E402
+from no_leak import raw_history  # noqa: E402
 from wf_fakes import Fakes, reference_loss  # noqa: E402
 from wf_world import World, hand_spec  # noqa: E402
 
@@ -170,7 +171,7 @@ def test_bad_spec_fails_fast_non_retryable(temporal_config, tmp_path: Path) -> N
         eng.start("TrainRun", "train/bad", {"spec": {"name": "bad", "eval_every": 5}})  # no steps
         st = eng.run_until_complete("train/bad", timeout_s=DEADLINE_S)
         events = eng.history("train/bad")
-        raw = eng.raw_history("train/bad")
+        raw = raw_history(eng, "train/bad")
     assert st.state == "failed"
     assert st.error["type"] == "BadInput" and st.error["non_retryable"] is True
     assert "steps: missing" in st.error["message"]
