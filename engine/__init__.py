@@ -1,15 +1,27 @@
 """A durable, replaying workflow engine over one SQLite file.
 
-Public surface: ``Engine`` (engine/_engine.py), the clocks, ``StepOptions`` /
-``RetryPolicy``, the errors, the ``Runtime`` / ``ActivityContext`` seam, and
-``Store`` (the one transaction helper; subclass it to inject crashes), and the helpers the app's
-tools read a home with: ``read_events``, ``damage_report`` / ``DamagedRecord``, ``check_id``,
-``owner_dead`` (is a lease's owner gone) and ``run_subprocess`` (the activity runner for trainers).
+This module is the engine's one front door. Public surface: ``Engine``, the clocks, ``StepOptions``
+/ ``RetryPolicy``, the errors, the ``Runtime`` / ``ActivityContext`` seam, and ``Store`` (the one
+transaction helper), and the helpers the app's tools read a home with: ``read_events``,
+``damage_report`` / ``DamagedRecord``, ``check_id``, ``owner_dead`` (is a lease's owner gone) and
+``run_subprocess`` (the activity runner for trainers).
 
-Callers outside ``engine/`` import from here only. Two exceptions: ``engine.temporal`` is a
-separate optional subpackage (imported lazily, needs the ``temporal`` extra), and the simulator's
-deep hooks into the replayer stay ``from engine._replay import ...`` in ``simulator/`` (marked
-there); they are not public.
+Every other module here is private (``engine/_*.py``) and may change without notice:
+``_engine`` (the public class), which owns a ``_worker.Worker`` (transitions and loop steps), which
+owns ``_tx.Transactions``, ``_attempts.Attempts`` and ``_runners.Runners`` as objects; ``_replay``,
+``_live_sink``, ``_activity``, ``_store``, ``_history``, ``_schema``, ``_leases``, ``_proctree``,
+``_subprocess_runner``, ``_options``, ``_errors``, ``_ids``, ``_seam``, ``_clock``.
+
+Callers outside ``engine/`` import from here only (tests/test_import_graph.py enforces it), with
+two documented exceptions:
+
+- ``engine.temporal``: a separate optional subpackage (imported lazily, needs the ``temporal`` extra).
+- The simulator's hooks, listed one by one in tests/test_import_graph.py's ``ENGINE_HOOKS``: it
+  imports ``engine._history`` (event kinds), ``engine._replay`` (dry replayers) and
+  ``engine._leases`` (lease owners marked dead), and reaches an engine's ``_worker`` (its
+  ``cache``, ``ready``, ``inflight`` and replaceable ``new_replayer``: engine/_worker.py). Its
+  crash injection needs none of that: it subclasses ``Store`` and overrides ``before_commit`` /
+  ``after_commit`` (the documented fault hook, engine/_store.py), passed as ``Engine(store=...)``.
 """
 from ._clock import SystemClock, VirtualClock
 from ._engine import ActivityInfo, Engine, ReplayResult, WorkflowStatus, replay_history

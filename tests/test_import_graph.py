@@ -1,4 +1,7 @@
-"""No import circles: the module graph of the top-level imports (ast, nothing is imported).
+"""No import circles: the module graph of the top-level imports (ast, nothing is imported); and
+the engine's one front door: outside ``engine/``, code imports ``engine`` (its ``__init__``) or the
+optional ``engine.temporal`` subpackage, never a private ``engine._*`` module, but for the
+simulator's documented hooks listed in ``ENGINE_HOOKS``.
 
 An edge ``a -> b`` is an import statement in ``a``'s module body (not inside a function: those
 are the lazy ones) of module ``b``; ``from p import n`` is an edge to ``p.n`` when that is a
@@ -122,6 +125,45 @@ def test_no_import_cycles(package: str, lazy: bool) -> None:
     for c in found:
         print(f"{package}: import circle: {' <-> '.join(c)}")
     assert not found, f"{package}: {len(found)} import circle(s): {found}"
+
+
+# (importing module, private engine module): why. The simulator's hooks into engine internals
+# (engine/__init__.py's docstring); nothing else outside engine/ may import a private module.
+ENGINE_HOOKS = {
+    ("simulator.checks", "engine._history"): "the event kinds the oracle reads",
+    ("simulator.convergence", "engine._history"): "the event kinds and JSON text of a state key",
+    ("simulator.convergence", "engine._replay"): "dry replayers of a recovery's own code",
+    ("simulator.prefix", "engine._replay"): "replayers shared among recoveries (a fork's prefix)",
+    ("simulator.prefix", "engine._leases"): "lease owners marked dead or live in a forked child",
+    ("simulator.scenario", "engine._leases"): "lease owners marked dead or live at a simulated kill",
+}
+
+
+def _engine_imports_outside() -> set[tuple[str, str]]:
+    """(module outside engine/, engine module it imports), counting imports inside functions."""
+    graph = import_graph(lazy=True)
+    return {(m, t) for m, targets in graph.items() if not (m == "engine" or m.startswith("engine."))
+            for t in targets if t == "engine" or t.startswith("engine.")}
+
+
+def test_outside_engine_only_the_front_door_is_imported() -> None:
+    bad = sorted((m, t) for m, t in _engine_imports_outside()
+                 if t != "engine" and t != "engine.temporal" and not t.startswith("engine.temporal.")
+                 and (m, t) not in ENGINE_HOOKS)
+    assert not bad, f"import engine's front door (engine/__init__.py) instead: {bad}"
+
+
+def test_every_engine_hook_is_still_used() -> None:
+    """A hook listed but no longer imported is dropped from the list (it stays strict)."""
+    stale = sorted(set(ENGINE_HOOKS) - _engine_imports_outside())
+    assert not stale, f"ENGINE_HOOKS lists imports nobody makes: {stale}"
+
+
+def test_engine_modules_are_private() -> None:
+    """engine/'s modules but its front door (and the optional temporal subpackage) start with ``_``."""
+    public = sorted(m for m in _modules() if m.startswith("engine.") and not m.startswith("engine.temporal")
+                    and not m.rsplit(".", 1)[1].startswith("_"))
+    assert not public, f"engine modules that look public: {public} (name them engine/_x.py, export from __init__)"
 
 
 if __name__ == "__main__":  # --lazy: count the imports inside functions too

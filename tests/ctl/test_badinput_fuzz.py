@@ -315,21 +315,6 @@ def test_damaged_corpus_is_refused_or_equal(pristine, tmp_path_factory, data):
 
 
 @DAMAGE
-@given(st.binary(max_size=300))
-def test_damaged_progress_lines_are_skipped_never_raise(tmp_path_factory, garbage):
-    from engine._subprocess_runner import _Progress
-
-    p = tmp_path_factory.mktemp("prog") / "progress.jsonl"
-    p.write_bytes(b"")
-    reader = _Progress(p)
-    p.write_bytes(b'{"step": 3, "checkpoint": "runs/x/ckpt/step-000003"}\n' + garbage + b"\n")
-    lines = reader.new_lines()
-    assert lines[0] == {"step": 3, "checkpoint": "runs/x/ckpt/step-000003"}
-    assert all(isinstance(x, dict) for x in lines)
-    json.dumps(lines, allow_nan=False)  # each heartbeat can be recorded
-
-
-@DAMAGE
 @given(st.binary(max_size=200))
 def test_damaged_validation_phase_file_is_one_clean_line(tmp_path_factory, garbage):
     from tinyllm.errors import CheckpointError

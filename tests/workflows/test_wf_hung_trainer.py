@@ -21,7 +21,6 @@ import pytest
 
 import workflows
 from engine import Engine
-from engine._leases import proc_start
 from workflows.models import TrainRunInput
 
 pytestmark = pytest.mark.slow  # a real trainer frozen by SIGSTOP (~33 s)
@@ -33,6 +32,16 @@ SPEC = {
     "batch_size": 2, "warmup_steps": 1, "lr_decay_steps": 300, "threads": 1, "log_every": 100,
     "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
 }
+
+
+def proc_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot), None once it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def tinyllm(home: Path, *args: str) -> dict:
