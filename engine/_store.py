@@ -128,8 +128,8 @@ class Store:
         Group commit: inside a ``group=True`` transaction, a nested ``transaction()`` of the same
         thread is a member (a SAVEPOINT): an exception rolls back that member alone, and every member
         becomes durable with the group's one COMMIT (one fsync for all). Nothing a member did may be
-        acted on before that COMMIT returns (``Worker._tx`` holds members' acknowledgements until
-        then). Nesting inside a plain transaction is an error."""
+        acted on before that COMMIT returns (engine/_tx.py's ``Transactions`` holds members'
+        acknowledgements until then). Nesting inside a plain transaction is an error."""
         return _Transaction(self, label, group)
 
     def before_commit(self, label: str) -> None:

@@ -144,7 +144,8 @@ class SnapshotSweep:
                     src_history.catch_up(live["engine"].store.conn)
                 if self.sim.share_replay:
                     self._refresh_prefix(prefix, live["engine"], src_history.last_seq.get(self.sim.scn.workflow_id, 0))
-                    tails.get(self.sim._ref.ledger.entries).warm(len(ledger.entries))  # (forked recoveries start from it)
+                    # (forked recoveries start from it)
+                    tails.get(self.sim._ref.ledger.entries).warm(len(ledger.entries))
                     self._admit(prefix[0], src_history.digest.get(wf), donors, ready)
             if n not in todo:
                 return
@@ -315,8 +316,8 @@ class SnapshotSweep:
     def _recover_timed(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
                        found: dict | None, history: HistoryDigest | None, prefix, fork: bool) -> Outcome:
         if found is None:
-            return recover_from_snapshot(self.sim.scn, home, n, where, live, ledger, clock, workflow_fn=self.sim.workflow_fn,
-                                         pool=self._pool)
+            return recover_from_snapshot(self.sim.scn, home, n, where, live, ledger, clock,
+                                         workflow_fn=self.sim.workflow_fn, pool=self._pool)
         args = (n, where, home, live, ledger, clock, found, history, prefix)
         raw = self._run_forked(args) if fork else self._run_twice(*args, lean=False)
         c0 = time.process_time()
@@ -417,7 +418,8 @@ class SnapshotSweep:
                 eng = rlive["engine"]
                 with eng.store._lock:
                     new = read_events(eng.store.conn, self.sim.scn.workflow_id, rlive["copied_events"])
-                mine_replayer = eng._worker.cache.get(self.sim.scn.workflow_id) if live_splice else None  # (a hook: engine/_worker.py)
+                # (the worker's cache: a hook, engine/_worker.py)
+                mine_replayer = eng._worker.cache.get(self.sim.scn.workflow_id) if live_splice else None
                 own = JoinedEvents(self.sim._ref.events, rlive["copied_events"], new)
                 c0 = time.process_time()
                 result, spent = splice_replay(eng._workflows[WORKFLOW_TRAIN_RUN], self.sim.scn.workflow_id, own, near,
