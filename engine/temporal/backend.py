@@ -35,9 +35,9 @@ from .._engine import WorkflowStatus
 from .._errors import BadInput, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
 from .._history import Event, to_jsonable
 from .._ids import check_id
-from ._activity import seam_activity
+from .activity import seam_activity
 from .config import TemporalConfig, explain_connect_error
-from ._history import convert_history
+from .history import convert_history
 from .runtime import register_workflow
 from .workflow import SeamWorkflow
 
