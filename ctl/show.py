@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import workflows
+
 from .runview import RunView, fmt_duration, headline, read_frames, stopped_early_text
 from .tables import align
 
@@ -48,11 +50,15 @@ def show(view: RunView, home: Path, spec: dict[str, Any]) -> tuple[list[str], di
     lines = [f"{view.workflow_id}: {view.state}; {view.total_steps} steps in {len(view.segments)} segment(s); "
              f"suites {', '.join(view.suites) or 'none'}", *segment_table(view)]
     lines += selection_lines(view)
+    releases = workflows.list_releases(home, view.name)  # ctl release (workflows/release.py)
+    lines += [f"  release {r['path']}{' (CURRENT)' if r['current'] else ''}: {r['checkpoint']}" for r in releases]
     val = validation_frames(frames) if spec.get("validation") else []
     if spec.get("validation"):
         lines += ["", f"validation ({len(val)} frame(s)):", *(validation_table(val) if val else ["  none yet"])]
     data = {"workflow_id": view.workflow_id, "state": view.state, "name": view.name, "total_steps": view.total_steps,
             "suites": view.suites, "segments": [s.to_json() for s in view.segments], "validation_frames": val}
+    if releases:
+        data["releases"] = releases
     data.update({k: v for k, v in (("stopped_early", view.stopped_early), ("best_checkpoints", view.best_checkpoints))
                  if v is not None})
     return lines, data

@@ -62,3 +62,64 @@ def test_ctl_train_refuses_an_unknown_selection_metric(home: Path) -> None:
     (home / "s.json").write_text(json.dumps({**SPEC, "early_stopping": {"metric": "val/acc", "mode": "min"}}))
     one_line_error(ctl(home, "train", "--spec", str(home / "s.json")), 2, "early_stopping.metric 'val/acc'")
     assert not (home / "runs").exists() and not (home / ".ctl").exists()
+
+
+def _release(home: Path, *args: str, kill: str | None = None):
+    import subprocess
+    import sys
+
+    from bi_helpers import env
+
+    e = env()
+    if kill:
+        e["CTL_RELEASE_KILL"] = kill
+    return subprocess.run([sys.executable, "-m", "ctl.cli", "release", "train/small", "--suite", "ppl",
+                           "--eval-max-items", "4", *args, "--home", str(home)], capture_output=True, text=True,
+                          timeout=300, env=e)
+
+
+def _eval_starts(home: Path) -> int:
+    """Every eval activity attempt any release workflow of the home started (from the histories)."""
+    listed = json.loads(ctl(home, "list", "--json").stdout)
+    rows = listed if isinstance(listed, list) else listed.get("workflows", [])
+    n = 0
+    for w in rows:
+        if str(w["workflow_id"]).startswith("release/"):
+            events = json.loads(ctl(home, "history", w["workflow_id"], "--json").stdout)
+            events = events if isinstance(events, list) else events.get("events", [])
+            n += sum(1 for e in events if e["type"] == "activity_started" and str(e["attrs"]["activity_id"]).startswith("eval-"))
+    return n
+
+
+def test_release_gates_kills_and_publishes_once(home: Path) -> None:
+    (home / "s.json").write_text(json.dumps({**SPEC, "eval_every": 0}))
+    assert ctl(home, "train", "--spec", str(home / "s.json")).returncode == 0
+    one_line_error(_release(home, "--gate", "ppl/ppl<<6"), 2, "gate 'ppl/ppl<<6' is not SUITE/FIGURE OP NUMBER")
+    one_line_error(_release(home, "--gate", "zoo/acc>=0.5"), 2, "not evaluated")
+    failed = _release(home, "--gate", "ppl/ppl<=6.5")  # a tiny model's perplexity is far above 6.5
+    assert failed.returncode == 1 and "not published: gate ppl/ppl<=6.5 failed" in failed.stderr, failed.stderr
+    assert not (home / "releases").exists()
+    # killed between the evaluation and the publication (the model copied, not yet renamed): nothing published
+    killed = _release(home, "--gate", "ppl/ppl<=1e6", kill="after_copy")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not list((home / "releases/small").glob("v*")) and not (home / "releases/small/CURRENT").exists()
+    # the same command, killed after the rename (published; CURRENT not moved, the completion not recorded)
+    killed = _release(home, "--gate", "ppl/ppl<=1e6", kill="after_rename")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert [p.name for p in (home / "releases/small").glob("v*")] == ["v0001"]
+    done = _release(home, "--gate", "ppl/ppl<=1e6", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)["result"]
+    assert result["published"] and result["version"] == "v0001" and result["checkpoint"] == "runs/small/ckpt/step-000002"
+    assert _eval_starts(home) == 2  # the failed-gate release's and the killed one's: its two resumes reused it
+    assert sorted(p.name for p in (home / "releases/small").iterdir()) == ["CURRENT", "v0001"]  # published once
+    other = _release(home, "--gate", "ppl/ppl<=1e7")  # another request for the same digest: the same release
+    assert other.returncode == 0 and "released small v0001" in other.stdout
+    assert sorted(p.name for p in (home / "releases/small").iterdir()) == ["CURRENT", "v0001"]
+    manifest = json.loads((home / "releases/small/v0001/manifest.json").read_text())
+    assert manifest["checkpoint_digest"] == result["digest"] and manifest["corpus"]["checksum"]
+    assert manifest["gates"][0]["passed"] and (home / "releases/small/v0001/model/model.pt").is_file()
+    assert (home / "releases/small/CURRENT").read_text().strip() == "v0001"
+    listed = ctl(home, "release", "--list")
+    assert "releases/small/v0001  CURRENT  runs/small/ckpt/step-000002" in listed.stdout
+    assert "releases/small/v0001" in ctl(home, "show", "train/small").stdout
