@@ -120,6 +120,9 @@ class TrainSpec(_Strict):
             return self
         if self.objective != "lm":
             raise ValueError(f"distributed: objective {self.objective!r} is not supported distributed (only lm)")
+        if self.early_stopping is not None or (self.keep_checkpoints is not None and self.keep_checkpoints.best):
+            raise ValueError("distributed: early_stopping and keep_checkpoints.best are not supported in a distributed "
+                             "run yet (every rank would have to take the same stop decision)")
         if self.validation is not None and self.validation.enabled and self.validation.objective != "lm":
             raise ValueError(f"distributed: held-out validation objective {self.validation.objective!r} is not "
                              "supported in a distributed run (only lm)")
