@@ -19,6 +19,7 @@ from . import app, backends, cli_inspect, errors
 from .workerlog import WorkerLog
 from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, BadRequest
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved
+from .release import release as release_command
 from .trainers import eval_trainer
 from .verify import verify_resume as run_verify_resume
 
@@ -434,6 +435,7 @@ def server(port: int, ip: str, db_filename: str | None, home: str | None) -> Non
 
 for _command in cli_inspect.COMMANDS:  # status, list, history, show, plot, doctor (ctl/cli_inspect.py)
     main.add_command(_command)
+main.add_command(release_command)  # ctl release (ctl/release.py)
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,7 @@ from engine import BadInput as EngineBadInput
 from . import app
 from .errors import BadRequest, CtlError
 from .homecheck import as_ctl_error
-from .runview import figures_text, first_subject_metrics
+from .runview import figures_text, first_subject_metrics, stopped_early_text
 
 home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
                            help="Home folder (default: $CTL_HOME, else the current directory).")
@@ -60,13 +60,15 @@ def describe_train(result: dict) -> None:
     click.echo(f"run {result['name']}: {result['steps']} steps, checkpoint {result['checkpoint']}")
     for seg in result["segments"]:
         t = seg["train"]
-        line = f"  step {seg['until']:>7}  loss {t['final_loss']:.6f} ({t['final_loss_hex']})  digest {t['digest'][:16]}"
+        line = f"  step {t.get('steps', seg['until']):>7}  loss {t['final_loss']:.6f} ({t['final_loss_hex']})  digest {t['digest'][:16]}"
         for s in (seg.get("evals") or {}).get("suites", []):
             line += f"  {s['suite']}: {figures_text(first_subject_metrics(s), limit=2) or 'done'}"
         click.echo(line)
         for r in t.get("refused_checkpoints") or []:
             click.echo(f"    refused checkpoint {r['checkpoint']}: {r['reason']}; "
                        f"resumed from {t.get('resumed_from') or 'scratch'}")
+    if result.get("stopped_early"):
+        click.echo(f"  {stopped_early_text(result['stopped_early'])}")
     click.echo(f"final_loss_hex {result['final_loss_hex']}  digest {result['digest']}")
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from engine import owner_dead
 
 from .evalprogress import EvalCounts, EvalFollower
-from .runview import MetricsTail, RunView, figures_text, fmt_duration, local_time, run_view
+from .runview import MetricsTail, RunView, figures_text, fmt_duration, local_time, run_view, stopped_early_text
 
 OVERDUE_S = 15.0  # due work nobody took for this long: no worker is running the home folder
 
@@ -87,6 +87,7 @@ def progress_info(view: RunView, tail: MetricsTail, now: float, counts: EvalCoun
         "eta_s": view.remaining_work_s(step or 0, step_rate, now, None if counts is None else counts.eta_s),
         "segments_done": len([s for s in view.segments if s.state == "done"]),
         "segments": len(view.segments),
+        **({"stopped_early": view.stopped_early} if view.stopped_early is not None else {}),
     }
 
 
@@ -130,6 +131,8 @@ def status_lines(st: Any, extra: dict, now: float) -> list[str]:
         counted = f": {EvalCounts(**ev).text()}" if ev else ""
         lines.append(f"  progress: step {p['step'] or 0}/{p['total_steps']}{loss}; segments {p['segments_done']}/"
                      f"{p['segments']} done; {p['phase']}{counted}")
+        if p.get("stopped_early"):
+            lines.append(f"  {stopped_early_text(p['stopped_early'])}")
         if p["last_checkpoint"]:
             lines.append(f"  last checkpoint: {p['last_checkpoint']} (step {p['last_checkpoint_step']})")
         ev = p["last_eval"]

@@ -148,6 +148,8 @@ class RunView:
     ended_at: float | None = None
     last_checkpoint: str | None = None
     last_checkpoint_step: int | None = None
+    stopped_early: dict | None = None  # the trainer's stopped_early (tinyllm/selection.py): later segments skipped
+    best_checkpoints: list | None = None  # keep_checkpoints.best of the last finished segment
     last_heartbeat_loss: float | None = None
     interval_s: float = 0.0
     timers_started: int = 0
@@ -245,6 +247,12 @@ def run_view(workflow_id: str, events: list[Any], state: str = "running") -> Run
         view.started_at = events[0].time
     for e in events:
         _apply(view, by_id, e)
+    if view.stopped_early is not None:  # early stopping ended the run: the later segments never run
+        for seg in view.segments:
+            if seg.state == "pending":
+                seg.state = "skipped"
+                for ev in seg.evals:
+                    ev.state = "skipped"
     if state != "running":
         view.phase = Phase("ended", state)
     return view
@@ -257,8 +265,13 @@ def _train_done(view: RunView, seg: SegmentView, result: Any, t: float | None) -
     seg.final_loss = r.get("final_loss")
     seg.final_loss_hex = r.get("final_loss_hex")
     seg.resumed_from = r.get("resumed_from")
+    if isinstance(r.get("stopped_early"), dict):
+        view.stopped_early = r["stopped_early"]
+    if isinstance(r.get("best_checkpoints"), list):
+        view.best_checkpoints = r["best_checkpoints"]
     if seg.checkpoint:
-        view.last_checkpoint, view.last_checkpoint_step = seg.checkpoint, seg.until
+        view.last_checkpoint = seg.checkpoint
+        view.last_checkpoint_step = r["steps"] if isinstance(r.get("steps"), int) else seg.until
 
 
 def _apply(view: RunView, by_id: dict[str, Any], e: Any) -> None:
@@ -452,3 +465,11 @@ def fmt_duration(seconds: float | None) -> str:
 def local_time(t: float, *, date: bool = False) -> str:
     stamp = dt.datetime.fromtimestamp(t).astimezone()
     return stamp.isoformat(timespec="seconds") if date else stamp.strftime("%H:%M:%S")
+
+
+def stopped_early_text(s: dict) -> str:
+    """One line of a run early stopping ended (tinyllm/selection.py's ``stopped_early``)."""
+    best = s.get("best_value")
+    return (f"stopped early at step {s.get('step')}: {s.get('metric')} ({s.get('mode')}) did not improve for "
+            f"{s.get('patience')} check(s); best step {s.get('best_step')}"
+            + (f" ({best:.4g})" if isinstance(best, (int, float)) else "") + f", {s.get('best_checkpoint') or '-'}")

@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .runview import RunView, fmt_duration, headline, read_frames
+import workflows
+
+from .runview import RunView, fmt_duration, headline, read_frames, stopped_early_text
 from .tables import align
 
 
@@ -47,9 +49,25 @@ def show(view: RunView, home: Path, spec: dict[str, Any]) -> tuple[list[str], di
     frames = read_frames(home / "runs" / view.name / "metrics.jsonl")
     lines = [f"{view.workflow_id}: {view.state}; {view.total_steps} steps in {len(view.segments)} segment(s); "
              f"suites {', '.join(view.suites) or 'none'}", *segment_table(view)]
+    lines += selection_lines(view)
+    releases = workflows.list_releases(home, view.name)  # ctl release (workflows/release.py)
+    lines += [f"  release {r['path']}{' (CURRENT)' if r['current'] else ''}: {r['checkpoint']}" for r in releases]
     val = validation_frames(frames) if spec.get("validation") else []
     if spec.get("validation"):
         lines += ["", f"validation ({len(val)} frame(s)):", *(validation_table(val) if val else ["  none yet"])]
     data = {"workflow_id": view.workflow_id, "state": view.state, "name": view.name, "total_steps": view.total_steps,
             "suites": view.suites, "segments": [s.to_json() for s in view.segments], "validation_frames": val}
+    if releases:
+        data["releases"] = releases
+    data.update({k: v for k, v in (("stopped_early", view.stopped_early), ("best_checkpoints", view.best_checkpoints))
+                 if v is not None})
     return lines, data
+
+
+def selection_lines(view: RunView) -> list[str]:
+    """Model selection (tinyllm/selection.py): the best checkpoint(s), marked, and an early stop."""
+    out = [f"  best: {b.get('checkpoint') or 'step ' + str(b.get('step'))} ({b.get('metric')} {b.get('value'):.4g})  <- best"
+           for b in view.best_checkpoints or [] if isinstance(b, dict) and isinstance(b.get("value"), (int, float))]
+    if view.stopped_early is not None:
+        out.append(f"  {stopped_early_text(view.stopped_early)}")
+    return out

@@ -17,7 +17,10 @@ the run lock) prunes the checkpoints of ``runs/<name>/ckpt/`` that are none of:
 * one with a validation that is not completed (its pending marker, no completed phase file);
 * one a train spec's ``init_from`` or ``teacher`` names (``runs/*/activity/*/spec.json`` of the
   home: the specs ctl runs; a spec run by hand elsewhere is not seen);
-* one beyond the current step (left by a run that went further).
+* one beyond the current step (left by a run that went further);
+* one model selection keeps (``"best": {"metric": "val/loss", "mode": "min", "k": 1}``: the k best
+  by that validation figure, ties -> the earlier step; and ``early_stopping``'s best), ranked by the
+  trainer from its recorded figures (tinyllm/selection.py).
 
 Crash safety: a checkpoint is first renamed to ``.pruned-step-NNNNNN-<pid>`` (atomic; the
 parent directory fsynced), which takes it out of every listing at once, then deleted. A kill
@@ -39,7 +42,8 @@ from typing import Any, Iterable
 from pydantic import BaseModel, ConfigDict, Field
 
 from .fsio import fsync_dir
-from .names import resolve_checkpoint
+from .names import resolve_checkpoint, step_dir_name
+from .selection import BestK
 
 PRUNED_PREFIX = ".pruned-"
 LOG_NAME = "retention.log"
@@ -52,6 +56,7 @@ class KeepCheckpoints(BaseModel):
 
     last: int = Field(ge=1)  # the newest this many checkpoints are kept
     boundaries: bool = True  # segment-boundary (evaluated) checkpoints are kept too
+    best: BestK | None = None  # the k best by a validation metric are kept too (tinyllm/selection.py)
 
 
 def _step(name: str) -> int | None:
@@ -135,8 +140,10 @@ def validation_pending(ckpt_root: Path, names: Iterable[str]) -> set[str]:
         if "validation" not in (manifest.get("components") or []):
             continue
         try:
-            phase = json.loads((d / "validation_phase.json").read_text(encoding="utf-8")).get("phase")
-        except (OSError, ValueError):
+            sealed = json.loads((d / "validation_phase.json").read_text(encoding="utf-8"))
+            body = sealed.get("body", sealed)  # a sealed sidecar (checkpoint.write_sidecar): {"sha256", "body"}
+            phase = body.get("phase") if isinstance(body, dict) else None
+        except (OSError, ValueError, AttributeError):
             phase = None
         if phase != "completed":
             out.add(name)
@@ -144,12 +151,14 @@ def validation_pending(ckpt_root: Path, names: Iterable[str]) -> set[str]:
 
 
 def plan(*, names: list[str], keep: KeepCheckpoints, step: int, eval_every: int, final_step: int,
-         latest: str | None, resumed_from: str | None, protected: set[str]) -> tuple[list[str], dict[str, str]]:
-    """(names to prune oldest first, {kept name: why}) of a run's step dirs ``names``."""
+         latest: str | None, resumed_from: str | None, protected: set[str],
+         selected: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """(names to prune oldest first, {kept name: why}) of a run's step dirs ``names``; ``selected``:
+    {name: why} of the checkpoints model selection keeps (the best k, early stopping's best)."""
     steps = {n: s for n in names if (s := _step(n)) is not None}
-    why: dict[str, str] = {}
+    why: dict[str, str] = {n: w for n, w in (selected or {}).items() if n in steps}
     for n in sorted(steps, key=steps.get, reverse=True)[: keep.last]:
-        why[n] = f"last {keep.last}"
+        why.setdefault(n, f"last {keep.last}")
     for n, s in steps.items():
         if n in why:
             continue
@@ -184,7 +193,7 @@ def remove_leftovers(ckpt_root: Path) -> None:
 
 
 def prune(run_dir: Path, home: Path, keep: KeepCheckpoints | None, *, step: int, eval_every: int, final_step: int,
-          resumed_from: Path | None = None, log=None) -> list[str]:
+          resumed_from: Path | None = None, log=None, selected: dict[int, str] | None = None) -> list[str]:
     """Apply ``keep`` to ``run_dir/ckpt`` (call under the run lock); returns the pruned names."""
     ckpt_root = run_dir / "ckpt"
     if keep is None or not ckpt_root.is_dir():
@@ -198,7 +207,7 @@ def prune(run_dir: Path, home: Path, keep: KeepCheckpoints | None, *, step: int,
     protected = evaluated(home, ckpt_root) | init_from_named(home, ckpt_root) | validation_pending(ckpt_root, names)
     doomed, why = plan(names=names, keep=keep, step=step, eval_every=eval_every, final_step=final_step,
                        latest=latest, resumed_from=Path(resumed_from).name if resumed_from else None,
-                       protected=protected)
+                       protected=protected, selected={step_dir_name(s): w for s, w in (selected or {}).items()})
     if not doomed:
         return []
     for i, name in enumerate(doomed):

@@ -13,10 +13,12 @@ from typing import Annotated, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys  # shared with the torch-only helper (tinyllm.durable)
-from .objectives.config import DPOConfig, RefConfig, RLConfig, check_train_spec
+from .objectives.config import DPOConfig, RefConfig, RLConfig, check_train_spec, effective_validation_reward
 from .retention import KeepCheckpoints
+from .selection import EarlyStopping, check_metric, selection_metrics
 from .spec_plain import TRAIN_THREADS_DEFAULT, SpecError
 from .validation.config import ValidationConfig
+from .validation.metric_schema import declared_schema
 
 Identifier = Annotated[str, Field(pattern=IDENTIFIER_PATTERN, max_length=128)]
 
@@ -85,6 +87,7 @@ class TrainSpec(_Strict):
     model: ModelConfig = ModelConfig()
     validation: ValidationConfig | None = None  # held-out validation during training (opt-in)
     keep_checkpoints: KeepCheckpoints | None = None  # prune older checkpoints (tinyllm/retention.py); None: keep all
+    early_stopping: EarlyStopping | None = None  # stop when a val/* figure stops improving (tinyllm/selection.py)
     # post-training (tinyllm/objectives): lm = pre-training; dpo, grpo, opd start from init_from
     objective: Literal["lm", "dpo", "grpo", "opd"] = "lm"
     init_from: str | None = Field(None, min_length=1)  # <run>@<step> or a checkpoint dir: weights of step 0
@@ -100,12 +103,26 @@ class TrainSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _selection_metrics(self) -> "TrainSpec":
+        v = self.validation
+        required, optional = declared_schema(v, effective_validation_reward(self)) if v is not None else ({}, {})
+        valid = selection_metrics({**required, **optional}) if v is not None and v.enabled else []
+        if self.keep_checkpoints is not None and self.keep_checkpoints.best is not None:
+            check_metric("keep_checkpoints.best", self.keep_checkpoints.best.metric, valid)
+        if self.early_stopping is not None:
+            check_metric("early_stopping", self.early_stopping.metric, valid)
+        return self
+
+    @model_validator(mode="after")
     def _distributed_fields(self) -> "TrainSpec":
         d = self.distributed
         if d is None:
             return self
         if self.objective != "lm":
             raise ValueError(f"distributed: objective {self.objective!r} is not supported distributed (only lm)")
+        if self.early_stopping is not None or (self.keep_checkpoints is not None and self.keep_checkpoints.best):
+            raise ValueError("distributed: early_stopping and keep_checkpoints.best are not supported in a distributed "
+                             "run yet (every rank would have to take the same stop decision)")
         if self.validation is not None and self.validation.enabled and self.validation.objective != "lm":
             raise ValueError(f"distributed: held-out validation objective {self.validation.objective!r} is not "
                              "supported in a distributed run (only lm)")

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from . import checkpoint as ckpt
+from . import selection as sel
 from . import faults, heap, omp, retention, runlock, tokenizer, torch_defer, torch_preload
 from .corpus import open_corpus
 from .ddp_launch import check_world_size
@@ -40,10 +41,11 @@ from .torch_startup import defer_dynamo_in_optimizers, optimizer_step, use_deter
 from .progress import ProgressFile
 from .spec import SpecError, TrainSpec, lr_at  # lr_at re-exported: bench/ and tests use it from here
 from .validation.faults import maybe_kill
+from .validation.transaction import read_journal
 
 # Spec fields that do not change the trajectory: they may differ between a checkpoint and its resume.
 NON_TRAJECTORY_FIELDS = {"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every", "validation",
-                         "keep_checkpoints"}
+                         "keep_checkpoints", "early_stopping"}
 
 
 def with_vocab(spec: TrainSpec, tok: tokenizer.Tokenizer, source: str) -> TrainSpec:
@@ -136,6 +138,10 @@ class Trainer:
                 self.data = TokenStream(tokens, cfg.block_size, spec.batch_size, spec.seed)
             except ValueError as e:
                 raise SpecError(f"corpus {spec.corpus!r}: {e}") from None
+        best = spec.keep_checkpoints.best if spec.keep_checkpoints is not None else None
+        # model selection (tinyllm/selection.py): best-k figures and early stopping, from recorded figures
+        self.selection = sel.Tracker(best, spec.early_stopping) if best or spec.early_stopping else None
+        self.stopped_early = False
         self.validator = None  # held-out validation (tinyllm/validation), when the spec enables it
         if spec.validation is not None and spec.validation.enabled:
             from .validation.runner import Validator
@@ -191,6 +197,8 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         self.step, self.cursor, self.loss = state["step"], state["cursor"], state["loss"]
         self.resume_marker = components.get("validation")  # a validation journal's pending marker
+        if self.selection is not None:
+            self.selection.restore(components.get(sel.COMPONENT))
         if self.objective is not None:
             self.objective.on_resume(self, components)
         self.hooks.on_resume(self, components)
@@ -262,6 +270,7 @@ class Trainer:
                  "loss": self.loss, "loss_hex": float(self.loss).hex()}
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "training_state": state,
                 **(self.objective.components(self) if self.objective is not None else {}),
+                **({sel.COMPONENT: self.selection.component()} if self.selection is not None else {}),
                 **self.hooks.checkpoint_components(self, self.step)}
 
     def checkpoint_meta(self) -> dict:
@@ -291,7 +300,8 @@ class Trainer:
         try:
             retention.prune(self.run_dir, self.home, self.spec.keep_checkpoints, step=self.step,
                             eval_every=self.spec.eval_every, final_step=self.spec.steps,
-                            resumed_from=self.resumed_from, log=self.log)
+                            resumed_from=self.resumed_from, log=self.log,
+                            selected=self.selection.kept_steps() if self.selection is not None else None)
         except OSError as e:
             print(f"tinyllm: warning: pruning checkpoints failed ({e}); all kept, training goes on", file=self.log,
                   flush=True)
@@ -321,8 +331,23 @@ class Trainer:
                 self._validation_step({}, regular_due=False)
             return
         step = self.step
-        self.validator.resume(step, self.resumed_from, self.resume_marker, self.model,
-                              publish=lambda f: self.reporter.report(step, f))
+        metrics = self.validator.resume(step, self.resumed_from, self.resume_marker, self.model,
+                                        publish=lambda f: self.reporter.report(step, f))
+        if metrics is None and self.selection is not None:  # completed before: its figures are in the journal
+            journal = read_journal(self.resumed_from, self.resume_marker)
+            metrics = journal.metrics() if journal is not None and journal.phase == "completed" else None
+        self._record_validation(step, metrics)
+
+    def _record_validation(self, step: int, metrics: dict | None) -> None:
+        """Model selection's figures (tinyllm/selection.py): record, then decide early stopping."""
+        if self.selection is None:
+            return
+        self.selection.record(step, metrics)
+        decision = self.selection.decision()
+        if decision is not None and decision.stopped and not self.stopped_early:
+            self.stopped_early = True
+            print(f"tinyllm: early stopping at step {decision.step}: {self.spec.early_stopping.metric} has not "
+                  f"improved for {decision.wait} check(s); best step {decision.best_step}", file=self.log, flush=True)
 
     def _validation_step(self, frame: dict, regular_due: bool) -> bool:
         """Validate at ``self.step`` (an optimizer boundary) per its checkpoint plan; the step's
@@ -339,16 +364,26 @@ class Trainer:
             if plan.exit_before_validation:
                 self.validation_pending_exit = True  # evaluated on resume, before the next update
                 return False
-            self.validator.run(step, self.model, ckpt_dir=path, frame=frame, publish=publish)
+            self._record_validation(step, self.validator.run(step, self.model, ckpt_dir=path, frame=frame,
+                                                             publish=publish))
             return True
         if plan.exit_before_validation:
             return False  # fresh step 0 with a stop request: no evaluation, nothing saved
-        self.validator.run(step, self.model, ckpt_dir=None, frame=frame, publish=publish)
+        self._record_validation(step, self.validator.run(step, self.model, ckpt_dir=None, frame=frame,
+                                                         publish=publish))
         if plan.kind == "partial":  # non-resumable artifact, committed after validation; never LATEST
             comps = self.components()
             path = self._write_checkpoint({c: comps[c] for c in plan.components})
             self.validator.archive_artifact(path)
         return True
+
+    def _selection_summary(self) -> dict:
+        """``best_checkpoints`` / ``stopped_early`` of the result (tinyllm/selection.py); {} without selection."""
+        if self.selection is None:
+            return {}
+        root = self.run_dir / "ckpt"
+        return self.selection.summary(lambda s: self.rel(root / f"step-{s:06d}") if s is not None and
+                                      (root / f"step-{s:06d}").is_dir() else None)
 
     @property
     def stop_requested(self) -> bool:
@@ -375,7 +410,7 @@ class Trainer:
             if self.validator is not None:
                 self._validation_at_start()
             self.model.train()
-            while self.step < self.spec.steps and not self.stop_requested:
+            while self.step < self.spec.steps and not self.stop_requested and not self.stopped_early:
                 if faults.hold_point(self.step, lambda: self.stop_requested, self._liveness) and self.stop_requested:
                     break  # tests only (TINYLLM_HOLD_AT); no extra stop check otherwise (a collective on ranks)
                 self._liveness()  # at most every few seconds: the loop itself says it is alive
@@ -383,7 +418,9 @@ class Trainer:
                 self.hooks.after_step(self, self.step, frame)
                 regular_due = self.step % self.spec.checkpoint_every == 0 or self.step == self.spec.steps
                 if self.validator is not None and self.validator.due(self.step):
-                    if not self._validation_step(frame, regular_due):
+                    # model selection checkpoints every check, so each figure has a checkpoint to keep
+                    regular_due = regular_due or self.selection is not None
+                    if not self._validation_step(frame, regular_due) or self.stopped_early:
                         break
                     continue
                 self.reporter.report(self.step, frame)
@@ -398,7 +435,9 @@ class Trainer:
                     "final_loss": loss, "final_loss_hex": None if loss is None else loss.hex(),
                     "digest": state_digest(self.model.state_dict()), "resumed_from": self.rel(self.resumed_from),
                     "refused_checkpoints": self.refused,
-                    "canceled": (self.stop_requested and self.step < self.spec.steps) or self.validation_pending_exit}
+                    "canceled": ((self.stop_requested and self.step < self.spec.steps and not self.stopped_early)
+                                 or self.validation_pending_exit),
+                    **self._selection_summary()}
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)

@@ -36,12 +36,24 @@ from .models import (
     TrainRunResult,
 )
 from .options import corpus_options, eval_options, step_tag, train_options
+from .release import (
+    ACTIVITY_PUBLISH,
+    WORKFLOW_MODEL_RELEASE,
+    ModelReleaseInput,
+    ModelReleaseResult,
+    list_releases,
+    model_release,
+    parse_gate,
+    publish_activity,
+    release_workflow_id,
+)
 from .training import MAX_SEGMENTS, segment_spec, segments, train_run, validate_spec
 
 WORKFLOWS = {
     WORKFLOW_TRAIN_RUN: (train_run, TrainRunInput),
     WORKFLOW_EVAL_SUITE: (eval_suite, EvalSuiteInput),
     WORKFLOW_CORPUS_BUILD: (corpus_build, CorpusBuildInput),
+    WORKFLOW_MODEL_RELEASE: (model_release, ModelReleaseInput),  # workflows/release.py
 }
 
 
@@ -51,7 +63,7 @@ def register(engine: Any, *, activities: Mapping[str, Callable[[Any, Any], Any]]
     ``activities`` is explicit on purpose: ``tinyllm_activities(home)`` for real runs, fakes
     in tests and in the simulator. Names other than train/eval/corpus are refused.
     """
-    unknown = set(activities) - {ACTIVITY_TRAIN, ACTIVITY_EVAL, ACTIVITY_CORPUS}
+    unknown = set(activities) - {ACTIVITY_TRAIN, ACTIVITY_EVAL, ACTIVITY_CORPUS, ACTIVITY_PUBLISH}
     if unknown:
         raise ValueError(f"unknown activity names: {sorted(unknown)}")
     for name, (fn, input_type) in WORKFLOWS.items():
@@ -68,4 +80,6 @@ __all__ = [
     "TrainActivityResult", "TrainRunInput", "TrainRunResult", "collect_prior", "corpus_build", "corpus_options",
     "MAX_SEGMENTS", "eval_options", "eval_suite", "marshal_spec", "register", "segment_spec", "segments", "step_tag",
     "tinyllm_activities", "train_options", "train_run", "validate_spec",
+    "ACTIVITY_PUBLISH", "WORKFLOW_MODEL_RELEASE", "ModelReleaseInput", "ModelReleaseResult", "list_releases",
+    "model_release", "parse_gate", "publish_activity", "release_workflow_id",
 ]

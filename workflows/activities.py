@@ -35,6 +35,7 @@ from .models import (
     TrainActivityResult,
 )
 from .trainer_command import Invocation, check_eval_result, check_progress, check_train_result, invocation
+from .release import ACTIVITY_PUBLISH, publish_activity
 
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
@@ -173,7 +174,8 @@ class TinyllmActivities:
         return CorpusBuildResult.model_validate(out)
 
     def as_dict(self) -> dict[str, Callable[[ActivityContext, Any], Any]]:
-        return {ACTIVITY_TRAIN: self.train, ACTIVITY_EVAL: self.eval, ACTIVITY_CORPUS: self.corpus}
+        return {ACTIVITY_TRAIN: self.train, ACTIVITY_EVAL: self.eval, ACTIVITY_CORPUS: self.corpus,
+                ACTIVITY_PUBLISH: publish_activity(self.home)}  # ModelRelease's (workflows/release.py)
 
 
 def tinyllm_activities(home: str | Path, **kwargs: Any) -> dict[str, Callable[[ActivityContext, Any], Any]]:

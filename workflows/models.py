@@ -168,3 +168,5 @@ class TrainRunResult(_Model):
     corpus: CorpusBuildResult | None = None
     final_loss_hex: str = ""  # the last segment's, for convenience
     digest: str = ""
+    stopped_early: dict[str, Any] | None = None  # early stopping ended the run (tinyllm/selection.py)
+    best_checkpoints: list[dict[str, Any]] | None = None  # keep_checkpoints.best: the best k, best first

@@ -133,7 +133,9 @@ async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
                     result_type=TrainActivityResult,
                 )
             trained = TrainActivityResult.model_validate(trained)
-            if trained.steps != until:  # evaluations must see the checkpoint of their boundary
+            stopped = stopped_early(trained)  # early stopping (tinyllm/selection.py): the run ends here
+            # evaluations must see the checkpoint of their boundary (an early stop's checkpoint is the run's last)
+            if trained.steps != until and stopped is None:
                 raise NonRetryableError(
                     f"segment train-{step_tag(until)} ended at step {trained.steps}, not {until}", type="BadResult"
                 )
@@ -160,6 +162,8 @@ async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
                         fresh = {o.suite: o for o in ran.suites}
                     evals = EvalSuiteResult(suites=[done_before[s] or fresh[s] for s in request.suites])
             done.append(Segment(until=until, checkpoint=trained.checkpoint, train=trained, evals=evals))
+            if stopped is not None:
+                break  # a normal completion: no further segment
             if spec.eval_interval_seconds > 0 and i < len(ends) - 1:
                 next_id = train_options(ends[i + 1]).id
                 if next_id not in prior.train and next_id not in prior.scheduled:  # else it was waited already
@@ -171,10 +175,22 @@ async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
     last = done[-1]
     return TrainRunResult(
         name=spec.name,
-        steps=last.until,
+        steps=last.train.steps if stopped_early(last.train) else last.until,
         checkpoint=last.checkpoint,
         segments=done,
         corpus=corpus,
         final_loss_hex=last.train.final_loss_hex,
         digest=last.train.digest,
+        stopped_early=stopped_early(last.train),
+        best_checkpoints=getattr(last.train, "best_checkpoints", None),
     )
+
+
+def stopped_early(trained: TrainActivityResult) -> dict[str, Any] | None:
+    """The trainer's ``stopped_early`` (step, best step and checkpoint, the metric's history), if it stopped."""
+    value = getattr(trained, "stopped_early", None)
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("step") != trained.steps:
+        raise NonRetryableError(f"segment result says stopped_early {value!r} at step {trained.steps}", type="BadResult")
+    return value

@@ -74,4 +74,4 @@ def test_register_takes_explicit_activities() -> None:
 
 def test_real_activities_are_named() -> None:
     acts = workflows.tinyllm_activities("/nonexistent-home")
-    assert set(acts) == {"train", "eval", "corpus"}
+    assert set(acts) == {"train", "eval", "corpus", "publish"}  # publish: ModelRelease (workflows/release.py)

@@ -1,0 +1,49 @@
+"""ModelRelease's pieces without processes: gate parsing and checking, and the publication's
+idempotence by checkpoint digest (a second publish of the same digest is the first one)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workflows.release import ModelReleaseInput, PublishInput, check_gate, list_releases, parse_gate, publish
+
+FIGURES = {"ppl/heldout/ppl": 6.2, "ppl/heldout/loss": 1.8, "zoo/a/acc": 0.5, "zoo/b/acc": 0.7}
+
+
+@pytest.mark.parametrize("text, passed, figure", [
+    ("ppl/ppl<=6.5", True, 6.2), ("ppl/heldout/ppl < 6", False, 6.2), ("ppl/loss>=1.8", True, 1.8),
+    ("zoo/a/acc==0.5", True, 0.5), ("zoo/acc>0.1", False, None),  # acc is not unique in zoo: no such figure
+    ("ppl/nope<=1", False, None),
+])
+def test_gates_resolve_figures_and_compare(text: str, passed: bool, figure) -> None:
+    out = check_gate(parse_gate(text), FIGURES)
+    assert (out.passed, out.figure) == (passed, figure)
+
+
+@pytest.mark.parametrize("bad", ["ppl<=6", "ppl/ppl<<6", "ppl/ppl<=x", "ppl/ppl", "/ppl<=1"])
+def test_malformed_gates_are_refused_in_one_phrase(bad: str) -> None:
+    with pytest.raises(ValueError, match="is not SUITE/FIGURE OP NUMBER"):
+        parse_gate(bad)
+
+
+def test_publish_is_once_per_digest(tmp_path: Path) -> None:
+    ck = tmp_path / "runs/r/ckpt/step-000002"
+    ck.mkdir(parents=True)
+    (ck / "model.pt").write_bytes(b"weights")
+    (ck / "manifest.json").write_text("{}")
+    rel = ModelReleaseInput(name="r", select="best", checkpoint="runs/r/ckpt/step-000002", step=2, digest="ab" * 32,
+                            suites=["ppl"], spec={"name": "r"})
+    inp = PublishInput(release=rel, figures={"ppl/heldout/ppl": 6.0}, gates=[])
+    (tmp_path / "releases/r/.tmp-v0001-123/model").mkdir(parents=True)  # a publication killed before its rename
+    first = publish(tmp_path, inp)
+    again = publish(tmp_path, inp)
+    assert (first.version, first.reused, again.version, again.reused) == ("v0001", False, "v0001", True)
+    assert sorted(p.name for p in (tmp_path / "releases/r").iterdir()) == ["CURRENT", "v0001"]
+    other = publish(tmp_path, inp.model_copy(update={"release": rel.model_copy(update={"digest": "cd" * 32})}))
+    assert other.version == "v0002" and (tmp_path / "releases/r/CURRENT").read_text().strip() == "v0002"
+    assert (tmp_path / "releases/r/v0001/model/model.pt").read_bytes() == b"weights"
+    m = json.loads((tmp_path / "releases/r/v0001/manifest.json").read_text())
+    assert m["checkpoint_digest"] == "ab" * 32 and m["code_version"]
+    assert [(r["version"], r["current"]) for r in list_releases(tmp_path)] == [("v0001", False), ("v0002", True)]

@@ -1,0 +1,272 @@
+"""ModelRelease: evaluate a run's candidate checkpoint with EvalSuite, check gates, publish once.
+
+Workflow ``release/<run>/<digest12>-<request8>`` (the candidate checkpoint's digest names it, so a
+release is keyed by what was trained, never by a path alone): ``ctl release`` picks the candidate (the
+best by the run's selection metric, or the latest) and its digest (the checkpoint manifest's
+``manifest_sha256``) before starting it. Then:
+
+1. EvalSuite on the candidate, each suite one activity ``eval-r<digest12>-<suite>``: recorded in
+   this workflow's history, so the same command after a kill reuses them and never evaluates twice;
+2. every gate (``ppl/ppl<=6.5``: suite ``ppl``, figure ``ppl`` -- ``task/metric`` or a metric
+   name unique in that suite) is checked in workflow code from the recorded figures; a failed gate
+   is a normal outcome (``published: false`` and the reason), nothing is written;
+3. activity ``publish`` writes ``releases/<run>/<version>/`` (``model/``: the checkpoint's files,
+   ``manifest.json``: spec, corpus checksum, checkpoint digest, figures, gates, code version) under
+   a temporary name, fsynced, renamed, then ``releases/<run>/CURRENT`` replaced atomically. It is
+   idempotent: a version whose manifest names the same digest is the publication (a kill after the
+   rename and before the activity's completion publishes nothing twice).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine import ActivityError, Canceled, NonRetryableError, RetryPolicy, Runtime, StepOptions, is_canceled
+from tinyllm.fsio import atomic_write, fsync_dir, write_synced
+
+from .evaluation import eval_suite
+from .models import EvalSubject, EvalSuiteInput, EvalSuiteResult
+
+WORKFLOW_MODEL_RELEASE = "ModelRelease"
+ACTIVITY_PUBLISH = "publish"
+KILL_ENV = "CTL_RELEASE_KILL"  # tests only: "after_copy" | "after_rename" (SIGKILL this process there)
+
+_GATE = re.compile(r"^(?P<suite>[A-Za-z0-9_.-]+)/(?P<figure>[A-Za-z0-9_./-]+?)\s*(?P<op><=|>=|<|>|==)\s*"
+                   r"(?P<value>[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?)$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Gate(_Model):
+    suite: str
+    figure: str  # "task/metric", or a metric name unique in the suite's figures
+    op: Literal["<=", ">=", "<", ">", "=="]
+    value: float
+
+    @property
+    def text(self) -> str:
+        return f"{self.suite}/{self.figure}{self.op}{self.value:g}"
+
+
+def parse_gate(text: str) -> Gate:
+    """``ppl/ppl<=6.5`` -> Gate; ValueError (one phrase) otherwise."""
+    m = _GATE.match(text.strip())
+    if m is None:
+        raise ValueError(f"gate {text!r} is not SUITE/FIGURE OP NUMBER (e.g. 'ppl/ppl<=6.5'; OP one of <= >= < > ==)")
+    return Gate(suite=m["suite"], figure=m["figure"], op=m["op"], value=float(m["value"]))
+
+
+class ModelReleaseInput(_Model):
+    name: str  # the run
+    select: Literal["best", "latest"]
+    checkpoint: str  # the candidate, relative to the home
+    step: int
+    digest: str  # the checkpoint manifest's manifest_sha256
+    suites: list[str] = Field(min_length=1)
+    gates: list[Gate] = Field(default_factory=list)
+    spec: dict[str, Any]  # the run's train spec
+    corpus: str = "default"
+    eval_seed: int = 0
+    eval_max_items: int | None = None
+
+
+class GateOutcome(_Model):
+    gate: str
+    figure: float | None
+    passed: bool
+
+
+class PublishInput(_Model):
+    release: ModelReleaseInput
+    figures: dict[str, float]  # "suite/task/metric" -> value
+    gates: list[GateOutcome]
+
+
+class PublishResult(_Model):
+    version: str
+    path: str  # releases/<run>/<version>, relative to the home
+    reused: bool = False  # the publication existed already (this digest was published before)
+
+
+class ModelReleaseResult(_Model):
+    name: str
+    checkpoint: str
+    step: int
+    digest: str
+    select: str
+    figures: dict[str, float]
+    gates: list[GateOutcome]
+    published: bool
+    reason: str = ""  # why nothing was published
+    version: str | None = None
+    path: str | None = None
+    evals: EvalSuiteResult
+
+
+def release_workflow_id(inp: "ModelReleaseInput") -> str:
+    """``release/<run>/<digest12>-<request8>``: the candidate's digest and a hash of the request (suites,
+    gates, items), so the same command resumes its own workflow and another gate is another release
+    request (its evaluations of this digest are reused: ``tinyllm eval`` returns complete outputs of the
+    same spec, ``evals/<suite>/<run>-r<digest12>/``, without evaluating again)."""
+    request = json.dumps({"suites": inp.suites, "gates": [g.model_dump() for g in inp.gates],
+                          "max_items": inp.eval_max_items, "seed": inp.eval_seed}, sort_keys=True)
+    return f"release/{inp.name}/{inp.digest[:12]}-{hashlib.sha256(request.encode()).hexdigest()[:8]}"
+
+
+def figures_of(evals: EvalSuiteResult) -> dict[str, float]:
+    """``{"ppl/heldout/ppl": 150.1, ...}``: every figure of the (one) subject, by suite."""
+    out: dict[str, float] = {}
+    for s in evals.suites:
+        for values in s.metrics().values():
+            out.update({f"{s.suite}/{k}": float(v) for k, v in values.items() if isinstance(v, (int, float))})
+    return out
+
+
+def check_gate(gate: Gate, figures: dict[str, float]) -> GateOutcome:
+    key = f"{gate.suite}/{gate.figure}"
+    found = figures.get(key)
+    if found is None:  # a metric name unique in the suite: ppl/ppl -> ppl/heldout/ppl
+        matches = [v for k, v in figures.items() if k.startswith(f"{gate.suite}/") and k.split("/")[-1] == gate.figure]
+        found = matches[0] if len(matches) == 1 else None
+    if found is None:
+        return GateOutcome(gate=gate.text, figure=None, passed=False)
+    ok = {"<=": found <= gate.value, ">=": found >= gate.value, "<": found < gate.value, ">": found > gate.value,
+          "==": found == gate.value}[gate.op]
+    return GateOutcome(gate=gate.text, figure=found, passed=ok)
+
+
+def publish_options() -> StepOptions:
+    return StepOptions(id="publish", start_to_close_timeout_s=600.0,
+                       retry=RetryPolicy(max_attempts=5, initial_interval_s=0.5, backoff=2.0, max_interval_s=10.0,
+                                         non_retryable=("BadInput",)))
+
+
+async def model_release(rt: Runtime, input: ModelReleaseInput) -> ModelReleaseResult:
+    """The ModelRelease workflow (see the module docstring)."""
+    request = EvalSuiteInput(name=input.name, tag=f"r{input.digest[:12]}", suites=list(input.suites),
+                             subjects=[EvalSubject(id=f"{input.name}-r{input.digest[:12]}", model=input.checkpoint)],
+                             seed=input.eval_seed, corpus=input.corpus, max_items=input.eval_max_items,
+                             trainer=input.spec.get("trainer"))
+    try:
+        evals = await eval_suite(rt, request)
+        figures = figures_of(evals)
+        outcomes = [check_gate(g, figures) for g in input.gates]
+        base = dict(name=input.name, checkpoint=input.checkpoint, step=input.step, digest=input.digest,
+                    select=input.select, figures=figures, gates=outcomes, evals=evals)
+        failed = [o for o in outcomes if not o.passed]
+        if failed:
+            reason = "; ".join(f"gate {o.gate} failed ({'no such figure' if o.figure is None else f'{o.figure:.6g}'})"
+                               for o in failed)
+            return ModelReleaseResult(**base, published=False, reason=reason)
+        done = await rt.execute_activity(ACTIVITY_PUBLISH, PublishInput(release=input, figures=figures, gates=outcomes),
+                                         publish_options(), result_type=PublishResult)
+    except ActivityError as e:
+        if is_canceled(e):
+            raise Canceled(f"{rt.workflow_id} canceled during {e.activity_id}") from e
+        raise
+    done = PublishResult.model_validate(done)
+    return ModelReleaseResult(**base, published=True, version=done.version, path=done.path)
+
+
+# --- the publish activity (plain files; no torch) ---------------------------------------------
+
+
+def _maybe_kill(phase: str) -> None:
+    if os.environ.get(KILL_ENV) == phase:
+        os.kill(os.getpid(), 9)
+
+
+def list_releases(home: Path, name: str | None = None) -> list[dict]:
+    """Every published release of the home (or of run ``name``): manifest fields and CURRENT."""
+    out = []
+    root = Path(home) / "releases"
+    for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
+        if name is not None and run_dir.name != name:
+            continue
+        try:
+            current = (run_dir / "CURRENT").read_text(encoding="utf-8").strip()
+        except OSError:
+            current = None
+        for v in sorted(run_dir.glob("v[0-9]*")):
+            try:
+                m = json.loads((v / "manifest.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            out.append({"run": run_dir.name, "version": v.name, "path": f"releases/{run_dir.name}/{v.name}",
+                        "current": v.name == current, "checkpoint": m.get("checkpoint"), "step": m.get("step"),
+                        "digest": m.get("checkpoint_digest"), "figures": m.get("figures", {})})
+    return out
+
+
+def _code_version() -> str:
+    try:
+        return version("durable-train")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def publish(home: Path, inp: PublishInput) -> PublishResult:
+    """Publish ``inp`` once under ``releases/<run>/`` (idempotent by checkpoint digest)."""
+    r = inp.release
+    root = Path(home) / "releases" / r.name
+    root.mkdir(parents=True, exist_ok=True)
+    for p in root.glob(".tmp-*"):  # a publication killed before its rename
+        shutil.rmtree(p, ignore_errors=True)
+    existing = {x["version"]: x for x in list_releases(home, r.name)}
+    same = [v for v, x in existing.items() if x["digest"] == r.digest]
+    if same:
+        version_name, reused = same[0], True
+    else:
+        version_name = f"v{len(existing) + 1:04d}"
+        while (root / version_name).exists():
+            version_name = f"v{int(version_name[1:]) + 1:04d}"
+        reused = False
+        src = Path(home) / r.checkpoint
+        tmp = root / f".tmp-{version_name}-{os.getpid()}"
+        (tmp / "model").mkdir(parents=True)
+        for f in sorted(src.iterdir()):
+            if f.is_file():
+                write_synced(tmp / "model" / f.name, f.read_bytes())
+        fsync_dir(tmp / "model")
+        meta = _corpus_meta(Path(home), r.corpus)
+        manifest = {"run": r.name, "version": version_name, "checkpoint": r.checkpoint, "step": r.step,
+                    "checkpoint_digest": r.digest, "select": r.select, "spec": r.spec,
+                    "corpus": {"name": r.corpus, "checksum": meta.get("checksum")},
+                    "figures": inp.figures, "gates": [g.model_dump() for g in inp.gates],
+                    "code_version": _code_version()}
+        write_synced(tmp / "manifest.json", (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+        fsync_dir(tmp)
+        _maybe_kill("after_copy")
+        os.rename(tmp, root / version_name)
+        fsync_dir(root)
+        _maybe_kill("after_rename")
+    atomic_write(root / "CURRENT", (version_name + "\n").encode())
+    return PublishResult(version=version_name, path=f"releases/{r.name}/{version_name}", reused=reused)
+
+
+def _corpus_meta(home: Path, corpus: str) -> dict:
+    try:
+        return json.loads((home / "corpora" / corpus / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def publish_activity(home: str | Path):
+    """``publish`` as an activity function ``fn(ctx, input)`` of one home."""
+    def run(ctx: Any, input: Any) -> PublishResult:
+        inp = PublishInput.model_validate(input)
+        src = Path(home) / inp.release.checkpoint
+        if not src.is_dir():
+            raise NonRetryableError(f"release candidate {inp.release.checkpoint} is gone", type="BadInput")
+        return publish(Path(home), inp)
+    return run
