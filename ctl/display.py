@@ -80,6 +80,7 @@ class LiveDisplay:
         self.live = self.console.is_terminal
         self.plain_every_s = _plain_every_s()
         self._stop = threading.Event()
+        self._final = True  # stop(): poll once more for whatever ended the run (not after an interrupt)
         self._thread = threading.Thread(target=self._run, name="ctl-display", daemon=True)
         self.events: list[Any] = []
         self.tail: MetricsTail | None = None
@@ -111,10 +112,13 @@ class LiveDisplay:
         self._emit(self._opening_line(view))
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, *, final: bool = True, wait_s: float = 5.0) -> None:
+        """Stop following. ``final`` False (ctl interrupted): no last poll, and no error is reported any
+        more (the process is going away under the display)."""
+        self._final = self._final and final
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=wait_s)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -207,9 +211,11 @@ class LiveDisplay:
                 self._progress = None
             else:
                 self._loop()
-            self._poll()  # whatever ended the run
+            if self._final:
+                self._poll()  # whatever ended the run
         except Exception as e:  # noqa: BLE001 - the display must never break the run
-            self.console.print(f"(progress display stopped: {type(e).__name__}: {e})")
+            if self._final:  # not while ctl is going away under it (interrupted)
+                self.console.print(f"(progress display stopped: {type(e).__name__}: {e})")
 
     def _loop(self) -> None:
         while True:
