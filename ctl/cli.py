@@ -203,14 +203,25 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     engine = app.open_engine(home_dir, create=True)
     interrupt.engine = engine
     try:
+        current = app.latest_run(engine, app.train_workflow_id(name))
+        was_s = app.heartbeat_in_use(engine, current.workflow_id) if current is not None else None
         started = app.start_run(engine, "TrainRun", app.train_workflow_id(name), inp)
         wid = interrupt.workflow_id = started.workflow_id
+        if hasattr(engine, "attempt_options"):  # an operational setting: this command's value from now on
+            engine.attempt_options = app.heartbeat_override(wid, heartbeat_timeout_s)
         if not (as_json or quiet):
             verb = "started" if started.new else "attached to"
             click.echo(f"ctl: {verb} {wid} (home {home_dir})", err=True)
             if started.reused:
                 click.echo(f"ctl: continuing the run; done earlier, not run again: {', '.join(started.reused)}",
                            err=True)
+        if was_s is not None and was_s != heartbeat_timeout_s and not as_json:
+            if hasattr(engine, "attempt_options"):
+                click.echo(f"ctl: --heartbeat-timeout {heartbeat_timeout_s:g} s from now on (the run had {was_s:g} s)",
+                           err=True)
+            else:
+                click.echo(f"ctl: --heartbeat-timeout {heartbeat_timeout_s:g} s is not applied on this backend: "
+                           f"{wid} keeps its {was_s:g} s", err=True)
         st = engine.status(wid)
         if detach and st.state == "running":
             if as_json:

@@ -24,6 +24,7 @@ from .clock import SystemClock
 from .errors import BadInput, DamagedRecord, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
 from .history import Event, append_event, damaged, decode_json, dumps, normalized, read_events, to_jsonable
 from .ids import check_id
+from .options import StepOptions
 from .replay import Command, DrySink, Replayer
 from .store import Store
 from .worker import Worker
@@ -112,6 +113,7 @@ class Engine(Worker):
         inline_activities: bool = False,
         max_concurrent_activities: int = 4,
         poll_interval_s: float = 0.1,
+        attempt_options: Callable[[str, str, StepOptions], StepOptions] | None = None,
     ):
         if store is None:
             if db_path is None:
@@ -127,6 +129,9 @@ class Engine(Worker):
         self._inline = inline_activities
         self._max_concurrent = max(1, max_concurrent_activities)
         self.poll_interval_s = poll_interval_s
+        # (workflow id, activity name, scheduled options) -> the options this worker runs an attempt with
+        # (an operational setting of the command running it; recorded in the started event, never replayed)
+        self.attempt_options = attempt_options
         self._dead = False
         self._init_worker()
 

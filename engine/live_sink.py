@@ -30,7 +30,7 @@ class LiveSink:
     def __init__(self, worker: "Worker", db):
         self.w = worker
         self.db = db
-        self.scheduled: list[tuple[str, int, Any, StepOptions, float, tuple]] = []  # inserted leased:
+        self.scheduled: list[tuple[str, int, Any, StepOptions, float, tuple, float | None]] = []  # inserted leased:
         # (activity_id, cmd, input, options, leased at, its scheduled event's row, not inserted yet)
         self.rows: list[tuple] = []  # event rows not inserted yet (``h.event_row``), in seq order
         self.stmts: list[tuple[str, tuple]] = []  # statements not run yet, in order
@@ -59,7 +59,8 @@ class LiveSink:
             # one this worker can run at once is inserted already leased (``Worker._lease`` appends its
             # started event once the code is blocked); else it waits, scheduled, for any worker
             take = self.w._can_take(cmd.name)
-            hb, close = self.w._deadlines(opts, now) if take else (None, None)
+            run_opts = self.w._attempt_options(r.workflow_id, cmd.name, opts) if take else opts
+            hb, close = self.w._deadlines(run_opts, now) if take else (None, None)
             input_text, opts_text = dumps(payload["input"]), opts.to_text()
             self.stmts.append((
                 "INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, attempt, due_at, "
@@ -77,7 +78,8 @@ class LiveSink:
             if take:  # inserted with its started event, one statement (``Worker._lease``)
                 row = h.event_row(r.workflow_id, seq, h.ACTIVITY_SCHEDULED, now, text)
                 r.record(h.Event(seq, h.ACTIVITY_SCHEDULED, now, attrs))
-                self.scheduled.append((cmd.activity_id, k, payload["input"], opts, now, row))
+                self.scheduled.append((cmd.activity_id, k, payload["input"], run_opts, now, row,
+                                       opts.heartbeat_timeout_s))
             else:
                 self.rows.append(h.event_row(r.workflow_id, seq, h.ACTIVITY_SCHEDULED, now, text))
                 r.record(h.Event(seq, h.ACTIVITY_SCHEDULED, now, attrs))

@@ -122,9 +122,9 @@ class Worker(Attempts, Runners):
             if pending or wf_row is None:  # (its updated_at is its last event's time: Engine._row)
                 db.execute("UPDATE workflows SET task_pending=0, updated_at=? WHERE id=?", (self.clock.now(), workflow_id))
             after.append(lambda: self._cache_put(workflow_id, r))
-        for activity_id, cmd, input_raw, opts, leased_at, sched_row in sink.scheduled:
-            lease = self._lease(db, workflow_id, activity_id, known=(r, cmd, input_raw, opts, leased_at, sched_row),
-                                rows=sink.rows)
+        for activity_id, cmd, input_raw, opts, leased_at, sched_row, sched_hb in sink.scheduled:
+            lease = self._lease(db, workflow_id, activity_id,
+                                known=(r, cmd, input_raw, opts, leased_at, sched_row, sched_hb), rows=sink.rows)
             after.append(lambda lease=lease: self._ready.append(lease))
         sink.flush()
 
@@ -162,15 +162,18 @@ class Worker(Attempts, Runners):
     def _lease(self, db, workflow_id: str, activity_id: str, known: tuple | None = None,
                rows: list | None = None) -> Lease | None:
         """Attempt n+1 of a due activity, in the open transaction. ``known``: ``(replayer, cmd, input,
-        options, leased at, scheduled event row)`` of an activity this very transaction inserted already
+        options it runs with, leased at, scheduled event row, scheduled heartbeat timeout)`` of an activity this very transaction inserted already
         leased (attempt 1, ``LiveSink.new_command``): its scheduled event (recorded in the replayer, not
         inserted yet) and its started event, at the replayer's end, go to ``rows`` (the sink's events, inserted
         together by its flush)."""
         if known is not None:
-            r, cmd, input_raw, opts, now, sched_row = known
+            r, cmd, input_raw, opts, now, sched_row, sched_hb = known
             worker = self._worker_name()
             attrs = {"cmd": cmd, "activity_id": activity_id, "attempt": 1, "worker": worker}
             text = f'{{"activity_id":{dumps(activity_id)},"attempt":1,"cmd":{int(cmd)},"worker":{dumps(worker)}}}'
+            if opts.heartbeat_timeout_s != sched_hb:
+                attrs["heartbeat_timeout_s"] = opts.heartbeat_timeout_s  # this worker's own (attempt_options)
+                text = dumps(attrs)
             seq = r.last_seq + 1
             rows.append(sched_row)  # (the sink's rows: the scheduled row stays in its seq place)
             rows.append(h.event_row(workflow_id, seq, h.ACTIVITY_STARTED, now, text))
@@ -185,7 +188,8 @@ class Worker(Attempts, Runners):
         if row is None or row[4] != "scheduled" or row[7] > now:
             return None
         name, cmd, input_json, options_json, _, attempt, details_json, _ = row
-        opts = StepOptions.from_json(json.loads(options_json))
+        scheduled = StepOptions.from_json(json.loads(options_json))
+        opts = self._attempt_options(workflow_id, name, scheduled)
         input_raw = json.loads(input_json)
         details = json.loads(details_json) if details_json is not None else None
         attempt += 1
@@ -195,10 +199,19 @@ class Worker(Attempts, Runners):
             "owner=?, child=NULL WHERE workflow_id=? AND activity_id=?",
             (attempt, hb, close, now, self._owner_json(), workflow_id, activity_id),
         )
-        append_next(db, workflow_id, h.ACTIVITY_STARTED, now,
-                    {"cmd": cmd, "activity_id": activity_id, "attempt": attempt,
-                     "worker": self._worker_name()})
+        started = {"cmd": cmd, "activity_id": activity_id, "attempt": attempt, "worker": self._worker_name()}
+        if opts.heartbeat_timeout_s != scheduled.heartbeat_timeout_s:
+            started["heartbeat_timeout_s"] = opts.heartbeat_timeout_s  # this worker's own (attempt_options)
+        append_next(db, workflow_id, h.ACTIVITY_STARTED, now, started)
         return Lease(workflow_id, activity_id, name, cmd, attempt, input_raw, opts, details, now)
+
+    def _attempt_options(self, workflow_id: str, name: str, scheduled: StepOptions) -> StepOptions:
+        """The options this worker runs an attempt with: the scheduled ones, or what the engine's
+        ``attempt_options`` hook makes of them (an operational setting of the command running the
+        worker, e.g. ``ctl train --heartbeat-timeout``). Never part of replay: the scheduled options
+        stay recorded as they were, and a changed heartbeat timeout is recorded in the started event."""
+        hook = getattr(self, "attempt_options", None)
+        return scheduled if hook is None else hook(workflow_id, name, scheduled)
 
     @staticmethod
     def _deadlines(opts: StepOptions, now: float) -> tuple[float | None, float | None]:
