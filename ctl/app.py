@@ -13,6 +13,7 @@ names the first one itself.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -387,6 +388,32 @@ def disk_full_message(error: Any) -> str | None:
             return msg.split("tinyllm: ", 1)[-1].split("; free some space")[0]
         error = error.get("cause")
     return None
+
+
+PERMISSION_DENIED = "permission denied writing "  # tinyllm's line for a write this user may not do (exit 2)
+
+
+def permission_message(error: Any) -> str | None:
+    """The "permission denied writing <path>: ..." line of a recorded failure (any cause level), or None."""
+    for _ in range(8):
+        if not isinstance(error, dict):
+            return None
+        msg = str(error.get("message", ""))
+        if PERMISSION_DENIED in msg:
+            return PERMISSION_DENIED + msg.split(PERMISSION_DENIED, 1)[1].strip()
+        error = error.get("cause")
+    return None
+
+
+def check_run_writable(home: Path, name: str) -> None:
+    """``BadRequest`` (nothing started) when a folder of run ``name`` exists but this user may not write it:
+    every attempt would fail on it, and a retry cannot help."""
+    for path in (home / "runs", home / "runs" / name, home / "runs" / name / "ckpt", home / "runs" / name / "activity",
+                 home / "corpora"):
+        if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+            raise BadRequest(f"{path} is not writable by this user (uid {os.getuid()}): make it writable (e.g. "
+                             f"`chmod u+w {path}`, or run as its owner) and run the same command again; nothing "
+                             f"was started")
 
 
 def error_line(error: dict | None) -> str:

@@ -135,6 +135,9 @@ def _finish(st: Any, as_json: bool, describe: Callable[[Any], None]) -> None:
         click.echo(f"ctl: {full}; free some space and run the same command again: it resumes from the last "
                    f"checkpoint", err=True)
         sys.exit(errors.EXIT_DISK_FULL)
+    elif st.state == "failed" and (denied := app.permission_message(st.error)):
+        click.echo(f"ctl: {st.workflow_id} stopped: {denied}", err=True)  # no attempt retried it
+        sys.exit(errors.EXIT_BAD_INPUT)
     elif st.state == "failed":
         click.echo(f"{st.workflow_id} failed: {app.error_line(st.error)}", err=True)
     else:
@@ -200,6 +203,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
                             corpus_file=corpus_file).model_copy(update={"train_heartbeat_timeout_s": heartbeat_timeout_s})
     name = inp.spec["name"]
     interrupt.what = app.train_workflow_id(name)
+    app.check_run_writable(home_dir, name)
     engine = app.open_engine(home_dir, create=True)
     interrupt.engine = engine
     try:
