@@ -426,5 +426,7 @@ def error_line(error: dict | None) -> str:
         line += f" (cause: {cause.get('type', '')}: {cause['message']})"
     details = error.get("details")
     if isinstance(details, dict) and details.get("stderr_tail"):
-        line += f" | stderr: {details['stderr_tail'].strip().splitlines()[-1]}"
+        last = details["stderr_tail"].strip().splitlines()[-1]
+        if last.strip() not in line:  # (a trainer's one line often is the message itself: not twice)
+            line += f" | stderr: {last}"
     return line

@@ -278,7 +278,10 @@ class LiveDisplay:
         elif e.type == "cancel_requested":
             return "[yellow]cancel requested[/]: stopping after a checkpoint"
         elif e.type == "workflow_completed":
-            return f"[green]{self.workflow_id} completed[/] in {fmt_duration(e.time - view.started_at if view.started_at else None)}"
+            wall = e.time - view.started_at if view.started_at else None
+            worked = view.worked_s if view.worked_s is not None else wall
+            also = f" ({fmt_duration(wall)} wall)" if wall is not None and worked is not None and wall - worked >= 1 else ""
+            return f"[green]{self.workflow_id} completed[/] in {fmt_duration(worked)}{also}"
         elif e.type == "workflow_canceled":
             return f"[yellow]{self.workflow_id} canceled[/] (checkpoints kept; the same command continues it)"
         elif e.type == "workflow_failed":
