@@ -336,6 +336,7 @@ def _apply(view: RunView, by_id: dict[str, Any], e: Any) -> None:
         view.phase = Phase("between", "working")
     elif e.type in ("workflow_completed", "workflow_failed", "workflow_canceled"):
         view.ended_at = e.time
+        view.phase = Phase("ended", e.type.split("_", 1)[1])  # (no stale "working | step ..." line after the end)
 
 
 def _phase_of(view: RunView, aid: str, attempt: int, t: float) -> Phase:

@@ -47,6 +47,7 @@ def test_a_segment_counts_its_attempts_time_not_the_time_the_run_sat_stopped() -
     [seg] = view.segments
     assert seg.duration_s == 10.0 + 30.0  # attempt 1 to its last event, attempt 2 in full
     assert view.worked_s == 40.0 and view.stopped_s == 3600.0
+    assert view.phase.kind == "ended"  # from its last event: the display prints no status line after the end
     line = display.LiveDisplay.__new__(display.LiveDisplay)
     line.workflow_id, line.live, line._suppress = "train/w", False, set()
     assert line._event_line(view, events[-1]) == "[green]train/w completed[/] in 0:40 (1:00:40 wall)"
@@ -116,3 +117,26 @@ def test_kill_descendants_leaves_nothing_of_what_this_process_started() -> None:
     assert interrupt.kill_descendants(os.getpid()) == []
     assert interrupt.descendants(os.getpid()) == []
     child.wait()
+
+
+def test_no_status_line_is_printed_after_the_final_line(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    events = [
+        _ev(1, "workflow_started", 0.0, input={"spec": SPEC, "eval_suites": []}),
+        _ev(2, "activity_scheduled", 0.0, activity_id="train-000020", name="train"),
+        _ev(3, "activity_started", 0.0, activity_id="train-000020", attempt=1),
+        _ev(4, "activity_completed", 5.0, activity_id="train-000020", attempt=1,
+            result={"checkpoint": "runs/w/ckpt/step-000020", "final_loss": 1.0, "final_loss_hex": "0x1p+0"}),
+        _ev(5, "workflow_completed", 5.0, result={}),
+    ]
+    out = io.StringIO()
+    engine = SimpleNamespace(history=lambda wid: events)
+    d = display.LiveDisplay(tmp_path, engine, "train/w", console=Console(file=out, force_terminal=False))
+    d.plain_every_s = 0.0  # a status line at every poll
+    d._poll()
+    lines = out.getvalue().strip().splitlines()
+    assert lines[-1].startswith("train/w completed in"), lines
+    assert not [ln for ln in lines if "| step" in ln], lines
