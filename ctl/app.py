@@ -422,7 +422,7 @@ def error_line(error: dict | None) -> str:
         return ""
     line = f"{error.get('type', 'error')}: {error.get('message', '')}"
     cause = error.get("cause")
-    if isinstance(cause, dict) and cause.get("message"):
+    if isinstance(cause, dict) and cause.get("message") and str(cause["message"]).strip() not in line:
         line += f" (cause: {cause.get('type', '')}: {cause['message']})"
     details = error.get("details")
     if isinstance(details, dict) and details.get("stderr_tail"):

@@ -58,6 +58,9 @@ def test_the_stderr_line_is_not_repeated_after_the_same_message() -> None:
     error = {"type": "ActivityError", "message": "train-000100 failed",
              "cause": {"type": "DiskFull", "message": msg}, "details": {"stderr_tail": "noise\n" + msg + "\n"}}
     assert app.error_line(error).count("disk full writing") == 1
+    same = {"type": "ActivityError", "message": f"train-000100 failed: {msg}", "cause": {"type": "DiskFull",
+            "message": msg}, "details": {"stderr_tail": msg}}
+    assert app.error_line(same) == f"ActivityError: train-000100 failed: {msg}"
     other = {"type": "X", "message": "m", "details": {"stderr_tail": "the real reason\n"}}
     assert app.error_line(other) == "X: m | stderr: the real reason"
 
