@@ -13,8 +13,9 @@ names the first one itself.
 from __future__ import annotations
 
 import json
+import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -272,8 +273,29 @@ def run_generations(engine: Any, base: str) -> list[Any]:
     return [st for _, st in sorted(found, key=lambda x: x[0])]
 
 
+OPERATIONAL = ("prior", "train_heartbeat_timeout_s")
+"""Input fields that are not the run's identity: the work already done, and settings of how it is run
+that change no result (a rerun with another ``--heartbeat-timeout`` continues the run with it)."""
+
+FLAGS = {"eval_seed": "--eval-seed", "eval_max_items": "--eval-max-items", "eval_suites": "--suite/--no-eval",
+         "corpus": "--corpus-spec"}
+"""The ``ctl train`` option behind each identity field of TrainRunInput (named in a refusal)."""
+
+
 def _without_prior(raw: Any) -> Any:
-    return {k: v for k, v in raw.items() if k != "prior"} if isinstance(raw, dict) else raw
+    return {k: v for k, v in raw.items() if k not in OPERATIONAL} if isinstance(raw, dict) else raw
+
+
+def _difference_text(diff: list[str], old: Any, new: Any) -> str:
+    """``--eval-seed 3 (was 0)`` for a field a flag sets, else the field's path."""
+    out = []
+    for path in diff[:5]:
+        top = path.split(".", 1)[0]
+        if top in FLAGS and isinstance(old, dict) and isinstance(new, dict):
+            out.append(f"{FLAGS[top]}: {json.dumps(new.get(top))} now, {json.dumps(old.get(top))} when started")
+        else:
+            out.append(path)
+    return "; ".join(out)
 
 
 def start_run(engine: Any, workflow: str, base: str, inp: Any) -> Started:
@@ -289,9 +311,12 @@ def start_run(engine: Any, workflow: str, base: str, inp: Any) -> Started:
         old_raw = recorded_input(engine, current.workflow_id)
         diff = _differences(_without_prior(old_raw), _without_prior(new_raw))
         if diff:
+            flagged = [d for d in diff if d.split(".", 1)[0] in FLAGS]
+            fix = ("give the same options as when it was started" if flagged and len(flagged) == len(diff)
+                   else f"use another name, or the recorded spec (`ctl history {current.workflow_id} --json`)")
             raise BadRequest(
-                f"{current.workflow_id} was started with a different request ({', '.join(diff[:5])} differ); "
-                f"use another name, or the recorded spec (`ctl history {current.workflow_id} --json`)"
+                f"{current.workflow_id} was started with a different request "
+                f"({_difference_text(diff, old_raw, new_raw)}); {fix}"
             )
         if current.state in ("running", "completed"):
             return Started(current.workflow_id, new=False)
@@ -308,6 +333,36 @@ def start_run(engine: Any, workflow: str, base: str, inp: Any) -> Started:
         raise BadRequest(str(e)) from None
     prior = getattr(inp, "prior", None)
     return Started(workflow_id, new=True, reused=sorted([*prior.train, *prior.evals]) if prior else [])
+
+
+def heartbeat_override(workflow_id: str, heartbeat_timeout_s: float):
+    """The engine's ``attempt_options`` hook of a ``ctl train`` running ``workflow_id`` here: its train
+    attempts run with this command's ``--heartbeat-timeout`` (the scheduled value stays recorded; the
+    started event records the one used), whatever the run was started with."""
+    def hook(wid: str, name: str, scheduled: Any) -> Any:
+        if wid != workflow_id or name != workflows.ACTIVITY_TRAIN or scheduled.heartbeat_timeout_s == heartbeat_timeout_s:
+            return scheduled
+        return replace(scheduled, heartbeat_timeout_s=heartbeat_timeout_s)
+    return hook
+
+
+def heartbeat_in_use(engine: Any, workflow_id: str) -> float | None:
+    """The heartbeat timeout the run's train attempts last ran with (or were scheduled with), or None."""
+    try:
+        events = engine.history(workflow_id)
+    except (NotFound, BadInput):
+        return None
+    value, scheduled = None, {}
+    for e in events:
+        a = e.attrs if isinstance(e.attrs, dict) else {}
+        aid = str(a.get("activity_id", ""))
+        if e.type == "workflow_started" and isinstance(a.get("input"), dict):
+            value = a["input"].get("train_heartbeat_timeout_s", value)
+        elif e.type == "activity_scheduled" and a.get("name") == workflows.ACTIVITY_TRAIN:
+            scheduled[aid] = (a.get("options") or {}).get("heartbeat_timeout_s")
+        elif e.type == "activity_started" and aid in scheduled:
+            value = a.get("heartbeat_timeout_s", scheduled[aid])
+    return value
 
 
 def outcome_json(st: Any) -> dict:
@@ -335,15 +390,43 @@ def disk_full_message(error: Any) -> str | None:
     return None
 
 
+PERMISSION_DENIED = "permission denied writing "  # tinyllm's line for a write this user may not do (exit 2)
+
+
+def permission_message(error: Any) -> str | None:
+    """The "permission denied writing <path>: ..." line of a recorded failure (any cause level), or None."""
+    for _ in range(8):
+        if not isinstance(error, dict):
+            return None
+        msg = str(error.get("message", ""))
+        if PERMISSION_DENIED in msg:
+            return PERMISSION_DENIED + msg.split(PERMISSION_DENIED, 1)[1].strip()
+        error = error.get("cause")
+    return None
+
+
+def check_run_writable(home: Path, name: str) -> None:
+    """``BadRequest`` (nothing started) when a folder of run ``name`` exists but this user may not write it:
+    every attempt would fail on it, and a retry cannot help."""
+    for path in (home / "runs", home / "runs" / name, home / "runs" / name / "ckpt", home / "runs" / name / "activity",
+                 home / "corpora"):
+        if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+            raise BadRequest(f"{path} is not writable by this user (uid {os.getuid()}): make it writable (e.g. "
+                             f"`chmod u+w {path}`, or run as its owner) and run the same command again; nothing "
+                             f"was started")
+
+
 def error_line(error: dict | None) -> str:
     """One readable line of a recorded workflow error (its cause included)."""
     if not error:
         return ""
     line = f"{error.get('type', 'error')}: {error.get('message', '')}"
     cause = error.get("cause")
-    if isinstance(cause, dict) and cause.get("message"):
+    if isinstance(cause, dict) and cause.get("message") and str(cause["message"]).strip() not in line:
         line += f" (cause: {cause.get('type', '')}: {cause['message']})"
     details = error.get("details")
     if isinstance(details, dict) and details.get("stderr_tail"):
-        line += f" | stderr: {details['stderr_tail'].strip().splitlines()[-1]}"
+        last = details["stderr_tail"].strip().splitlines()[-1]
+        if last.strip() not in line:  # (a trainer's one line often is the message itself: not twice)
+            line += f" | stderr: {last}"
     return line

@@ -18,6 +18,7 @@ import click
 from . import app, backends, cli_inspect, errors
 from .workerlog import WorkerLog
 from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, BadRequest
+from .interrupt import Interrupt
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved
 from .release import release as release_command
 from .trainers import eval_trainer
@@ -104,25 +105,21 @@ def _interrupt_on_signals() -> None:
         signal.signal(sig, _interrupted)
 
 
-def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool) -> Any:
-    """Run a worker in this process until ``workflow_id`` ends; show its progress on stderr."""
+def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool, interrupt: Interrupt) -> Any:
+    """Run a worker in this process until ``workflow_id`` ends; show its progress on stderr.
+
+    SIGINT/SIGTERM meanwhile: ``interrupt`` stops the display, kills the trainer and exits 130
+    (ctl/interrupt.py); the run stays resumable."""
     from .display import LiveDisplay  # lazy: rich costs ~0.2 s of start-up; only a followed run's display needs it
 
-    _interrupt_on_signals()  # the run stays resumable
     logging.getLogger("engine").addHandler(logging.NullHandler())  # the display (or --quiet) speaks instead
+    interrupt.workflow_id, interrupt.engine = workflow_id, engine
     progress = None if quiet else LiveDisplay(home, engine, workflow_id)
     try:
         if progress:
+            interrupt.display = progress
             progress.__enter__()
         return engine.run_until_complete(workflow_id)
-    except KeyboardInterrupt:
-        if progress:
-            progress.stop()
-            progress = None
-        click.echo(f"ctl: interrupted; {workflow_id} keeps its checkpoints: run the same command to resume, "
-                   f"or `ctl cancel {workflow_id}`", err=True)
-        sys.stderr.flush()
-        os._exit(errors.EXIT_CANCELED)  # like a kill: the trainer dies with us, the run resumes next time
     finally:
         if progress:
             progress.stop()
@@ -139,6 +136,9 @@ def _finish(st: Any, as_json: bool, describe: Callable[[Any], None]) -> None:
         click.echo(f"ctl: {full}; free some space and run the same command again: it resumes from the last "
                    f"checkpoint", err=True)
         sys.exit(errors.EXIT_DISK_FULL)
+    elif st.state == "failed" and (denied := app.permission_message(st.error)):
+        click.echo(f"ctl: {st.workflow_id} stopped: {denied}", err=True)  # no attempt retried it
+        sys.exit(errors.EXIT_BAD_INPUT)
     elif st.state == "failed":
         click.echo(f"{st.workflow_id} failed: {app.error_line(st.error)}", err=True)
     else:
@@ -195,6 +195,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
       ctl train --spec specs/tiny.json --suite ppl --suite zoo --json
       ctl train --spec my.json --corpus-spec my-corpus.json --no-eval --detach && ctl worker
     """
+    interrupt = Interrupt("the run").install()  # from here on: one line, exit 130, no trainer left
     home_dir = app.resolve_home(home)
     if no_eval and suites:
         raise BadRequest("--no-eval and --suite exclude each other")
@@ -202,16 +203,30 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     inp = app.train_request(spec_file, chosen, eval_seed=eval_seed, eval_max_items=eval_max_items,
                             corpus_file=corpus_file).model_copy(update={"train_heartbeat_timeout_s": heartbeat_timeout_s})
     name = inp.spec["name"]
+    interrupt.what = app.train_workflow_id(name)
+    app.check_run_writable(home_dir, name)
     engine = app.open_engine(home_dir, create=True)
+    interrupt.engine = engine
     try:
+        current = app.latest_run(engine, app.train_workflow_id(name))
+        was_s = app.heartbeat_in_use(engine, current.workflow_id) if current is not None else None
         started = app.start_run(engine, "TrainRun", app.train_workflow_id(name), inp)
-        wid = started.workflow_id
+        wid = interrupt.workflow_id = started.workflow_id
+        if hasattr(engine, "attempt_options"):  # an operational setting: this command's value from now on
+            engine.attempt_options = app.heartbeat_override(wid, heartbeat_timeout_s)
         if not (as_json or quiet):
             verb = "started" if started.new else "attached to"
             click.echo(f"ctl: {verb} {wid} (home {home_dir})", err=True)
             if started.reused:
                 click.echo(f"ctl: continuing the run; done earlier, not run again: {', '.join(started.reused)}",
                            err=True)
+        if was_s is not None and was_s != heartbeat_timeout_s and not as_json:
+            if hasattr(engine, "attempt_options"):
+                click.echo(f"ctl: --heartbeat-timeout {heartbeat_timeout_s:g} s from now on (the run had {was_s:g} s)",
+                           err=True)
+            else:
+                click.echo(f"ctl: --heartbeat-timeout {heartbeat_timeout_s:g} s is not applied on this backend: "
+                           f"{wid} keeps its {was_s:g} s", err=True)
         st = engine.status(wid)
         if detach and st.state == "running":
             if as_json:
@@ -220,7 +235,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
                 click.echo(f"{wid} running; follow it with `ctl status {wid}`; run it with `ctl worker`")
             return
         if st.state == "running":
-            st = _follow(home_dir, engine, wid, quiet=quiet)
+            st = _follow(home_dir, engine, wid, quiet=quiet, interrupt=interrupt)
         _finish(st, as_json, describe_train)
     finally:
         engine.close()
@@ -308,6 +323,7 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
       ctl eval --suite ppl --suite zoo --subject final=runs/tiny/ckpt/step-000300 --name tiny-final
       ctl eval --spec examples/specs/durable.json --suite acc --subject final=runs/spirals/ckpt/step-000040
     """
+    interrupt = Interrupt("the evaluation").install()
     home_dir = app.resolve_home(home)
     trainer = None
     if spec_file is not None:
@@ -319,11 +335,13 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
         if not path.is_dir():
             raise BadRequest(f"subject {s.id}: checkpoint {s.model} not found under {home_dir}")
     engine = app.open_engine(home_dir, create=True)
+    interrupt.engine = engine
     try:
         started = app.start_run(engine, "EvalSuite", f"eval/{inp.name}", inp)
+        interrupt.workflow_id = started.workflow_id
         st = engine.status(started.workflow_id)
         if st.state == "running":
-            st = _follow(home_dir, engine, started.workflow_id, quiet=as_json)
+            st = _follow(home_dir, engine, started.workflow_id, quiet=as_json, interrupt=interrupt)
         _finish(st, as_json, _describe_eval)
     finally:
         engine.close()

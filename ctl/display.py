@@ -21,6 +21,8 @@ never a second Engine, never an open() of engine.db) and follows ``runs/<name>/m
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import threading
 import time
@@ -70,6 +72,52 @@ def resume_lines(details: dict) -> list[str]:
     return lines
 
 
+def _verifies(path: Path) -> bool:
+    """The checkpoint's files match its manifest (sizes, sha256) and it is resumable: what the trainer checks
+    before it resumes from it (tinyllm/checkpoint.py, not imported here: it imports torch)."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        files = manifest["files"]
+        for name, entry in files.items():
+            h, size = hashlib.sha256(), 0
+            with open(path / name, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+                    size += len(chunk)
+            if size != entry.get("bytes") or h.hexdigest() != entry.get("sha256"):
+                return False
+        body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+        if "manifest_sha256" in manifest and manifest["manifest_sha256"] != hashlib.sha256(
+                json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest():
+            return False
+        return bool(manifest.get("resumable"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _valid_resume(home: Path, name: str, ckpt: str | None) -> str | None:
+    """The checkpoint the trainer will really resume from: ``ckpt`` when it verifies, else the newest older one
+    that does (the trainer refuses a corrupt one and falls back likewise), else None (from the start)."""
+    if not ckpt:
+        return None
+    return ckpt if _verifies(home / ckpt) else _older_valid(home, name, ckpt)
+
+
+def _older_valid(home: Path, name: str, ckpt: str | None) -> str | None:
+    limit = checkpoint_step(ckpt) if ckpt else None
+    root = home / "runs" / name / "ckpt"
+    try:
+        steps = sorted((s for p in root.iterdir() if p.is_dir() and (s := checkpoint_step(p)) is not None
+                        and (limit is None or s < limit)), reverse=True)
+    except OSError:
+        return None
+    for s in steps:
+        rel = f"runs/{name}/ckpt/step-{s:06d}"
+        if _verifies(home / rel):
+            return rel
+    return None
+
+
 class LiveDisplay:
     """Follows workflow ``workflow_id`` of ``engine`` from ``start()`` to ``stop()``."""
 
@@ -80,6 +128,7 @@ class LiveDisplay:
         self.live = self.console.is_terminal
         self.plain_every_s = _plain_every_s()
         self._stop = threading.Event()
+        self._final = True  # stop(): poll once more for whatever ended the run (not after an interrupt)
         self._thread = threading.Thread(target=self._run, name="ctl-display", daemon=True)
         self.events: list[Any] = []
         self.tail: MetricsTail | None = None
@@ -111,10 +160,13 @@ class LiveDisplay:
         self._emit(self._opening_line(view))
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, *, final: bool = True, wait_s: float = 5.0) -> None:
+        """Stop following. ``final`` False (ctl interrupted): no last poll, and no error is reported any
+        more (the process is going away under the display)."""
+        self._final = self._final and final
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=wait_s)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -183,6 +235,7 @@ class LiveDisplay:
                 ckpt = f"runs/{view.name}/ckpt/" + (self.home / "runs" / view.name / "ckpt" / "LATEST").read_text().strip()
             except OSError:
                 ckpt = None
+        ckpt = _valid_resume(self.home, view.name, ckpt)
         from_step = checkpoint_step(ckpt) if ckpt else None
         last = self.tail.step if self.tail is not None else None
         if from_step is None:
@@ -207,9 +260,11 @@ class LiveDisplay:
                 self._progress = None
             else:
                 self._loop()
-            self._poll()  # whatever ended the run
+            if self._final:
+                self._poll()  # whatever ended the run
         except Exception as e:  # noqa: BLE001 - the display must never break the run
-            self.console.print(f"(progress display stopped: {type(e).__name__}: {e})")
+            if self._final:  # not while ctl is going away under it (interrupted)
+                self.console.print(f"(progress display stopped: {type(e).__name__}: {e})")
 
     def _loop(self) -> None:
         while True:
@@ -272,7 +327,10 @@ class LiveDisplay:
         elif e.type == "cancel_requested":
             return "[yellow]cancel requested[/]: stopping after a checkpoint"
         elif e.type == "workflow_completed":
-            return f"[green]{self.workflow_id} completed[/] in {fmt_duration(e.time - view.started_at if view.started_at else None)}"
+            wall = e.time - view.started_at if view.started_at else None
+            worked = view.worked_s if view.worked_s is not None else wall
+            also = f" ({fmt_duration(wall)} wall)" if wall is not None and worked is not None and wall - worked >= 1 else ""
+            return f"[green]{self.workflow_id} completed[/] in {fmt_duration(worked)}{also}"
         elif e.type == "workflow_canceled":
             return f"[yellow]{self.workflow_id} canceled[/] (checkpoints kept; the same command continues it)"
         elif e.type == "workflow_failed":

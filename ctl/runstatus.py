@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import owner_dead
+from workflows.activities import checkpoint_step
 
 from .evalprogress import EvalCounts, EvalFollower
 from .runview import MetricsTail, RunView, figures_text, fmt_duration, local_time, run_view, stopped_early_text
@@ -108,7 +109,24 @@ def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
             tail.poll()
             counts = EvalFollower(home).counts(view, view.name, now) if st.state == "running" else None
             out["progress"] = progress_info(view, tail, now, counts)
+            if st.state == "running":
+                _newer_latest(out["progress"], home, view.name)
+                if (out["worker"] or {}).get("live") is False:  # nobody runs it: no time left to estimate
+                    out["progress"]["eta_s"] = None
     return out
+
+
+def _newer_latest(progress: dict, home: Path, name: str) -> None:
+    """``LATEST`` names a newer checkpoint than the history's last heartbeat (a kill between the trainer's
+    write and the runner's heartbeat): that one is the last checkpoint, as the next attempt resumes from it."""
+    try:
+        latest = (home / "runs" / name / "ckpt" / "LATEST").read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return
+    step = checkpoint_step(latest)
+    if step is not None and step > (progress.get("last_checkpoint_step") or -1) and \
+            (home / "runs" / name / "ckpt" / latest).is_dir():
+        progress["last_checkpoint"], progress["last_checkpoint_step"] = f"runs/{name}/ckpt/{latest}", step
 
 
 def status_lines(st: Any, extra: dict, now: float) -> list[str]:
@@ -140,8 +158,11 @@ def status_lines(st: Any, extra: dict, now: float) -> list[str]:
             lines.append(f"  last evaluation: {ev['suite']} at step {ev['step']}: {figures_text(ev['metrics'])}")
         if st.state == "running":
             eta = p["eta_s"]
-            lines.append(f"  ETA: {fmt_duration(eta)}" + (f" (about {local_time(now + eta)})" if eta is not None else
-                                                         " (no recent steps to measure)"))
+            if w is not None and w["live"] is False:
+                lines.append("  ETA: none (no live worker runs it)")
+            else:
+                lines.append(f"  ETA: {fmt_duration(eta)}" + (f" (about {local_time(now + eta)})" if eta is not None
+                                                             else " (no recent steps to measure)"))
     for t in extra.get("timers") or []:
         lines.append(f"  timer: fires at {t['fire_at_local']} (in {fmt_duration(t['remaining_s'])})")
     return lines

@@ -84,9 +84,14 @@ class EvalView:
     metrics: dict[str, float] = field(default_factory=dict)
     reused: bool = False  # finished by an earlier workflow of the run
 
+    worked_s: float = 0.0  # attempts' time so far (a dead attempt's: to its last recorded event)
+    attempt_at: float | None = None  # the open attempt's start
+    seen_at: float | None = None  # its last recorded event
+
     @property
     def duration_s(self) -> float | None:
-        return None if self.started_at is None or self.ended_at is None else self.ended_at - self.started_at
+        """Time worked: the attempts' own time, not the time the run sat stopped between them."""
+        return None if self.started_at is None or self.ended_at is None else self.worked_s
 
     def to_json(self) -> dict:
         return {"activity_id": self.activity_id, "suite": self.suite, "step": self.step, "state": self.state,
@@ -110,9 +115,14 @@ class SegmentView:
     reused: bool = False
     evals: list[EvalView] = field(default_factory=list)
 
+    worked_s: float = 0.0  # attempts' time so far (a dead attempt's: to its last recorded event)
+    attempt_at: float | None = None  # the open attempt's start
+    seen_at: float | None = None  # its last recorded event
+
     @property
     def duration_s(self) -> float | None:
-        return None if self.started_at is None or self.ended_at is None else self.ended_at - self.started_at
+        """Time worked: the attempts' own time, not the time the run sat stopped between them."""
+        return None if self.started_at is None or self.ended_at is None else self.worked_s
 
     def to_json(self) -> dict:
         return {"index": self.index, "until": self.until, "activity_id": self.activity_id, "state": self.state,
@@ -153,6 +163,14 @@ class RunView:
     last_heartbeat_loss: float | None = None
     interval_s: float = 0.0
     timers_started: int = 0
+    stopped_s: float = 0.0  # time between a dead attempt's last event and its redelivery (nobody worked)
+
+    @property
+    def worked_s(self) -> float | None:
+        """From the start to the end, less the time the run sat stopped."""
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return max(0.0, self.ended_at - self.started_at - self.stopped_s)
 
     def evals(self) -> list[EvalView]:
         return [e for s in self.segments for e in s.evals]
@@ -274,10 +292,29 @@ def _train_done(view: RunView, seg: SegmentView, result: Any, t: float | None) -
         view.last_checkpoint_step = r["steps"] if isinstance(r.get("steps"), int) else seg.until
 
 
+def _count_worked(view: RunView, item: Any, e: Any) -> None:
+    """Add an attempt's own time to ``item.worked_s``: from its start to its end, or for an attempt that died
+    (its lease timed out, or it is redelivered) to its last recorded event; the time after that, until the
+    engine noticed, is time the run sat stopped (``view.stopped_s``)."""
+    open_at, seen = item.attempt_at, item.seen_at
+    if e.type == "activity_started" or (e.type == "activity_timed_out" and open_at is not None):
+        if open_at is not None:  # the previous attempt died
+            item.worked_s += (seen or open_at) - open_at
+            view.stopped_s += max(0.0, e.time - (seen or open_at))
+        item.attempt_at = item.seen_at = e.time if e.type == "activity_started" else None
+    elif open_at is not None and e.type in ("activity_completed", "activity_failed", "activity_canceled"):
+        item.worked_s += e.time - open_at
+        item.attempt_at = item.seen_at = None
+    elif open_at is not None:
+        item.seen_at = e.time
+
+
 def _apply(view: RunView, by_id: dict[str, Any], e: Any) -> None:
     a = e.attrs if isinstance(e.attrs, dict) else {}
     aid = str(a.get("activity_id", ""))
     item = by_id.get(aid)
+    if item is not None:
+        _count_worked(view, item, e)
     if e.type == "activity_started":
         attempt = int(a.get("attempt", 1) or 1)
         if item is not None:
@@ -312,6 +349,7 @@ def _apply(view: RunView, by_id: dict[str, Any], e: Any) -> None:
         view.phase = Phase("between", "working")
     elif e.type in ("workflow_completed", "workflow_failed", "workflow_canceled"):
         view.ended_at = e.time
+        view.phase = Phase("ended", e.type.split("_", 1)[1])  # (no stale "working | step ..." line after the end)
 
 
 def _phase_of(view: RunView, aid: str, attempt: int, t: float) -> Phase:

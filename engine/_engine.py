@@ -26,6 +26,7 @@ from ._clock import SystemClock
 from ._errors import BadInput, DamagedRecord, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
 from ._history import Event, append_event, damaged, decode_json, dumps, normalized, read_events, to_jsonable
 from ._ids import check_id
+from ._options import StepOptions
 from ._replay import Command, DrySink, Replayer
 from ._store import Store
 from ._worker import Worker
@@ -117,6 +118,7 @@ class Engine:
         inline_activities: bool = False,
         max_concurrent_activities: int = 4,
         poll_interval_s: float = 0.1,
+        attempt_options: Callable[[str, str, StepOptions], StepOptions] | None = None,
     ):
         if store is None:
             if db_path is None:
@@ -133,7 +135,7 @@ class Engine:
         self._stalls = 0  # idle waits in a row with work due and not run (virtual clock)
         self._worker = Worker(self.store, self.clock, self.owner, self._workflows, self._activities,
                               inline=inline_activities, max_concurrent=max(1, max_concurrent_activities),
-                              poll_interval_s=poll_interval_s)
+                              poll_interval_s=poll_interval_s, attempt_options=attempt_options)
 
     @property
     def poll_interval_s(self) -> float:
@@ -143,6 +145,17 @@ class Engine:
     @poll_interval_s.setter
     def poll_interval_s(self, value: float) -> None:
         self._worker.poll_interval_s = value
+
+    @property
+    def attempt_options(self) -> Callable[[str, str, StepOptions], StepOptions] | None:
+        """(workflow id, activity name, scheduled options) -> the options this engine's worker runs an
+        attempt with (an operational setting of the command running it, e.g. ``ctl train
+        --heartbeat-timeout``; recorded in the attempt's started event, never replayed). Settable."""
+        return self._worker.attempt_options
+
+    @attempt_options.setter
+    def attempt_options(self, hook: Callable[[str, str, StepOptions], StepOptions] | None) -> None:
+        self._worker.attempt_options = hook
 
     # ---- registration ---------------------------------------------------------------------------
 

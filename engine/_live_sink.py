@@ -2,7 +2,8 @@
 
 ``Worker.run_task`` (engine/_worker.py) gives a replayer one per transaction; during replay the
 replayer's sink is a no-op, only a live transition writes. What it needs of the worker is
-``SinkHooks``: the clock, whether the worker takes an activity at once, and its lease owner's text.
+``SinkHooks``: the clock, whether the worker takes an activity at once, its lease owner's text, and
+the options it runs an attempt with.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ class SinkHooks:
     """Whether the worker leases a newly scheduled activity of this name in the same transaction."""
     owner_json: str
     """The worker's lease owner, as recorded in an activity row."""
+    attempt_options: Callable[[str, str, Any], Any]
+    """(workflow id, activity name, scheduled options) -> the options the worker runs the attempt with."""
 
 
 class LiveSink:
@@ -42,7 +45,7 @@ class LiveSink:
     def __init__(self, hooks: SinkHooks, db):
         self.w = hooks
         self.db = db
-        self.scheduled: list[tuple[str, int, Any, StepOptions, float, tuple]] = []  # inserted leased:
+        self.scheduled: list[tuple[str, int, Any, StepOptions, float, tuple, float | None]] = []  # inserted leased:
         # (activity_id, cmd, input, options, leased at, its scheduled event's row, not inserted yet)
         self.rows: list[tuple] = []  # event rows not inserted yet (``h.event_row``), in seq order
         self.stmts: list[tuple[str, tuple]] = []  # statements not run yet, in order
@@ -71,7 +74,8 @@ class LiveSink:
             # one this worker can run at once is inserted already leased (``Worker.lease`` appends its
             # started event once the code is blocked); else it waits, scheduled, for any worker
             take = self.w.can_take(cmd.name)
-            hb, close = attempt_deadlines(opts, now) if take else (None, None)
+            run_opts = self.w.attempt_options(r.workflow_id, cmd.name, opts) if take else opts
+            hb, close = attempt_deadlines(run_opts, now) if take else (None, None)
             input_text, opts_text = dumps(payload["input"]), opts.to_text()
             self.stmts.append((
                 "INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, attempt, due_at, "
@@ -89,7 +93,8 @@ class LiveSink:
             if take:  # inserted with its started event, one statement (``Worker.lease``)
                 row = h.event_row(r.workflow_id, seq, h.ACTIVITY_SCHEDULED, now, text)
                 r.record(h.Event(seq, h.ACTIVITY_SCHEDULED, now, attrs))
-                self.scheduled.append((cmd.activity_id, k, payload["input"], opts, now, row))
+                self.scheduled.append((cmd.activity_id, k, payload["input"], run_opts, now, row,
+                                       opts.heartbeat_timeout_s))
             else:
                 self.rows.append(h.event_row(r.workflow_id, seq, h.ACTIVITY_SCHEDULED, now, text))
                 r.record(h.Event(seq, h.ACTIVITY_SCHEDULED, now, attrs))

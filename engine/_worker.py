@@ -30,7 +30,7 @@ import logging
 import sqlite3
 import time
 from collections import OrderedDict, deque
-from typing import Any
+from typing import Any, Callable
 
 from . import _history as h
 from ._activity import Lease, LiveActivityContext
@@ -61,7 +61,8 @@ class Worker:
     run on the calling thread, one at a time, else on runner threads, at most ``max_concurrent``."""
 
     def __init__(self, store: Store, clock: Any, owner: dict, workflows: dict, activities: dict, *,
-                 inline: bool, max_concurrent: int, poll_interval_s: float):
+                 inline: bool, max_concurrent: int, poll_interval_s: float,
+                 attempt_options: Callable[[str, str, StepOptions], StepOptions] | None = None):
         self.store = store
         self.clock = clock
         self.workflows = workflows
@@ -69,12 +70,15 @@ class Worker:
         self.inline = inline
         self.max_concurrent = max_concurrent
         self.poll_interval_s = poll_interval_s
+        # (workflow id, activity name, scheduled options) -> the options this worker runs an attempt with
+        # (an operational setting of the command running it; recorded in the started event, never replayed)
+        self.attempt_options = attempt_options
         self.owner_json = dumps(owner)  # the lease owner as recorded (it never changes after this)
         self.worker_name = f"{owner['host']}:{owner['pid']}"  # as started events record the worker
         self.tx = Transactions(store)
         self.attempts = Attempts(store, clock, self.tx, self.owner_json, self.run_task)
         self.runners = Runners(self.execute, self.record_outcome, self.tx)
-        self.sink_hooks = SinkHooks(clock, self.can_take, self.owner_json)
+        self.sink_hooks = SinkHooks(clock, self.can_take, self.owner_json, self.run_options)
         self.cache: OrderedDict[str, Replayer] = OrderedDict()
         self.ready: deque[Lease] = deque()
         self.inflight = self.runners.inflight  # (the same dict: attempts handed to a runner thread)
@@ -129,9 +133,9 @@ class Worker:
             if pending or wf_row is None:  # (its updated_at is its last event's time: Engine._row)
                 db.execute("UPDATE workflows SET task_pending=0, updated_at=? WHERE id=?", (self.clock.now(), workflow_id))
             after.append(lambda: self.cache_put(workflow_id, r))
-        for activity_id, cmd, input_raw, opts, leased_at, sched_row in sink.scheduled:
-            lease = self.lease(db, workflow_id, activity_id, known=(r, cmd, input_raw, opts, leased_at, sched_row),
-                                rows=sink.rows)
+        for activity_id, cmd, input_raw, opts, leased_at, sched_row, sched_hb in sink.scheduled:
+            lease = self.lease(db, workflow_id, activity_id,
+                               known=(r, cmd, input_raw, opts, leased_at, sched_row, sched_hb), rows=sink.rows)
             after.append(lambda lease=lease: self.ready.append(lease))
         sink.flush()
 
@@ -166,15 +170,18 @@ class Worker:
     def lease(self, db, workflow_id: str, activity_id: str, known: tuple | None = None,
                rows: list | None = None) -> Lease | None:
         """Attempt n+1 of a due activity, in the open transaction. ``known``: ``(replayer, cmd, input,
-        options, leased at, scheduled event row)`` of an activity this very transaction inserted already
+        options it runs with, leased at, scheduled event row, scheduled heartbeat timeout)`` of an activity this very transaction inserted already
         leased (attempt 1, ``LiveSink.new_command``): its scheduled event (recorded in the replayer, not
         inserted yet) and its started event, at the replayer's end, go to ``rows`` (the sink's events, inserted
         together by its flush)."""
         if known is not None:
-            r, cmd, input_raw, opts, now, sched_row = known
+            r, cmd, input_raw, opts, now, sched_row, sched_hb = known
             worker = self.worker_name
             attrs = {"cmd": cmd, "activity_id": activity_id, "attempt": 1, "worker": worker}
             text = f'{{"activity_id":{dumps(activity_id)},"attempt":1,"cmd":{int(cmd)},"worker":{dumps(worker)}}}'
+            if opts.heartbeat_timeout_s != sched_hb:
+                attrs["heartbeat_timeout_s"] = opts.heartbeat_timeout_s  # this worker's own (attempt_options)
+                text = dumps(attrs)
             seq = r.last_seq + 1
             rows.append(sched_row)  # (the sink's rows: the scheduled row stays in its seq place)
             rows.append(h.event_row(workflow_id, seq, h.ACTIVITY_STARTED, now, text))
@@ -189,7 +196,8 @@ class Worker:
         if row is None or row[4] != "scheduled" or row[7] > now:
             return None
         name, cmd, input_json, options_json, _, attempt, details_json, _ = row
-        opts = StepOptions.from_json(json.loads(options_json))
+        scheduled = StepOptions.from_json(json.loads(options_json))
+        opts = self.run_options(workflow_id, name, scheduled)
         input_raw = json.loads(input_json)
         details = json.loads(details_json) if details_json is not None else None
         attempt += 1
@@ -199,10 +207,19 @@ class Worker:
             "owner=?, child=NULL WHERE workflow_id=? AND activity_id=?",
             (attempt, hb, close, now, self.owner_json, workflow_id, activity_id),
         )
-        append_next(db, workflow_id, h.ACTIVITY_STARTED, now,
-                    {"cmd": cmd, "activity_id": activity_id, "attempt": attempt,
-                     "worker": self.worker_name})
+        started = {"cmd": cmd, "activity_id": activity_id, "attempt": attempt, "worker": self.worker_name}
+        if opts.heartbeat_timeout_s != scheduled.heartbeat_timeout_s:
+            started["heartbeat_timeout_s"] = opts.heartbeat_timeout_s  # this worker's own (attempt_options)
+        append_next(db, workflow_id, h.ACTIVITY_STARTED, now, started)
         return Lease(workflow_id, activity_id, name, cmd, attempt, input_raw, opts, details, now)
+
+    def run_options(self, workflow_id: str, name: str, scheduled: StepOptions) -> StepOptions:
+        """The options this worker runs an attempt with: the scheduled ones, or what the engine's
+        ``attempt_options`` hook makes of them (an operational setting of the command running the
+        worker, e.g. ``ctl train --heartbeat-timeout``). Never part of replay: the scheduled options
+        stay recorded as they were, and a changed heartbeat timeout is recorded in the started event."""
+        hook = self.attempt_options
+        return scheduled if hook is None else hook(workflow_id, name, scheduled)
 
     def execute(self, lease: Lease) -> tuple[bool, Any]:
         """Run one attempt; ``(True, result_json)`` or ``(False, exception)``. Crashes propagate."""

@@ -7,6 +7,7 @@ Paths: ``--spec`` and ``--progress`` are ordinary paths (relative to the current
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -48,6 +49,27 @@ def _disk_full(err: OSError, home: Path) -> None:
     remove_own_temporaries(home)
     _fail(f"disk full writing {err.filename or home}; free some space and run the same command again",
           EXIT_DISK_FULL)
+
+
+PERMISSION_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def _not_permitted(err: OSError, home: Path) -> None:
+    """A write this user may not do: retrying cannot help, so one line and exit 2 (not retried)."""
+    where = Path(err.filename) if err.filename else home
+    if where.name.startswith(".tmp-"):  # a temporary being written: the folder it goes in is what to fix
+        where = where.parent
+    _fail(f"permission denied writing {where}: make it writable by this user (uid {os.getuid()}) and run the "
+          f"same command again", EXIT_BAD_INPUT)
+
+
+def _os_error(err: OSError, home: Path) -> None:
+    """Disk full (74) or no permission (2) as one line; any other OSError is re-raised."""
+    if is_disk_full(err):
+        _disk_full(err, home)
+    if isinstance(err, PermissionError) or err.errno in PERMISSION_ERRNOS:
+        _not_permitted(err, home)
+    raise err
 
 
 def _emit(result: dict) -> None:
@@ -97,9 +119,7 @@ def corpus(spec_path: str | None, home: str | None) -> None:
     except SpecError as e:
         _fail(str(e), EXIT_BAD_INPUT)
     except OSError as e:
-        if not is_disk_full(e):
-            raise
-        _disk_full(e, resolve_home(home))
+        _os_error(e, resolve_home(home))
     _emit(result)
 
 
@@ -198,9 +218,7 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     except ArchiveError as e:  # retryable: the resumed run retries only the publication
         _fail(str(e), e.exit_code)
     except OSError as e:
-        if not is_disk_full(e):
-            raise
-        _disk_full(e, home_dir)
+        _os_error(e, home_dir)
     _emit(result)
     if _RANK is not None:
         _RANK.finish(EXIT_CANCELED if result.get("canceled") else 0)
@@ -237,9 +255,7 @@ def eval_(spec_path: str, progress: str | None, home: str | None) -> None:
     except SpecError as e:
         _fail(str(e), EXIT_BAD_INPUT)
     except OSError as e:
-        if not is_disk_full(e):
-            raise
-        _disk_full(e, resolve_home(home))
+        _os_error(e, resolve_home(home))
     _emit(result)
 
 

@@ -90,7 +90,13 @@ def test_detach_attach_and_different_spec_refused(tmp_path: Path) -> None:
     code, out, err = run(tmp_path, "train", "--spec", str(spec), "--suite", "ppl", "--detach")
     assert code == 0 and "attached to train/mini" in err  # ppl is the default suite: the same request
     code, out, err = run(tmp_path, "train", "--spec", str(spec), "--no-eval", "--detach")
-    assert code == 2 and "eval_suites" in err, err
+    assert code == 2 and '--suite/--no-eval: [] now, ["ppl"] when started' in err, err
+    code, out, err = run(tmp_path, "train", "--spec", str(spec), "--eval-seed", "3", "--detach")
+    assert code == 2 and "--eval-seed: 3 now, 0 when started" in err, err  # it picks the evaluated items
+    # an operational setting is not the run's identity (issue 27, 2): the run continues, with it
+    code, out, err = run(tmp_path, "train", "--spec", str(spec), "--heartbeat-timeout", "10", "--detach")
+    assert code == 0 and "attached to train/mini" in err, err
+    assert "--heartbeat-timeout 10 s from now on (the run had 60 s)" in err, err
 
     code, out, _ = run(tmp_path, "status", "train/mini", "--json")
     assert code == 0 and json.loads(out)["state"] == "running"
