@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tinyllm import mlflow_sink
+
 from .runview import RunView, fmt_duration, headline, read_frames
 from .tables import align
 
@@ -52,4 +54,12 @@ def show(view: RunView, home: Path, spec: dict[str, Any]) -> tuple[list[str], di
         lines += ["", f"validation ({len(val)} frame(s)):", *(validation_table(val) if val else ["  none yet"])]
     data = {"workflow_id": view.workflow_id, "state": view.state, "name": view.name, "total_steps": view.total_steps,
             "suites": view.suites, "segments": [s.to_json() for s in view.segments], "validation_frames": val}
+    sink = mlflow_sink.read_state(home / "runs" / view.name)
+    if sink is not None:  # the spec's sinks.mlflow: where its run is, and whether it fell behind
+        last = frames[-1]["step"] if frames else None
+        lines += ["", f"mlflow: run {sink.get('run_id')} in experiment {sink.get('experiment')!r} at "
+                      f"{sink.get('tracking_uri')}; delivered up to step {sink.get('delivered_step')}"]
+        if (why := mlflow_sink.behind(sink, last)) is not None:
+            lines.append(f"  {why}")
+        data["sinks"] = {"mlflow": {**sink, "behind": why}}
     return lines, data
