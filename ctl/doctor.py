@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from engine import BadInput, DamagedRecord, Engine, Store, damage_report, owner_dead
+from tinyllm import mlflow_sink
 from tinyllm.runlock import pid_running
 
 from .app import db_path
@@ -36,7 +37,7 @@ _TEMP = re.compile(r"^\.(?:tmp|replaced)-.+-(\d+)$|^.+\.tmp-(\d+)$")  # .tmp-ste
 class Finding:
     """One problem: where (relative to the home), what is wrong, what it means for which run."""
 
-    kind: str  # damaged | stale | leftover | missing
+    kind: str  # damaged | stale | leftover | missing | behind (a metrics sink)
     path: str
     problem: str
     means: str
@@ -73,6 +74,7 @@ def examine(home: Path) -> Report:
     for run_dir in sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []:
         checked["runs"] += 1
         findings += _checkpoints(home, run_dir, checked)
+        findings += _sinks(home, run_dir)
     corpora = home / "corpora"
     for cdir in sorted(p for p in corpora.iterdir() if p.is_dir() and not p.name.startswith(".")) \
             if corpora.is_dir() else []:
@@ -259,6 +261,23 @@ def _corpus(home: Path, cdir: Path) -> list[Finding]:
 
 
 # --- temporaries ----------------------------------------------------------------------------
+
+
+def _sinks(home: Path, run_dir: Path) -> list[Finding]:
+    """An MLflow sink that fell behind metrics.jsonl (tinyllm/mlflow_sink.py); the server is not contacted."""
+    state = mlflow_sink.read_state(run_dir)
+    frames = run_dir / "metrics.jsonl"
+    last = None
+    try:
+        tail = frames.read_text(encoding="utf-8").splitlines()[-1:] if frames.is_file() else []
+        last = json.loads(tail[0]).get("step") if tail else None
+    except (OSError, ValueError):
+        pass
+    why = mlflow_sink.behind(state, last)
+    if why is None:
+        return []
+    return [Finding("behind", _rel(home, mlflow_sink.state_path(run_dir)), why,
+                    f"train/{run_dir.name}'s metrics are all in metrics.jsonl; the next train attempt delivers the rest")]
 
 
 def temp_pid(name: str) -> int | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import workflows
+from tinyllm import mlflow_sink
 
 from .runview import RunView, fmt_duration, headline, read_frames, stopped_early_text
 from .tables import align
@@ -61,6 +62,14 @@ def show(view: RunView, home: Path, spec: dict[str, Any]) -> tuple[list[str], di
         data["releases"] = releases
     data.update({k: v for k, v in (("stopped_early", view.stopped_early), ("best_checkpoints", view.best_checkpoints))
                  if v is not None})
+    sink = mlflow_sink.read_state(home / "runs" / view.name)
+    if sink is not None:  # the spec's sinks.mlflow: where its run is, and whether it fell behind
+        last = frames[-1]["step"] if frames else None
+        lines += ["", f"mlflow: run {sink.get('run_id')} in experiment {sink.get('experiment')!r} at "
+                      f"{sink.get('tracking_uri')}; delivered up to step {sink.get('delivered_step')}"]
+        if (why := mlflow_sink.behind(sink, last)) is not None:
+            lines.append(f"  {why}")
+        data["sinks"] = {"mlflow": {**sink, "behind": why}}
     return lines, data
 
 

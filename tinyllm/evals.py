@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import progress, tokenizer
+from . import mlflow_sink, progress, tokenizer
 from .checkpoint import CheckpointError, load_checkpoint, write_text_atomic
 from .corpus import open_corpus
 from .model import GPT
@@ -306,10 +306,30 @@ def finished_before(spec: EvalSpec, home: Path) -> dict | None:
     return _result(spec, home, out, summary)
 
 
+def deliver_to_trackers(spec: EvalSpec, home: Path, metrics: dict[str, dict[str, float]]) -> None:
+    """Each subject that is a checkpoint of a run with an MLflow sink gets its figures logged there, at the
+    checkpoint's step, once (tinyllm/mlflow_sink.py). Called after the files are complete, and again when an
+    earlier complete run is reused (a kill may have come between the files and the delivery)."""
+    for subject in spec.subjects:
+        path = Path(subject.model) if os.path.isabs(subject.model) else home / subject.model
+        run_dir = path.parent.parent
+        if path.parent.name != "ckpt" or not mlflow_sink.state_path(run_dir).is_file():
+            continue  # no MLflow sink on that run: mlflow is not imported
+        try:
+            manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+            step = int(manifest["step"])
+            digest = manifest["files"]["model.pt"]["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        mlflow_sink.log_evaluation(run_dir, step, spec.suite, metrics.get(subject.id, {}),
+                                   str(path.relative_to(home)) if path.is_relative_to(home) else str(path), digest)
+
+
 def run_eval(spec: EvalSpec, home: Path) -> dict:
     """Run the suite, write its files, return the CLI's result object (an earlier complete run's, if any)."""
     earlier = finished_before(spec, home)
     if earlier is not None:
+        deliver_to_trackers(spec, home, earlier["summary"].get("metrics", {}))
         return earlier
     torch.set_num_threads(spec.threads)
     use_deterministic_algorithms()
@@ -328,4 +348,5 @@ def run_eval(spec: EvalSpec, home: Path) -> dict:
     write_text_atomic(out / "summary.json", json.dumps(summary.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
     (out / COMPLETE).unlink(missing_ok=True)  # (an older spec's marker; the files are this spec's now)
     write_text_atomic(out / COMPLETE, json.dumps(spec.model_dump(mode="json"), sort_keys=True) + "\n")
+    deliver_to_trackers(spec, home, metrics)
     return _result(spec, home, out, summary.model_dump(mode="json"))

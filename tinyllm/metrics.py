@@ -9,7 +9,9 @@ Sinks: console (a progress line on stderr every ``every`` steps and at the last 
 (``runs/<name>/metrics.jsonl``, one object per frame with ``step`` and wall ``time``; on resume,
 frames after the resumed step are dropped so the file reads as one run), TensorBoard
 (``tinyllm/tensorboard_sink.py``: ``runs/<name>/tensorboard/``, the same names, one event per
-frame, cut back to the resumed step likewise; only when the ``[tensorboard]`` extra is installed).
+frame, cut back to the resumed step likewise; only when the ``[tensorboard]`` extra is installed),
+MLflow (``tinyllm/mlflow_sink.py``: when the spec's ``sinks.mlflow`` asks; one MLflow run per TrainRun,
+each step delivered once across resumes, on its own thread; mlflow is imported only then).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .diskfull import writing
+from .mlflow_sink import MlflowSink
 from .tensorboard_sink import TensorBoardSink
 
 
@@ -123,10 +126,19 @@ class Reporter:
                 self._disable(sink, e)
 
 
-def default_reporter(run_dir: Path, resumed_step: int, total_steps: int, log_every: int) -> Reporter:
-    sinks: list = [ConsoleSink(log_every, total_steps), JsonlSink(run_dir / "metrics.jsonl", resumed_step)]
+def default_reporter(run_dir: Path, resumed_step: int, total_steps: int, log_every: int, *, sinks=None,
+                     spec=None, home: Path | None = None, corpus_checksum: str | None = None) -> Reporter:
+    """Console, JSONL, TensorBoard (when installed), and the spec's ``sinks`` (MLflow: tinyllm/mlflow_sink.py)."""
+    out: list = [ConsoleSink(log_every, total_steps), JsonlSink(run_dir / "metrics.jsonl", resumed_step)]
     try:
-        sinks.append(TensorBoardSink(run_dir / "tensorboard", resumed_step))
+        out.append(TensorBoardSink(run_dir / "tensorboard", resumed_step))
     except ImportError:
         pass  # tensorboard is optional (the sink imports it only when first used)
-    return Reporter(sinks)
+    if sinks is not None and sinks.mlflow is not None:
+        try:
+            out.append(MlflowSink(sinks.mlflow, run_dir=run_dir, home=home or run_dir.parent.parent,
+                                  spec=spec.model_dump(mode="json"), resumed_step=resumed_step,
+                                  corpus_checksum=corpus_checksum))
+        except ValueError as e:  # no tracking URI anywhere: the sink is off, training goes on
+            print(f"tinyllm: warning: metrics sink 'mlflow' off: {e}", file=sys.stderr, flush=True)
+    return Reporter(out)

@@ -59,6 +59,20 @@ class DistributedConfig(_Strict):
     backend: Literal["gloo", "nccl"] = "gloo"  # gloo: CPU; nccl is refused for now (tinyllm trains on CPU only)
 
 
+class MlflowSinkConfig(_Strict):
+    """``sinks.mlflow`` of a train spec (tinyllm/mlflow_sink.py; the ``[mlflow]`` extra)."""
+
+    tracking_uri: str | None = Field(None, min_length=1)  # e.g. sqlite:///mlruns.db, http://127.0.0.1:5000; None: $MLFLOW_TRACKING_URI
+    experiment: str | None = Field(None, min_length=1)  # None: the run's name
+    flush_timeout_s: float = Field(60.0, gt=0.0)  # at an attempt's end, wait this long for queued frames (the rest: next attempt)
+
+
+class SinksConfig(_Strict):
+    """Metric sinks beyond metrics.jsonl and TensorBoard; operational (not part of the trajectory)."""
+
+    mlflow: MlflowSinkConfig | None = None
+
+
 class TrainSpec(_Strict):
     """What ``tinyllm train --spec`` trains; TrainRun's segments change only ``steps``."""
 
@@ -88,6 +102,7 @@ class TrainSpec(_Strict):
     validation: ValidationConfig | None = None  # held-out validation during training (opt-in)
     keep_checkpoints: KeepCheckpoints | None = None  # prune older checkpoints (tinyllm/retention.py); None: keep all
     early_stopping: EarlyStopping | None = None  # stop when a val/* figure stops improving (tinyllm/selection.py)
+    sinks: SinksConfig | None = None  # extra metric sinks: {"mlflow": {...}} (tinyllm/mlflow_sink.py)
     # post-training (tinyllm/objectives): lm = pre-training; dpo, grpo, opd start from init_from
     objective: Literal["lm", "dpo", "grpo", "opd"] = "lm"
     init_from: str | None = Field(None, min_length=1)  # <run>@<step> or a checkpoint dir: weights of step 0

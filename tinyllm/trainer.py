@@ -45,7 +45,7 @@ from .validation.transaction import read_journal
 
 # Spec fields that do not change the trajectory: they may differ between a checkpoint and its resume.
 NON_TRAJECTORY_FIELDS = {"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every", "validation",
-                         "keep_checkpoints", "early_stopping"}
+                         "keep_checkpoints", "early_stopping", "sinks"}
 
 
 def with_vocab(spec: TrainSpec, tok: tokenizer.Tokenizer, source: str) -> TrainSpec:
@@ -403,7 +403,9 @@ class Trainer:
             self.last_path = self.resumed_from
             # a fresh start drops every frame of a killed earlier attempt (its step-0 validation frame too)
             kept = self.step if self.resumed_from is not None else -1
-            self.reporter = reporter or default_reporter(self.run_dir, kept, self.total_steps, self.spec.log_every)
+            self.reporter = reporter or default_reporter(self.run_dir, kept, self.total_steps, self.spec.log_every,
+                                                         sinks=self.spec.sinks, spec=self.spec, home=self.home,
+                                                         corpus_checksum=(getattr(self, "corpus_meta", None) or {}).get("checksum"))
             self.hooks.on_start(self)
             self._liveness("ready")
             self.validation_pending_exit = False

@@ -1,0 +1,335 @@
+"""The MLflow sink: one MLflow run per TrainRun, every frame delivered once across kills and resumes.
+
+Armed by the train spec's ``"sinks": {"mlflow": {...}}`` (``tracking_uri``, else ``$MLFLOW_TRACKING_URI``;
+``experiment``, else the run's name); only then is ``mlflow`` imported (the ``[mlflow]`` extra), and
+then on the sink's own thread, so neither its import nor a slow or dead server costs training a step.
+
+The run is found again, never created anew, by two tags: ``durable.workflow_id`` (``train/<name>``,
+the id a continuation ``/2`` shares) and ``durable.home``. Params are the spec, flattened; tags add the
+corpus checksum and the code version.
+
+Exactly once per step. The checkpoint is authoritative and metrics.jsonl is this attempt's local copy of
+what training produced (cut back to the resumed step, so it reads as one run). The *delivered mark* is
+read from MLflow itself when the sink starts: the highest step in the run's metric histories (frames
+go in ``log_batch`` requests of whole frames, so a step is in MLflow whole or not at all). Then:
+- catch-up: frames of metrics.jsonl after the mark, up to the resumed step, are delivered first (what
+  an earlier attempt produced but never delivered: a dead server, a kill with frames still queued);
+- live: frames after the mark are delivered as training reports them; a redone step (at or below the
+  mark, after a resume) is not delivered twice: an exact resume gives it the same bits anyway.
+
+Best effort, at most once, never fatal (the seed's rule for reporters): the first failure (a dead or
+failing server) prints one warning line, and the sink stops delivering for this attempt; training and
+its bits are unaffected; the next attempt catches up from metrics.jsonl. The queue is bounded
+(``QUEUE_LIMIT`` frames): when full, frames are dropped and the next attempt catches up likewise.
+
+The sink's state (run id, delivered step, last error) is written to ``runs/<name>/sinks/mlflow.json``
+(temp file, fsync, rename; at most every ``STATE_EVERY_S`` and at the end), which ``ctl show`` and
+``ctl doctor`` read to say whether the sink fell behind: they never contact the server.
+
+Evaluation figures: ``tinyllm eval`` of a checkpoint of such a run logs each suite's figures at the
+checkpoint's step, with the checkpoint's path and digest as params (``log_evaluation``), once.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from .fsio import atomic_write
+
+STATE_FILE = "mlflow.json"
+BATCH_FRAMES = 100  # frames per log_batch (MLflow takes at most 1000 metrics a request; a frame has ~10)
+QUEUE_LIMIT = 100_000  # frames waiting for delivery; beyond it they wait for the next attempt's catch-up
+STATE_EVERY_S = 2.0  # the state file is rewritten at most this often (and at the end)
+FLUSH_TIMEOUT_S = 60.0  # close() waits this long for queued frames (sinks.mlflow.flush_timeout_s); the rest: next attempt
+HTTP_RETRIES = "2"  # MLflow's HTTP retries (its default, 7 with backoff, waits minutes on a dead server)
+HTTP_TIMEOUT_S = "10"
+_STOP = object()
+
+
+def state_path(run_dir: Path) -> Path:
+    return run_dir / "sinks" / STATE_FILE
+
+
+def read_state(run_dir: Path) -> dict | None:
+    """The sink's last written state (for ctl show / doctor), or None when the run has no MLflow sink."""
+    try:
+        return json.loads(state_path(run_dir).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def tracking_uri(config: Any) -> str:
+    uri = getattr(config, "tracking_uri", None) or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise ValueError("sinks.mlflow: no tracking_uri in the spec and MLFLOW_TRACKING_URI is not set")
+    return uri
+
+
+def _import_mlflow():
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", HTTP_RETRIES)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", HTTP_TIMEOUT_S)
+    try:
+        from mlflow.entities import Metric, Param, RunTag  # lazy: the optional [mlflow] extra
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        raise ImportError("the MLflow sink needs the mlflow extra: pip install -e '.[mlflow]'") from None
+    for name in ("mlflow", "alembic"):  # their INFO lines (database migrations) would interleave the progress
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return MlflowClient, Metric, Param, RunTag
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, str]:
+    """The spec as MLflow params: ``model.n_layer`` -> ``"4"`` (lists and None as JSON)."""
+    out: dict[str, str] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    value = d if isinstance(d, str) else json.dumps(d, sort_keys=True)
+    out[prefix[:-1]] = value[:6000]  # MLflow's param value limit
+    return out
+
+
+def code_version() -> str:
+    try:
+        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, text=True,
+                              capture_output=True, timeout=5)
+        if proc.returncode == 0:
+            return proc.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        return version("durable-train")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def find_or_create_run(client, experiment: str, workflow_id: str, home: Path, params: dict[str, str],
+                       tags: dict[str, str]) -> str:
+    """The MLflow run of ``workflow_id`` in ``home`` (created once, with its params and tags)."""
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+    found = client.search_runs(
+        [exp_id], filter_string=f"tags.`durable.workflow_id` = '{workflow_id}' and tags.`durable.home` = '{home}'",
+        max_results=2, order_by=["attributes.start_time ASC"])
+    if found:
+        return found[0].info.run_id
+    run = client.create_run(exp_id, tags={"durable.workflow_id": workflow_id, "durable.home": str(home),
+                                          "mlflow.runName": workflow_id, **tags})
+    _, _, Param, _ = _import_mlflow()
+    items = [Param(k, v) for k, v in params.items()]
+    for i in range(0, len(items), 100):  # MLflow's batch limit for params
+        client.log_batch(run.info.run_id, params=items[i:i + 100])
+    return run.info.run_id
+
+
+def delivered_mark(client, run_id: str) -> int:
+    """The highest step MLflow holds a training frame's metric at (each frame is one log_batch: whole or
+    absent). Read over every key the run has, so a frame without ``train/loss`` (validation only) counts."""
+    keys = [k for k in client.get_run(run_id).data.metrics if not k.startswith("eval/")]
+    return max((m.step for k in keys for m in client.get_metric_history(run_id, k)), default=-1)
+
+
+def _metrics(step: int, frame: dict, when_ms: int, Metric) -> list:
+    out = []
+    for key, value in frame.items():
+        if key in ("step", "time") or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        v = float(value)
+        out.append(Metric(key, v if math.isfinite(v) else float("nan"), when_ms, step))
+    return out
+
+
+def _jsonl_frames(path: Path, after: int, upto: int) -> list[tuple[int, dict]]:
+    frames = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return frames
+    for line in lines:
+        try:
+            f = json.loads(line)
+        except ValueError:
+            continue  # a torn last line of a killed attempt
+        step = f.get("step")
+        if isinstance(step, int) and after < step <= upto:
+            frames.append((step, f))
+    return frames
+
+
+class MlflowSink:
+    """A metrics sink (tinyllm/metrics.py) delivering frames to MLflow on its own thread."""
+
+    name = "mlflow"
+
+    def __init__(self, config: Any, *, run_dir: Path, home: Path, spec: dict, resumed_step: int,
+                 corpus_checksum: str | None = None, warn_stream=None):
+        self.config, self.run_dir, self.home, self.spec = config, run_dir, Path(home).resolve(), spec
+        self.uri = tracking_uri(config)
+        self.experiment = getattr(config, "experiment", None) or spec["name"]
+        self.flush_timeout_s = float(getattr(config, "flush_timeout_s", None) or FLUSH_TIMEOUT_S)
+        self.workflow_id = f"train/{spec['name']}"
+        self.resumed_step = resumed_step
+        self.corpus_checksum = corpus_checksum
+        self.warn_stream = warn_stream or sys.stderr
+        self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_LIMIT)
+        self.state = {"tracking_uri": self.uri, "experiment": self.experiment, "workflow_id": self.workflow_id,
+                      "run_id": None, "delivered_step": None, "last_step": resumed_step, "error": None,
+                      "dropped": 0}
+        self._state_at = 0.0
+        self.failed = False
+        self.thread = threading.Thread(target=self._main, name="mlflow-sink", daemon=True)
+        self.thread.start()
+
+    # the training thread's side: never blocks, never raises for the server's sake
+    def write(self, step: int, frame: dict) -> None:
+        self.state["last_step"] = step
+        if self.failed:
+            return
+        try:
+            self.queue.put_nowait((step, dict(frame), int(time.time() * 1000)))
+        except queue.Full:
+            self.state["dropped"] += 1  # the next attempt's catch-up delivers it from metrics.jsonl
+
+    def close(self) -> None:
+        try:
+            self.queue.put(_STOP, timeout=self.flush_timeout_s)
+        except queue.Full:
+            pass
+        self.thread.join(self.flush_timeout_s)
+        if self.thread.is_alive() and not self.failed:
+            self._warn(f"not all frames reached {self.uri} within {self.flush_timeout_s:.0f} s; the next attempt "
+                       "catches up from metrics.jsonl")
+        self._write_state(force=True)
+
+    # the sink's thread
+    def _main(self) -> None:
+        try:
+            MlflowClient, Metric, _, _ = _import_mlflow()
+            client = MlflowClient(tracking_uri=self.uri)
+            tags = {"durable.code_version": code_version()}
+            if self.corpus_checksum:
+                tags["durable.corpus_checksum"] = self.corpus_checksum
+            run_id = find_or_create_run(client, self.experiment, self.workflow_id, self.home,
+                                        flatten(self.spec), tags)
+            mark = delivered_mark(client, run_id)
+            self.state.update(run_id=run_id, delivered_step=mark)
+            backlog = [(step, f, int(float(f.get("time", 0)) * 1000))
+                       for step, f in _jsonl_frames(self.run_dir / "metrics.jsonl", mark, self.resumed_step)]
+            for i in range(0, len(backlog), BATCH_FRAMES):
+                mark = self._deliver(client, Metric, run_id, backlog[i:i + BATCH_FRAMES], mark)
+            stop = False
+            while not stop:
+                batch = [self.queue.get()]
+                while len(batch) < BATCH_FRAMES:  # what queued meanwhile goes in the same request
+                    try:
+                        batch.append(self.queue.get_nowait())
+                    except queue.Empty:
+                        break
+                if batch[-1] is _STOP:
+                    batch.pop()
+                    stop = True
+                mark = self._deliver(client, Metric, run_id, batch, mark)
+        except ImportError as e:
+            self._fail(str(e))
+        except Exception as e:  # a dead, refusing or failing server: this attempt's delivery ends here
+            self._fail(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        self._write_state(force=True)
+
+    def _deliver(self, client, Metric, run_id: str, batch: list, mark: int) -> int:
+        """One ``log_batch`` for the frames of ``batch`` after ``mark`` (a step at or below it was redone
+        after a resume: MLflow has it already); the new mark."""
+        metrics, last = [], mark
+        for step, frame, when_ms in batch:
+            if step <= last:
+                continue
+            metrics += _metrics(step, frame, when_ms or int(time.time() * 1000), Metric)
+            last = step
+        if metrics:
+            client.log_batch(run_id, metrics=metrics)
+        if last != mark:
+            self.state["delivered_step"] = last
+            self._write_state()
+        return last
+
+    def _fail(self, why: str) -> None:
+        self.failed = True
+        self.state["error"] = why
+        self._warn(f"failed ({why}); disabled for this attempt, training goes on; the next attempt catches up "
+                   "from metrics.jsonl")
+        while True:  # let close() through
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                break
+
+    def _warn(self, text: str) -> None:
+        print(f"tinyllm: warning: metrics sink 'mlflow' {text}", file=self.warn_stream, flush=True)
+
+    def _write_state(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._state_at < STATE_EVERY_S:
+            return
+        self._state_at = now
+        try:
+            path = state_path(self.run_dir)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, (json.dumps({**self.state, "updated": time.time()}, sort_keys=True) + "\n").encode())
+        except OSError:
+            pass  # the state file is a convenience for ctl show; a full disk is reported by training itself
+
+
+def behind(state: dict | None, last_step: int | None = None) -> str | None:
+    """One line saying how far the sink fell behind (None: up to date or no sink)."""
+    if state is None:
+        return None
+    upto = state.get("delivered_step")
+    last = last_step if last_step is not None else state.get("last_step")
+    if state.get("error"):
+        return (f"mlflow sink fell behind: delivered up to step {upto if upto is not None else 'none'} of "
+                f"{last} ({state['error']}); the next attempt catches up")
+    if upto is not None and last is not None and upto < last:
+        return f"mlflow sink fell behind: delivered up to step {upto} of {last}; the next attempt catches up"
+    return None
+
+
+def log_evaluation(run_dir: Path, step: int, suite: str, figures: dict[str, float], checkpoint: str,
+                   digest: str | None, warn_stream=None) -> bool:
+    """Log one evaluation's figures at its checkpoint's step to the run's MLflow run (named by the sink's
+    state file; no state file: the run has no MLflow sink and nothing happens). Once: a figure already
+    in the history at that step is not logged again. Never fatal: False (and one warning) on failure."""
+    state = read_state(run_dir)
+    if not state or not state.get("run_id"):
+        return False
+    try:
+        MlflowClient, Metric, Param, _ = _import_mlflow()
+        client = MlflowClient(tracking_uri=state["tracking_uri"])
+        run_id = state["run_id"]
+        now_ms = int(time.time() * 1000)
+        metrics = []
+        for key, value in sorted(figures.items()):
+            name = f"eval/{suite}/{key}"
+            if any(m.step == step for m in client.get_metric_history(run_id, name)):
+                continue
+            metrics.append(Metric(name, float(value), now_ms, step))
+        run = client.get_run(run_id)
+        params = [Param(k, v) for k, v in ((f"eval.{suite}.step-{step:06d}.checkpoint", checkpoint),
+                                             (f"eval.{suite}.step-{step:06d}.digest", digest or ""))
+                  if k not in run.data.params]
+        if metrics or params:
+            client.log_batch(run_id, metrics=metrics, params=params)
+        return True
+    except Exception as e:  # best effort, as the training sink
+        print(f"tinyllm: warning: mlflow: evaluation figures of step {step} not delivered ({type(e).__name__}: "
+              f"{str(e).splitlines()[0] if str(e) else ''})", file=warn_stream or sys.stderr, flush=True)
+        return False
