@@ -110,11 +110,8 @@ def main() -> None:
         homes[name] = out / f"home-{i}"
         shutil.copytree(corpora, homes[name] / "corpora")
     (homes["durable.checkpoint_write armed"] / "arm").write_text("")
-    report = {}
-    for name in CASES:  # one at a time: the machine has few cores
-        if name == "trainer.hold":
-            continue
-        report[name] = status(start(name, homes[name]))
+    pids = {name: start(name, homes[name]) for name in CASES if name != "trainer.hold"}  # all at once
+    report = {name: status(pid) for name, pid in pids.items()}
     home = homes["trainer.hold"]  # held at step 2 until stopped: still there a second later, then SIGTERM
     pid = start("trainer.hold", home)
     deadline = time.monotonic() + 60
