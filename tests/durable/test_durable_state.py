@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinyllm import checkpoint as ckpt
+from tinyllm import faults
 from tinyllm.durable import DurableRun, DurableSampler
 from tinyllm.durable_state import capture_rng, restore_rng
 
@@ -142,8 +143,6 @@ def test_an_armed_checkpoint_write_fault_fires_in_one_process_once(tmp_path: Pat
     """``TINYLLM_FAULT=durable.checkpoint_write@armed:FILE`` (the fault campaign's): the first write that finds
     FILE claims it by a rename; no other write fires. (``faults.fires`` decides; ``save`` then dies.)"""
     import os
-
-    from tinyllm import faults
 
     def fires(saves: int) -> bool:
         return faults.fires("durable.checkpoint_write", saves, tmp_path)
