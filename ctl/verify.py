@@ -10,7 +10,7 @@ and where the trainer writes them the learning rates and the batch digest).
 
 When they differ, ``diagnose`` names the first differing step, the resume it follows, and the state
 most likely not restored, by comparing the state fingerprint the helper printed right after that
-resume with the uninterrupted run's at the same step (``DURABLE_FINGERPRINT=1`` makes the reference
+resume with the uninterrupted run's at the same step (``TINYLLM_FAULT=durable.fingerprint`` makes the reference
 run record one at every step), then the pattern of what differs at the first step.
 """
 from __future__ import annotations
@@ -306,9 +306,10 @@ def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: in
                  fingerprint: bool, log: Callable[[str], None]) -> Attempt:
     progress = home / f"attempt-{index}.jsonl"
     resumed = _latest_step(home, trainer.name)
-    env = {"DURABLE_FINGERPRINT": "1"} if fingerprint else {}
+    armed = ["durable.fingerprint"] if fingerprint else []
     if mode == "checkpoint-write":
-        env["DURABLE_FAULT"] = "checkpoint-write@1"
+        armed.append("durable.checkpoint_write@1")
+    env = {"TINYLLM_FAULT": ",".join(armed)} if armed else {}  # tinyllm/faults.py
     proc = trainer.start(home, progress, env)
     metrics = home / "runs" / trainer.name / "metrics.jsonl"
     deadline = time.monotonic() + timeout_s

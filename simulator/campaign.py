@@ -275,7 +275,7 @@ class Run:
 
     def _kill_in_checkpoint_write(self) -> str:
         """Arm the helper's fault file; the next checkpoint write of a train child claims it and dies
-        inside that write (tinyllm.durable, ``DURABLE_FAULT=checkpoint-write@armed:FILE``)."""
+        inside that write (tinyllm.durable, ``TINYLLM_FAULT=durable.checkpoint_write@armed:FILE``)."""
         kind = "kill-in-checkpoint-write"
         seen = dict(self.children())  # (a train child not yet started claims it too)
         if any(self.child_kills.get(aid, 0) >= MAX_CHILD_KILLS for aid in seen.values() if aid.startswith("train-")):

@@ -7,7 +7,7 @@
 same way and holds each to the same oracle; only the spec, ``ctl train``'s arguments, how a trainer
 process is recognised and the fault kinds differ. A user trainer built on ``DurableRun`` also gets
 ``kill-in-checkpoint-write``: once the run has a checkpoint, the campaign arms a file
-(``DURABLE_FAULT=checkpoint-write@armed:FILE``, set in the spec's trainer env) and the next checkpoint
+(``TINYLLM_FAULT=durable.checkpoint_write@armed:FILE``, set in the spec's trainer env) and the next checkpoint
 write of any of its trainers SIGKILLs itself after some of the checkpoint's files are written, before
 its manifest. A trainer that does not use
 the helper never claims the file: the fault reads ``missed``.
@@ -22,7 +22,7 @@ from typing import Any
 NAME = "camp"
 ROOT = Path(__file__).resolve().parents[1]  # the project; examples/ lives here
 ARMED = "campaign-fault-armed"  # relative to a run's home: its presence arms a kill inside a checkpoint write
-FAULT_ENV = {"DURABLE_FAULT": f"checkpoint-write@armed:{ARMED}"}
+FAULT_ENV = {"TINYLLM_FAULT": f"durable.checkpoint_write@armed:{ARMED}"}  # tinyllm/faults.py
 
 TINYLLM_SPEC = {  # two segments of a tiny model; a checkpoint every 2 steps; a durable 1 s wait between segments
     "name": NAME, "steps": 20, "seed": 11, "eval_every": 10, "eval_interval_seconds": 1, "checkpoint_every": 2,

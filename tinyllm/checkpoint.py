@@ -50,7 +50,7 @@ import torch
 
 from .errors import CheckpointError
 from .diskfull import writing
-from .faults import CHECKPOINT_ENV, kill_point
+from . import faults
 from .fsio import atomic_write, fsync_dir, write_synced
 from .names import step_dir_name
 
@@ -116,7 +116,7 @@ def write_checkpoint_dir(final: Path, step: int, components: Mapping[str, Any], 
     if final.exists():  # re-saving a step (e.g. resumed from an older checkpoint): swap it out
         replaced = final.parent / f".replaced-{final.name}-{os.getpid()}"
         os.rename(final, replaced)
-        kill_point(CHECKPOINT_ENV, "between_renames", step)  # the window recover_interrupted_writes closes
+        faults.point("checkpoint.between_renames", step)  # the window recover_interrupted_writes closes
     try:
         os.rename(tmp, final)
     except OSError:  # e.g. ENOSPC growing the directory: put the old copy back, never leave the name missing

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .validation.faults import maybe_kill
+from . import faults
 from .validation.isolation import isolated
 from .validation.lm import IGNORE, lm_metrics, loss_sums, windows
 from .validation.runner import Validator
@@ -57,7 +57,7 @@ class RankValidator:
 
         def on_batch(n: int) -> None:
             if n == 1 and self.rank == 0:
-                maybe_kill("during_evaluation", step)
+                faults.point("validation.during_evaluation", step)
 
         with isolated(model):
             total, count, batches = loss_sums(model, shard_windows(wins, self.rank, self.world_size, block),

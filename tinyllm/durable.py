@@ -33,12 +33,12 @@ heartbeated only while it makes progress. Each step's frame goes to ``runs/<name
 SIGTERM/SIGINT: the step in flight finishes, a checkpoint is written, the result line says
 ``"canceled": true`` and the process exits 130.
 
-Test-only switches (``ctl verify-resume`` sets them): ``DURABLE_FINGERPRINT=1`` adds the state
-fingerprint to every step's frame; ``DURABLE_FAULT=checkpoint-write@N`` SIGKILLs the process in the
-middle of its N-th checkpoint write (after some files are written, before the manifest);
-``DURABLE_FAULT=checkpoint-write@armed:FILE`` does so in the first checkpoint write that finds FILE
-(relative to the home) and claims it by renaming it to ``FILE.fired-<pid>``: one process fires once,
-at a moment another process chose (the fault campaign arms it).
+Test-only switches (``ctl verify-resume`` sets them; tinyllm/faults.py): ``TINYLLM_FAULT=durable.fingerprint``
+adds the state fingerprint to every step's frame; ``TINYLLM_FAULT=durable.checkpoint_write@N`` SIGKILLs
+the process in the middle of its N-th checkpoint write (after some files are written, before the
+manifest); ``TINYLLM_FAULT=durable.checkpoint_write@armed:FILE`` does so in the first checkpoint write
+that finds FILE (relative to the home) and claims it by renaming it to ``FILE.fired-<pid>``: one
+process fires once, at a moment another process chose (the fault campaign arms it).
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ from typing import Any, Iterable, Iterator, Mapping, NoReturn
 import torch
 
 from . import checkpoint as ckpt
-from . import runlock
+from . import faults, runlock
 from .digest import state_digest
 from .durable_state import (
     capture_rng,
@@ -79,8 +79,6 @@ EXIT_CANCELED = 130
 # "threads" stays a trajectory key here: a user's own loop is not thread-invariant as tinyllm's model is.
 NON_TRAJECTORY_KEYS = frozenset({"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every",
                                  "trainer"})
-FINGERPRINT_ENV = "DURABLE_FINGERPRINT"
-FAULT_ENV = "DURABLE_FAULT"
 
 
 class DurableError(Exception):
@@ -230,8 +228,11 @@ class DurableRun:
         self.last_path: Path | None = None
         self._stop = False
         self._started = False
-        self._fingerprint_steps = os.environ.get(FINGERPRINT_ENV) == "1"
-        self._fault_at, self._fault_armed = self._parse_fault(os.environ.get(FAULT_ENV, ""))
+        try:
+            faults.arm_from_env()  # tests only (TINYLLM_FAULT): a typo must not run unarmed
+        except faults.FaultError as e:
+            raise DurableError(str(e)) from None
+        self._fingerprint_steps = faults.switch("durable.fingerprint")
         self._saves = 0
         if seed_rngs:  # a fresh run is reproducible; a resume restores every RNG from the checkpoint anyway
             seed_everything(self.seed)
@@ -259,27 +260,6 @@ class DurableRun:
         run._stop = run_stop["requested"]
         run._install_signals()
         return run
-
-    @staticmethod
-    def _parse_fault(value: str) -> tuple[int | None, str | None]:
-        """``DURABLE_FAULT``: (the checkpoint write to die in, the file that arms the fault)."""
-        m = re.fullmatch(r"checkpoint-write@(?:(\d+)|armed:(.+))", value)
-        if not m:
-            return None, None
-        return (int(m.group(1)) if m.group(1) else None), m.group(2)
-
-    def _fault_now(self) -> bool:
-        """Test-only: is this checkpoint write the one to die in (``DURABLE_FAULT``)?"""
-        if self._fault_at == self._saves:
-            return True
-        if self._fault_armed is None:
-            return False
-        armed = self.home / self._fault_armed
-        try:  # a rename has one winner: of all the processes that see the file, one fires
-            os.rename(armed, armed.with_name(f"{armed.name}.fired-{os.getpid()}"))
-        except OSError:
-            return False
-        return True
 
     def _install_signals(self) -> None:
         def stop(signum: int, frame: Any) -> None:
@@ -430,7 +410,7 @@ class DurableRun:
         """Write the checkpoint of this step (atomic; then LATEST) and its progress line."""
         comps = self.components()
         self._saves += 1
-        if self._fault_now():
+        if faults.fires("durable.checkpoint_write", self._saves, self.home):  # tests only (tinyllm/faults.py)
             comps["zz_fault"] = _FaultOnSave()  # sorted last: the other files are written, no manifest yet
         path = ckpt.save_checkpoint(self.run_dir, self.step, comps,
                                     meta={"name": self.name, "trainer": "tinyllm.durable", "tracked": self.tracked(),

@@ -26,14 +26,13 @@ Crash safety: a checkpoint is first renamed to ``.pruned-step-NNNNNN-<pid>`` (at
 parent directory fsynced), which takes it out of every listing at once, then deleted. A kill
 leaves at most such a hidden directory, which the next prune removes. Each pruning appends a
 JSON line to ``runs/<name>/ckpt/retention.log`` and prints one line on stderr.
-Tests kill the trainer between the two with ``TINYLLM_RETENTION_KILL=<phase>@<step>#<i>``.
+Tests kill the trainer between the two with ``TINYLLM_FAULT=retention.<phase>@<step>#<i>`` (tinyllm/faults.py).
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import faults
 from .fsio import fsync_dir
 from .names import resolve_checkpoint, step_dir_name
 from .selection import BestK
@@ -176,15 +176,6 @@ def plan(*, names: list[str], keep: KeepCheckpoints, step: int, eval_every: int,
     return prune, why
 
 
-KILL_ENV = "TINYLLM_RETENTION_KILL"  # tests only: "<after_rename|during_delete|after_delete>@<step>#<i>"
-
-
-def _maybe_kill(phase: str, step: int, i: int) -> None:
-    target = os.environ.get(KILL_ENV)
-    if target and target == f"{phase}@{step}#{i}":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def remove_leftovers(ckpt_root: Path) -> None:
     """Delete directories an earlier pruning renamed but was killed before deleting."""
     for p in ckpt_root.iterdir():
@@ -214,13 +205,13 @@ def prune(run_dir: Path, home: Path, keep: KeepCheckpoints | None, *, step: int,
         hidden = ckpt_root / f"{PRUNED_PREFIX}{name}-{os.getpid()}"
         os.rename(ckpt_root / name, hidden)  # atomic: gone from every listing at once
         fsync_dir(ckpt_root)
-        _maybe_kill("after_rename", step, i)
+        faults.point("retention.after_rename", step, i)
         for j, f in enumerate(sorted(hidden.iterdir())):  # file by file: a kill leaves a torn, hidden dir
             f.unlink() if not f.is_dir() else shutil.rmtree(f)
             if j == 0:
-                _maybe_kill("during_delete", step, i)
+                faults.point("retention.during_delete", step, i)
         hidden.rmdir()
-        _maybe_kill("after_delete", step, i)
+        faults.point("retention.after_delete", step, i)
     entry = {"time": time.time(), "step": step, "pruned": doomed, "kept": dict(sorted(why.items())),
              "keep_checkpoints": keep.model_dump()}
     with open(ckpt_root / LOG_NAME, "a", encoding="utf-8") as f:

@@ -40,7 +40,6 @@ from .model import GPT, state_digest
 from .torch_startup import defer_dynamo_in_optimizers, optimizer_step, use_deterministic_algorithms
 from .progress import ProgressFile
 from .spec import SpecError, TrainSpec, lr_at  # lr_at re-exported: bench/ and tests use it from here
-from .validation.faults import maybe_kill
 from .validation.transaction import read_journal
 
 # Spec fields that do not change the trajectory: they may differ between a checkpoint and its resume.
@@ -110,6 +109,10 @@ class Trainer:
         self.run_dir = self.home / "runs" / spec.name
         cfg = spec.model
         # Bad input is refused here, before anything is written.
+        try:
+            faults.arm_from_env()  # tests only: a misspelled TINYLLM_FAULT would run unarmed
+        except faults.FaultError as e:
+            raise SpecError(str(e)) from None
         if cfg.n_embd % cfg.n_head:
             raise SpecError(f"invalid train spec: model.n_embd ({cfg.n_embd}) is not a multiple of model.n_head ({cfg.n_head})")
         self.total_steps = spec.steps if total_steps is None else total_steps
@@ -359,7 +362,7 @@ class Trainer:
                                    termination_requested=self.stop_requested)
         publish = lambda f: self.reporter.report(step, f)  # noqa: E731
         if plan.kind == "full":  # the checkpoint, with the pending marker, before held-out data is read
-            maybe_kill("before_marker", step)
+            faults.point("validation.before_marker", step)
             path = self.save(extra={"validation": self.validator.marker(step, self.model, frame)})
             if plan.exit_before_validation:
                 self.validation_pending_exit = True  # evaluated on resume, before the next update
@@ -413,8 +416,8 @@ class Trainer:
                 self._validation_at_start()
             self.model.train()
             while self.step < self.spec.steps and not self.stop_requested and not self.stopped_early:
-                if faults.hold_point(self.step, lambda: self.stop_requested, self._liveness) and self.stop_requested:
-                    break  # tests only (TINYLLM_HOLD_AT); no extra stop check otherwise (a collective on ranks)
+                if faults.hold(self.step, lambda: self.stop_requested, self._liveness) and self.stop_requested:
+                    break  # tests only (trainer.hold); no extra stop check otherwise (a collective on ranks)
                 self._liveness()  # at most every few seconds: the loop itself says it is alive
                 frame = self.train_step()
                 self.hooks.after_step(self, self.step, frame)

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine import ActivityError, Canceled, NonRetryableError, RetryPolicy, Runtime, StepOptions, is_canceled
+from tinyllm import faults
 from tinyllm.fsio import atomic_write, fsync_dir, write_synced
 
 from .evaluation import eval_suite
@@ -37,7 +38,6 @@ from .models import EvalSubject, EvalSuiteInput, EvalSuiteResult
 
 WORKFLOW_MODEL_RELEASE = "ModelRelease"
 ACTIVITY_PUBLISH = "publish"
-KILL_ENV = "CTL_RELEASE_KILL"  # tests only: "after_copy" | "after_rename" (SIGKILL this process there)
 
 _GATE = re.compile(r"^(?P<suite>[A-Za-z0-9_.-]+)/(?P<figure>[A-Za-z0-9_./-]+?)\s*(?P<op><=|>=|<|>|==)\s*"
                    r"(?P<value>[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?)$")
@@ -181,11 +181,6 @@ async def model_release(rt: Runtime, input: ModelReleaseInput) -> ModelReleaseRe
 # --- the publish activity (plain files; no torch) ---------------------------------------------
 
 
-def _maybe_kill(phase: str) -> None:
-    if os.environ.get(KILL_ENV) == phase:
-        os.kill(os.getpid(), 9)
-
-
 def list_releases(home: Path, name: str | None = None) -> list[dict]:
     """Every published release of the home (or of run ``name``): manifest fields and CURRENT."""
     out = []
@@ -217,6 +212,10 @@ def _code_version() -> str:
 
 def publish(home: Path, inp: PublishInput) -> PublishResult:
     """Publish ``inp`` once under ``releases/<run>/`` (idempotent by checkpoint digest)."""
+    try:
+        faults.arm_from_env()  # tests only: release.after_copy / after_rename (tinyllm/faults.py)
+    except faults.FaultError as e:
+        raise NonRetryableError(str(e)) from None
     r = inp.release
     root = Path(home) / "releases" / r.name
     root.mkdir(parents=True, exist_ok=True)
@@ -246,10 +245,10 @@ def publish(home: Path, inp: PublishInput) -> PublishResult:
                     "code_version": _code_version()}
         write_synced(tmp / "manifest.json", (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
         fsync_dir(tmp)
-        _maybe_kill("after_copy")
+        faults.point("release.after_copy", int(version_name[1:]))  # tests only (tinyllm/faults.py)
         os.rename(tmp, root / version_name)
         fsync_dir(root)
-        _maybe_kill("after_rename")
+        faults.point("release.after_rename", int(version_name[1:]))
     atomic_write(root / "CURRENT", (version_name + "\n").encode())
     return PublishResult(version=version_name, path=f"releases/{r.name}/{version_name}", reused=reused)
 

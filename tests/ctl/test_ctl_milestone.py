@@ -48,9 +48,9 @@ def train_args(spec_path: Path, evals: bool = True) -> list[str]:
 
 
 def spawn_train(home: Path, spec_path: Path, evals: bool = True, hold_at: int | None = None) -> subprocess.Popen:
-    """``hold_at``: the trainer holds at that step until stopped (TINYLLM_HOLD_AT, tinyllm/faults.py), so
+    """``hold_at``: the trainer holds at that step until stopped (TINYLLM_FAULT=trainer.hold, tinyllm/faults.py), so
     a kill or cancel after a checkpoint of the segment lands inside it however fast the machine."""
-    env = {**os.environ, **({"TINYLLM_HOLD_AT": str(hold_at)} if hold_at is not None else {})}
+    env = {**os.environ, **({"TINYLLM_FAULT": f"trainer.hold@{hold_at}"} if hold_at is not None else {})}
     return subprocess.Popen([sys.executable, "-m", "ctl.cli", *train_args(spec_path, evals), "--json", "--home", str(home)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 

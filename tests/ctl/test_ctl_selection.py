@@ -72,7 +72,7 @@ def _release(home: Path, *args: str, kill: str | None = None):
 
     e = env()
     if kill:
-        e["CTL_RELEASE_KILL"] = kill
+        e["TINYLLM_FAULT"] = f"release.{kill}@1"  # publishing v0001
     return subprocess.run([sys.executable, "-m", "ctl.cli", "release", "train/small", "--suite", "ppl",
                            "--eval-max-items", "4", *args, "--home", str(home)], capture_output=True, text=True,
                           timeout=300, env=e)

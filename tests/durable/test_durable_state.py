@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinyllm import checkpoint as ckpt
+from tinyllm import faults
 from tinyllm.durable import DurableRun, DurableSampler
 from tinyllm.durable_state import capture_rng, restore_rng
 
@@ -139,20 +140,23 @@ def test_sampler_state_round_trips_mid_epoch_and_at_the_epoch_end() -> None:
 
 
 def test_an_armed_checkpoint_write_fault_fires_in_one_process_once(tmp_path: Path, monkeypatch) -> None:
-    """``DURABLE_FAULT=checkpoint-write@armed:FILE`` (the fault campaign's): the first write that finds
-    FILE claims it by a rename; no other write fires. (``_fault_now`` decides; ``save`` then dies.)"""
+    """``TINYLLM_FAULT=durable.checkpoint_write@armed:FILE`` (the fault campaign's): the first write that finds
+    FILE claims it by a rename; no other write fires. (``faults.fires`` decides; ``save`` then dies.)"""
     import os
 
+    def fires(saves: int) -> bool:
+        return faults.fires("durable.checkpoint_write", saves, tmp_path)
+
     spec = {"name": "arm", "steps": 3}
-    monkeypatch.setenv("DURABLE_FAULT", "checkpoint-write@armed:arm")
-    a, b = DurableRun(spec, home=tmp_path), DurableRun(spec, home=tmp_path)
-    assert not a._fault_now() and not b._fault_now()  # not armed yet
+    monkeypatch.setenv("TINYLLM_FAULT", "durable.checkpoint_write@armed:arm")
+    DurableRun(spec, home=tmp_path)  # arms from the environment
+    assert not fires(1) and not fires(2)  # not armed yet
     (tmp_path / "arm").write_text("")
-    assert [a._fault_now(), b._fault_now(), a._fault_now()] == [True, False, False]
+    assert [fires(1), fires(2), fires(3)] == [True, False, False]
     assert list(tmp_path.iterdir()) == [tmp_path / f"arm.fired-{os.getpid()}"]
-    monkeypatch.setenv("DURABLE_FAULT", "checkpoint-write@2")
-    c = DurableRun(spec, home=tmp_path)
-    c._saves = 1
-    assert not c._fault_now()
-    c._saves = 2
-    assert c._fault_now()
+    monkeypatch.setenv("TINYLLM_FAULT", "durable.checkpoint_write@2")
+    DurableRun(spec, home=tmp_path)
+    assert not fires(1) and fires(2)
+    monkeypatch.delenv("TINYLLM_FAULT")
+    DurableRun(spec, home=tmp_path)
+    assert not fires(2)  # disarmed again

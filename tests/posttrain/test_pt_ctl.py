@@ -43,10 +43,10 @@ def resumed(pt_home, tmp_path_factory):
     for kind, s in CTL_SPECS.items():
         home = copy_home(pt_home, tmp_path_factory.mktemp(f"ctl-{kind}") / "home")
         path = write_spec(home, s)
-        # the trainer holds one step before its end (TINYLLM_HOLD_AT, in segment 2): a starved poller
+        # the trainer holds one step before its end (TINYLLM_FAULT=trainer.hold, in segment 2): a starved poller
         # cannot let a run finish before its kill; the kill still lands anywhere from segment 2's first
         # checkpoint to the hold. The second command has no hold.
-        hold = {**os.environ, "TINYLLM_HOLD_AT": str(s["steps"] - 1)}
+        hold = {**os.environ, "TINYLLM_FAULT": f"trainer.hold@{s['steps'] - 1}"}
         runs[kind] = (home, path, subprocess.Popen(ctl_cmd(home, path), stdout=subprocess.PIPE,
                                                    stderr=subprocess.PIPE, text=True, env=hold))
     deadline = time.monotonic() + DEADLINE_S

@@ -27,13 +27,13 @@ KILL_SPECS = {
     # killed after its durable validation at trainer step 2 recorded completion, before the frame was emitted
     "grpo-unframed": spec("grpo", {**VALIDATION["grpo"], "save_checkpoint": True}, name="grpo-unframed", steps=3),
 }
-KILL_ENV = {"grpo-pending": {"TINYLLM_VALIDATION_KILL": "during_evaluation@2"},
-            "grpo-unframed": {"TINYLLM_VALIDATION_KILL": "before_frame@2"}}
+KILL_ENV = {"grpo-pending": {"TINYLLM_FAULT": "validation.during_evaluation@2"},
+            "grpo-unframed": {"TINYLLM_FAULT": "validation.before_frame@2"}}
 # The others are SIGKILLed by the poller below wherever they are once a checkpoint >= 2 shows; they hold
-# (TINYLLM_HOLD_AT) two steps before their end so that a starved poller cannot let one finish first (a CI
+# (TINYLLM_FAULT=trainer.hold) two steps before their end so that a starved poller cannot let one finish first (a CI
 # run on a contended machine had grpo and opd end before their kill). The hold is not a kill point: the kill
 # lands anywhere from checkpoint 2 to the hold.
-HOLD_ENV = {kind: {"TINYLLM_HOLD_AT": str(s["steps"] - 2)} for kind, s in KILL_SPECS.items() if kind not in KILL_ENV}
+HOLD_ENV = {kind: {"TINYLLM_FAULT": f"trainer.hold@{s['steps'] - 2}"} for kind, s in KILL_SPECS.items() if kind not in KILL_ENV}
 
 
 def _progress_step(path) -> int:

@@ -38,7 +38,7 @@ SPEC = {
 # one long segment (a cancel reaches an activity only with a heartbeat's answer: after the trainer's
 # next progress line)
 LONG_SPEC = {**SPEC, "steps": 120, "eval_every": 0, "lr_decay_steps": 120}
-HOLD_STEP = 6  # TINYLLM_HOLD_AT (tinyllm/faults.py): the canceled run waits there, a checkpoint behind it
+HOLD_STEP = 6  # TINYLLM_FAULT=trainer.hold (tinyllm/faults.py): the canceled run waits there, a checkpoint behind it
 DEADLINE_S = 240
 SECRET = "ctl-test-api-key-7f3a9c1e5b"
 HEARTBEAT_S = "25"  # a dead worker's segment moves on after this; above a loaded machine's torch import (no line then)
@@ -157,8 +157,8 @@ def killed_run(temporal_server, tmp_path_factory):
     """ctl train SIGKILLed mid segment 2, then the same command; what it printed and recorded."""
     home, spec_path = make_home(tmp_path_factory, "kill")
     ctl = Ctl(temporal_server, "kill", home)
-    # held at step 18 (TINYLLM_HOLD_AT) until killed: segment 2 cannot end before the kill lands
-    proc = ctl.spawn(*train_args(spec_path), env={"TINYLLM_HOLD_AT": "18"})
+    # held at step 18 (TINYLLM_FAULT=trainer.hold) until killed: segment 2 cannot end before the kill lands
+    proc = ctl.spawn(*train_args(spec_path), env={"TINYLLM_FAULT": "trainer.hold@18"})
     killed_after = max(wait_for(lambda: checkpoints_in_segment_2(home), "a checkpoint in segment 2", proc))
     os.kill(proc.pid, signal.SIGKILL)
     ctl.finish(proc, timeout_s=30)
@@ -214,7 +214,7 @@ def test_cancel_mid_segment_exits_130_then_same_command_continues(temporal_serve
     ctl = Ctl(temporal_server, "cancel", home)
     # the trainer holds at step 6 (its second checkpoint) until stopped: the cancel lands mid-segment however
     # fast the machine (a race before: 120 tiny steps can end before a cancel's heartbeat answer arrives)
-    proc = ctl.spawn(*train_args(spec_path, evals=False), env={"TINYLLM_HOLD_AT": str(HOLD_STEP)})
+    proc = ctl.spawn(*train_args(spec_path, evals=False), env={"TINYLLM_FAULT": f"trainer.hold@{HOLD_STEP}"})
     wait_for(lambda: checkpoints(home, "train-000120"), "the segment's first checkpoint", proc)
     ctl.run("cancel", "train/mini")
     stdout, stderr = ctl.finish(proc)

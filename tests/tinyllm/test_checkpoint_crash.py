@@ -126,7 +126,7 @@ def test_real_sigkill_between_the_renames_keeps_the_checkpoint(home, tmp_path):
     assert run_tinyllm(home, "train", "--spec", str(spec4)).returncode == 0
     root = home / "runs/crash/ckpt"
     _corrupt(root / "step-000004/model.pt")
-    env = {**os.environ, "TINYLLM_CHECKPOINT_KILL": "between_renames@4"}
+    env = {**os.environ, "TINYLLM_FAULT": "checkpoint.between_renames@4"}
     killed = subprocess.run(tinyllm_cmd("train", "--spec", str(spec), "--home", str(home)),
                             capture_output=True, text=True, timeout=120, env=env)
     assert killed.returncode == -9, killed.stderr

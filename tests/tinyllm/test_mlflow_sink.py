@@ -117,7 +117,7 @@ def test_sigkill_mid_run_then_resume_has_each_step_once_and_the_same_bits(home, 
     spec = _spec(home, uri)
     progress = home / "progress-1.jsonl"
     proc = start_tinyllm(home, "train", "--spec", str(spec), "--progress", str(progress),
-                         env={"TINYLLM_HOLD_AT": "25"})
+                         env={"TINYLLM_FAULT": "trainer.hold@25"})
     wait_for_progress(progress, 20, proc)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the sink has delivered something: the kill lands mid-delivery
@@ -178,7 +178,7 @@ def test_a_killed_tracking_server_costs_a_warning_not_the_run(home, tmp_path):
         spec = _spec(home, uri)
         progress = home / "progress-1.jsonl"
         proc = start_tinyllm(home, "train", "--spec", str(spec), "--progress", str(progress),
-                             env={"TINYLLM_HOLD_AT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"})
+                             env={"TINYLLM_FAULT": "trainer.hold@10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"})
         wait_for_progress(progress, 10, proc, deadline_s=300)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:

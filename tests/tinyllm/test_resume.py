@@ -35,9 +35,9 @@ def test_sigkill_at_every_checkpoint_then_resume_is_bitwise_equal(home, referenc
     resumed_steps = []
     for attempt, kill_after in enumerate((10, 20, 30), start=1):
         progress = home / f"progress-{attempt}.jsonl"
-        # held right after that checkpoint (TINYLLM_HOLD_AT): a slow poller cannot let the run go past it
+        # held right after that checkpoint (TINYLLM_FAULT=trainer.hold): a slow poller cannot let the run go past it
         proc = start_tinyllm(home, "train", "--spec", str(SMALL_SPEC), "--progress", str(progress),
-                             env={"TINYLLM_HOLD_AT": str(kill_after)})
+                             env={"TINYLLM_FAULT": f"trainer.hold@{kill_after}"})
         wait_for_progress(progress, kill_after, proc)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)

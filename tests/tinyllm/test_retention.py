@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tinyllm.checkpoint import verify_checkpoint
-from tinyllm.retention import KILL_ENV, KeepCheckpoints, plan
+from tinyllm.faults import ENV as FAULT_ENV
+from tinyllm.retention import KeepCheckpoints, plan
 from tl_helpers import last_json, run_tinyllm, write_spec
 
 NAMES = [f"step-{s:06d}" for s in (10, 20, 30, 40, 50, 60)]
@@ -87,9 +88,9 @@ def uninterrupted(tmp_path_factory, built_corpus) -> dict:
 def test_kill_during_pruning_then_resume_is_exact(home: Path, phase: str, monkeypatch, uninterrupted) -> None:
     base = dict(steps=10, checkpoint_every=2, keep_checkpoints={"last": 1, "boundaries": False}, **TINY)
     spec = write_spec(home / "s.json", **base)
-    monkeypatch.setenv(KILL_ENV, f"{phase}@6#0")  # the prune after step 6's checkpoint: step 4 goes
+    monkeypatch.setenv(FAULT_ENV, f"retention.{phase}@6#0")  # the prune after step 6's checkpoint: step 4 goes
     p = run_tinyllm(home, "train", "--spec", str(spec))
-    monkeypatch.delenv(KILL_ENV)
+    monkeypatch.delenv(FAULT_ENV)
     assert p.returncode == -9, p.stderr
     hidden = [n for n in _ckpts(home) if n.startswith(".pruned-")]
     assert len(hidden) == 1 and all(n.startswith(".pruned-step-000004-") for n in hidden)

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tinyllm.retention import KILL_ENV, KeepCheckpoints, plan
+from tinyllm.retention import KeepCheckpoints, plan
 from tinyllm.selection import BestK, EarlyStopping, Tracker, best_k, decide
 from tinyllm.spec import SpecError, parse_train_spec
-from tinyllm.validation.faults import ENV as VALIDATION_KILL_ENV
 from tl_helpers import cli_in_process, last_json, run_tinyllm, write_spec
 
 TINY = dict(steps=12, checkpoint_every=4, batch_size=4,
@@ -104,9 +103,9 @@ def test_an_uninterrupted_run_stops_early_and_keeps_the_best(uninterrupted: dict
 
 @pytest.mark.slow
 @pytest.mark.parametrize("env, at", [
-    (VALIDATION_KILL_ENV, "after_evaluation@6"),  # the stop check's figure recorded, the decision not yet taken
-    (VALIDATION_KILL_ENV, "during_evaluation@4"),
-    (KILL_ENV, "after_rename@6#0"),  # mid-prune (step 4 renamed away; the best, step 2, stays)
+    ("TINYLLM_FAULT", "validation.after_evaluation@6"),  # the stop check's figure recorded, the decision not yet taken
+    ("TINYLLM_FAULT", "validation.during_evaluation@4"),
+    ("TINYLLM_FAULT", "retention.after_rename@6#0"),  # mid-prune (step 4 renamed away; the best, step 2, stays)
 ])
 def test_killed_anywhere_the_resumed_run_stops_at_the_same_step(home: Path, env: str, at: str, monkeypatch,
                                                                  uninterrupted: dict) -> None:

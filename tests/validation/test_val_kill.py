@@ -1,7 +1,7 @@
 """A real ``tinyllm train`` process SIGKILLed at every phase of a durable validation, then resumed.
 
 The kill is real (SIGKILL, uncatchable) and deterministic: the fault-injection point
-``TINYLLM_VALIDATION_KILL=<phase>@<step>`` (tinyllm/validation/faults.py) makes the process kill
+``TINYLLM_FAULT=validation.<phase>@<step>`` (tinyllm/faults.py) makes the process kill
 itself when validation at that step reaches that phase. The resume runs in process (same code as
 ``tinyllm train``, without a second torch import). Spec: 6 steps, regular checkpoints every 3,
 validation every 2 with save_checkpoint (durable at 2, 4, 6); the kill is at step 4.
@@ -56,14 +56,14 @@ def killed(corpus_home, tmp_path_factory):
     procs = {}
     for phase in EXPECT:
         home = make_home(corpus_home, tmp_path_factory.mktemp(phase))
-        procs[phase] = (home, tinyllm_popen(home, SPEC, env={"TINYLLM_VALIDATION_KILL": f"{phase}@4"}))
+        procs[phase] = (home, tinyllm_popen(home, SPEC, env={"TINYLLM_FAULT": f"validation.{phase}@4"}))
     home = make_home(corpus_home, tmp_path_factory.mktemp("changed"))
     (home / "h.txt").write_text(CHANGED_DATA)
-    procs["changed"] = (home, tinyllm_popen(home, changed_spec(home), env={"TINYLLM_VALIDATION_KILL": "after_marker@2"}))
+    procs["changed"] = (home, tinyllm_popen(home, changed_spec(home), env={"TINYLLM_FAULT": "validation.after_marker@2"}))
     home = make_home(corpus_home, tmp_path_factory.mktemp("ephemeral"))
-    procs["ephemeral"] = (home, tinyllm_popen(home, EPHEMERAL, env={"TINYLLM_VALIDATION_KILL": "during_evaluation@4"}))
+    procs["ephemeral"] = (home, tinyllm_popen(home, EPHEMERAL, env={"TINYLLM_FAULT": "validation.during_evaluation@4"}))
     home = make_home(corpus_home, tmp_path_factory.mktemp("fresh"))
-    procs["fresh"] = (home, tinyllm_popen(home, FRESH, env={"TINYLLM_VALIDATION_KILL": "during_evaluation@2"}))
+    procs["fresh"] = (home, tinyllm_popen(home, FRESH, env={"TINYLLM_FAULT": "validation.during_evaluation@2"}))
     home = make_home(corpus_home, tmp_path_factory.mktemp("missing"))
     procs["missing"] = (home, tinyllm_popen(home, spec_dict({**LM, "data": {"path": "missing.txt"}})))
     return {name: (home, p.wait(timeout=300), p.stderr.read()) for name, (home, p) in procs.items()}

@@ -22,13 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import tokenizer
+from .. import faults, tokenizer
 from ..model import state_digest
 from ..objectives.config import effective_validation_reward, effective_validation_sampling
 from .config import ValidationConfig
 from .errors import ArchiveError, ValidationIdentityError
 from .metric_schema import check_rollout_count, check_schema, declared_schema
-from .faults import maybe_kill
 from .generation import evaluate_generation
 from .isolation import isolated
 from .lm import evaluate_lm
@@ -99,7 +98,7 @@ class Validator:
             check_identity(journal.identity, identity, step)
         tx = ValidationTransaction(step, identity, ckpt_dir, frame=frame, journal=journal)
         if tx.durable:
-            maybe_kill("after_marker", step)
+            faults.point("validation.after_marker", step)
         tx.begin()
         try:
             t0 = time.perf_counter()
@@ -117,7 +116,7 @@ class Validator:
             tx.failed()
             raise
         if tx.durable:
-            maybe_kill("after_evaluation", step)
+            faults.point("validation.after_evaluation", step)
         return self._publish(tx, publish)
 
     def _rows(self) -> list:
@@ -129,7 +128,7 @@ class Validator:
 
         def on_batch(n: int) -> None:
             if n == 1:
-                maybe_kill("during_evaluation", step)
+                faults.point("validation.during_evaluation", step)
 
         with isolated(model):
             if cfg.objective == "lm":
@@ -159,10 +158,10 @@ class Validator:
         self.completed = tx.journal
         metrics = tx.journal.metrics()
         if tx.durable:  # the checkpoint is authoritative: a kill here loses this frame, never repeats the pass
-            maybe_kill("before_frame", tx.step)
+            faults.point("validation.before_frame", tx.step)
         publish({**tx.journal.frame, **metrics})
         if tx.durable:
-            maybe_kill("after_publication", tx.step)
+            faults.point("validation.after_publication", tx.step)
         return metrics
 
     def completed_component(self, step: int) -> dict | None:
