@@ -293,7 +293,7 @@ def eval_series(view: RunView) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def checkpoints(view: RunView, home: Path) -> list[Checkpoint]:
+def checkpoints(view: RunView, home: Path, events: list[Any] = ()) -> list[Checkpoint]:
     """The run's checkpoints: on disk, named by its history, or pruned (retention.log), with their status."""
     root = home / "runs" / view.name / "ckpt"
     try:
@@ -318,6 +318,10 @@ def checkpoints(view: RunView, home: Path) -> list[Checkpoint]:
     named = {Path(s.checkpoint).name for s in view.segments if s.checkpoint}
     if view.last_checkpoint:
         named.add(Path(view.last_checkpoint).name)
+    for e in events:  # every checkpoint a heartbeat reported
+        d = e.attrs.get("details") if e.type == "activity_heartbeat" and isinstance(e.attrs, dict) else None
+        if isinstance(d, dict) and d.get("checkpoint"):
+            named.add(Path(str(d["checkpoint"])).name)
     by_step: dict[int, list] = {}
     for ev in view.evals():
         if ev.state == "done":
@@ -393,6 +397,6 @@ def run(engine: Any, home: Path, workflow_id: str, now: float, *, kind: str = ""
         generations=generations, timeline=timeline(view, events, now),
         series=series(view, home) if view and view.name else None,
         eval_series=eval_series(view) if view else {},
-        checkpoints=checkpoints(view, home) if view and view.name else [],
+        checkpoints=checkpoints(view, home, events) if view and view.name else [],
         events=rows, event_kinds=kinds, event_attempts=attempts, events_total=total_shown,
         stderr_tail=_stderr_tail(st.error))

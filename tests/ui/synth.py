@@ -88,7 +88,8 @@ def train_run(w: Writer, name: str, *, segments: int, eval_every: int = 10, hear
                 ckpt = f"runs/{name}/ckpt/step-{step:06d}"
                 add("activity_heartbeat", {"activity_id": aid, "attempt": n,
                                            "details": {"step": step, "loss": 3.0 / k, "checkpoint": ckpt}})
-            if n < attempts:
+            if n < attempts:  # a liveness line past the checkpoint: those steps are redone by the next attempt
+                add("activity_heartbeat", {"activity_id": aid, "attempt": n, "details": {"step": step + 2}})
                 add("activity_timed_out", {"activity_id": aid, "attempt": n, "final": False,
                                            "error": {"type": "HeartbeatTimeout", "message": "no heartbeat"}})
         if k > last_seg:  # the segment in flight
