@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,19 @@ class RunRow:
         if w.get("live") is False:
             return f"no live worker ({w.get('reason')})"
         return f"no activity in flight ({w.get('reason')})"
+
+
+class _Read:
+    """The engine, with one workflow's history already read (a page reads each history once)."""
+
+    def __init__(self, engine: Any, workflow_id: str, events: list[Any]):
+        self._engine, self._id, self._events = engine, workflow_id, events
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def history(self, workflow_id: str) -> list[Any]:
+        return self._events if workflow_id == self._id else self._engine.history(workflow_id)
 
 
 def _row(engine: Any, home: Path, st: Any, now: float) -> RunRow:
@@ -169,6 +183,7 @@ class RunPage:
     event_attempts: list[int]
     events_total: int
     stderr_tail: str
+    timeline_total: int = 0
 
 
 def _attempts(events: list[Any]) -> dict[str, dict[int, Attempt]]:
@@ -233,6 +248,7 @@ def timeline(view: RunView | None, events: list[Any], now: float) -> list[Item]:
                               detail=f"{len(reused)} segment(s) and {len(reused_evals)} evaluation(s) finished by "
                                      f"earlier workflows, not run again"))
     timers: list[Item] = []
+    waiting: deque[Item] = deque()
     for e in events:
         a = e.attrs if isinstance(e.attrs, dict) else {}
         aid = str(a.get("activity_id", ""))
@@ -262,9 +278,10 @@ def timeline(view: RunView | None, events: list[Any], now: float) -> list[Item]:
             it = Item("wait", f"durable wait of {a.get('seconds')} s", "waiting", e.time, fire,
                       f"until {local_time(fire, date=True)}" if fire else "")
             timers.append(it)
+            waiting.append(it)
             items.append(it)
         elif e.type in ("timer_fired", "timer_canceled"):
-            open_ = next((t for t in timers if t.state == "waiting"), None)
+            open_ = waiting.popleft() if waiting else None  # the oldest wait still open
             if open_ is not None:
                 open_.state = "done" if e.type == "timer_fired" else "canceled"
                 open_.end = e.time
@@ -362,14 +379,14 @@ def _stderr_tail(error: Any) -> str:
 
 
 def run(engine: Any, home: Path, workflow_id: str, now: float, *, kind: str = "", attempt: int | None = None,
-        limit: int | None = 2000) -> RunPage:
+        limit: int | None = 500, timeline_limit: int | None = 300) -> RunPage:
     """One workflow's page (``UnknownRun`` when there is no such workflow)."""
     try:
         st = engine.status(workflow_id)
         events = engine.history(workflow_id)
     except (NotFound, BadInput, KeyError) as e:
         raise UnknownRun(workflow_id) from e
-    row = _row(engine, home, st, now)
+    row = _row(_Read(engine, workflow_id, events), home, st, now)
     view = run_view(st.workflow_id, events, st.state) if st.workflow == "TrainRun" else None
     inp = events[0].attrs.get("input") if events and isinstance(events[0].attrs, dict) else {}
     spec = inp.get("spec") if isinstance(inp, dict) and isinstance(inp.get("spec"), dict) else inp
@@ -389,12 +406,14 @@ def run(engine: Any, home: Path, workflow_id: str, now: float, *, kind: str = ""
         n = a.get("attempt") if isinstance(a.get("attempt"), int) else None
         rows.append(EventRow(e.seq, e.time, e.type, str(a.get("activity_id", "")), n, historyview.details(e),
                              json.dumps(a, indent=1, sort_keys=True, default=str)))
+    items = timeline(view, events, now)
     kinds = sorted({e.type for e in events})
     attempts = sorted({e.attrs["attempt"] for e in events
                        if isinstance(e.attrs, dict) and isinstance(e.attrs.get("attempt"), int)})
     return RunPage(
         row=row, view=view, spec_json=json.dumps(spec, indent=2, sort_keys=True, default=str),
-        generations=generations, timeline=timeline(view, events, now),
+        generations=generations, timeline=items[-timeline_limit:] if timeline_limit else items,
+        timeline_total=len(items),
         series=series(view, home) if view and view.name else None,
         eval_series=eval_series(view) if view else {},
         checkpoints=checkpoints(view, home, events) if view and view.name else [],

@@ -10,7 +10,7 @@ life and renders one page at a time under ``App.lock`` (the store's own lock gua
 it never opens the database file itself and never writes.
 
 Routes: ``/`` (runs; ``?state=running|completed|failed|canceled``), ``/run/<workflow id>``
-(``?kind=EVENT_TYPE&attempt=N&limit=N|all``), ``?partial=1`` on either returns the page's
+(``?kind=EVENT_TYPE&attempt=N&limit=N|all&timeline=all``), ``?partial=1`` on either returns the page's
 ``<main>`` alone (the page's own few lines of script poll it once a second while the page is
 live). Unknown paths and ids are a 404 page; a failure while rendering is a 500 page with one
 line (logged on stderr), never a traceback.
@@ -36,6 +36,8 @@ from . import pages, svg
 TEMPLATES = Path(__file__).parent / "templates"
 STATES = ("running", "completed", "failed", "canceled")
 POLL_S = 1.0  # a live page asks again at most this often
+TIMELINE_SHOWN = 300  # the newest timeline rows a run page lists unless ?timeline=all
+EVENTS_SHOWN = 500  # the newest events a run page lists unless ?limit=N|all
 
 
 def _environment() -> jinja2.Environment:
@@ -95,9 +97,9 @@ class App:
         workflow_id = urllib.parse.unquote(raw_id).strip("/")
         attempt = int(q["attempt"]) if q.get("attempt", "").isdigit() else None
         limit_text = q.get("limit", "")
-        limit = None if limit_text == "all" else int(limit_text) if limit_text.isdigit() else 2000
+        limit = None if limit_text == "all" else int(limit_text) if limit_text.isdigit() else EVENTS_SHOWN
         page = pages.run(self.engine, self.home, workflow_id, time.time(), kind=q.get("kind", ""), attempt=attempt,
-                         limit=limit)
+                         limit=limit, timeline_limit=None if q.get("timeline") == "all" else TIMELINE_SHOWN)
         return self._page("run.html", partial, p=page, r=page.row, kind=q.get("kind", ""), attempt=attempt,
                           limit=limit, live=page.row.state == "running", code=200)
 

@@ -146,9 +146,10 @@ def test_runs_page_matches_ctl_status_and_the_live_run_advances_in_the_browser(h
         assert spec["config"]["note"] == HOSTILE
         assert browser.find_elements(By.CSS_SELECTOR, "main img, main script") == []
         assert browser.execute_script("return window.pwned;") is None
+        browser.save_screenshot(str(artifacts / "failed-run.png"))
         browser.get(ui.url)
         assert browser.execute_script("return window.pwned;") is None
-        browser.save_screenshot(str(artifacts / "failed-run.png"))
+        browser.save_screenshot(str(artifacts / "runs-with-hostile-error.png"))
         browser.get(ui.url + "run/train/nothing")
         assert "no workflow 'train/nothing'" in browser.find_element(By.ID, "problem").text
         print(f"screenshots in {artifacts}", file=sys.stderr)
