@@ -16,6 +16,7 @@ from typing import Any, Callable
 import click
 
 from . import app, backends, cli_inspect, errors
+from .ui import command as ui_command
 from .workerlog import WorkerLog
 from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, BadRequest
 from .interrupt import Interrupt
@@ -454,6 +455,7 @@ def server(port: int, ip: str, db_filename: str | None, home: str | None) -> Non
 for _command in cli_inspect.COMMANDS:  # status, list, history, show, plot, doctor (ctl/cli_inspect.py)
     main.add_command(_command)
 main.add_command(release_command)  # ctl release (ctl/release.py)
+main.add_command(ui_command.ui)  # ctl ui: read-only web pages (ctl/ui/; jinja2 only when it runs)
 
 if __name__ == "__main__":
     main()

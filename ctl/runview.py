@@ -163,6 +163,7 @@ class RunView:
     last_heartbeat_loss: float | None = None
     interval_s: float = 0.0
     timers_started: int = 0
+    last_done_index: int = 0  # the highest index of a finished segment (0: none yet)
     stopped_s: float = 0.0  # time between a dead attempt's last event and its redelivery (nobody worked)
 
     @property
@@ -279,6 +280,7 @@ def run_view(workflow_id: str, events: list[Any], state: str = "running") -> Run
 def _train_done(view: RunView, seg: SegmentView, result: Any, t: float | None) -> None:
     r = result if isinstance(result, dict) else {}
     seg.state, seg.ended_at = "done", t
+    view.last_done_index = max(view.last_done_index, seg.index)
     seg.checkpoint = r.get("checkpoint")
     seg.final_loss = r.get("final_loss")
     seg.final_loss_hex = r.get("final_loss_hex")
@@ -320,7 +322,7 @@ def _apply(view: RunView, by_id: dict[str, Any], e: Any) -> None:
         if item is not None:
             item.state, item.attempts = "running", max(item.attempts, attempt)
             item.started_at = item.started_at or e.time
-        view.phase = _phase_of(view, aid, attempt, e.time)
+        view.phase = _phase_of(view, aid, attempt, e.time, item if isinstance(item, SegmentView) else None)
     elif e.type == "activity_heartbeat":
         d = a.get("details")
         if isinstance(d, dict) and d.get("checkpoint"):
@@ -341,7 +343,7 @@ def _apply(view: RunView, by_id: dict[str, Any], e: Any) -> None:
         view.phase = Phase("between", "working")
     elif e.type == "timer_started":
         view.timers_started += 1
-        seg = max((s.index for s in view.segments if s.state == "done"), default=0)
+        seg = view.last_done_index
         fire_at = a.get("fire_at")
         view.phase = Phase("waiting", "waiting", segment=seg or None, since=e.time,
                            until=float(fire_at) if isinstance(fire_at, (int, float)) else None)
@@ -352,9 +354,8 @@ def _apply(view: RunView, by_id: dict[str, Any], e: Any) -> None:
         view.phase = Phase("ended", e.type.split("_", 1)[1])  # (no stale "working | step ..." line after the end)
 
 
-def _phase_of(view: RunView, aid: str, attempt: int, t: float) -> Phase:
-    if aid.startswith("train-"):
-        seg = next((s for s in view.segments if s.activity_id == aid), None)
+def _phase_of(view: RunView, aid: str, attempt: int, t: float, seg: SegmentView | None = None) -> Phase:
+    if aid.startswith("train-"):  # seg: the segment of aid, looked up by the caller (a scan is quadratic)
         k = seg.index if seg else None
         text = f"training segment {k}/{len(view.segments)}" if k else f"training {aid}"
         return Phase("training", text, segment=k, activity_id=aid, attempt=attempt, since=t)
