@@ -20,6 +20,7 @@ which the framework's own resume then loads.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -40,19 +41,20 @@ from ..metrics import JsonlSink
 PIECES = ("model", "optimizer", "training_state")
 
 
-class MissingExtra(ImportError):
-    """The framework of an integration is not installed: one line naming the extra."""
+class MissingExtra(SystemExit):
+    """The framework of an integration is not installed: one line on stderr naming the extra, exit 2
+    (the contract's bad input, not retried; a SystemExit, so an interactive session can catch it)."""
 
 
 def require(module: str, extra: str) -> Any:
-    """Import ``module`` or raise ``MissingExtra`` naming ``pip install 'durable-train[extra]'``."""
-    import importlib
-
+    """Import ``module``, or print one line naming ``pip install 'durable-train[extra]'`` and raise
+    ``MissingExtra`` (exit 2)."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise MissingExtra(f"{module} is not installed: pip install 'durable-train[{extra}]' "
-                           f"(or pip install -e '.[{extra}]' in a checkout) ({e})") from None
+        print(f"durable: {module} is not installed ({e.msg}): pip install 'durable-train[{extra}]' "
+              f"(in a checkout: pip install -e '.[{extra}]')", file=sys.stderr, flush=True)
+        raise MissingExtra(EXIT_BAD_INPUT) from None
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
