@@ -72,8 +72,8 @@ class DurableCallback(pl.Callback):
     def state_dict(self) -> dict:
         data = None
         if self.sampler is not None and "data" not in self.forget:
-            state = self.sampler.state_dict()  # the loader prefetches: count what the steps consumed instead
-            state["position"] = min(self.sampler.n, self._consumed * self.batch_size)
+            state = self.sampler.state_dict()  # what the finished steps consumed, should the fetcher run ahead
+            state["position"] = min(self.sampler.n, self._consumed * self.batch_size)  # = its own count unless Lightning ran ahead
             data = state
         rng = None if "rng" in self.forget else capture_rng({})
         return {"format": FORMAT, "rng": rng, "data": data}
