@@ -76,9 +76,10 @@ def ctl_train_killed_then_rerun(home: Path, spec: dict, kill_after: int) -> dict
     path = write(home, spec)
     argv = [sys.executable, "-m", "ctl.cli", "train", "--spec", str(path), "--json", "--home", str(home)]
     proc = subprocess.Popen(argv, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    progress = home / f"runs/{spec['name']}/activity/train-{spec['eval_every']:06d}/progress-1.jsonl"
+    segment = home / f"runs/{spec['name']}/activity/train-{spec['eval_every']:06d}"
     deadline = time.monotonic() + 600
-    while not any(ln.get("event") == "checkpoint" and ln["step"] >= kill_after for ln in lines(progress)):
+    while not any(ln.get("event") == "checkpoint" and ln["step"] >= kill_after
+                  for attempt in segment.glob("progress-*.jsonl") for ln in lines(attempt)):
         assert proc.poll() is None, f"ctl train ended (exit {proc.returncode}) before its kill: {proc.stderr.read()[-2000:]}"
         assert time.monotonic() < deadline, "no checkpoint to kill after"
         time.sleep(0.05)  # a poll interval

@@ -75,6 +75,7 @@ class FrameworkRun:
         self.last_saved = 0
         self._last_line = time.monotonic()
         self.save_seconds: list[float] = []  # each mirror's wall time (bench/integrations.py reads it)
+        run._emit({"event": "ready"})  # liveness: the framework's set-up (before its first step) can be long
 
     # -- start ---------------------------------------------------------------------------------
 
