@@ -1,0 +1,60 @@
+"""examples/lightning_train_plain.py made durable with tinyllm.integrations.lightning (docs/integrations.md
+shows the diff). `ctl verify-resume --spec examples/specs/lightning.json` proves it exact; the spec's config
+may name pieces to `forget` (examples/specs/lightning-forget-*.json: the broken variants it catches).
+
+A LightningModule (an MLP with dropout) learns three interleaved spirals generated on the spot, from a
+shuffled DataLoader, with AdamW and a warmup-then-decay LambdaLR schedule stepped every step.
+"""
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tinyllm.durable import DurableRun, DurableSampler
+from tinyllm.integrations.lightning import DurableCallback, fit
+
+
+def spirals(n: int, seed: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    label = torch.arange(n) % 3
+    r = torch.linspace(0.1, 1.0, n)
+    angle = r * 4.0 + label * 2.0944 + 0.2 * torch.randn(n, generator=g)
+    return TensorDataset(torch.stack([r * torch.cos(angle), r * torch.sin(angle)], dim=1), label)
+
+
+class Classifier(L.LightningModule):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        self.cfg, hidden, p = cfg, cfg.get("hidden", 32), cfg.get("dropout", 0.1)
+        self.net = torch.nn.Sequential(torch.nn.Linear(2, hidden), torch.nn.ReLU(), torch.nn.Dropout(p),
+                                       torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Dropout(p),
+                                       torch.nn.Linear(hidden, 3))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        x = x + self.cfg.get("noise", 0.05) * torch.randn_like(x)  # augmentation from the global RNG
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.cfg.get("lr", 0.01), foreach=False)
+        warmup, horizon = self.cfg.get("warmup", 5), self.cfg.get("schedule_steps", 100)  # not max_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, 1 - s / horizon))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def main() -> None:
+    run = DurableRun.from_args()  # --spec --home [--progress] [--resume]
+    spec = run.spec
+    cfg, seed = spec.get("config", {}), spec.get("seed", 0)
+    torch.set_num_threads(1)
+    L.seed_everything(seed)
+    data = spirals(cfg.get("n", 240), seed)
+    loader = DataLoader(data, batch_size=cfg.get("batch_size", 16), sampler=DurableSampler(len(data), seed=seed))
+    model = Classifier(cfg)
+    trainer = L.Trainer(max_steps=spec["steps"], accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[DurableCallback(run, forget=tuple(cfg.get("forget", ())))])
+    fit(trainer, model, loader)
+
+
+if __name__ == "__main__":
+    main()

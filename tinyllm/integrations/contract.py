@@ -1,0 +1,248 @@
+"""The trainer contract for frameworks that own their loop (HF ``Trainer``, Lightning): shared mechanics.
+
+``tinyllm.durable.DurableRun`` runs a loop the user owns (``run.steps()``); a framework calls back
+instead, so ``FrameworkRun`` wraps a ``DurableRun`` (spec, arguments, SIGTERM flag, progress lines,
+fingerprints, test-only faults) and offers the same contract in callback form:
+
+- ``begin()``: the run lock, interrupted writes recovered, the checkpoint to resume from chosen
+  (``--resume``, else LATEST, else the newest valid one; refusals reported) and verified;
+- ``step_end(step, loss, batch_digest)``: the step's frame in ``metrics.jsonl`` (exact loss bits,
+  learning rates, batch digest), a stderr line every ``log_every`` steps, liveness lines;
+- ``save(step, files)``: the framework's own checkpoint files mirrored into
+  ``runs/<name>/ckpt/step-NNNNNN/`` with tinyllm's atomic, checksummed protocol, then LATEST, then the
+  fsynced progress line; ``save_total_limit`` retention of the mirrored checkpoints;
+- ``finish()``: the result line, last on stdout, and exit 130 after a SIGTERM.
+
+A mirrored checkpoint holds the framework's files byte for byte: components ``model``, ``optimizer``
+and ``training_state`` are each ``{file name: bytes}``; ``training_state`` also has ``format``,
+``step``, ``loss``, ``loss_hex``. ``materialize`` writes them back as the framework's own checkpoint,
+which the framework's own resume then loads.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, NoReturn
+
+from .. import checkpoint as ckpt
+from .. import faults, runlock
+from ..digest import state_digest
+from ..durable import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED, DurableError, DurableRun, _FaultOnSave, trajectory
+from ..durable_state import learning_rates
+from ..errors import RunLocked
+from ..metrics import JsonlSink
+
+PIECES = ("model", "optimizer", "training_state")
+
+
+class MissingExtra(SystemExit):
+    """The framework of an integration is not installed: one line on stderr naming the extra, exit 2
+    (the contract's bad input, not retried; a SystemExit, so an interactive session can catch it)."""
+
+
+def require(module: str, extra: str) -> Any:
+    """Import ``module``, or print one line naming ``pip install 'durable-train[extra]'`` and raise
+    ``MissingExtra`` (exit 2)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        print(f"durable: {module} is not installed ({e.msg}): pip install 'durable-train[{extra}]' "
+              f"(in a checkout: pip install -e '.[{extra}]')", file=sys.stderr, flush=True)
+        raise MissingExtra(EXIT_BAD_INPUT) from None
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    print(f"durable: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+class FrameworkRun:
+    """The contract around a framework's loop, for one process (see the module docstring)."""
+
+    def __init__(self, run: DurableRun, *, fmt: str, trainer: str, save_total_limit: int | None = None):
+        self.run, self.fmt, self.trainer = run, fmt, trainer
+        self.save_total_limit = save_total_limit
+        self.lock_file = None
+        self.metrics: JsonlSink | None = None
+        self.resume_comps: dict | None = None
+        self.started_line = False
+        self.last_saved = 0
+        self._last_line = time.monotonic()
+        self.save_seconds: list[float] = []  # each mirror's wall time (bench/integrations.py reads it)
+        run._emit({"event": "ready"})  # liveness: the framework's set-up (before its first step) can be long
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def begin(self) -> dict | None:
+        """Lock, recover, choose and load the checkpoint to resume from: its components, or None."""
+        run = self.run
+        try:
+            self.lock_file = runlock.acquire(run.run_dir, run.name)
+        except RunLocked as e:
+            fail(str(e), EXIT_LOCKED)
+        ckpt.recover_interrupted_writes(run.run_dir, run.console)
+        choice = ckpt.choose_resume(run.run_dir, run.resume_arg, max_step=run.total_steps)
+        run.resumed_from = choice.path
+        run.refused = [{"checkpoint": run.rel(r.checkpoint), "reason": r.reason} for r in choice.refused]
+        for line in ckpt.describe_choice(choice, run.rel):
+            print(line, file=run.console, flush=True)
+        comps = None
+        if choice.path is not None:
+            try:
+                comps = self._load(choice.path)
+            except DurableError as e:
+                fail(str(e))
+        self.last_saved = run.step if comps is not None else 0
+        run.last_path = run.resumed_from
+        self.metrics = JsonlSink(run.run_dir / "metrics.jsonl", run.step if comps is not None else -1)
+        run._last_line = time.monotonic()
+        run.metrics = self.metrics
+        self.resume_comps = comps
+        return comps
+
+    def _load(self, path: Path) -> dict:
+        run = self.run
+        where = run.rel(path)
+        try:
+            comps, manifest = ckpt.load_checkpoint(path)
+        except ckpt.CheckpointError as e:
+            raise DurableError(str(e)) from None
+        state = comps.get("training_state")
+        if not isinstance(state, dict) or state.get("format") != self.fmt:
+            raise DurableError(f"checkpoint {where} was not written by {self.trainer}")
+        if state["step"] > run.total_steps:
+            raise DurableError(f"checkpoint {where} is at step {state['step']}, beyond the spec's steps {run.total_steps}")
+        saved = manifest.get("meta", {}).get("trajectory")
+        if saved is not None and saved != trajectory(run.spec):
+            keys = sorted(k for k in set(saved) | set(trajectory(run.spec)) if saved.get(k) != run.spec.get(k))
+            raise DurableError(f"checkpoint {where} was trained with a different spec (fields: {', '.join(keys)})")
+        run.step, run.loss = int(state["step"]), float(state["loss"])
+        print(f"durable: resuming {run.name} from {where} at step {run.step}", file=run.console, flush=True)
+        return comps
+
+    @staticmethod
+    def materialize(comps: Mapping[str, Any], folder: Path) -> Path:
+        """Write a mirrored checkpoint's files back as the framework's own checkpoint in ``folder``."""
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        for piece in PIECES:
+            files = comps[piece]["files"] if piece == "training_state" else comps[piece]
+            for name, data in files.items():
+                target = folder / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+        return folder
+
+    def start_line(self) -> None:
+        """The ``start``/``resume`` progress line with the state fingerprint (once, before the first step)."""
+        if self.started_line:
+            return
+        self.started_line = True
+        run = self.run
+        run._emit({"event": "resume" if run.resumed_from else "start", "state": run.fingerprint(),
+                   "resumed_from": run.rel(run.resumed_from), "refused": run.refused})
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def step_end(self, step: int, loss: float, batch: str | None = None) -> None:
+        run = self.run
+        self.start_line()
+        run.step, run.loss = int(step), float(loss)
+        frame: dict[str, Any] = {"train/loss": run.loss, "train/loss_hex": run.loss.hex()}
+        lrs = learning_rates(run.optimizer)
+        if lrs:
+            frame["optim/lr"] = float.fromhex(lrs[0])
+            frame["optim/lr_hex"] = lrs
+        if batch is not None:
+            frame["data/batch"] = batch
+        if run._fingerprint_steps:
+            frame["state"] = run.fingerprint()
+        self.metrics.write(run.step, frame)
+        if run.step % run.log_every == 0 or run.step == run.total_steps:
+            lr = f" | lr {frame['optim/lr']:.3e}" if lrs else ""
+            print(f"{run.name}: step {run.step:>6}/{run.total_steps} | loss {run.loss:.4f}{lr}", file=run.console,
+                  flush=True)
+        if time.monotonic() - run._last_line >= run.progress_interval_s:
+            run._emit({"event": "step"})
+
+    def should_save(self, step: int) -> bool:
+        """Checkpoint after this step: every ``checkpoint_every``, at the end, and when SIGTERM asked to stop."""
+        run = self.run
+        return step % run.checkpoint_every == 0 or step >= run.total_steps or run._stop
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.run._stop
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def save(self, step: int, source: Path, classify: Callable[[str], str]) -> Path:
+        """Mirror the framework's checkpoint ``source`` (a folder or one file) as the contract's
+        ``step-NNNNNN``; ``classify(relative name)`` says which piece each file belongs to."""
+        run = self.run
+        t0 = time.perf_counter()
+        comps: dict[str, Any] = {"model": {}, "optimizer": {}, "training_state": {
+            "format": self.fmt, "step": int(step), "loss": float(run.loss), "loss_hex": float(run.loss).hex(),
+            "files": {}}}
+        paths = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+        for p in paths:
+            name = p.name if source.is_file() else p.relative_to(source).as_posix()
+            piece = classify(name)
+            target = comps["training_state"]["files"] if piece == "training_state" else comps[piece]
+            target[name] = p.read_bytes()
+        run._saves += 1
+        if faults.fires("durable.checkpoint_write", run._saves, run.home):  # tests only (tinyllm/faults.py)
+            comps["zz_fault"] = _FaultOnSave()  # test-only: dies after the other files, before the manifest
+        path = ckpt.save_checkpoint(run.run_dir, int(step), comps,
+                                    meta={"name": run.name, "trainer": self.trainer, "tracked": run.tracked(),
+                                          "trajectory": trajectory(run.spec)})
+        run.step = int(step)
+        self.last_saved, run.last_path = int(step), path
+        run._emit({"event": "checkpoint", "state": run.fingerprint()}, sync=True)
+        self.save_seconds.append(time.perf_counter() - t0)
+        self._retain()
+        return path
+
+    def _retain(self) -> None:
+        """``save_total_limit``: keep that many newest mirrored checkpoints (never fewer than 2, so the
+        one a redelivered attempt's ``--resume`` may still name survives a kill right after a save)."""
+        if not self.save_total_limit:
+            return
+        keep = max(2, int(self.save_total_limit))
+        for old in ckpt.list_step_dirs(self.run.run_dir / "ckpt")[keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    # -- end -----------------------------------------------------------------------------------
+
+    def finish(self, model_state: Mapping[str, Any]) -> None:
+        """The result line (last on stdout; later prints go to stderr), then exit 130 after SIGTERM."""
+        run = self.run
+        self.start_line()
+        canceled = run._stop and run.step < run.total_steps
+        loss = None if math.isnan(run.loss) else run.loss
+        result = {"name": run.name, "steps": run.step, "checkpoint": run.rel(run.last_path),
+                  "final_loss": loss, "final_loss_hex": None if loss is None else loss.hex(),
+                  "digest": state_digest(dict(model_state)), "resumed_from": run.rel(run.resumed_from),
+                  "refused_checkpoints": run.refused, "canceled": canceled}
+        sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+        sys.stdout.flush()
+        sys.stdout = sys.stderr  # the result line stays the last line on stdout, whatever the script prints next
+        self.close()
+        if canceled:
+            print(f"{run.name}: stopped by signal after checkpointing step {run.step}", file=run.console, flush=True)
+            sys.exit(EXIT_CANCELED)
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        if self.lock_file is not None:
+            self.lock_file.close()
+            self.lock_file = None

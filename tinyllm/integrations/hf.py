@@ -1,0 +1,181 @@
+"""Hugging Face ``transformers.Trainer`` under the trainer contract (extra ``[hf]``; docs/integrations.md).
+
+The whole change to a Trainer script::
+
+    run = DurableRun.from_args()                           # --spec --home [--progress] [--resume]
+    cfg = run.config
+    ...
+    trainer = DurableTrainer(run, model=model, args=args, train_dataset=data)   # was Trainer(...)
+    trainer.train()                                        # resumes; checkpoints; SIGTERM -> 130
+
+``DurableTrainer`` is a ``Trainer`` whose arguments follow the spec (``max_steps`` = the spec's
+``steps``, ``save_steps`` = ``checkpoint_every``, ``seed``; its own checkpoints go to a staging
+folder ``runs/<name>/hf/``), whose LR schedule spans ``config["schedule_steps"]`` instead of
+``max_steps`` (``ctl train`` runs a spec in segments that change ``steps``), and whose every
+checkpoint is mirrored byte for byte into ``runs/<name>/ckpt/step-NNNNNN/`` (atomic, checksummed,
+then LATEST; ``save_total_limit`` applies there). ``train()`` resumes from the contract's checkpoint
+through HF's own ``resume_from_checkpoint`` (model, optimizer, scheduler, scaler, HF's RNG file,
+the data position by skipping the trained batches), writes each step's exact loss, learning rates and
+batch digest to ``metrics.jsonl``, turns SIGTERM into "save at the next step boundary, exit 130" and
+prints the contract's result line last on stdout (HF's own printer callbacks are removed: they print
+dicts to stdout; the run's log lines go to stderr). DeepSpeed, FSDP and more than one process are
+refused (exit 2).
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .contract import FrameworkRun, fail, require
+
+require("transformers", "hf")  # the [hf] extra; without it, MissingExtra: one line naming the extra
+
+import torch
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from ..durable import DurableRun
+from ..durable_state import digest
+
+FORMAT = "durable-hf/1"
+# schedules whose shape does not depend on the number of training steps
+HORIZON_FREE = frozenset({"constant", "constant_with_warmup", "reduce_lr_on_plateau"})
+OPTIMIZER_FILES = ("optimizer", "scheduler", "scaler")
+MODEL_FILES = ("config.json", "generation_config.json")
+
+
+def classify(name: str) -> str:
+    """Which contract piece an HF checkpoint file belongs to (all are restored together)."""
+    base = name.rsplit("/", 1)[-1]
+    if base.startswith(OPTIMIZER_FILES):
+        return "optimizer"
+    if base.startswith(("model", "pytorch_model", "adapter_model")) or base in MODEL_FILES:
+        return "model"
+    return "training_state"  # trainer_state.json, rng_state.pth, training_args.bin, ...
+
+
+def _schedule_name(args: Any) -> str:
+    value = args.lr_scheduler_type
+    return str(getattr(value, "value", value))
+
+
+class DurableTrainer(Trainer):
+    """``transformers.Trainer`` following the trainer contract for the ``DurableRun`` ``run``.
+
+    ``forget`` (test-only: the broken variants verify-resume diagnoses) names pieces not restored:
+    ``"rng"`` drops HF's RNG file from the resume.
+    """
+
+    def __init__(self, run: DurableRun, *args: Any, forget: tuple[str, ...] = (), **kwargs: Any):
+        if not isinstance(run, DurableRun):
+            raise TypeError(f"DurableTrainer(run, ...): run must be a tinyllm.durable.DurableRun, got {type(run).__name__}")
+        targs = kwargs.pop("args", None) if "args" in kwargs else (args[1] if len(args) > 1 else None)
+        if targs is None:
+            fail("DurableTrainer needs args=TrainingArguments(...)")
+        if getattr(targs, "deepspeed", None) or getattr(targs, "fsdp", None):
+            fail("DurableTrainer does not support DeepSpeed or FSDP (their sharded checkpoints are not mirrored); "
+                 "train on one process, or use tinyllm's own distributed trainer")
+        if getattr(targs, "world_size", 1) > 1:
+            fail("DurableTrainer runs one process (world_size 1); got a distributed launch")
+        horizon = run.config.get("schedule_steps")
+        if horizon is None and _schedule_name(targs) not in HORIZON_FREE:
+            fail(f"config.schedule_steps is required for the {_schedule_name(targs)!r} LR schedule: HF spans it over "
+                 "max_steps, which is each segment's end under ctl train (set it to the run's total steps)")
+        if horizon is not None and (not isinstance(horizon, int) or isinstance(horizon, bool) or horizon < 1):
+            fail(f"config.schedule_steps: expected an integer >= 1, got {horizon!r}")
+        self.durable = FrameworkRun(run, fmt=FORMAT, trainer="tinyllm.integrations.hf",
+                                    save_total_limit=targs.save_total_limit)
+        self.durable_horizon = horizon
+        self.durable_forget = tuple(forget)
+        self.staging = run.run_dir / "hf"
+        targs = dataclasses.replace(
+            targs, output_dir=str(self.staging), max_steps=run.total_steps, save_strategy="steps",
+            save_steps=run.checkpoint_every, save_total_limit=None, save_only_model=False, seed=run.seed,
+            ignore_data_skip=False, report_to="none", disable_tqdm=True)
+        if len(args) > 1:
+            args = (args[0], targs, *args[2:])
+        else:
+            kwargs["args"] = targs
+        super().__init__(*args, **kwargs)
+        for printer in (PrinterCallback, ProgressCallback):  # they print to stdout, after the result line too
+            self.remove_callback(printer)
+        self.add_callback(_ContractCallback(self))
+        self._durable_loss = None
+        self._durable_batches: list[str] = []
+
+    # -- what the contract changes in Trainer -----------------------------------------------------
+
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        """The schedule spans the run (``config.schedule_steps``), not this invocation's ``max_steps``."""
+        return super().create_scheduler(self.durable_horizon or num_training_steps, optimizer)
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._durable_loss = loss if self._durable_loss is None else self._durable_loss + loss
+        self._durable_batches.append(digest(inputs))
+        return loss
+
+    def train(self, resume_from_checkpoint: Any = None, **kwargs: Any) -> Any:
+        """HF's ``train()``, resumed from the contract's checkpoint; ends with the contract's result line."""
+        if resume_from_checkpoint not in (None, False):
+            fail("DurableTrainer.train() resumes from the contract's checkpoint (--resume, else LATEST): "
+                 "drop resume_from_checkpoint")
+        run = self.durable.run
+        comps = self.durable.begin()
+        if self.staging.exists():  # a killed attempt's half-written HF checkpoints: the mirror is the truth
+            shutil.rmtree(self.staging)
+        resume = None
+        if comps is not None:
+            resume = FrameworkRun.materialize(comps, self.staging / f"checkpoint-{run.step}")
+            if "rng" in self.durable_forget:
+                for f in resume.glob("rng_state*.pth"):
+                    f.unlink()
+        try:
+            out = super().train(resume_from_checkpoint=str(resume) if resume else None, **kwargs)
+        except BaseException:
+            self.durable.close()
+            raise
+        if self.durable.last_saved != run.step:  # e.g. resumed at the end: nothing left to train
+            self._mirror(run.step)
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.durable.finish(self.model.state_dict())
+        return out
+
+    def _mirror(self, step: int) -> None:
+        source = self.staging / f"checkpoint-{step}"
+        if not source.is_dir():
+            self._save_checkpoint(self.model, trial=None)
+        self.durable.save(step, source, classify)
+        shutil.rmtree(source, ignore_errors=True)
+
+
+class _ContractCallback(TrainerCallback):
+    """Per optimizer step: the frame, the save decision, SIGTERM; per HF save: the mirror."""
+
+    def __init__(self, trainer: DurableTrainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                       lr_scheduler: Any = None, **kwargs: Any) -> None:
+        run = self.trainer.durable.run
+        run.model, run.optimizer, run.scheduler = model, optimizer, lr_scheduler
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.trainer.durable.start_line()  # after HF restored everything, before the first step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        t = self.trainer
+        loss = t._durable_loss
+        batch = digest(t._durable_batches) if t._durable_batches else None
+        t._durable_loss, t._durable_batches = None, []
+        t.durable.step_end(state.global_step, float(loss.item()) if loss is not None else float("nan"), batch)
+        if t.durable.should_save(state.global_step):
+            control.should_save = True
+        if t.durable.stop_requested:
+            control.should_training_stop = True
+        return control
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.trainer._mirror(state.global_step)

@@ -1,0 +1,175 @@
+"""PyTorch Lightning under the trainer contract (extra ``[lightning]``; docs/integrations.md).
+
+The whole change to a Lightning script::
+
+    run = DurableRun.from_args()                                  # --spec --home [--progress] [--resume]
+    loader = DataLoader(data, batch_size=..., sampler=DurableSampler(len(data), seed=run.seed))  # was shuffle=True
+    trainer = L.Trainer(max_steps=..., callbacks=[DurableCallback(run)], ...)
+    fit(trainer, model, loader)                                   # was trainer.fit(model, loader)
+
+What it adds to Lightning's own checkpoint and ``ckpt_path`` resume (which restores the weights,
+optimizers, schedulers and loop counters): every RNG state (Python, NumPy, torch CPU and CUDA,
+captured at the step boundary, restored right before training continues), the loader's position
+(the ``DurableSampler``'s epoch and the batches the finished steps consumed; the loader draws its
+per-epoch seed from a private generator, so starting an epoch leaves the global RNG alone), SIGTERM
+-> checkpoint at the step boundary -> exit 130 (Lightning's own handler would end in
+``SystemExit``), the contract's progress lines, exact per-step losses in ``metrics.jsonl`` and the
+result line. Each checkpoint is Lightning's ``.ckpt`` file, mirrored byte for byte into
+``runs/<name>/ckpt/step-NNNNNN/`` (atomic, checksummed, then LATEST). ``max_steps`` follows the
+spec's ``steps``; a schedule's horizon must not (take it from the config, e.g. ``schedule_steps``).
+One process only: DDP, DeepSpeed and FSDP strategies are refused (exit 2).
+
+``forget`` (test-only: the broken variants verify-resume diagnoses): ``"rng"`` leaves the RNG states
+out, ``"data"`` the loader position (both: Lightning's own resume).
+"""
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+from .contract import FrameworkRun, fail, require
+
+require("lightning", "lightning")  # the [lightning] extra; without it, MissingExtra: one line naming the extra
+
+import lightning.pytorch as pl
+import torch
+
+from ..durable import DurableRun, DurableSampler
+from ..durable_state import capture_rng, digest, restore_rng
+
+FORMAT = "durable-lightning/1"
+CKPT_NAME = "lightning.ckpt"
+
+
+def _loss_of(outputs: Any) -> torch.Tensor | None:
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    if isinstance(outputs, dict) and isinstance(outputs.get("loss"), torch.Tensor):
+        return outputs["loss"]
+    return None
+
+
+class DurableCallback(pl.Callback):
+    """The contract for one ``lightning.Trainer.fit`` of the ``DurableRun`` ``run`` (see the module docstring)."""
+
+    def __init__(self, run: DurableRun, *, forget: tuple[str, ...] = ()):
+        if not isinstance(run, DurableRun):
+            raise TypeError(f"DurableCallback(run): run must be a tinyllm.durable.DurableRun, got {type(run).__name__}")
+        self.run = run
+        self.forget = tuple(forget)
+        self.durable = FrameworkRun(run, fmt=FORMAT, trainer="tinyllm.integrations.lightning")
+        self.staging = run.run_dir / "lightning"
+        self.sampler: DurableSampler | None = None
+        self.batch_size = 1
+        self._pending: dict | None = None
+        self._losses: list[torch.Tensor] = []
+        self._batches: list[str] = []
+        self._consumed = 0  # batches of the current epoch that finished steps consumed
+        self._last_step = 0
+
+    # -- Lightning's checkpoint: what Lightning leaves out --------------------------------------
+
+    def state_dict(self) -> dict:
+        data = None
+        if self.sampler is not None and "data" not in self.forget:
+            state = self.sampler.state_dict()  # what the finished steps consumed, should the fetcher run ahead
+            state["position"] = min(self.sampler.n, self._consumed * self.batch_size)  # = its own count unless Lightning ran ahead
+            data = state
+        rng = None if "rng" in self.forget else capture_rng({})
+        return {"format": FORMAT, "rng": rng, "data": data}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._pending = dict(state_dict)
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        strategy = type(trainer.strategy).__name__
+        if trainer.world_size > 1 or any(s in strategy for s in ("DDP", "DeepSpeed", "FSDP", "ModelParallel")):
+            fail(f"DurableCallback runs one process; the {strategy} strategy (world size {trainer.world_size}) "
+                 "is not supported")
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.run._install_signals()  # after Lightning's own (which would end in SystemExit): stop at a step boundary
+        loader = trainer.train_dataloader
+        if not isinstance(loader, torch.utils.data.DataLoader):
+            fail("DurableCallback needs one torch DataLoader for training (got "
+                 f"{type(loader).__name__}); combined loaders are not supported")
+        if loader.generator is None:  # starting an epoch draws a seed from it instead of the global RNG
+            loader.generator = torch.Generator().manual_seed(self.run.seed)
+        if isinstance(loader.sampler, DurableSampler):
+            self.sampler, self.batch_size = loader.sampler, int(loader.batch_size or 1)
+        elif isinstance(loader.sampler, torch.utils.data.RandomSampler) and "data" not in self.forget:
+            fail("the training DataLoader shuffles with a RandomSampler, whose position a resume cannot restore: "
+                 "use sampler=DurableSampler(len(dataset), seed=run.seed) instead of shuffle=True")
+        self.run.model = pl_module
+        self.run.optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        configs = trainer.lr_scheduler_configs
+        self.run.scheduler = configs[0].scheduler if configs else None
+        self.run.data = self.sampler
+        self._last_step = trainer.global_step
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            if pending.get("data") is not None and self.sampler is not None:
+                self.sampler.load_state_dict(pending["data"])
+                self._consumed = pending["data"]["position"] // self.batch_size
+            if pending.get("rng") is not None:
+                restore_rng(pending["rng"], {})
+        self.durable.start_line()
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.fit_loop.epoch_loop.batch_progress.current.ready == 0:
+            self._consumed = 0
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        loss = _loss_of(outputs)
+        if loss is not None:
+            self._losses.append(loss.detach())
+        self._batches.append(digest(batch))
+        self._consumed = batch_idx + 1
+        step = trainer.global_step
+        if step == self._last_step:  # accumulating gradients: no optimizer step yet
+            return
+        self._last_step = step
+        value = float(torch.stack(self._losses).mean().item()) if self._losses else float("nan")
+        self.durable.step_end(step, value, digest(self._batches))
+        self._losses, self._batches = [], []
+        if self.durable.should_save(step):
+            self._save(trainer, step)
+        if self.durable.stop_requested:
+            trainer.should_stop = True
+
+    def _save(self, trainer: Any, step: int) -> None:
+        self.staging.mkdir(parents=True, exist_ok=True)
+        path = self.staging / CKPT_NAME
+        trainer.save_checkpoint(path)
+        self.durable.save(step, path, lambda name: "model")
+        path.unlink(missing_ok=True)
+
+
+def fit(trainer: Any, model: Any, *args: Any, **kwargs: Any) -> None:
+    """``trainer.fit(model, ...)`` resumed from the contract's checkpoint through Lightning's ``ckpt_path``;
+    ends with the contract's result line (exit 130 after SIGTERM)."""
+    found = [c for c in trainer.callbacks if isinstance(c, DurableCallback)]
+    if len(found) != 1:
+        fail("fit(trainer, ...) needs exactly one DurableCallback(run) in Trainer(callbacks=[...])")
+    if "ckpt_path" in kwargs:
+        fail("fit() resumes from the contract's checkpoint (--resume, else LATEST): drop ckpt_path")
+    cb = found[0]
+    run = cb.run
+    trainer.fit_loop.epoch_loop.max_steps = run.total_steps  # the spec's steps (each segment's end under ctl train)
+    comps = cb.durable.begin()
+    if cb.staging.exists():  # a killed attempt's half-written checkpoint: the mirror is the truth
+        shutil.rmtree(cb.staging)
+    ckpt_path = None
+    if comps is not None:
+        ckpt_path = FrameworkRun.materialize(comps, cb.staging / "resume") / CKPT_NAME
+    try:
+        trainer.fit(model, *args, ckpt_path=str(ckpt_path) if ckpt_path else None, **kwargs)
+    except BaseException:
+        cb.durable.close()
+        raise
+    if cb.durable.last_saved != run.step:
+        cb._save(trainer, run.step)
+    shutil.rmtree(cb.staging, ignore_errors=True)
+    cb.durable.finish(model.state_dict())
