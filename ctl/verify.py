@@ -27,10 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tinyllm.faults import HOLD_ENV
 from tinyllm.spec import SpecError, load_json_file
 from tinyllm.trainer_spec import has_trainer, parse_run_spec
 from workflows.trainer_command import invocation
 
+from . import verify_contract as contract
 from .errors import BadRequest, CtlError
 from .trainers import resolved_spec
 
@@ -63,6 +65,7 @@ class Attempt:
     returncode: int
     reached_step: int | None
     resume_state: dict | None = None  # the helper's fingerprint right after its resume
+    signaled_step: int | None = None  # the step its metrics showed when the signal was sent
 
 
 @dataclass
@@ -302,34 +305,68 @@ def _stop_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
 def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: int | None, timeout_s: float,
-                 fingerprint: bool, log: Callable[[str], None]) -> Attempt:
+                 fingerprint: bool, log: Callable[[str], None], heartbeat_s: float = 60.0) -> Attempt:
+    """One run of the trainer; a kill/term attempt signals it once its metrics reach ``target``. Trainers that
+    honour ``TINYLLM_HOLD_AT`` (tinyllm, ``tinyllm.durable``) hold at ``target`` until the signal, so it lands at
+    exactly that step whatever the machine's speed; others are signalled at the first poll (10 ms) that sees it.
+    A run whose progress file stays unchanged past ``heartbeat_s`` breaks the contract's liveness rule."""
     progress = home / f"attempt-{index}.jsonl"
     resumed = _latest_step(home, trainer.name)
     env = {"DURABLE_FINGERPRINT": "1"} if fingerprint else {}
     if mode == "checkpoint-write":
         env["DURABLE_FAULT"] = "checkpoint-write@1"
+    if mode in ("kill", "term") and target is not None:
+        env[HOLD_ENV] = str(target)
     proc = trainer.start(home, progress, env)
     metrics = home / "runs" / trainer.name / "metrics.jsonl"
     deadline = time.monotonic() + timeout_s
+    signaled: int | None = None
+    size, changed = _size(progress), time.monotonic()
     try:
-        if mode in ("kill", "term") and target is not None:
-            while proc.poll() is None and time.monotonic() < deadline:
+        while proc.poll() is None and time.monotonic() < deadline:
+            now = time.monotonic()
+            if _size(progress) != size:
+                size, changed = _size(progress), now
+            elif now - changed > heartbeat_s and signaled is None:
+                _stop_group(proc, signal.SIGKILL)
+                proc.wait()
+                raise contract.silent(now - changed, heartbeat_s, _last_step(metrics))
+            if mode in ("kill", "term") and target is not None and signaled is None:
                 step = _last_step(metrics)
                 if step is not None and step >= target:
+                    signaled = step
                     _stop_group(proc, signal.SIGKILL if mode == "kill" else signal.SIGTERM)
-                    break
-                time.sleep(0.01)
+            time.sleep(0.01 if signaled is None and mode in ("kill", "term") else 0.05)
         rc = _wait(proc, max(1.0, deadline - time.monotonic()))
     finally:
         _stop_group(proc, signal.SIGKILL)  # nothing of the attempt outlives it (Ctrl-C of verify-resume too)
     lines = _progress_lines(progress)
     resume_state = next((ln.get("state") for ln in lines if ln.get("event") in ("resume", "start")), None)
-    attempt = Attempt(mode, target, resumed, rc, _last_step(metrics), resume_state)
+    attempt = Attempt(mode, target, resumed, rc, _last_step(metrics), resume_state, signaled)
     what = {"kill": f"SIGKILL after step {target}", "term": f"SIGTERM after step {target}",
             "checkpoint-write": "SIGKILL inside its first checkpoint write"}.get(mode, mode)
     log(f"  attempt {index} ({what}): resumed at step {resumed}, reached step {attempt.reached_step}, exit {rc}")
     return attempt
+
+
+def _check_attempt(trainer: Trainer, home: Path, index: int, a: Attempt, steps: int) -> None:
+    """The contract's rules on one finished attempt (``ContractBroken``), before anything is compared."""
+    stem = f"attempt-{index}"
+    latest = _latest_step(home, trainer.name)
+    if a.mode == "term" and a.signaled_step is not None:
+        contract.check_sigterm(home / f"{stem}.stdout", rc=a.returncode, signaled_step=a.signaled_step,
+                               latest=latest, steps=steps)
+    if a.returncode == 0:
+        contract.check_done(home / f"{stem}.stdout", home / f"{stem}.jsonl", home=home, name=trainer.name,
+                            steps=steps, latest=latest)
 
 
 def plan_kills(kills: int, steps: int, seed: int, signal_mode: str, helper: bool,
@@ -372,9 +409,10 @@ def _prepare_home(home: Path, user_home: Path, spec: Any, custom: bool, python: 
 
 
 def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int = 0, signal_mode: str = "both",
-                  timeout_s: float = 600.0, python: str = sys.executable,
+                  timeout_s: float = 600.0, heartbeat_s: float = 60.0, python: str = sys.executable,
                   log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
-    """Run the comparison (module docstring); ``BadRequest`` for bad input, before anything runs."""
+    """Run the comparison (module docstring); ``BadRequest`` for bad input, before anything runs. A broken
+    rule of the trainer contract ends it with the verdict ``contract_broken`` (ctl/verify_contract.py)."""
     if kills < 0:
         raise BadRequest(f"--kills must be >= 0, got {kills}")
     if signal_mode not in SIGNALS:
@@ -399,31 +437,47 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
     except OSError as e:
         raise BadRequest(f"cannot prepare the scratch folder {workdir}: {e.strerror or e}") from None
 
+    try:
+        return _compare(trainer, spec, ref_home, kill_home, workdir, kills=kills, seed=seed, signal_mode=signal_mode,
+                        timeout_s=timeout_s, heartbeat_s=heartbeat_s, log=log)
+    except contract.ContractBroken as e:
+        log(f"verify-resume {name}: {e}")
+        return Report(name=name, verdict="contract_broken", exact=False, kills_planned=0, kills_landed=0,
+                      final_loss_hex={}, digest={}, steps_compared=0, diagnosis=str(e), suspects=[e.rule],
+                      workdir=str(workdir))
+
+
+def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workdir: Path, *, kills: int, seed: int,
+             signal_mode: str, timeout_s: float, heartbeat_s: float, log: Callable[[str], None]) -> Report:
+    name = spec.name
     log(f"verify-resume {name}: uninterrupted run ({spec.steps} steps) in {ref_home}")
-    ref = _run_attempt(trainer, ref_home, 0, "ref", None, timeout_s, True, log)
-    ref_result = _result(ref_home, "attempt-0")
-    if ref.returncode != 0 or ref_result is None:
+    ref = _run_attempt(trainer, ref_home, 0, "ref", None, timeout_s, True, log, heartbeat_s)
+    if ref.returncode != 0:
         why = _stderr_last(ref_home, "attempt-0")
         err = BadRequest if ref.returncode == 2 else VerifyFailed
         raise err(f"the uninterrupted run failed (exit {ref.returncode}): {why}")
+    _check_attempt(trainer, ref_home, 0, ref, spec.steps)
+    ref_result = _result(ref_home, "attempt-0") or {}
     ref_lines = _progress_lines(ref_home / "attempt-0.jsonl")
     helper = any("tracked" in ln for ln in ref_lines)
     plan = plan_kills(kills, spec.steps, seed, signal_mode, helper, spec.checkpoint_every)
     log(f"verify-resume {name}: interrupted run, {len(plan)} interruption(s) (seed {seed}) in {kill_home}")
     attempts: list[Attempt] = []
     for i, (mode, target) in enumerate(plan, 1):
-        a = _run_attempt(trainer, kill_home, i, mode, target, timeout_s, False, log)
+        a = _run_attempt(trainer, kill_home, i, mode, target, timeout_s, False, log, heartbeat_s)
         attempts.append(a)
+        _check_attempt(trainer, kill_home, i, a, spec.steps)
         if a.returncode == 0 and _latest_step(kill_home, name) >= spec.steps:
             break  # finished before this interruption landed
         if a.returncode not in (0, 130, -signal.SIGKILL, -signal.SIGTERM):
             raise VerifyFailed(f"attempt {i} failed (exit {a.returncode}): {_stderr_last(kill_home, f'attempt-{i}')}")
     if not attempts or _latest_step(kill_home, name) < spec.steps or attempts[-1].returncode != 0:
-        final = _run_attempt(trainer, kill_home, len(attempts) + 1, "final", None, timeout_s, False, log)
+        final = _run_attempt(trainer, kill_home, len(attempts) + 1, "final", None, timeout_s, False, log, heartbeat_s)
         attempts.append(final)
         if final.returncode != 0:
             raise VerifyFailed(f"the resumed run failed (exit {final.returncode}): "
                                f"{_stderr_last(kill_home, f'attempt-{len(attempts)}')}")
+        _check_attempt(trainer, kill_home, len(attempts), final, spec.steps)
     got_result = _result(kill_home, f"attempt-{len(attempts)}") or {}
     landed = sum(1 for a in attempts if a.mode != "final" and a.returncode != 0)
 

@@ -38,7 +38,9 @@ fingerprint to every step's frame; ``DURABLE_FAULT=checkpoint-write@N`` SIGKILLs
 middle of its N-th checkpoint write (after some files are written, before the manifest);
 ``DURABLE_FAULT=checkpoint-write@armed:FILE`` does so in the first checkpoint write that finds FILE
 (relative to the home) and claims it by renaming it to ``FILE.fired-<pid>``: one process fires once,
-at a moment another process chose (the fault campaign arms it).
+at a moment another process chose (the fault campaign arms it). ``TINYLLM_HOLD_AT=<step>`` holds the
+loop after that step (and its checkpoint, if due) until SIGTERM/SIGINT, as tinyllm's loop does, so
+verify-resume's kill lands at that very step (tinyllm/faults.py).
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ from typing import Any, Iterable, Iterator, Mapping, NoReturn
 import torch
 
 from . import checkpoint as ckpt
+from . import faults
 from . import runlock
 from .digest import state_digest
 from .durable_state import (
@@ -359,6 +362,7 @@ class DurableRun:
                 self.step += 1
                 self.loss = self._logged
                 self._after_step()
+                faults.hold_point(self.step, lambda: self._stop, self._hold_alive)  # tests only (TINYLLM_HOLD_AT)
             self._finish()
         finally:
             metrics = getattr(self, "metrics", None)
@@ -384,6 +388,10 @@ class DurableRun:
         if self.step % self.checkpoint_every == 0 or self.step == self.total_steps or self._stop:
             self.save()
         elif time.monotonic() - self._last_line >= self.progress_interval_s:
+            self._emit({"event": "step"})
+
+    def _hold_alive(self) -> None:
+        if time.monotonic() - self._last_line >= self.progress_interval_s:
             self._emit({"event": "step"})
 
     def _finish(self) -> None:
