@@ -1,0 +1,68 @@
+"""``ctl verify-resume`` names each broken rule of the trainer contract instead of a verdict on
+exactness (exit 4, verdict ``contract_broken``): a tiny torch-free trainer (toy_trainer.py) breaks one
+rule at a time; the same trainer unbroken is EXACT, so each verdict is the broken rule's.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = Path(__file__).with_name("toy_trainer.py")
+
+pytestmark = pytest.mark.slow  # real trainer processes, ~1-3 s each
+
+
+def verify(tmp_path: Path, bad: str = "", *args: str, **config) -> tuple[int, dict | None, str]:
+    spec = {"name": "toy", "steps": 12, "seed": 0, "checkpoint_every": 3,
+            "trainer": {"command": ["python", str(TOY)]}, "config": {"bad": bad, **config}}
+    path = tmp_path / "toy.json"
+    path.write_text(json.dumps(spec))
+    p = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(path), "--home", str(tmp_path),
+                        "--json", "--kills", "2", "--seed", "1", *args], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    try:
+        report = json.loads(p.stdout)
+    except ValueError:
+        report = None
+    return p.returncode, report, p.stderr
+
+
+def test_the_toy_trainer_unbroken_is_exact_through_kill_and_term(tmp_path) -> None:
+    rc, report, err = verify(tmp_path, "", "--signal", "both")
+    assert rc == 0 and report["verdict"] == "exact", err[-2000:]
+    assert all(i["resumed_from"] > 0 for i in report["interruptions"]) and report["interruptions"], report
+
+
+@pytest.mark.parametrize("bad, args, rule, words", [
+    ("short", (), "exit codes", "exited 0 at step 8 of 12"),
+    ("no-result", (), "result line", "nothing on stdout"),
+    ("malformed", (), "result line", "is not float.hex(final_loss)"),
+    ("not-last", (), "result line", "not the last"),
+    ("term-exit0", ("--signal", "term"), "SIGTERM", "answered with exit 0"),
+    ("term-no-ckpt", ("--signal", "term"), "SIGTERM", "but LATEST is at step"),
+    ("silent", ("--heartbeat-timeout", "1"), "liveness", "no progress line for"),
+])
+def test_a_broken_rule_is_named_never_exact(tmp_path, bad, args, rule, words) -> None:
+    rc, report, err = verify(tmp_path, bad, *args, silent_s=2.5)
+    assert rc == 4, (rc, err[-2000:])
+    assert report["verdict"] == "contract_broken" and not report["exact"], report
+    line = report["diagnosis"]
+    assert line.startswith(f"trainer broke the contract ({rule}): ") and words in line, line
+    assert "\n" not in line
+
+
+def test_the_human_output_is_one_line_naming_the_rule(tmp_path) -> None:
+    spec = {"name": "toy", "steps": 12, "checkpoint_every": 3, "trainer": {"command": ["python", str(TOY)]},
+            "config": {"bad": "term-exit0"}}
+    (tmp_path / "toy.json").write_text(json.dumps(spec))
+    p = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(tmp_path / "toy.json"),
+                        "--home", str(tmp_path), "--signal", "term", "--kills", "1"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert p.returncode == 4 and "EXACT" not in p.stdout, p.stdout + p.stderr[-2000:]
+    assert p.stdout.splitlines()[0] == "toy: CONTRACT BROKEN (nothing compared)", p.stdout
+    assert "trainer broke the contract (SIGTERM)" in p.stdout.splitlines()[1]
