@@ -236,14 +236,17 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
               help="Seconds one run of the trainer may take.")
 @click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=60.0,
               show_default=True, help="Seconds a run may go without a progress line (the contract's liveness rule).")
+@click.option("--segments", "segments", type=click.IntRange(min=1), default=None,
+              help="Run the trainer also in N segments, as ctl train does [default: at the spec's eval_every, "
+                   "else 2; 1: no segment run].")
 @json_option
 @home_option
 @edge
 def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeout_s: float,
-                  heartbeat_timeout_s: float, as_json: bool, home: str | None) -> None:
+                  heartbeat_timeout_s: float, segments: int | None, as_json: bool, home: str | None) -> None:
     """Prove that the spec's trainer resumes exactly: run it uninterrupted, then again with seeded
     kills (also during checkpoint writes, for trainers on tinyllm.durable), resuming each time, and
-    compare final loss bits, model digest and every step's loss. On a difference, name the first
+    in segments as ctl train runs it; compare final loss bits, model digest and every step's loss. On a difference, name the first
     differing step and the state most likely not restored. Scratch runs go to <home>/.ctl/verify/<name>/.
 
     \b
@@ -258,7 +261,7 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
     _interrupt_on_signals()
     try:
         report = run_verify_resume(spec_file, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
-                     timeout_s=timeout_s, heartbeat_s=heartbeat_timeout_s)
+                     timeout_s=timeout_s, heartbeat_s=heartbeat_timeout_s, segments=segments)
     except KeyboardInterrupt:  # the trainer's process group was killed on the way out (verify._run_attempt)
         click.echo("ctl verify-resume: interrupted; nothing was compared (its scratch runs are under "
                    "<home>/.ctl/verify/)", err=True)
@@ -277,6 +280,9 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
         for n, i in enumerate(report.interruptions, 1):
             click.echo(f"  interruption {n}: {i['signal']} ({i['mode']}) at step {i['step_killed']}, resumed from "
                        f"checkpoint step {i['resumed_from']}, {i['steps_redone']} step(s) redone")
+        seg = report.segments
+        if seg.get("exact") is not None:
+            click.echo(f"  segments {seg['ends']} (as ctl train runs it): {'equal' if seg['exact'] else 'differ'}")
         if report.diagnosis:
             click.echo(f"  {report.diagnosis}")
     sys.exit({"exact": EXIT_OK, "not_proven": EXIT_NOT_PROVEN,

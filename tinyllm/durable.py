@@ -84,6 +84,7 @@ NON_TRAJECTORY_KEYS = frozenset({"steps", "eval_every", "eval_interval_seconds",
                                  "trainer"})
 FINGERPRINT_ENV = "DURABLE_FINGERPRINT"
 FAULT_ENV = "DURABLE_FAULT"
+RUN_STEPS_ENV = "CTL_RUN_STEPS"  # the run's full length (contracts/subprocess-activity.md, "segments")
 
 
 class DurableError(Exception):
@@ -202,6 +203,11 @@ class _FaultOnSave:
         raise RuntimeError("unreachable")  # pragma: no cover
 
 
+def _run_steps(steps: int) -> int:
+    value = os.environ.get(RUN_STEPS_ENV, "")
+    return int(value) if value.isdigit() and int(value) >= steps else steps
+
+
 class DurableRun:
     """One run of a user's training loop under the trainer contract (see the module docstring)."""
 
@@ -210,7 +216,9 @@ class DurableRun:
                  seed_rngs: bool = True):
         self.spec = dict(spec)
         self.name: str = self.spec["name"]
-        self.total_steps: int = int(self.spec["steps"])
+        self.total_steps: int = int(self.spec["steps"])  # this invocation's last step (a segment's end)
+        # the run's last step, the same in every segment (CTL_RUN_STEPS, set by ctl): build schedules over it
+        self.run_steps: int = _run_steps(self.total_steps)
         self.checkpoint_every: int = int(self.spec.get("checkpoint_every", 100))
         self.log_every: int = int(self.spec.get("log_every", 10))
         self.seed: int = int(self.spec.get("seed", 0))

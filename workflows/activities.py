@@ -124,10 +124,11 @@ class TinyllmActivities:
             raise RuntimeError(f"{argv[3]} printed no JSON result line; stderr: {done.stderr_tail[-500:]}")
         return done.result
 
-    def _invocation(self, spec: dict, kind: str, spec_path: Path, *extra: str) -> tuple[list[str], Invocation]:
+    def _invocation(self, spec: dict, kind: str, spec_path: Path, *extra: str,
+                    run_steps: int | None = None) -> tuple[list[str], Invocation]:
         """tinyllm's command line, or the spec's own trainer's (workflows/trainer_command.py)."""
         how = invocation(spec, kind, home=self.home, python=self.python, env=self.env,
-                         default=self._argv(kind, spec_path, *extra))
+                         default=self._argv(kind, spec_path, *extra), run_steps=run_steps)
         if not how.custom:
             return how.argv, how
         return [*how.argv, "--spec", str(spec_path), "--home", str(self.home), *extra], how
@@ -143,7 +144,7 @@ class TinyllmActivities:
         extra = ["--progress", str(progress)]
         if resume:
             extra += ["--resume", resume]
-        argv, how = self._invocation(inp.spec, "train", spec_path, *extra)
+        argv, how = self._invocation(inp.spec, "train", spec_path, *extra, run_steps=inp.total_steps)
         if not how.custom and inp.total_steps is not None and inp.total_steps != until:
             argv = [*argv, "--total-steps", str(inp.total_steps)]  # tinyllm's; not in the public contract
         out = self._run(ctx, argv, progress, how)

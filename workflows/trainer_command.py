@@ -35,9 +35,14 @@ def contract_violation(rule: str, message: str) -> NonRetryableError:
                              details={"rule": rule})
 
 
+RUN_STEPS_ENV = "CTL_RUN_STEPS"  # the run's full length, the same in every segment (the contract's "segments" rule)
+
+
 def invocation(spec: Mapping[str, Any], kind: str, *, home: Path, python: str, env: dict[str, str] | None,
-               default: list[str]) -> Invocation:
-    """The command of ``kind`` (``train`` or ``eval``) for ``spec``: its trainer's, else ``default``."""
+               default: list[str], run_steps: int | None = None) -> Invocation:
+    """The command of ``kind`` (``train`` or ``eval``) for ``spec``: its trainer's, else ``default``. A spec's
+    own trainer gets ``CTL_RUN_STEPS`` = ``run_steps`` (default: the spec's ``steps``): the run's last step,
+    which a segment's spec (``steps`` = the segment's end) does not say."""
     trainer = spec.get("trainer")
     if not isinstance(trainer, Mapping):
         return Invocation(list(default), str(home), env, custom=False)
@@ -52,6 +57,8 @@ def invocation(spec: Mapping[str, Any], kind: str, *, home: Path, python: str, e
     if not cwd.is_dir():
         raise NonRetryableError(f"the trainer's cwd {cwd} is not a directory", type="BadInput")
     merged = {**(env if env is not None else os.environ), **dict(trainer.get("env") or {})}
+    if kind == "train":
+        merged[RUN_STEPS_ENV] = str(run_steps if run_steps is not None else spec.get("steps"))
     return Invocation(argv, str(cwd), merged, custom=True)
 
 

@@ -36,6 +36,8 @@ def test_the_toy_trainer_unbroken_is_exact_through_kill_and_term(tmp_path) -> No
     rc, report, err = verify(tmp_path, "", "--signal", "both")
     assert rc == 0 and report["verdict"] == "exact", err[-2000:]
     assert all(i["resumed_from"] > 0 for i in report["interruptions"]) and report["interruptions"], report
+    assert report["segments"] == {"ends": [6, 12], "exact": True, "final_loss_hex": report["final_loss_hex"]["resumed"],
+                                  "first_differing_step": None}, report
 
 
 @pytest.mark.parametrize("bad, args, rule, words", [
@@ -66,3 +68,13 @@ def test_the_human_output_is_one_line_naming_the_rule(tmp_path) -> None:
     assert p.returncode == 4 and "EXACT" not in p.stdout, p.stdout + p.stderr[-2000:]
     assert p.stdout.splitlines()[0] == "toy: CONTRACT BROKEN (nothing compared)", p.stdout
     assert "trainer broke the contract (SIGTERM)" in p.stdout.splitlines()[1]
+
+
+def test_a_schedule_over_steps_is_exact_under_kills_but_caught_in_segments(tmp_path) -> None:
+    rc, report, err = verify(tmp_path, "schedule-over-steps", "--signal", "kill", "--segments", "3")
+    assert rc == 1 and report["verdict"] == "not_exact", err[-2000:]
+    assert report["interruptions"] and report["segments"]["ends"] == [4, 8, 12] and not report["segments"]["exact"]
+    assert report["first_differing_step"] == 2 and report["suspects"] == ["segments"], report  # lr(2) uses steps
+    assert "step 2 is the first that differs, inside the first segment (its spec says steps 4)" in report["diagnosis"]
+    assert "(the learning rate differs)" in report["diagnosis"]
+    assert "the trajectory depends on the spec's steps" in report["diagnosis"] and "run.run_steps" in report["diagnosis"]

@@ -5,7 +5,8 @@ lines, unless its spec's ``config.bad`` names a rule to break: the tests' stand-
 sleeps ``config.step_s`` so a poller sees every step. ``config.bad``: ``short`` (exit 0 before
 ``steps``), ``no-result``, ``malformed``, ``not-last`` (result line), ``term-exit0`` (SIGTERM answered
 with exit 0 at once), ``term-no-ckpt`` (exit 130 without a checkpoint), ``silent`` (no progress line
-for ``config.silent_s`` at step 4).
+for ``config.silent_s`` at step 4), ``schedule-over-steps`` (the LR decays over the spec's ``steps``, which
+each segment of ``ctl train`` changes, instead of over the run's ``CTL_RUN_STEPS``).
 """
 import argparse
 import hashlib
@@ -83,13 +84,16 @@ elif bad == "term-no-ckpt":
 else:
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
 last = steps - 4 if bad == "short" else steps
+horizon = steps if bad == "schedule-over-steps" else int(os.environ.get("CTL_RUN_STEPS", steps))
 while step < last and not stop:
     time.sleep(cfg.get("step_s", 0.05))
     if bad == "silent" and step == 4:
         time.sleep(cfg.get("silent_s", 3.0))
     step += 1
-    w = w * 0.5 + step
-    metrics.write(json.dumps({"step": step, "train/loss": loss_at(step, w), "train/loss_hex": loss_at(step, w).hex()}) + "\n")
+    lr = 0.1 * (1 - (step - 1) / horizon)
+    w = w * 0.5 + step * lr
+    metrics.write(json.dumps({"step": step, "train/loss": loss_at(step, w), "train/loss_hex": loss_at(step, w).hex(),
+                              "optim/lr_hex": [lr.hex()]}) + "\n")
     metrics.flush()
     if step % every == 0 or step == last or stop:
         save(step, w)
