@@ -21,6 +21,7 @@ from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, BadRequest
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved
 from .trainers import eval_trainer
 from .verify import verify_resume as run_verify_resume
+from .verify_record import unverified_notice
 
 
 def _versions() -> str:
@@ -201,9 +202,12 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     inp = app.train_request(spec_file, chosen, eval_seed=eval_seed, eval_max_items=eval_max_items,
                             corpus_file=corpus_file).model_copy(update={"train_heartbeat_timeout_s": heartbeat_timeout_s})
     name = inp.spec["name"]
+    notice = unverified_notice(home_dir, inp.spec, spec_file) if not quiet else None
     engine = app.open_engine(home_dir, create=True)
     try:
         started = app.start_run(engine, "TrainRun", app.train_workflow_id(name), inp)
+        if notice and started.new:
+            click.echo(notice, err=True)
         wid = started.workflow_id
         if not (as_json or quiet):
             verb = "started" if started.new else "attached to"

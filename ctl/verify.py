@@ -33,6 +33,7 @@ from tinyllm.trainer_spec import has_trainer, parse_run_spec
 from workflows.trainer_command import invocation
 
 from . import verify_contract as contract
+from . import verify_record as verified
 from .verify_diagnose import diagnose, first_difference, step_records
 from .verify_segments import diagnose_segments, run_segments, segment_ends
 from .errors import BadRequest, CtlError
@@ -329,12 +330,13 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
             _compare_segments(report, trainer, raw, spec.steps, ref_home, seg_home, ends, timeout_s, heartbeat_s, log)
         else:
             report.segments = {"ends": ends, "exact": None}
-        return report
     except contract.ContractBroken as e:
         log(f"verify-resume {name}: {e}")
-        return Report(name=name, verdict="contract_broken", exact=False, kills_planned=0, kills_landed=0,
-                      final_loss_hex={}, digest={}, steps_compared=0, diagnosis=str(e), suspects=[e.rule],
-                      workdir=str(workdir))
+        report = Report(name=name, verdict="contract_broken", exact=False, kills_planned=0, kills_landed=0,
+                        final_loss_hex={}, digest={}, steps_compared=0, diagnosis=str(e), suspects=[e.rule],
+                        workdir=str(workdir))
+    verified.record(user_home, raw, report.verdict, kills=kills, seed=seed, segments=report.segments.get("ends"))
+    return report
 
 
 def _compare_segments(report: Report, trainer: Trainer, raw: dict, steps: int, ref_home: Path, seg_home: Path,

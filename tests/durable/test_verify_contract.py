@@ -78,3 +78,29 @@ def test_a_schedule_over_steps_is_exact_under_kills_but_caught_in_segments(tmp_p
     assert "step 2 is the first that differs, inside the first segment (its spec says steps 4)" in report["diagnosis"]
     assert "(the learning rate differs)" in report["diagnosis"]
     assert "the trajectory depends on the spec's steps" in report["diagnosis"] and "run.run_steps" in report["diagnosis"]
+
+
+def _train(home: Path, spec: dict) -> subprocess.CompletedProcess:
+    path = home / f"{spec['name']}.json"
+    path.write_text(json.dumps(spec))
+    return subprocess.run([sys.executable, "-m", "ctl.cli", "train", "--spec", str(path), "--home", str(home), "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_ctl_train_says_once_when_the_trainer_is_unverified_and_not_after_an_exact_verdict(tmp_path) -> None:
+    spec = {"name": "toy", "steps": 6, "seed": 0, "checkpoint_every": 3,
+            "trainer": {"command": ["python", str(TOY)]}, "config": {"bad": ""}}
+    p = _train(tmp_path, {**spec, "name": "fresh"})  # never verified
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stderr.count("unverified for this trainer") == 1 and "ctl verify-resume --spec" in p.stderr, p.stderr
+    (tmp_path / "toy.json").write_text(json.dumps(spec))
+    v = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(tmp_path / "toy.json"),
+                        "--home", str(tmp_path), "--kills", "1", "--signal", "kill"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert v.returncode == 0, v.stdout + v.stderr[-2000:]
+    records = [json.loads(p.read_text()) for p in (tmp_path / ".ctl/verified").glob("*.json")]
+    assert [r["verdict"] for r in records] == ["exact"], records
+    p = _train(tmp_path, {**spec, "steps": 9})  # the same trajectory and code: verified (steps may change)
+    assert p.returncode == 0 and "unverified" not in p.stderr, p.stderr[-2000:]
+    p = _train(tmp_path, {**spec, "name": "other", "config": {"bad": "", "step_s": 0.01}})  # another trajectory
+    assert p.returncode == 0 and "unverified for this trainer" in p.stderr, p.stderr[-2000:]

@@ -60,6 +60,16 @@ def test_a_campaign_run_of_a_user_trainer_survives_its_faults():
     assert [rng.choice(USER_FAULTS) for _ in range(2)] == ["kill-in-checkpoint-write", "kill-trainer"]
 
 
+@pytest.mark.slow
+def test_a_run_no_fault_made_resume_is_untested_exit_3(want):
+    lines: list[str] = []
+    assert campaign(5, 1, faults_per_run=0, want=want, log=lines.append) == 3, "\n".join(lines)
+    out = "\n".join(lines)
+    assert "UNTESTED" in out and "1 untested" in out and "nothing proves they resume exactly" in out, out
+    lines.clear()
+    assert campaign(5, 1, faults_per_run=0, want=want, log=lines.append, allow_untested=True) == 0, "\n".join(lines)
+
+
 def test_the_same_seed_draws_the_same_faults():
     def plan(seed):
         rng = random.Random(f"{seed}:0")
