@@ -34,12 +34,12 @@ from .leases import owner_dead
 from .options import RetryPolicy, StepOptions
 from .seam import ActivityContext, Runtime
 from .store import Store, damage_report
-from .subprocess_runner import run_subprocess
+from .subprocess_runner import SubprocessFailed, run_subprocess
 
 __all__ = [
     "ActivityContext", "ActivityError", "ActivityInfo", "BadInput", "Canceled", "DamagedRecord", "Engine",
     "EngineError", "Event", "LeaseLost", "NondeterminismError", "NonRetryableError", "NotFound", "ReplayResult",
     "RetryPolicy", "Runtime", "StepOptions", "Store", "SystemClock", "VirtualClock", "WorkflowCanceled",
     "WorkflowFailed", "WorkflowRunning", "WorkflowStatus", "check_id", "damage_report", "is_canceled", "owner_dead",
-    "read_events", "replay_history", "run_subprocess",
+    "read_events", "replay_history", "run_subprocess", "SubprocessFailed",
 ]

@@ -62,6 +62,24 @@ def invocation(spec: Mapping[str, Any], kind: str, *, home: Path, python: str, e
     return Invocation(argv, str(cwd), merged, custom=True)
 
 
+def rejected_arguments(attempt: int, returncode: int, progress: Path, args: list[str], stderr_tail: str) -> NonRetryableError | None:
+    """A spec's own trainer that, on its first attempt, exits non-zero (not killed by a signal) before writing
+    any progress line has most likely refused the contract's arguments (an own argument parser, nanoGPT's
+    configurator.py): retrying cannot mend it, so it is the ``arguments`` rule, named once, not retried."""
+    if attempt != 1 or returncode <= 0 or returncode in (2, 74, 75, 130):
+        return None
+    try:
+        if progress.exists() and progress.read_bytes().strip():
+            return None
+    except OSError:
+        return None
+    last = next((ln.strip() for ln in reversed(stderr_tail.splitlines()) if ln.strip()), "")
+    return contract_violation("arguments", f"on its first attempt it exited {returncode} before writing any progress "
+                                           f"line, given {' '.join(args)}: a trainer must accept --spec FILE --home DIR "
+                                           "[--progress FILE] [--resume CKPT] (contracts/subprocess-activity.md)"
+                                           + (f"; its stderr ended: {last[-200:]}" if last else ""))
+
+
 def _result_object(result: Any) -> dict:
     if not isinstance(result, dict):
         raise contract_violation("result line", "it exited 0, but its last stdout line is not a JSON object")

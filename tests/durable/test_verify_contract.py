@@ -104,3 +104,17 @@ def test_ctl_train_says_once_when_the_trainer_is_unverified_and_not_after_an_exa
     assert p.returncode == 0 and "unverified" not in p.stderr, p.stderr[-2000:]
     p = _train(tmp_path, {**spec, "name": "other", "config": {"bad": "", "step_s": 0.01}})  # another trajectory
     assert p.returncode == 0 and "unverified for this trainer" in p.stderr, p.stderr[-2000:]
+
+
+def test_a_trainer_refusing_the_contracts_arguments_fails_once_with_one_line_not_retried(tmp_path) -> None:
+    script = tmp_path / "configurator.py"  # nanoGPT-style: every argument must be --key=value
+    script.write_text("import sys\nfor arg in sys.argv[1:]:\n    assert arg.startswith('--') and '=' in arg, arg\n")
+    spec = {"name": "cfg", "steps": 4, "trainer": {"command": ["python", str(script)]}}
+    p = _train(tmp_path, spec)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "trainer broke the contract (arguments): on its first attempt it exited 1" in p.stdout + p.stderr
+    assert "--spec FILE --home DIR" in p.stdout + p.stderr
+    hist = subprocess.run([sys.executable, "-m", "ctl.cli", "history", "train/cfg", "--json", "--home", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    starts = [e for e in json.loads(hist.stdout)["events"] if e["type"] == "activity_started"]
+    assert len(starts) == 1, starts  # not retried
