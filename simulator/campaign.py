@@ -63,6 +63,7 @@ RUN_TIMEOUT_S = 900.0
 ARM_TIMEOUT_S = 30.0  # an armed checkpoint-write fault no trainer claimed by then is disarmed (missed)
 POLL_S = 0.1
 SKIPPED = (": missed", "(no child", "(nothing running)", "(not recorded")  # faults that found nothing to hit
+CHILD_WAIT_S = 10.0  # a trainer fault due at a step waits this long for a child in flight (a retry's start)
 MAX_CHILD_KILLS = 2  # per activity: below every step's max_attempts, so the run can always finish
 
 
@@ -251,7 +252,12 @@ class Run:
             self.start()
             return f"SIGKILL of {what}, started again"
         if kind in ("kill-trainer", "stop-trainer"):
-            kids = [(pid, aid) for pid, aid in self.children() if self.child_kills.get(aid, 0) < MAX_CHILD_KILLS]
+            deadline = time.monotonic() + CHILD_WAIT_S  # due at a step: the trainer there (or its retry, its eval)
+            while True:
+                kids = [(pid, aid) for pid, aid in self.children() if self.child_kills.get(aid, 0) < MAX_CHILD_KILLS]
+                if kids or time.monotonic() > deadline or self.finished():
+                    break
+                time.sleep(POLL_S)
             if not kids:
                 return f"{kind} (no child in flight)"
             pid, aid = self.rng.choice(kids)
