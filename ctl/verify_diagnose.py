@@ -104,17 +104,51 @@ def diagnose(ref: dict[int, dict], got: dict[int, dict], resumes: list[tuple[int
         return f"; no {piece} is tracked: pass {piece}=... to run.track()"
 
     if "batch" in what:
-        return step, f"{head}: the data position was not restored (step {step}'s batch differs){hint('data')}{same}", ["data"]
+        return _batch_differs(step, head, r_step, ref, got, hint, same)
     if what == ["lr"]:
         return step, (f"{head}: the LR scheduler was not restored (the learning rate after step {step} differs "
                       f"while its loss is equal){hint('scheduler')}{same}"), ["scheduler"]
     if step == r_step + 1:
         if "batch" in ref.get(step, {}) and "batch" in got.get(step, {}):
             return step, (f"{head}: an RNG the helper does not see was not restored (step {step}'s batch is equal; "
-                          f"register it: run.track(generators={{...}})){same}"), ["rng"]
+                          f"register it: run.track(generators={{...}})), or a global RNG was drawn after the restore, "
+                          f"before the step (a DataLoader iterator made after the resume draws its base seed from "
+                          f"torch's global RNG in DataLoader.__iter__: make the iterator before the restore, or give "
+                          f"the DataLoader its own generator= and register it){same}"), ["rng"]
         return step, f"{head}: the data position or an RNG was not restored{same}", ["data", "rng"]
     return step, (f"{head}: the update after the resume differed: the optimizer state (moments) or the LR "
                   f"schedule was not restored{same}"), ["optimizer", "scheduler"]
+
+
+def _batches(records: dict[int, dict], first: int, n: int = 3) -> list | None:
+    out = [records.get(s, {}).get("batch") for s in range(first, first + n)]
+    return out if all(b is not None for b in out) else None
+
+
+def _batch_differs(step: int, head: str, r_step: int, ref: dict[int, dict], got: dict[int, dict], hint, same: str
+                   ) -> tuple[int, str, list[str]]:
+    """The batch after a resume differs: read ahead (the resumed batches are the reference's k steps later),
+    restarted from the beginning (a position kept in a plain variable), or another order (an RNG that
+    draws the data was not restored)."""
+    seen = _batches(got, step)
+    if seen is not None:
+        for k in (1, 2, 3):
+            if _batches(ref, step + k) == seen:
+                return step, (f"{head}: the loader reads {k} batch(es) ahead of the step: the resumed run's batches "
+                              f"from step {step} are the uninterrupted run's from step {step + k}, so the data position "
+                              f"saved with step {r_step} was already {k} batch(es) past that step's batch (a batch "
+                              f"prefetched before the loop, accelerate's DataLoaderShard): take each batch inside the "
+                              f"step (batch = next(batches) in the loop), or save the position of the batch in use"
+                              f"{same}"), ["data/read-ahead"]
+        if step > 1 and _batches(ref, 1) == seen:
+            return step, (f"{head}: the data position was not restored: it restarted from the beginning at the "
+                          f"resume (step {step}'s batches are steps 1.. of the uninterrupted run): a position kept in "
+                          f"a plain variable (i = 0; batch = data[i]) is not saved: keep it in run.cursor (saved and "
+                          f"restored), or pass data=... (a sampler with state_dict) to run.track(){same}"), ["cursor"]
+    return step, (f"{head}: the data position was not restored (step {step}'s batch differs): if an RNG draws the "
+                  f"data (DataLoader(shuffle=True, generator=g), a sampler's own generator), register it: "
+                  f"run.track(generators={{'data': g}}); a position of the loop's own: run.cursor"
+                  f"{hint('data')}{same}"), ["data"]
 
 
 def _dedupe(keys: list[str]) -> list[str]:
