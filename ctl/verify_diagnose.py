@@ -144,7 +144,10 @@ def _batch_differs(step: int, head: str, r_step: int, ref: dict[int, dict], got:
             return step, (f"{head}: the data position was not restored: it restarted from the beginning at the "
                           f"resume (step {step}'s batches are steps 1.. of the uninterrupted run): a position kept in "
                           f"a plain variable (i = 0; batch = data[i]) is not saved: keep it in run.cursor (saved and "
-                          f"restored), or pass data=... (a sampler with state_dict) to run.track(){same}"), ["cursor"]
+                          f"restored), or pass data=... (a sampler with state_dict) to run.track(); or an RNG that "
+                          f"draws the data (DataLoader(shuffle=True, generator=g), a sampler's own generator) started "
+                          f"again from its seed: register it: run.track(generators={{'data': g}}){same}"), \
+                ["cursor", "rng/data"]
     return step, (f"{head}: the data position was not restored (step {step}'s batch differs): if an RNG draws the "
                   f"data (DataLoader(shuffle=True, generator=g), a sampler's own generator), register it: "
                   f"run.track(generators={{'data': g}}); a position of the loop's own: run.cursor"

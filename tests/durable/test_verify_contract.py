@@ -118,3 +118,18 @@ def test_a_trainer_refusing_the_contracts_arguments_fails_once_with_one_line_not
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     starts = [e for e in json.loads(hist.stdout)["events"] if e["type"] == "activity_started"]
     assert len(starts) == 1, starts  # not retried
+
+
+@pytest.mark.parametrize("bad, suspects, words", [
+    ("read-ahead", ["data/read-ahead"], "the loader reads 1 batch(es) ahead of the step"),
+    # a position that restarts and an unregistered generator that restarts from its seed give the same batches:
+    ("plain-cursor", ["cursor", "rng/data"], "keep it in run.cursor"),
+    ("unregistered-shuffle", ["cursor", "rng/data"], "register it: run.track(generators={'data': g})"),
+    ("draw-after-restore", ["rng"], "DataLoader.__iter__"),
+])
+def test_each_real_data_mistake_gets_its_own_fix(tmp_path, bad, suspects, words) -> None:
+    rc, report, err = verify(tmp_path, bad, "--signal", "kill", "--kills", "1", "--segments", "1")
+    assert rc == 1 and report["verdict"] == "not_exact", err[-2000:]
+    resumed = report["interruptions"][0]["resumed_from"]
+    assert resumed > 0 and report["first_differing_step"] == resumed + 1, report
+    assert report["suspects"] == suspects and words in report["diagnosis"], report["diagnosis"]

@@ -6,12 +6,17 @@ sleeps ``config.step_s`` so a poller sees every step. ``config.bad``: ``short`` 
 ``steps``), ``no-result``, ``malformed``, ``not-last`` (result line), ``term-exit0`` (SIGTERM answered
 with exit 0 at once), ``term-no-ckpt`` (exit 130 without a checkpoint), ``silent`` (no progress line
 for ``config.silent_s`` at step 4), ``schedule-over-steps`` (the LR decays over the spec's ``steps``, which
-each segment of ``ctl train`` changes, instead of over the run's ``CTL_RUN_STEPS``).
+each segment of ``ctl train`` changes, instead of over the run's ``CTL_RUN_STEPS``); the data mistakes
+of real loops: ``read-ahead`` (a batch prefetched before the loop, its position saved one past it),
+``plain-cursor`` (the position in a variable that is not saved), ``unregistered-shuffle`` (batches drawn
+by an RNG that is not saved), ``draw-after-restore`` (the global RNG drawn once after its restore, as
+DataLoader.__iter__ does when the iterator is made after the resume).
 """
 import argparse
 import hashlib
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -40,9 +45,12 @@ def loss_at(step, w):
 
 
 def save(step, w):
+    extra = {"rng": list(random.getstate())}
+    if bad != "plain-cursor":
+        extra["pos"] = pos
     tmp, final = os.path.join(ckdir, f".tmp-{step:06d}"), os.path.join(ckdir, f"step-{step:06d}")
     os.makedirs(tmp, exist_ok=True)
-    json.dump({"step": step, "w": w}, open(os.path.join(tmp, "manifest.json"), "w"))
+    json.dump({"step": step, "w": w, **extra}, open(os.path.join(tmp, "manifest.json"), "w"))
     if os.path.exists(final):
         os.rename(final, final + ".old")
     os.rename(tmp, final)
@@ -59,13 +67,28 @@ def result(step, w, canceled=False):
                        "resumed_from": None, "canceled": canceled}, sort_keys=True)
 
 
-step, w = 0, 0.0
+step, w, pos = 0, 0.0, 0
+random.seed(spec.get("seed", 0))
+perm = random.Random(7).sample(range(10), 10)
+data_rng = random.Random(8)  # draws the batches in unregistered-shuffle; never saved
 try:
     latest = open(os.path.join(ckdir, "LATEST")).read().strip()
     state = json.load(open(os.path.join(ckdir, latest, "manifest.json")))
-    step, w = state["step"], state["w"]
+    step, w, pos = state["step"], state["w"], state.get("pos", 0)
+    random.setstate((state["rng"][0], tuple(state["rng"][1]), state["rng"][2]))
+    if bad == "draw-after-restore":
+        random.random()  # DataLoader.__iter__'s base seed, drawn from the global RNG after the restore
 except OSError:
     pass
+
+
+def next_batch():
+    global pos
+    pos += 1
+    return data_rng.randrange(100) if bad == "unregistered-shuffle" else perm[(pos - 1) % 10]
+
+
+nxt = next_batch() if bad == "read-ahead" else None
 frames = []
 try:
     frames = [ln for ln in open(os.path.join(run, "metrics.jsonl")) if json.loads(ln)["step"] <= step]
@@ -91,9 +114,13 @@ while step < last and not stop:
         time.sleep(cfg.get("silent_s", 3.0))
     step += 1
     lr = 0.1 * (1 - (step - 1) / horizon)
-    w = w * 0.5 + step * lr
+    if bad == "read-ahead":
+        batch, nxt = nxt, next_batch()
+    else:
+        batch = next_batch()
+    w = w * 0.5 + step * lr + batch * 0.01 + random.random() * 1e-3
     metrics.write(json.dumps({"step": step, "train/loss": loss_at(step, w), "train/loss_hex": loss_at(step, w).hex(),
-                              "optim/lr_hex": [lr.hex()]}) + "\n")
+                              "optim/lr_hex": [lr.hex()], "data/batch": str(batch)}) + "\n")
     metrics.flush()
     if step % every == 0 or step == last or stop:
         save(step, w)

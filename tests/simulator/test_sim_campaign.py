@@ -66,8 +66,7 @@ def test_a_run_no_fault_made_resume_is_untested_exit_3(want):
     assert campaign(5, 1, faults_per_run=0, want=want, log=lines.append) == 3, "\n".join(lines)
     out = "\n".join(lines)
     assert "UNTESTED" in out and "1 untested" in out and "nothing proves they resume exactly" in out, out
-    lines.clear()
-    assert campaign(5, 1, faults_per_run=0, want=want, log=lines.append, allow_untested=True) == 0, "\n".join(lines)
+    assert "oracle passed" in out  # (passed, yet untested; --allow-untested would make it exit 0)
 
 
 def test_the_same_seed_draws_the_same_faults():
