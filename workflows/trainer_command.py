@@ -57,8 +57,9 @@ def invocation(spec: Mapping[str, Any], kind: str, *, home: Path, python: str, e
     if not cwd.is_dir():
         raise NonRetryableError(f"the trainer's cwd {cwd} is not a directory", type="BadInput")
     merged = {**(env if env is not None else os.environ), **dict(trainer.get("env") or {})}
-    if kind == "train":
-        merged[RUN_STEPS_ENV] = str(run_steps if run_steps is not None else spec.get("steps"))
+    length = run_steps if run_steps is not None else spec.get("steps")
+    if kind == "train" and isinstance(length, int):
+        merged[RUN_STEPS_ENV] = str(length)
     return Invocation(argv, str(cwd), merged, custom=True)
 
 
