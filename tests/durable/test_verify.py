@@ -68,6 +68,9 @@ def test_forget_generators_is_never_exact_now_that_every_kill_resumes_from_a_che
     rc, report, err = verify(tmp_path, EXAMPLES / "specs/forget-generators.json", "--kills", "2", "--seed", seed)
     assert rc == 1 and report["verdict"] == "not_exact", err[-3000:]
     assert report["interruptions"] and all(i["resumed_from"] > 0 for i in report["interruptions"]), report
+    plan = plan_kills(2, 20, int(seed), "both", helper=True, checkpoint_every=5)  # forget-generators' cadence
+    landed = [(i["mode"], i["step_killed"]) for i in report["interruptions"] if i["mode"] in ("kill", "term")]
+    assert landed == [(m, t) for m, t in plan if m in ("kill", "term")], (landed, plan)  # held there: exact step
 
 
 def test_a_plan_that_cannot_resume_from_a_checkpoint_is_not_proven_exit_3(tmp_path) -> None:
