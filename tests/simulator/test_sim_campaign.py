@@ -36,9 +36,9 @@ def want():
                                         (6, {"kill-trainer", "cancel", "second-train"})])
 def test_a_campaign_run_survives_its_faults(seed, kinds, want):
     lines: list[str] = []
-    rc = campaign(seed, 1, faults_per_run=4, want=want, log=lines.append)
+    rc = campaign(seed, 1, faults_per_run=4, want=want, log=lines.append, allow_untested=True)
     out = "\n".join(lines)
-    assert rc == 0, out
+    assert rc == 0, out  # (these seeds cover every fault kind; whether one made a resume is the user test's claim)
     assert "oracle passed" in out and "1 runs, " in out
     rng = random.Random(f"{seed}:0")
     rng.random()
@@ -54,7 +54,7 @@ def test_a_campaign_run_of_a_user_trainer_survives_its_faults():
     assert "oracle passed" in out and "(examples/durable_train.py): 1 runs, " in out
     assert "SIGKILL inside a checkpoint write of trainer train-" in out, out  # armed, claimed, died mid-write
     assert "SIGKILL of trainer " in out, out
-    assert "0 resumed mid-segment" not in out, out  # the killed write was not the first: its retry resumed
+    assert "0 resumed mid-segment" not in out and "0 untested" in out, out  # the killed write's retry resumed
     rng = random.Random("22:0")
     assert rng.random() >= 0.3  # ctl train, not a worker
     assert [rng.choice(USER_FAULTS) for _ in range(2)] == ["kill-in-checkpoint-write", "kill-trainer"]
