@@ -24,6 +24,7 @@ from .cli_common import describe_train, edge, home_option, json_option, print_js
 from .release import release as release_command
 from .trainers import eval_trainer
 from .verify import verify_resume as run_verify_resume
+from .verify_record import unverified_notice
 
 
 def _versions() -> str:
@@ -206,12 +207,15 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     name = inp.spec["name"]
     interrupt.what = app.train_workflow_id(name)
     app.check_run_writable(home_dir, name)
+    notice = unverified_notice(home_dir, inp.spec, spec_file) if not quiet else None
     engine = app.open_engine(home_dir, create=True)
     interrupt.engine = engine
     try:
         current = app.latest_run(engine, app.train_workflow_id(name))
         was_s = app.heartbeat_in_use(engine, current.workflow_id) if current is not None else None
         started = app.start_run(engine, "TrainRun", app.train_workflow_id(name), inp)
+        if notice and started.new:
+            click.echo(notice, err=True)
         wid = interrupt.workflow_id = started.workflow_id
         if hasattr(engine, "attempt_options"):  # an operational setting: this command's value from now on
             engine.attempt_options = app.heartbeat_override(wid, heartbeat_timeout_s)
@@ -251,19 +255,25 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
               show_default=True, help="SIGKILL, SIGTERM (checkpoint, exit 130), or a seeded mix of both.")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds one run of the trainer may take.")
+@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=60.0,
+              show_default=True, help="Seconds a run may go without a progress line (the contract's liveness rule).")
+@click.option("--segments", "segments", type=click.IntRange(min=1), default=None,
+              help="Run the trainer also in N segments, as ctl train does [default: at the spec's eval_every, "
+                   "else 2; 1: no segment run].")
 @json_option
 @home_option
 @edge
-def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeout_s: float, as_json: bool,
-                  home: str | None) -> None:
+def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeout_s: float,
+                  heartbeat_timeout_s: float, segments: int | None, as_json: bool, home: str | None) -> None:
     """Prove that the spec's trainer resumes exactly: run it uninterrupted, then again with seeded
     kills (also during checkpoint writes, for trainers on tinyllm.durable), resuming each time, and
-    compare final loss bits, model digest and every step's loss. On a difference, name the first
+    in segments as ctl train runs it; compare final loss bits, model digest and every step's loss. On a difference, name the first
     differing step and the state most likely not restored. Scratch runs go to <home>/.ctl/verify/<name>/.
 
     \b
-    Exit codes: 0 exact, 3 not proven (no interruption resumed from a mid-run checkpoint), 1 not exact (with the diagnosis) or a run failed, 2 bad input, 130 interrupted
-    (SIGINT/SIGTERM: the trainer is killed, nothing compared).
+    Exit codes: 0 exact, 3 not proven (no interruption resumed from a mid-run checkpoint), 4 the trainer
+    broke a rule of the trainer contract (named), 1 not exact (with the diagnosis) or a run failed, 2 bad
+    input, 130 interrupted (SIGINT/SIGTERM: the trainer is killed, nothing compared).
     \b
     Examples:
       ctl verify-resume --spec examples/specs/durable.json
@@ -272,13 +282,16 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
     _interrupt_on_signals()
     try:
         report = run_verify_resume(spec_file, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
-                     timeout_s=timeout_s)
+                     timeout_s=timeout_s, heartbeat_s=heartbeat_timeout_s, segments=segments)
     except KeyboardInterrupt:  # the trainer's process group was killed on the way out (verify._run_attempt)
         click.echo("ctl verify-resume: interrupted; nothing was compared (its scratch runs are under "
                    "<home>/.ctl/verify/)", err=True)
         sys.exit(errors.EXIT_CANCELED)
     if as_json:
         print_json(report.as_json())
+    elif report.verdict == "contract_broken":
+        click.echo(f"{report.name}: CONTRACT BROKEN (nothing compared)")
+        click.echo(f"  {report.diagnosis}")
     else:
         verdict = {"exact": "EXACT", "not_proven": "NOT PROVEN"}.get(report.verdict, "NOT EXACT")
         click.echo(f"{report.name}: {verdict} after {report.kills_landed} interruption(s) "
@@ -288,9 +301,13 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
         for n, i in enumerate(report.interruptions, 1):
             click.echo(f"  interruption {n}: {i['signal']} ({i['mode']}) at step {i['step_killed']}, resumed from "
                        f"checkpoint step {i['resumed_from']}, {i['steps_redone']} step(s) redone")
+        seg = report.segments
+        if seg.get("exact") is not None:
+            click.echo(f"  segments {seg['ends']} (as ctl train runs it): {'equal' if seg['exact'] else 'differ'}")
         if report.diagnosis:
             click.echo(f"  {report.diagnosis}")
-    sys.exit({"exact": EXIT_OK, "not_proven": EXIT_NOT_PROVEN}.get(report.verdict, EXIT_FAILED))
+    sys.exit({"exact": EXIT_OK, "not_proven": EXIT_NOT_PROVEN,
+              "contract_broken": errors.EXIT_CONTRACT_BROKEN}.get(report.verdict, EXIT_FAILED))
 
 
 @main.command(name="eval")

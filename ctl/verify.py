@@ -31,28 +31,16 @@ from tinyllm.spec import SpecError, load_json_file
 from tinyllm.trainer_spec import has_trainer, parse_run_spec
 from workflows.trainer_command import invocation
 
+from . import verify_contract as contract
+from . import verify_record as verified
+from .verify_diagnose import diagnose, first_difference, step_records
+from .verify_segments import diagnose_segments, run_segments, segment_ends
 from .errors import BadRequest, CtlError
 from .trainers import resolved_spec
 
 SIGNALS = ("kill", "term", "both")
-EXPLAIN = {
-    "model": "the model weights",
-    "optimizer": "the optimizer state (its moments)",
-    "optimizer/entries": "the optimizer state (its moments)",
-    "lr": "the optimizer's learning rates",
-    "scheduler": "the LR scheduler",
-    "scaler": "the gradient scaler",
-    "data": "the data position",
-    "cursor": "the data position (cursor)",
-}
-
-
 class VerifyFailed(CtlError):
     """A run of the trainer failed in a way that is not a planned interruption (exit 1)."""
-
-
-def _explain(key: str) -> str:
-    return EXPLAIN.get(key, f"the RNG {key[4:]}" if key.startswith("rng/") else key)
 
 
 @dataclass
@@ -63,6 +51,7 @@ class Attempt:
     returncode: int
     reached_step: int | None
     resume_state: dict | None = None  # the helper's fingerprint right after its resume
+    signaled_step: int | None = None  # the step its metrics showed when the signal was sent
 
 
 @dataclass
@@ -81,118 +70,10 @@ class Report:
     workdir: str = ""
     verdict: str = ""  # exact | not_exact | not_proven
     interruptions: list[dict] = field(default_factory=list)
+    segments: dict = field(default_factory=dict)  # {"ends": [...], "exact": bool | None (not run)}
 
     def as_json(self) -> dict:
         return asdict(self)
-
-
-# --- per-step records and diagnosis (pure) ----------------------------------------------------
-
-
-def step_records(metrics_path: Path) -> dict[int, dict]:
-    """``{step: record}`` of a run's metrics.jsonl: loss bits, lr bits, batch digest, state fingerprint."""
-    out: dict[int, dict] = {}
-    try:
-        text = metrics_path.read_text(encoding="utf-8")
-    except OSError:
-        return out
-    for line in text.splitlines():
-        try:
-            frame = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(frame, dict) or not isinstance(frame.get("step"), int) or "train/loss" not in frame:
-            continue
-        rec = {"loss": frame.get("train/loss_hex") or float(frame["train/loss"]).hex()}
-        if "optim/lr_hex" in frame:
-            rec["lr"] = frame["optim/lr_hex"]
-        elif isinstance(frame.get("optim/lr"), float):
-            rec["lr"] = [frame["optim/lr"].hex()]
-        if "data/batch" in frame:
-            rec["batch"] = frame["data/batch"]
-        if isinstance(frame.get("state"), dict):
-            rec["state"] = frame["state"]
-        out[frame["step"]] = rec
-    return out
-
-
-def first_difference(ref: dict[int, dict], got: dict[int, dict]) -> tuple[int | None, list[str]]:
-    """The first step whose loss, lr or batch differs (or that one run lacks), and which of them."""
-    for step in sorted(set(ref) | set(got)):
-        a, b = ref.get(step), got.get(step)
-        if a is None or b is None:
-            return step, ["missing"]
-        keys = [k for k in ("batch", "loss", "lr") if k in a and k in b and a[k] != b[k]]
-        if keys:
-            return step, keys
-    return None, []
-
-
-def diagnose(ref: dict[int, dict], got: dict[int, dict], resumes: list[tuple[int, dict | None]],
-             ref_states: dict[int, dict], tracked: list[str] | None = None) -> tuple[int | None, str, list[str]]:
-    """(first differing step, one-paragraph diagnosis, suspected state keys); (None, "", []) when equal."""
-    step, what = first_difference(ref, got)
-    if step is None:
-        return None, "", []
-    if what == ["missing"]:
-        return step, f"step {step} is recorded by only one of the runs (the resumed run skipped or repeated steps)", ["steps"]
-    before = [r for r in resumes if r[0] < step]
-    if not before:
-        return step, (f"step {step} differs ({', '.join(what)}) before any resume: the trainer is not deterministic "
-                      "from run to run (seeds, nondeterministic kernels, thread counts)"), ["determinism"]
-    r_step, r_state = max(before, key=lambda r: r[0])
-    if step == r_step + 1:
-        head = f"step {step} is the first after the resume from step {r_step} and differs ({', '.join(what)})"
-    else:
-        head = (f"step {step} is the first that differs ({', '.join(what)}), {step - r_step} steps after the resume "
-                f"from step {r_step}")
-    ref_state = ref_states.get(r_step)
-    facts = []
-    if r_step in ref and r_step in got:
-        facts.append(f"step {r_step}'s loss equal")
-    if r_state is not None and ref_state is not None:
-        differing = sorted(k for k in set(ref_state) | set(r_state) if ref_state.get(k) != r_state.get(k))
-        if differing:
-            suspects = _dedupe(differing)
-            detail = ""
-            if "optimizer/entries" in differing and r_state.get("optimizer/entries") == 0:
-                detail = " (the resumed optimizer has no state at all: a fresh optimizer)"
-            untracked = [k for k in suspects if tracked is not None and k not in tracked and not k.startswith("rng/")]
-            hint = f"; not tracked by the helper: {', '.join(untracked)}" if untracked else ""
-            return step, (f"{head}: not restored: {', '.join(_explain(k) for k in suspects)}{detail} -- right after "
-                          f"the resume these differ from the uninterrupted run's at step {r_step}: "
-                          f"{', '.join(differing)}{hint}"), suspects
-        facts.append(f"all the helper sees was equal at the resume: {', '.join(sorted(ref_state))}")
-    same = f" ({'; '.join(facts)})" if facts else ""
-
-    def hint(piece: str) -> str:
-        if tracked is None or piece in tracked:
-            return ""
-        return f"; no {piece} is tracked: pass {piece}=... to run.track()"
-
-    if "batch" in what:
-        return step, f"{head}: the data position was not restored (step {step}'s batch differs){hint('data')}{same}", ["data"]
-    if what == ["lr"]:
-        return step, (f"{head}: the LR scheduler was not restored (the learning rate after step {step} differs "
-                      f"while its loss is equal){hint('scheduler')}{same}"), ["scheduler"]
-    if step == r_step + 1:
-        if "batch" in ref.get(step, {}) and "batch" in got.get(step, {}):
-            return step, (f"{head}: an RNG the helper does not see was not restored (step {step}'s batch is equal; "
-                          f"register it: run.track(generators={{...}})){same}"), ["rng"]
-        return step, f"{head}: the data position or an RNG was not restored{same}", ["data", "rng"]
-    return step, (f"{head}: the update after the resume differed: the optimizer state (moments) or the LR "
-                  f"schedule was not restored{same}"), ["optimizer", "scheduler"]
-
-
-def _dedupe(keys: list[str]) -> list[str]:
-    out = []
-    for k in keys:
-        k = "optimizer" if k == "optimizer/entries" else k
-        if k == "lr" and "optimizer" in keys:
-            continue  # the learning rates live in the optimizer state
-        if k not in out:
-            out.append(k)
-    return out
 
 
 # --- running the trainer -----------------------------------------------------------------------
@@ -201,8 +82,9 @@ def _dedupe(keys: list[str]) -> list[str]:
 class Trainer:
     """Starts the trainer of one spec in a scratch home, as the activity would (the contract's args)."""
 
-    def __init__(self, spec_raw: dict, workdir: Path, *, python: str = sys.executable):
+    def __init__(self, spec_raw: dict, workdir: Path, *, python: str = sys.executable, run_steps: int | None = None):
         self.spec = spec_raw
+        self.run_steps = run_steps  # a segment's run: the run's last step (tinyllm --total-steps, CTL_RUN_STEPS)
         self.name = spec_raw["name"]
         self.workdir = workdir
         self.python = python
@@ -212,8 +94,11 @@ class Trainer:
 
     def argv(self, home: Path, progress: Path) -> tuple[list[str], str, dict]:
         default = [self.python, "-m", "tinyllm.cli", "train"]
-        how = invocation(self.spec, "train", home=home, python=self.python, env=None, default=default)
+        how = invocation(self.spec, "train", home=home, python=self.python, env=None, default=default,
+                         run_steps=self.run_steps)
         argv = [*how.argv, "--spec", str(self.spec_path), "--home", str(home), "--progress", str(progress)]
+        if not how.custom and self.run_steps is not None and self.run_steps != self.spec["steps"]:
+            argv += ["--total-steps", str(self.run_steps)]  # as the train activity passes it to tinyllm
         return argv, how.cwd, dict(how.env if how.env is not None else os.environ)
 
     def start(self, home: Path, progress: Path, extra_env: dict[str, str]) -> subprocess.Popen:
@@ -302,35 +187,70 @@ def _stop_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
 def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: int | None, timeout_s: float,
-                 fingerprint: bool, log: Callable[[str], None]) -> Attempt:
+                 fingerprint: bool, log: Callable[[str], None], heartbeat_s: float = 60.0) -> Attempt:
+    """One run of the trainer; a kill/term attempt signals it once its metrics reach ``target``. Trainers that
+    honour ``TINYLLM_FAULT=trainer.hold@S`` (tinyllm, ``tinyllm.durable``) hold at ``target`` until the signal, so it lands at
+    exactly that step whatever the machine's speed; others are signalled at the first poll (10 ms) that sees it.
+    A run whose progress file stays unchanged past ``heartbeat_s`` breaks the contract's liveness rule."""
     progress = home / f"attempt-{index}.jsonl"
     resumed = _latest_step(home, trainer.name)
     armed = ["durable.fingerprint"] if fingerprint else []
     if mode == "checkpoint-write":
         armed.append("durable.checkpoint_write@1")
+    if mode in ("kill", "term") and target is not None:
+        armed.append(f"trainer.hold@{target}")  # the trainer holds there until the signal
     env = {"TINYLLM_FAULT": ",".join(armed)} if armed else {}  # tinyllm/faults.py
     proc = trainer.start(home, progress, env)
     metrics = home / "runs" / trainer.name / "metrics.jsonl"
     deadline = time.monotonic() + timeout_s
+    signaled: int | None = None
+    size, changed = _size(progress), time.monotonic()
     try:
-        if mode in ("kill", "term") and target is not None:
-            while proc.poll() is None and time.monotonic() < deadline:
+        while proc.poll() is None and time.monotonic() < deadline:
+            now = time.monotonic()
+            if _size(progress) != size:
+                size, changed = _size(progress), now
+            elif now - changed > heartbeat_s and signaled is None:
+                _stop_group(proc, signal.SIGKILL)
+                proc.wait()
+                raise contract.silent(now - changed, heartbeat_s, _last_step(metrics))
+            if mode in ("kill", "term") and target is not None and signaled is None:
                 step = _last_step(metrics)
                 if step is not None and step >= target:
+                    signaled = step
                     _stop_group(proc, signal.SIGKILL if mode == "kill" else signal.SIGTERM)
-                    break
-                time.sleep(0.01)
+            time.sleep(0.01 if signaled is None and mode in ("kill", "term") else 0.05)
         rc = _wait(proc, max(1.0, deadline - time.monotonic()))
     finally:
         _stop_group(proc, signal.SIGKILL)  # nothing of the attempt outlives it (Ctrl-C of verify-resume too)
     lines = _progress_lines(progress)
     resume_state = next((ln.get("state") for ln in lines if ln.get("event") in ("resume", "start")), None)
-    attempt = Attempt(mode, target, resumed, rc, _last_step(metrics), resume_state)
+    attempt = Attempt(mode, target, resumed, rc, _last_step(metrics), resume_state, signaled)
     what = {"kill": f"SIGKILL after step {target}", "term": f"SIGTERM after step {target}",
-            "checkpoint-write": "SIGKILL inside its first checkpoint write"}.get(mode, mode)
-    log(f"  attempt {index} ({what}): resumed at step {resumed}, reached step {attempt.reached_step}, exit {rc}")
+            "checkpoint-write": "SIGKILL inside its first checkpoint write",
+            "segment": f"steps {trainer.spec['steps']}"}.get(mode, mode)
+    log(f"  {'segment' if mode == 'segment' else 'attempt'} {index} ({what}): resumed at step {resumed}, reached step {attempt.reached_step}, exit {rc}")
     return attempt
+
+
+def _check_attempt(trainer: Trainer, home: Path, index: int, a: Attempt, steps: int) -> None:
+    """The contract's rules on one finished attempt (``ContractBroken``), before anything is compared."""
+    stem = f"attempt-{index}"
+    latest = _latest_step(home, trainer.name)
+    if a.mode == "term" and a.signaled_step is not None:
+        contract.check_sigterm(home / f"{stem}.stdout", rc=a.returncode, signaled_step=a.signaled_step,
+                               latest=latest, steps=steps)
+    if a.returncode == 0:
+        contract.check_done(home / f"{stem}.stdout", home / f"{stem}.jsonl", home=home, name=trainer.name,
+                            steps=steps, latest=latest)
 
 
 def plan_kills(kills: int, steps: int, seed: int, signal_mode: str, helper: bool,
@@ -373,9 +293,11 @@ def _prepare_home(home: Path, user_home: Path, spec: Any, custom: bool, python: 
 
 
 def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int = 0, signal_mode: str = "both",
-                  timeout_s: float = 600.0, python: str = sys.executable,
+                  timeout_s: float = 600.0, heartbeat_s: float = 60.0, segments: int | None = None,
+                  python: str = sys.executable,
                   log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
-    """Run the comparison (module docstring); ``BadRequest`` for bad input, before anything runs."""
+    """Run the comparison (module docstring); ``BadRequest`` for bad input, before anything runs. A broken
+    rule of the trainer contract ends it with the verdict ``contract_broken`` (ctl/verify_contract.py)."""
     if kills < 0:
         raise BadRequest(f"--kills must be >= 0, got {kills}")
     if signal_mode not in SIGNALS:
@@ -388,43 +310,100 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
     if has_trainer(raw):
         raw, spec = resolved_spec(raw)
     name = spec.name
+    ends = segment_ends(spec.steps, int(raw.get("eval_every") or 0), segments)
     workdir = user_home / ".ctl" / "verify" / name
     try:
         if workdir.exists():
             shutil.rmtree(workdir)
         workdir.mkdir(parents=True)
         trainer = Trainer(raw, workdir, python=python)
-        ref_home, kill_home = workdir / "ref", workdir / "kills"
-        _prepare_home(ref_home, user_home, spec, trainer.custom, python)
-        _prepare_home(kill_home, user_home, spec, trainer.custom, python)
+        ref_home, kill_home, seg_home = workdir / "ref", workdir / "kills", workdir / "segments"
+        for home in (ref_home, kill_home, seg_home):
+            _prepare_home(home, user_home, spec, trainer.custom, python)
     except OSError as e:
         raise BadRequest(f"cannot prepare the scratch folder {workdir}: {e.strerror or e}") from None
 
+    try:
+        report = _compare(trainer, spec, ref_home, kill_home, workdir, kills=kills, seed=seed, signal_mode=signal_mode,
+                          timeout_s=timeout_s, heartbeat_s=heartbeat_s, log=log)
+        if report.verdict != "not_exact" and len(ends) > 1:
+            _compare_segments(report, trainer, raw, spec.steps, ref_home, seg_home, ends, timeout_s, heartbeat_s, log)
+        else:
+            report.segments = {"ends": ends, "exact": None}
+    except contract.ContractBroken as e:
+        log(f"verify-resume {name}: {e}")
+        report = Report(name=name, verdict="contract_broken", exact=False, kills_planned=0, kills_landed=0,
+                        final_loss_hex={}, digest={}, steps_compared=0, diagnosis=str(e), suspects=[e.rule],
+                        workdir=str(workdir))
+    verified.record(user_home, raw, report.verdict, kills=kills, seed=seed, segments=report.segments.get("ends"))
+    return report
+
+
+def _compare_segments(report: Report, trainer: Trainer, raw: dict, steps: int, ref_home: Path, seg_home: Path,
+                      ends: list[int], timeout_s: float, heartbeat_s: float, log: Callable[[str], None]) -> None:
+    """Run the trainer in segments, as ``ctl train`` does, and compare it bit for bit with the uninterrupted
+    run; a difference makes the report NOT EXACT, diagnosed as segment dependence (ctl/verify_segments.py)."""
+    name = report.name
+    log(f"verify-resume {name}: run in segments ending at {ends} (as ctl train runs it) in {seg_home}")
+
+    def make(seg_raw: dict, folder: Path) -> Trainer:
+        folder.mkdir(parents=True, exist_ok=True)
+        return Trainer(seg_raw, folder, python=trainer.python, run_steps=steps)
+
+    def attempt(t: Trainer, home: Path, index: int, mode: str, target: int | None) -> Attempt:
+        return _run_attempt(t, home, index, mode, target, timeout_s, False, log, heartbeat_s)
+
+    done = run_segments(make, raw, seg_home, ends, attempt, _check_attempt)
+    if done[-1].returncode != 0:
+        raise VerifyFailed(f"segment {len(done)} (to step {ends[len(done) - 1]}) failed (exit {done[-1].returncode}): "
+                           f"{_stderr_last(seg_home, f'attempt-{len(done)}')}")
+    ref_steps = step_records(ref_home / "runs" / name / "metrics.jsonl")
+    seg_steps = step_records(seg_home / "runs" / name / "metrics.jsonl")
+    ref_result, seg_result = _result(ref_home, "attempt-0") or {}, _result(seg_home, f"attempt-{len(ends)}") or {}
+    step, what = first_difference(ref_steps, seg_steps) if ref_steps else (None, [])
+    equal = step is None and all(ref_result.get(k) == seg_result.get(k) for k in ("final_loss_hex", "digest"))
+    report.segments = {"ends": ends, "exact": equal, "final_loss_hex": seg_result.get("final_loss_hex"),
+                       "first_differing_step": step}
+    if equal:
+        return
+    report.exact, report.verdict, report.suspects = False, "not_exact", ["segments"]
+    report.first_differing_step = step
+    report.diagnosis = (diagnose_segments(step, what, ends) if step is not None else
+                        "the run in segments ends with another final loss or model digest though every step's "
+                        "record is equal: " + diagnose_segments(steps, [], ends).split(": ", 1)[1])
+
+
+def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workdir: Path, *, kills: int, seed: int,
+             signal_mode: str, timeout_s: float, heartbeat_s: float, log: Callable[[str], None]) -> Report:
+    name = spec.name
     log(f"verify-resume {name}: uninterrupted run ({spec.steps} steps) in {ref_home}")
-    ref = _run_attempt(trainer, ref_home, 0, "ref", None, timeout_s, True, log)
-    ref_result = _result(ref_home, "attempt-0")
-    if ref.returncode != 0 or ref_result is None:
+    ref = _run_attempt(trainer, ref_home, 0, "ref", None, timeout_s, True, log, heartbeat_s)
+    if ref.returncode != 0:
         why = _stderr_last(ref_home, "attempt-0")
         err = BadRequest if ref.returncode == 2 else VerifyFailed
         raise err(f"the uninterrupted run failed (exit {ref.returncode}): {why}")
+    _check_attempt(trainer, ref_home, 0, ref, spec.steps)
+    ref_result = _result(ref_home, "attempt-0") or {}
     ref_lines = _progress_lines(ref_home / "attempt-0.jsonl")
     helper = any("tracked" in ln for ln in ref_lines)
     plan = plan_kills(kills, spec.steps, seed, signal_mode, helper, spec.checkpoint_every)
     log(f"verify-resume {name}: interrupted run, {len(plan)} interruption(s) (seed {seed}) in {kill_home}")
     attempts: list[Attempt] = []
     for i, (mode, target) in enumerate(plan, 1):
-        a = _run_attempt(trainer, kill_home, i, mode, target, timeout_s, False, log)
+        a = _run_attempt(trainer, kill_home, i, mode, target, timeout_s, False, log, heartbeat_s)
         attempts.append(a)
+        _check_attempt(trainer, kill_home, i, a, spec.steps)
         if a.returncode == 0 and _latest_step(kill_home, name) >= spec.steps:
             break  # finished before this interruption landed
         if a.returncode not in (0, 130, -signal.SIGKILL, -signal.SIGTERM):
             raise VerifyFailed(f"attempt {i} failed (exit {a.returncode}): {_stderr_last(kill_home, f'attempt-{i}')}")
     if not attempts or _latest_step(kill_home, name) < spec.steps or attempts[-1].returncode != 0:
-        final = _run_attempt(trainer, kill_home, len(attempts) + 1, "final", None, timeout_s, False, log)
+        final = _run_attempt(trainer, kill_home, len(attempts) + 1, "final", None, timeout_s, False, log, heartbeat_s)
         attempts.append(final)
         if final.returncode != 0:
             raise VerifyFailed(f"the resumed run failed (exit {final.returncode}): "
                                f"{_stderr_last(kill_home, f'attempt-{len(attempts)}')}")
+        _check_attempt(trainer, kill_home, len(attempts), final, spec.steps)
     got_result = _result(kill_home, f"attempt-{len(attempts)}") or {}
     landed = sum(1 for a in attempts if a.mode != "final" and a.returncode != 0)
 

@@ -190,7 +190,8 @@ def cmd_campaign(a: argparse.Namespace) -> int:
         _bad("--runs must be >= 1 and --faults >= 0")
     if a.jobs < 1 or (a.only is not None and a.only < 0):
         _bad("--jobs must be >= 1 and --only >= 0")
-    return campaign(a.seed, a.runs, faults_per_run=a.faults, keep=a.keep, jobs=a.jobs, only=a.only, target=target)
+    return campaign(a.seed, a.runs, faults_per_run=a.faults, keep=a.keep, jobs=a.jobs, only=a.only, target=target,
+                    allow_untested=a.allow_untested)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                         "PyTorch loop on tinyllm.durable; adds kill-in-checkpoint-write faults)")
     p.add_argument("--spec", default=None, help="instead of --trainer: a spec naming its own trainer")
     p.add_argument("--suite", default="acc", help="with --spec: the suite its eval_command runs (default acc)")
+    p.add_argument("--allow-untested", action="store_true",
+                   help="exit 0 even when a run passed without any fault making a trainer resume inside a segment "
+                        "(default: such a run is untested, exit 3)")
     p.set_defaults(fn=cmd_campaign)
 
     a = ap.parse_args(argv)

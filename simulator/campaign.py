@@ -16,8 +16,11 @@ spec (simulator/campaign_targets.py):
   the next checkpoint write of a train child SIGKILLs it after some files are written, before the
   manifest (its retry resumes from the checkpoint before).
 
-Each run's line counts the trainer attempts that resumed from a checkpoint inside a segment (a
-fault that hit before any checkpoint only restarts the segment, which proves less).
+Faults are due at steps of the run (a plain step, a checkpoint, a segment boundary: drawn by the
+seed, simulator/campaign_progress.py), so they land inside the run whatever the machine's speed.
+Each run's line counts, from the engine's history, the trainer attempts that resumed from a
+checkpoint inside a segment; a run with none is ``untested`` (it proves no resume), and the
+campaign then exits 3 unless ``--allow-untested``.
 
 The oracle, after every run (``Run.check``):
 
@@ -32,8 +35,8 @@ The oracle, after every run (``Run.check``):
 - no process of the run is left when it ends.
 
 A failure prints its seed and fault sequence; ``--seed S --runs N`` replays the same faults in
-the same order (their timing follows the machine's speed). Exit 0 when every run passed, 1 on
-any violation, 2 on bad arguments.
+the same order at the same steps. Exit 0 when every run passed and was tested, 1 on any
+violation, 3 when a run passed untested (without ``--allow-untested``), 2 on bad arguments.
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import procs
+from .campaign_progress import fault_points, history_resumes, progress_step
 from .campaign_targets import ARMED, FAULTS, NAME, TINYLLM, Target
 from .kill_loop import compare
 
@@ -59,6 +63,7 @@ RUN_TIMEOUT_S = 900.0
 ARM_TIMEOUT_S = 30.0  # an armed checkpoint-write fault no trainer claimed by then is disarmed (missed)
 POLL_S = 0.1
 SKIPPED = (": missed", "(no child", "(nothing running)", "(not recorded")  # faults that found nothing to hit
+CHILD_WAIT_S = 10.0  # a trainer fault due at a step waits this long for a child in flight (a retry's start)
 MAX_CHILD_KILLS = 2  # per activity: below every step's max_attempts, so the run can always finish
 
 
@@ -177,7 +182,7 @@ class Run:
     child_kills: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     result: dict | None = None
-    mid_resumes: int = 0  # trainer attempts that resumed from a checkpoint inside a segment
+    mid_resumes: int = 0  # trainer attempts that resumed from a checkpoint inside a segment (engine history)
 
     def __post_init__(self) -> None:
         self.home = self.base / f"run-{self.index}"
@@ -247,7 +252,12 @@ class Run:
             self.start()
             return f"SIGKILL of {what}, started again"
         if kind in ("kill-trainer", "stop-trainer"):
-            kids = [(pid, aid) for pid, aid in self.children() if self.child_kills.get(aid, 0) < MAX_CHILD_KILLS]
+            deadline = time.monotonic() + CHILD_WAIT_S  # due at a step: the trainer there (or its retry, its eval)
+            while True:
+                kids = [(pid, aid) for pid, aid in self.children() if self.child_kills.get(aid, 0) < MAX_CHILD_KILLS]
+                if kids or time.monotonic() > deadline or self.finished():
+                    break
+                time.sleep(POLL_S)
             if not kids:
                 return f"{kind} (no child in flight)"
             pid, aid = self.rng.choice(kids)
@@ -339,15 +349,28 @@ class Run:
         plan = [self.rng.choice(self.target.faults) for _ in range(n_faults)]
         if self.worker_mode:
             plan = ["kill-worker" if k == "kill-ctl" else k for k in plan]
-        delays = [round(self.rng.uniform(0.5, 6.0), 2) for _ in plan]
+        spec = self.target.spec
+        points = fault_points(self.rng, len(plan), int(spec["steps"]), int(spec.get("checkpoint_every", 100)),
+                              int(spec.get("eval_every", 0) or 0))
         self.start()
-        for kind, delay in zip(plan, delays):
-            time.sleep(delay)
-            if self.finished():
-                self.faults.append(f"{kind} after {delay} s: missed, the run had ended")
+        for kind, (what, step) in zip(plan, points):
+            when = f"at {what} {step}"
+            if not self._reach(step):
+                self.faults.append(f"{kind} {when}: missed, the run had ended")
                 continue
-            self.faults.append(f"{kind} after {delay} s: " + self.fault("kill-ctl" if kind == "kill-worker" else kind))
+            self.faults.append(f"{kind} {when}: " + self.fault("kill-ctl" if kind == "kill-worker" else kind))
         self.finish()
+
+    def _reach(self, step: int) -> bool:
+        """Wait until the run's trainer has reached ``step`` (its progress, not the clock); False if it ended."""
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline and not _STOPPING.is_set():
+            if progress_step(self.home, NAME) >= step:
+                return not self.finished()
+            if self.finished() or (not self.worker_mode and self.primary is not None and self.primary.poll() is not None):
+                return False  # ended (finish() records an unasked exit and starts it again)
+            time.sleep(POLL_S / 5)
+        return False
 
     def finished(self) -> bool:
         if self.worker_mode:
@@ -423,6 +446,7 @@ class Run:
                     evals[aid] = evals.get(aid, 0) + 1
         bad += [f"{aid} completed {n} times" for aid, n in sorted(evals.items()) if n != 1]
         bad += monitor.violations()
+        self.mid_resumes = len(history_resumes(histories))
         if self.result is not None:
             bad += compare(self.result, want)
             got_evals = [[s["summary"] for s in (seg.get("evals") or {}).get("suites", [])] for seg in self.result["segments"]]
@@ -490,7 +514,6 @@ def one_run(seed: int, i: int, base: Path, spec: Path, ref: Reference, faults_pe
     try:
         with Monitor(run.home, run.pids) as monitor:
             run.drive(faults_per_run)
-        run.mid_resumes = monitor.mid_segment_resumes()
         return run, run.check(monitor, ref.result())
     finally:
         run.stop_all()
@@ -498,8 +521,11 @@ def one_run(seed: int, i: int, base: Path, spec: Path, ref: Reference, faults_pe
 
 
 def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = False, jobs: int = 1,
-             only: int | None = None, want: dict | None = None, log=print, target: Target = TINYLLM) -> int:
-    """The command ``python -m simulator campaign``: 0 when every run passed the oracle, 1 otherwise.
+             only: int | None = None, want: dict | None = None, log=print, target: Target = TINYLLM,
+             allow_untested: bool = False) -> int:
+    """The command ``python -m simulator campaign``: 0 when every run passed the oracle and was tested
+    (a fault made a trainer resume from a checkpoint inside a segment), 1 when any run failed, 3 when
+    one passed untested (unless ``allow_untested``).
 
     ``jobs`` runs that many campaign runs at once (each in its own home); ``only`` runs just that
     one (a failure's reproduction); ``want`` is the uninterrupted result when already known;
@@ -511,7 +537,7 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
     spec = base / f"{NAME}.json"
     spec.write_text(json.dumps(target.spec))
     ref = Reference(base, spec, want, train_args=target.train_args)
-    tally = {"injected": 0, "survived": 0, "failed": 0, "runs": 0, "resumes": 0}
+    tally = {"injected": 0, "survived": 0, "failed": 0, "runs": 0, "resumes": 0, "untested": 0}
     lock = threading.Lock()
 
     def job(i: int) -> None:
@@ -534,7 +560,9 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
                     log(f"  its files are kept in {run.home}")
             else:
                 tally["survived"] += applied
-                log(f"run {i} ({mode}): {applied} faults, {run.mid_resumes} resumed mid-segment, oracle passed (so far {tally['runs']} runs, "
+                untested = "" if run.mid_resumes else ", UNTESTED (no fault made a trainer resume inside a segment)"
+                tally["untested"] += 0 if run.mid_resumes else 1
+                log(f"run {i} ({mode}): {applied} faults, {run.mid_resumes} resumed mid-segment, oracle passed{untested} (so far {tally['runs']} runs, "
                     f"{tally['injected']} injected, {tally['survived']} survived): " + "; ".join(run.faults))
                 shutil.rmtree(run.home, ignore_errors=True)
 
@@ -544,8 +572,15 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
         for f in [pool.submit(job, i) for i in indices]:
             f.result()
         log(f"campaign seed {seed} ({target.label}): {tally['runs']} runs, {tally['injected']} faults injected, "
-            f"{tally['survived']} survived, {tally['resumes']} resumed mid-segment, {tally['failed']} runs failed")
-        return 1 if tally["failed"] else 0
+            f"{tally['survived']} survived, {tally['resumes']} resumed mid-segment, {tally['failed']} runs failed, "
+            f"{tally['untested']} untested")
+        if tally["failed"]:
+            return 1
+        if tally["untested"] and not allow_untested:
+            log(f"campaign seed {seed}: {tally['untested']} run(s) passed without a resume from a mid-segment "
+                "checkpoint: nothing proves they resume exactly (more --faults, another --seed, or --allow-untested)")
+            return 3
+        return 0
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C: kill what the runs started, keep nothing running
         _STOPPING.set()
         for run in list(_ACTIVE):

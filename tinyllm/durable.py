@@ -38,7 +38,9 @@ adds the state fingerprint to every step's frame; ``TINYLLM_FAULT=durable.checkp
 the process in the middle of its N-th checkpoint write (after some files are written, before the
 manifest); ``TINYLLM_FAULT=durable.checkpoint_write@armed:FILE`` does so in the first checkpoint write
 that finds FILE (relative to the home) and claims it by renaming it to ``FILE.fired-<pid>``: one
-process fires once, at a moment another process chose (the fault campaign arms it).
+process fires once, at a moment another process chose (the fault campaign arms it). ``TINYLLM_FAULT=trainer.hold@S`` holds the
+loop after step S (and its checkpoint, if due) until SIGTERM/SIGINT, as tinyllm's loop does, so
+verify-resume's kill lands at that very step.
 """
 from __future__ import annotations
 
@@ -79,6 +81,7 @@ EXIT_CANCELED = 130
 # "threads" stays a trajectory key here: a user's own loop is not thread-invariant as tinyllm's model is.
 NON_TRAJECTORY_KEYS = frozenset({"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every",
                                  "trainer"})
+RUN_STEPS_ENV = "CTL_RUN_STEPS"  # the run's full length (contracts/subprocess-activity.md, "segments")
 
 
 class DurableError(Exception):
@@ -197,6 +200,11 @@ class _FaultOnSave:
         raise RuntimeError("unreachable")  # pragma: no cover
 
 
+def _run_steps(steps: int) -> int:
+    value = os.environ.get(RUN_STEPS_ENV, "")
+    return int(value) if value.isdigit() and int(value) >= steps else steps
+
+
 class DurableRun:
     """One run of a user's training loop under the trainer contract (see the module docstring)."""
 
@@ -205,7 +213,9 @@ class DurableRun:
                  seed_rngs: bool = True):
         self.spec = dict(spec)
         self.name: str = self.spec["name"]
-        self.total_steps: int = int(self.spec["steps"])
+        self.total_steps: int = int(self.spec["steps"])  # this invocation's last step (a segment's end)
+        # the run's last step, the same in every segment (CTL_RUN_STEPS, set by ctl): build schedules over it
+        self.run_steps: int = _run_steps(self.total_steps)
         self.checkpoint_every: int = int(self.spec.get("checkpoint_every", 100))
         self.log_every: int = int(self.spec.get("log_every", 10))
         self.seed: int = int(self.spec.get("seed", 0))
@@ -339,6 +349,7 @@ class DurableRun:
                 self.step += 1
                 self.loss = self._logged
                 self._after_step()
+                faults.hold(self.step, lambda: self._stop, self._hold_alive)  # tests only (TINYLLM_FAULT=trainer.hold@S)
             self._finish()
         finally:
             metrics = getattr(self, "metrics", None)
@@ -364,6 +375,10 @@ class DurableRun:
         if self.step % self.checkpoint_every == 0 or self.step == self.total_steps or self._stop:
             self.save()
         elif time.monotonic() - self._last_line >= self.progress_interval_s:
+            self._emit({"event": "step"})
+
+    def _hold_alive(self) -> None:
+        if time.monotonic() - self._last_line >= self.progress_interval_s:
             self._emit({"event": "step"})
 
     def _finish(self) -> None:

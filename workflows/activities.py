@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from engine import ActivityContext, NonRetryableError, run_subprocess
+from engine import ActivityContext, NonRetryableError, SubprocessFailed, run_subprocess
 from tinyllm.fsio import DISK_FULL_ERRNOS, atomic_write  # standard library only: no torch in the worker
 
 from .models import (
@@ -34,7 +34,14 @@ from .models import (
     TrainActivityInput,
     TrainActivityResult,
 )
-from .trainer_command import Invocation, check_eval_result, check_progress, check_train_result, invocation
+from .trainer_command import (
+    Invocation,
+    check_eval_result,
+    check_progress,
+    check_train_result,
+    invocation,
+    rejected_arguments,
+)
 from .release import ACTIVITY_PUBLISH, publish_activity
 
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
@@ -125,10 +132,11 @@ class TinyllmActivities:
             raise RuntimeError(f"{argv[3]} printed no JSON result line; stderr: {done.stderr_tail[-500:]}")
         return done.result
 
-    def _invocation(self, spec: dict, kind: str, spec_path: Path, *extra: str) -> tuple[list[str], Invocation]:
+    def _invocation(self, spec: dict, kind: str, spec_path: Path, *extra: str,
+                    run_steps: int | None = None) -> tuple[list[str], Invocation]:
         """tinyllm's command line, or the spec's own trainer's (workflows/trainer_command.py)."""
         how = invocation(spec, kind, home=self.home, python=self.python, env=self.env,
-                         default=self._argv(kind, spec_path, *extra))
+                         default=self._argv(kind, spec_path, *extra), run_steps=run_steps)
         if not how.custom:
             return how.argv, how
         return [*how.argv, "--spec", str(spec_path), "--home", str(self.home), *extra], how
@@ -144,10 +152,17 @@ class TinyllmActivities:
         extra = ["--progress", str(progress)]
         if resume:
             extra += ["--resume", resume]
-        argv, how = self._invocation(inp.spec, "train", spec_path, *extra)
+        argv, how = self._invocation(inp.spec, "train", spec_path, *extra, run_steps=inp.total_steps)
         if not how.custom and inp.total_steps is not None and inp.total_steps != until:
             argv = [*argv, "--total-steps", str(inp.total_steps)]  # tinyllm's; not in the public contract
-        out = self._run(ctx, argv, progress, how)
+        try:
+            out = self._run(ctx, argv, progress, how)
+        except SubprocessFailed as e:
+            bad = how.custom and e.type != "ProgressTimeout" and rejected_arguments(
+                ctx.attempt, e.returncode, progress, argv[len(how.argv):], e.details.get("stderr_tail", ""))
+            if bad:
+                raise bad from None
+            raise
         if how.custom:
             check_progress(progress, home=self.home)
             out = check_train_result(out, home=self.home, name=name)

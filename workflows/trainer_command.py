@@ -35,9 +35,14 @@ def contract_violation(rule: str, message: str) -> NonRetryableError:
                              details={"rule": rule})
 
 
+RUN_STEPS_ENV = "CTL_RUN_STEPS"  # the run's full length, the same in every segment (the contract's "segments" rule)
+
+
 def invocation(spec: Mapping[str, Any], kind: str, *, home: Path, python: str, env: dict[str, str] | None,
-               default: list[str]) -> Invocation:
-    """The command of ``kind`` (``train`` or ``eval``) for ``spec``: its trainer's, else ``default``."""
+               default: list[str], run_steps: int | None = None) -> Invocation:
+    """The command of ``kind`` (``train`` or ``eval``) for ``spec``: its trainer's, else ``default``. A spec's
+    own trainer gets ``CTL_RUN_STEPS`` = ``run_steps`` (default: the spec's ``steps``): the run's last step,
+    which a segment's spec (``steps`` = the segment's end) does not say."""
     trainer = spec.get("trainer")
     if not isinstance(trainer, Mapping):
         return Invocation(list(default), str(home), env, custom=False)
@@ -52,7 +57,28 @@ def invocation(spec: Mapping[str, Any], kind: str, *, home: Path, python: str, e
     if not cwd.is_dir():
         raise NonRetryableError(f"the trainer's cwd {cwd} is not a directory", type="BadInput")
     merged = {**(env if env is not None else os.environ), **dict(trainer.get("env") or {})}
+    length = run_steps if run_steps is not None else spec.get("steps")
+    if kind == "train" and isinstance(length, int):
+        merged[RUN_STEPS_ENV] = str(length)
     return Invocation(argv, str(cwd), merged, custom=True)
+
+
+def rejected_arguments(attempt: int, returncode: int, progress: Path, args: list[str], stderr_tail: str) -> NonRetryableError | None:
+    """A spec's own trainer that, on its first attempt, exits non-zero (not killed by a signal) before writing
+    any progress line has most likely refused the contract's arguments (an own argument parser, nanoGPT's
+    configurator.py): retrying cannot mend it, so it is the ``arguments`` rule, named once, not retried."""
+    if attempt != 1 or returncode <= 0 or returncode in (2, 74, 75, 130):
+        return None
+    try:
+        if progress.exists() and progress.read_bytes().strip():
+            return None
+    except OSError:
+        return None
+    last = next((ln.strip() for ln in reversed(stderr_tail.splitlines()) if ln.strip()), "")
+    return contract_violation("arguments", f"on its first attempt it exited {returncode} before writing any progress "
+                                           f"line, given {' '.join(args)}: a trainer must accept --spec FILE --home DIR "
+                                           "[--progress FILE] [--resume CKPT] (contracts/subprocess-activity.md)"
+                                           + (f"; its stderr ended: {last[-200:]}" if last else ""))
 
 
 def _result_object(result: Any) -> dict:

@@ -110,6 +110,10 @@ def test_invocation_of_a_spec_trainer(tmp_path: Path) -> None:
     how = invocation(spec, "train", home=tmp_path, python="/py", env={"B": "2"}, default=["tinyllm"])
     assert how.custom and how.argv == ["/py", "train.py", "--fast"] and how.cwd == str(tmp_path / "sub")
     assert how.env == {"B": "2", "A": "1"}
+    seg = invocation({**spec, "steps": 20}, "train", home=tmp_path, python="/py", env={}, default=[], run_steps=60)
+    assert seg.env == {"A": "1", "CTL_RUN_STEPS": "60"}  # a segment's trainer learns the run's full length
+    assert invocation({**spec, "steps": 20}, "train", home=tmp_path, python="/py", env={}, default=[]).env == {
+        "A": "1", "CTL_RUN_STEPS": "20"}
     assert invocation({}, "train", home=tmp_path, python="/py", env=None, default=["tinyllm"]).argv == ["tinyllm"]
     with pytest.raises(NonRetryableError):
         invocation(spec, "eval", home=tmp_path, python="/py", env=None, default=["tinyllm"])  # no eval_command

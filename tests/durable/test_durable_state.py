@@ -160,3 +160,12 @@ def test_an_armed_checkpoint_write_fault_fires_in_one_process_once(tmp_path: Pat
     monkeypatch.delenv("TINYLLM_FAULT")
     DurableRun(spec, home=tmp_path)
     assert not fires(2)  # disarmed again
+
+
+def test_run_steps_is_the_runs_full_length_from_ctl_else_the_specs_steps(tmp_path, monkeypatch) -> None:
+    spec = {"name": "r", "steps": 20}
+    assert DurableRun(spec, home=tmp_path).run_steps == 20
+    monkeypatch.setenv("CTL_RUN_STEPS", "60")  # a segment ending at 20 of a 60-step run (ctl train)
+    assert DurableRun(spec, home=tmp_path).run_steps == 60 and DurableRun(spec, home=tmp_path).total_steps == 20
+    monkeypatch.setenv("CTL_RUN_STEPS", "junk")
+    assert DurableRun(spec, home=tmp_path).run_steps == 20

@@ -68,6 +68,9 @@ def test_forget_generators_is_never_exact_now_that_every_kill_resumes_from_a_che
     rc, report, err = verify(tmp_path, EXAMPLES / "specs/forget-generators.json", "--kills", "2", "--seed", seed)
     assert rc == 1 and report["verdict"] == "not_exact", err[-3000:]
     assert report["interruptions"] and all(i["resumed_from"] > 0 for i in report["interruptions"]), report
+    plan = plan_kills(2, 20, int(seed), "both", helper=True, checkpoint_every=5)  # forget-generators' cadence
+    landed = [(i["mode"], i["step_killed"]) for i in report["interruptions"] if i["mode"] in ("kill", "term")]
+    assert landed == [(m, t) for m, t in plan if m in ("kill", "term")], (landed, plan)  # held there: exact step
 
 
 def test_a_plan_that_cannot_resume_from_a_checkpoint_is_not_proven_exit_3(tmp_path) -> None:
@@ -134,3 +137,19 @@ def test_plan_kills_lands_after_a_checkpoint() -> None:
     assert plan_kills(3, 10, 1, "both", helper=True, checkpoint_every=10) == []
     every_step = plan_kills(3, 10, 1, "both", helper=True, checkpoint_every=1)  # a checkpoint each step:
     assert len(every_step) == 3 and all(2 <= t < 10 for _, t in every_step)  # one step after a checkpoint > 0
+
+
+def test_diagnose_tells_the_data_mistakes_apart_by_the_batches_after_the_resume() -> None:
+    ref = {s: rec(str(s), batch=f"b{s}") for s in range(1, 9)}
+    resumes, states = [(4, STATE)], {4: STATE}
+    ahead = {**ref, **{s: rec("x", batch=f"b{s + 1}") for s in range(5, 9)}}  # prefetched one batch before the loop
+    step, text, suspects = diagnose(ref, {**ahead, 8: rec("x", batch="b?")}, resumes, states, ["model", "data"])
+    assert step == 5 and suspects == ["data/read-ahead"] and "reads 1 batch(es) ahead" in text, text
+    restart = {**ref, **{s: rec("x", batch=f"b{s - 4}") for s in range(5, 9)}}  # i = 0 again at the resume
+    step, text, suspects = diagnose(ref, restart, resumes, states, ["model"])
+    assert suspects == ["cursor", "rng/data"] and "keep it in run.cursor" in text and "generators={'data': g}" in text
+    other = {**ref, **{s: rec("x", batch=f"z{s}") for s in range(5, 9)}}  # an unregistered shuffling generator
+    step, text, suspects = diagnose(ref, other, resumes, states, ["model", "data"])
+    assert suspects == ["data"] and "run.track(generators={'data': g})" in text, text
+    step, text, suspects = diagnose(ref, {**ref, 5: rec("x", batch="b5")}, resumes, states, ["model"])
+    assert suspects == ["rng"] and "DataLoader.__iter__" in text and "an RNG the helper does not see" in text

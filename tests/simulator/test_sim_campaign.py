@@ -22,6 +22,7 @@ import pytest
 
 from simulator import procs
 from simulator.campaign import FAULTS, Monitor, campaign, uninterrupted
+from simulator.campaign_progress import fault_points, history_resumes
 from simulator.campaign_targets import USER_FAULTS, examples_target
 
 
@@ -35,9 +36,9 @@ def want():
                                         (6, {"kill-trainer", "cancel", "second-train"})])
 def test_a_campaign_run_survives_its_faults(seed, kinds, want):
     lines: list[str] = []
-    rc = campaign(seed, 1, faults_per_run=4, want=want, log=lines.append)
+    rc = campaign(seed, 1, faults_per_run=4, want=want, log=lines.append, allow_untested=True)
     out = "\n".join(lines)
-    assert rc == 0, out
+    assert rc == 0, out  # (these seeds cover every fault kind; whether one made a resume is the user test's claim)
     assert "oracle passed" in out and "1 runs, " in out
     rng = random.Random(f"{seed}:0")
     rng.random()
@@ -53,10 +54,19 @@ def test_a_campaign_run_of_a_user_trainer_survives_its_faults():
     assert "oracle passed" in out and "(examples/durable_train.py): 1 runs, " in out
     assert "SIGKILL inside a checkpoint write of trainer train-" in out, out  # armed, claimed, died mid-write
     assert "SIGKILL of trainer " in out, out
-    assert "0 resumed mid-segment" not in out, out  # the killed write was not the first: its retry resumed
+    assert "0 resumed mid-segment" not in out and "0 untested" in out, out  # the killed write's retry resumed
     rng = random.Random("22:0")
     assert rng.random() >= 0.3  # ctl train, not a worker
     assert [rng.choice(USER_FAULTS) for _ in range(2)] == ["kill-in-checkpoint-write", "kill-trainer"]
+
+
+@pytest.mark.slow
+def test_a_run_no_fault_made_resume_is_untested_exit_3(want):
+    lines: list[str] = []
+    assert campaign(5, 1, faults_per_run=0, want=want, log=lines.append) == 3, "\n".join(lines)
+    out = "\n".join(lines)
+    assert "UNTESTED" in out and "1 untested" in out and "nothing proves they resume exactly" in out, out
+    assert "oracle passed" in out  # (passed, yet untested; --allow-untested would make it exit 0)
 
 
 def test_the_same_seed_draws_the_same_faults():
@@ -155,3 +165,34 @@ def test_the_oracle_sees_a_ctl_process_writing_into_a_deleted_wal(tmp_path):
         wal.unlink()
         m.sample()
     assert any("commits into a deleted file" in b and "engine.db-wal (deleted)" in b for b in m.violations())
+
+
+def _ev(t, type_, aid, attempt=1, ckpt=None):
+    attrs = {"activity_id": aid, "attempt": attempt}
+    if ckpt is not None:
+        attrs["details"] = {"checkpoint": ckpt}
+    return {"seq": int(t * 10), "type": type_, "time": t, "attrs": attrs}
+
+
+def test_resumes_are_counted_from_the_engine_history_inside_a_segment_only():
+    hist = {"train/camp/1": [
+        _ev(1, "activity_started", "train-000010"),
+        _ev(2, "activity_heartbeat", "train-000010", ckpt="runs/camp/ckpt/step-000004"),
+        _ev(3, "activity_started", "train-000010", 2),  # resumed from step 4: inside the segment 0..10
+        _ev(4, "activity_heartbeat", "train-000010", 2, ckpt="runs/camp/ckpt/step-000010"),
+        _ev(5, "activity_started", "train-000020"),  # from step 10, the segment's start: not counted
+        _ev(6, "activity_heartbeat", "train-000020", ckpt="runs/camp/ckpt/step-000010"),
+        _ev(7, "activity_started", "train-000020", 2)]}  # again from the segment's start
+    assert history_resumes(hist) == [("train-000010", 2, 4)]
+    later = {"train/camp/2": [_ev(8, "activity_heartbeat", "train-000020", ckpt="runs/camp/ckpt/step-000014"),
+                              _ev(9, "activity_started", "train-000020")]}  # a new workflow, after a cancel
+    assert history_resumes({**hist, **later})[-1] == ("train-000020", 1, 14)
+    assert history_resumes({"train/camp/1": hist["train/camp/1"][:2]}) == []  # no attempt after the checkpoint
+
+
+def test_faults_are_due_at_steps_of_the_run_drawn_by_the_seed():
+    a = fault_points(random.Random(3), 6, 20, 2, 10)
+    assert a == fault_points(random.Random(3), 6, 20, 2, 10) and len(a) == 6
+    assert [s for _, s in a] == sorted(s for _, s in a) and all(1 <= s < 20 for _, s in a)
+    assert all(s % 2 == 0 for w, s in a if w == "checkpoint") and all(s == 10 for w, s in a if w == "segment boundary")
+    assert {w for w, _ in fault_points(random.Random(1), 30, 20, 2, 10)} == {"step", "checkpoint", "segment boundary"}

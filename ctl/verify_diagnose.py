@@ -1,0 +1,165 @@
+"""``ctl verify-resume``'s comparison, pure: per-step records, the first difference, and the diagnosis of
+what a resume most likely did not restore (from the helper's state fingerprints, then the pattern).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+EXPLAIN = {
+    "model": "the model weights",
+    "optimizer": "the optimizer state (its moments)",
+    "optimizer/entries": "the optimizer state (its moments)",
+    "lr": "the optimizer's learning rates",
+    "scheduler": "the LR scheduler",
+    "scaler": "the gradient scaler",
+    "data": "the data position",
+    "cursor": "the data position (cursor)",
+}
+
+
+def _explain(key: str) -> str:
+    return EXPLAIN.get(key, f"the RNG {key[4:]}" if key.startswith("rng/") else key)
+
+
+def step_records(metrics_path: Path) -> dict[int, dict]:
+    """``{step: record}`` of a run's metrics.jsonl: loss bits, lr bits, batch digest, state fingerprint."""
+    out: dict[int, dict] = {}
+    try:
+        text = metrics_path.read_text(encoding="utf-8")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            frame = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(frame, dict) or not isinstance(frame.get("step"), int) or "train/loss" not in frame:
+            continue
+        rec = {"loss": frame.get("train/loss_hex") or float(frame["train/loss"]).hex()}
+        if "optim/lr_hex" in frame:
+            rec["lr"] = frame["optim/lr_hex"]
+        elif isinstance(frame.get("optim/lr"), float):
+            rec["lr"] = [frame["optim/lr"].hex()]
+        if "data/batch" in frame:
+            rec["batch"] = frame["data/batch"]
+        if isinstance(frame.get("state"), dict):
+            rec["state"] = frame["state"]
+        out[frame["step"]] = rec
+    return out
+
+
+def first_difference(ref: dict[int, dict], got: dict[int, dict]) -> tuple[int | None, list[str]]:
+    """The first step whose loss, lr or batch differs (or that one run lacks), and which of them."""
+    for step in sorted(set(ref) | set(got)):
+        a, b = ref.get(step), got.get(step)
+        if a is None or b is None:
+            return step, ["missing"]
+        keys = [k for k in ("batch", "loss", "lr") if k in a and k in b and a[k] != b[k]]
+        if keys:
+            return step, keys
+    return None, []
+
+
+def diagnose(ref: dict[int, dict], got: dict[int, dict], resumes: list[tuple[int, dict | None]],
+             ref_states: dict[int, dict], tracked: list[str] | None = None) -> tuple[int | None, str, list[str]]:
+    """(first differing step, one-paragraph diagnosis, suspected state keys); (None, "", []) when equal."""
+    step, what = first_difference(ref, got)
+    if step is None:
+        return None, "", []
+    if what == ["missing"]:
+        return step, f"step {step} is recorded by only one of the runs (the resumed run skipped or repeated steps)", ["steps"]
+    before = [r for r in resumes if r[0] < step]
+    if not before:
+        return step, (f"step {step} differs ({', '.join(what)}) before any resume: the trainer is not deterministic "
+                      "from run to run (seeds, nondeterministic kernels, thread counts)"), ["determinism"]
+    r_step, r_state = max(before, key=lambda r: r[0])
+    if step == r_step + 1:
+        head = f"step {step} is the first after the resume from step {r_step} and differs ({', '.join(what)})"
+    else:
+        head = (f"step {step} is the first that differs ({', '.join(what)}), {step - r_step} steps after the resume "
+                f"from step {r_step}")
+    ref_state = ref_states.get(r_step)
+    facts = []
+    if r_step in ref and r_step in got:
+        facts.append(f"step {r_step}'s loss equal")
+    if r_state is not None and ref_state is not None:
+        differing = sorted(k for k in set(ref_state) | set(r_state) if ref_state.get(k) != r_state.get(k))
+        if differing:
+            suspects = _dedupe(differing)
+            detail = ""
+            if "optimizer/entries" in differing and r_state.get("optimizer/entries") == 0:
+                detail = " (the resumed optimizer has no state at all: a fresh optimizer)"
+            untracked = [k for k in suspects if tracked is not None and k not in tracked and not k.startswith("rng/")]
+            hint = f"; not tracked by the helper: {', '.join(untracked)}" if untracked else ""
+            return step, (f"{head}: not restored: {', '.join(_explain(k) for k in suspects)}{detail} -- right after "
+                          f"the resume these differ from the uninterrupted run's at step {r_step}: "
+                          f"{', '.join(differing)}{hint}"), suspects
+        facts.append(f"all the helper sees was equal at the resume: {', '.join(sorted(ref_state))}")
+    same = f" ({'; '.join(facts)})" if facts else ""
+
+    def hint(piece: str) -> str:
+        if tracked is None or piece in tracked:
+            return ""
+        return f"; no {piece} is tracked: pass {piece}=... to run.track()"
+
+    if "batch" in what:
+        return _batch_differs(step, head, r_step, ref, got, hint, same)
+    if what == ["lr"]:
+        return step, (f"{head}: the LR scheduler was not restored (the learning rate after step {step} differs "
+                      f"while its loss is equal){hint('scheduler')}{same}"), ["scheduler"]
+    if step == r_step + 1:
+        if "batch" in ref.get(step, {}) and "batch" in got.get(step, {}):
+            return step, (f"{head}: an RNG the helper does not see was not restored (step {step}'s batch is equal; "
+                          f"register it: run.track(generators={{...}})), or a global RNG was drawn after the restore, "
+                          f"before the step (a DataLoader iterator made after the resume draws its base seed from "
+                          f"torch's global RNG in DataLoader.__iter__: make the iterator before the restore, or give "
+                          f"the DataLoader its own generator= and register it){same}"), ["rng"]
+        return step, f"{head}: the data position or an RNG was not restored{same}", ["data", "rng"]
+    return step, (f"{head}: the update after the resume differed: the optimizer state (moments) or the LR "
+                  f"schedule was not restored{same}"), ["optimizer", "scheduler"]
+
+
+def _batches(records: dict[int, dict], first: int, n: int = 3) -> list | None:
+    out = [records.get(s, {}).get("batch") for s in range(first, first + n)]
+    return out if all(b is not None for b in out) else None
+
+
+def _batch_differs(step: int, head: str, r_step: int, ref: dict[int, dict], got: dict[int, dict], hint, same: str
+                   ) -> tuple[int, str, list[str]]:
+    """The batch after a resume differs: read ahead (the resumed batches are the reference's k steps later),
+    restarted from the beginning (a position kept in a plain variable), or another order (an RNG that
+    draws the data was not restored)."""
+    seen = _batches(got, step)
+    if seen is not None:
+        for k in (1, 2, 3):
+            if _batches(ref, step + k) == seen:
+                return step, (f"{head}: the loader reads {k} batch(es) ahead of the step: the resumed run's batches "
+                              f"from step {step} are the uninterrupted run's from step {step + k}, so the data position "
+                              f"saved with step {r_step} was already {k} batch(es) past that step's batch (a batch "
+                              f"prefetched before the loop, accelerate's DataLoaderShard): take each batch inside the "
+                              f"step (batch = next(batches) in the loop), or save the position of the batch in use"
+                              f"{same}"), ["data/read-ahead"]
+        if step > 1 and _batches(ref, 1) == seen:
+            return step, (f"{head}: the data position was not restored: it restarted from the beginning at the "
+                          f"resume (step {step}'s batches are steps 1.. of the uninterrupted run): a position kept in "
+                          f"a plain variable (i = 0; batch = data[i]) is not saved: keep it in run.cursor (saved and "
+                          f"restored), or pass data=... (a sampler with state_dict) to run.track(); or an RNG that "
+                          f"draws the data (DataLoader(shuffle=True, generator=g), a sampler's own generator) started "
+                          f"again from its seed: register it: run.track(generators={{'data': g}}){same}"), \
+                ["cursor", "rng/data"]
+    return step, (f"{head}: the data position was not restored (step {step}'s batch differs): if an RNG draws the "
+                  f"data (DataLoader(shuffle=True, generator=g), a sampler's own generator), register it: "
+                  f"run.track(generators={{'data': g}}); a position of the loop's own: run.cursor"
+                  f"{hint('data')}{same}"), ["data"]
+
+
+def _dedupe(keys: list[str]) -> list[str]:
+    out = []
+    for k in keys:
+        k = "optimizer" if k == "optimizer/entries" else k
+        if k == "lr" and "optimizer" in keys:
+            continue  # the learning rates live in the optimizer state
+        if k not in out:
+            out.append(k)
+    return out

@@ -1,0 +1,75 @@
+"""What ``ctl verify-resume`` proved, remembered in the home: ``<home>/.ctl/verified/<key>.json``.
+
+The key is a digest of the spec's trajectory (every field but those a run may change between
+segments or resumes: steps, eval_every, eval_interval_seconds, checkpoint_every, log_every,
+validation) and of the trainer's code: its command words, its env, and the bytes of each command
+word that names a file (relative to the trainer's cwd). ``ctl train`` of a spec's own trainer looks
+its key up and says once, at start, when no EXACT verdict is recorded for it: the bitwise-equal
+final loss its help promises is then unverified.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from tinyllm.fsio import atomic_write
+
+NOT_TRAJECTORY = frozenset({"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every",
+                            "validation", "trainer"})
+
+
+def _file_digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    except OSError:
+        return None
+
+
+def spec_key(spec: Mapping[str, Any]) -> str:
+    """The digest of ``spec``'s trajectory and its trainer's code (the module docstring)."""
+    trainer = spec.get("trainer") if isinstance(spec.get("trainer"), Mapping) else {}
+    words = [str(w) for w in trainer.get("command") or []]
+    cwd = Path(str(trainer.get("cwd") or "."))
+    files = {w: d for w in words if (d := _file_digest(Path(w) if Path(w).is_absolute() else cwd / w))}
+    body = {"trajectory": {k: v for k, v in spec.items() if k not in NOT_TRAJECTORY},
+            "command": words, "env": dict(trainer.get("env") or {}), "files": files}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _path(home: Path, key: str) -> Path:
+    return home / ".ctl" / "verified" / f"{key[:32]}.json"
+
+
+def record(home: Path, spec: Mapping[str, Any], verdict: str, **facts: Any) -> Path:
+    key = spec_key(spec)
+    path = _path(home, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"key": key, "name": spec.get("name"), "verdict": verdict, "time": time.time(), **facts}
+    atomic_write(path, (json.dumps(body, sort_keys=True) + "\n").encode())
+    return path
+
+
+def lookup(home: Path, spec: Mapping[str, Any]) -> dict | None:
+    """The recorded verdict for ``spec``'s key, or None."""
+    key = spec_key(spec)
+    try:
+        body = json.loads(_path(home, key).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) and body.get("key") == key else None
+
+
+def unverified_notice(home: Path, spec: Mapping[str, Any], spec_file: str) -> str | None:
+    """The one line ``ctl train`` says at start of a spec's own trainer with no EXACT verdict, else None."""
+    if not isinstance(spec.get("trainer"), Mapping):
+        return None
+    found = lookup(home, spec)
+    if found is not None and found.get("verdict") == "exact":
+        return None
+    why = ("no ctl verify-resume of this trainer's code and trajectory" if found is None else
+           f"ctl verify-resume said {str(found.get('verdict')).upper().replace('_', ' ')} for this trainer's code and trajectory")
+    return (f"ctl: the bitwise-equal final loss after a resume is unverified for this trainer ({why}); "
+            f"verify it: ctl verify-resume --spec {spec_file}")

@@ -1,0 +1,85 @@
+"""What a campaign run is measured by: its training progress (where faults are scheduled) and the
+engine's history (which trainer attempts resumed from a checkpoint inside a segment).
+
+Faults are scheduled by progress, not by wall time, so that they land inside the run whatever the
+machine's speed: each is due at a step of the run, drawn as a plain step, a checkpoint step or a
+segment boundary (``fault_points``); the run waits until its trainer has reached that step
+(``progress_step``: the newest of metrics.jsonl's last frame and LATEST).
+
+A resume is counted from the engine's history, whatever the trainer: an attempt of a train activity
+(``train-EEEEEE``, the segment ending at E) that started after a checkpoint of that activity was
+heartbeated (the activity resumes from it, or from LATEST if newer), at a step strictly inside a
+segment (not 0, not a segment's end). A run with none tested no resume: it is ``untested``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from pathlib import Path
+
+_STEP = re.compile(r"step-(\d+)$")
+_TRAIN = re.compile(r"train-(\d+)$")
+
+
+def fault_points(rng: random.Random, n: int, steps: int, checkpoint_every: int, eval_every: int) -> list[tuple[str, int]]:
+    """``n`` seeded (what, step) points, sorted: a step after which to apply each fault."""
+    every = max(1, checkpoint_every)
+    ckpts = [c for c in range(every, steps, every)] or [max(1, steps // 2)]
+    bounds = [e for e in range(eval_every, steps, eval_every)] if 0 < eval_every < steps else []
+    points = []
+    for _ in range(n):
+        kind = rng.choice(("step", "checkpoint", "segment") if bounds else ("step", "checkpoint"))
+        if kind == "step":
+            points.append(("step", rng.randint(1, max(1, steps - 1))))
+        elif kind == "checkpoint":
+            points.append(("checkpoint", rng.choice(ckpts)))
+        else:
+            points.append(("segment boundary", rng.choice(bounds)))
+    return sorted(points, key=lambda p: p[1])
+
+
+def progress_step(home: Path, name: str) -> int:
+    """How far the run's trainer has got: the newest of metrics.jsonl's last frame and LATEST's step."""
+    run = home / "runs" / name
+    best = 0
+    try:
+        best = int(_STEP.search((run / "ckpt" / "LATEST").read_text(encoding="utf-8").strip()).group(1))
+    except (OSError, AttributeError, ValueError):
+        pass
+    try:
+        with open(run / "metrics.jsonl", "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            tail = f.read().split(b"\n")
+    except OSError:
+        return best
+    for raw in reversed(tail):
+        try:
+            return max(best, int(json.loads(raw)["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return best
+
+
+def history_resumes(histories: dict[str, list[dict]]) -> list[tuple[str, int, int]]:
+    """``(activity id, attempt, step)`` of each train attempt that resumed from a checkpoint inside a
+    segment, from the events of all the run's workflows (in time order)."""
+    events = sorted((e for evs in histories.values() for e in evs), key=lambda e: (e.get("time", 0), e.get("seq", 0)))
+    ends = {0} | {int(m.group(1)) for e in events if (m := _TRAIN.match(str(e.get("attrs", {}).get("activity_id", ""))))}
+    heartbeated: dict[str, int] = {}
+    out = []
+    for e in events:
+        attrs = e.get("attrs") or {}
+        aid = str(attrs.get("activity_id", ""))
+        if not _TRAIN.match(aid):
+            continue
+        if e.get("type") == "activity_heartbeat":
+            details = attrs.get("details")
+            m = _STEP.search(str(details.get("checkpoint", ""))) if isinstance(details, dict) else None
+            if m:
+                heartbeated[aid] = max(heartbeated.get(aid, 0), int(m.group(1)))
+        elif e.get("type") == "activity_started" and aid in heartbeated and heartbeated[aid] not in ends:
+            out.append((aid, int(attrs.get("attempt", 0)), heartbeated[aid]))
+    return out

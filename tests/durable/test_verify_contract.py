@@ -1,0 +1,135 @@
+"""``ctl verify-resume`` names each broken rule of the trainer contract instead of a verdict on
+exactness (exit 4, verdict ``contract_broken``): a tiny torch-free trainer (toy_trainer.py) breaks one
+rule at a time; the same trainer unbroken is EXACT, so each verdict is the broken rule's.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = Path(__file__).with_name("toy_trainer.py")
+
+pytestmark = pytest.mark.slow  # real trainer processes, ~1-3 s each
+
+
+def verify(tmp_path: Path, bad: str = "", *args: str, **config) -> tuple[int, dict | None, str]:
+    spec = {"name": "toy", "steps": 12, "seed": 0, "checkpoint_every": 3,
+            "trainer": {"command": ["python", str(TOY)]}, "config": {"bad": bad, **config}}
+    path = tmp_path / "toy.json"
+    path.write_text(json.dumps(spec))
+    p = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(path), "--home", str(tmp_path),
+                        "--json", "--kills", "2", "--seed", "1", *args], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    try:
+        report = json.loads(p.stdout)
+    except ValueError:
+        report = None
+    return p.returncode, report, p.stderr
+
+
+def test_the_toy_trainer_unbroken_is_exact_through_kill_and_term(tmp_path) -> None:
+    rc, report, err = verify(tmp_path, "", "--signal", "both")
+    assert rc == 0 and report["verdict"] == "exact", err[-2000:]
+    assert all(i["resumed_from"] > 0 for i in report["interruptions"]) and report["interruptions"], report
+    assert report["segments"] == {"ends": [6, 12], "exact": True, "final_loss_hex": report["final_loss_hex"]["resumed"],
+                                  "first_differing_step": None}, report
+
+
+@pytest.mark.parametrize("bad, args, rule, words", [
+    ("short", (), "exit codes", "exited 0 at step 8 of 12"),
+    ("no-result", (), "result line", "nothing on stdout"),
+    ("malformed", (), "result line", "is not float.hex(final_loss)"),
+    ("not-last", (), "result line", "not the last"),
+    ("term-exit0", ("--signal", "term"), "SIGTERM", "answered with exit 0"),
+    ("term-no-ckpt", ("--signal", "term"), "SIGTERM", "but LATEST is at step"),
+    ("silent", ("--heartbeat-timeout", "1"), "liveness", "no progress line for"),
+])
+def test_a_broken_rule_is_named_never_exact(tmp_path, bad, args, rule, words) -> None:
+    rc, report, err = verify(tmp_path, bad, *args, silent_s=2.5)
+    assert rc == 4, (rc, err[-2000:])
+    assert report["verdict"] == "contract_broken" and not report["exact"], report
+    line = report["diagnosis"]
+    assert line.startswith(f"trainer broke the contract ({rule}): ") and words in line, line
+    assert "\n" not in line
+
+
+def test_the_human_output_is_one_line_naming_the_rule(tmp_path) -> None:
+    spec = {"name": "toy", "steps": 12, "checkpoint_every": 3, "trainer": {"command": ["python", str(TOY)]},
+            "config": {"bad": "term-exit0"}}
+    (tmp_path / "toy.json").write_text(json.dumps(spec))
+    p = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(tmp_path / "toy.json"),
+                        "--home", str(tmp_path), "--signal", "term", "--kills", "1"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert p.returncode == 4 and "EXACT" not in p.stdout, p.stdout + p.stderr[-2000:]
+    assert p.stdout.splitlines()[0] == "toy: CONTRACT BROKEN (nothing compared)", p.stdout
+    assert "trainer broke the contract (SIGTERM)" in p.stdout.splitlines()[1]
+
+
+def test_a_schedule_over_steps_is_exact_under_kills_but_caught_in_segments(tmp_path) -> None:
+    rc, report, err = verify(tmp_path, "schedule-over-steps", "--signal", "kill", "--segments", "3")
+    assert rc == 1 and report["verdict"] == "not_exact", err[-2000:]
+    assert report["interruptions"] and report["segments"]["ends"] == [4, 8, 12] and not report["segments"]["exact"]
+    assert report["first_differing_step"] == 2 and report["suspects"] == ["segments"], report  # lr(2) uses steps
+    assert "step 2 is the first that differs, inside the first segment (its spec says steps 4)" in report["diagnosis"]
+    assert "(the learning rate differs)" in report["diagnosis"]
+    assert "the trajectory depends on the spec's steps" in report["diagnosis"] and "run.run_steps" in report["diagnosis"]
+
+
+def _train(home: Path, spec: dict) -> subprocess.CompletedProcess:
+    path = home / f"{spec['name']}.json"
+    path.write_text(json.dumps(spec))
+    return subprocess.run([sys.executable, "-m", "ctl.cli", "train", "--spec", str(path), "--home", str(home), "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_ctl_train_says_once_when_the_trainer_is_unverified_and_not_after_an_exact_verdict(tmp_path) -> None:
+    spec = {"name": "toy", "steps": 6, "seed": 0, "checkpoint_every": 3,
+            "trainer": {"command": ["python", str(TOY)]}, "config": {"bad": ""}}
+    p = _train(tmp_path, {**spec, "name": "fresh"})  # never verified
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stderr.count("unverified for this trainer") == 1 and "ctl verify-resume --spec" in p.stderr, p.stderr
+    (tmp_path / "toy.json").write_text(json.dumps(spec))
+    v = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(tmp_path / "toy.json"),
+                        "--home", str(tmp_path), "--kills", "1", "--signal", "kill"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert v.returncode == 0, v.stdout + v.stderr[-2000:]
+    records = [json.loads(p.read_text()) for p in (tmp_path / ".ctl/verified").glob("*.json")]
+    assert [r["verdict"] for r in records] == ["exact"], records
+    p = _train(tmp_path, {**spec, "steps": 9})  # the same trajectory and code: verified (steps may change)
+    assert p.returncode == 0 and "unverified" not in p.stderr, p.stderr[-2000:]
+    p = _train(tmp_path, {**spec, "name": "other", "config": {"bad": "", "step_s": 0.01}})  # another trajectory
+    assert p.returncode == 0 and "unverified for this trainer" in p.stderr, p.stderr[-2000:]
+
+
+def test_a_trainer_refusing_the_contracts_arguments_fails_once_with_one_line_not_retried(tmp_path) -> None:
+    script = tmp_path / "configurator.py"  # nanoGPT-style: every argument must be --key=value
+    script.write_text("import sys\nfor arg in sys.argv[1:]:\n    assert arg.startswith('--') and '=' in arg, arg\n")
+    spec = {"name": "cfg", "steps": 4, "trainer": {"command": ["python", str(script)]}}
+    p = _train(tmp_path, spec)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "trainer broke the contract (arguments): on its first attempt it exited 1" in p.stdout + p.stderr
+    assert "--spec FILE --home DIR" in p.stdout + p.stderr
+    hist = subprocess.run([sys.executable, "-m", "ctl.cli", "history", "train/cfg", "--json", "--home", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    starts = [e for e in json.loads(hist.stdout)["events"] if e["type"] == "activity_started"]
+    assert len(starts) == 1, starts  # not retried
+
+
+@pytest.mark.parametrize("bad, suspects, words", [
+    ("read-ahead", ["data/read-ahead"], "the loader reads 1 batch(es) ahead of the step"),
+    # a position that restarts and an unregistered generator that restarts from its seed give the same batches:
+    ("plain-cursor", ["cursor", "rng/data"], "keep it in run.cursor"),
+    ("unregistered-shuffle", ["cursor", "rng/data"], "register it: run.track(generators={'data': g})"),
+    ("draw-after-restore", ["rng"], "DataLoader.__iter__"),
+])
+def test_each_real_data_mistake_gets_its_own_fix(tmp_path, bad, suspects, words) -> None:
+    rc, report, err = verify(tmp_path, bad, "--signal", "kill", "--kills", "1", "--segments", "1")
+    assert rc == 1 and report["verdict"] == "not_exact", err[-2000:]
+    resumed = report["interruptions"][0]["resumed_from"]
+    assert resumed > 0 and report["first_differing_step"] == resumed + 1, report
+    assert report["suspects"] == suspects and words in report["diagnosis"], report["diagnosis"]
