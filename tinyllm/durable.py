@@ -57,7 +57,7 @@ from typing import Any, Iterable, Iterator, Mapping, NoReturn
 import torch
 
 from . import checkpoint as ckpt
-from . import runlock
+from . import runlock, runtime_env
 from .digest import state_digest
 from .durable_state import (
     capture_rng,
@@ -233,6 +233,7 @@ class DurableRun:
         self._fingerprint_steps = os.environ.get(FINGERPRINT_ENV) == "1"
         self._fault_at, self._fault_armed = self._parse_fault(os.environ.get(FAULT_ENV, ""))
         self._saves = 0
+        runtime_env.start_run(self.console)  # MKL's strict CNR mode applied and checked: warns once if too late
         if seed_rngs:  # a fresh run is reproducible; a resume restores every RNG from the checkpoint anyway
             seed_everything(self.seed)
 
