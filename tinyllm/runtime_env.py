@@ -153,10 +153,11 @@ def start_run(log=None) -> str:
     _STATE.setdefault("omp", {})["mkl_mode"] = mode
     if mode == "not strict" and not _WARNED[0]:
         _WARNED[0] = True
-        print(f"tinyllm: warning: MKL runs without strict CNR mode (MKL_CBWR={os.environ[CBWR_ENV]!r} or MKL "
-              f"ran before the run started): results may change with the thread count; start the run "
-              f"before any tensor math, or set MKL_CBWR={CBWR} in the environment", file=log or sys.stderr,
-              flush=True)
+        value = os.environ[CBWR_ENV]
+        why = "MKL ran before the run started" if "STRICT" in value.upper() else f"MKL_CBWR={value!r}"
+        print(f"tinyllm: warning: MKL runs without strict CNR mode ({why}): results may change with the thread "
+              f"count; start the run before any tensor math, or set MKL_CBWR={CBWR} in the environment",
+              file=log or sys.stderr, flush=True)
     return mode
 
 
