@@ -153,7 +153,7 @@ def start_run(log=None) -> str:
     _STATE.setdefault("omp", {})["mkl_mode"] = mode
     if mode == "not strict" and not _WARNED[0]:
         _WARNED[0] = True
-        value = os.environ[CBWR_ENV]
+        value = os.environ.get(CBWR_ENV, "")
         why = "MKL ran before the run started" if "STRICT" in value.upper() else f"MKL_CBWR={value!r}"
         print(f"tinyllm: warning: MKL runs without strict CNR mode ({why}): results may change with the thread "
               f"count; start the run before any tensor math, or set MKL_CBWR={CBWR} in the environment",
