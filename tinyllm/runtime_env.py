@@ -26,9 +26,20 @@ rank is a new process, so each decides again), the trainer ``start_run()`` when 
   without the wrappers that import it; where torch's wrappers are not the ones expected (compared
   by code object, not by version) or dynamo is loaded, torch's own calls are used.
 
-Measured (bench/startup.py, this 2-CPU machine shared with other work, medians of 3; "loaded": plus
-a busy loop on one CPU): see FIGURES below; the tricks that did not pay were removed (git history:
-tinyllm/torch_defer.py, tinyllm/torch_preload.py).
+Measured (bench/startup.py, one round, 2026-12-02, this 2-CPU machine shared with other work: 12-13
+runnable tasks, so every figure is a loaded machine's; "+busy": a busy loop on top):
+- wait policy, 2 threads, ms/step of specs/tiny.json's model: ACTIVE 17,517, PASSIVE 1,851,
+  tinyllm's choice (PASSIVE here) 229, 1 thread 442: spinning under load is the one setting that
+  costs 10x or more, so the policy is chosen by load, and the count too.
+- heap, 1 thread: 442 ms/step and 177 minor faults/step kept, 1,554 ms and 597 with glibc's default.
+- dynamo: AdamW's first step 23.7 s with torch's public calls (they import torch._dynamo), 0.36 s
+  without (tinyllm/torch_startup.py, kept: it is most of a resumed trainer's start here).
+- removed: deferring torch's tracing-only modules (tinyllm/torch_defer.py) paid 1.3-1.7 s CPU per
+  start (restart 3.3 against 4.6 s CPU; 3.9 against 5.6 s +busy), and loading torch's libraries
+  while the spec was read (tinyllm/torch_preload.py) cost CPU (3.3 against 3.1 s) for a wall
+  gain lost in the noise; both were import-system and loader tricks checked against one torch
+  version (2.13.0) and off on any other, so they went (git history has them and bench/startup.py's
+  first version measured them).
 """
 from __future__ import annotations
 
