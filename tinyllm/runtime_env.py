@@ -33,11 +33,11 @@ runnable tasks, so every figure is a loaded machine's; "+busy": a busy loop on t
   costs 10x or more, so the policy is chosen by load, and the count too.
 - heap, 1 thread: 442 ms/step and 177 minor faults/step kept, 1,554 ms and 597 with glibc's default.
 - dynamo: AdamW's first step 23.7 s with torch's public calls (they import torch._dynamo), 0.36 s
-  without (tinyllm/torch_startup.py, kept: it is most of a resumed trainer's start here).
+  without (31.7 against 0.50 s +busy) (tinyllm/torch_startup.py, kept: it is most of a resumed trainer's start here).
 - removed: deferring torch's tracing-only modules (tinyllm/torch_defer.py) paid 1.3-1.7 s CPU per
   start (restart 3.3 against 4.6 s CPU; 3.9 against 5.6 s +busy), and loading torch's libraries
-  while the spec was read (tinyllm/torch_preload.py) cost CPU (3.3 against 3.1 s) for a wall
-  gain lost in the noise; both were import-system and loader tricks checked against one torch
+  while the spec was read (tinyllm/torch_preload.py) cost CPU (3.3 against 3.1 s; 3.9 and 3.9 s
+  +busy) for a wall gain lost in the noise (32.9 against 33.6 s +busy); both were import-system and loader tricks checked against one torch
   version (2.13.0) and off on any other, so they went (git history has them and bench/startup.py's
   first version measured them).
 """
