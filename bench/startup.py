@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CLEAN = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_OMP_AUTO", "TINYLLM_THREADS", "MKL_CBWR")
+CLEAN = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_THREADS", "MKL_CBWR")
 
 
 def _env(**extra: str) -> dict:
