@@ -31,7 +31,10 @@ runnable tasks, so every figure is a loaded machine's; "+busy": a busy loop on t
 - wait policy, 2 threads, ms/step of specs/tiny.json's model: ACTIVE 17,517, PASSIVE 1,851,
   tinyllm's choice (PASSIVE here) 229, 1 thread 442: spinning under load is the one setting that
   costs 10x or more, so the policy is chosen by load, and the count too.
-- heap, 1 thread: 442 ms/step and 177 minor faults/step kept, 1,554 ms and 597 with glibc's default.
+- heap, 1 thread: 442 ms/step and 177 minor faults/step kept, 1,554 ms and 597 with glibc's default
+  (+busy: 684 ms and 57 faults against 350 ms and 690: one round's wall times at this load are
+  noise; the faults are not, and mallopt costs nothing, so it stays).
+- +busy, 2 threads: ACTIVE 20,059 ms/step, PASSIVE 243, libgomp's default 592.
 - dynamo: AdamW's first step 23.7 s with torch's public calls (they import torch._dynamo), 0.36 s
   without (31.7 against 0.50 s +busy) (tinyllm/torch_startup.py, kept: it is most of a resumed trainer's start here).
 - removed: deferring torch's tracing-only modules (tinyllm/torch_defer.py) paid 1.3-1.7 s CPU per
