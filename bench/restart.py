@@ -3,13 +3,12 @@ and its first step's metrics frame. Prints figures measured in this one run.
 
 1. end to end (the real CLI, ``--reps`` times, median): Popen -> the first resumed frame in
    metrics.jsonl, with the progress file's ``starting`` (interpreter, click, the spec read while
-   torch's libraries load: tinyllm/torch_preload.py) and ``imported`` (torch and the trainer's
-   modules) and ``ready`` (set up and resumed) marks; alternated with the same run with
-   ``TINYLLM_TORCH_DEFER=0`` and with ``TINYLLM_TORCH_PRELOAD=0`` (and ``--against`` an older checkout);
+   then tinyllm/runtime_env.prepare) and ``imported`` (torch and the trainer's
+   modules) and ``ready`` (set up and resumed) marks (alternated with ``--against`` an older checkout);
 2. the same path in one child process, each phase timed by a stopwatch wrapped around the real
    functions (the spec read || library load, imports, corpus check, model build, checkpoint choice
-   with its checksum verification, checkpoint load, metrics sinks, first step), with both
-   start-up measures on and both off; plus, for scale, a bare interpreter and a bare ``import torch``.
+   with its checksum verification, checkpoint load, metrics sinks, first step); plus, for scale, a
+   bare interpreter and a bare ``import torch``. Start-up tricks on and off: bench/startup.py.
 
 Usage: python bench/restart.py [--spec specs/tiny.json] [--at 20] [--reps 3]
 The run is trained to step ``--at`` (one checkpoint there) first; each measured run resumes from
@@ -58,8 +57,6 @@ def end_to_end(home: Path, spec_file: Path, name: str, resume: str, tree: Path =
         d = json.loads(line)
         if d.get("event") in ("starting", "imported", "ready"):
             marks.setdefault(d["event"], d["time"] - t0)
-        if d.get("event") == "ready":
-            marks["deferred"] = d.get("torch_defer", {}).get("deferred", [])
     frames = [json.loads(line) for line in metrics.read_text().splitlines()]
     marks["first step"] = min(f["time"] for f in frames if f["time"] >= t0) - t0
     marks["cpu"] = _children_cpu_s() - cpu0
@@ -93,26 +90,19 @@ def child(args) -> None:
     spent: dict[str, float] = {}
     import click  # noqa: F401
     import tinyllm.cli as cli
-    from tinyllm import torch_defer, torch_preload
+    from tinyllm import runtime_env
 
     spent["imports: click, tinyllm.cli"] = time.perf_counter() - t_start
-    marks: dict[str, float] = {}
+    t = time.perf_counter()
+    spec = cli._read_train_spec(args.child_spec)
+    spent["read spec (pydantic, models)"] = time.perf_counter() - t
+    runtime_env.prepare(spec.threads)
+    t = time.perf_counter()
+    import tinyllm.trainer  # noqa: F401  (torch and the trainer's modules, as the CLI imports them)
 
-    def wrap(owner, attr, before=None, after=None):
-        fn = getattr(owner, attr)
+    spent["import torch + tinyllm.trainer"] = time.perf_counter() - t
 
-        def timed(*a, **kw):
-            if before:
-                before()
-            try:
-                return fn(*a, **kw)
-            finally:
-                if after:
-                    after()
-
-        setattr(owner, attr, timed)
-
-    def phases() -> None:  # once tinyllm.trainer is imported (by the CLI, after the preload)
+    def phases() -> None:  # once tinyllm.trainer is imported
         for label, module, cls, attr in PHASES:
             owner = importlib.import_module(module)
             owner = getattr(owner, cls) if cls else owner
@@ -131,12 +121,7 @@ def child(args) -> None:
 
             setattr(owner, attr, timed)
 
-    def mark(name):
-        return lambda: marks.__setitem__(name, time.perf_counter())
-
-    wrap(torch_preload, "while_loading", before=mark("read0"), after=mark("read1"))
-    wrap(torch_defer, "install", before=mark("torch0"))
-    wrap(torch_defer, "after_import", after=lambda: (mark("torch1")(), phases()))
+    phases()
     t = time.perf_counter()
     try:
         cli.main(["train", "--spec", args.child_spec, "--home", args.home, "--resume", args.resume],
@@ -144,11 +129,6 @@ def child(args) -> None:
     except SystemExit:
         pass
     spent["whole command (imports excluded)"] = time.perf_counter() - t
-    pre = torch_preload.status()
-    spent["read spec (pydantic, models) || load torch libs"] = marks["read1"] - marks["read0"]
-    spent["  the helper's spec read alone (its CPU)"] = pre.get("work_cpu_s", 0.0)
-    spent["  the main thread's library load alone"] = pre.get("load_s", 0.0)
-    spent["import torch + tinyllm.trainer"] = marks["torch1"] - marks["torch0"]
     print(json.dumps(spent))
 
 
@@ -187,23 +167,19 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", code], env=_env(), check=True, timeout=600)
         return time.perf_counter() - t0
 
-    runs, bares, torches, childs, child_offs, others, offs, pre_offs = [], [], [], [], [], [], [], []
+    runs, bares, torches, childs, others = [], [], [], [], []
     for _ in range(args.reps):  # alternated, so load changes hit all alike
         runs.append(end_to_end(home, resumed, "restart", resume))
-        offs.append(end_to_end(home, resumed, "restart", resume, TINYLLM_TORCH_DEFER="0"))
-        pre_offs.append(end_to_end(home, resumed, "restart", resume, TINYLLM_TORCH_PRELOAD="0"))
         if args.against:
             others.append(end_to_end(home, resumed, "restart", resume, tree=Path(args.against).absolute()))
         bares.append(bare("pass"))
         torches.append(bare("import torch"))
-        for into, extra in ((childs, {}), (child_offs, {"TINYLLM_TORCH_DEFER": "0", "TINYLLM_TORCH_PRELOAD": "0"})):
-            out = subprocess.run([sys.executable, __file__, "--child-spec", str(resumed), "--home", str(home),
-                                  "--resume", resume],
-                                 env=_env(**extra), capture_output=True, text=True, timeout=600)
-            if out.returncode != 0:
-                sys.exit(f"bench: child failed: {out.stderr[-2000:]}")
-            into.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "deferred"}
+        out = subprocess.run([sys.executable, __file__, "--child-spec", str(resumed), "--home", str(home),
+                              "--resume", resume], env=_env(), capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            sys.exit(f"bench: child failed: {out.stderr[-2000:]}")
+        childs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     total = med["first step"]
     print(f"restart to resumed step (median of {args.reps}): {total:.2f} s (aim <= {AIM_S} s)"
           f"{'' if total <= AIM_S else '  ABOVE AIM'}")
@@ -214,24 +190,13 @@ def main() -> None:
         last = med[mark]
     print(f"  CPU time of the whole resumed process (its 2 steps, checkpoint and exit included): {med['cpu']:.2f} s "
           f"(about its wall time on an idle machine; the aim's proxy when the machine is busy)")
-    off = {k: statistics.median(r[k] for r in offs) for k in offs[0] if k != "deferred"}
-    print(f"  torch modules deferred (tinyllm/torch_defer.py): {', '.join(runs[0]['deferred']) or 'none'}")
-    print(f"  with TINYLLM_TORCH_DEFER=0 (alternated): {off['first step']:.2f} s to the resumed step "
-          f"(torch + trainer modules {off['imported'] - off['starting']:.3f} s), {off['cpu']:.2f} s CPU; "
-          f"deferral on is {off['first step'] / total:.2f}x as fast ({off['cpu'] / med['cpu']:.2f}x in CPU time)")
-    po = {k: statistics.median(r[k] for r in pre_offs) for k in pre_offs[0] if k != "deferred"}
-    print(f"  with TINYLLM_TORCH_PRELOAD=0 (alternated): {po['first step']:.2f} s to the resumed step "
-          f"(to 'imported' {po['imported']:.3f} s against {med['imported']:.3f} s), {po['cpu']:.2f} s CPU; "
-          f"the preload is {po['first step'] / total:.2f}x as fast ({po['cpu'] / med['cpu']:.2f}x in CPU time)")
     if others:
-        o = {k: statistics.median(r[k] for r in others) for k in others[0] if k != "deferred"}
+        o = {k: statistics.median(r[k] for r in others) for k in others[0]}
         print(f"  against {args.against}: {o['first step']:.2f} s to the resumed step, {o['cpu']:.2f} s CPU; "
               f"this checkout is {o['first step'] / total:.2f}x as fast ({o['cpu'] / med['cpu']:.2f}x in CPU time)")
-    print(f"breakdown in one process (median of {args.reps}), the real functions timed:  "
-          f"deferral + preload on | both off")
+    print(f"breakdown in one process (median of {args.reps}), the real functions timed:")
     for key in childs[0]:
-        print(f"  {key:<48} {statistics.median(c.get(key, 0.0) for c in childs):6.3f} s | "
-              f"{statistics.median(c.get(key, 0.0) for c in child_offs):6.3f} s")
+        print(f"  {key:<48} {statistics.median(c.get(key, 0.0) for c in childs):6.3f} s")
     print(f"for scale: bare interpreter {statistics.median(bares):.3f} s, bare `import torch` "
           f"{statistics.median(torches):.3f} s (process start included)")
 

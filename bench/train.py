@@ -172,17 +172,16 @@ def child_tinyllm(args) -> Stamps:
 
 
 def run_child(args) -> None:
-    import tinyllm  # noqa: F401  (before torch: the OpenMP policy, as the CLI does)
-    from tinyllm import omp
+    from tinyllm import runtime_env
 
     # as `tinyllm train` does before torch: the thread count (at most the spec's) and the policy by load
     most = _spec(args).threads
-    omp.configure(threads=most, adapt=args.child == "tinyllm")
+    runtime_env.prepare(most, adapt=args.child == "tinyllm", keep_heap=os.environ.get("BENCH_HEAP") != "default")
 
     stamps = {"plain": child_plain, "tinyllm": child_tinyllm}[args.child](args)
-    from tinyllm import heap
-
-    print(json.dumps({**stamps.summary(), "omp": omp.chosen(omp.train_threads(most)), "heap": heap.status()}))
+    got = runtime_env.status()
+    got["omp"]["threads"] = runtime_env.train_threads(most)
+    print(json.dumps({**stamps.summary(), **got}))
 
 
 # -- the parent ----------------------------------------------------------------------------
@@ -192,11 +191,8 @@ def measure(args, home: Path, what: str, policy: str | None, threads: int | None
     """One child process: ``policy`` None leaves OMP_WAIT_POLICY unset, so tinyllm chooses; ``threads``
     None with ``policy`` None lets tinyllm choose its count by load (at most the spec's); else it is pinned
     (TINYLLM_THREADS: ``threads``, or the spec's under a forced policy)."""
-    # TINYLLM_OMP_AUTO too: it marks the policy this (parent) process chose for itself at its start; a child
-    # handed exactly that value takes it for tinyllm's own choice and decides again by load, so a forced
-    # PASSIVE ran ACTIVE whenever the parent had chosen PASSIVE (runs with 0 worker sleeps under "PASSIVE")
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_THREADS", "TINYLLM_OMP_AUTO")}
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_THREADS")}
     if threads or policy is not None:  # a forced policy is a controlled run: the count the plain loop uses
         env["TINYLLM_THREADS"] = str(threads or _spec(args).threads)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -230,7 +226,7 @@ def measure_nanogpt(args, threads: int | None = None) -> dict:
     """nanoGPT's own train.py on the same shape, in the user's environment (policy unset; ``threads``:
     OMP_NUM_THREADS); its median iteration by its own wall figure and by CPU time."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "PYTHONPATH", "TINYLLM_OMP_AUTO")}
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "PYTHONPATH")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written into the checkout
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -313,10 +309,10 @@ def throughput(args, home: Path) -> None:
 
 def cpu_one_thread(args, home: Path) -> None:
     """At 1 thread, by CPU time per step (process time, median step): the plain loop, tinyllm, tinyllm
-    with glibc's default heap (TINYLLM_KEEP_HEAP=0, tinyllm/heap.py), and nanoGPT's train.py
+    with glibc's default heap (BENCH_HEAP=default: no mallopt, tinyllm/runtime_env.py), and nanoGPT's train.py
     (OMP_NUM_THREADS=1), alternating ``--reps`` times. One thread has no OpenMP worker to wait for, so
     the figure is the work of a step; CPU time still grows when other processes share the cores' caches."""
-    configs = [("plain", (), None), ("tinyllm", (), None), ("tinyllm", (("TINYLLM_KEEP_HEAP", "0"),), None),
+    configs = [("plain", (), None), ("tinyllm", (), None), ("tinyllm", (("BENCH_HEAP", "default"),), None),
                ("plain", (), "char"), ("tinyllm", (), "char")]
     label = {configs[0]: "plain loop", configs[1]: "tinyllm", configs[2]: "tinyllm, heap not kept",
              configs[3]: f"plain loop char ({args.char_vocab})", configs[4]: f"tinyllm char ({args.char_vocab})"}
@@ -349,7 +345,7 @@ def cpu_one_thread(args, home: Path) -> None:
 def phases(args, home: Path) -> None:
     """bench/train_phases.py at 1 thread: each phase of tinyllm's step by CPU time, beside nanoGPT's model
     and loop at its 65-character vocabulary and at tinyllm's 256 (the same work), alternating in one process."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_OMP_AUTO")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env.update(TINYLLM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
     cmd = [sys.executable, str(REPO / "bench" / "train_phases.py"), str(home), "--steps", str(args.steps)]
     cmd += ["--nanogpt", args.nanogpt] if args.nanogpt else []

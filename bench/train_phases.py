@@ -32,10 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-import tinyllm  # noqa: E402,F401  (before torch, as the CLI)
-from tinyllm import omp  # noqa: E402
+from tinyllm import runtime_env  # noqa: E402
 
-omp.configure(threads=THREADS, adapt=True)
+runtime_env.prepare(THREADS)  # before torch, as the CLI
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

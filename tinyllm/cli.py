@@ -24,8 +24,9 @@ from .validation.errors import ArchiveError
 
 # The imports inside the commands stay there on purpose: this module is the start of every tinyllm
 # process, and the spec's pydantic models, the trainer (torch) and the evals load only in the command
-# that needs them, in the order ``train`` chooses (the spec read while torch's libraries load:
-# tinyllm/torch_preload.py); the modules imported above are standard library and click only.
+# that needs them, after the spec is read (a bad spec fails fast) and, for torch, after
+# tinyllm.runtime_env.prepare() set what libgomp and MKL read; the modules imported above are
+# standard library and click only.
 
 EXIT_BAD_INPUT = 2
 EXIT_DISK_FULL = 74  # tinyllm.diskfull: a write found no space; own temporaries removed, resumable
@@ -147,42 +148,21 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     they spin while waiting (OMP_WAIT_POLICY=ACTIVE, full speed) when each has
     a free CPU, else sleep (PASSIVE, safe when CPUs are busy); both said in
     the --progress 'ready' line (its "omp" field). TINYLLM_THREADS=N pins the
-    count; OMP_WAIT_POLICY (or TINYLLM_OMP_WAIT_POLICY=ACTIVE|PASSIVE|auto)
-    the policy. Any count and either policy give bit-identical results, so a
-    resume may run with another count (each segment decides again).
-
-    \b
-    Start-up: torch's modules that only tracing uses (torch.export, the
-    python meta kernels) are run when first touched instead of at import
-    (about a third of `import torch`); the 'ready' line's "torch_defer" field
-    says which. TINYLLM_TORCH_DEFER=0 imports torch as it is. Torch's native
-    libraries load while the spec is validated, in parallel, when a CPU
-    is free for it (its "torch_preload" field); TINYLLM_TORCH_PRELOAD=0
-    loads them at the import instead, =1 in parallel whatever the load.
-    Same results either way.
+    count; OMP_WAIT_POLICY the policy. Any count and either policy give
+    bit-identical results, so a resume may run with another count (each
+    segment decides again).
     """
-    from . import omp, torch_preload
+    from . import runtime_env
+    from .ddp_launch import enter_rank, in_rank
 
     global _RANK
     for sig in (signal.SIGTERM, signal.SIGINT):  # a stop before the loop starts still exits 130
         signal.signal(sig, request_stop)
     home_dir = resolve_home(home)
-    threads = torch_preload.plan(spec_path)  # the spec's threads from its JSON; None: no preload
-    if threads is not None:  # the wait policy before libgomp loads (with torch's libraries, next)
-        omp.configure(threads=threads, adapt=True)
-    # the spec is read (pydantic, its models, validation) in a helper thread while this one loads
-    # torch's native libraries (tinyllm/torch_preload.py); a bad spec's error is raised below
-    read = torch_preload.while_loading(lambda: _read_train_spec(spec_path))
-    from .ddp_launch import enter_rank, in_rank
-
     _RANK = enter_rank() if in_rank() else None
     try:
-        spec = read.result()  # before importing torch: a bad spec fails fast
+        spec = _read_train_spec(spec_path)  # before importing torch: a bad spec fails fast
         from .progress import ProgressFile
-
-        if threads is None:
-            omp.configure(threads=spec.threads, adapt=True)  # before torch: threads (at most the spec's) and policy
-        assert threads in (None, spec.threads), (threads, spec.threads)
 
         liveness = ProgressFile(progress if _RANK is None or _RANK.rank == 0 else None)
         liveness.event("starting", pid=os.getpid())  # alive before the torch import (seconds on a busy host)
@@ -192,16 +172,12 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
 
             check_resume_world_size(spec, home_dir, resume_path)  # one line, before torch or the lock
         if spec.distributed is not None and _RANK is None:
-            _launch_distributed(spec, resume_path, progress, total_steps, home_dir, spec_path)
-        from . import torch_defer
-
-        torch_defer.install()  # torch's tracing-only modules run when touched, not at import (its docstring)
+            _launch_distributed(spec, resume_path, progress, total_steps, home_dir, spec_path)  # each rank prepares
+        runtime_env.prepare(spec.threads)  # before torch: MKL_CBWR, threads and wait policy, heap (its docstring)
         if _RANK is not None:
             from .distributed import DistributedTrainer as Trainer
         else:
             from .trainer import Trainer
-        torch_defer.after_import()
-        torch_preload.after_import()
 
         liveness.event("imported")
         trainer = Trainer(spec, home_dir, Path(progress).absolute() if progress else None, resume_path,
@@ -229,8 +205,6 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
 
 
 def _read_train_spec(spec_path: str):
-    """The train spec, and the modules ``train`` needs before torch (all pure Python by now)."""
-    from . import ddp_launch, progress  # noqa: F401
     from .spec import load_train_spec
 
     return load_train_spec(spec_path)
@@ -243,12 +217,14 @@ def _read_train_spec(spec_path: str):
 @home_option
 def eval_(spec_path: str, progress: str | None, home: str | None) -> None:
     """Run one suite (ppl or zoo) over the spec's subjects."""
+    from . import runtime_env
     from .progress import activate
     from .spec import load_eval_spec
 
     try:
         spec = load_eval_spec(spec_path)  # before importing torch: a bad spec fails fast
         activate(progress).event("starting", pid=os.getpid())  # alive before the torch import
+        runtime_env.prepare()  # before torch: MKL_CBWR and the wait policy (tinyllm/runtime_env.py)
         from .evals import run_eval
 
         result = run_eval(spec, resolve_home(home))

@@ -59,7 +59,7 @@ from typing import Any, Iterable, Iterator, Mapping, NoReturn
 import torch
 
 from . import checkpoint as ckpt
-from . import faults, runlock
+from . import faults, runlock, runtime_env
 from .digest import state_digest
 from .durable_state import (
     capture_rng,
@@ -244,6 +244,7 @@ class DurableRun:
             raise DurableError(str(e)) from None
         self._fingerprint_steps = faults.switch("durable.fingerprint")
         self._saves = 0
+        runtime_env.start_run(self.console)  # MKL's strict CNR mode applied and checked: warns once if too late
         if seed_rngs:  # a fresh run is reproducible; a resume restores every RNG from the checkpoint anyway
             seed_everything(self.seed)
 

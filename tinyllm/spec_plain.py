@@ -1,5 +1,5 @@
-"""What reading a spec needs before pydantic is imported (``tinyllm train`` reads these first; see
-tinyllm/torch_preload.py): ``SpecError`` (re-exported by tinyllm.spec, the same class) and the train
+"""What modules that must not import pydantic need of the spec (tinyllm/validation/errors.py, the CLI):
+``SpecError`` (re-exported by tinyllm.spec, the same class) and the train
 spec's default thread count (``TrainSpec.threads``)."""
 from __future__ import annotations
 
@@ -8,4 +8,4 @@ class SpecError(ValueError):
     """A spec that cannot be used; the message is one line naming the problem."""
 
 
-TRAIN_THREADS_DEFAULT = 2  # TrainSpec.threads: the most torch threads training uses (tinyllm/omp.py chooses by load)
+TRAIN_THREADS_DEFAULT = 2  # TrainSpec.threads: the most torch threads training uses (tinyllm/runtime_env.py chooses by load)

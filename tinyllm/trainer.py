@@ -29,7 +29,7 @@ import torch
 
 from . import checkpoint as ckpt
 from . import selection as sel
-from . import faults, heap, omp, retention, runlock, tokenizer, torch_defer, torch_preload
+from . import faults, retention, runlock, runtime_env, tokenizer
 from .corpus import open_corpus
 from .ddp_launch import check_world_size
 from .data import TokenStream
@@ -162,8 +162,8 @@ class Trainer:
         self.lock_file = runlock.acquire(self.run_dir, self.spec.name)
 
     def _build(self) -> None:
-        torch.set_num_threads(omp.train_threads(self.spec.threads))  # by load, at most the spec's: same bits
-        heap.keep_freed_memory()  # no page faults per step (tinyllm/heap.py): same bits
+        torch.set_num_threads(runtime_env.train_threads(self.spec.threads))  # by load, at most the spec's: same bits
+        runtime_env.start_run(self.log)  # MKL's strict CNR mode applied and checked (tinyllm/runtime_env.py)
         use_deterministic_algorithms()
         defer_dynamo_in_optimizers()  # same optimizer; dynamo's import (seconds) skipped
         torch.manual_seed(self.spec.seed)
@@ -315,11 +315,9 @@ class Trainer:
             return  # called every step: its fields (two path resolutions) only when a line is written
         fields = {"step": self.step, "loss": None if math.isnan(self.loss) else self.loss,
                   "last_checkpoint": self.rel(self.last_path)}
-        if event == "ready":  # the OpenMP wait policy this process runs with, and why (tinyllm/omp.py)
-            fields["omp"] = omp.chosen(omp.train_threads(self.spec.threads))
-            fields["torch_defer"] = torch_defer.status()  # torch modules not run yet (tinyllm/torch_defer.py)
-            fields["torch_preload"] = torch_preload.status()  # libraries loaded early (tinyllm/torch_preload.py)
-            fields["heap"] = heap.status()  # freed memory kept for the next step (tinyllm/heap.py)
+        if event == "ready":  # threads, wait policy, MKL mode, heap: what this process runs with (tinyllm/runtime_env.py)
+            fields.update(runtime_env.status())
+            fields.setdefault("omp", {})["threads"] = runtime_env.train_threads(self.spec.threads)
         if event is None:
             self.progress_file.tick(**fields)
         else:

@@ -1,9 +1,9 @@
 """Each post-training objective gives the same bits for 1, 2 and 3 torch threads (the count is
-chosen by load at each start, tinyllm/omp.py; a spec's threads is only the most it uses).
+chosen by load at each start, tinyllm/runtime_env.py; a spec's threads is only the most it uses).
 
-Each kind trains in a child process that imports tinyllm before torch, as ``tinyllm train`` does:
-MKL's strict CNR mode (MKL_CBWR, tinyllm/omp.py) is read when torch loads, and this pytest process
-may have loaded torch first (then MKL's gemm differs at 3 threads)."""
+Each kind trains in a child process: MKL's strict CNR mode (MKL_CBWR, applied when the trainer
+starts, tinyllm/runtime_env.py) is fixed at MKL's first call, and this pytest process may have run
+tensor math first (then MKL's gemm differs at 3 threads)."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,6 @@ pytestmark = pytest.mark.slow  # one child process per objective
 HERE = Path(__file__).resolve().parent
 CHILD = r"""
 import json, sys
-import tinyllm  # before torch
 from pt_helpers import copy_home, spec, train_inprocess
 from test_pt_threads import bigger
 pt_home, tmp, kind = sys.argv[1:4]

@@ -1,6 +1,6 @@
 """Thread-invariant numerics: training gives the same bits for any torch thread count.
 
-The thread count is chosen by load at each process start (tinyllm/omp.py), so a run whose segments
+The thread count is chosen by load at each process start (tinyllm/runtime_env.py), so a run whose segments
 ran with 2, then 1 thread must equal one uninterrupted run. The gradient check runs at 40,960 tokens,
 above the 32,768-element size where PyTorch's CPU reductions to one value split into per-thread
 partials (and where MKL's gemm, outside strict CNR mode, differs at 3 threads).
@@ -17,12 +17,13 @@ import pytest
 
 from tl_helpers import REPO, last_json, tinyllm_cmd, write_spec
 
-from tinyllm import omp
+from tinyllm import runtime_env
 
 PROBE = r"""
 import hashlib, json, sys
-import tinyllm  # before torch: MKL_CBWR and the wait policy
 import torch
+from tinyllm import runtime_env
+runtime_env.start_run()  # MKL_CBWR, applied when the run starts (after import torch, before any math)
 from tinyllm.model import GPT, invariant_sum
 from tinyllm.spec import ModelConfig
 dropout, N, T = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -75,7 +76,7 @@ def runs(tmp_path_factory, built_corpus) -> dict:
 
 
 def _train(home, spec, threads: int) -> dict:
-    env = {**os.environ, omp.THREADS_ENV: str(threads)}
+    env = {**os.environ, runtime_env.THREADS_ENV: str(threads)}
     env.pop("MKL_CBWR", None)
     proc = subprocess.run(tinyllm_cmd("train", "--spec", str(spec), "--home", str(home), "--progress",
                                       str(home / "progress.jsonl")),
@@ -100,28 +101,3 @@ def test_resume_with_1_thread_after_a_2_thread_segment_equals_one_run(runs, home
     assert second["resumed_from"] == "runs/small/ckpt/step-000010"
     assert second["final_loss_hex"] == runs[1]["final_loss_hex"]
     assert second["digest"] == runs[1]["digest"]
-
-
-@pytest.mark.parametrize("busy, cpus, most, want", [
-    (0, 2, 2, 2), (1, 2, 2, 1), (3, 2, 2, 1), (0.0, 16, 4, 4), (10, 16, 8, 6), (None, 2, 2, 2), (0, 1, 4, 1)])
-def test_threads_are_the_free_cpus_at_most_the_spec_at_least_one(busy, cpus, most, want):
-    assert omp.choose_threads(busy, cpus, most)[0] == want
-
-
-def test_configure_adapts_threads_and_picks_the_policy_for_them(monkeypatch):
-    monkeypatch.setattr(omp, "_CHOSEN", dict(omp._CHOSEN))
-    got = omp.configure(env={}, modules={}, busy=lambda: 1.0, cpus=2, threads=2, adapt=True)
-    assert (got["threads"], got["threads_max"], got["wait_policy"]) == (1, 2, "ACTIVE")
-    assert omp.train_threads(2) == 1 and omp.train_threads(4) == 4  # another spec's maximum: its own
-    got = omp.configure(env={}, modules={}, busy=lambda: 5.0, cpus=2, threads=2, adapt=True)
-    assert (got["threads"], got["wait_policy"]) == (1, "PASSIVE")
-    got = omp.configure(env={omp.THREADS_ENV: "3"}, modules={}, busy=lambda: 5.0, cpus=2, threads=2, adapt=True)
-    assert got["threads"] == 3 and "TINYLLM_THREADS=3" in got["threads_reason"]
-    env: dict = {}
-    omp.configure(env=env, modules={}, busy=lambda: 0.0, cpus=2, threads=2)
-    assert env["MKL_CBWR"] == "AUTO,STRICT"
-
-
-@pytest.mark.parametrize("raw, want", [("auto", None), ("", None), ("2", 2), ("0", None), ("x", None)])
-def test_pinned_threads_env(raw, want):
-    assert omp.pinned_threads({omp.THREADS_ENV: raw}) == want
