@@ -104,7 +104,7 @@ def test_adopt_donor_takes_only_a_replayer_stopped_at_the_spines_point():
     took = prefix.adopt_donor(spine, donor)
     assert took is not None and took.seq == c1 and donor.done and donor.coro is None
     r = took.replayer
-    r.sink = __import__("engine.replay", fromlist=["DrySink"]).DrySink()
+    r.sink = __import__("engine._replay", fromlist=["DrySink"]).DrySink()
     r.feed(ev[c1:-1])
     r.advance()
     fresh = _replayer(ev[:-1])

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from engine import Engine
-from engine.history import dumps, event_row, insert_events
-from engine.leases import HOST
+# (private engine modules: a synthetic history is written the way the engine writes its own)
+from engine._history import dumps, event_row, insert_events
+from engine._leases import HOST
 
 
 class Writer:
