@@ -407,7 +407,8 @@ def permission_message(error: Any) -> str | None:
 
 def check_run_writable(home: Path, name: str) -> None:
     """``BadRequest`` (nothing started) when a folder of run ``name`` exists but this user may not write it:
-    every attempt would fail on it, and a retry cannot help."""
+    every attempt would fail on it, and a retry cannot help. A read-only home says so first (its own message)."""
+    check_home_writable(home)
     for path in (home / "runs", home / "runs" / name, home / "runs" / name / "ckpt", home / "runs" / name / "activity",
                  home / "corpora"):
         if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):

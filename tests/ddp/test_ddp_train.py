@@ -252,6 +252,7 @@ def ctl_train(home: Path, spec_path: Path, heartbeat_s: float) -> subprocess.Pop
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
 
 
+@pytest.mark.soak  # ~50 s; the two-rank SIGKILL/SIGTERM resume test stays in CI
 def test_ctl_train_of_two_ranks_killed_and_a_hung_rank_end_with_the_same_loss(tmp_path, reference, started) -> None:
     """`ctl train` SIGKILLed mid-segment: its launcher, torchrun and ranks die with it; the same command
     again resumes; rank 1 frozen by SIGSTOP there is noticed by the heartbeat rule (no progress line),

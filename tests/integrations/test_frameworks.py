@@ -25,7 +25,7 @@ from tinyllm import runlock
 
 # real trainers (transformers, lightning), killed for real; a verify-resume of 5 trainer starts (each imports
 # transformers or lightning) takes minutes on 2 loaded cores, past the suite's 300 s a test
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(900)]  # ~6 min in all: the soak lane
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "examples" / "specs"

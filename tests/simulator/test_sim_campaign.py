@@ -33,7 +33,8 @@ def want():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed,kinds", [(7, {"readers", "kill-trainer", "kill-ctl", "stop-trainer"}),
-                                        (6, {"kill-trainer", "cancel", "second-train"})])
+                                        pytest.param(6, {"kill-trainer", "cancel", "second-train"},
+                                                     marks=pytest.mark.soak)])  # (~30 s: the soak lane)
 def test_a_campaign_run_survives_its_faults(seed, kinds, want):
     lines: list[str] = []
     rc = campaign(seed, 1, faults_per_run=4, want=want, log=lines.append, allow_untested=True)

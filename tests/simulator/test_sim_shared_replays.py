@@ -44,6 +44,7 @@ def _runs(sim: Simulator, picks: list[int], mode: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # ~1 min for both; the shared-replay unit tests stay in CI
 @pytest.mark.parametrize("fork_from", [0, 10**9], ids=["forked-when-none-donated", "in-process-only"])
 def test_at_100_segments_donated_and_forked_replays_make_the_literal_runs(fork_from):
     sim = Simulator(Scenario(steps=200, eval_every=2, checkpoint_every=10, eval_interval_s=5))

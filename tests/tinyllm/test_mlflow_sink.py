@@ -161,6 +161,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # two `mlflow server` starts (~30 s; minutes on a loaded machine)
 @pytest.mark.timeout(1200)
 def test_a_killed_tracking_server_costs_a_warning_not_the_run(home, tmp_path):
     """A real ``mlflow server`` on loopback, SIGKILLed once the sink has delivered: the run completes
@@ -190,7 +191,8 @@ def test_a_killed_tracking_server_costs_a_warning_not_the_run(home, tmp_path):
         proc.send_signal(signal.SIGTERM)  # ends the hold: a checkpoint, exit 130 (the contract's stop)
         stdout, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 130, stderr
-        assert stderr.count("metrics sink 'mlflow'") == 1, stderr  # one line, whatever failed first
+        # at most one line (none when every frame reached the server before it died: nothing failed yet)
+        assert stderr.count("metrics sink 'mlflow'") <= 1, stderr
         finish = run_tinyllm(home, "train", "--spec", str(spec), timeout=300)  # no server: warns, finishes
         assert finish.returncode == 0, finish.stderr
         assert finish.stderr.count("metrics sink 'mlflow'") == 1, finish.stderr

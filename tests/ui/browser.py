@@ -38,10 +38,10 @@ class Ui:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             ready, _, _ = select.select([self.proc.stderr], [], [], 0.2)
-            if ready:
-                line = self.proc.stderr.readline()
-                self.banner += line
-                m = re.search(r"at (http://\S+/) ", line)
+            if ready:  # raw reads: a buffered readline would hold the next line where select cannot see it
+                chunk = os.read(self.proc.stderr.fileno(), 65536).decode("utf-8", "replace")
+                self.banner += chunk
+                m = re.search(r"at (http://\S+/) ", self.banner)
                 if m:
                     self.url = m.group(1)
                     return

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ctl import app, runstatus
+from ctl import app, backends, runstatus
 from ctl.ui import server
 
 import synth
@@ -26,6 +26,7 @@ def home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ui(home: Path):
+    backends.choose(backends.Backend())  # the embedded engine (an earlier test in this process may have chosen Temporal)
     engine = app.open_engine(home, create=False, readonly=True)
     yield server.App(engine, home)
     engine.close()
