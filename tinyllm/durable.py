@@ -205,6 +205,22 @@ def _run_steps(steps: int) -> int:
     return int(value) if value.isdigit() and int(value) >= steps else steps
 
 
+def checked_state(run: "DurableRun", comps: dict, manifest: dict, where: str, *, fmt: str, writer: str) -> dict:
+    """The training state of a loaded checkpoint, checked for ``run``: written by ``writer`` (its
+    ``format`` ``fmt``), not beyond the spec's steps, and of the same trajectory (``DurableError`` else).
+    Shared by the helper and the framework integrations (tinyllm/integrations/contract.py)."""
+    state = comps.get("training_state")
+    if not isinstance(state, dict) or state.get("format") != fmt:
+        raise DurableError(f"checkpoint {where} was not written by {writer}")
+    if state["step"] > run.total_steps:
+        raise DurableError(f"checkpoint {where} is at step {state['step']}, beyond the spec's steps {run.total_steps}")
+    saved = manifest.get("meta", {}).get("trajectory")
+    if saved is not None and saved != trajectory(run.spec):
+        keys = sorted(k for k in set(saved) | set(trajectory(run.spec)) if saved.get(k) != run.spec.get(k))
+        raise DurableError(f"checkpoint {where} was trained with a different spec (fields: {', '.join(keys)})")
+    return state
+
+
 class DurableRun:
     """One run of a user's training loop under the trainer contract (see the module docstring)."""
 
@@ -448,15 +464,7 @@ class DurableRun:
         except ckpt.CheckpointError as e:
             raise DurableError(str(e)) from None
         where = self.rel(self.resumed_from)
-        state = comps.get("training_state")
-        if not isinstance(state, dict) or state.get("format") != "durable/1":
-            raise DurableError(f"checkpoint {where} was not written by tinyllm.durable")
-        if state["step"] > self.total_steps:
-            raise DurableError(f"checkpoint {where} is at step {state['step']}, beyond the spec's steps {self.total_steps}")
-        saved = manifest.get("meta", {}).get("trajectory")
-        if saved is not None and saved != trajectory(self.spec):
-            keys = sorted(k for k in set(saved) | set(trajectory(self.spec)) if saved.get(k) != self.spec.get(k))
-            raise DurableError(f"checkpoint {where} was trained with a different spec (fields: {', '.join(keys)})")
+        state = checked_state(self, comps, manifest, where, fmt="durable/1", writer="tinyllm.durable")
         for piece in ("scheduler", "scaler"):
             obj = getattr(self, piece)
             if obj is not None and piece not in comps:

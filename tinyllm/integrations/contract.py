@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import os
 import shutil
 import sys
 import time
@@ -33,7 +32,7 @@ from typing import Any, Callable, Mapping, NoReturn
 from .. import checkpoint as ckpt
 from .. import faults, runlock
 from ..digest import state_digest
-from ..durable import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED, DurableError, DurableRun, _FaultOnSave, trajectory
+from ..durable import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED, DurableError, DurableRun, _FaultOnSave, checked_state, trajectory
 from ..durable_state import learning_rates
 from ..errors import RunLocked
 from ..metrics import JsonlSink
@@ -113,15 +112,7 @@ class FrameworkRun:
             comps, manifest = ckpt.load_checkpoint(path)
         except ckpt.CheckpointError as e:
             raise DurableError(str(e)) from None
-        state = comps.get("training_state")
-        if not isinstance(state, dict) or state.get("format") != self.fmt:
-            raise DurableError(f"checkpoint {where} was not written by {self.trainer}")
-        if state["step"] > run.total_steps:
-            raise DurableError(f"checkpoint {where} is at step {state['step']}, beyond the spec's steps {run.total_steps}")
-        saved = manifest.get("meta", {}).get("trajectory")
-        if saved is not None and saved != trajectory(run.spec):
-            keys = sorted(k for k in set(saved) | set(trajectory(run.spec)) if saved.get(k) != run.spec.get(k))
-            raise DurableError(f"checkpoint {where} was trained with a different spec (fields: {', '.join(keys)})")
+        state = checked_state(run, comps, manifest, where, fmt=self.fmt, writer=self.trainer)
         run.step, run.loss = int(state["step"]), float(state["loss"])
         print(f"durable: resuming {run.name} from {where} at step {run.step}", file=run.console, flush=True)
         return comps
