@@ -5,7 +5,7 @@ Rows (each a fresh child process, alternated, median of ``--reps``):
 
 - ``restart``: a resumed ``tinyllm train`` (the real CLI) from Popen to its first resumed step;
 - ``dynamo``: ``torch.use_deterministic_algorithms`` + AdamW's first zero_grad/step through torch's
-  public calls (they import torch._dynamo) against tinyllm/torch_startup.py's direct calls;
+  public calls (they import torch._dynamo) against tinyllm/runtime_env.py's direct calls;
 - ``steps``: the median step of specs/tiny.json's model (``--steps`` steps after 3 warm-up ones) at
   2 threads ACTIVE, 2 threads PASSIVE, 1 thread, and with glibc's default heap (minor page faults
   per step beside it).
@@ -66,13 +66,13 @@ if public:
     model(torch.randn(8, 64)).sum().backward()
     opt.step()
 else:
-    from tinyllm import torch_startup
-    torch_startup.use_deterministic_algorithms()
-    torch_startup.defer_dynamo_in_optimizers()
+    from tinyllm import runtime_env
+    runtime_env.use_deterministic_algorithms()
+    runtime_env.defer_dynamo_in_optimizers()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     opt.zero_grad(set_to_none=True)
     model(torch.randn(8, 64)).sum().backward()
-    torch_startup.optimizer_step(opt)
+    runtime_env.optimizer_step(opt)
 print(json.dumps({"s": time.perf_counter() - t0, "dynamo": "torch._dynamo" in sys.modules}))
 """
 

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,8 +30,6 @@ from .verify_record import unverified_notice
 
 def _versions() -> str:
     """durable-train's and torch's versions from the installed metadata (torch is not imported)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     def of(dist: str) -> str:
         try:
             return version(dist)

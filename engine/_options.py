@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._history import dumps
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -27,7 +29,6 @@ class RetryPolicy:
 _RETRY_TEXT: dict[tuple, str] = {}  # StepOptions.to_text
 DEFAULT_RETRY = RetryPolicy()
 """The policy of a ``StepOptions`` given none (frozen: one instance serves them all)."""
-_dumps = None  # engine._history.dumps, bound at the first to_text (history imports nothing of this module)
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,6 @@ class StepOptions:
     def to_text(self) -> str:
         """``dumps(self.to_json())``, written out (an activity's largest JSON): the retry policy's text
         is kept per policy (a few distinct policies in a program)."""
-        global _dumps
-        if _dumps is None:
-            from ._history import dumps as _dumps
-        dumps = _dumps
         r = self.retry
         retry = r.__dict__.get("_text")  # kept on the (frozen) policy itself, else per equal policy
         if retry is None:

@@ -14,9 +14,16 @@ Exit status: 0 when every run matched, 1 on any mismatch, 2 on bad arguments.
 from __future__ import annotations
 
 import argparse
+import random
+import signal
 import sys
 
-from .scenario import Scenario
+from .campaign import campaign
+from .campaign_targets import TargetError, choose
+from .kill_loop import kill_loop
+from .mutants import MUTANTS, catch_mutant, make_mutant
+from .scenario import Scenario, remove_home
+from .sweep import Simulator
 
 SUITES = ("ppl", "zoo")
 
@@ -81,9 +88,6 @@ def _scenario(a: argparse.Namespace) -> Scenario:
 
 
 def _simulator(a: argparse.Namespace):
-    from .mutants import MUTANTS, make_mutant
-    from .sweep import Simulator
-
     fn = None
     if a.mutant:
         if a.mutant not in MUTANTS:
@@ -105,8 +109,6 @@ def cmd_kill_every_position(a: argparse.Namespace) -> int:
     sim = _simulator(a)
     positions = None
     if a.sample:
-        import random
-
         n = len(sim.reference().plan.trace)
         positions = sorted(random.Random(a.seed).sample(range(n), min(a.sample, n)))
     report = sim.kill_every_position(positions=positions, stop_at_first=a.stop_at_first, jobs=a.jobs, mode=a.mode)
@@ -145,15 +147,11 @@ def cmd_kill_at(a: argparse.Namespace) -> int:
         o.ledger.dump(ledger)
         print(f"files and ledger kept: {o.home} ({ledger.name})")
     else:
-        from .scenario import remove_home
-
         remove_home(o.home)
     return 1
 
 
 def cmd_mutants(a: argparse.Namespace) -> int:
-    from .mutants import MUTANTS, catch_mutant
-
     missed = 0
     for name, (pitfall, what) in MUTANTS.items():
         found = catch_mutant(name)
@@ -165,17 +163,10 @@ def cmd_mutants(a: argparse.Namespace) -> int:
 
 
 def cmd_kill_loop(a: argparse.Namespace) -> int:
-    from .kill_loop import kill_loop
-
     return kill_loop(a.spec, kills=a.kills, seed=a.seed, home=a.home, timeout_s=a.timeout)
 
 
 def cmd_campaign(a: argparse.Namespace) -> int:
-    import signal
-
-    from .campaign import campaign
-    from .campaign_targets import TargetError, choose
-
     try:
         target = choose(a.trainer, a.spec, a.suite)
     except TargetError as e:

@@ -50,12 +50,13 @@ import subprocess
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import procs
 from .campaign_progress import fault_points, history_resumes, progress_step
-from .campaign_targets import ARMED, FAULTS, NAME, TINYLLM, Target
+from .campaign_targets import ARMED, NAME, TINYLLM, Target
 from .kill_loop import compare
 
 WID = f"train/{NAME}"
@@ -531,8 +532,6 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
     one (a failure's reproduction); ``want`` is the uninterrupted result when already known;
     ``target`` is what is trained (tinyllm, or a spec's own trainer: campaign_targets).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     base = Path(tempfile.mkdtemp(prefix="campaign-"))
     spec = base / f"{NAME}.json"
     spec.write_text(json.dumps(target.spec))

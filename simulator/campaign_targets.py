@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tinyllm.trainer_spec import SpecError, has_trainer, parse_run_spec
+
 NAME = "camp"
 ROOT = Path(__file__).resolve().parents[1]  # the project; examples/ lives here
 ARMED = "campaign-fault-armed"  # relative to a run's home: its presence arms a kill inside a checkpoint write
@@ -62,8 +64,6 @@ TINYLLM = Target("tinyllm", TINYLLM_SPEC, ("--eval-max-items", "2", "--json"), F
 def user_target(spec: dict[str, Any], *, label: str, base_dir: Path, cli: str, suite: str = "acc") -> Target:
     """A campaign over ``spec``'s own trainer: renamed ``camp``, its cwd made absolute (relative to
     ``base_dir``), the armed checkpoint-write fault added to its env; evaluated when it has an eval_command."""
-    from tinyllm.trainer_spec import SpecError, has_trainer, parse_run_spec
-
     trainer = spec.get("trainer")
     if not has_trainer(spec) or not isinstance(trainer, dict) or not trainer.get("command"):
         raise TargetError(f"{label}: the spec names no trainer command (\"trainer\": {{\"command\": [...]}})")

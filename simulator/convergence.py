@@ -82,6 +82,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import _history as h  # the simulator's hook into the engine's event kinds (internal, not public)
+from engine._replay import DrySink, Replayer  # the simulator's documented hook into the replayer
 
 from .ledger import Ledger, SplicedLedger
 
@@ -240,8 +241,6 @@ def _command_view(e) -> tuple:
 def recording_replayer(reg, workflow_id: str, events: list) -> tuple[Any, list]:
     """A fresh dry replayer of ``reg``'s code over ``events`` (not advanced), whose runtime notes every
     command the code asks for (``_RecordingRuntime``), and that list."""
-    from engine._replay import DrySink, Replayer  # the simulator's documented hook into the replayer
-
     if not events or events[0].type != h.WORKFLOW_STARTED:
         raise ValueError("a history starts with a workflow_started event")
     calls: list = []
@@ -270,8 +269,6 @@ def go_on_dry(r, calls: list) -> None:
     """Turn the recovery's own cached replayer ``r`` (its engine stops here, at a convergence point)
     into a dry one that notes the commands its code asks for from now on, as ``_RecordingRuntime``
     does: the code goes on from exactly where the recovery's engine left it, with nothing written."""
-    from engine._replay import DrySink  # the simulator's documented hook into the replayer
-
     command = r._command
 
     def noted(req):

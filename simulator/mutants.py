@@ -8,12 +8,13 @@ fails loudly (``MutantError``) instead of silently testing nothing.
 """
 from __future__ import annotations
 
+import json
 import time
 import types
 from typing import Any, Callable
 
-import workflows
 from engine import ActivityError, Canceled, StepOptions, is_canceled
+import workflows
 from workflows import (
     ACTIVITY_EVAL,
     EvalActivityInput,
@@ -26,6 +27,7 @@ from workflows import (
 )
 
 from .scenario import Scenario
+from .sweep import Simulator
 
 MUTANTS: dict[str, tuple[int, str]] = {
     "s01-last-dropped": (1, "the last, shorter segment dropped"),
@@ -141,8 +143,6 @@ def _segment_spec_to_end(run_spec: dict[str, Any], until: int) -> dict[str, Any]
 
 async def _eval_suite_one_activity(rt: Any, input: EvalSuiteInput) -> EvalSuiteResult:
     """Pitfall 8: every suite in one activity (the fake evaluator accepts a ``suites`` list)."""
-    import json
-
     spec = json.loads(marshal_spec(input, input.suites[0]))
     del spec["suite"]
     spec["suites"] = list(input.suites)
@@ -202,8 +202,6 @@ def catch_scenarios() -> list[tuple[str, Scenario]]:
 
 def catch_mutant(name: str, *, seed: int = 1) -> list[str]:
     """The first mismatch lines the simulator reports on mutant ``name`` (empty: not caught)."""
-    from .sweep import Simulator
-
     fn = make_mutant(name)
     for what, scn in catch_scenarios():
         m = Simulator(scn, workflow_fn=fn, mutant=name).check_reference()

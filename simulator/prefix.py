@@ -70,6 +70,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from engine import _leases as leases  # the simulator's hook: it marks lease owners dead or live (internal)
 from engine import read_events
 # the simulator's documented hook into the replayer (engine/__init__.py's docstring): not public API
 from engine._replay import _FINAL_ONLY, _RECORD, DrySink, Replayer, WorkflowRuntime
@@ -297,7 +298,6 @@ def in_child(fn: Callable[[], Any]) -> Any:
     """
     sys.stdout.flush()
     sys.stderr.flush()
-    from engine import _leases as leases  # the simulator's hook: it marks lease owners dead or live (internal)
 
     parent = os.getpid()
     rfd, wfd = os.pipe()

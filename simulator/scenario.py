@@ -11,19 +11,23 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sqlite3
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import workflows
 from engine import Engine, Event, NotFound, VirtualClock, read_events
+from engine import _leases as leases  # the simulator's hook: it marks lease owners dead or live (internal)
+import workflows
 from workflows.models import ACTIVITY_CORPUS, ACTIVITY_EVAL, ACTIVITY_TRAIN, WORKFLOW_TRAIN_RUN, TrainRunInput
 
+from .convergence import CONVERGENCE_KIND, Converged
 from .fakes import FakeActivities, FilesOverlay
 from .faults import FaultPlan, FaultyClock, FaultyStore, SimulatedCrash
 from .ledger import Ledger, TailLedger
+from .prefix import use_prefix
 
 START_TIME = 1_700_000_000.0
 MAX_LIVES = 10_000  # a scenario that never ends is a bug of the engine: stop and say so
@@ -129,8 +133,6 @@ def _crash_cleanup(eng: Engine | None) -> None:
     """The process died: its connection goes away (any open transaction is rolled back)."""
     if eng is None:
         return
-    from engine import _leases as leases  # the simulator's hook: it marks lease owners dead or live (internal)
-
     leases.mark_dead(eng.owner)
     eng.store.close()
 
@@ -199,8 +201,6 @@ def run_scenario(
         try:
             eng = _open_engine(db, clock, plan, fakes, workflow_fn)
             if prefix is not None or noting or index is not None:
-                from .prefix import use_prefix
-
                 use_prefix(eng, prefix, index)
             live["engine"] = eng
             eng.start(WORKFLOW_TRAIN_RUN, wid, scn.input())
@@ -224,8 +224,6 @@ def _owner_dead(owner: dict):
     The engine tells a dead in-process owner by its instance id missing from the live set
     (``engine.leases``); the paused worker's id is put back before it resumes.
     """
-    from engine import _leases as leases  # the simulator's hook: it marks lease owners dead or live (internal)
-
     leases.mark_dead(owner)
     try:
         yield
@@ -241,8 +239,6 @@ def _copy_committed(src: Path, dst: Path, workflow_id: str | None = None) -> int
     only what was committed, as recovery after a crash would. Returns how many events of
     ``workflow_id`` were copied.
     """
-    import sqlite3
-
     if not src.exists():
         return 0
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -430,8 +426,6 @@ def recover_from_snapshot(
     the run so far (state ``running``): ``events`` holds only the events recorded after the
     copied ones, ``extra`` the ``converged`` target and ``copied_events`` (their count).
     """
-    from .convergence import CONVERGENCE_KIND, Converged
-
     c0 = time.process_time()
     if pool is not None:
         home = pool.take(live["fakes"])

@@ -11,6 +11,7 @@ reference run and caches are the simulator's).
 from __future__ import annotations
 
 import re
+import resource
 import time
 from collections import Counter
 from dataclasses import replace
@@ -60,8 +61,6 @@ _SPENT = Target(None, 0, 0)  # a checked splice refused after it spent the recov
 
 def _children_cpu() -> float:
     """CPU seconds of this process's finished children (forked recoveries)."""
-    import resource
-
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 

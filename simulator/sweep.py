@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import multiprocessing
 import time
 from collections import Counter
 from dataclasses import replace
@@ -73,7 +74,6 @@ def _map(fn: Callable, items: list, jobs: int):
     if jobs <= 1 or len(items) < 2:
         yield from map(fn, items)
         return
-    import multiprocessing
 
     global _WORKER_FN
     _WORKER_FN = fn  # inherited by the forked workers: nothing of the simulator is pickled

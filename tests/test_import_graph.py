@@ -193,6 +193,71 @@ def test_engine_modules_are_private() -> None:
     assert not public, f"engine modules that look public: {public} (name them engine/_x.py, export from __init__)"
 
 
+# A function-level import only keeps something heavy or optional out of processes that may not need
+# it: the imported module (or what its top-level imports load, transitively) is an optional extra's
+# SDK, torch (it must also load after tinyllm.runtime_env.prepare(), which sets what libgomp and MKL
+# read), or numpy (optional for the helper); or the one start-up saving measured, listed here.
+LAZY_FOR = ("torch", "numpy", "temporalio", "mlflow", "tensorboard", "matplotlib", "jinja2", "opentelemetry",
+            "transformers", "lightning", "selenium", "engine.temporal")  # the last: the optional Temporal backend
+
+
+def _heavy_name(name: str) -> bool:
+    return any(name == h or name.startswith(h + ".") for h in LAZY_FOR)
+LAZY_MEASURED = {
+    ("ctl.cli", "ctl.display"): "rich costs ~0.2 s of every ctl start; only a followed run's display needs it",
+}
+
+
+def _resolve(mod: str, is_pkg: bool, node: ast.Import | ast.ImportFrom, mods: dict) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        here = mod.split(".") if is_pkg else mod.split(".")[:-1]
+        here = here[:len(here) - (node.level - 1)]
+        base = ".".join(here + ([base] if base else []))
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+
+
+def _in_function_imports() -> list[tuple[str, int, str]]:
+    """(module, line, imported module) of each import statement inside a function."""
+    mods, out = _modules(), []
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, (ast.Import, ast.ImportFrom)):
+                        out += [(mod, node.lineno, t) for t in _resolve(mod, path.name == "__init__.py", node, mods)]
+    return sorted(set(out))
+
+
+def _loads_heavy(target: str, mods: dict, cache: dict) -> bool:
+    """``target`` is, or at its top level loads (transitively), one of ``LAZY_FOR``."""
+    if _heavy_name(target):
+        return True
+    if target not in mods:
+        return False
+    if target not in cache:
+        cache[target] = False  # a circle ends here (there are none: test_no_import_cycles)
+        path = mods[target]
+        nodes = _top_level_imports(ast.parse(path.read_text(), str(path)))
+        cache[target] = any(_loads_heavy(t, mods, cache) for n in nodes for t in _resolve(target, path.name == "__init__.py", n, mods))
+    return cache[target]
+
+
+def test_imports_inside_functions_only_keep_an_optional_or_heavy_dependency_lazy() -> None:
+    mods, cache = _modules(), {}
+    bad = [f"{m}:{line}: {t}" for m, line, t in _in_function_imports()
+           if not _loads_heavy(t, mods, cache) and (m, t) not in LAZY_MEASURED]
+    assert not bad, f"imports inside functions that load nothing heavy or optional (move them to the top): {bad}"
+
+
+def test_every_measured_lazy_import_is_still_made() -> None:
+    made = {(m, t) for m, _line, t in _in_function_imports()}
+    assert set(LAZY_MEASURED) <= made, sorted(set(LAZY_MEASURED) - made)
+
+
 if __name__ == "__main__":  # --lazy: count the imports inside functions too
     for pkg in PACKAGES:
         found = cycles_touching(pkg, lazy="--lazy" in sys.argv)

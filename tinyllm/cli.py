@@ -16,17 +16,19 @@ from pathlib import Path
 
 import click
 
+from . import runtime_env
+from .corpus import build_corpus
+from .ddp_launch import check_resume_world_size, enter_rank, in_rank, launch, rank_argv
 from .diskfull import is_disk_full, remove_own_temporaries
 from .errors import CheckpointError, PeerLost, RunLocked, request_stop
 from .fsio import resolve_home
-from .spec_plain import SpecError  # tinyllm.spec's; pydantic is imported where a spec is read
+from .progress import ProgressFile, activate
+from .spec import CorpusSpec, SpecError, load_corpus_spec, load_eval_spec, load_train_spec
 from .validation.errors import ArchiveError
 
-# The imports inside the commands stay there on purpose: this module is the start of every tinyllm
-# process, and the spec's pydantic models, the trainer (torch) and the evals load only in the command
-# that needs them, after the spec is read (a bad spec fails fast) and, for torch, after
-# tinyllm.runtime_env.prepare() set what libgomp and MKL read; the modules imported above are
-# standard library and click only.
+# The trainer and the evals (they load torch) are imported inside the commands that need them, after
+# the spec is read (a bad spec fails fast) and after tinyllm.runtime_env.prepare() set what libgomp
+# and MKL read when torch loads: an order, not a start-up trick. Everything above loads no torch.
 
 EXIT_BAD_INPUT = 2
 EXIT_DISK_FULL = 74  # tinyllm.diskfull: a write found no space; own temporaries removed, resumable
@@ -83,8 +85,6 @@ def _emit(result: dict) -> None:
 def _launch_distributed(spec, resume: Path | None, progress: str | None, total_steps: int | None, home_dir: Path,
                         spec_path: str) -> None:
     """This process is the launcher of a distributed spec: torchrun runs the ranks (tinyllm/ddp_launch.py)."""
-    from .ddp_launch import launch, rank_argv
-
     code, result, message = launch(spec, home_dir, rank_argv(spec_path, home_dir, progress, resume, total_steps),
                                    resume)
     if result is not None:
@@ -111,9 +111,6 @@ def main() -> None:
 @home_option
 def corpus(spec_path: str | None, home: str | None) -> None:
     """Build corpora/<name>/ (idempotent)."""
-    from .corpus import build_corpus
-    from .spec import CorpusSpec, load_corpus_spec
-
     try:
         spec = load_corpus_spec(spec_path) if spec_path else CorpusSpec()
         result = build_corpus(spec, resolve_home(home))
@@ -152,9 +149,6 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     bit-identical results, so a resume may run with another count (each
     segment decides again).
     """
-    from . import runtime_env
-    from .ddp_launch import enter_rank, in_rank
-
     global _RANK
     for sig in (signal.SIGTERM, signal.SIGINT):  # a stop before the loop starts still exits 130
         signal.signal(sig, request_stop)
@@ -162,14 +156,10 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     _RANK = enter_rank() if in_rank() else None
     try:
         spec = _read_train_spec(spec_path)  # before importing torch: a bad spec fails fast
-        from .progress import ProgressFile
-
         liveness = ProgressFile(progress if _RANK is None or _RANK.rank == 0 else None)
         liveness.event("starting", pid=os.getpid())  # alive before the torch import (seconds on a busy host)
         resume_path = None if resume is None else (Path(resume) if os.path.isabs(resume) else home_dir / resume)
         if _RANK is None:
-            from .ddp_launch import check_resume_world_size
-
             check_resume_world_size(spec, home_dir, resume_path)  # one line, before torch or the lock
         if spec.distributed is not None and _RANK is None:
             _launch_distributed(spec, resume_path, progress, total_steps, home_dir, spec_path)  # each rank prepares
@@ -205,8 +195,6 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
 
 
 def _read_train_spec(spec_path: str):
-    from .spec import load_train_spec
-
     return load_train_spec(spec_path)
 
 
@@ -217,10 +205,6 @@ def _read_train_spec(spec_path: str):
 @home_option
 def eval_(spec_path: str, progress: str | None, home: str | None) -> None:
     """Run one suite (ppl or zoo) over the spec's subjects."""
-    from . import runtime_env
-    from .progress import activate
-    from .spec import load_eval_spec
-
     try:
         spec = load_eval_spec(spec_path)  # before importing torch: a bad spec fails fast
         activate(progress).event("starting", pid=os.getpid())  # alive before the torch import

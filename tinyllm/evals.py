@@ -40,7 +40,7 @@ from . import mlflow_sink, progress, tokenizer
 from .checkpoint import CheckpointError, load_checkpoint, write_text_atomic
 from .corpus import open_corpus
 from .model import GPT
-from .torch_startup import use_deterministic_algorithms
+from .runtime_env import use_deterministic_algorithms
 from .spec import EvalResult, EvalSpec, EvalSubject, EvalSummary, ModelConfig, SpecError
 
 _MASK64 = (1 << 64) - 1

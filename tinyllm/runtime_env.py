@@ -24,7 +24,8 @@ rank is a new process, so each decides again), the trainer ``start_run()`` when 
 - torch._dynamo is never imported (tinyllm never compiles): ``use_deterministic_algorithms``,
   ``defer_dynamo_in_optimizers`` and ``optimizer_step`` make the same calls as torch's public ones
   without the wrappers that import it; where torch's wrappers are not the ones expected (compared
-  by code object, not by version) or dynamo is loaded, torch's own calls are used.
+  by code object, not by version) or dynamo is loaded, torch's own calls are used (the last part
+  of this module).
 
 Measured (bench/startup.py, one round, 2026-12-02, this 2-CPU machine shared with other work: 12-13
 runnable tasks, so every figure is a loaded machine's; "+busy": a busy loop on top):
@@ -36,7 +37,7 @@ runnable tasks, so every figure is a loaded machine's; "+busy": a busy loop on t
   noise; the faults are not, and mallopt costs nothing, so it stays).
 - +busy, 2 threads: ACTIVE 20,059 ms/step, PASSIVE 243, libgomp's default 592.
 - dynamo: AdamW's first step 23.7 s with torch's public calls (they import torch._dynamo), 0.36 s
-  without (31.7 against 0.50 s +busy) (tinyllm/torch_startup.py, kept: it is most of a resumed trainer's start here).
+  without (31.7 against 0.50 s +busy) (kept: it is most of a resumed trainer's start here).
 - removed: deferring torch's tracing-only modules (tinyllm/torch_defer.py) paid 1.3-1.7 s CPU per
   start (restart 3.3 against 4.6 s CPU; 3.9 against 5.6 s +busy), and loading torch's libraries
   while the spec was read (tinyllm/torch_preload.py) cost CPU (3.3 against 3.1 s; 3.9 and 3.9 s
@@ -192,3 +193,113 @@ def keep_freed_memory() -> dict:
 def status() -> dict:
     """For the progress file's 'ready' line: ``{"omp": ..., "heap": ...}``."""
     return {k: dict(v) for k, v in _STATE.items()}
+
+
+# -- torch._dynamo never imported -----------------------------------------------------------------
+# Two public paths import ``torch._dynamo`` (with ``torch._inductor``: as long as ``import torch``
+# itself, about half of a resumed trainer's start) though tinyllm never compiles:
+# ``torch.use_deterministic_algorithms`` imports ``torch._inductor.config`` to set inductor's copy of
+# the flag, which only ``torch.compile`` reads; ``Optimizer.__init__`` / ``zero_grad`` / ``state_dict``
+# / ``load_state_dict`` are wrapped in ``torch._disable_dynamo``, which imports dynamo on the first call;
+# and ``Optimizer.step`` is wrapped in ``_use_grad_for_differentiable``, which imports dynamo on every
+# call for a ``graph_break()`` (a no-op outside tracing) around the step run under ``no_grad``. Below,
+# the flag is set in ATen directly; each wrapped optimizer method calls its function directly while
+# ``torch._dynamo`` is not loaded (nothing can be tracing then) and switches to torch's own wrapper
+# once it is (a user's own ``torch.compile`` in the same process); ``optimizer_step`` runs the step
+# function itself under ``no_grad`` while dynamo is not loaded and no step hooks are registered. The
+# arithmetic is the same code either way (tests/tinyllm/test_no_dynamo.py). These functions run after
+# the caller loaded torch; this module never loads it (``prepare()`` must run before torch loads).
+
+
+def _torch():
+    torch = sys.modules.get("torch")
+    assert torch is not None, "runtime_env: the caller imports torch first"
+    return torch
+
+
+def use_deterministic_algorithms() -> None:
+    """``torch.use_deterministic_algorithms(True)`` for eager code, without importing inductor."""
+    torch = _torch()
+    if "torch._inductor.config" in sys.modules or not hasattr(torch._C, "_set_deterministic_algorithms"):
+        torch.use_deterministic_algorithms(True)
+    else:
+        torch._C._set_deterministic_algorithms(True, warn_only=False)
+    assert torch.are_deterministic_algorithms_enabled()
+
+
+_DISABLE_ATTR = "__dynamo_disable"  # where torch._compile._disable_dynamo caches its wrapper
+
+
+def _wrapper_code():
+    torch = _torch()
+    make = getattr(getattr(torch, "_compile", None), "_disable_dynamo", None)
+    return None if make is None else make(lambda: None).__code__
+
+
+def defer_dynamo_in_optimizers() -> int:
+    """Let ``torch.optim.Optimizer``'s dynamo-disabled methods run without importing dynamo until
+    dynamo is loaded; returns how many methods it set up (0: torch's wrappers left as they are)."""
+    torch = _torch()
+    code = _wrapper_code()
+    done = 0
+    for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
+        method = getattr(torch.optim.Optimizer, name, None)
+        fn = getattr(method, "__wrapped__", None)
+        if code is None or fn is None or getattr(method, "__code__", None) is not code:
+            continue  # not torch's _disable_dynamo wrapper in this version of torch
+        if getattr(fn, _DISABLE_ATTR, None) is None:
+            setattr(fn, _DISABLE_ATTR, _until_dynamo_loads(fn))
+        done += 1
+    return done
+
+
+def _until_dynamo_loads(fn):
+    def call(*args, **kwargs):
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is not None:  # dynamo may be tracing from now on: torch's own wrapper
+            real = dynamo.disable(fn, recursive=True, wrapping=False)
+            setattr(fn, _DISABLE_ATTR, real)
+            return real(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    call.tinyllm_deferred = True
+    return call
+
+
+def _step_chain_code():
+    o = sys.modules["torch.optim.optimizer"]
+
+    hook = getattr(o.Optimizer, "profile_hook_step", None)
+    grad = getattr(o, "_use_grad_for_differentiable", None)
+    if hook is None or grad is None:
+        return None
+    return hook(lambda self: None).__code__, grad(lambda self: None).__code__
+
+
+def _raw_step(cls):
+    """The step function under torch's two wrappers (hooks/profiling, then no_grad + graph break);
+    None where the wrappers are not exactly those."""
+    codes = _step_chain_code()
+    outer = getattr(cls, "step", None)
+    inner = getattr(outer, "__wrapped__", None)
+    raw = getattr(inner, "__wrapped__", None)
+    if codes is None or raw is None or (outer.__code__, inner.__code__) != codes:
+        return None
+    return raw
+
+
+def optimizer_step(optimizer) -> None:
+    """``optimizer.step()`` of a ``torch.optim.Optimizer``: the same step, without importing dynamo
+    while it is not loaded."""
+    o = sys.modules["torch.optim.optimizer"]
+    torch = _torch()
+
+    raw = None if "torch._dynamo" in sys.modules else _raw_step(type(optimizer))
+    hooks = (o._global_optimizer_pre_hooks or o._global_optimizer_post_hooks
+             or optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks)
+    if raw is None or hooks or optimizer.defaults.get("differentiable", False):
+        optimizer.step()
+        return
+    with torch.no_grad():  # what the wrapper does for differentiable=False
+        raw(optimizer)
+    optimizer._optimizer_step_code()  # the profiler's marker, as the hooks wrapper calls it

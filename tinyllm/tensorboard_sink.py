@@ -21,6 +21,7 @@ frame by a micro-benchmark (bench/train.py --only phases: 0.12-0.15 ms of a step
 """
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 import socket
@@ -101,8 +102,6 @@ class TensorBoardSink:
     name = "tensorboard"
 
     def __init__(self, log_dir: Path, resumed_step: int = -1):
-        import importlib.util
-
         if importlib.util.find_spec("tensorboard") is None:  # the cheap check; imported when first used
             raise ImportError(f"the tensorboard sink needs tensorboard ({INSTALL_HINT})")
         self.log_dir, self.resumed_step, self.writer = Path(log_dir), resumed_step, None

@@ -37,8 +37,9 @@ from .errors import STOP, request_stop
 from .fsio import rel
 from .metrics import Reporter, default_reporter
 from .model import GPT, state_digest
-from .torch_startup import defer_dynamo_in_optimizers, optimizer_step, use_deterministic_algorithms
+from .objectives import build_objective
 from .progress import ProgressFile
+from .runtime_env import defer_dynamo_in_optimizers, optimizer_step, use_deterministic_algorithms
 from .spec import SpecError, TrainSpec, lr_at  # lr_at re-exported: bench/ and tests use it from here
 from .validation.transaction import read_journal
 
@@ -124,8 +125,6 @@ class Trainer:
         self.refused: list[dict] = []  # checkpoints choose_resume refused at the start, and why
         self.objective = None  # post-training (tinyllm/objectives): its data, init_from, ref, teacher
         if spec.objective != "lm":
-            from .objectives import build_objective
-
             self.tok = tokenizer.BYTE  # post-training is byte-level (tinyllm/objectives)
             self.spec = spec = with_vocab(spec, self.tok, "post-training")
             self.objective = build_objective(spec, self.home, self.log)  # bad input: exit 2, nothing written

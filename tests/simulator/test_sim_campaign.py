@@ -21,7 +21,8 @@ import random
 import pytest
 
 from simulator import procs
-from simulator.campaign import FAULTS, Monitor, campaign, uninterrupted
+from simulator.campaign import Monitor, campaign, uninterrupted
+from simulator.campaign_targets import FAULTS
 from simulator.campaign_progress import fault_points, history_resumes
 from simulator.campaign_targets import USER_FAULTS, examples_target
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from pathlib import Path
 from typing import Any
 
 from .contract import FrameworkRun, fail, require

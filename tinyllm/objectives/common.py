@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..spec import SpecError, lr_at
-from ..torch_startup import optimizer_step
+from ..runtime_env import optimizer_step
 
 
 def pack(prompts: list[list[int]], completions: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -42,7 +42,7 @@ def optimizer_update(trainer, loss: torch.Tensor | None, update_index: int) -> d
         loss.backward()
     max_norm = trainer.spec.grad_clip if trainer.spec.grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), max_norm).item()
-    optimizer_step(trainer.optimizer)  # optimizer.step() without importing torch._dynamo (tinyllm/torch_startup.py)
+    optimizer_step(trainer.optimizer)  # optimizer.step() without importing torch._dynamo (tinyllm/runtime_env.py)
     trainer.optimizer.zero_grad(set_to_none=True)
     return {"optim/lr": lr, "optim/grad_norm": grad_norm}
 

@@ -1,4 +1,4 @@
-"""tinyllm/torch_startup.py: a trainer never imports torch._dynamo / torch._inductor (seconds of
+"""tinyllm/runtime_env.py: a trainer never imports torch._dynamo / torch._inductor (seconds of
 every start, bench/restart.py), and its optimizer steps equal ``optimizer.step()`` bit for bit.
 Each check runs in a fresh interpreter: whether dynamo is loaded is process-wide state."""
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_a_resumed_trainer_never_imports_dynamo_and_stays_deterministic(home):
 
 STEPS_ALIKE = """
 import json, sys, torch
-from tinyllm.torch_startup import defer_dynamo_in_optimizers, optimizer_step
+from tinyllm.runtime_env import defer_dynamo_in_optimizers, optimizer_step
 
 def train(step_fn, hook=None):
     torch.manual_seed(0)
