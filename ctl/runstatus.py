@@ -28,7 +28,9 @@ from engine import owner_dead
 from workflows.activities import checkpoint_step
 
 from .evalprogress import EvalCounts, EvalFollower
-from .runview import MetricsTail, RunView, figures_text, fmt_duration, local_time, run_view, stopped_early_text
+from .runview import (MetricsTail, RunView, figures_text, fmt_duration, local_time, run_view, spec_of,
+                      stopped_early_text)
+from .verify_record import verdict_line, verdict_of
 
 OVERDUE_S = 15.0  # due work nobody took for this long: no worker is running the home folder
 
@@ -104,6 +106,8 @@ def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
         out["worker"] = worker_info(engine, st.workflow_id, now, started)
     if st.workflow == "TrainRun":
         view = run_view(st.workflow_id, events, st.state)
+        if (proof := verdict_of(home, spec_of(events)[0])) is not None:  # a spec's own trainer (ctl/verify_record.py)
+            out["resume_proof"] = proof
         tail = MetricsTail(home / "runs" / view.name / "metrics.jsonl") if view.name else None
         if tail is not None:
             tail.poll()
@@ -163,6 +167,8 @@ def status_lines(st: Any, extra: dict, now: float) -> list[str]:
             else:
                 lines.append(f"  ETA: {fmt_duration(eta)}" + (f" (about {local_time(now + eta)})" if eta is not None
                                                              else " (no recent steps to measure)"))
+    if extra.get("resume_proof"):
+        lines.append(f"  {verdict_line(extra['resume_proof'])}")
     for t in extra.get("timers") or []:
         lines.append(f"  timer: fires at {t['fire_at_local']} (in {fmt_duration(t['remaining_s'])})")
     return lines

@@ -229,7 +229,8 @@ class RunView:
         return max(0.0, total)
 
 
-def _spec_of(events: list[Any]) -> tuple[dict, dict]:
+def spec_of(events: list[Any]) -> tuple[dict, dict]:
+    """(the run's spec, its whole request) from a TrainRun's first event."""
     if not events or events[0].type != "workflow_started":
         return {}, {}
     inp = events[0].attrs.get("input") or {}
@@ -238,7 +239,7 @@ def _spec_of(events: list[Any]) -> tuple[dict, dict]:
 
 def run_view(workflow_id: str, events: list[Any], state: str = "running") -> RunView:
     """Fold a TrainRun's history into a ``RunView`` (see the module docstring)."""
-    spec, inp = _spec_of(events)
+    spec, inp = spec_of(events)
     name = str(spec.get("name", ""))
     steps = int(spec.get("steps", 0) or 0)
     try:

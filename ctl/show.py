@@ -15,6 +15,7 @@ from tinyllm import mlflow_sink
 
 from .runview import RunView, fmt_duration, headline, read_frames, stopped_early_text
 from .tables import align
+from .verify_record import verdict_line, verdict_of
 
 
 def segment_table(view: RunView) -> list[str]:
@@ -60,6 +61,9 @@ def show(view: RunView, home: Path, spec: dict[str, Any]) -> tuple[list[str], di
             "suites": view.suites, "segments": [s.to_json() for s in view.segments], "validation_frames": val}
     if releases:
         data["releases"] = releases
+    if (proof := verdict_of(home, spec)) is not None:  # a spec's own trainer: what ctl verify-resume proved
+        lines.append(f"  {verdict_line(proof)}")
+        data["resume_proof"] = proof
     data.update({k: v for k, v in (("stopped_early", view.stopped_early), ("best_checkpoints", view.best_checkpoints))
                  if v is not None})
     sink = mlflow_sink.read_state(home / "runs" / view.name)

@@ -73,3 +73,27 @@ def unverified_notice(home: Path, spec: Mapping[str, Any], spec_file: str) -> st
            f"ctl verify-resume said {str(found.get('verdict')).upper().replace('_', ' ')} for this trainer's code and trajectory")
     return (f"ctl: the bitwise-equal final loss after a resume is unverified for this trainer ({why}); "
             f"verify it: ctl verify-resume --spec {spec_file}")
+
+
+def verdict_of(home: Path, spec: Mapping[str, Any]) -> dict | None:
+    """For ``ctl status`` / ``show`` of a run of ``spec``: what verify-resume recorded for its trainer's
+    code and trajectory as they are now (``verdict`` ``unverified`` when nothing), or None for
+    tinyllm's own trainer (not a spec's own: the project's tests and simulator prove it)."""
+    if not isinstance(spec.get("trainer"), Mapping):
+        return None
+    found = lookup(home, spec)
+    if found is None:
+        return {"verdict": "unverified"}
+    return {k: found.get(k) for k in ("verdict", "time", "kills", "seed", "segments") if found.get(k) is not None}
+
+
+def verdict_line(v: Mapping[str, Any]) -> str:
+    """One line for ``verdict_of``'s answer."""
+    if v.get("verdict") == "unverified":
+        return ("resume proof: unverified (no ctl verify-resume of this trainer's code and trajectory); "
+                "run ctl verify-resume --spec FILE")
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(v["time"])) if isinstance(v.get("time"), (int, float)) else "?"
+    how = ", ".join(x for x in (f"{v['kills']} interruption(s)" if v.get("kills") is not None else "",
+                                f"seed {v['seed']}" if v.get("seed") is not None else "") if x)
+    return f"resume proof: ctl verify-resume said {str(v.get('verdict')).upper().replace('_', ' ')} on {when}" + \
+        (f" ({how})" if how else "")

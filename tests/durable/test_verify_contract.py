@@ -104,6 +104,21 @@ def test_ctl_train_says_once_when_the_trainer_is_unverified_and_not_after_an_exa
     assert p.returncode == 0 and "unverified" not in p.stderr, p.stderr[-2000:]
     p = _train(tmp_path, {**spec, "name": "other", "config": {"bad": "", "step_s": 0.01}})  # another trajectory
     assert p.returncode == 0 and "unverified for this trainer" in p.stderr, p.stderr[-2000:]
+    for name, verdict in (("fresh", "unverified"), ("toy", "exact"), ("other", "unverified")):  # status/show say it
+        for cmd in ("status", "show"):
+            out = _ctl(tmp_path, cmd, f"train/{name}", "--json")
+            assert out["resume_proof"]["verdict"] == verdict, (name, cmd, out)
+            text = subprocess.run([sys.executable, "-m", "ctl.cli", cmd, f"train/{name}", "--home", str(tmp_path)],
+                                  capture_output=True, text=True, cwd=ROOT, timeout=60).stdout
+            want = "resume proof: unverified" if verdict == "unverified" else "resume proof: ctl verify-resume said EXACT"
+            assert want in text, (name, cmd, text)
+
+
+def _ctl(home, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "ctl.cli", *args, "--home", str(home)], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
 
 
 def test_a_trainer_refusing_the_contracts_arguments_fails_once_with_one_line_not_retried(tmp_path) -> None:
