@@ -2,10 +2,11 @@
 
 Both token files are raw little-endian uint16 (``np.memmap``-able). The held-out part is explicit:
 either the user's ``heldout`` files, or the tail byte range of the source text (recorded in
-meta.json as ``{"kind": "tail", "start", "end"}``). Training reads only tokens.bin, so it never
+meta.json as ``{"kind": "tail", "start", "end"}``), or, with ``"heldout_split": "interleaved"``,
+every k-th block of it (``{"kind": "interleaved", "block", "every"}``). Training reads only tokens.bin, so it never
 sees held-out text. Token ids follow the spec's ``tokenizer``: ``byte`` (id = UTF-8 byte) or ``char``
 (id = index in the vocabulary of the corpus's text, sources and held-out part together, as nanoGPT
-computes it over its whole input; stored in meta.json as ``vocab`` and ``vocab_sha256``; its tail
+computes it over its whole input; stored in meta.json as ``vocab`` and ``vocab_sha256``; its
 split is in characters). Building is idempotent: an existing corpus whose source checksum matches is
 kept as is; one built from other sources is never overwritten (bad input, exit 2).
 """
@@ -89,6 +90,13 @@ def plan_corpus(spec: CorpusSpec, home: Path) -> tuple[np.ndarray, np.ndarray, d
         held_bytes, held_desc = _read(home, held_files)
         source["heldout_files"] = held_desc
         heldout = {"kind": "files", "files": [d["path"] for d in held_desc]}
+    elif spec.heldout_split == "interleaved":
+        every = interleave_every(spec.heldout_fraction)
+        held_bytes = b""  # char: cut in characters (_char_tokens)
+        if spec.tokenizer == "byte":
+            train_bytes, held_bytes = interleave(train_bytes, every)
+        heldout = {"kind": "interleaved", "block": HELDOUT_BLOCK, "every": every, "fraction": spec.heldout_fraction,
+                   "unit": "characters" if spec.tokenizer == "char" else "bytes"}
     else:
         split = int(len(train_bytes) * (1.0 - spec.heldout_fraction))
         train_bytes, held_bytes = train_bytes[:split], train_bytes[split:]
@@ -101,7 +109,8 @@ def plan_corpus(spec: CorpusSpec, home: Path) -> tuple[np.ndarray, np.ndarray, d
         held = np.frombuffer(held_bytes, dtype=np.uint8).astype("<u2")
     if len(tokens) < 2 or len(held) < 2:
         raise SpecError(f"corpus {spec.name!r} is too small: {len(tokens)} training and {len(held)} held-out tokens")
-    checksum_input = json.dumps({"spec": spec.model_dump(exclude={"name"}), "source": source, "heldout": heldout}, sort_keys=True)
+    shown = spec.model_dump(exclude={"name"} | ({"heldout_split"} if spec.heldout_split == "tail" else set()))
+    checksum_input = json.dumps({"spec": shown, "source": source, "heldout": heldout}, sort_keys=True)
     meta = {
         "format": FORMAT,
         "name": spec.name,
@@ -129,6 +138,25 @@ def _utf8(data: bytes, what: str, name: str) -> str:
                         f"(byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
+HELDOUT_BLOCK = 512  # units (bytes or characters) per block of an interleaved held-out split
+
+
+def interleave_every(fraction: float) -> int:
+    """k of an interleaved split: one block in k is held out (at least 2, so training keeps blocks)."""
+    return max(2, round(1.0 / fraction))
+
+
+def interleave(text, every: int):
+    """(training, held-out) of ``text`` (bytes or str): of each group of ``every`` blocks of
+    ``HELDOUT_BLOCK`` units the middle one is held out (index ``every // 2`` modulo ``every``: a short
+    first part, such as the built-in text's 9 KB of classic prose, still gives the held-out part
+    blocks), the others are trained on, each in order."""
+    blocks = [text[i:i + HELDOUT_BLOCK] for i in range(0, len(text), HELDOUT_BLOCK)]
+    empty, mid = text[:0], every // 2
+    return (empty.join(b for j, b in enumerate(blocks) if j % every != mid),
+            empty.join(b for j, b in enumerate(blocks) if j % every == mid))
+
+
 def _char_tokens(spec: CorpusSpec, train_bytes: bytes, held_bytes: bytes, heldout: dict):
     """(train ids, held-out ids, vocabulary, heldout record) at character level; a tail split
     (already cut in bytes above) is redone in characters, as nanoGPT's prepare.py does."""
@@ -137,6 +165,8 @@ def _char_tokens(spec: CorpusSpec, train_bytes: bytes, held_bytes: bytes, heldou
         split = int(len(text) * (1.0 - spec.heldout_fraction))
         train_text, held_text = text[:split], text[split:]
         heldout = {**heldout, "start": split, "end": len(text), "unit": "characters"}
+    elif heldout["kind"] == "interleaved":  # the blocks are cut in characters
+        train_text, held_text = interleave(_utf8(train_bytes, "the source text", spec.name), heldout["every"])
     else:
         train_text = _utf8(train_bytes, "the source text", spec.name)
         held_text = _utf8(held_bytes, "the held-out text", spec.name)

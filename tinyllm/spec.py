@@ -151,15 +151,19 @@ class CorpusSpec(_Strict):
     """What ``tinyllm corpus --spec`` builds into ``corpora/<name>/``.
 
     Without ``sources`` the built-in text is used (shipped and generated in the package, offline).
-    The held-out part is explicit: the files of ``heldout``, or else the tail ``heldout_fraction``
-    of the source text; it goes to ``heldout.bin`` and training (which reads only ``tokens.bin``)
+    The held-out part is explicit: the files of ``heldout``, or else ``heldout_fraction`` of the
+    source text (its tail, or every k-th block: ``heldout_split``); it goes to ``heldout.bin`` and training (which reads only ``tokens.bin``)
     never sees it.
     """
 
     name: Identifier = "default"
     sources: list[str] = []  # text files or globs, relative to the home or absolute; [] = built-in
     heldout: list[str] = []  # held-out files or globs (disjoint from sources); [] = the tail range
-    heldout_fraction: float = Field(0.1, gt=0.0, lt=1.0)  # tail share held out when heldout == []
+    heldout_fraction: float = Field(0.1, gt=0.0, lt=1.0)  # share held out when heldout == []
+    # when heldout == []: "tail" holds out the text's last share (nanoGPT's split); "interleaved" every
+    # k-th block of HELDOUT_BLOCK units (k = round(1 / heldout_fraction)), so a text whose parts differ
+    # (the built-in one: classic prose, then generated simple English) is held out from all of them
+    heldout_split: Literal["tail", "interleaved"] = "tail"
     # byte: any text, vocab 256; char: UTF-8 text, vocab = its sorted distinct characters (nanoGPT's
     # shakespeare_char), computed here over sources and held-out text and stored in meta.json
     tokenizer: Literal["byte", "char"] = "byte"

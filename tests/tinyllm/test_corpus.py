@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 
 import numpy as np
 import pytest
 
 from tinyllm.builtin_text import builtin_text, zoo_items
-from tinyllm.corpus import build_corpus, open_corpus
+from tinyllm.corpus import HELDOUT_BLOCK, build_corpus, open_corpus, plan_corpus
 from tinyllm.spec import CorpusSpec, SpecError
 
 from tl_helpers import run_tinyllm
@@ -53,6 +54,38 @@ def test_builtin_corpus_tail_is_held_out(tmp_path):
     assert meta["heldout"]["kind"] == "tail" and meta["heldout"]["start"] == len(tokens) == int(len(full) * 0.8)
     assert np.asarray(tokens).astype(np.uint8).tobytes() + np.asarray(held).astype(np.uint8).tobytes() == full
     assert result["tokens"] + result["heldout_tokens"] == len(full)
+
+
+@pytest.mark.parametrize("tokenizer", ["byte", "char"])
+def test_an_interleaved_split_holds_out_every_kth_block_of_every_part_of_the_text(tmp_path, tokenizer):
+    """specs/corpus-char.json's split: the built-in text is classic prose, then generated simple English;
+    a tail split held out only the easy generated part (held-out ppl below the training loss)."""
+    result = build_corpus(CorpusSpec(name="mix", heldout_split="interleaved", tokenizer=tokenizer), tmp_path)
+    tokens, meta = open_corpus(tmp_path, "mix", "tokens")
+    held, _ = open_corpus(tmp_path, "mix", "heldout")
+    assert meta["heldout"] == {"kind": "interleaved", "block": HELDOUT_BLOCK, "every": 10, "fraction": 0.1,
+                               "unit": "characters" if tokenizer == "char" else "bytes"}
+    full = builtin_text() if tokenizer == "char" else builtin_text().encode()
+    decode = ((lambda ids: "".join(meta["vocab"][i] for i in np.asarray(ids))) if tokenizer == "char"
+              else (lambda ids: np.asarray(ids).astype(np.uint8).tobytes()))
+    train_text, held_text = decode(tokens), decode(held)
+    blocks = [full[i:i + HELDOUT_BLOCK] for i in range(0, len(full), HELDOUT_BLOCK)]
+    assert held_text == full[:0].join(blocks[5::10]) and len(train_text) + len(held_text) == len(full)
+    assert train_text == full[:0].join(b for j, b in enumerate(blocks) if j % 10 != 5)
+    classics = (files("tinyllm") / "data" / "classics.txt").read_text(encoding="utf-8")  # the text's first part
+    prose = classics if tokenizer == "char" else classics.encode()
+    assert full.startswith(prose[:100]) and len(prose) > 10 * HELDOUT_BLOCK
+    assert blocks[5] in held_text and blocks[5] in prose and blocks[-7] not in prose  # both parts held out from
+    assert any(blocks[j] in held_text for j in range(len(blocks) - 10, len(blocks)))
+    again = build_corpus(CorpusSpec(name="mix", heldout_split="interleaved", tokenizer=tokenizer), tmp_path)
+    assert again["built"] is False and again["checksum"] == result["checksum"]
+
+
+def test_the_default_split_keeps_its_checksum():
+    """heldout_split's default is not in the checksum: corpora built before it existed stay valid."""
+    a = plan_corpus(CorpusSpec(heldout_fraction=0.2), None)[2]["checksum"]
+    b = plan_corpus(CorpusSpec(heldout_fraction=0.2, heldout_split="tail"), None)[2]["checksum"]
+    assert a == b == "3fcb12d377c26c66a3bfe03ba57bb7ecf3152c8fb2668e48fd5d6e1277c590e6"  # before the field
 
 
 def test_builtin_text_is_deterministic_and_real_english():
