@@ -2,7 +2,8 @@
 
 The series come from ``runs/<name>/metrics.jsonl`` (``train/loss`` and its smoothed curve,
 ``optim/lr``, every ``val/*`` loss-like metric) and from the run's history (each checkpoint's
-evaluation: its headline figure, marked at its step and labelled ``ppl 7.41``).
+evaluation: its headline figure, marked at its step and labelled ``ppl 7.41``), and, when early
+stopping ended the run, the step it stopped at and its best step (tinyllm/selection.py).
 
 Two renderers:
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .runview import SMOOTHING, RunView, headline, read_frames
+from .runview import SMOOTHING, RunView, headline, read_frames, stopped_early_text
 from .termplot import chart
 
 INSTALL_HINT = "pip install 'durable-train[plot]'"
@@ -40,15 +41,30 @@ class Series:
     lr: list[tuple[int, float]] = field(default_factory=list)
     val: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     evals: list[tuple[int, float, str]] = field(default_factory=list)  # (step, value on the loss axis, label)
+    stopped_early: dict | None = None  # the run's stopped_early (step, best_step, metric, ...), when it stopped early
 
     def to_json(self) -> dict:
         return {"title": self.title, "loss": self.loss, "smoothed": self.smoothed, "lr": self.lr, "val": self.val,
-                "evals": [{"step": s, "value": v, "label": label} for s, v, label in self.evals]}
+                "evals": [{"step": s, "value": v, "label": label} for s, v, label in self.evals],
+                "stopped_early": self.stopped_early}
+
+    def stop_text(self) -> str | None:
+        return None if self.stopped_early is None else stopped_early_text(self.stopped_early)
+
+    def best_mark(self) -> tuple[float, float, str] | None:
+        """(best step, the metric's value there, label) when the run stopped early and that value is plotted."""
+        s = self.stopped_early
+        if s is None or not isinstance(s.get("best_step"), int):
+            return None
+        value = next((v for st, v in self.val.get(str(s.get("metric")), []) if st == s["best_step"]), None)
+        if value is None and isinstance(s.get("best_value"), (int, float)):
+            value = float(s["best_value"])
+        return None if value is None else (float(s["best_step"]), value, f"best {s['best_step']}")
 
 
 def series(view: RunView, home: Path) -> Series:
     frames = read_frames(home / "runs" / view.name / "metrics.jsonl")
-    out = Series(title=f"{view.workflow_id} ({view.state})")
+    out = Series(title=f"{view.workflow_id} ({view.state})", stopped_early=view.stopped_early)
     ema = None
     for f in frames:
         loss = f.get("train/loss")
@@ -98,6 +114,12 @@ def figure(s: Series) -> Any:
             ax.annotate(f"{label} at {st}", (st, v), textcoords="offset points", xytext=(4, 8), fontsize=8)
     for st, _, label in s.evals:
         ax.axvline(st, color="#bbbbbb", linewidth=0.8, linestyle=":")
+    if s.stopped_early is not None and isinstance(s.stopped_early.get("step"), int):
+        ax.axvline(s.stopped_early["step"], color="#cb181d", linewidth=1.2, linestyle="--",
+                   label=f"stopped early at {s.stopped_early['step']}")
+        if (best := s.best_mark()) is not None:
+            ax.scatter([best[0]], [best[1]], marker="*", s=120, color="#cb181d", zorder=4,
+                       label=f"best: {s.stopped_early.get('metric')} at {int(best[0])}")
     ax.set_ylabel("loss")
     ax.set_title(s.title)
     ax.legend(loc="upper right", fontsize=8)
@@ -127,8 +149,11 @@ def terminal(s: Series, *, width: int, height: int, color: bool) -> str:
     curves = [("train/loss", s.loss), ("smoothed", s.smoothed)]
     curves += [(k, v) for k, v in sorted(s.val.items()) if "loss" in k or "objective" in k]
     marks = [(float(st), v, label) for st, v, label in s.evals if v == v]
+    if (best := s.best_mark()) is not None:
+        marks.append(best)
     top = chart(curves, width=width, height=max(10, int(height * 0.65)), title=s.title, marks=marks, color=color,
                 ylabel="loss over step")
     lr = chart([("optim/lr", s.lr)], width=width, height=max(6, height - int(height * 0.65)), color=color,
                ylabel="over step")
-    return top + "\n" + lr
+    stop = s.stop_text()
+    return top + "\n" + lr + (f"\n{stop}" if stop else "")

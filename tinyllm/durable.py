@@ -285,15 +285,46 @@ class DurableRun:
         except DurableError as e:
             _fail(str(e), EXIT_BAD_INPUT)
         run._stop = run_stop["requested"]
-        run._install_signals()
+        run.install_signal_handlers()
         return run
 
-    def _install_signals(self) -> None:
+    # -- the seam a framework's loop uses (tinyllm/integrations/contract.py): public, not internals --
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT ask the run to stop at the next step boundary (``stop_requested``), which
+        then checkpoints and exits 130. A framework that installs its own handlers (Lightning turns
+        SIGTERM into ``SystemExit``) calls this again after it."""
         def stop(signum: int, frame: Any) -> None:
             self._stop = True
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, stop)
+
+    @property
+    def stop_requested(self) -> bool:
+        """A SIGTERM/SIGINT arrived: checkpoint at this step and exit 130."""
+        return self._stop
+
+    @property
+    def fingerprint_every_step(self) -> bool:
+        """Each step's metrics frame carries the state fingerprint (ctl verify-resume's diagnosis asks for it)."""
+        return self._fingerprint_steps
+
+    def emit(self, extra: Mapping[str, Any], *, sync: bool = False) -> None:
+        """Append one progress line: the contract's fields (step, loss, checkpoint, tracked) plus ``extra``
+        (``{"event": ...}``); ``sync`` fsyncs it (a checkpoint's line)."""
+        self._emit(extra, sync)
+
+    def heartbeat(self) -> None:
+        """A ``step`` progress line when none was written for ``progress_interval_s`` (progress, not a timer:
+        call it from the loop)."""
+        if time.monotonic() - self._last_line >= self.progress_interval_s:
+            self._emit({"event": "step"})
+
+    def count_save(self) -> int:
+        """This process's checkpoint writes so far, this one included (the test-only fault point counts them)."""
+        self._saves += 1
+        return self._saves
 
     def track(self, *, model: torch.nn.Module, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
               data: Any = None, generators: Mapping[str, Any] | None = None) -> "DurableRun":
@@ -391,12 +422,11 @@ class DurableRun:
             print(f"{self.name}: step {self.step:>6}/{self.total_steps} | loss {self.loss:.4f}{lr}", file=self.console, flush=True)
         if self.step % self.checkpoint_every == 0 or self.step == self.total_steps or self._stop:
             self.save()
-        elif time.monotonic() - self._last_line >= self.progress_interval_s:
-            self._emit({"event": "step"})
+        else:
+            self.heartbeat()
 
     def _hold_alive(self) -> None:
-        if time.monotonic() - self._last_line >= self.progress_interval_s:
-            self._emit({"event": "step"})
+        self.heartbeat()
 
     def _finish(self) -> None:
         if self.last_saved != self.step:
@@ -441,8 +471,7 @@ class DurableRun:
     def save(self) -> Path:
         """Write the checkpoint of this step (atomic; then LATEST) and its progress line."""
         comps = self.components()
-        self._saves += 1
-        if faults.fires("durable.checkpoint_write", self._saves, self.home):  # tests only (tinyllm/faults.py)
+        if faults.fires("durable.checkpoint_write", self.count_save(), self.home):  # tests only (tinyllm/faults.py)
             comps["zz_fault"] = _FaultOnSave()  # sorted last: the other files are written, no manifest yet
         path = ckpt.save_checkpoint(self.run_dir, self.step, comps,
                                     meta={"name": self.name, "trainer": "tinyllm.durable", "tracked": self.tracked(),

@@ -54,6 +54,13 @@ def test_ctl_train_stops_early_as_a_completion_and_shows_it(home: Path) -> None:
     sh = ctl(home, "show", "train/small")
     assert "runs/small/ckpt/step-000002 (val/loss" in sh.stdout and "<- best" in sh.stdout
     assert "skipped" in sh.stdout
+    pl = ctl(home, "plot", "train/small", "--json")  # ctl plot: the stop and the best step
+    stop = json.loads(pl.stdout)["stopped_early"]
+    assert stop["step"] == 6 and stop["best_step"] == 2, stop
+    text = ctl(home, "plot", "train/small").stdout
+    assert "stopped early at step 6" in text and "best 2" in text, text
+    png = ctl(home, "plot", "train/small", "-o", str(home / "p.png"))
+    assert png.returncode == 0 and (home / "p.png").stat().st_size > 1000, png.stderr
     again = ctl(home, "train", "--spec", str(home / "s.json"), "--json")  # complete: nothing more runs
     assert again.returncode == 0 and json.loads(again.stdout)["result"]["steps"] == 6
 

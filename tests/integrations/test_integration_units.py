@@ -56,3 +56,20 @@ def test_hf_files_go_to_their_pieces() -> None:
     assert [hf.classify(n) for n in ("model.safetensors", "config.json", "optimizer.pt", "scheduler.pt",
                                      "scaler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin")] == [
         "model", "model", "optimizer", "optimizer", "optimizer", "training_state", "training_state", "training_state"]
+
+
+def test_the_integrations_use_only_durable_runs_public_seam() -> None:
+    """The framework integrations drive a ``DurableRun`` through its public methods (emit, heartbeat,
+    stop_requested, install_signal_handlers, count_save, fingerprint_every_step), never its ``_`` members:
+    a user writing an integration for another framework has the same seam."""
+    import ast
+
+    private = []
+    for path in sorted((ROOT / "tinyllm" / "integrations").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = node.value
+                name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+                if name == "run":
+                    private.append(f"{path.name}:{node.lineno}: run.{node.attr}")
+    assert not private, private

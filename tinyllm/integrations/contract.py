@@ -72,9 +72,8 @@ class FrameworkRun:
         self.resume_comps: dict | None = None
         self.started_line = False
         self.last_saved = 0
-        self._last_line = time.monotonic()
         self.save_seconds: list[float] = []  # each mirror's wall time (bench/integrations.py reads it)
-        run._emit({"event": "ready"})  # liveness: the framework's set-up (before its first step) can be long
+        run.emit({"event": "ready"})  # liveness: the framework's set-up (before its first step) can be long
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -100,7 +99,6 @@ class FrameworkRun:
         self.last_saved = run.step if comps is not None else 0
         run.last_path = run.resumed_from
         self.metrics = JsonlSink(run.run_dir / "metrics.jsonl", run.step if comps is not None else -1)
-        run._last_line = time.monotonic()
         run.metrics = self.metrics
         self.resume_comps = comps
         return comps
@@ -137,7 +135,7 @@ class FrameworkRun:
             return
         self.started_line = True
         run = self.run
-        run._emit({"event": "resume" if run.resumed_from else "start", "state": run.fingerprint(),
+        run.emit({"event": "resume" if run.resumed_from else "start", "state": run.fingerprint(),
                    "resumed_from": run.rel(run.resumed_from), "refused": run.refused})
 
     # -- steps ---------------------------------------------------------------------------------
@@ -153,24 +151,23 @@ class FrameworkRun:
             frame["optim/lr_hex"] = lrs
         if batch is not None:
             frame["data/batch"] = batch
-        if run._fingerprint_steps:
+        if run.fingerprint_every_step:
             frame["state"] = run.fingerprint()
         self.metrics.write(run.step, frame)
         if run.step % run.log_every == 0 or run.step == run.total_steps:
             lr = f" | lr {frame['optim/lr']:.3e}" if lrs else ""
             print(f"{run.name}: step {run.step:>6}/{run.total_steps} | loss {run.loss:.4f}{lr}", file=run.console,
                   flush=True)
-        if time.monotonic() - run._last_line >= run.progress_interval_s:
-            run._emit({"event": "step"})
+        run.heartbeat()
 
     def should_save(self, step: int) -> bool:
         """Checkpoint after this step: every ``checkpoint_every``, at the end, and when SIGTERM asked to stop."""
         run = self.run
-        return step % run.checkpoint_every == 0 or step >= run.total_steps or run._stop
+        return step % run.checkpoint_every == 0 or step >= run.total_steps or run.stop_requested
 
     @property
     def stop_requested(self) -> bool:
-        return self.run._stop
+        return self.run.stop_requested
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -188,15 +185,14 @@ class FrameworkRun:
             piece = classify(name)
             target = comps["training_state"]["files"] if piece == "training_state" else comps[piece]
             target[name] = p.read_bytes()
-        run._saves += 1
-        if faults.fires("durable.checkpoint_write", run._saves, run.home):  # tests only (tinyllm/faults.py)
+        if faults.fires("durable.checkpoint_write", run.count_save(), run.home):  # tests only (tinyllm/faults.py)
             comps["zz_fault"] = _FaultOnSave()  # test-only: dies after the other files, before the manifest
         path = ckpt.save_checkpoint(run.run_dir, int(step), comps,
                                     meta={"name": run.name, "trainer": self.trainer, "tracked": run.tracked(),
                                           "trajectory": trajectory(run.spec)})
         run.step = int(step)
         self.last_saved, run.last_path = int(step), path
-        run._emit({"event": "checkpoint", "state": run.fingerprint()}, sync=True)
+        run.emit({"event": "checkpoint", "state": run.fingerprint()}, sync=True)
         self.save_seconds.append(time.perf_counter() - t0)
         self._retain()
         return path
@@ -216,7 +212,7 @@ class FrameworkRun:
         """The result line (last on stdout; later prints go to stderr), then exit 130 after SIGTERM."""
         run = self.run
         self.start_line()
-        canceled = run._stop and run.step < run.total_steps
+        canceled = run.stop_requested and run.step < run.total_steps
         loss = None if math.isnan(run.loss) else run.loss
         result = {"name": run.name, "steps": run.step, "checkpoint": run.rel(run.last_path),
                   "final_loss": loss, "final_loss_hex": None if loss is None else loss.hex(),

@@ -90,7 +90,7 @@ class DurableCallback(pl.Callback):
                  "is not supported")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self.run._install_signals()  # after Lightning's own (which would end in SystemExit): stop at a step boundary
+        self.run.install_signal_handlers()  # after Lightning's own (which would end in SystemExit): stop at a step boundary
         loader = trainer.train_dataloader
         if not isinstance(loader, torch.utils.data.DataLoader):
             fail("DurableCallback needs one torch DataLoader for training (got "
