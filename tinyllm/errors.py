@@ -1,9 +1,13 @@
-"""tinyllm's failure kinds that map to exit codes (importable without torch).
+"""tinyllm's failure kinds that map to exit codes (importable with the standard library only).
 
-``SpecError`` (bad input, exit 2) lives in tinyllm.spec; ``RunLocked`` (exit 75) and
-``CheckpointError`` (a corrupt checkpoint: refused, another one used; exit 2 if it surfaces) are here.
+``SpecError`` (bad input, exit 2; re-exported by tinyllm.spec), ``RunLocked`` (exit 75) and
+``CheckpointError`` (a corrupt checkpoint: refused, another one used; exit 2 if it surfaces).
 """
 from __future__ import annotations
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; the message is one line naming the problem."""
 
 
 class CheckpointError(Exception):

@@ -16,7 +16,7 @@ from .names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys 
 from .objectives.config import DPOConfig, RefConfig, RLConfig, check_train_spec, effective_validation_reward
 from .retention import KeepCheckpoints
 from .selection import EarlyStopping, check_metric, selection_metrics
-from .spec_plain import TRAIN_THREADS_DEFAULT, SpecError
+from .errors import SpecError
 from .validation.config import ValidationConfig
 from .validation.metric_schema import declared_schema
 
@@ -96,7 +96,7 @@ class TrainSpec(_Strict):
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
     beta2: float = Field(0.95, ge=0.0, lt=1.0)
     grad_clip: float = Field(1.0, ge=0.0)  # 0 disables clipping
-    threads: int = Field(TRAIN_THREADS_DEFAULT, ge=1, le=1024)  # the most torch threads training uses: fewer when the CPUs are busy, TINYLLM_THREADS=N pins (same bits)
+    threads: int = Field(2, ge=1, le=1024)  # the most torch threads training uses: fewer when the CPUs are busy, TINYLLM_THREADS=N pins (same bits)
     log_every: int = Field(10, ge=1)  # console progress line every this many steps
     model: ModelConfig = ModelConfig()
     validation: ValidationConfig | None = None  # held-out validation during training (opt-in)

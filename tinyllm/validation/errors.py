@@ -8,7 +8,7 @@ environment problem: the run resumes at the pending publication when retried).
 """
 from __future__ import annotations
 
-from ..spec_plain import SpecError  # tinyllm.spec's, importable without pydantic
+from ..errors import SpecError  # tinyllm.spec's, importable without pydantic
 
 
 class ValidationFailure(SpecError):
