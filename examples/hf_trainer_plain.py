@@ -51,7 +51,8 @@ def main() -> None:
                              per_device_train_batch_size=cfg.get("batch_size", 8),
                              gradient_accumulation_steps=cfg.get("grad_accum", 2), learning_rate=cfg.get("lr", 3e-3),
                              lr_scheduler_type="cosine", warmup_steps=cfg.get("warmup", 3), save_total_limit=2,
-                             logging_steps=spec.get("log_every", 10), seed=seed, use_cpu=True, report_to="none")
+                             logging_steps=spec.get("log_every", 10), seed=seed, use_cpu=True, report_to="none",
+                             dataloader_num_workers=cfg.get("workers", 0))
     trainer = Trainer(model=model, args=args, train_dataset=data)
     trainer.train()
 

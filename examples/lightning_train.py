@@ -48,7 +48,7 @@ def main() -> None:
     torch.set_num_threads(1)
     L.seed_everything(seed)
     data = spirals(cfg.get("n", 240), seed)
-    loader = DataLoader(data, batch_size=cfg.get("batch_size", 16), sampler=DurableSampler(len(data), seed=seed))
+    loader = DataLoader(data, batch_size=cfg.get("batch_size", 16), sampler=DurableSampler(len(data), seed=seed), num_workers=cfg.get("workers", 0))
     model = Classifier(cfg)
     trainer = L.Trainer(max_steps=spec["steps"], accelerator="cpu", devices=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

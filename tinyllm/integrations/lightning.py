@@ -80,6 +80,18 @@ class DurableCallback(pl.Callback):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._pending = dict(state_dict)
+        if self.sampler is not None:  # known from fit()'s loader: restored before Lightning makes its iterator
+            self._restore_data()
+
+    def _restore_data(self) -> None:
+        """The sampler's saved position, once. It must come before the loader's first iterator: with
+        ``num_workers > 0`` making the iterator already sends the next batches' indices to the workers,
+        and Lightning makes it before ``on_train_start`` (seen: a resume re-read its epoch's first 4 batches)."""
+        pending = self._pending or {}
+        if pending.get("data") is not None and self.sampler is not None:
+            self.sampler.load_state_dict(pending["data"])
+            self._consumed = pending["data"]["position"] // self.batch_size
+            pending["data"] = None
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -110,9 +122,9 @@ class DurableCallback(pl.Callback):
         self._last_step = trainer.global_step
         pending, self._pending = self._pending, None
         if pending is not None:
-            if pending.get("data") is not None and self.sampler is not None:
-                self.sampler.load_state_dict(pending["data"])
-                self._consumed = pending["data"]["position"] // self.batch_size
+            self._pending = pending
+            self._restore_data()  # when fit() was not given the loader (a LightningModule's train_dataloader())
+            self._pending = None
             if pending.get("rng") is not None:
                 restore_rng(pending["rng"], {})
         self.durable.start_line()
@@ -157,6 +169,9 @@ def fit(trainer: Any, model: Any, *args: Any, **kwargs: Any) -> None:
         fail("fit() resumes from the contract's checkpoint (--resume, else LATEST): drop ckpt_path")
     cb = found[0]
     run = cb.run
+    loader = kwargs.get("train_dataloaders", args[0] if args else None)
+    if isinstance(loader, torch.utils.data.DataLoader) and isinstance(loader.sampler, DurableSampler):
+        cb.sampler, cb.batch_size = loader.sampler, int(loader.batch_size or 1)  # its position restored in time
     trainer.fit_loop.epoch_loop.max_steps = run.total_steps  # the spec's steps (each segment's end under ctl train)
     comps = cb.durable.begin()
     if cb.staging.exists():  # a killed attempt's half-written checkpoint: the mirror is the truth

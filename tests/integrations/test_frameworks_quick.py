@@ -1,0 +1,41 @@
+"""HF ``Trainer`` and Lightning through ``ctl train`` in the everyday CI lane (the soak lane,
+test_frameworks.py, adds verify-resume's proofs and the broken variants): each example trainer's run
+in two segments ends where one segment ends, and killed with SIGKILL mid-segment and rerun it ends bit
+for bit where the uninterrupted ``ctl train`` of the same spec ends, with its data loader's worker processes on (``workers`` 2: HF's
+``dataloader_num_workers``, Lightning's ``DataLoader(num_workers=...)``)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_frameworks import ENV, ROOT, ctl_train_killed_then_rerun, spec_of, write
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # ~25 s per framework
+
+
+def uninterrupted(home: Path, spec: dict) -> dict:
+    argv = [sys.executable, "-m", "ctl.cli", "train", "--spec", str(write(home, spec)), "--json", "--home", str(home)]
+    done = subprocess.run(argv, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)["result"]
+
+
+@pytest.mark.parametrize("example,steps,every,kill_after", [("hf", 16, 8, 4), ("lightning", 20, 10, 5)])
+def test_a_framework_trainer_killed_mid_segment_with_loader_workers_ends_where_an_uninterrupted_run_ends(
+        tmp_path: Path, example: str, steps: int, every: int, kill_after: int) -> None:
+    base = spec_of(example, steps=steps, eval_every=every)
+    spec = {**base, "config": {**base["config"], "workers": 2}}
+    for folder in ("whole", "ref", "killed"):
+        (tmp_path / folder).mkdir()
+    whole = uninterrupted(tmp_path / "whole", {**spec, "eval_every": 0})  # one segment
+    ref = uninterrupted(tmp_path / "ref", spec)  # two segments: the second resumes from the first's checkpoint
+    assert (ref["final_loss_hex"], ref["digest"]) == (whole["final_loss_hex"], whole["digest"])  # seen red: Lightning
+    # with workers re-read its epoch's first 4 batches after a resume (the sampler restored after the iterator began)
+    res = ctl_train_killed_then_rerun(tmp_path / "killed", spec, kill_after=kill_after)
+    assert len(res["segments"]) == len(ref["segments"]) == 2
+    assert res["steps"] == ref["steps"] == steps
+    assert (res["final_loss_hex"], res["digest"]) == (ref["final_loss_hex"], ref["digest"])
