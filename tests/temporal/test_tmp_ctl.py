@@ -236,3 +236,37 @@ def test_cancel_mid_segment_exits_130_then_same_command_continues(temporal_serve
     assert res["final_loss_hex"] == ref["final_loss_hex"] and res["digest"] == ref["digest"]
     assert res["segments"][0]["train"]["resumed_from"] == f"runs/mini/ckpt/{latest}"
     assert kept <= {p.name for p in ckpts.iterdir()}  # nothing deleted
+
+
+def test_ui_serves_the_same_pages_through_the_temporal_backend(killed_run) -> None:
+    """``ctl --backend temporal ui``: the runs page and the run's page of the killed-and-resumed run read
+    through ctl's read layer from the Temporal server (its two attempts of segment 2 on the timeline)."""
+    import re
+    import select
+    import urllib.error
+    import urllib.request
+
+    ctl = killed_run["ctl"]
+    proc = subprocess.Popen(ctl.argv("ui", "--port", "0"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ctl.env, start_new_session=True)
+    try:
+        banner, url, deadline = "", None, time.monotonic() + 60
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stderr], [], [], 0.2)[0]:
+                banner += os.read(proc.stderr.fileno(), 65536).decode("utf-8", "replace")
+                m = re.search(r"at (http://\S+/) ", banner)
+                url = m.group(1) if m else None
+        assert url is not None, f"ctl ui did not start: {banner}"
+        with urllib.request.urlopen(url, timeout=30) as r:
+            runs = r.read().decode()
+        assert 'data-id="train/mini"' in runs and 'data-state="completed"' in runs, runs[-2000:]
+        with urllib.request.urlopen(url + "run/train/mini", timeout=30) as r:
+            page = r.read().decode()
+        assert r.status == 200 and "#2 " in page and "resumed from" in page, page[-3000:]  # segment 2 redelivered
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(url + "run/train/none", timeout=30)
+        assert missing.value.code == 404
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert SECRET not in banner
