@@ -65,6 +65,8 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", action="store_true", help="CorpusBuild first")
     p.add_argument("--fail-suites", type=_suites, default=(), help="suites that fail for good")
     p.add_argument("--oom-at", type=_oom, default=(), help="STEPxTIMES: retryable trainer failures")
+    p.add_argument("--stop-at", type=int, default=0,
+                   help="the trainer stops early at this checkpoint step (a multiple of --checkpoint-every; 0: never)")
     p.add_argument("--mutant", default=None, help="replace TrainRun by a mutant (see `mutants`)")
     p.add_argument("--keep", action="store_true", help="keep the home folder of a mismatching run")
 
@@ -78,12 +80,14 @@ def _bad(message: str) -> None:
 def _scenario(a: argparse.Namespace) -> Scenario:
     if a.steps < 1 or a.eval_every < 0 or a.eval_interval < 0 or a.checkpoint_every < 1:
         _bad("--steps and --checkpoint-every must be >= 1, --eval-every and --eval-interval >= 0")
+    if a.stop_at and not (0 < a.stop_at < a.steps and a.stop_at % a.checkpoint_every == 0):
+        _bad("--stop-at must be a multiple of --checkpoint-every below --steps")
     if set(a.fail_suites) - set(a.suites):
         _bad(f"--fail-suites {','.join(a.fail_suites)} must be among --suites {','.join(a.suites)}")
     return Scenario(
         steps=a.steps, eval_every=a.eval_every, eval_interval_s=a.eval_interval, suites=a.suites,
         checkpoint_every=a.checkpoint_every, seed=a.seed, corpus=a.corpus, fail_suites=a.fail_suites,
-        oom_at=a.oom_at,
+        oom_at=a.oom_at, stop_at=a.stop_at,
     )
 
 

@@ -124,7 +124,7 @@ def check_completed_state(o: Outcome, *, file_lines: list[str] | None = None,
 
 def final_files_lines(o: Outcome) -> list[str]:
     """The checks of a completed run's files: every checkpoint exact, LATEST the last one."""
-    return _check_files(o, final_step=o.scenario.steps)
+    return _check_files(o, final_step=o.scenario.final_step())
 
 
 def check_completed_ledger(o: Outcome) -> list[str]:
@@ -137,12 +137,17 @@ def check_completed_ledger(o: Outcome) -> list[str]:
 def check_result(scn: Scenario, result: Any) -> list[str]:
     """The result against the oracle: steps, final loss, digest, every segment's end, loss and suites."""
     spec = scn.spec()
-    ref = reference_state(spec, scn.steps)
+    final = scn.final_step()
+    ref = reference_state(spec, final)
     if not isinstance(result, dict):
         return [f"result is not an object: {result!r}"]
     bad = []
-    if result.get("steps") != scn.steps:
-        bad.append(f"result steps {result.get('steps')} != spec steps {scn.steps}")
+    if result.get("steps") != final:
+        bad.append(f"result steps {result.get('steps')} != {'early stop' if scn.stop_at else 'spec'} steps {final}")
+    stopped = result.get("stopped_early")
+    if (stopped or {}).get("step") != (scn.stop_at or None):
+        bad.append(f"result stopped_early {stopped!r}, expected a stop at {scn.stop_at}" if scn.stop_at else
+                   f"result stopped_early {stopped!r} though nothing stops early")
     if result.get("final_loss_hex") != ref.loss.hex():
         bad.append(f"final_loss_hex {result.get('final_loss_hex')} != uninterrupted {ref.loss.hex()}")
     if result.get("digest") != ref.digest(scn.name):
@@ -155,11 +160,12 @@ def check_result(scn: Scenario, result: Any) -> list[str]:
         until, train = seg.get("until"), seg.get("train") or {}
         if not isinstance(until, int):
             continue
-        want = reference_state(spec, until)
-        if train.get("steps") != until or train.get("final_loss_hex") != want.loss.hex():
+        end = min(until, final)  # the stopping segment ends at the stop
+        want = reference_state(spec, end)
+        if train.get("steps") != end or train.get("final_loss_hex") != want.loss.hex():
             bad.append(f"segment {until}: trainer ended at step {train.get('steps')} "
-                       f"loss {train.get('final_loss_hex')}, expected step {until} loss {want.loss.hex()}")
-        if seg.get("checkpoint") != f"runs/{scn.name}/ckpt/step-{until:06d}":
+                       f"loss {train.get('final_loss_hex')}, expected step {end} loss {want.loss.hex()}")
+        if seg.get("checkpoint") != f"runs/{scn.name}/ckpt/step-{end:06d}":
             bad.append(f"segment {until}: checkpoint {seg.get('checkpoint')}")
         suites = [s.get("suite") for s in ((seg.get("evals") or {}).get("suites") or [])]
         if suites != list(scn.suites) and (scn.suites or seg.get("evals")):
@@ -349,7 +355,7 @@ def check_continued(o: Outcome, canceled: Outcome, *, ledger_start: int) -> list
         return [f"the restarted run ended {o.state} ({err.get('type')}: {err.get('message')})"]
     bad += check_result(o.scenario, o.result)
     bad += check_steps(o.ledger)
-    bad += _check_files(o, final_step=o.scenario.steps)
+    bad += _check_files(o, final_step=o.scenario.final_step())
     # no step at or before the newest checkpoint of the canceled run is taken again
     before, after = o.ledger.entries[:ledger_start], o.ledger.entries[ledger_start:]
     newest = max((e["step"] for e in before if e["kind"] == "ckpt"), default=0)

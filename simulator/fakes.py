@@ -207,6 +207,8 @@ class FakeActivities:
     ``fail_suites``: suites whose evaluation fails for good (non-retryable).
     ``oom_at``: {step: times}: the trainer raises a retryable error at that step, ``times`` times.
     ``fail_corpus``: the corpus build fails for good.
+    ``stop_at``: the trainer stops early when it reaches this checkpoint step (tinyllm/selection.py's
+    decision, recorded in that checkpoint: a resume from it stops at once); 0: never.
     ``cancel_poll_steps``: the trainer asks ``ctx.cancel_requested`` (a database read) after each
     checkpoint and every this many steps, as the real runner polls for a cancel before it sends
     SIGTERM; a cancel that comes after the last poll of the last segment loses the race: the
@@ -226,6 +228,7 @@ class FakeActivities:
         fail_corpus: bool = False,
         cancel_poll_steps: int = 50,
         files: dict[str, int] | None = None,
+        stop_at: int = 0,
     ):
         self.home = Path(home)
         self.ledger = ledger
@@ -235,6 +238,7 @@ class FakeActivities:
         self.oom_left = dict(oom_at or {})
         self.fail_corpus = fail_corpus
         self.cancel_poll_steps = max(1, cancel_poll_steps)
+        self.stop_at = int(stop_at)
         self.writes = 0  # file writes so far (checkpoints, eval outputs, corpora): part of a state's identity
         # every file written under home (relative path -> hash of path and bytes), and their sum: an
         # order-independent digest of the files (simulator/convergence.py); a recovery inherits the
@@ -312,7 +316,8 @@ class FakeActivities:
         checkpoint, k, loss = resume, state.step, state.loss
         start, free, oom = k, self.plan.free, self.oom_left
         saved = k if resume else None  # the step of the newest checkpoint on disk
-        while k < steps:
+        stops = 0 < self.stop_at <= steps
+        while k < steps and not (stops and k == self.stop_at):
             if ((k - start) % poll == 0 or saved == k) and ctx.cancel_requested:
                 # the runner saw the cancel and sent SIGTERM: checkpoint, exit 130
                 if saved != k:
@@ -342,6 +347,12 @@ class FakeActivities:
         state = FakeState(k, loss)
         if checkpoint is None:  # nothing to train and nothing to resume: checkpoint step 0
             checkpoint = self._checkpoint_and_heartbeat(ctx, name, state)
+        stopped = None
+        if stops and k == self.stop_at:  # decided at this checkpoint (or read back from it on a resume)
+            record("train-stopped-early", wf=wf, run=name, activity=aid, step=k)
+            best = max(every, k - 2 * every)
+            stopped = {"step": k, "metric": "val/loss", "mode": "min", "patience": 2, "best_step": best,
+                       "best_checkpoint": f"runs/{name}/ckpt/step-{best:06d}"}
         return {
             "name": name,
             "steps": state.step,
@@ -351,6 +362,7 @@ class FakeActivities:
             "digest": state.digest(name),
             "resumed_from": resume,
             "canceled": False,
+            **({"stopped_early": stopped} if stopped else {}),
         }
 
     def _checkpoint_and_heartbeat(self, ctx: Any, name: str, state: FakeState) -> str:

@@ -40,12 +40,13 @@ class EvalFold:
     """``check_evaluations``'s state: a record per (run, suite) key, the keys still pending, counts."""
 
     __slots__ = ("name", "wanted", "fail_suites", "wf", "rec", "base", "pending", "unfinished", "unexpected",
-                 "bad", "step_lines")
+                 "bad", "step_lines", "final")
 
     def __init__(self, scn, wf: str | None) -> None:
         self.name = scn.name
         self.wanted = frozenset((f"{scn.name}-{b:06d}", s) for b in scn.ends() for s in scn.suites)
         self.fail_suites = bool(scn.fail_suites)
+        self.final = scn.final_step()  # an early stop's segment is evaluated on the stop's checkpoint
         self.wf = wf
         self.rec: dict[tuple, tuple] = {}
         self.base: dict[tuple, tuple] | None = None  # a fork's: the forked fold's records (read only)
@@ -60,7 +61,8 @@ class EvalFold:
         if self.base is not None:
             raise ValueError("a fork of a fork")
         out = EvalFold.__new__(EvalFold)
-        out.name, out.wanted, out.fail_suites, out.wf = self.name, self.wanted, self.fail_suites, self.wf
+        out.name, out.wanted, out.fail_suites, out.wf, out.final = (self.name, self.wanted, self.fail_suites, self.wf,
+                                                                    self.final)
         out.rec, out.base = {}, self.rec
         out.pending = list(self.pending)
         out.unfinished, out.unexpected, out.bad = self.unfinished, self.unexpected, self.bad
@@ -106,9 +108,9 @@ class EvalFold:
                 self.pending.append(key)
             self.rec[key] = (r[0] + 1, r[1], _PENDING, bad)
             step = int(e["run"].rsplit("-", 1)[1]) if e["run"].rsplit("-", 1)[-1].isdigit() else None
-            if step is not None and e["steps"] != [step]:
+            if step is not None and e["steps"] != [min(step, self.final)]:
                 self.step_lines.append(f"evaluation {e['run']} {e['suite']} saw the model at step {e['steps']}, "
-                                       f"not {step}")
+                                       f"not {min(step, self.final)}")
         elif kind == "eval-done":
             key = (e["run"], e["suite"])
             r = self.get(key)

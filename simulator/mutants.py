@@ -40,6 +40,7 @@ MUTANTS: dict[str, tuple[int, str]] = {
     "s10-one-eval-activity": (8, "all suites in one activity"),
     "s11-continue-after-failed-suite": (9, "continuing after a failed suite"),
     "s13-wall-clock-sleep": (11, "a wall-clock sleep instead of the durable rt.sleep"),
+    "s14-early-stop-ignored": (0, "an early stop not read from the segment's result (not a seed pitfall: issue 28)"),
 }
 
 
@@ -178,6 +179,8 @@ def make_mutant(name: str) -> Callable:
         fn = _copy(real, segment_spec=_segment_spec_to_end)
     elif name == "s06-no-retries":
         fn = _copy(real, train_options=_train_options_no_retries)
+    elif name == "s14-early-stop-ignored":
+        fn = _copy(real, stopped_early=lambda trained: None)
     elif name == "s10-one-eval-activity":
         fn = _copy(real, eval_suite=_eval_suite_one_activity)
     elif name in ("s07-cancel-moves-on", "s11-continue-after-failed-suite", "s13-wall-clock-sleep"):
@@ -197,6 +200,7 @@ def catch_scenarios() -> list[tuple[str, Scenario]]:
         ("hand example with ppl,zoo, uninterrupted", Scenario(suites=("ppl", "zoo"))),
         ("a retryable trainer failure at step 740", Scenario(oom_at=((740, 1),))),
         ("suite ppl failing for good", Scenario(suites=("ppl", "zoo"), fail_suites=("ppl",))),
+        ("an early stop at step 700", Scenario(stop_at=700)),
     ]
 
 

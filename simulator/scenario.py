@@ -47,6 +47,9 @@ class Scenario:
     corpus: bool = False  # CorpusBuild first (TrainRun's optional first step)
     fail_suites: tuple[str, ...] = ()  # suites that fail for good (pitfall 9)
     oom_at: tuple[tuple[int, int], ...] = ()  # (step, times): retryable trainer failures (pitfall 4)
+    # early stopping (tinyllm/selection.py): the trainer stops at this checkpoint step (0: never), as a
+    # metric that stopped improving would; its decision is in the checkpoint, so a resume there says it again
+    stop_at: int = 0
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -66,14 +69,23 @@ class Scenario:
         return f"train/{self.name}"
 
     def ends(self) -> list[int]:
-        """The seed's b_i = min(i*e, N) until b_i = N (section 2.1), written out independently."""
+        """The seed's b_i = min(i*e, N) until b_i = N (section 2.1), written out independently; with
+        ``stop_at``, those up to the first segment that reaches it (the later ones never run)."""
         if self.eval_every <= 0 or self.eval_every >= self.steps:
-            return [self.steps]
-        out, b = [], self.eval_every
-        while b < self.steps:
-            out.append(b)
-            b += self.eval_every
-        return out + [self.steps]
+            out = [self.steps]
+        else:
+            out, b = [], self.eval_every
+            while b < self.steps:
+                out.append(b)
+                b += self.eval_every
+            out.append(self.steps)
+        if self.stop_at:
+            out = [b for b in out if b < self.stop_at] + [next(b for b in out if b >= self.stop_at)]
+        return out
+
+    def final_step(self) -> int:
+        """Where the run ends: the early stop's step, else ``steps``."""
+        return self.stop_at or self.steps
 
     def flags(self) -> str:
         """The command-line flags that rebuild this scenario."""
@@ -86,6 +98,8 @@ class Scenario:
             out += f" --fail-suites {','.join(self.fail_suites)}"
         if self.oom_at:
             out += " --oom-at " + ",".join(f"{s}x{n}" for s, n in self.oom_at)
+        if self.stop_at:
+            out += f" --stop-at {self.stop_at}"
         return out
 
 
@@ -170,7 +184,8 @@ def run_scenario(
     wid = workflow_id or scn.workflow_id
     db = home / ".ctl" / "engine.db"
     fakes = FakeActivities(home, ledger, plan, fail_suites=scn.fail_suites,
-                           oom_at=dict(scn.oom_at) if oom_left is None else oom_left, files=files)
+                           oom_at=dict(scn.oom_at) if oom_left is None else oom_left, files=files,
+                           stop_at=scn.stop_at)
     live = live if live is not None else {}
     live["fakes"] = fakes
     out = {"cancel_done": False}

@@ -24,6 +24,7 @@ SYMPTOM = {  # what the simulator must say about each mutant (the pitfall's own 
     "s10-one-eval-activity": "eval-000500-all",
     "s11-continue-after-failed-suite": "ended completed though suite ppl failed for good",
     "s13-wall-clock-sleep": "'train-000500', 'eval-000500-ppl', 'eval-000500-zoo', 'train-001000'",
+    "s14-early-stop-ignored": "ended at step 700, not 1000",
 }
 
 

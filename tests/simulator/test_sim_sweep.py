@@ -74,6 +74,26 @@ def test_a_suite_failing_for_good_stops_the_run_under_kills():
     assert sim.reference().state == "failed"
 
 
+@pytest.mark.parametrize("stop_at", [150, 200])  # inside segment 2; at its end
+def test_an_early_stop_is_the_same_step_and_best_checkpoint_after_a_kill_at_every_position(stop_at):
+    """Early stopping (issue 28) under the simulator: the trainer stops at ``stop_at`` (its decision in
+    that checkpoint); killed at every position, every run stops there with the same result, the later
+    segments never run, and each evaluation sees the stop's checkpoint."""
+    scn = Scenario(steps=300, eval_every=100, checkpoint_every=25, eval_interval_s=5, stop_at=stop_at,
+                   suites=("ppl", "zoo"))
+    sim = Simulator(scn)
+    assert sim.check_reference() is None
+    ref = sim.reference()
+    assert ref.state == "completed" and ref.result["steps"] == stop_at
+    assert ref.result["stopped_early"]["best_checkpoint"] == f"runs/tiny/ckpt/step-{stop_at - 50:06d}"  # the fake: 2 checks back
+    assert [s["until"] for s in ref.result["segments"]] == [100, 200]
+    for mode in ("dedup", "rerun"):
+        positions = None if mode == "dedup" else range(0, len(sim.trace), 7)
+        report = sim.kill_every_position(positions=positions, mode=mode)
+        assert report.ok and report.tried > 50 // (1 if mode == "dedup" else 7), \
+            "\n".join(str(m) for m in report.mismatches[:3])
+
+
 @pytest.mark.slow
 def test_a_mismatch_names_its_positions_and_a_command_that_reproduces_it():
     sim = Simulator(Scenario(steps=300, eval_every=100, checkpoint_every=50), mutant="s05-train-to-end",
@@ -250,7 +270,8 @@ def test_the_command_prints_positions_tried_and_matched_and_exits_by_the_outcome
 @pytest.mark.slow
 def test_bad_arguments_exit_2_before_any_run():
     for args in (["kill-at", "--kills", "3", "--steps", "0"], ["kill-at", "--kills", "x"],
-                 ["kill-every-position", "--suites", "nope"], ["kill-at", "--kills", "1", "--mutant", "nope"]):
+                 ["kill-every-position", "--suites", "nope"], ["kill-at", "--kills", "1", "--mutant", "nope"],
+                 ["kill-every-position", "--stop-at", "130", "--checkpoint-every", "25", "--steps", "300"]):
         r = _cli(*args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert r.stderr.strip()
