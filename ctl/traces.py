@@ -130,7 +130,7 @@ def _attempt_record(a: _Attempt, end: float, seq: int, outcome: str, result: Any
     if isinstance(error, dict):
         why = f"{error.get('type', 'error')}: {error.get('message', '')}"
         attrs["error.type"] = str(error.get("type", "error"))
-    elif outcome not in ("completed",):
+    elif outcome not in ("completed", "canceled"):
         why = outcome
     return SpanRecord(a.key, f"{a.name} {a.activity_id}", f"workflow {a.wid}", a.start, max(end, a.start),
                       (a.wid, seq), attrs, why)
@@ -192,7 +192,7 @@ def build_spans(histories: Iterable[tuple[str, list[Any]]], run_id: str) -> list
                 elif e.type == "activity_failed":
                     out.append(_attempt_record(att, e.time, e.seq, "failed", error=a.get("error")))
                 else:
-                    out.append(_attempt_record(att, e.time, e.seq, "canceled", error=a.get("error")))
+                    out.append(_attempt_record(att, e.time, e.seq, "canceled"))  # a cancel: not an error
             elif e.type == "timer_started":
                 timers[int(a.get("cmd", -1))] = (e.time, a)
             elif e.type in ("timer_fired", "timer_canceled") and int(a.get("cmd", -1)) in timers:
@@ -339,6 +339,7 @@ class RunTracer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._mark_warned = False
 
     # before the run starts: which trace (recorded in the new workflow's input by the caller)
     def context(self, histories: Histories, env: Mapping[str, str]) -> dict:
@@ -390,7 +391,10 @@ class RunTracer:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, (json.dumps(data, sort_keys=True, indent=1) + "\n").encode("utf-8"))
         except OSError as e:  # the spans went out; the next ctl train may send them again (same ids)
-            print(f"ctl: warning: traces: could not write {path} ({e})", file=sys.stderr, flush=True)
+            if not self._mark_warned:
+                self._mark_warned = True
+                print(f"ctl: warning: traces: could not write {path} ({e}); the next ctl train may send "
+                      "spans again", file=sys.stderr, flush=True)
 
     # while the run goes on
     def start(self) -> None:

@@ -210,7 +210,7 @@ def test_a_continued_run_is_one_trace_and_its_root_comes_at_completion(tmp_path:
     root = next(s for s in spans if s.parent is None)
     assert root.start_time == round(1000.0 * 1e9) and root.attributes["durable.workflow_ids"] == ("train/mini", "train/mini/2")
     canceled = next(s for s in spans if s.name == "train train-000004" and s.attributes["durable.workflow_id"] == "train/mini")
-    assert canceled.attributes["durable.outcome"] == "canceled"
+    assert canceled.attributes["durable.outcome"] == "canceled" and canceled.status.status_code.name == "UNSET"
 
 
 class Failing(SpanExporter):
