@@ -1,4 +1,4 @@
-"""Per-step cost of the metrics sinks: none (console + JSONL), TensorBoard, MLflow, side by side.
+"""Per-step cost of the metrics sinks: none (console + JSONL), TensorBoard, MLflow, traces, side by side.
 
 Run: ``python bench/sinks.py`` (CPU; a few minutes). Trains the same run (the tiny spec's model,
 nanoGPT's CPU recipe's size: 4 layers, 128 wide, block 64, batch 16) three ways, alternating,
@@ -6,11 +6,16 @@ best of REPEATS each, and prints for each sink set: wall time per step, its rati
 the training thread spends in the sink's ``write`` per step (MLflow's is a queue put: the delivery
 runs on the sink's thread), and whether the final loss and digest are bit-identical to none's.
 The MLflow store is a local SQLite file (``sqlite:///``), the same store type the tests use.
+Traces (tinyllm/trace_export.py, the ``[trace]`` extra): the trainer's ``train.step`` spans as ``ctl train``
+of a traced run makes them (``TRACEPARENT`` + ``CTL_TRACE_FILE``: a JSON-lines file, exported in batches
+on the SDK's thread), sampled every 10 steps (nanoGPT's log_interval: ``trace/10``) and, the worst case,
+every step (``trace/1``). ctl's own spans (from the history, once a second) are not on the trainer's path.
 Aim (issue 30): under 2% of a step.
 """
 from __future__ import annotations
 
 import io
+import os
 import statistics
 import sys
 import tempfile
@@ -54,12 +59,20 @@ def run(home: Path, name: str, kind: str) -> tuple[float, float, dict]:
     spec = parse_train_spec({**SPEC, "name": name, **sinks})
     timed: list[Timed] = []
     real = metrics.default_reporter
+    traced = kind.startswith("trace/")
+    saved = {k: os.environ.get(k) for k in ("TRACEPARENT", "CTL_TRACE_FILE")}
+    if traced:  # what ctl train gives a traced run's trainer
+        os.environ["TRACEPARENT"] = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        os.environ["CTL_TRACE_FILE"] = str(home / f"{name}.trace.jsonl")
 
     def reporter(run_dir, resumed, total, every, **kw):
         r = real(run_dir, resumed, total, every, **kw)
         keep = {"none": {"console", "jsonl"}, "tensorboard": {"console", "jsonl", "tensorboard"},
-                "mlflow": {"console", "jsonl", "mlflow"}}[kind]
+                "mlflow": {"console", "jsonl", "mlflow"}}.get(kind, {"console", "jsonl", "trace"})
         r.sinks = [Timed(s) for s in r.sinks if s.name in keep]
+        for t in r.sinks:
+            if t.name == "trace":
+                t.sink.every = int(kind.split("/")[1])  # sampled as log_every would (the spec's is 1000 here)
         timed.extend(r.sinks)
         return r
 
@@ -71,6 +84,14 @@ def run(home: Path, name: str, kind: str) -> tuple[float, float, dict]:
         wall = time.perf_counter() - t0  # includes the MLflow sink's flush at the end
     finally:
         trainer_module.default_reporter = real
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if traced:
+        spans = (home / f"{name}.trace.jsonl").read_text().count("\n")
+        assert spans == STEPS // int(kind.split("/")[1]), (kind, spans)  # every sampled step's span arrived
     extra = sum(t.write_s for t in timed if t.name not in ("console", "jsonl"))
     return wall / STEPS, extra / STEPS, result
 
@@ -79,7 +100,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         build_corpus(CorpusSpec(), home)
-        kinds = ["none", "tensorboard", "mlflow"]
+        kinds = ["none", "tensorboard", "mlflow", "trace/10", "trace/1"]
         per_step: dict[str, list[float]] = {k: [] for k in kinds}
         write: dict[str, list[float]] = {k: [] for k in kinds}
         results: dict[str, dict] = {}
@@ -87,7 +108,7 @@ def main() -> None:
         run(home, "warm", "mlflow")
         for r in range(REPEATS):
             for k in kinds:
-                s, w, result = run(home, f"{k}-{r}", k)
+                s, w, result = run(home, f"{k.replace('/', '-')}-{r}", k)
                 per_step[k].append(s)
                 write[k].append(w)
                 results[k] = result

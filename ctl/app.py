@@ -52,13 +52,15 @@ def db_path(home: Path) -> Path:
     return home / ".ctl" / "engine.db"
 
 
-def open_engine(home: Path, *, create: bool, readonly: bool = False, **engine_kwargs: Any) -> Any:
+def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env: Any = None,
+                **engine_kwargs: Any) -> Any:
     """The engine of ``home`` with the workflows and the real activities registered.
 
     ``create=False`` (read-only commands) refuses a home without a database, so that
     ``ctl status`` in the wrong folder writes nothing.
     ``readonly=True`` (status, list, history) opens the database so that it can never be
     written, which also works in a read-only home.
+    ``attempt_env``: ``fn(ctx) -> dict`` added to each attempt's environment (a traced run's TRACEPARENT).
     """
     if backends.chosen().name == backends.TEMPORAL:  # the run's files stay in home; the state on the cluster
         if not readonly:
@@ -77,7 +79,7 @@ def open_engine(home: Path, *, create: bool, readonly: bool = False, **engine_kw
         engine = Engine(path, **engine_kwargs)
     except BadInput as e:
         raise BadRequest(str(e)) from None
-    workflows.register(engine, activities=workflows.tinyllm_activities(home))
+    workflows.register(engine, activities=workflows.tinyllm_activities(home, attempt_env=attempt_env))
     return engine
 
 
@@ -273,9 +275,10 @@ def run_generations(engine: Any, base: str) -> list[Any]:
     return [st for _, st in sorted(found, key=lambda x: x[0])]
 
 
-OPERATIONAL = ("prior", "train_heartbeat_timeout_s")
+OPERATIONAL = ("prior", "train_heartbeat_timeout_s", "trace")
 """Input fields that are not the run's identity: the work already done, and settings of how it is run
-that change no result (a rerun with another ``--heartbeat-timeout`` continues the run with it)."""
+that change no result (a rerun with another ``--heartbeat-timeout`` continues the run with it; the
+trace a run records is read back, so a rerun with or without tracing continues it)."""
 
 FLAGS = {"eval_seed": "--eval-seed", "eval_max_items": "--eval-max-items", "eval_suites": "--suite/--no-eval",
          "corpus": "--corpus-spec"}

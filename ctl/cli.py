@@ -16,6 +16,9 @@ from typing import Any, Callable
 
 import click
 
+from tinyllm import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
+from workflows.models import TraceContext
+
 from . import app, backends, cli_inspect, errors
 from .ui import command as ui_command
 from .workerlog import WorkerLog
@@ -171,11 +174,14 @@ def _describe_eval(result: dict) -> None:
               help="A trainer silent this long (no progress line) is stopped and its segment redelivered; on "
                    "Temporal also how soon a dead worker's segment moves to another worker.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display on stderr (the result still goes to stdout).")
+@click.option("--trace-file", "trace_file", default=None, metavar="FILE",
+              help="Append the run's OpenTelemetry spans to FILE as JSON lines (the trace extra). "
+                   "$OTEL_EXPORTER_OTLP_ENDPOINT sends them over OTLP instead.")
 @json_option
 @home_option
 @edge
 def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: str | None, eval_seed: int,
-          eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float, quiet: bool,
+          eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float, quiet: bool, trace_file: str | None,
           as_json: bool, home: str | None) -> None:
     """Start workflow train/<name> (or attach to it) and run it here to its end.
 
@@ -185,6 +191,9 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     same command again: it resumes from the last checkpoint, with a bitwise-equal final loss.
     On a terminal a live display shows the whole run's progress (step/total, loss, tokens/s,
     elapsed, ETA) and its phase; otherwise plain lines (--quiet: none).
+    With --trace-file or $OTEL_EXPORTER_OTLP_ENDPOINT, one OpenTelemetry trace per run: the
+    workflow, each attempt, evaluation, wait and checkpoint, sampled training steps; a resume
+    continues the same trace (docs/tracking.md).
     After a cancel or failure the same command continues as train/<name>/2, reusing every
     finished segment and evaluation. A different spec under the same name is refused (exit 2).
 
@@ -207,15 +216,27 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     interrupt.what = app.train_workflow_id(name)
     app.check_run_writable(home_dir, name)
     notice = unverified_notice(home_dir, inp.spec, spec_file) if not quiet else None
-    engine = app.open_engine(home_dir, create=True)
+    tracer = _run_tracer(home_dir, app.train_workflow_id(name), trace_file)
+    engine = app.open_engine(home_dir, create=True, attempt_env=tracer.attempt_env if tracer else None)
     interrupt.engine = engine
     try:
         current = app.latest_run(engine, app.train_workflow_id(name))
         was_s = app.heartbeat_in_use(engine, current.workflow_id) if current is not None else None
+        if tracer is not None:  # the run's trace: recorded in its history, read back by every later ctl train
+            base = app.train_workflow_id(name)
+            histories = lambda: [(st.workflow_id, engine.history(st.workflow_id))  # noqa: E731
+                                 for st in app.run_generations(engine, base)]
+            trace = tracer.context(histories, os.environ)
+            inp = inp.model_copy(update={"trace": TraceContext(**trace)})
         started = app.start_run(engine, "TrainRun", app.train_workflow_id(name), inp)
         if notice and started.new:
             click.echo(notice, err=True)
         wid = interrupt.workflow_id = started.workflow_id
+        if tracer is not None:
+            tracer.bind(histories, trace)
+            tracer.start()
+            if not (as_json or quiet):
+                click.echo(f"ctl: trace {tracer.trace_id} -> {tracer.where}", err=True)
         if hasattr(engine, "attempt_options"):  # an operational setting: this command's value from now on
             engine.attempt_options = app.heartbeat_override(wid, heartbeat_timeout_s)
         if not (as_json or quiet):
@@ -240,9 +261,35 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
             return
         if st.state == "running":
             st = _follow(home_dir, engine, wid, quiet=quiet, interrupt=interrupt)
+        if tracer is not None:
+            tracer.close()  # what the end closed goes out before the result is printed
+            tracer = None
         _finish(st, as_json, describe_train)
     finally:
+        if tracer is not None:
+            tracer.close()
         engine.close()
+
+
+def _run_tracer(home: Path, run_id: str, trace_file: str | None) -> Any:
+    """The run's tracer (ctl/traces.py) when tracing is on (--trace-file, $OTEL_EXPORTER_OTLP_ENDPOINT), else
+    None; nothing of OpenTelemetry is imported then. --trace-file without the trace extra is bad input (exit 2);
+    the environment's endpoint without it is one warning line, and the run goes on untraced."""
+    where = tracing.destination(os.environ, trace_file)
+    if where is None:
+        return None
+    if backends.chosen().name == backends.TEMPORAL:
+        click.echo("ctl: warning: traces are made from the embedded engine's history; not on --backend temporal",
+                   err=True)
+        return None
+    try:
+        from . import traces  # lazy: the optional [trace] extra
+        return traces.RunTracer(home, run_id, where)
+    except ImportError as e:
+        if trace_file:
+            raise BadRequest(f"--trace-file: {e}") from None
+        click.echo(f"ctl: warning: traces off: {e}", err=True)
+        return None
 
 
 @main.command(name="verify-resume")

@@ -173,7 +173,8 @@ def show(workflow_id: str, as_json: bool, home: str | None) -> None:
     try:
         st, events = _train_run(engine, workflow_id)
         view = run_view(st.workflow_id, events, st.state)
-        lines, data = show_run(view, home_dir, app.recorded_input(engine, st.workflow_id).get("spec") or {})
+        recorded = app.recorded_input(engine, st.workflow_id)
+        lines, data = show_run(view, home_dir, recorded.get("spec") or {}, recorded.get("trace"))
         if as_json:
             print_json(data)
         else:

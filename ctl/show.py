@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import workflows
-from tinyllm import mlflow_sink
+from tinyllm import mlflow_sink, tracing
 
 from .runview import RunView, fmt_duration, headline, read_frames, stopped_early_text
 from .tables import align
@@ -46,8 +46,8 @@ def validation_table(frames: list[dict]) -> list[str]:
     return align(["STEP", "TRAIN LOSS", *keys], body, right=(0,))
 
 
-def show(view: RunView, home: Path, spec: dict[str, Any]) -> tuple[list[str], dict]:
-    """(lines, json) of ``ctl show`` for a run."""
+def show(view: RunView, home: Path, spec: dict[str, Any], trace: dict | None = None) -> tuple[list[str], dict]:
+    """(lines, json) of ``ctl show`` for a run (``trace``: the one its history records, if any)."""
     frames = read_frames(home / "runs" / view.name / "metrics.jsonl")
     lines = [f"{view.workflow_id}: {view.state}; {view.total_steps} steps in {len(view.segments)} segment(s); "
              f"suites {', '.join(view.suites) or 'none'}", *segment_table(view)]
@@ -74,7 +74,19 @@ def show(view: RunView, home: Path, spec: dict[str, Any]) -> tuple[list[str], di
         if (why := mlflow_sink.behind(sink, last)) is not None:
             lines.append(f"  {why}")
         data["sinks"] = {"mlflow": {**sink, "behind": why}}
+    if (traced := trace_info(trace, home / "runs" / view.name)) is not None:
+        lines += ["", f"trace: {traced['trace_id']} (spans sent to {', '.join(traced['sent_to']) or 'nowhere yet'})"]
+        data["trace"] = traced
     return lines, data
+
+
+def trace_info(trace: dict | None, run_dir: Path) -> dict | None:
+    """The run's OpenTelemetry trace id (recorded in its history, else in ctl's mark) and where its spans went."""
+    mark = tracing.read_mark(run_dir)
+    trace_id = (trace or {}).get("trace_id") or mark.get("trace_id")
+    if not trace_id:
+        return None
+    return {"trace_id": trace_id, "sent_to": sorted(mark.get("destinations") or {})}
 
 
 def selection_lines(view: RunView) -> list[str]:

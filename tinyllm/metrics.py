@@ -11,7 +11,9 @@ frames after the resumed step are dropped so the file reads as one run), TensorB
 (``tinyllm/tensorboard_sink.py``: ``runs/<name>/tensorboard/``, the same names, one event per
 frame, cut back to the resumed step likewise; only when the ``[tensorboard]`` extra is installed),
 MLflow (``tinyllm/mlflow_sink.py``: when the spec's ``sinks.mlflow`` asks; one MLflow run per TrainRun,
-each step delivered once across resumes, on its own thread; mlflow is imported only then).
+each step delivered once across resumes, on its own thread; mlflow is imported only then), traces
+(``tinyllm/trace_export.py``: sampled ``train.step`` spans, when ``$TRACEPARENT`` and a trace destination
+are set, as ``ctl train`` sets them for a traced run; OpenTelemetry is imported only then).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Protocol
 from .diskfull import writing
 from .mlflow_sink import MlflowSink
 from .tensorboard_sink import TensorBoardSink
+from .tracing import trainer_tracing
 
 
 class Sink(Protocol):
@@ -141,4 +144,11 @@ def default_reporter(run_dir: Path, resumed_step: int, total_steps: int, log_eve
                                   corpus_checksum=corpus_checksum))
         except ValueError as e:  # no tracking URI anywhere: the sink is off, training goes on
             print(f"tinyllm: warning: metrics sink 'mlflow' off: {e}", file=sys.stderr, flush=True)
+    if (traced := trainer_tracing()) is not None:  # ctl's traced run: this attempt's span is $TRACEPARENT
+        try:
+            from .trace_export import StepSpanSink  # lazy: the optional [trace] extra
+
+            out.append(StepSpanSink(log_every, total_steps, *traced))
+        except (ImportError, ValueError) as e:
+            print(f"tinyllm: warning: traces off: {e}", file=sys.stderr, flush=True)
     return Reporter(out)

@@ -9,12 +9,16 @@ heartbeated checkpoint when its attempt is a redelivery.
 A spec that names its own ``trainer`` runs that command instead of tinyllm's (same arguments, same
 contract; workflows/trainer_command.py builds the command line and checks the contract's rules).
 
+``attempt_env`` (optional): ``fn(ctx) -> dict`` of variables added to each attempt's environment;
+``ctl train`` of a traced run passes ``TRACEPARENT`` (the attempt's span) this way (ctl/traces.py).
+
 The implementations are pluggable: ``workflows.register(engine, activities=...)`` takes any
 mapping of activity name to ``fn(ctx, input)``; ``tinyllm_activities(home)`` builds this one.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -111,10 +115,12 @@ def choose_resume(home: Path, name: str, until: int, attempt: int, details: Any)
 class TinyllmActivities:
     """``train``, ``eval`` and ``corpus`` over ``tinyllm`` subprocesses in one home folder."""
 
-    def __init__(self, home: str | Path, *, python: str = sys.executable, env: dict[str, str] | None = None):
+    def __init__(self, home: str | Path, *, python: str = sys.executable, env: dict[str, str] | None = None,
+                 attempt_env: Callable[[ActivityContext], dict[str, str]] | None = None):
         self.home = Path(home).resolve()
         self.python = python
         self.env = env
+        self.attempt_env = attempt_env
 
     def _argv(self, command: str, spec_path: Path, *extra: str) -> list[str]:
         return [self.python, "-m", "tinyllm.cli", command, "--spec", str(spec_path), "--home", str(self.home), *extra]
@@ -125,6 +131,9 @@ class TinyllmActivities:
     def _run(self, ctx: ActivityContext, argv: list[str], progress_path: Path, how: Invocation | None = None) -> Any:
         progress_path.unlink(missing_ok=True)  # an attempt's heartbeats come from its own lines
         cwd, env = (how.cwd, how.env) if how is not None else (str(self.home), self.env)
+        extra = self.attempt_env(ctx) if self.attempt_env is not None else None
+        if extra:
+            env = {**(env if env is not None else os.environ), **extra}
         done = run_subprocess(ctx, argv, progress_path=str(progress_path), cwd=cwd, env=env)
         if how is not None and how.custom:  # a spec's own trainer: the contract's rules, named when broken
             return done.result

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 ACTIVITY_TRAIN = "train"
 ACTIVITY_EVAL = "eval"
@@ -138,6 +138,15 @@ class PriorWork(_Model):
     scheduled: list[str] = Field(default_factory=list)
 
 
+class TraceContext(_Model):
+    """The OpenTelemetry trace of a run, recorded in its history so that every resume continues it:
+    ``trace_id`` (32 hex digits) and the caller's span the run's root span is a child of (``$TRACEPARENT``
+    of the ``ctl train`` that started it), if any. The workflow itself never reads it."""
+
+    trace_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    parent_span_id: str | None = Field(None, pattern=r"^[0-9a-f]{16}$")
+
+
 class TrainRunInput(_Model):
     """TrainRun: a train spec and optional corpus spec (raw JSON, validated by the workflow)."""
 
@@ -149,6 +158,15 @@ class TrainRunInput(_Model):
     train_heartbeat_timeout_s: float = Field(60.0, gt=0)  # a silent trainer is redelivered after this
     train_max_attempts: int = Field(5, ge=1)
     prior: PriorWork = Field(default_factory=PriorWork)  # a continued run: work already done
+    trace: TraceContext | None = None  # the run's trace, when it started traced (ctl/traces.py)
+
+    @model_serializer(mode="wrap")
+    def _untraced_as_before(self, handler):
+        """A run without a trace records no ``trace`` key: its history is what it was before traces."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("trace") is None:
+            out.pop("trace", None)
+        return out
 
 
 class Segment(_Model):
