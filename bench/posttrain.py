@@ -15,8 +15,13 @@ and prints from each run's metrics.jsonl:
 - throughput: DPO tokens/s, GRPO/OPD rollouts/s and updates/s (over training-step time);
 - the share of wall time in rollout, reference scoring, teacher scoring and validation.
 
-Usage: python bench/posttrain.py [--home DIR] [--seeds 1,2] [--reuse] [--steps-scale 0.25]
-(--reuse keeps a finished base/teacher in --home; scale < 1: a quicker smoke run)
+It first prints the CPU code paths the run takes (torch's ATen capability, ``ATEN_CPU_CAPABILITY``,
+MKL's ``MKL_CBWR`` branch and strict mode): the base's trajectory, so every figure, depends on them.
+
+Usage: python bench/posttrain.py [--home DIR] [--seeds 1,2] [--base-seed N] [--reuse] [--steps-scale 0.25]
+(--reuse keeps a finished base/teacher in --home; --base-seed replaces posttrain-base's seed, another
+base trajectory; scale < 1: a quicker smoke run). Other code paths on one machine, e.g.
+``ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE,STRICT python bench/posttrain.py`` (docs/posttrain.md).
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import argparse
 import io
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -118,11 +124,34 @@ def paired_gain(home: Path, raw: dict, name: str, steps: int) -> tuple[float, fl
     return m, math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d))
 
 
+MKL_BRANCHES = {2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2", 9: "AVX", 10: "AVX2",
+                12: "AVX512", 13: "AVX512_E1"}  # mkl_cbwr_get's codes (mkl_service.h); 0x10000: strict
+
+
+def code_paths() -> str:
+    """The CPU code paths this process runs (after a run started: MKL has read MKL_CBWR)."""
+    import ctypes
+
+    import torch
+
+    try:
+        get = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")).mkl_serv_cbwr_get
+        get.argtypes, get.restype = [ctypes.c_int], ctypes.c_int
+        mode = get(-1)
+        mkl = f"MKL branch {MKL_BRANCHES.get(mode & 0xFFFF, hex(mode & 0xFFFF))}{' strict' if mode & 0x10000 else ''}"
+    except (OSError, AttributeError):
+        mkl = "MKL not found"
+    return (f"torch {torch.__version__}, ATen CPU capability {torch.backends.cpu.get_cpu_capability()} "
+            f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')}), {mkl} "
+            f"(MKL_CBWR={os.environ.get('MKL_CBWR', 'unset')})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--home", type=Path, default=None)
     ap.add_argument("--seeds", default="1,2", help="post-training seeds, comma-separated (default 1,2)")
     ap.add_argument("--reuse", action="store_true", help="keep a finished base/teacher run found in --home")
+    ap.add_argument("--base-seed", type=int, default=None, help="posttrain-base's seed instead of the spec's")
     ap.add_argument("--steps-scale", type=float, default=1.0)
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
@@ -135,6 +164,8 @@ def main() -> None:
     results = []
     for name in PRETRAIN:
         raw = load_raw(home, name)
+        if name == "posttrain-base" and args.base_seed is not None:
+            raw["seed"] = args.base_seed
         done = home / "runs" / name / "ckpt" / f"step-{raw['steps']:06d}"
         if args.reuse and done.is_dir() and args.steps_scale == 1.0:
             print(f"{name}: reusing {done}", file=sys.stderr, flush=True)
@@ -161,6 +192,7 @@ def main() -> None:
     raw = load_raw(home, "grpo")
     refs = {"base": raw["init_from"], "teacher": load_raw(home, "opd")["teacher"]} if args.steps_scale == 1.0 else {}
     print(f"home: {home}")
+    print(f"code paths: {code_paths()}" + (f"; posttrain-base seed {args.base_seed}" if args.base_seed is not None else ""))
     print("\nheld-out validation, before (step 0, the init_from model) -> after (final step)")
     for r in results:
         b, a = r["before"], r["after"]

@@ -6,7 +6,8 @@ step range), evaluating suite s of checkpoint c with its own progress (``37/120 
 0:04``, from the counts ``tinyllm eval`` writes to its attempt's progress file, see
 ctl/evalprogress.py; an ``eval_command`` without counts: the time elapsed against the previous
 evaluations'), or waiting until HH:MM:SS with a countdown. Each checkpoint, finished segment
-and evaluation is printed above it as one permanent line with its figure (``ppl 7.41 at step 200``).
+and evaluation is printed above it as one permanent line with its figure (``ppl 7.41 at step 200``),
+and so is a warning a metrics frame carries (GRPO without a learning signal: tinyllm/objectives/no_signal.py).
 
 Not a terminal (CI logs): the same permanent lines, the phase changes, and a status line
 every ``CTL_PROGRESS_EVERY_S`` seconds (default 10) instead of the bar.
@@ -32,6 +33,7 @@ from typing import Any, Callable
 from engine import read_events
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
+from tinyllm.objectives.no_signal import warning_text
 from workflows.activities import checkpoint_step, choose_resume
 
 from .evalprogress import EvalCounts, EvalFollower, run_name
@@ -140,6 +142,7 @@ class LiveDisplay:
         self._tasks: dict[str, Any] = {}
         self._evals = EvalFollower(self.home)
         self._eval_counts: EvalCounts | None = None  # of the evaluation in flight, from its progress file
+        self._warned: set[str] = set()  # a frame's warning (tinyllm/objectives/no_signal.py), printed once
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -156,7 +159,8 @@ class LiveDisplay:
         view = self._view()
         if view.name:
             self.tail = MetricsTail(self.home / "runs" / view.name / "metrics.jsonl")
-            self.tail.poll()  # the file as the last attempt left it (its last step is what a resume redoes)
+            # the file as the last attempt left it (its last step is what a resume redoes); its warnings were shown then
+            self._warned.update(t for f in self.tail.poll() if (t := warning_text(f)))
         self._emit(self._opening_line(view))
         self._thread.start()
 
@@ -282,7 +286,11 @@ class LiveDisplay:
             if name:
                 self.tail = MetricsTail(self.home / "runs" / name / "metrics.jsonl")
         if self.tail is not None:
-            self.tail.poll()
+            for frame in self.tail.poll():
+                text = warning_text(frame)
+                if text and text not in self._warned:  # once: a resume re-reads the rewritten file
+                    self._warned.add(text)
+                    self._emit(f"[yellow]warning[/] at step {frame['step']}: {text}")
         view = self._view()
         for e in new:
             line = self._event_line(view, e)

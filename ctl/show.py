@@ -3,7 +3,9 @@
 One row per segment: its end step, state, checkpoint, train loss, time taken, attempts, and
 one column per evaluation suite with its headline figure (``ppl 7.41``). When the spec has
 held-out validation, a second table lists every frame of ``metrics.jsonl`` that carries
-``val/*`` metrics. ``--json`` prints the same as objects (``RunView`` segments, frames).
+``val/*`` metrics. A warning a frame carries (GRPO without a learning signal for a whole window:
+tinyllm/objectives/no_signal.py) is one line under the segments (``warnings`` in ``--json``).
+``--json`` prints the same as objects (``RunView`` segments, frames).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 
 import workflows
 from tinyllm import mlflow_sink, tracing
+from tinyllm.objectives.no_signal import warning_text
 
 from .runview import RunView, fmt_duration, headline, read_frames, stopped_early_text
 from .tables import align
@@ -52,6 +55,8 @@ def show(view: RunView, home: Path, spec: dict[str, Any], trace: dict | None = N
     lines = [f"{view.workflow_id}: {view.state}; {view.total_steps} steps in {len(view.segments)} segment(s); "
              f"suites {', '.join(view.suites) or 'none'}", *segment_table(view)]
     lines += selection_lines(view)
+    warnings = [{"step": f["step"], "text": t} for f in frames if (t := warning_text(f))]
+    lines += [f"  warning at step {w['step']}: {w['text']}" for w in warnings]
     releases = workflows.list_releases(home, view.name)  # ctl release (workflows/release.py)
     lines += [f"  release {r['path']}{' (CURRENT)' if r['current'] else ''}: {r['checkpoint']}" for r in releases]
     val = validation_frames(frames) if spec.get("validation") else []
@@ -59,6 +64,8 @@ def show(view: RunView, home: Path, spec: dict[str, Any], trace: dict | None = N
         lines += ["", f"validation ({len(val)} frame(s)):", *(validation_table(val) if val else ["  none yet"])]
     data = {"workflow_id": view.workflow_id, "state": view.state, "name": view.name, "total_steps": view.total_steps,
             "suites": view.suites, "segments": [s.to_json() for s in view.segments], "validation_frames": val}
+    if warnings:
+        data["warnings"] = warnings
     if releases:
         data["releases"] = releases
     if (proof := verdict_of(home, spec)) is not None:  # a spec's own trainer: what ctl verify-resume proved

@@ -2,7 +2,8 @@
 
 A frame is a flat dict of floats keyed by namespace: ``train/*`` (loss, tokens), ``optim/*`` (lr,
 grad_norm), ``timer/*`` (step_s, tokens_per_s), ``val/*`` (held-out validation, when it ran at this
-step). ``Reporter.report(step, frame)`` hands the frame to every sink; a sink that raises is
+step), ``warn/*`` (a warning in figures, once per run: GRPO without a learning signal,
+tinyllm/objectives/no_signal.py). ``Reporter.report(step, frame)`` hands the frame to every sink; a sink that raises is
 disabled alone with one warning on stderr and training goes on.
 
 Sinks: console (a progress line on stderr every ``every`` steps and at the last step), JSONL

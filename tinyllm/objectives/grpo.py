@@ -28,6 +28,7 @@ from ..validation.rewards import score
 from .common import Objective, Timer, optimizer_update, pack, token_logps
 from .data import JsonlFile, check_prompts_disjoint, cursor_indices, load_prompts
 from .init import check_same_architecture, load_frozen, load_weights
+from .no_signal import NoSignalWatch, warning_text
 from .rollout import RolloutModule, rollout_seed
 
 
@@ -59,6 +60,7 @@ def k3_kl(new_logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 class GRPOObjective(Objective):
     name = "grpo"
+    watches_signal = True  # a window of batches with zero advantages warns once (no_signal.py); OPD: False
 
     def __init__(self, spec, home: Path, log):
         self.spec, self.home, self.cfg = spec, Path(home), spec.rl
@@ -90,10 +92,13 @@ class GRPOObjective(Objective):
             load_weights(trainer.model, self.init)
         self.ref = self.init.frozen_model() if self.build_ref else None
         self.rollout = RolloutModule(trainer.model, version=0)
+        self.watch = NoSignalWatch(trainer.total_steps) if self.watches_signal else None
 
     def components(self, trainer) -> dict:
         state = super().components(trainer)
         state["posttrain"]["rollout_version"] = self.rollout.version
+        if self.watch is not None:
+            state["posttrain"]["no_signal"] = self.watch.state()
         return state
 
     def on_resume(self, trainer, components: dict) -> None:
@@ -104,6 +109,8 @@ class GRPOObjective(Objective):
             raise SpecError(f"checkpoint {trainer.resumed_from}: rollout weight version {recorded} != model step "
                             f"{model_step}; refusing to resume")
         self.rollout.sync(trainer.model, model_step)
+        if self.watch is not None:
+            self.watch.restore(components["posttrain"].get("no_signal"))
 
     def validation_model(self):
         return self.rollout
@@ -157,6 +164,10 @@ class GRPOObjective(Objective):
         trainer.cursor += 1
         trainer.loss = sum(losses) / len(losses)
         group_std = rewards.view(len(rows), G).std(dim=1, unbiased=False)
+        warn = self.watch.observe(rewards.view(len(rows), G).tolist()) if self.watch is not None else {}
+        if warn:
+            print(f"tinyllm: warning: {spec.name}: {warning_text({**warn, 'step': trainer.step})}", file=trainer.log,
+                  flush=True)
         frame = {"train/loss": trainer.loss, "train/reward_mean": float(rewards.mean()),
                  "train/reward_std": float(rewards.std(unbiased=False)),
                  "train/frac_reward_zero_std": float((group_std == 0).double().mean()),
@@ -164,7 +175,7 @@ class GRPOObjective(Objective):
                  **({"train/kl": sum(kls) / len(kls)} if kls else {}), **extra,
                  "train/model_step": trainer.step * self.updates_per_step,
                  "rollout/mean_length": float(mask.sum(dim=1).mean()), "rollout/count": len(prompts),
-                 "rollout/weight_version": ro.version, **optim}
+                 "rollout/weight_version": ro.version, **optim, **warn}
         dt = time.perf_counter() - t0
         return {**frame, **timer.frame(), "timer/step_s": dt, "timer/rollouts_per_s": len(prompts) / dt,
                 "timer/updates_per_s": cfg.n_mini / dt}

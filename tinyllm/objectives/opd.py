@@ -41,6 +41,7 @@ def loo_baseline(k: torch.Tensor, mask: torch.Tensor, group: int) -> torch.Tenso
 
 class OPDObjective(GRPOObjective):
     name = "opd"
+    watches_signal = False  # its signal is the teacher's KL, not the rewards
 
     def __init__(self, spec, home, log):
         super().__init__(spec, home, log)
