@@ -70,12 +70,15 @@ def lines(path: Path) -> list[dict]:
         return []
 
 
-def ctl_train_killed_then_rerun(home: Path, spec: dict, kill_after: int) -> dict:
+def ctl_train_killed_then_rerun(home: Path, spec: dict, kill_after: int, hold_at: int | None = None) -> dict:
     """``ctl train`` (segments of eval_every steps), SIGKILLed once a checkpoint past ``kill_after`` is
-    recorded inside the first segment, then the same command again: its result."""
+    recorded inside the first segment, then the same command again: its result. ``hold_at``: the first
+    run's trainer waits at that step until killed (TINYLLM_FAULT=trainer.hold), so the kill lands inside
+    the segment however slow the machine is."""
     path = write(home, spec)
     argv = [sys.executable, "-m", "ctl.cli", "train", "--spec", str(path), "--json", "--home", str(home)]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first_env = {**ENV, "TINYLLM_FAULT": f"trainer.hold@{hold_at}"} if hold_at else ENV
+    proc = subprocess.Popen(argv, cwd=ROOT, env=first_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     segment = home / f"runs/{spec['name']}/activity/train-{spec['eval_every']:06d}"
     deadline = time.monotonic() + 600
     while not any(ln.get("event") == "checkpoint" and ln["step"] >= kill_after

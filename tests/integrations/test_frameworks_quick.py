@@ -35,7 +35,7 @@ def test_a_framework_trainer_killed_mid_segment_with_loader_workers_ends_where_a
     ref = uninterrupted(tmp_path / "ref", spec)  # two segments: the second resumes from the first's checkpoint
     assert (ref["final_loss_hex"], ref["digest"]) == (whole["final_loss_hex"], whole["digest"])  # seen red: Lightning
     # with workers re-read its epoch's first 4 batches after a resume (the sampler restored after the iterator began)
-    res = ctl_train_killed_then_rerun(tmp_path / "killed", spec, kill_after=kill_after)
+    res = ctl_train_killed_then_rerun(tmp_path / "killed", spec, kill_after=kill_after, hold_at=kill_after + 2)
     assert len(res["segments"]) == len(ref["segments"]) == 2
     assert res["steps"] == ref["steps"] == steps
     assert (res["final_loss_hex"], res["digest"]) == (ref["final_loss_hex"], ref["digest"])

@@ -159,6 +159,7 @@ class FrameworkRun:
             print(f"{run.name}: step {run.step:>6}/{run.total_steps} | loss {run.loss:.4f}{lr}", file=run.console,
                   flush=True)
         run.heartbeat()
+        faults.hold(run.step, lambda: run.stop_requested, run.heartbeat)  # tests only (TINYLLM_FAULT=trainer.hold@S)
 
     def should_save(self, step: int) -> bool:
         """Checkpoint after this step: every ``checkpoint_every``, at the end, and when SIGTERM asked to stop."""
