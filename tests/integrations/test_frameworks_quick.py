@@ -39,3 +39,22 @@ def test_a_framework_trainer_killed_mid_segment_with_loader_workers_ends_where_a
     assert len(res["segments"]) == len(ref["segments"]) == 2
     assert res["steps"] == ref["steps"] == steps
     assert (res["final_loss_hex"], res["digest"]) == (ref["final_loss_hex"], ref["digest"])
+
+
+@pytest.mark.parametrize("example,script,steps", [("hf", "examples/hf_trainer.py", 8),
+                                                  ("lightning", "examples/lightning_train.py", 10)])
+def test_a_rerun_from_the_checkpoint_at_the_end_trains_nothing_and_gives_the_same_result(
+        tmp_path: Path, example: str, script: str, steps: int) -> None:
+    """A kill after a segment's last checkpoint and before ctl recorded the segment: the next attempt resumes
+    at the segment's end. Seen broken: HF's train() took one more step (step 9 of 8), Lightning's fit ran no
+    step and the result line failed (no model registered), so ctl retried 5 times and failed the run."""
+    spec = write(tmp_path, spec_of(example, steps=steps))
+    argv = [sys.executable, script, "--spec", str(spec), "--home", str(tmp_path / "home")]
+    results = []
+    for _ in range(2):
+        done = subprocess.run(argv, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, again = results
+    assert again["resumed_from"] == first["checkpoint"] and again["steps"] == first["steps"] == steps, again
+    assert (again["final_loss_hex"], again["digest"]) == (first["final_loss_hex"], first["digest"])

@@ -131,6 +131,13 @@ class DurableTrainer(Trainer):
             if "rng" in self.durable_forget:
                 for f in resume.glob("rng_state*.pth"):
                     f.unlink()
+        if resume is not None and run.step >= run.total_steps:  # resumed at the end (a kill after the last save):
+            # nothing to train; HF's train() would take one more step from a checkpoint at max_steps
+            self.model = self.model.__class__.from_pretrained(str(resume)).to(self.model.device)
+            run.model = self.model
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.durable.finish(self.model.state_dict())
+            return None
         try:
             out = super().train(resume_from_checkpoint=str(resume) if resume else None, **kwargs)
         except BaseException:

@@ -173,6 +173,7 @@ def fit(trainer: Any, model: Any, *args: Any, **kwargs: Any) -> None:
     if isinstance(loader, torch.utils.data.DataLoader) and isinstance(loader.sampler, DurableSampler):
         cb.sampler, cb.batch_size = loader.sampler, int(loader.batch_size or 1)  # its position restored in time
     trainer.fit_loop.epoch_loop.max_steps = run.total_steps  # the spec's steps (each segment's end under ctl train)
+    run.model = model  # the fingerprint's model even when Lightning runs no step (resumed at the end)
     comps = cb.durable.begin()
     if cb.staging.exists():  # a killed attempt's half-written checkpoint: the mirror is the truth
         shutil.rmtree(cb.staging)
