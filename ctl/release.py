@@ -23,17 +23,11 @@ from .errors import EXIT_FAILED, BadRequest
 
 
 def candidate(result: dict, select: str, workflow_id: str) -> tuple[str, int]:
-    """(checkpoint, step) of a TrainRun result for ``select``; BadRequest when there is none."""
-    if select == "latest":
-        return result["checkpoint"], int(result["steps"])
-    best = result.get("best_checkpoints") or []
-    if best and best[0].get("checkpoint"):
-        return best[0]["checkpoint"], int(best[0]["step"])
-    stop = result.get("stopped_early") or {}
-    if stop.get("best_checkpoint"):
-        return stop["best_checkpoint"], int(stop["best_step"])
-    raise BadRequest(f"{workflow_id} has no selection metric (keep_checkpoints.best or early_stopping in its spec): "
-                     "use --select latest")
+    """(checkpoint, step) of a TrainRun result for ``select`` (workflows.pick_candidate); BadRequest when none."""
+    try:
+        return workflows.pick_candidate(result, select)
+    except ValueError as e:
+        raise BadRequest(f"{workflow_id} {e}") from None
 
 
 def checkpoint_digest(home: Path, checkpoint: str) -> str:

@@ -25,7 +25,7 @@ import re
 import shutil
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -111,6 +111,22 @@ class ModelReleaseResult(_Model):
     version: str | None = None
     path: str | None = None
     evals: EvalSuiteResult
+
+
+def pick_candidate(result: dict, select: str) -> tuple[str, int]:
+    """(checkpoint, step) of a completed TrainRun's result for ``select`` (``ctl release`` and the simulator):
+    ``latest``: its last checkpoint; ``best``: the first of its ``best_checkpoints``, else early stopping's
+    best. ValueError (one phrase) when the run has no selection metric."""
+    if select == "latest":
+        return result["checkpoint"], int(result["steps"])
+    best = result.get("best_checkpoints") or []
+    if best and best[0].get("checkpoint"):
+        return best[0]["checkpoint"], int(best[0]["step"])
+    stop = result.get("stopped_early") or {}
+    if stop.get("best_checkpoint"):
+        return stop["best_checkpoint"], int(stop["best_step"])
+    raise ValueError("has no selection metric (keep_checkpoints.best or early_stopping in its spec): "
+                     "use --select latest")
 
 
 def release_workflow_id(inp: "ModelReleaseInput") -> str:
@@ -210,12 +226,17 @@ def _code_version() -> str:
         return "unknown"
 
 
-def publish(home: Path, inp: PublishInput) -> PublishResult:
-    """Publish ``inp`` once under ``releases/<run>/`` (idempotent by checkpoint digest)."""
-    try:
-        faults.arm_from_env()  # tests only: release.after_copy / after_rename (tinyllm/faults.py)
-    except faults.FaultError as e:
-        raise NonRetryableError(str(e)) from None
+def publish(home: Path, inp: PublishInput, *, point: Callable[[str, int], None] | None = None) -> PublishResult:
+    """Publish ``inp`` once under ``releases/<run>/`` (idempotent by checkpoint digest).
+
+    ``point(name, version_number)``: called at ``release.after_copy`` and ``release.after_rename``; default
+    tinyllm's test fault points (armed by ``TINYLLM_FAULT``); the simulator passes its kill positions."""
+    if point is None:
+        try:
+            faults.arm_from_env()  # tests only: release.after_copy / after_rename (tinyllm/faults.py)
+        except faults.FaultError as e:
+            raise NonRetryableError(str(e)) from None
+        point = faults.point
     r = inp.release
     root = Path(home) / "releases" / r.name
     root.mkdir(parents=True, exist_ok=True)
@@ -245,10 +266,10 @@ def publish(home: Path, inp: PublishInput) -> PublishResult:
                     "code_version": _code_version()}
         write_synced(tmp / "manifest.json", (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
         fsync_dir(tmp)
-        faults.point("release.after_copy", int(version_name[1:]))  # tests only (tinyllm/faults.py)
+        point("release.after_copy", int(version_name[1:]))  # tests only (tinyllm/faults.py; the simulator)
         os.rename(tmp, root / version_name)
         fsync_dir(root)
-        faults.point("release.after_rename", int(version_name[1:]))
+        point("release.after_rename", int(version_name[1:]))
     atomic_write(root / "CURRENT", (version_name + "\n").encode())
     return PublishResult(version=version_name, path=f"releases/{r.name}/{version_name}", reused=reused)
 
@@ -260,12 +281,14 @@ def _corpus_meta(home: Path, corpus: str) -> dict:
         return {}
 
 
-def publish_activity(home: str | Path):
-    """``publish`` as an activity function ``fn(ctx, input)`` of one home."""
+def publish_activity(home: str | Path, *, point: Callable[[str, int], None] | None = None,
+                     publish_fn: Callable[..., PublishResult] | None = None):
+    """``publish`` as an activity function ``fn(ctx, input)`` of one home (``point``: see ``publish``;
+    ``publish_fn``: the simulator's mutants replace ``publish``)."""
     def run(ctx: Any, input: Any) -> PublishResult:
         inp = PublishInput.model_validate(input)
         src = Path(home) / inp.release.checkpoint
         if not src.is_dir():
             raise NonRetryableError(f"release candidate {inp.release.checkpoint} is gone", type="BadInput")
-        return publish(Path(home), inp)
+        return (publish_fn or publish)(Path(home), inp, point=point)
     return run
