@@ -78,6 +78,10 @@ class ModelReleaseInput(_Model):
     corpus: str = "default"
     eval_seed: int = 0
     eval_max_items: int | None = None
+    # how soon a publish attempt that stopped heartbeating (its worker died) is given to another worker: on
+    # Temporal the only sign of a dead worker (the embedded engine also sees its process gone); an operational
+    # setting (ctl/app.py OPERATIONAL), not part of the request
+    heartbeat_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class GateOutcome(_Model):
@@ -161,8 +165,9 @@ def check_gate(gate: Gate, figures: dict[str, float]) -> GateOutcome:
     return GateOutcome(gate=gate.text, figure=found, passed=ok)
 
 
-def publish_options() -> StepOptions:
-    return StepOptions(id="publish", start_to_close_timeout_s=600.0,
+def publish_options(heartbeat_timeout_s: float | None = None) -> StepOptions:
+    """``publish``: it heartbeats before and after each file it writes (``publish``'s ``beat``)."""
+    return StepOptions(id="publish", start_to_close_timeout_s=600.0, heartbeat_timeout_s=heartbeat_timeout_s,
                        retry=RetryPolicy(max_attempts=5, initial_interval_s=0.5, backoff=2.0, max_interval_s=10.0,
                                          non_retryable=("BadInput",)))
 
@@ -185,7 +190,7 @@ async def model_release(rt: Runtime, input: ModelReleaseInput) -> ModelReleaseRe
                                for o in failed)
             return ModelReleaseResult(**base, published=False, reason=reason)
         done = await rt.execute_activity(ACTIVITY_PUBLISH, PublishInput(release=input, figures=figures, gates=outcomes),
-                                         publish_options(), result_type=PublishResult)
+                                         publish_options(input.heartbeat_timeout_s), result_type=PublishResult)
     except ActivityError as e:
         if is_canceled(e):
             raise Canceled(f"{rt.workflow_id} canceled during {e.activity_id}") from e
@@ -226,11 +231,15 @@ def _code_version() -> str:
         return "unknown"
 
 
-def publish(home: Path, inp: PublishInput, *, point: Callable[[str, int], None] | None = None) -> PublishResult:
+def publish(home: Path, inp: PublishInput, *, point: Callable[[str, int], None] | None = None,
+            beat: Callable[[], None] | None = None) -> PublishResult:
     """Publish ``inp`` once under ``releases/<run>/`` (idempotent by checkpoint digest).
 
     ``point(name, version_number)``: called at ``release.after_copy`` and ``release.after_rename``; default
-    tinyllm's test fault points (armed by ``TINYLLM_FAULT``); the simulator passes its kill positions."""
+    tinyllm's test fault points (armed by ``TINYLLM_FAULT``); the simulator passes its kill positions.
+    ``beat()``: called before and after each file written (the activity's heartbeat)."""
+    beat = beat or (lambda: None)
+    beat()
     if point is None:
         try:
             faults.arm_from_env()  # tests only: release.after_copy / after_rename (tinyllm/faults.py)
@@ -257,6 +266,7 @@ def publish(home: Path, inp: PublishInput, *, point: Callable[[str, int], None] 
         for f in sorted(src.iterdir()):
             if f.is_file():
                 write_synced(tmp / "model" / f.name, f.read_bytes())
+                beat()
         fsync_dir(tmp / "model")
         meta = _corpus_meta(Path(home), r.corpus)
         manifest = {"run": r.name, "version": version_name, "checkpoint": r.checkpoint, "step": r.step,
@@ -290,5 +300,6 @@ def publish_activity(home: str | Path, *, point: Callable[[str, int], None] | No
         src = Path(home) / inp.release.checkpoint
         if not src.is_dir():
             raise NonRetryableError(f"release candidate {inp.release.checkpoint} is gone", type="BadInput")
-        return (publish_fn or publish)(Path(home), inp, point=point)
+        return (publish_fn or publish)(Path(home), inp, point=point,
+                                       beat=lambda: ctx.heartbeat({"publishing": inp.release.digest[:12]}))
     return run
