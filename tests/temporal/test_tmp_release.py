@@ -18,7 +18,7 @@ pytest.importorskip("temporalio", reason="the [temporal] extra is not installed:
 
 from test_tmp_ctl import SPEC, Ctl, make_home, train_args  # noqa: E402
 
-pytestmark = pytest.mark.slow  # ~70 s on 2 loaded cores (24 s CPU): a Temporal training, two releases and a dead
+pytestmark = pytest.mark.slow  # 27-70 s on 2 cores (15-24 s CPU): a Temporal training, two releases and a dead
 # worker's heartbeat timeout
 
 RELEASE_SPEC = {**SPEC, "steps": 6, "eval_every": 0, "lr_decay_steps": 6}
