@@ -275,10 +275,11 @@ def run_generations(engine: Any, base: str) -> list[Any]:
     return [st for _, st in sorted(found, key=lambda x: x[0])]
 
 
-OPERATIONAL = ("prior", "train_heartbeat_timeout_s", "trace")
+OPERATIONAL = ("prior", "train_heartbeat_timeout_s", "trace", "heartbeat_timeout_s")
 """Input fields that are not the run's identity: the work already done, and settings of how it is run
 that change no result (a rerun with another ``--heartbeat-timeout`` continues the run with it; the
-trace a run records is read back, so a rerun with or without tracing continues it)."""
+trace a run records is read back, so a rerun with or without tracing continues it; a release's publish
+heartbeat timeout: the recorded one applies)."""
 
 FLAGS = {"eval_seed": "--eval-seed", "eval_max_items": "--eval-max-items", "eval_suites": "--suite/--no-eval",
          "corpus": "--corpus-spec"}

@@ -23,17 +23,11 @@ from .errors import EXIT_FAILED, BadRequest
 
 
 def candidate(result: dict, select: str, workflow_id: str) -> tuple[str, int]:
-    """(checkpoint, step) of a TrainRun result for ``select``; BadRequest when there is none."""
-    if select == "latest":
-        return result["checkpoint"], int(result["steps"])
-    best = result.get("best_checkpoints") or []
-    if best and best[0].get("checkpoint"):
-        return best[0]["checkpoint"], int(best[0]["step"])
-    stop = result.get("stopped_early") or {}
-    if stop.get("best_checkpoint"):
-        return stop["best_checkpoint"], int(stop["best_step"])
-    raise BadRequest(f"{workflow_id} has no selection metric (keep_checkpoints.best or early_stopping in its spec): "
-                     "use --select latest")
+    """(checkpoint, step) of a TrainRun result for ``select`` (workflows.pick_candidate); BadRequest when none."""
+    try:
+        return workflows.pick_candidate(result, select)
+    except ValueError as e:
+        raise BadRequest(f"{workflow_id} {e}") from None
 
 
 def checkpoint_digest(home: Path, checkpoint: str) -> str:
@@ -68,11 +62,15 @@ def _list(home: Path, as_json: bool) -> None:
               help="The candidate: the best by the run's selection metric, or the latest checkpoint.")
 @click.option("--list", "list_only", is_flag=True, help="List the published releases and exit.")
 @click.option("--eval-max-items", type=click.IntRange(min=1), default=None, help="At most this many items per suite.")
+@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=60.0,
+              show_default=True, metavar="SECONDS",
+              help="A publication whose worker died is given to another worker after this long without a "
+                   "heartbeat (on Temporal the only sign of a dead worker); the release's first value applies.")
 @json_option
 @home_option
 @edge
 def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, ...], select: str, list_only: bool,
-            eval_max_items: int | None, as_json: bool, home: str | None) -> None:
+            eval_max_items: int | None, heartbeat_timeout_s: float, as_json: bool, home: str | None) -> None:
     """Release a finished run's checkpoint: evaluate it, check gates, publish it once.
 
     Publishes releases/<run>/<version>/ (model/, manifest.json) and moves releases/<run>/CURRENT.
@@ -115,7 +113,8 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
         app._check_suites(list(suites), name)
         inp = workflows.ModelReleaseInput(name=name, select=select, checkpoint=ckpt, step=step, digest=digest,
                                           suites=list(suites), gates=parsed, spec=spec,
-                                          corpus=str(spec.get("corpus") or "default"), eval_max_items=eval_max_items)
+                                          corpus=str(spec.get("corpus") or "default"), eval_max_items=eval_max_items,
+                                          heartbeat_timeout_s=heartbeat_timeout_s)
         started = app.start_run(engine, workflows.WORKFLOW_MODEL_RELEASE,
                                 workflows.release_workflow_id(inp), inp)
         out = engine.status(started.workflow_id)

@@ -1,6 +1,7 @@
 """``python -m simulator``: kill the worker at every position, or kill real processes in a loop.
 
     python -m simulator kill-every-position --steps 1200 --eval-every 500 --eval-interval 30 --suites ppl
+    python -m simulator kill-every-position --steps 300 --eval-every 100 --release --gate fail,pass
     python -m simulator random-kills --runs 200 --kills 5 --seed 1
     python -m simulator cancels --runs 100 --seed 1
     python -m simulator kill-at --steps 1200 ... --kills 17,230 [--cancel-at 40] [--mutant s05-train-to-end]
@@ -48,6 +49,13 @@ def _ints(text: str) -> list[int]:
     return out
 
 
+def _gates(text: str) -> tuple[str, ...]:
+    out = tuple(x for x in text.split(",") if x)
+    if not out or any(x not in ("pass", "fail") for x in out):
+        raise argparse.ArgumentTypeError(f"expected pass or fail, comma-separated, got {text!r}")
+    return out
+
+
 def _oom(text: str) -> tuple[tuple[int, int], ...]:
     try:
         return tuple((int(a), int(b)) for a, b in (part.split("x") for part in text.split(",") if part))
@@ -67,7 +75,14 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oom-at", type=_oom, default=(), help="STEPxTIMES: retryable trainer failures")
     p.add_argument("--stop-at", type=int, default=0,
                    help="the trainer stops early at this checkpoint step (a multiple of --checkpoint-every; 0: never)")
-    p.add_argument("--mutant", default=None, help="replace TrainRun by a mutant (see `mutants`)")
+    p.add_argument("--release", action="store_true",
+                   help="ModelRelease requests after the run (simulator/release.py): evaluate, gate, publish once")
+    p.add_argument("--gate", type=_gates, default=("pass",),
+                   help="with --release: one request per entry, its gate passing or failing (default pass; "
+                        "e.g. fail,pass)")
+    p.add_argument("--select", choices=("best", "latest"), default="latest",
+                   help="with --release: the candidate checkpoint (best: the early stop's best; needs --stop-at)")
+    p.add_argument("--mutant", default=None, help="replace TrainRun (or the release) by a mutant (see `mutants`)")
     p.add_argument("--keep", action="store_true", help="keep the home folder of a mismatching run")
 
 
@@ -82,12 +97,16 @@ def _scenario(a: argparse.Namespace) -> Scenario:
         _bad("--steps and --checkpoint-every must be >= 1, --eval-every and --eval-interval >= 0")
     if a.stop_at and not (0 < a.stop_at < a.steps and a.stop_at % a.checkpoint_every == 0):
         _bad("--stop-at must be a multiple of --checkpoint-every below --steps")
+    if a.select == "best" and a.release and not a.stop_at:
+        _bad("--select best needs a selection metric: give --stop-at (the early stop's best), or --select latest")
+    if a.release and (a.fail_suites or a.oom_at):
+        _bad("--release runs after a completed run: not with --fail-suites or --oom-at")
     if set(a.fail_suites) - set(a.suites):
         _bad(f"--fail-suites {','.join(a.fail_suites)} must be among --suites {','.join(a.suites)}")
     return Scenario(
         steps=a.steps, eval_every=a.eval_every, eval_interval_s=a.eval_interval, suites=a.suites,
         checkpoint_every=a.checkpoint_every, seed=a.seed, corpus=a.corpus, fail_suites=a.fail_suites,
-        oom_at=a.oom_at, stop_at=a.stop_at,
+        oom_at=a.oom_at, stop_at=a.stop_at, release=a.gate if a.release else (), select=a.select,
     )
 
 
@@ -112,12 +131,18 @@ def _print_report(report) -> int:
 def cmd_kill_every_position(a: argparse.Namespace) -> int:
     sim = _simulator(a)
     positions = None
+    if a.release_only:
+        if not a.release:
+            _bad("--release-only needs --release")
+        sim.reference()
+        positions = list(range(sim.release_from or len(sim.trace), len(sim.trace)))
     if a.sample:
         n = len(sim.reference().plan.trace)
-        positions = sorted(random.Random(a.seed).sample(range(n), min(a.sample, n)))
+        pool = positions if positions is not None else range(n)
+        positions = sorted(random.Random(a.seed).sample(pool, min(a.sample, len(pool))))
     report = sim.kill_every_position(positions=positions, stop_at_first=a.stop_at_first, jobs=a.jobs, mode=a.mode)
     st = sim.stats
-    if a.mode == "dedup" and a.jobs <= 1:  # (forked workers keep their own counts)
+    if a.mode == "dedup" and a.jobs <= 1 and not a.release:  # (forked workers keep their own counts)
         print(f"recoveries: {st['recoveries']} for {report.tried} positions (the others shared one); "
               f"{st['converged']} stopped at convergence ({st['checked splices']} after a checked replay), "
               f"{st['ran on']} ran to the end; {st['shared replays']} fresh replays shared by fork")
@@ -197,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     _scenario_args(p)
     p.add_argument("--sample", type=int, default=0, help="only this many positions, drawn by --seed")
     p.add_argument("--stop-at-first", action="store_true")
+    p.add_argument("--release-only", action="store_true",
+                   help="with --release: kill only at the positions of the release requests (after the TrainRun)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (each run is independent)")
     p.add_argument("--mode", choices=("dedup", "snapshot", "rerun"), default="dedup",
                    help="rerun: run again from the start and kill in-process; snapshot: recover from the files "

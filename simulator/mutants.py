@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from engine import ActivityError, Canceled, StepOptions, is_canceled
 import workflows
+from workflows import release as rel
 from workflows import (
     ACTIVITY_EVAL,
     EvalActivityInput,
@@ -41,7 +42,12 @@ MUTANTS: dict[str, tuple[int, str]] = {
     "s11-continue-after-failed-suite": (9, "continuing after a failed suite"),
     "s13-wall-clock-sleep": (11, "a wall-clock sleep instead of the durable rt.sleep"),
     "s14-early-stop-ignored": (0, "an early stop not read from the segment's result (not a seed pitfall: issue 28)"),
+    # ModelRelease (issue 28; simulator/release.py): not seed pitfalls
+    "r01-publish-twice": (0, "publish without its once-guard (a version of the same digest is not the publication)"),
+    "r02-gate-ignored": (0, "a failed gate publishes anyway"),
+    "r03-eval-per-request": (0, "release evaluations keyed by the request, not the checkpoint's digest (no reuse)"),
 }
+RELEASE_MUTANTS = frozenset(n for n in MUTANTS if n.startswith("r"))
 
 
 class MutantError(RuntimeError):
@@ -163,8 +169,27 @@ class _SkipFailedSuiteRuntime(_Proxy):
             return {"suite": "skipped", "run": "", "results": ""}
 
 
-def make_mutant(name: str) -> Callable:
-    """TrainRun with pitfall ``name`` planted (see ``MUTANTS``)."""
+def _release_mutant(name: str) -> dict[str, Callable]:
+    """The release with pitfall ``name`` planted: {"ModelRelease": workflow} or {"publish": publish function}
+    (what ``simulator.scenario`` registers instead of the real ones)."""
+    if name == "r01-publish-twice":
+        return {workflows.ACTIVITY_PUBLISH: _copy(rel.publish, list_releases=lambda home, name=None: [])}
+    if name == "r02-gate-ignored":
+        def passing(gate: Any, figures: dict) -> Any:
+            return rel.GateOutcome(**{**rel.check_gate(gate, figures).model_dump(), "passed": True})
+        return {workflows.WORKFLOW_MODEL_RELEASE: _copy(rel.model_release, check_gate=passing)}
+    if name == "r03-eval-per-request":
+        async def per_request(rt: Any, request: EvalSuiteInput) -> EvalSuiteResult:
+            return await rel.eval_suite(rt, request.model_copy(update={"tag": f"{request.tag}-{rt.workflow_id[-8:]}"}))
+        return {workflows.WORKFLOW_MODEL_RELEASE: _copy(rel.model_release, eval_suite=per_request)}
+    raise MutantError(f"unknown mutant {name!r} (known: {', '.join(MUTANTS)})")
+
+
+def make_mutant(name: str) -> Callable | dict[str, Callable]:
+    """TrainRun with pitfall ``name`` planted (see ``MUTANTS``); for a release mutant (``RELEASE_MUTANTS``)
+    a dict of what replaces the release's workflow or publish function."""
+    if name in RELEASE_MUTANTS:
+        return _release_mutant(name)
     real = workflows.train_run
     real_eval = workflows.eval_suite
     if name == "s01-last-dropped":
@@ -204,8 +229,28 @@ def catch_scenarios() -> list[tuple[str, Scenario]]:
     ]
 
 
+RELEASE_SCENARIO = Scenario(steps=300, eval_every=100, checkpoint_every=50, release=("fail", "pass"))
+
+
+def catch_release_mutant(name: str) -> list[str]:
+    """A release mutant: the uninterrupted run, then a kill at every position of its release workflows."""
+    fn = make_mutant(name)
+    sim = Simulator(RELEASE_SCENARIO, workflow_fn=fn, mutant=name)
+    m = sim.check_reference()
+    if m is not None:
+        return [f"two release requests, uninterrupted: {line}" for line in m.lines]
+    report = sim.kill_every_position(positions=range(sim.release_from, len(sim.trace)), stop_at_first=True,
+                                     mode="snapshot")
+    if report.mismatches:
+        m = report.mismatches[0]
+        return [f"a kill in the release ({m.command}): {line}" for line in m.lines]
+    return []
+
+
 def catch_mutant(name: str, *, seed: int = 1) -> list[str]:
     """The first mismatch lines the simulator reports on mutant ``name`` (empty: not caught)."""
+    if name in RELEASE_MUTANTS:
+        return catch_release_mutant(name)
     fn = make_mutant(name)
     for what, scn in catch_scenarios():
         m = Simulator(scn, workflow_fn=fn, mutant=name).check_reference()

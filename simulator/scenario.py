@@ -28,6 +28,7 @@ from .fakes import FakeActivities, FilesOverlay
 from .faults import FaultPlan, FaultyClock, FaultyStore, SimulatedCrash
 from .ledger import Ledger, TailLedger
 from .prefix import use_prefix
+from .release import publish_fake, run_releases
 
 START_TIME = 1_700_000_000.0
 MAX_LIVES = 10_000  # a scenario that never ends is a bug of the engine: stop and say so
@@ -50,6 +51,9 @@ class Scenario:
     # early stopping (tinyllm/selection.py): the trainer stops at this checkpoint step (0: never), as a
     # metric that stopped improving would; its decision is in the checkpoint, so a resume there says it again
     stop_at: int = 0
+    # ModelRelease requests after the TrainRun (simulator/release.py): one per entry, "pass" or "fail" (its gate)
+    release: tuple[str, ...] = ()
+    select: str = "latest"  # the release's candidate: "latest", or "best" (the early stop's best; needs stop_at)
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -100,6 +104,8 @@ class Scenario:
             out += " --oom-at " + ",".join(f"{s}x{n}" for s, n in self.oom_at)
         if self.stop_at:
             out += f" --stop-at {self.stop_at}"
+        if self.release:
+            out += f" --release --gate {','.join(self.release)} --select {self.select}"
         return out
 
 
@@ -133,13 +139,20 @@ def remove_home(home: Path) -> None:
     shutil.rmtree(home, ignore_errors=True)
 
 
-def _open_engine(db: Path, clock, plan: FaultPlan, fakes: FakeActivities, workflow_fn: Callable | None) -> Engine:
+def _open_engine(db: Path, clock, plan: FaultPlan, fakes: FakeActivities, workflow_fn: Callable | dict | None) -> Engine:
+    """``workflow_fn``: a mutant of TrainRun, or of the release (a dict: ``ModelRelease`` -> its workflow
+    function, ``publish`` -> a replacement of ``workflows.release.publish``; simulator/mutants.py)."""
     eng = Engine(store=FaultyStore(db, plan), clock=FaultyClock(clock, plan), inline_activities=True)
+    mutant = workflow_fn if isinstance(workflow_fn, dict) else {}
     workflows.register(eng, activities={
         ACTIVITY_TRAIN: fakes.train, ACTIVITY_EVAL: fakes.eval, ACTIVITY_CORPUS: fakes.corpus,
+        workflows.ACTIVITY_PUBLISH: publish_fake(fakes, mutant.get(workflows.ACTIVITY_PUBLISH)),
     })
-    if workflow_fn is not None:  # a mutant replaces TrainRun
+    if callable(workflow_fn):  # a mutant replaces TrainRun
         eng.register_workflow(WORKFLOW_TRAIN_RUN, workflow_fn, input_type=TrainRunInput)
+    if workflows.WORKFLOW_MODEL_RELEASE in mutant:
+        eng.register_workflow(workflows.WORKFLOW_MODEL_RELEASE, mutant[workflows.WORKFLOW_MODEL_RELEASE],
+                              input_type=workflows.ModelReleaseInput)
     return eng
 
 
@@ -208,6 +221,7 @@ def run_scenario(
     if cancel_at is not None:
         plan.actions[cancel_at] = request_cancel
     lives = 0
+    released = None
     while True:
         lives += 1
         if lives > MAX_LIVES:
@@ -220,6 +234,9 @@ def run_scenario(
             live["engine"] = eng
             eng.start(WORKFLOW_TRAIN_RUN, wid, scn.input())
             status = eng.run_until_complete(wid)
+            if scn.release and status.state == "completed":  # then the release requests (simulator/release.py)
+                live.setdefault("release_from", plan.count)  # the first position after the TrainRun
+                released = run_releases(eng, scn, home, status.result)
             break
         except SimulatedCrash as crash:
             ledger.record("crash", position=crash.position, where=f"{crash.kind} {crash.label}")
@@ -229,6 +246,7 @@ def run_scenario(
     return Outcome(
         scenario=scn, workflow_id=wid, home=home, state=status.state, result=status.result, error=status.error,
         events=events, ledger=ledger, plan=plan, lives=lives, clock=clock, cancel_done=out["cancel_done"],
+        extra={} if released is None else {"releases": released},
     )
 
 
@@ -279,9 +297,15 @@ def _copy_committed(src: Path, dst: Path, workflow_id: str | None = None) -> int
 
 
 UNREAD = ("evals",)  # top-level folders the fakes only write and no check reads: a snapshot leaves them out
+RESYNC = ("releases",)  # top-level folders a snapshot makes anew each time (publish deletes and renames there)
 
 
-def _link_tree(src: str, dst: str, depth: int = 0) -> None:
+def unread_of(scn: Scenario) -> tuple[str, ...]:
+    """``UNREAD``, but none where a release reuses evaluation outputs (simulator/release.py)."""
+    return () if scn.release else UNREAD
+
+
+def _link_tree(src: str, dst: str, depth: int = 0, unread: tuple[str, ...] = UNREAD) -> None:
     """Copy the files of ``src`` (but the database and ``UNREAD``) into ``dst`` as hard links.
 
     The fakes never write a file in place (a temporary name, then a rename), so a recovery's
@@ -298,22 +322,22 @@ def _link_tree(src: str, dst: str, depth: int = 0) -> None:
         for e in entries:
             name = e.name
             if e.is_dir(follow_symlinks=False):
-                if depth == 0 and name in UNREAD:
+                if depth == 0 and name in unread:
                     continue
                 sub = f"{dst}/{name}"
                 os.mkdir(sub)
-                _link_tree(e.path, sub, depth + 1)
+                _link_tree(e.path, sub, depth + 1, unread)
             elif not name.startswith("engine.db"):
                 os.link(e.path, f"{dst}/{name}")
 
 
-def _listing(root: str) -> list[tuple[str, bytes | None]]:
-    """Every folder and file under ``root`` but the database and ``UNREAD``, with the files' bytes."""
+def _listing(root: str, unread: tuple[str, ...] = UNREAD) -> list[tuple[str, bytes | None]]:
+    """Every folder and file under ``root`` but the database and ``unread``, with the files' bytes."""
     out = []
     for path, dirs, files in os.walk(root):
         rel = os.path.relpath(path, root)
         if rel == ".":
-            dirs[:] = [d for d in dirs if d not in UNREAD]
+            dirs[:] = [d for d in dirs if d not in unread]
         out.append((rel, None))
         for name in files:
             if not name.startswith("engine.db"):
@@ -337,8 +361,9 @@ class SnapshotHome:
     (every folder, every file's bytes) must equal the source's, else the recovery raises.
     """
 
-    def __init__(self, src_home: Path):
+    def __init__(self, src_home: Path, unread: tuple[str, ...] = UNREAD):
         self.src = os.fspath(src_home)
+        self.unread = unread  # () where a release reads evaluation outputs back (simulator/release.py)
         self.home: Path | None = None
         self.verify = False
         self._seen = 0  # how much of the source's log the folder has
@@ -349,7 +374,7 @@ class SnapshotHome:
         log = src_fakes.log
         if self.home is None:
             self.home = new_home()
-            _link_tree(self.src, os.fspath(self.home))
+            _link_tree(self.src, os.fspath(self.home), unread=self.unread)
         else:
             home = os.fspath(self.home)
             ctl = os.path.join(home, ".ctl")
@@ -358,14 +383,19 @@ class SnapshotHome:
                     os.unlink(os.path.join(ctl, name))
             changed = set(log[self._seen:])
             changed.update(self._own)
-            if any(rel.split("/", 1)[0] in UNREAD for rel in self._own):
-                for top in UNREAD:
+            if any(rel.split("/", 1)[0] in self.unread for rel in self._own):
+                for top in self.unread:
                     shutil.rmtree(os.path.join(home, top), ignore_errors=True)
             for rel in sorted(changed):
-                if rel.split("/", 1)[0] not in UNREAD:
+                if rel.split("/", 1)[0] not in self.unread:
                     self._sync(home, rel)
+            for top in RESYNC:  # (also deletes and renames there: made the source's again whole)
+                shutil.rmtree(os.path.join(home, top), ignore_errors=True)
+                if os.path.isdir(os.path.join(self.src, top)):
+                    os.mkdir(os.path.join(home, top))
+                    _link_tree(os.path.join(self.src, top), os.path.join(home, top), 1)
         self._seen, self._own = len(log), []
-        if self.verify and _listing(os.fspath(self.home)) != _listing(self.src):
+        if self.verify and _listing(os.fspath(self.home), self.unread) != _listing(self.src, self.unread):
             raise RuntimeError(f"snapshot folder {self.home} differs from its source {self.src}")
         return self.home
 
@@ -446,7 +476,7 @@ def recover_from_snapshot(
         home = pool.take(live["fakes"])
     else:
         home = new_home()
-        _link_tree(os.fspath(src_home), os.fspath(home))
+        _link_tree(os.fspath(src_home), os.fspath(home), unread=unread_of(scn))
     copied = _copy_committed(src_home / ".ctl" / "engine.db", home / ".ctl" / "engine.db", scn.workflow_id)
     if timing is not None:  # (``timing``: a Counter of CPU seconds by part, the sweep's)
         timing["cpu: snapshots (files, database copy)"] += time.process_time() - c0

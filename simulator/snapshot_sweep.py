@@ -41,7 +41,7 @@ from .ledger_folds import PrefixFold, TailCache, position_lines
 from .prefix import adopt_donor, advance_prefix, build_prefix, in_child
 from .report import Mismatch, rerun_command
 from .scenario import (
-    START_TIME, Outcome, SnapshotHome, new_home, recover_from_snapshot, remove_home, run_scenario,
+    START_TIME, Outcome, SnapshotHome, new_home, recover_from_snapshot, remove_home, run_scenario, unread_of,
 )
 
 if TYPE_CHECKING:
@@ -236,7 +236,7 @@ class SnapshotSweep:
                 todo.clear()
 
         if self.sim.reuse_snapshot_home:
-            self._pool = SnapshotHome(home)
+            self._pool = SnapshotHome(home, unread_of(self.sim.scn))
             self._pool.verify = self.sim.verify_snapshots
         try:
             src = run_scenario(self.sim.scn, home, FaultPlan(observer=observe), workflow_fn=self.sim.workflow_fn,

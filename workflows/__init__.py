@@ -44,6 +44,7 @@ from .release import (
     list_releases,
     model_release,
     parse_gate,
+    pick_candidate,
     publish_activity,
     release_workflow_id,
 )
@@ -81,5 +82,5 @@ __all__ = [
     "MAX_SEGMENTS", "eval_options", "eval_suite", "marshal_spec", "register", "segment_spec", "segments", "step_tag",
     "tinyllm_activities", "train_options", "train_run", "validate_spec",
     "ACTIVITY_PUBLISH", "WORKFLOW_MODEL_RELEASE", "ModelReleaseInput", "ModelReleaseResult", "list_releases",
-    "model_release", "parse_gate", "publish_activity", "release_workflow_id",
+    "model_release", "parse_gate", "pick_candidate", "publish_activity", "release_workflow_id",
 ]

@@ -25,7 +25,7 @@ import re
 import shutil
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -78,6 +78,10 @@ class ModelReleaseInput(_Model):
     corpus: str = "default"
     eval_seed: int = 0
     eval_max_items: int | None = None
+    # how soon a publish attempt that stopped heartbeating (its worker died) is given to another worker: on
+    # Temporal the only sign of a dead worker (the embedded engine also sees its process gone); an operational
+    # setting (ctl/app.py OPERATIONAL), not part of the request
+    heartbeat_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class GateOutcome(_Model):
@@ -113,6 +117,22 @@ class ModelReleaseResult(_Model):
     evals: EvalSuiteResult
 
 
+def pick_candidate(result: dict, select: str) -> tuple[str, int]:
+    """(checkpoint, step) of a completed TrainRun's result for ``select`` (``ctl release`` and the simulator):
+    ``latest``: its last checkpoint; ``best``: the first of its ``best_checkpoints``, else early stopping's
+    best. ValueError (one phrase) when the run has no selection metric."""
+    if select == "latest":
+        return result["checkpoint"], int(result["steps"])
+    best = result.get("best_checkpoints") or []
+    if best and best[0].get("checkpoint"):
+        return best[0]["checkpoint"], int(best[0]["step"])
+    stop = result.get("stopped_early") or {}
+    if stop.get("best_checkpoint"):
+        return stop["best_checkpoint"], int(stop["best_step"])
+    raise ValueError("has no selection metric (keep_checkpoints.best or early_stopping in its spec): "
+                     "use --select latest")
+
+
 def release_workflow_id(inp: "ModelReleaseInput") -> str:
     """``release/<run>/<digest12>-<request8>``: the candidate's digest and a hash of the request (suites,
     gates, items), so the same command resumes its own workflow and another gate is another release
@@ -145,8 +165,9 @@ def check_gate(gate: Gate, figures: dict[str, float]) -> GateOutcome:
     return GateOutcome(gate=gate.text, figure=found, passed=ok)
 
 
-def publish_options() -> StepOptions:
-    return StepOptions(id="publish", start_to_close_timeout_s=600.0,
+def publish_options(heartbeat_timeout_s: float | None = None) -> StepOptions:
+    """``publish``: it heartbeats before and after each file it writes (``publish``'s ``beat``)."""
+    return StepOptions(id="publish", start_to_close_timeout_s=600.0, heartbeat_timeout_s=heartbeat_timeout_s,
                        retry=RetryPolicy(max_attempts=5, initial_interval_s=0.5, backoff=2.0, max_interval_s=10.0,
                                          non_retryable=("BadInput",)))
 
@@ -169,7 +190,7 @@ async def model_release(rt: Runtime, input: ModelReleaseInput) -> ModelReleaseRe
                                for o in failed)
             return ModelReleaseResult(**base, published=False, reason=reason)
         done = await rt.execute_activity(ACTIVITY_PUBLISH, PublishInput(release=input, figures=figures, gates=outcomes),
-                                         publish_options(), result_type=PublishResult)
+                                         publish_options(input.heartbeat_timeout_s), result_type=PublishResult)
     except ActivityError as e:
         if is_canceled(e):
             raise Canceled(f"{rt.workflow_id} canceled during {e.activity_id}") from e
@@ -210,12 +231,21 @@ def _code_version() -> str:
         return "unknown"
 
 
-def publish(home: Path, inp: PublishInput) -> PublishResult:
-    """Publish ``inp`` once under ``releases/<run>/`` (idempotent by checkpoint digest)."""
-    try:
-        faults.arm_from_env()  # tests only: release.after_copy / after_rename (tinyllm/faults.py)
-    except faults.FaultError as e:
-        raise NonRetryableError(str(e)) from None
+def publish(home: Path, inp: PublishInput, *, point: Callable[[str, int], None] | None = None,
+            beat: Callable[[], None] | None = None) -> PublishResult:
+    """Publish ``inp`` once under ``releases/<run>/`` (idempotent by checkpoint digest).
+
+    ``point(name, version_number)``: called at ``release.after_copy`` and ``release.after_rename``; default
+    tinyllm's test fault points (armed by ``TINYLLM_FAULT``); the simulator passes its kill positions.
+    ``beat()``: called before and after each file written (the activity's heartbeat)."""
+    beat = beat or (lambda: None)
+    beat()
+    if point is None:
+        try:
+            faults.arm_from_env()  # tests only: release.after_copy / after_rename (tinyllm/faults.py)
+        except faults.FaultError as e:
+            raise NonRetryableError(str(e)) from None
+        point = faults.point
     r = inp.release
     root = Path(home) / "releases" / r.name
     root.mkdir(parents=True, exist_ok=True)
@@ -236,6 +266,7 @@ def publish(home: Path, inp: PublishInput) -> PublishResult:
         for f in sorted(src.iterdir()):
             if f.is_file():
                 write_synced(tmp / "model" / f.name, f.read_bytes())
+                beat()
         fsync_dir(tmp / "model")
         meta = _corpus_meta(Path(home), r.corpus)
         manifest = {"run": r.name, "version": version_name, "checkpoint": r.checkpoint, "step": r.step,
@@ -245,10 +276,10 @@ def publish(home: Path, inp: PublishInput) -> PublishResult:
                     "code_version": _code_version()}
         write_synced(tmp / "manifest.json", (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
         fsync_dir(tmp)
-        faults.point("release.after_copy", int(version_name[1:]))  # tests only (tinyllm/faults.py)
+        point("release.after_copy", int(version_name[1:]))  # tests only (tinyllm/faults.py; the simulator)
         os.rename(tmp, root / version_name)
         fsync_dir(root)
-        faults.point("release.after_rename", int(version_name[1:]))
+        point("release.after_rename", int(version_name[1:]))
     atomic_write(root / "CURRENT", (version_name + "\n").encode())
     return PublishResult(version=version_name, path=f"releases/{r.name}/{version_name}", reused=reused)
 
@@ -260,12 +291,15 @@ def _corpus_meta(home: Path, corpus: str) -> dict:
         return {}
 
 
-def publish_activity(home: str | Path):
-    """``publish`` as an activity function ``fn(ctx, input)`` of one home."""
+def publish_activity(home: str | Path, *, point: Callable[[str, int], None] | None = None,
+                     publish_fn: Callable[..., PublishResult] | None = None):
+    """``publish`` as an activity function ``fn(ctx, input)`` of one home (``point``: see ``publish``;
+    ``publish_fn``: the simulator's mutants replace ``publish``)."""
     def run(ctx: Any, input: Any) -> PublishResult:
         inp = PublishInput.model_validate(input)
         src = Path(home) / inp.release.checkpoint
         if not src.is_dir():
             raise NonRetryableError(f"release candidate {inp.release.checkpoint} is gone", type="BadInput")
-        return publish(Path(home), inp)
+        return (publish_fn or publish)(Path(home), inp, point=point,
+                                       beat=lambda: ctx.heartbeat({"publishing": inp.release.digest[:12]}))
     return run

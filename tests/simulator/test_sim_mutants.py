@@ -25,6 +25,9 @@ SYMPTOM = {  # what the simulator must say about each mutant (the pitfall's own 
     "s11-continue-after-failed-suite": "ended completed though suite ppl failed for good",
     "s13-wall-clock-sleep": "'train-000500', 'eval-000500-ppl', 'eval-000500-zoo', 'train-001000'",
     "s14-early-stop-ignored": "ended at step 700, not 1000",
+    "r01-publish-twice": "digest 2a841e287012 published again (v0002",  # a kill after the rename, then again
+    "r02-gate-ignored": "a failing gate published v0001",
+    "r03-eval-per-request": "suite ppl evaluated again for digest 2a841e287012",
 }
 
 

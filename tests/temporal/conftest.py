@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workflows"))  # the fakes (wf_fakes.py)
 
 EXTRA_MISSING = "the Temporal backend's tests need the [temporal] extra: pip install -c constraints.txt -e '.[temporal]'"
-NAMESPACES = ("hand", "restart", "badspec", "same", "kill", "cancel", "ctl", "user", "mtls", "apikey")
+NAMESPACES = ("hand", "restart", "badspec", "same", "kill", "cancel", "ctl", "user", "mtls", "apikey", "release")
 
 
 def have_extra() -> bool:
