@@ -17,10 +17,11 @@ spec (simulator/campaign_targets.py):
   manifest (its retry resumes from the checkpoint before).
 
 Faults are due at steps of the run (a plain step, a checkpoint, a segment boundary: drawn by the
-seed, simulator/campaign_progress.py), so they land inside the run whatever the machine's speed.
-Each run's line counts, from the engine's history, the trainer attempts that resumed from a
-checkpoint inside a segment; a run with none is ``untested`` (it proves no resume), and the
-campaign then exits 3 unless ``--allow-untested``.
+seed, simulator/campaign_progress.py), so they land inside the run whatever the machine's speed; one
+due at a checkpoint or a segment boundary waits until that checkpoint exists (LATEST).
+Each run's line counts, from the engine's history (capped by the trainer's own resume lines, when it
+prints them), the trainer attempts that resumed from a checkpoint inside a segment; a run with none
+is ``untested`` (it proves no resume), and the campaign then exits 3 unless ``--allow-untested``.
 
 The oracle, after every run (``Run.check``):
 
