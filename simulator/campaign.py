@@ -17,10 +17,11 @@ spec (simulator/campaign_targets.py):
   manifest (its retry resumes from the checkpoint before).
 
 Faults are due at steps of the run (a plain step, a checkpoint, a segment boundary: drawn by the
-seed, simulator/campaign_progress.py), so they land inside the run whatever the machine's speed.
-Each run's line counts, from the engine's history, the trainer attempts that resumed from a
-checkpoint inside a segment; a run with none is ``untested`` (it proves no resume), and the
-campaign then exits 3 unless ``--allow-untested``.
+seed, simulator/campaign_progress.py), so they land inside the run whatever the machine's speed; one
+due at a checkpoint or a segment boundary waits until that checkpoint exists (LATEST).
+Each run's line counts, from the engine's history (capped by the trainer's own resume lines, when it
+prints them), the trainer attempts that resumed from a checkpoint inside a segment; a run with none
+is ``untested`` (it proves no resume), and the campaign then exits 3 unless ``--allow-untested``.
 
 The oracle, after every run (``Run.check``):
 
@@ -36,7 +37,9 @@ The oracle, after every run (``Run.check``):
 
 A failure prints its seed and fault sequence; ``--seed S --runs N`` replays the same faults in
 the same order at the same steps. Exit 0 when every run passed and was tested, 1 on any
-violation, 3 when a run passed untested (without ``--allow-untested``), 2 on bad arguments.
+violation (or when the uninterrupted run itself fails: a trainer that fails every attempt ends
+the campaign at once instead of being restarted until RUN_TIMEOUT_S), 3 when a run passed untested
+(without ``--allow-untested``), 2 on bad arguments.
 """
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import procs
-from .campaign_progress import fault_points, history_resumes, progress_step
+from .campaign_progress import fault_points, history_resumes, latest_step, progress_step
 from .campaign_targets import ARMED, NAME, TINYLLM, Target
 from .kill_loop import compare
 
@@ -66,6 +69,8 @@ POLL_S = 0.1
 SKIPPED = (": missed", "(no child", "(nothing running)", "(not recorded")  # faults that found nothing to hit
 CHILD_WAIT_S = 10.0  # a trainer fault due at a step waits this long for a child in flight (a retry's start)
 MAX_CHILD_KILLS = 2  # per activity: below every step's max_attempts, so the run can always finish
+MAX_UNASKED_EXITS = 2  # ctl train / ctl worker exiting on its own this often: the run cannot finish, give up
+# (each is already a violation; restarting a run whose trainer fails every attempt only spun until RUN_TIMEOUT_S)
 
 
 def _sha(path: Path) -> str | None:
@@ -184,6 +189,8 @@ class Run:
     problems: list[str] = field(default_factory=list)
     result: dict | None = None
     mid_resumes: int = 0  # trainer attempts that resumed from a checkpoint inside a segment (engine history)
+    unasked: int = 0  # exits of ctl train / ctl worker that no fault asked for
+    reference_failed: object = lambda: None  # the uninterrupted run's failure, once it failed (Reference.failed)
 
     def __post_init__(self) -> None:
         self.home = self.base / f"run-{self.index}"
@@ -356,22 +363,38 @@ class Run:
         self.start()
         for kind, (what, step) in zip(plan, points):
             when = f"at {what} {step}"
-            if not self._reach(step):
+            if not self._reach(step, checkpointed=what != "step"):
                 self.faults.append(f"{kind} {when}: missed, the run had ended")
                 continue
             self.faults.append(f"{kind} {when}: " + self.fault("kill-ctl" if kind == "kill-worker" else kind))
         self.finish()
 
-    def _reach(self, step: int) -> bool:
-        """Wait until the run's trainer has reached ``step`` (its progress, not the clock); False if it ended."""
+    def _reach(self, step: int, checkpointed: bool = False) -> bool:
+        """Wait until the run's trainer has reached ``step`` (its progress, not the clock), or with
+        ``checkpointed`` until its checkpoint at ``step`` exists (LATEST); False if the run ended."""
         deadline = time.monotonic() + RUN_TIMEOUT_S
+        reached = latest_step if checkpointed else progress_step
         while time.monotonic() < deadline and not _STOPPING.is_set():
-            if progress_step(self.home, NAME) >= step:
+            if self.gave_up():
+                return False  # (the uninterrupted run failed, or ctl kept exiting unasked)
+            if reached(self.home, NAME) >= step:
                 return not self.finished()
             if self.finished() or (not self.worker_mode and self.primary is not None and self.primary.poll() is not None):
                 return False  # ended (finish() records an unasked exit and starts it again)
             time.sleep(POLL_S / 5)
         return False
+
+    def gave_up(self) -> bool:
+        """The run cannot pass: the uninterrupted run failed, or ctl exited unasked MAX_UNASKED_EXITS times."""
+        return self.unasked >= MAX_UNASKED_EXITS or self.reference_failed() is not None
+
+    def _unasked_exit(self, what: str) -> None:
+        self.unasked += 1
+        self.problems.append(what)
+        if self.unasked >= MAX_UNASKED_EXITS:
+            self.problems.append(f"gave up after {self.unasked} exits no fault asked for (the run cannot finish)")
+        elif self.reference_failed() is None:
+            self.start()
 
     def finished(self) -> bool:
         if self.worker_mode:
@@ -382,27 +405,29 @@ class Run:
     def finish(self) -> None:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while time.monotonic() < deadline:
+            if self.gave_up():
+                break
             if self.worker_mode:
                 if self.finished():
                     self.primary.send_signal(signal.SIGTERM)
                     self.primary.wait(timeout=60)
                     break
                 if self.primary.poll() is not None:
-                    self.problems.append(f"ctl worker exited {self.primary.returncode} on its own")
-                    self.start()
+                    self._unasked_exit(f"ctl worker exited {self.primary.returncode} on its own")
                 time.sleep(0.5)
                 continue
-            try:
-                out, err = self.primary.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            try:  # (in slices: an uninterrupted run failing meanwhile ends the wait)
+                out, err = self.primary.communicate(timeout=min(10.0, max(1.0, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
-                break
+                continue
             if self.primary.returncode == 0:
                 break
-            self.problems.append(f"ctl train exited {self.primary.returncode} unasked: {err.strip()[-300:]}")
-            self.start()
+            self._unasked_exit(f"ctl train exited {self.primary.returncode} unasked: {err.strip()[-300:]}")
         else:
             self.problems.append(f"the run did not finish within {RUN_TIMEOUT_S} s")
-        for p in self.extras:
+        if self.gave_up():
+            self.stop_all()  # what still runs of a run that cannot pass (a second ctl train, the worker)
+        for p in [] if self.gave_up() else self.extras:  # (killed just now when it gave up)
             try:
                 _, err = p.communicate(timeout=120)
             except subprocess.TimeoutExpired:
@@ -448,6 +473,10 @@ class Run:
         bad += [f"{aid} completed {n} times" for aid, n in sorted(evals.items()) if n != 1]
         bad += monitor.violations()
         self.mid_resumes = len(history_resumes(histories))
+        if monitor.resumes:  # the trainer prints its resumes: one at LATEST, newer than the heartbeated
+            # checkpoint the history knows (a kill between a segment's last checkpoint and its heartbeat),
+            # resumed at the segment's end, not inside it
+            self.mid_resumes = min(self.mid_resumes, monitor.mid_segment_resumes())
         if self.result is not None:
             bad += compare(self.result, want)
             got_evals = [[s["summary"] for s in (seg.get("evals") or {}).get("suites", [])] for seg in self.result["segments"]]
@@ -468,6 +497,10 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
+class ReferenceFailed(RuntimeError):
+    """The uninterrupted run did not complete: nothing to compare a campaign run with."""
+
+
 class Reference:
     """The uninterrupted run, in the background from the start; its result, once, to every caller."""
 
@@ -483,10 +516,20 @@ class Reference:
                 out, err = self.proc.communicate(timeout=RUN_TIMEOUT_S)
                 res = json.loads(out or "{}")
                 if res.get("state") != "completed":
-                    raise RuntimeError(f"the uninterrupted run ended {res.get('state')} (exit "
-                                       f"{self.proc.returncode}): {err[-500:]}")
+                    raise ReferenceFailed(f"the uninterrupted run ended {res.get('state')} (exit "
+                                          f"{self.proc.returncode}): {err.strip()[-500:]}")
                 self.want = res["result"]
             return self.want
+
+    def failed(self) -> str | None:
+        """Why the uninterrupted run failed, once it has (a run compared with it cannot pass); else None."""
+        if self.want is not None or self.proc is None or self.proc.poll() in (None, 0):
+            return None
+        try:
+            self.result()
+        except ReferenceFailed as e:
+            return str(e)
+        return None
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -511,6 +554,7 @@ def one_run(seed: int, i: int, base: Path, spec: Path, ref: Reference, faults_pe
     """Campaign run ``i`` of ``seed``: drawn mode and faults, driven to its end, checked by the oracle."""
     rng = random.Random(f"{seed}:{i}")
     run = Run(i, seed, base, spec, rng, worker_mode=rng.random() < 0.3, target=target)
+    run.reference_failed = ref.failed
     _ACTIVE.add(run)
     try:
         with Monitor(run.home, run.pids) as monitor:
@@ -532,6 +576,7 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
     one (a failure's reproduction); ``want`` is the uninterrupted result when already known;
     ``target`` is what is trained (tinyllm, or a spec's own trainer: campaign_targets).
     """
+    _STOPPING.clear()  # (a previous campaign of this process may have been stopped)
     base = Path(tempfile.mkdtemp(prefix="campaign-"))
     spec = base / f"{NAME}.json"
     spec.write_text(json.dumps(target.spec))
@@ -580,6 +625,12 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
                 "checkpoint: nothing proves they resume exactly (more --faults, another --seed, or --allow-untested)")
             return 3
         return 0
+    except ReferenceFailed as e:  # nothing to compare with: every run would fail the same way
+        _STOPPING.set()
+        for run in list(_ACTIVE):
+            run.stop_all()
+        log(f"campaign seed {seed} ({target.label}) FAILED: {e}")
+        return 1
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C: kill what the runs started, keep nothing running
         _STOPPING.set()
         for run in list(_ACTIVE):

@@ -3,8 +3,12 @@ engine's history (which trainer attempts resumed from a checkpoint inside a segm
 
 Faults are scheduled by progress, not by wall time, so that they land inside the run whatever the
 machine's speed: each is due at a step of the run, drawn as a plain step, a checkpoint step or a
-segment boundary (``fault_points``); the run waits until its trainer has reached that step
-(``progress_step``: the newest of metrics.jsonl's last frame and LATEST).
+segment boundary (``fault_points``; a one-segment spec's only boundary is the run's end). A plain
+step is due once the trainer has reached it (``progress_step``: the newest of metrics.jsonl's last
+frame and LATEST); a checkpoint or a segment boundary once that checkpoint exists (``latest_step``:
+LATEST's step), so that a kill there lands after the checkpoint, not in the step before it (a
+trainer writes a step's metrics frame before its checkpoint), and one at a segment's end lands
+between its last checkpoint and ctl recording the segment (its retry resumes at the segment's end).
 
 A resume is counted from the engine's history, whatever the trainer: an attempt of a train activity
 (``train-EEEEEE``, the segment ending at E) that started after a checkpoint of that activity was
@@ -27,10 +31,10 @@ def fault_points(rng: random.Random, n: int, steps: int, checkpoint_every: int, 
     """``n`` seeded (what, step) points, sorted: a step after which to apply each fault."""
     every = max(1, checkpoint_every)
     ckpts = [c for c in range(every, steps, every)] or [max(1, steps // 2)]
-    bounds = [e for e in range(eval_every, steps, eval_every)] if 0 < eval_every < steps else []
+    bounds = [e for e in range(eval_every, steps, eval_every)] if 0 < eval_every < steps else [steps]
     points = []
     for _ in range(n):
-        kind = rng.choice(("step", "checkpoint", "segment") if bounds else ("step", "checkpoint"))
+        kind = rng.choice(("step", "checkpoint", "segment"))
         if kind == "step":
             points.append(("step", rng.randint(1, max(1, steps - 1))))
         elif kind == "checkpoint":
@@ -40,14 +44,18 @@ def fault_points(rng: random.Random, n: int, steps: int, checkpoint_every: int, 
     return sorted(points, key=lambda p: p[1])
 
 
+def latest_step(home: Path, name: str) -> int:
+    """The step of the run's newest checkpoint (LATEST), 0 when it has none."""
+    try:
+        return int(_STEP.search((home / "runs" / name / "ckpt" / "LATEST").read_text(encoding="utf-8").strip()).group(1))
+    except (OSError, AttributeError, ValueError):
+        return 0
+
+
 def progress_step(home: Path, name: str) -> int:
     """How far the run's trainer has got: the newest of metrics.jsonl's last frame and LATEST's step."""
     run = home / "runs" / name
-    best = 0
-    try:
-        best = int(_STEP.search((run / "ckpt" / "LATEST").read_text(encoding="utf-8").strip()).group(1))
-    except (OSError, AttributeError, ValueError):
-        pass
+    best = latest_step(home, name)
     try:
         with open(run / "metrics.jsonl", "rb") as f:
             f.seek(0, os.SEEK_END)

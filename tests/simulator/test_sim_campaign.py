@@ -23,7 +23,7 @@ import pytest
 from simulator import procs
 from simulator.campaign import Monitor, campaign, uninterrupted
 from simulator.campaign_targets import FAULTS
-from simulator.campaign_progress import fault_points, history_resumes
+from simulator.campaign_progress import fault_points, history_resumes, latest_step, progress_step
 from simulator.campaign_targets import USER_FAULTS, examples_target
 
 
@@ -198,3 +198,87 @@ def test_faults_are_due_at_steps_of_the_run_drawn_by_the_seed():
     assert [s for _, s in a] == sorted(s for _, s in a) and all(1 <= s < 20 for _, s in a)
     assert all(s % 2 == 0 for w, s in a if w == "checkpoint") and all(s == 10 for w, s in a if w == "segment boundary")
     assert {w for w, _ in fault_points(random.Random(1), 30, 20, 2, 10)} == {"step", "checkpoint", "segment boundary"}
+    one = fault_points(random.Random(1), 30, 24, 4, 0)  # one segment: its only boundary is the run's end
+    assert {s for w, s in one if w == "segment boundary"} == {24} and {w for w, _ in one} == {"step", "checkpoint", "segment boundary"}
+
+
+def test_faults_due_at_a_checkpoint_wait_for_that_checkpoint_not_the_step_s_metrics_frame(tmp_path):
+    """A trainer writes step N's metrics frame before its checkpoint N: a kill due "at checkpoint N" applied at the
+    frame lands before the checkpoint (its retry resumes from the one before), and one at the run's end lands
+    before its last checkpoint, never in the window a rerun resumed at the segment's end (seen missed: the
+    integrations' end-of-segment bug, which the campaign now catches)."""
+    run = tmp_path / "runs" / "camp"
+    (run / "ckpt").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 24}\n')
+    assert progress_step(tmp_path, "camp") == 24 and latest_step(tmp_path, "camp") == 0
+    (run / "ckpt" / "LATEST").write_text("step-000024\n")
+    assert latest_step(tmp_path, "camp") == 24
+
+
+def test_a_fault_due_at_a_checkpoint_or_a_segment_boundary_waits_for_its_checkpoint(tmp_path, monkeypatch):
+    """drive() waits for LATEST (the checkpoint exists) at checkpoints and segment boundaries, for the step's
+    progress at plain steps; _reach(checkpointed=True) ignores a metrics frame that has no checkpoint yet."""
+    import simulator.campaign as c
+    from simulator.campaign_targets import Target
+
+    target = Target("t", {"steps": 24, "checkpoint_every": 4}, ("--json",), ("readers",), custom=True)
+    run = c.Run(0, 1, tmp_path, tmp_path / "s.json", random.Random(4), worker_mode=False, target=target)
+    calls = []
+    monkeypatch.setattr(run, "start", lambda: None)
+    monkeypatch.setattr(run, "finish", lambda: None)
+    monkeypatch.setattr(run, "fault", lambda kind: "done")
+    monkeypatch.setattr(run, "_reach", lambda step, checkpointed=False: calls.append(checkpointed) or True)
+    run.drive(12)
+    assert [not f.split(": ")[0].split(" at ")[1].startswith("step") for f in run.faults] == calls
+    assert True in calls and False in calls, run.faults
+
+    monkeypatch.undo()
+    monkeypatch.setattr(c, "RUN_TIMEOUT_S", 0.3)
+    ckpt = run.home / "runs" / "camp" / "ckpt"
+    ckpt.mkdir(parents=True)
+    (ckpt.parent / "metrics.jsonl").write_text('{"step": 24}\n')
+    assert run._reach(24) and not run._reach(24, checkpointed=True)  # the frame is there, the checkpoint not yet
+    (ckpt / "LATEST").write_text("step-000024\n")
+    assert run._reach(24, checkpointed=True)
+
+
+def test_a_run_whose_ctl_keeps_failing_gives_up_instead_of_restarting_until_the_timeout(tmp_path, monkeypatch):
+    """A trainer that fails every attempt: ctl train exits 1 each time; the run gives up after MAX_UNASKED_EXITS
+    exits (it had restarted ctl train until RUN_TIMEOUT_S, 900 s, a campaign that looked stuck)."""
+    import subprocess
+    import sys
+    import time
+
+    import simulator.campaign as c
+
+    run = c.Run(0, 1, tmp_path, tmp_path / "s.json", random.Random(0), worker_mode=False)
+    starts = []
+
+    def start():
+        starts.append(1)
+        run.primary = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+
+    monkeypatch.setattr(run, "start", start)
+    monkeypatch.setattr(c, "RUN_TIMEOUT_S", 10.0)  # (without the give-up it restarts until then)
+    start()
+    t0 = time.monotonic()
+    run.finish()
+    assert len(starts) == c.MAX_UNASKED_EXITS and time.monotonic() - t0 < 60
+    assert any("gave up after 2 exits" in p for p in run.problems), run.problems
+
+
+def test_a_failed_uninterrupted_run_is_reported_while_the_run_is_driven(tmp_path):
+    """Reference.failed(): the campaign stops comparing with a run that failed (it had waited for it up to 900 s)."""
+    import subprocess
+    import sys
+
+    from simulator.campaign import Reference
+
+    ref = Reference(tmp_path, tmp_path / "s.json", want={"x": 1})
+    assert ref.failed() is None
+    ref.want = None
+    ref.proc = subprocess.Popen([sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(1)"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ref.proc.wait()
+    assert "the uninterrupted run ended None (exit 1): boom" in (ref.failed() or "")
