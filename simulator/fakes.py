@@ -249,7 +249,7 @@ class FakeActivities:
         else:
             self.files = dict(files or {})
             self._files_sum = sum(self.files.values())
-        self.log: list[str] = []  # the relative path of every file written, in order (scenario.SnapshotHome)
+        self.log: list[str] = []  # the relative path of every file written, in order (snapshot_home.SnapshotHome)
 
     def _wrote(self, rel: str, data: bytes) -> None:
         self.log.append(rel)

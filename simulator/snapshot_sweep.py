@@ -40,9 +40,8 @@ from .ledger import Ledger, SplicedLedger, TailLedger
 from .ledger_folds import PrefixFold, TailCache, position_lines
 from .prefix import adopt_donor, advance_prefix, build_prefix, in_child
 from .report import Mismatch, rerun_command
-from .scenario import (
-    START_TIME, Outcome, SnapshotHome, new_home, recover_from_snapshot, remove_home, run_scenario, unread_of,
-)
+from .scenario import START_TIME, Outcome, recover_from_snapshot, run_scenario
+from .snapshot_home import SnapshotHome, new_home, remove_home, unread_of
 
 if TYPE_CHECKING:
     from .sweep import Simulator

@@ -273,7 +273,7 @@ class Simulator:
             self._drop_home(o.home)
 
     def _drop_home(self, home) -> None:
-        """A run's home is done with: removed, but for the reused snapshot folder (scenario.SnapshotHome)."""
+        """A run's home is done with: removed, but for the reused snapshot folder (snapshot_home.SnapshotHome)."""
         pool = self._snapshots.pool
         if pool is None or home != pool.home:
             remove_home(home)

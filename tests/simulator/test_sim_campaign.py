@@ -21,7 +21,8 @@ import random
 import pytest
 
 from simulator import procs
-from simulator.campaign import Monitor, campaign, uninterrupted
+from simulator.campaign import Monitor, campaign
+from simulator.campaign_reference import uninterrupted
 from simulator.campaign_targets import FAULTS
 from simulator.campaign_progress import fault_points, history_resumes, latest_step, progress_step
 from simulator.campaign_targets import USER_FAULTS, examples_target
@@ -273,7 +274,7 @@ def test_a_failed_uninterrupted_run_is_reported_while_the_run_is_driven(tmp_path
     import subprocess
     import sys
 
-    from simulator.campaign import Reference
+    from simulator.campaign_reference import Reference
 
     ref = Reference(tmp_path, tmp_path / "s.json", want={"x": 1})
     assert ref.failed() is None
