@@ -432,12 +432,14 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
             interruptions.append({"signal": {"term": "SIGTERM"}.get(prev.mode, "SIGKILL"), "mode": prev.mode,
                                   "step_killed": prev.reached_step, "resumed_from": nxt.resumed_step,
                                   "steps_redone": max(0, (prev.reached_step or 0) - nxt.resumed_step)})
-    proven = any(i["resumed_from"] > 0 for i in interruptions)
+    # proven only by a resume from a mid-run checkpoint: one from step 0 restarts, one from ``steps`` (a kill
+    # after the last checkpoint) trains nothing after it
+    proven = any(0 < i["resumed_from"] < spec.steps for i in interruptions)
     verdict = "not_exact" if not exact else ("exact" if proven else "not_proven")
     if verdict == "not_proven":
         exact = False
-        text = text or ("no interruption resumed from a checkpoint" if plan else
-                        f"no interruption resumed from a checkpoint: steps {spec.steps} / checkpoint_every "
+        text = text or ("no interruption resumed from a mid-run checkpoint" if plan else
+                        f"no interruption resumed from a mid-run checkpoint: steps {spec.steps} / checkpoint_every "
                         f"{spec.checkpoint_every} allow no kill after a mid-run checkpoint")
     return Report(name=name, verdict=verdict, interruptions=interruptions, exact=exact, kills_planned=len(plan),
                   kills_landed=landed,

@@ -40,6 +40,17 @@ def test_the_toy_trainer_unbroken_is_exact_through_kill_and_term(tmp_path) -> No
                                   "first_differing_step": None}, report
 
 
+def test_an_interruption_after_the_last_checkpoint_proves_nothing(tmp_path) -> None:
+    """A trainer that does not hold at the planned step is signalled when its step records reach it; one that
+    writes them only at the end is killed after its last checkpoint, and the restart resumes at ``steps``,
+    training nothing: no resume from a mid-run checkpoint was exercised, so NOT PROVEN (exit 3), never EXACT."""
+    rc, report, err = verify(tmp_path, "", "--signal", "kill", "--kills", "1", "--segments", "1",
+                             metrics_at_end=True, end_s=1.0)
+    assert [i["resumed_from"] for i in report["interruptions"]] == [12], report
+    assert rc == 3 and report["verdict"] == "not_proven" and not report["exact"], (rc, report, err[-2000:])
+    assert "no interruption resumed from a mid-run checkpoint" in report["diagnosis"], report["diagnosis"]
+
+
 @pytest.mark.parametrize("bad, args, rule, words", [
     ("short", (), "exit codes", "exited 0 at step 8 of 12"),
     ("no-result", (), "result line", "nothing on stdout"),

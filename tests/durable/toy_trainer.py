@@ -10,7 +10,9 @@ each segment of ``ctl train`` changes, instead of over the run's ``CTL_RUN_STEPS
 of real loops: ``read-ahead`` (a batch prefetched before the loop, its position saved one past it),
 ``plain-cursor`` (the position in a variable that is not saved), ``unregistered-shuffle`` (batches drawn
 by an RNG that is not saved), ``draw-after-restore`` (the global RNG drawn once after its restore, as
-DataLoader.__iter__ does when the iterator is made after the resume).
+DataLoader.__iter__ does when the iterator is made after the resume). ``config.metrics_at_end``: the
+step records are written only after the last step's checkpoint, then it waits ``config.end_s`` before
+its result line (a poller that signals on a step record sees none before the run is done).
 """
 import argparse
 import hashlib
@@ -97,6 +99,7 @@ except OSError:
 with open(os.path.join(run, "metrics.jsonl"), "w") as f:
     f.writelines(frames)
 metrics = open(os.path.join(run, "metrics.jsonl"), "a")
+late = [] if cfg.get("metrics_at_end") else None
 emit(event="ready", step=step)
 
 stop = []
@@ -119,13 +122,21 @@ while step < last and not stop:
     else:
         batch = next_batch()
     w = w * 0.5 + step * lr + batch * 0.01 + random.random() * 1e-3
-    metrics.write(json.dumps({"step": step, "train/loss": loss_at(step, w), "train/loss_hex": loss_at(step, w).hex(),
-                              "optim/lr_hex": [lr.hex()], "data/batch": str(batch)}) + "\n")
-    metrics.flush()
+    frame = json.dumps({"step": step, "train/loss": loss_at(step, w), "train/loss_hex": loss_at(step, w).hex(),
+                        "optim/lr_hex": [lr.hex()], "data/batch": str(batch)}) + "\n"
+    if late is not None:
+        late.append(frame)
+    else:
+        metrics.write(frame)
+        metrics.flush()
     if step % every == 0 or step == last or stop:
         save(step, w)
     else:
         emit(event="progress", step=step)
+if late:  # some steps trained: their records now, then a wait before the result line
+    metrics.writelines(late)
+    metrics.flush()
+    time.sleep(cfg.get("end_s", 0))
 if bad == "no-result":
     sys.exit(0)
 line = result(step, w, canceled=bool(stop))
