@@ -75,6 +75,28 @@ class Report:
     def as_json(self) -> dict:
         return asdict(self)
 
+    def lines(self) -> list[str]:
+        """The human report: the verdict, what was compared, each interruption, the run in segments (or
+        that it was not tested), the diagnosis."""
+        if self.verdict == "contract_broken":
+            return [f"{self.name}: CONTRACT BROKEN (nothing compared)", f"  {self.diagnosis}"]
+        verdict = {"exact": "EXACT", "not_proven": "NOT PROVEN"}.get(self.verdict, "NOT EXACT")
+        out = [f"{self.name}: {verdict} after {self.kills_landed} interruption(s) ({self.steps_compared} steps compared)",
+               f"  final_loss_hex {self.final_loss_hex.get('uninterrupted')} vs {self.final_loss_hex.get('resumed')}",
+               f"  digest         {str(self.digest.get('uninterrupted'))[:16]} vs {str(self.digest.get('resumed'))[:16]}"]
+        for n, i in enumerate(self.interruptions, 1):
+            out.append(f"  interruption {n}: {i['signal']} ({i['mode']}) at step {i['step_killed']}, resumed from "
+                       f"checkpoint step {i['resumed_from']}, {i['steps_redone']} step(s) redone")
+        seg = self.segments
+        if seg.get("exact") is not None:
+            out.append(f"  segments {seg['ends']} (as ctl train runs it): {'equal' if seg['exact'] else 'differ'}")
+        elif self.verdict != "not_exact":  # a plan of one segment (--segments 1): EXACT says nothing of segments
+            out.append(f"  segments (as ctl train runs it): not tested (one segment planned, {seg.get('ends')}; "
+                       f"--segments N compares a run in N)")
+        if self.diagnosis:
+            out.append(f"  {self.diagnosis}")
+        return out
+
 
 # --- running the trainer -----------------------------------------------------------------------
 

@@ -95,5 +95,8 @@ def verdict_line(v: Mapping[str, Any]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(v["time"])) if isinstance(v.get("time"), (int, float)) else "?"
     how = ", ".join(x for x in (f"{v['kills']} interruption(s)" if v.get("kills") is not None else "",
                                 f"seed {v['seed']}" if v.get("seed") is not None else "") if x)
+    segs = v.get("segments")
+    untested = ("; the run in segments, as ctl train runs it, not tested" if v.get("verdict") == "exact"
+                and isinstance(segs, list) and len(segs) <= 1 else "")
     return f"resume proof: ctl verify-resume said {str(v.get('verdict')).upper().replace('_', ' ')} on {when}" + \
-        (f" ({how})" if how else "")
+        (f" ({how})" if how else "") + untested

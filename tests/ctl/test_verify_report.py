@@ -1,0 +1,33 @@
+"""``ctl verify-resume``'s human report (ctl/verify.py ``Report.lines``): no verdict line without the thing
+it names being exercised."""
+from __future__ import annotations
+
+from ctl.verify import Report
+
+
+def _report(verdict: str, segments: dict) -> Report:
+    return Report(name="toy", exact=verdict == "exact", kills_planned=1, kills_landed=1,
+                  final_loss_hex={"uninterrupted": "0x1p-1", "resumed": "0x1p-1"}, digest={"uninterrupted": "ab", "resumed": "ab"},
+                  steps_compared=12, verdict=verdict, segments=segments,
+                  interruptions=[{"signal": "SIGKILL", "mode": "kill", "step_killed": 4, "resumed_from": 3, "steps_redone": 1}])
+
+
+def test_the_human_report_says_when_the_run_in_segments_was_not_tested() -> None:
+    """EXACT with one segment planned (--segments 1) compared no run in segments: the report says so
+    instead of staying silent about how ctl train runs it."""
+    for verdict in ("exact", "not_proven"):
+        lines = _report(verdict, {"ends": [12], "exact": None}).lines()
+        assert "  segments (as ctl train runs it): not tested (one segment planned, [12]; --segments N compares a run in N)" \
+            in lines, lines
+    lines = _report("exact", {"ends": [6, 12], "exact": True}).lines()
+    assert lines[0] == "toy: EXACT after 1 interruption(s) (12 steps compared)", lines
+    assert "  segments [6, 12] (as ctl train runs it): equal" in lines and not any("not tested" in ln for ln in lines)
+
+
+def test_status_and_show_say_when_the_recorded_exact_verdict_had_no_run_in_segments() -> None:
+    from ctl.verify_record import verdict_line
+
+    one = verdict_line({"verdict": "exact", "time": 0, "kills": 1, "seed": 0, "segments": [12]})
+    assert one.endswith("; the run in segments, as ctl train runs it, not tested"), one
+    two = verdict_line({"verdict": "exact", "time": 0, "kills": 1, "seed": 0, "segments": [6, 12]})
+    assert "not tested" not in two and "said EXACT" in two, two
