@@ -131,6 +131,8 @@ class Trainer:
         try:
             return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=log,
                                     start_new_session=True)
+        except OSError as e:  # no such command, not executable: the spec's trainer.command (bad input)
+            raise BadRequest(f"cannot start the trainer {argv[0]!r} (in {cwd}): {e.strerror or e}") from None
         finally:
             log.close()
             out.close()

@@ -31,3 +31,18 @@ def test_status_and_show_say_when_the_recorded_exact_verdict_had_no_run_in_segme
     assert one.endswith("; the run in segments, as ctl train runs it, not tested"), one
     two = verdict_line({"verdict": "exact", "time": 0, "kills": 1, "seed": 0, "segments": [6, 12]})
     assert "not tested" not in two and "said EXACT" in two, two
+
+
+def test_a_trainer_command_that_cannot_start_is_one_bad_input_line(tmp_path) -> None:
+    """A spec's trainer command that does not exist: BadRequest (ctl: one line, exit 2), not Popen's traceback."""
+    import json
+
+    import pytest
+
+    from ctl.errors import BadRequest
+    from ctl.verify import verify_resume
+
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({"name": "gone", "steps": 6, "trainer": {"command": ["no-such-trainer-xyz", "--x"]}}))
+    with pytest.raises(BadRequest, match="cannot start the trainer 'no-such-trainer-xyz'"):
+        verify_resume(str(spec), tmp_path, kills=1, log=lambda s: None)
