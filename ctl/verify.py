@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from engine import dies_with_parent
 from tinyllm.spec import SpecError, load_json_file
 from tinyllm.trainer_spec import has_trainer, parse_run_spec
 from workflows.trainer_command import invocation
@@ -130,7 +131,7 @@ class Trainer:
         out = open(home / f"{progress.stem}.stdout", "wb")
         try:
             return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=log,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=dies_with_parent())  # never an orphan
         except OSError as e:  # no such command, not executable: the spec's trainer.command (bad input)
             raise BadRequest(f"cannot start the trainer {argv[0]!r} (in {cwd}): {e.strerror or e}") from None
         finally:

@@ -36,7 +36,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from . import _proctree as proctree
 from ._errors import Canceled, NonRetryableError
@@ -90,6 +90,13 @@ def _preexec(parent_pid: int):
             os._exit(137)
 
     return setup
+
+
+def dies_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn`` for ``subprocess.Popen`` whose child is SIGKILLed by the kernel when this process
+    dies, however it dies (``PR_SET_PDEATHSIG``, as the runner's children; Linux only). Call it on the
+    thread that starts the child and keeps living: the signal fires when that thread exits."""
+    return _preexec(os.getpid())
 
 
 def _tail(f, limit: int) -> str:

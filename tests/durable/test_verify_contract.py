@@ -5,6 +5,7 @@ rule at a time; the same trainer unbroken is EXACT, so each verdict is the broke
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,48 @@ def test_an_interruption_after_the_last_checkpoint_proves_nothing(tmp_path) -> N
     assert [i["resumed_from"] for i in report["interruptions"]] == [12], report
     assert rc == 3 and report["verdict"] == "not_proven" and not report["exact"], (rc, report, err[-2000:])
     assert "no interruption resumed from a mid-run checkpoint" in report["diagnosis"], report["diagnosis"]
+
+
+def _toys_of(home: Path) -> list[int]:
+    """The live toy trainer processes started in ``home`` (from /proc)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        try:
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if any(b"toy_trainer.py" in w for w in cmd) and any(str(home).encode() in w for w in cmd) and state != "Z":
+            pids.append(int(name))
+    return pids
+
+
+def test_a_killed_verify_resume_leaves_no_trainer_behind(tmp_path) -> None:
+    """SIGKILL of ctl verify-resume (OOM, kill -9) takes its trainer with it: an orphan would train on into
+    the scratch folder that the next verify-resume of the spec empties and fills again."""
+    import signal
+    import time
+
+    spec = {"name": "orphan", "steps": 12, "checkpoint_every": 3, "trainer": {"command": ["python", str(TOY)]},
+            "config": {"step_s": 1.0}}
+    (tmp_path / "o.json").write_text(json.dumps(spec))
+    p = subprocess.Popen([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(tmp_path / "o.json"),
+                          "--home", str(tmp_path)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not _toys_of(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _toys_of(tmp_path), "the trainer never started"
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    deadline = time.monotonic() + 10
+    while _toys_of(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _toys_of(tmp_path)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"trainer(s) {left} outlived the killed ctl verify-resume"
 
 
 @pytest.mark.parametrize("bad, args, rule, words", [
