@@ -299,7 +299,7 @@ def _run_tracer(home: Path, run_id: str, trace_file: str | None) -> Any:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the interruption plan.")
 @click.option("--signal", "signal_mode", type=click.Choice(["kill", "term", "both"]), default="both",
               show_default=True, help="SIGKILL, SIGTERM (checkpoint, exit 130), or a seeded mix of both.")
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
               help="Seconds one run of the trainer may take.")
 @click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=60.0,
               show_default=True, help="Seconds a run may go without a progress line (the contract's liveness rule).")

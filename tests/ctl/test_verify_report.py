@@ -46,3 +46,18 @@ def test_a_trainer_command_that_cannot_start_is_one_bad_input_line(tmp_path) -> 
     spec.write_text(json.dumps({"name": "gone", "steps": 6, "trainer": {"command": ["no-such-trainer-xyz", "--x"]}}))
     with pytest.raises(BadRequest, match="cannot start the trainer 'no-such-trainer-xyz'"):
         verify_resume(str(spec), tmp_path, kills=1, log=lambda s: None)
+
+
+def test_a_timeout_that_no_run_can_meet_is_bad_input(tmp_path) -> None:
+    """--timeout 0 or below: exit 2 before anything runs (it used to start the trainer, stop it after 1 s
+    and fail with 'ran longer than -5 s', exit 1)."""
+    from click.testing import CliRunner
+
+    from ctl.cli import main
+
+    (tmp_path / "s.json").write_text('{"name": "t", "steps": 4, "trainer": {"command": ["true"]}}')
+    for bad in ("0", "-5"):
+        r = CliRunner().invoke(main, ["verify-resume", "--spec", str(tmp_path / "s.json"), "--home", str(tmp_path),
+                                      "--timeout", bad])
+        assert r.exit_code == 2 and "--timeout" in r.output, (bad, r.exit_code, r.output)
+        assert not (tmp_path / ".ctl").exists()
