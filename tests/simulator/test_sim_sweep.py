@@ -297,3 +297,17 @@ def test_the_outcome_checks_give_the_same_lines_on_the_kept_events_as_on_the_who
         want = sim.state_lines(o, what="kill")
         assert want or i == 0
         assert sim.state_lines(replace(o, events=kept_events(events)), what="kill") == want, i
+
+
+def test_a_sweep_of_nothing_is_refused_exit_2(capsys):
+    """--runs 0 printed '0 tried, 0 matched, 0 mismatched' and exit 0 (a pass with nothing exercised);
+    random-kills --kills 0 failed with randint's ValueError traceback. Both: exit 2 before any run."""
+    from simulator.__main__ import main
+
+    for args in (["random-kills", "--runs", "0"], ["random-kills", "--kills", "0"], ["cancels", "--runs", "0"],
+                 ["kill-loop", "--spec", "x.json", "--kills", "0"], ["campaign", "--runs", "0"],
+                 ["kill-every-position", "--jobs", "0"]):
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        assert e.value.code == 2, args
+        assert "at least 1" in capsys.readouterr().err, args
