@@ -360,7 +360,9 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
         report = Report(name=name, verdict="contract_broken", exact=False, kills_planned=0, kills_landed=0,
                         final_loss_hex={}, digest={}, steps_compared=0, diagnosis=str(e), suspects=[e.rule],
                         workdir=str(workdir))
-    verified.record(user_home, raw, report.verdict, kills=kills, seed=seed, segments=report.segments.get("ends"))
+    # what was exercised (the interruptions that landed), not what was asked: ctl status/show print it
+    verified.record(user_home, raw, report.verdict, kills=report.kills_landed, kills_asked=kills, seed=seed,
+                    segments=report.segments.get("ends"))
     return report
 
 
