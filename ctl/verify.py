@@ -413,18 +413,21 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
     ref_result = _result(ref_home, "attempt-0") or {}
     ref_lines = _progress_lines(ref_home / "attempt-0.jsonl")
     helper = any("tracked" in ln for ln in ref_lines)
-    plan = plan_kills(kills, spec.steps, seed, signal_mode, helper, spec.checkpoint_every)
+    end = contract.stopped_at(ref_result) or spec.steps  # an early stop ends the run there: plan before it
+    if end != spec.steps:
+        log(f"verify-resume {name}: the uninterrupted run stopped early at step {end}")
+    plan = plan_kills(kills, end, seed, signal_mode, helper, spec.checkpoint_every)
     log(f"verify-resume {name}: interrupted run, {len(plan)} interruption(s) (seed {seed}) in {kill_home}")
     attempts: list[Attempt] = []
     for i, (mode, target) in enumerate(plan, 1):
         a = _run_attempt(trainer, kill_home, i, mode, target, timeout_s, False, log, heartbeat_s)
         attempts.append(a)
         _check_attempt(trainer, kill_home, i, a, spec.steps)
-        if a.returncode == 0 and _latest_step(kill_home, name) >= spec.steps:
+        if a.returncode == 0 and _latest_step(kill_home, name) >= end:
             break  # finished before this interruption landed
         if a.returncode not in (0, 130, -signal.SIGKILL, -signal.SIGTERM):
             raise VerifyFailed(f"attempt {i} failed (exit {a.returncode}): {_stderr_last(kill_home, f'attempt-{i}')}")
-    if not attempts or _latest_step(kill_home, name) < spec.steps or attempts[-1].returncode != 0:
+    if not attempts or _latest_step(kill_home, name) < end or attempts[-1].returncode != 0:
         final = _run_attempt(trainer, kill_home, len(attempts) + 1, "final", None, timeout_s, False, log, heartbeat_s)
         attempts.append(final)
         if final.returncode != 0:
@@ -461,7 +464,7 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
                                   "steps_redone": max(0, (prev.reached_step or 0) - nxt.resumed_step)})
     # proven only by a resume from a mid-run checkpoint: one from step 0 restarts, one from ``steps`` (a kill
     # after the last checkpoint) trains nothing after it
-    proven = any(0 < i["resumed_from"] < spec.steps for i in interruptions)
+    proven = any(0 < i["resumed_from"] < end for i in interruptions)
     verdict = "not_exact" if not exact else ("exact" if proven else "not_proven")
     if verdict == "not_proven":
         exact = False

@@ -64,6 +64,17 @@ def test_the_recorded_verdict_counts_the_interruptions_that_landed_not_those_ask
     assert "(3 interruption(s), seed 1)" in verdict_line(record), verdict_line(record)
 
 
+def test_an_early_stop_is_no_broken_rule_and_the_interruptions_land_before_it(tmp_path) -> None:
+    """A trainer that stops early (exit 0 at step 7 of 12, ``stopped_early`` in its result, as tinyllm with
+    ``early_stopping`` and as TrainRun accepts it) was called CONTRACT BROKEN (exit codes) by verify-resume.
+    Now the run's end is the uninterrupted run's stop: the kills are planned before it and EXACT is proven."""
+    rc, report, err = verify(tmp_path, "", "--signal", "both", "--kills", "2", stop_at=7)
+    assert rc == 0 and report["verdict"] == "exact", (rc, report.get("diagnosis") if report else None, err[-2000:])
+    assert report["final_loss_hex"]["uninterrupted"] == report["final_loss_hex"]["resumed"]
+    assert report["interruptions"] and all(0 < i["resumed_from"] < 7 for i in report["interruptions"]), report
+    assert report["steps_compared"] == 7 and report["segments"]["exact"] is True, report
+
+
 def _toys_of(home: Path) -> list[int]:
     """The live toy trainer processes started in ``home`` (from /proc)."""
     pids = []
