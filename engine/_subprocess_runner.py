@@ -191,10 +191,16 @@ def run_subprocess(
     err = tempfile.TemporaryFile()
     child_env = dict(os.environ if env is None else env)
     child_env[proctree.ENV_TAG] = tag
-    proc = subprocess.Popen(
-        list(argv), cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-        start_new_session=True, preexec_fn=_preexec(os.getpid()),
-    )
+    try:
+        proc = subprocess.Popen(
+            list(argv), cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            start_new_session=True, preexec_fn=_preexec(os.getpid()),
+        )
+    except (FileNotFoundError, NotADirectoryError, PermissionError) as e:  # the same argv fails the same way again
+        out.close()
+        err.close()
+        raise NonRetryableError(f"cannot start {argv[0]!r} (in {cwd or os.getcwd()}): {e.strerror or e}",
+                                type="BadInput") from None
     stopping: str | None = None  # why the tree is being stopped: "cancel" or "hung"
     try:
         if record is not None:
