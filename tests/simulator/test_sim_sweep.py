@@ -311,3 +311,16 @@ def test_a_sweep_of_nothing_is_refused_exit_2(capsys):
             main(args)
         assert e.value.code == 2, args
         assert "at least 1" in capsys.readouterr().err, args
+
+
+def test_kill_at_a_position_the_run_never_reaches_is_not_tested(capsys):
+    """kill-at 5,99999: the kill at 99999 never happened (the run ended first), yet the run printed 'matched',
+    exit 0, as if that kill had been survived."""
+    from simulator.__main__ import main
+
+    small = ["--steps", "100", "--eval-every", "50", "--checkpoint-every", "10"]
+    assert main(["kill-at", *small, "--kills", "5,99999"]) == 3
+    out = capsys.readouterr().out
+    assert "killed at position 5:" in out and "matched" not in out.splitlines()[-1], out
+    assert "kill at position 99999 did not happen (the run ended first): not tested" in out, out
+    assert main(["kill-at", *small, "--kills", "5"]) == 0 and capsys.readouterr().out.splitlines()[-1] == "matched"
