@@ -99,9 +99,16 @@ def stopped_at(result: dict) -> int | None:
 
 def check_sigterm(stdout: Path, *, rc: int, signaled_step: int | None, latest: int, steps: int) -> None:
     """SIGTERM, answered: a checkpoint at or after the step it arrived in, ``canceled``, exit 130. An exit 0
-    that finished every step before the signal is no break (the race of a signal at the very end)."""
+    that finished every step, or stopped early, before the signal is no break (the race of a signal at the
+    very end)."""
     if rc == 0 and latest >= steps:
         return
+    if rc == 0:
+        try:
+            if stopped_at(result_line(stdout, rc=rc)) == latest:
+                return  # an early stop before the signal (check_done checks the rest)
+        except ContractBroken:
+            pass  # named below, as an exit 0 that did not answer the SIGTERM
     at = f" at step {signaled_step}" if signaled_step is not None else ""
     if rc != 130:
         how = f"killed by signal {-rc}" if rc < 0 else f"exit {rc}"

@@ -61,3 +61,20 @@ def test_a_timeout_that_no_run_can_meet_is_bad_input(tmp_path) -> None:
                                       "--timeout", bad])
         assert r.exit_code == 2 and "--timeout" in r.output, (bad, r.exit_code, r.output)
         assert not (tmp_path / ".ctl").exists()
+
+
+def test_an_early_stop_that_beat_the_sigterm_is_no_broken_sigterm_rule(tmp_path) -> None:
+    """SIGTERM sent as a trainer stopped early and exited 0 (the race at the run's very end, exempt when the
+    run ends at steps): it is the same race at the early stop, not 'SIGTERM answered with exit 0'."""
+    import json
+
+    import pytest
+
+    from ctl.verify_contract import ContractBroken, check_sigterm
+
+    out = tmp_path / "stdout"
+    out.write_text(json.dumps({"steps": 7, "stopped_early": {"step": 7}, "canceled": False}) + "\n")
+    check_sigterm(out, rc=0, signaled_step=7, latest=7, steps=12)  # no ContractBroken
+    out.write_text(json.dumps({"steps": 7, "canceled": False}) + "\n")  # an exit 0 at 7 of 12 without a stop
+    with pytest.raises(ContractBroken, match="answered with exit 0"):
+        check_sigterm(out, rc=0, signaled_step=7, latest=7, steps=12)
