@@ -469,7 +469,8 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
     if verdict == "not_proven":
         exact = False
         text = text or ("no interruption resumed from a mid-run checkpoint" if plan else
-                        f"no interruption resumed from a mid-run checkpoint: steps {spec.steps} / checkpoint_every "
+                        "no interruption resumed from a mid-run checkpoint: --kills 0 plans none" if kills == 0 else
+                        f"no interruption resumed from a mid-run checkpoint: steps {end} / checkpoint_every "
                         f"{spec.checkpoint_every} allow no kill after a mid-run checkpoint")
     return Report(name=name, verdict=verdict, interruptions=interruptions, exact=exact, kills_planned=len(plan),
                   kills_landed=landed,

@@ -75,6 +75,14 @@ def test_an_early_stop_is_no_broken_rule_and_the_interruptions_land_before_it(tm
     assert report["steps_compared"] == 7 and report["segments"]["exact"] is True, report
 
 
+def test_kills_0_is_not_proven_and_says_so_not_the_cadence(tmp_path) -> None:
+    """--kills 0: NOT PROVEN because nothing was interrupted; the diagnosis blamed 'steps 12 / checkpoint_every
+    3 allow no kill after a mid-run checkpoint', which is false (they allow three)."""
+    rc, report, err = verify(tmp_path, "", "--kills", "0", "--segments", "1")
+    assert rc == 3 and report["verdict"] == "not_proven", (rc, err[-2000:])
+    assert report["diagnosis"] == "no interruption resumed from a mid-run checkpoint: --kills 0 plans none", report
+
+
 def _toys_of(home: Path) -> list[int]:
     """The live toy trainer processes started in ``home`` (from /proc)."""
     pids = []
