@@ -78,3 +78,23 @@ def test_an_early_stop_that_beat_the_sigterm_is_no_broken_sigterm_rule(tmp_path)
     out.write_text(json.dumps({"steps": 7, "canceled": False}) + "\n")  # an exit 0 at 7 of 12 without a stop
     with pytest.raises(ContractBroken, match="answered with exit 0"):
         check_sigterm(out, rc=0, signaled_step=7, latest=7, steps=12)
+
+
+def test_a_nul_byte_in_the_trainer_command_or_env_is_refused_with_the_spec() -> None:
+    """A NUL in trainer.command/eval_command/cwd/env cannot reach exec: ctl train retried it 5 times
+    ('ValueError: embedded null byte', exit 1); now the spec is refused (SpecError: ctl's exit 2)."""
+    import pytest
+
+    from tinyllm.spec import SpecError
+    from tinyllm.trainer_spec import parse_run_spec
+
+    base = {"name": "n", "steps": 2}
+    for trainer, field in (({"command": ["tr\0ue"]}, "trainer.command"),
+                           ({"command": ["true"], "eval_command": ["x\0"]}, "trainer.eval_command"),
+                           ({"command": ["true"], "cwd": "/tmp\0"}, "trainer.cwd"),
+                           ({"command": ["true"], "env": {"A\0": "x"}}, "trainer.env"),
+                           ({"command": ["true"], "env": {"A": "x\0"}}, "trainer.env"),
+                           ({"command": ["true"], "env": {"A=B": "x"}}, "trainer.env")):
+        with pytest.raises(SpecError, match=field.replace(".", r"\.")):
+            parse_run_spec({**base, "trainer": trainer})
+    parse_run_spec({**base, "trainer": {"command": ["true"], "env": {"A": "x=y"}}})  # '=' in a value is fine
