@@ -98,3 +98,17 @@ def test_a_nul_byte_in_the_trainer_command_or_env_is_refused_with_the_spec() -> 
         with pytest.raises(SpecError, match=field.replace(".", r"\.")):
             parse_run_spec({**base, "trainer": trainer})
     parse_run_spec({**base, "trainer": {"command": ["true"], "env": {"A": "x=y"}}})  # '=' in a value is fine
+
+
+def test_ctl_train_of_a_run_in_segments_says_when_the_exact_verdict_had_none(tmp_path, monkeypatch) -> None:
+    """An EXACT recorded with --segments 1 proved nothing of segments; ctl train of a spec that runs in
+    segments (eval_every < steps) said nothing, as if the trainer were verified for it."""
+    from ctl import verify_record
+
+    spec = {"name": "s", "steps": 12, "eval_every": 4, "trainer": {"command": ["true"]}}
+    verify_record.record(tmp_path, spec, "exact", kills=2, seed=0, segments=[12])
+    notice = verify_record.unverified_notice(tmp_path, spec, "s.json")
+    assert notice is not None and "not in segments" in notice, notice
+    assert verify_record.unverified_notice(tmp_path, {**spec, "eval_every": 0}, "s.json") is None  # one segment
+    verify_record.record(tmp_path, spec, "exact", kills=2, seed=0, segments=[4, 8, 12])
+    assert verify_record.unverified_notice(tmp_path, spec, "s.json") is None
