@@ -184,7 +184,7 @@ def _stderr_last(home: Path, stem: str) -> str:
 def _progress_lines(path: Path) -> list[dict]:
     out = []
     try:
-        for raw in path.read_text(encoding="utf-8").splitlines():
+        for raw in path.read_bytes().splitlines():  # bytes: a line that is no UTF-8 is skipped as not JSON
             try:
                 line = json.loads(raw)
             except ValueError:

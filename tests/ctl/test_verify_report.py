@@ -122,3 +122,18 @@ def test_a_metrics_file_with_bytes_that_are_not_utf8_is_read_without_them(tmp_pa
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"step": 1, "train/loss": 2.0}\n\xff\xfe{"step": 2}\n{"step": 3, "train/loss": 1.5}\n')
     assert [f["step"] for f in read_frames(path)] == [1, 3]
+
+
+def test_verify_resume_reads_step_records_past_a_line_that_is_not_utf8(tmp_path) -> None:
+    """A user's trainer writing a raw non-UTF-8 byte in metrics.jsonl: step_records raised UnicodeDecodeError,
+    a traceback of ctl verify-resume; the line is skipped as one that is not a step record."""
+    from ctl.verify_diagnose import step_records
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "train/loss": 2.0}\n{"step": 2, "note": "\xe9"}\n{"step": 3, "train/loss": 1.5}\n')
+    assert sorted(step_records(path)) == [1, 3]
+    from ctl.verify import _progress_lines
+
+    progress = tmp_path / "progress.jsonl"
+    progress.write_bytes(b'{"step": 1}\n{"event": "x\xe9"}\n{"step": 2}\n')
+    assert [ln["step"] for ln in _progress_lines(progress)] == [1, 2]
