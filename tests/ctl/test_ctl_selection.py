@@ -139,6 +139,14 @@ def _descendants(pid: int) -> list[int]:
     return descendants(pid)
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (a killed child whose reparenting init does not reap it stays in /proc as Z)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 def _release_interrupted_and_resumed(home: Path) -> None:
     """SIGTERM to ctl release during its evaluation: the one ``ctl: interrupted`` line, exit 130 (as ctl train
     and ctl eval), the evaluation's process gone; the same command then finishes the release."""
@@ -163,6 +171,6 @@ def _release_interrupted_and_resumed(home: Path) -> None:
     assert err.strip().splitlines()[-1].startswith("ctl: interrupted; release/small/"), err[-2000:]
     assert "Traceback" not in err and "Aborted" not in err, err[-2000:]
     time.sleep(0.5)
-    assert not [c for c in children if Path(f"/proc/{c}").exists()], "the evaluation outlived ctl release"
+    assert not [c for c in children if _alive(c)], "the evaluation outlived ctl release"
     again = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env())
     assert again.returncode == 0 and "released small v0001" in again.stdout, again.stderr[-2000:]
