@@ -299,7 +299,7 @@ def _run_tracer(home: Path, run_id: str, trace_file: str | None) -> Any:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the interruption plan.")
 @click.option("--signal", "signal_mode", type=click.Choice(["kill", "term", "both"]), default="both",
               show_default=True, help="SIGKILL, SIGTERM (checkpoint, exit 130), or a seeded mix of both.")
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
               help="Seconds one run of the trainer may take.")
 @click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=60.0,
               show_default=True, help="Seconds a run may go without a progress line (the contract's liveness rule).")
@@ -335,23 +335,9 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
         sys.exit(errors.EXIT_CANCELED)
     if as_json:
         print_json(report.as_json())
-    elif report.verdict == "contract_broken":
-        click.echo(f"{report.name}: CONTRACT BROKEN (nothing compared)")
-        click.echo(f"  {report.diagnosis}")
     else:
-        verdict = {"exact": "EXACT", "not_proven": "NOT PROVEN"}.get(report.verdict, "NOT EXACT")
-        click.echo(f"{report.name}: {verdict} after {report.kills_landed} interruption(s) "
-                   f"({report.steps_compared} steps compared)")
-        click.echo(f"  final_loss_hex {report.final_loss_hex['uninterrupted']} vs {report.final_loss_hex['resumed']}")
-        click.echo(f"  digest         {str(report.digest['uninterrupted'])[:16]} vs {str(report.digest['resumed'])[:16]}")
-        for n, i in enumerate(report.interruptions, 1):
-            click.echo(f"  interruption {n}: {i['signal']} ({i['mode']}) at step {i['step_killed']}, resumed from "
-                       f"checkpoint step {i['resumed_from']}, {i['steps_redone']} step(s) redone")
-        seg = report.segments
-        if seg.get("exact") is not None:
-            click.echo(f"  segments {seg['ends']} (as ctl train runs it): {'equal' if seg['exact'] else 'differ'}")
-        if report.diagnosis:
-            click.echo(f"  {report.diagnosis}")
+        for line in report.lines():
+            click.echo(line)
     sys.exit({"exact": EXIT_OK, "not_proven": EXIT_NOT_PROVEN,
               "contract_broken": errors.EXIT_CONTRACT_BROKEN}.get(report.verdict, EXIT_FAILED))
 

@@ -17,6 +17,7 @@ from . import app, errors, historyview, runstatus
 from . import doctor as doc
 from . import plot as plotting
 from .errors import BadRequest, CtlError
+from .homecheck import as_ctl_error
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved, when
 from .runview import run_view
 from .show import show as show_run
@@ -200,8 +201,8 @@ def plot(workflow_id: str, output: str | None, as_json: bool, home: str | None) 
     pip install 'durable-train[plot]' (matplotlib). --json prints the plotted series instead.
 
     \b
-    Exit codes: 0, 2 for an unknown id, not a training run, no metrics yet or no database,
-                1 when matplotlib (for -o) is not installed.
+    Exit codes: 0, 2 for an unknown id, not a training run, no metrics yet, no database or an
+                -o file that cannot be written, 1 when matplotlib (for -o) is not installed, 74 disk full.
     \b
     Examples:
       ctl plot train/tiny
@@ -221,7 +222,12 @@ def plot(workflow_id: str, output: str | None, as_json: bool, home: str | None) 
         raise BadRequest(f"{st.workflow_id} has no training steps in runs/*/metrics.jsonl yet; nothing to plot")
     try:
         if output:
-            path = plotting.write_png(s, Path(output))
+            try:
+                path = plotting.write_png(s, Path(output))
+            except OSError as e:  # its folder cannot be made, no permission, no space
+                full = as_ctl_error(e, None)
+                raise (full if isinstance(full, errors.DiskFull) else
+                       BadRequest(f"cannot write the plot {output}: {e.strerror or e}")) from None
             click.echo(f"wrote {path} ({len(s.loss)} steps, {len(s.evals)} evaluation(s))")
         else:
             size = os.get_terminal_size(sys.stdout.fileno()) if sys.stdout.isatty() else os.terminal_size((100, 30))

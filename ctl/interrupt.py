@@ -1,4 +1,4 @@
-"""Ctrl-C, SIGINT and SIGTERM to a ``ctl train`` / ``ctl eval`` that runs its workflow here.
+"""Ctrl-C, SIGINT and SIGTERM to a ``ctl train`` / ``ctl eval`` / ``ctl release`` that runs its workflow here.
 
 The run stays resumable: ctl stops as after a kill, its trainer with it, and the same command
 resumes from the last checkpoint. What it does, once, however many signals come:
@@ -88,8 +88,9 @@ class Interrupt:
 
     ``workflow_id``, ``engine`` and ``display`` are set as they come into being."""
 
-    def __init__(self, what: str = "the run") -> None:
+    def __init__(self, what: str = "the run", keeps: str = "its checkpoints") -> None:
         self.what = what
+        self.keeps = keeps  # what the interrupted workflow keeps, in its one line
         self.workflow_id: str | None = None
         self.engine: Any = None
         self.display: Any = None
@@ -106,7 +107,7 @@ class Interrupt:
         wid = self.workflow_id
         if wid is None:
             return f"ctl: interrupted before {self.what} started; run the same command to start (or resume) it"
-        return (f"ctl: interrupted; {wid} keeps its checkpoints: run the same command to resume, "
+        return (f"ctl: interrupted; {wid} keeps {self.keeps}: run the same command to resume, "
                 f"or `ctl cancel {wid}`")
 
     def _on_signal(self, signum: int, frame: Any) -> None:

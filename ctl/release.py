@@ -20,6 +20,7 @@ import workflows
 from . import app
 from .cli_common import edge, home_option, json_option, print_json
 from .errors import EXIT_FAILED, BadRequest
+from .interrupt import Interrupt
 
 
 def candidate(result: dict, select: str, workflow_id: str) -> tuple[str, int]:
@@ -77,7 +78,8 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
     A failed gate publishes nothing (exit 1, the reason in one line).
 
     \b
-    Exit codes: 0 published, 1 a gate failed (or the release failed), 2 bad input, 130 interrupted.
+    Exit codes: 0 published, 1 a gate failed (or the release failed), 2 bad input, 130 interrupted
+    (Ctrl-C, SIGINT, SIGTERM: the evaluation is killed; the same command finishes the release).
     \b
     Example:
       ctl release train/tiny --suite ppl --gate 'ppl/ppl<=6.5' --select best
@@ -98,7 +100,9 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
     unknown = sorted({g.suite for g in parsed} - set(suites))
     if unknown:
         raise BadRequest(f"gate on suite {unknown[0]!r}, which is not evaluated (add --suite {unknown[0]})")
+    interrupt = Interrupt("the release", keeps="its finished evaluations").install()  # one line, exit 130
     engine = app.open_engine(home_dir, create=False)
+    interrupt.engine = engine
     try:
         train_id = app.resolve_id(engine, workflow_id)
         st = engine.status(train_id)
@@ -117,6 +121,7 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
                                           heartbeat_timeout_s=heartbeat_timeout_s)
         started = app.start_run(engine, workflows.WORKFLOW_MODEL_RELEASE,
                                 workflows.release_workflow_id(inp), inp)
+        interrupt.workflow_id = started.workflow_id
         out = engine.status(started.workflow_id)
         if out.state == "running":
             logging.getLogger("engine").addHandler(logging.NullHandler())

@@ -379,13 +379,13 @@ def _phase_of(view: RunView, aid: str, attempt: int, t: float, seg: SegmentView 
 def read_frames(path: Path) -> list[dict]:
     """Every complete frame of a metrics.jsonl (torn or foreign lines skipped), in file order."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError:
         return []
     out = []
-    for line in text.splitlines():
+    for line in data.splitlines():
         try:
-            frame = json.loads(line)
+            frame = json.loads(line)  # bytes: a line that is no UTF-8 is a ValueError, skipped as a torn one
         except ValueError:
             continue
         if isinstance(frame, dict) and isinstance(frame.get("step"), int):

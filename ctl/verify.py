@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from engine import dies_with_parent
 from tinyllm.spec import SpecError, load_json_file
 from tinyllm.trainer_spec import has_trainer, parse_run_spec
 from workflows.trainer_command import invocation
@@ -75,6 +76,28 @@ class Report:
     def as_json(self) -> dict:
         return asdict(self)
 
+    def lines(self) -> list[str]:
+        """The human report: the verdict, what was compared, each interruption, the run in segments (or
+        that it was not tested), the diagnosis."""
+        if self.verdict == "contract_broken":
+            return [f"{self.name}: CONTRACT BROKEN (nothing compared)", f"  {self.diagnosis}"]
+        verdict = {"exact": "EXACT", "not_proven": "NOT PROVEN"}.get(self.verdict, "NOT EXACT")
+        out = [f"{self.name}: {verdict} after {self.kills_landed} interruption(s) ({self.steps_compared} steps compared)",
+               f"  final_loss_hex {self.final_loss_hex.get('uninterrupted')} vs {self.final_loss_hex.get('resumed')}",
+               f"  digest         {str(self.digest.get('uninterrupted'))[:16]} vs {str(self.digest.get('resumed'))[:16]}"]
+        for n, i in enumerate(self.interruptions, 1):
+            out.append(f"  interruption {n}: {i['signal']} ({i['mode']}) at step {i['step_killed']}, resumed from "
+                       f"checkpoint step {i['resumed_from']}, {i['steps_redone']} step(s) redone")
+        seg = self.segments
+        if seg.get("exact") is not None:
+            out.append(f"  segments {seg['ends']} (as ctl train runs it): {'equal' if seg['exact'] else 'differ'}")
+        elif self.verdict != "not_exact":  # a plan of one segment (--segments 1): EXACT says nothing of segments
+            out.append(f"  segments (as ctl train runs it): not tested (one segment planned, {seg.get('ends')}; "
+                       f"--segments N compares a run in N)")
+        if self.diagnosis:
+            out.append(f"  {self.diagnosis}")
+        return out
+
 
 # --- running the trainer -----------------------------------------------------------------------
 
@@ -108,7 +131,9 @@ class Trainer:
         out = open(home / f"{progress.stem}.stdout", "wb")
         try:
             return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=log,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=dies_with_parent())  # never an orphan
+        except OSError as e:  # no such command, not executable: the spec's trainer.command (bad input)
+            raise BadRequest(f"cannot start the trainer {argv[0]!r} (in {cwd}): {e.strerror or e}") from None
         finally:
             log.close()
             out.close()
@@ -159,7 +184,7 @@ def _stderr_last(home: Path, stem: str) -> str:
 def _progress_lines(path: Path) -> list[dict]:
     out = []
     try:
-        for raw in path.read_text(encoding="utf-8").splitlines():
+        for raw in path.read_bytes().splitlines():  # bytes: a line that is no UTF-8 is skipped as not JSON
             try:
                 line = json.loads(raw)
             except ValueError:
@@ -335,7 +360,9 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
         report = Report(name=name, verdict="contract_broken", exact=False, kills_planned=0, kills_landed=0,
                         final_loss_hex={}, digest={}, steps_compared=0, diagnosis=str(e), suspects=[e.rule],
                         workdir=str(workdir))
-    verified.record(user_home, raw, report.verdict, kills=kills, seed=seed, segments=report.segments.get("ends"))
+    # what was exercised (the interruptions that landed), not what was asked: ctl status/show print it
+    verified.record(user_home, raw, report.verdict, kills=report.kills_landed, kills_asked=kills, seed=seed,
+                    segments=report.segments.get("ends"))
     return report
 
 
@@ -386,18 +413,21 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
     ref_result = _result(ref_home, "attempt-0") or {}
     ref_lines = _progress_lines(ref_home / "attempt-0.jsonl")
     helper = any("tracked" in ln for ln in ref_lines)
-    plan = plan_kills(kills, spec.steps, seed, signal_mode, helper, spec.checkpoint_every)
+    end = contract.stopped_at(ref_result) or spec.steps  # an early stop ends the run there: plan before it
+    if end != spec.steps:
+        log(f"verify-resume {name}: the uninterrupted run stopped early at step {end}")
+    plan = plan_kills(kills, end, seed, signal_mode, helper, spec.checkpoint_every)
     log(f"verify-resume {name}: interrupted run, {len(plan)} interruption(s) (seed {seed}) in {kill_home}")
     attempts: list[Attempt] = []
     for i, (mode, target) in enumerate(plan, 1):
         a = _run_attempt(trainer, kill_home, i, mode, target, timeout_s, False, log, heartbeat_s)
         attempts.append(a)
         _check_attempt(trainer, kill_home, i, a, spec.steps)
-        if a.returncode == 0 and _latest_step(kill_home, name) >= spec.steps:
+        if a.returncode == 0 and _latest_step(kill_home, name) >= end:
             break  # finished before this interruption landed
         if a.returncode not in (0, 130, -signal.SIGKILL, -signal.SIGTERM):
             raise VerifyFailed(f"attempt {i} failed (exit {a.returncode}): {_stderr_last(kill_home, f'attempt-{i}')}")
-    if not attempts or _latest_step(kill_home, name) < spec.steps or attempts[-1].returncode != 0:
+    if not attempts or _latest_step(kill_home, name) < end or attempts[-1].returncode != 0:
         final = _run_attempt(trainer, kill_home, len(attempts) + 1, "final", None, timeout_s, False, log, heartbeat_s)
         attempts.append(final)
         if final.returncode != 0:
@@ -432,12 +462,15 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
             interruptions.append({"signal": {"term": "SIGTERM"}.get(prev.mode, "SIGKILL"), "mode": prev.mode,
                                   "step_killed": prev.reached_step, "resumed_from": nxt.resumed_step,
                                   "steps_redone": max(0, (prev.reached_step or 0) - nxt.resumed_step)})
-    proven = any(i["resumed_from"] > 0 for i in interruptions)
+    # proven only by a resume from a mid-run checkpoint: one from step 0 restarts, one from ``steps`` (a kill
+    # after the last checkpoint) trains nothing after it
+    proven = any(0 < i["resumed_from"] < end for i in interruptions)
     verdict = "not_exact" if not exact else ("exact" if proven else "not_proven")
     if verdict == "not_proven":
         exact = False
-        text = text or ("no interruption resumed from a checkpoint" if plan else
-                        f"no interruption resumed from a checkpoint: steps {spec.steps} / checkpoint_every "
+        text = text or ("no interruption resumed from a mid-run checkpoint" if plan else
+                        "no interruption resumed from a mid-run checkpoint: --kills 0 plans none" if kills == 0 else
+                        f"no interruption resumed from a mid-run checkpoint: steps {end} / checkpoint_every "
                         f"{spec.checkpoint_every} allow no kill after a mid-run checkpoint")
     return Report(name=name, verdict=verdict, interruptions=interruptions, exact=exact, kills_planned=len(plan),
                   kills_landed=landed,

@@ -4,7 +4,8 @@ A trainer that breaks a rule of contracts/subprocess-activity.md ("Rules") is ne
 comparison stops with ``ContractBroken``, one line ``trainer broke the contract (<rule>): <what>``
 in the words ``ctl train``'s activity uses (workflows/trainer_command.py), and exit 4. Checked here:
 
-- ``exit codes``: exit 0 only when the spec's ``steps`` are done (LATEST and the result at ``steps``);
+- ``exit codes``: exit 0 only when the spec's ``steps`` are done (LATEST and the result at ``steps``), or at
+  an early stop (the result's ``stopped_early`` at its ``steps``, LATEST there);
 - ``result line``: after exit 0 the last stdout line is the result object, its fields as the activity
   checks them (``check_train_result``): a missing, malformed or not-last result line is named;
 - ``SIGTERM``: a SIGTERM is answered by a checkpoint at or after the step in flight, the result line
@@ -75,6 +76,8 @@ def check_done(stdout: Path, progress: Path, *, home: Path, name: str, steps: in
     result = result_line(stdout, rc=0)
     _activity_checks(progress, result, home=home, name=name)
     done = result.get("steps")
+    if stopped_at(result) is not None and latest == done:
+        return result  # an early stop: exit 0 before steps, as TrainRun accepts it (workflows/training.py)
     if latest < steps or done != steps:
         raise ContractBroken("exit codes", f"it exited 0 at step {done if isinstance(done, int) else latest} of "
                                            f"{steps}: exit 0 means the spec's steps are done (under ctl train it "
@@ -82,11 +85,30 @@ def check_done(stdout: Path, progress: Path, *, home: Path, name: str, steps: in
     return result
 
 
+def stopped_at(result: dict) -> int | None:
+    """The step an early stop ended the run at: the result's ``stopped_early`` at its ``steps`` (TrainRun's rule,
+    workflows/training.py ``stopped_early``), else None; ``ContractBroken`` for a ``stopped_early`` elsewhere."""
+    stop = result.get("stopped_early")
+    if stop is None:
+        return None
+    if not isinstance(stop, dict) or stop.get("step") != result.get("steps") or not isinstance(stop.get("step"), int):
+        raise ContractBroken("result line", f"stopped_early {str(stop)[:80]!r} is not an object whose step is the "
+                                            f"result's steps {result.get('steps')!r}")
+    return stop["step"]
+
+
 def check_sigterm(stdout: Path, *, rc: int, signaled_step: int | None, latest: int, steps: int) -> None:
     """SIGTERM, answered: a checkpoint at or after the step it arrived in, ``canceled``, exit 130. An exit 0
-    that finished every step before the signal is no break (the race of a signal at the very end)."""
+    that finished every step, or stopped early, before the signal is no break (the race of a signal at the
+    very end)."""
     if rc == 0 and latest >= steps:
         return
+    if rc == 0:
+        try:
+            if stopped_at(result_line(stdout, rc=rc)) == latest:
+                return  # an early stop before the signal (check_done checks the rest)
+        except ContractBroken:
+            pass  # named below, as an exit 0 that did not answer the SIGTERM
     at = f" at step {signaled_step}" if signaled_step is not None else ""
     if rc != 130:
         how = f"killed by signal {-rc}" if rc < 0 else f"exit {rc}"

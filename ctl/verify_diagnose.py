@@ -26,12 +26,12 @@ def step_records(metrics_path: Path) -> dict[int, dict]:
     """``{step: record}`` of a run's metrics.jsonl: loss bits, lr bits, batch digest, state fingerprint."""
     out: dict[int, dict] = {}
     try:
-        text = metrics_path.read_text(encoding="utf-8")
+        data = metrics_path.read_bytes()
     except OSError:
         return out
-    for line in text.splitlines():
+    for line in data.splitlines():
         try:
-            frame = json.loads(line)
+            frame = json.loads(line)  # bytes: a line that is no UTF-8 is a ValueError, skipped
         except ValueError:
             continue
         if not isinstance(frame, dict) or not isinstance(frame.get("step"), int) or "train/loss" not in frame:

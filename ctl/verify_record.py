@@ -68,6 +68,12 @@ def unverified_notice(home: Path, spec: Mapping[str, Any], spec_file: str) -> st
         return None
     found = lookup(home, spec)
     if found is not None and found.get("verdict") == "exact":
+        segs, steps, every = found.get("segments"), spec.get("steps"), spec.get("eval_every") or 0
+        cut = isinstance(steps, int) and isinstance(every, int) and 0 < every < steps  # ctl train runs segments
+        if cut and isinstance(segs, list) and len(segs) <= 1:
+            return (f"ctl: the bitwise-equal final loss of this run in segments is unverified for this trainer "
+                    f"(ctl verify-resume said EXACT under interruptions, but not in segments: --segments 1); "
+                    f"verify it: ctl verify-resume --spec {spec_file}")
         return None
     why = ("no ctl verify-resume of this trainer's code and trajectory" if found is None else
            f"ctl verify-resume said {str(found.get('verdict')).upper().replace('_', ' ')} for this trainer's code and trajectory")
@@ -95,5 +101,8 @@ def verdict_line(v: Mapping[str, Any]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(v["time"])) if isinstance(v.get("time"), (int, float)) else "?"
     how = ", ".join(x for x in (f"{v['kills']} interruption(s)" if v.get("kills") is not None else "",
                                 f"seed {v['seed']}" if v.get("seed") is not None else "") if x)
+    segs = v.get("segments")
+    untested = ("; the run in segments, as ctl train runs it, not tested" if v.get("verdict") == "exact"
+                and isinstance(segs, list) and len(segs) <= 1 else "")
     return f"resume proof: ctl verify-resume said {str(v.get('verdict')).upper().replace('_', ' ')} on {when}" + \
-        (f" ({how})" if how else "")
+        (f" ({how})" if how else "") + untested

@@ -46,12 +46,12 @@ from ._leases import owner_dead
 from ._options import RetryPolicy, StepOptions
 from ._seam import ActivityContext, Runtime
 from ._store import Store, damage_report
-from ._subprocess_runner import SubprocessFailed, run_subprocess
+from ._subprocess_runner import SubprocessFailed, dies_with_parent, run_subprocess
 
 __all__ = [
     "ActivityContext", "ActivityError", "ActivityInfo", "BadInput", "Canceled", "DamagedRecord", "Engine",
     "EngineError", "Event", "LeaseLost", "NondeterminismError", "NonRetryableError", "NotFound", "ReplayResult",
     "RetryPolicy", "Runtime", "StepOptions", "Store", "SystemClock", "VirtualClock", "WorkflowCanceled",
     "WorkflowFailed", "WorkflowRunning", "WorkflowStatus", "check_id", "damage_report", "is_canceled", "owner_dead",
-    "read_events", "replay_history", "run_subprocess", "SubprocessFailed",
+    "read_events", "replay_history", "run_subprocess", "SubprocessFailed", "dies_with_parent",
 ]

@@ -36,7 +36,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from . import _proctree as proctree
 from ._errors import Canceled, NonRetryableError
@@ -90,6 +90,13 @@ def _preexec(parent_pid: int):
             os._exit(137)
 
     return setup
+
+
+def dies_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn`` for ``subprocess.Popen`` whose child is SIGKILLed by the kernel when this process
+    dies, however it dies (``PR_SET_PDEATHSIG``, as the runner's children; Linux only). Call it on the
+    thread that starts the child and keeps living: the signal fires when that thread exits."""
+    return _preexec(os.getpid())
 
 
 def _tail(f, limit: int) -> str:
@@ -184,10 +191,16 @@ def run_subprocess(
     err = tempfile.TemporaryFile()
     child_env = dict(os.environ if env is None else env)
     child_env[proctree.ENV_TAG] = tag
-    proc = subprocess.Popen(
-        list(argv), cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-        start_new_session=True, preexec_fn=_preexec(os.getpid()),
-    )
+    try:
+        proc = subprocess.Popen(
+            list(argv), cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            start_new_session=True, preexec_fn=_preexec(os.getpid()),
+        )
+    except (FileNotFoundError, NotADirectoryError, PermissionError) as e:  # the same argv fails the same way again
+        out.close()
+        err.close()
+        raise NonRetryableError(f"cannot start {argv[0]!r} (in {cwd or os.getcwd()}): {e.strerror or e}",
+                                type="BadInput") from None
     stopping: str | None = None  # why the tree is being stopped: "cancel" or "hung"
     try:
         if record is not None:

@@ -37,6 +37,17 @@ def _suites(text: str) -> tuple[str, ...]:
     return out
 
 
+def _at_least_one(text: str) -> int:
+    """A count of runs, kills or jobs: a sweep of none would report a pass with nothing exercised."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def _ints(text: str) -> list[int]:
     if text in ("", "none"):
         return []
@@ -167,6 +178,11 @@ def cmd_kill_at(a: argparse.Namespace) -> int:
         print(f"killed at position {c.position}: {c.kind} {c.label}")
     print(f"ended {o.state} after {o.lives} worker lives; cancel recorded: {o.cancel_done}")
     m = sim.check(o, what="cancel" if a.cancel_at is not None else "kill", kills=a.kills, cancel_at=a.cancel_at)
+    missed = sorted(set(a.kills) - {c.position for c in o.plan.crashes})
+    if m is None and missed:  # the run ended before these positions: those kills were not exercised
+        for p in missed:
+            print(f"kill at position {p} did not happen (the run ended first): not tested")
+        return 3
     if m is None:
         print("matched")
         return 0
@@ -224,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop-at-first", action="store_true")
     p.add_argument("--release-only", action="store_true",
                    help="with --release: kill only at the positions of the release requests (after the TrainRun)")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes (each run is independent)")
+    p.add_argument("--jobs", type=_at_least_one, default=1, help="worker processes (each run is independent)")
     p.add_argument("--mode", choices=("dedup", "snapshot", "rerun"), default="dedup",
                    help="rerun: run again from the start and kill in-process; snapshot: recover from the files "
                         "copied at the kill; dedup (fastest): snapshots, one recovery per distinct durable state")
@@ -232,13 +248,13 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("random-kills", help="runs killed several times at seeded random positions")
     _scenario_args(p)
-    p.add_argument("--runs", type=int, default=100)
-    p.add_argument("--kills", type=int, default=5, help="at most this many kills per run")
+    p.add_argument("--runs", type=_at_least_one, default=100)
+    p.add_argument("--kills", type=_at_least_one, default=5, help="at most this many kills per run")
     p.set_defaults(fn=cmd_random_kills)
 
     p = sub.add_parser("cancels", help="a cancel at a random position, kills around it, then the spec again")
     _scenario_args(p)
-    p.add_argument("--runs", type=int, default=100)
+    p.add_argument("--runs", type=_at_least_one, default=100)
     p.set_defaults(fn=cmd_cancels)
 
     p = sub.add_parser("kill-at", help="one run killed at the given positions (reproduces a mismatch)")
@@ -252,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("kill-loop", help="SIGKILL the real `ctl train` at seeded random moments")
     p.add_argument("--spec", required=True, help="a train spec file")
-    p.add_argument("--kills", type=int, default=3)
+    p.add_argument("--kills", type=_at_least_one, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--home", default=None, help="home folder of the killed run (default: a new temporary one)")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
@@ -260,10 +276,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("campaign", help="real ctl/worker/trainer processes under seeded random faults, with an oracle")
     p.add_argument("--seed", type=int, default=0, help="draws each run's mode, faults and their moments")
-    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--runs", type=_at_least_one, default=1)
     p.add_argument("--faults", type=int, default=4, help="faults per run")
     p.add_argument("--keep", action="store_true", help="keep the files of failed runs")
-    p.add_argument("--jobs", type=int, default=1, help="campaign runs at once (each in its own home)")
+    p.add_argument("--jobs", type=_at_least_one, default=1, help="campaign runs at once (each in its own home)")
     p.add_argument("--only", type=int, default=None, help="run only this run index (reproduce a failure)")
     p.add_argument("--trainer", choices=("tinyllm", "examples"), default="tinyllm",
                    help="what the runs train: tinyllm's tiny spec, or examples/durable_train.py (a user's own "

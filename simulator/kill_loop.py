@@ -7,7 +7,8 @@
    kills land between checkpoints too), ``kills`` times; after each kill, no trainer of that
    home may outlive its worker (the runner's parent-death signal).
 3. The same command then runs to the end; its ``final_loss_hex`` and ``digest`` (and each
-   segment's) must equal the reference's, bit for bit.
+   segment's) must equal the reference's, bit for bit. Exit 0 equal, 1 a mismatch, 2 bad input, 3 not
+   tested: no kill landed (every ``ctl train`` finished before it).
 """
 from __future__ import annotations
 
@@ -118,7 +119,8 @@ def compare(got: dict, want: dict) -> list[str]:
 
 
 def kill_loop(spec: str, *, kills: int, seed: int, home: str | None = None, timeout_s: float = 900.0) -> int:
-    """The command ``python -m simulator kill-loop``: 0 when bitwise equal, 1 on a mismatch."""
+    """The command ``python -m simulator kill-loop``: 0 when bitwise equal after at least one kill, 1 on a
+    mismatch, 3 when no kill landed (not tested)."""
     spec_path = Path(spec).resolve()
     if not spec_path.is_file():
         print(f"simulator: spec file not found: {spec}", file=sys.stderr)
@@ -130,16 +132,18 @@ def kill_loop(spec: str, *, kills: int, seed: int, home: str | None = None, time
     kill_home.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     ref = start(spec_path, ref_home)  # the uninterrupted run goes on meanwhile, in its own home
+    landed = 0
     try:
         for i in range(kills):
             what = kill_once(spec_path, kill_home, rng, deadline)
+            landed += what.startswith("SIGKILL")
             print(f"kill {i + 1}/{kills}: {what}")
         got = outcome(start(spec_path, kill_home), max(1.0, deadline - time.monotonic()))
         want = outcome(ref, max(1.0, deadline - time.monotonic()))
         print(f"uninterrupted: {want['steps']} steps, final_loss_hex {want['final_loss_hex']} "
               f"digest {want['digest'][:16]}")
         bad = compare(got, want)
-        print(f"after {kills} kills: final_loss_hex {got['final_loss_hex']} digest {got['digest'][:16]}")
+        print(f"after {landed} kill(s): final_loss_hex {got['final_loss_hex']} digest {got['digest'][:16]}")
         if bad:
             print(f"MISMATCH (seed {seed}; rerun: python -m simulator kill-loop --spec {spec} "
                   f"--kills {kills} --seed {seed}); killed run's files kept in {kill_home}:")
@@ -147,7 +151,11 @@ def kill_loop(spec: str, *, kills: int, seed: int, home: str | None = None, time
                 print(f"  - {line}")
             home = str(kill_home)  # keep it
             return 1
-        print(f"kill-loop: {kills} kills, final loss and digest bitwise equal to the uninterrupted run")
+        if not landed:  # every run finished before its kill: nothing resumed, nothing proven
+            print(f"kill-loop: no kill landed: a resume after a kill is not tested (every ctl train finished "
+                  f"first; a longer run or another --seed)")
+            return 3
+        print(f"kill-loop: {landed} kill(s), final loss and digest bitwise equal to the uninterrupted run")
         return 0
     finally:
         if ref.poll() is None:

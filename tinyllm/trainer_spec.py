@@ -27,6 +27,23 @@ class TrainerCommand(_Strict):
     def _no_empty_words(cls, value: list[str] | None) -> list[str] | None:
         if value is not None and any(not w for w in value):
             raise ValueError("words must be non-empty strings")
+        if value is not None and any("\0" in w for w in value):
+            raise ValueError("a word holds a NUL byte, which no command can receive")
+        return value
+
+    @field_validator("cwd")
+    @classmethod
+    def _no_nul_in_cwd(cls, value: str | None) -> str | None:
+        if value is not None and "\0" in value:
+            raise ValueError("holds a NUL byte")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _exec_able_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for k, v in value.items():
+            if not k or "=" in k or "\0" in k or "\0" in v:
+                raise ValueError(f"variable {k!r}: a name must be non-empty without '=' or NUL, a value without NUL")
         return value
 
 

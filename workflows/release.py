@@ -218,9 +218,13 @@ def list_releases(home: Path, name: str | None = None) -> list[dict]:
                 m = json.loads((v / "manifest.json").read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
+            m = m if isinstance(m, dict) else {}  # damaged: the version is listed, without its fields
+            figures = m.get("figures") if isinstance(m.get("figures"), dict) else {}
             out.append({"run": run_dir.name, "version": v.name, "path": f"releases/{run_dir.name}/{v.name}",
                         "current": v.name == current, "checkpoint": m.get("checkpoint"), "step": m.get("step"),
-                        "digest": m.get("checkpoint_digest"), "figures": m.get("figures", {})})
+                        "digest": m.get("checkpoint_digest"),
+                        "figures": {k: x for k, x in figures.items()
+                                    if isinstance(x, (int, float)) and not isinstance(x, bool)}})
     return out
 
 

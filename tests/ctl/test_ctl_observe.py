@@ -193,6 +193,17 @@ def test_plot_png_is_written_and_draws_the_run(finished, tmp_path: Path) -> None
     assert [tuple(m) for m in marks] == [(st, summary(home, st)["heldout/loss"]) for st in (12, 24)]
 
 
+def test_plot_to_a_path_that_cannot_be_written_is_one_line_exit_2(finished, tmp_path: Path) -> None:
+    """-o under a regular file (its folder cannot be made) or in /proc: one ctl: line, exit 2, no traceback."""
+    pytest.importorskip("matplotlib")
+    from bi_helpers import one_line_error
+
+    home, _ = finished
+    (tmp_path / "a-file").write_text("x")
+    for target in (tmp_path / "a-file" / "p.png", Path("/proc/no-such-dir-for-a-plot/p.png")):
+        one_line_error(ctl(home, "plot", "train/mini", "-o", str(target), check=False), 2, f"cannot write the plot {target}")
+
+
 class _Backend:
     """The run's real history, cut where the test says (read as another backend's: engine.history)."""
 

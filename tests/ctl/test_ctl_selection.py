@@ -130,3 +130,47 @@ def test_release_gates_kills_and_publishes_once(home: Path) -> None:
     listed = ctl(home, "release", "--list")
     assert "releases/small/v0001  CURRENT  runs/small/ckpt/step-000002" in listed.stdout
     assert "releases/small/v0001" in ctl(home, "show", "train/small").stdout
+    _release_interrupted_and_resumed(home)
+
+
+def _descendants(pid: int) -> list[int]:
+    from ctl.interrupt import descendants
+
+    return descendants(pid)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (a killed child whose reparenting init does not reap it stays in /proc as Z)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _release_interrupted_and_resumed(home: Path) -> None:
+    """SIGTERM to ctl release during its evaluation: the one ``ctl: interrupted`` line, exit 130 (as ctl train
+    and ctl eval), the evaluation's process gone; the same command then finishes the release."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from bi_helpers import env
+
+    argv = [sys.executable, "-m", "ctl.cli", "release", "train/small", "--suite", "zoo", "--eval-max-items", "4",
+            "--home", str(home)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    deadline = time.monotonic() + 120
+    while not _descendants(p.pid) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    children = _descendants(p.pid)
+    assert children, "the release's evaluation never started"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, (p.returncode, out, err[-2000:])
+    assert err.strip().splitlines()[-1].startswith("ctl: interrupted; release/small/"), err[-2000:]
+    assert "Traceback" not in err and "Aborted" not in err, err[-2000:]
+    time.sleep(0.5)
+    assert not [c for c in children if _alive(c)], "the evaluation outlived ctl release"
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env())
+    assert again.returncode == 0 and "released small v0001" in again.stdout, again.stderr[-2000:]

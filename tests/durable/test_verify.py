@@ -79,7 +79,7 @@ def test_a_plan_that_cannot_resume_from_a_checkpoint_is_not_proven_exit_3(tmp_pa
     rc, report, err = verify(tmp_path, write_spec(tmp_path, spec), "--kills", "2", "--seed", "1")
     assert rc == 3, err[-3000:]
     assert report["verdict"] == "not_proven" and not report["exact"], report
-    assert "no interruption resumed from a checkpoint" in report["diagnosis"], report
+    assert "no interruption resumed from a mid-run checkpoint" in report["diagnosis"], report
 
 
 def test_bad_input_exits_2(tmp_path) -> None:

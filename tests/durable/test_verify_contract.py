@@ -5,6 +5,7 @@ rule at a time; the same trainer unbroken is EXACT, so each verdict is the broke
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,90 @@ def test_the_toy_trainer_unbroken_is_exact_through_kill_and_term(tmp_path) -> No
     assert all(i["resumed_from"] > 0 for i in report["interruptions"]) and report["interruptions"], report
     assert report["segments"] == {"ends": [6, 12], "exact": True, "final_loss_hex": report["final_loss_hex"]["resumed"],
                                   "first_differing_step": None}, report
+
+
+def test_an_interruption_after_the_last_checkpoint_proves_nothing(tmp_path) -> None:
+    """A trainer that does not hold at the planned step is signalled when its step records reach it; one that
+    writes them only at the end is killed after its last checkpoint, and the restart resumes at ``steps``,
+    training nothing: no resume from a mid-run checkpoint was exercised, so NOT PROVEN (exit 3), never EXACT."""
+    rc, report, err = verify(tmp_path, "", "--signal", "kill", "--kills", "1", "--segments", "1",
+                             metrics_at_end=True, end_s=1.0)
+    assert [i["resumed_from"] for i in report["interruptions"]] == [12], report
+    assert rc == 3 and report["verdict"] == "not_proven" and not report["exact"], (rc, report, err[-2000:])
+    assert "no interruption resumed from a mid-run checkpoint" in report["diagnosis"], report["diagnosis"]
+
+
+def test_the_recorded_verdict_counts_the_interruptions_that_landed_not_those_asked_for(tmp_path) -> None:
+    """--kills 5 on a run with room for 3 (checkpoints at 3, 6, 9 of 12): ctl status/show's resume proof line
+    said '5 interruption(s)', what was asked, not what was exercised."""
+    from ctl.verify_record import verdict_line
+
+    rc, report, err = verify(tmp_path, "", "--signal", "kill", "--kills", "5", "--segments", "1")
+    assert rc == 0 and report["kills_planned"] == 3 and report["kills_landed"] == 3, (rc, report, err[-2000:])
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / ".ctl/verified").glob("*.json")]
+    assert record["kills"] == 3, record
+    assert "(3 interruption(s), seed 1)" in verdict_line(record), verdict_line(record)
+
+
+def test_an_early_stop_is_no_broken_rule_and_the_interruptions_land_before_it(tmp_path) -> None:
+    """A trainer that stops early (exit 0 at step 7 of 12, ``stopped_early`` in its result, as tinyllm with
+    ``early_stopping`` and as TrainRun accepts it) was called CONTRACT BROKEN (exit codes) by verify-resume.
+    Now the run's end is the uninterrupted run's stop: the kills are planned before it and EXACT is proven."""
+    rc, report, err = verify(tmp_path, "", "--signal", "both", "--kills", "2", stop_at=7)
+    assert rc == 0 and report["verdict"] == "exact", (rc, report.get("diagnosis") if report else None, err[-2000:])
+    assert report["final_loss_hex"]["uninterrupted"] == report["final_loss_hex"]["resumed"]
+    assert report["interruptions"] and all(0 < i["resumed_from"] < 7 for i in report["interruptions"]), report
+    assert report["steps_compared"] == 7 and report["segments"]["exact"] is True, report
+
+
+def test_kills_0_is_not_proven_and_says_so_not_the_cadence(tmp_path) -> None:
+    """--kills 0: NOT PROVEN because nothing was interrupted; the diagnosis blamed 'steps 12 / checkpoint_every
+    3 allow no kill after a mid-run checkpoint', which is false (they allow three)."""
+    rc, report, err = verify(tmp_path, "", "--kills", "0", "--segments", "1")
+    assert rc == 3 and report["verdict"] == "not_proven", (rc, err[-2000:])
+    assert report["diagnosis"] == "no interruption resumed from a mid-run checkpoint: --kills 0 plans none", report
+
+
+def _toys_of(home: Path) -> list[int]:
+    """The live toy trainer processes started in ``home`` (from /proc)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        try:
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if any(b"toy_trainer.py" in w for w in cmd) and any(str(home).encode() in w for w in cmd) and state != "Z":
+            pids.append(int(name))
+    return pids
+
+
+def test_a_killed_verify_resume_leaves_no_trainer_behind(tmp_path) -> None:
+    """SIGKILL of ctl verify-resume (OOM, kill -9) takes its trainer with it: an orphan would train on into
+    the scratch folder that the next verify-resume of the spec empties and fills again."""
+    import signal
+    import time
+
+    spec = {"name": "orphan", "steps": 12, "checkpoint_every": 3, "trainer": {"command": ["python", str(TOY)]},
+            "config": {"step_s": 1.0}}
+    (tmp_path / "o.json").write_text(json.dumps(spec))
+    p = subprocess.Popen([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(tmp_path / "o.json"),
+                          "--home", str(tmp_path)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not _toys_of(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _toys_of(tmp_path), "the trainer never started"
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    deadline = time.monotonic() + 10
+    while _toys_of(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _toys_of(tmp_path)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"trainer(s) {left} outlived the killed ctl verify-resume"
 
 
 @pytest.mark.parametrize("bad, args, rule, words", [

@@ -10,7 +10,11 @@ each segment of ``ctl train`` changes, instead of over the run's ``CTL_RUN_STEPS
 of real loops: ``read-ahead`` (a batch prefetched before the loop, its position saved one past it),
 ``plain-cursor`` (the position in a variable that is not saved), ``unregistered-shuffle`` (batches drawn
 by an RNG that is not saved), ``draw-after-restore`` (the global RNG drawn once after its restore, as
-DataLoader.__iter__ does when the iterator is made after the resume).
+DataLoader.__iter__ does when the iterator is made after the resume). ``config.metrics_at_end``: the
+step records are written only after the last step's checkpoint, then it waits ``config.end_s`` before
+its result line (a poller that signals on a step record sees none before the run is done).
+``config.stop_at``: early stopping at that step (a checkpoint there, ``stopped_early`` in the result, exit 0
+before ``steps``), and at once when resumed there, as tinyllm reads its decision from the checkpoint.
 """
 import argparse
 import hashlib
@@ -62,9 +66,10 @@ def save(step, w):
 
 def result(step, w, canceled=False):
     loss = loss_at(step, w)
+    early = {"stopped_early": {"step": step, "best_step": step}} if cfg.get("stop_at") and step == cfg["stop_at"] else {}
     return json.dumps({"name": name, "steps": step, "checkpoint": f"runs/{name}/ckpt/step-{step:06d}",
                        "final_loss": loss, "final_loss_hex": loss.hex(), "digest": hashlib.sha256(str(w).encode()).hexdigest(),
-                       "resumed_from": None, "canceled": canceled}, sort_keys=True)
+                       "resumed_from": None, "canceled": canceled, **early}, sort_keys=True)
 
 
 step, w, pos = 0, 0.0, 0
@@ -97,6 +102,7 @@ except OSError:
 with open(os.path.join(run, "metrics.jsonl"), "w") as f:
     f.writelines(frames)
 metrics = open(os.path.join(run, "metrics.jsonl"), "a")
+late = [] if cfg.get("metrics_at_end") else None
 emit(event="ready", step=step)
 
 stop = []
@@ -108,7 +114,8 @@ else:
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
 last = steps - 4 if bad == "short" else steps
 horizon = steps if bad == "schedule-over-steps" else int(os.environ.get("CTL_RUN_STEPS", steps))
-while step < last and not stop:
+stop_at = cfg.get("stop_at") or 0
+while step < last and not stop and not (stop_at and step >= stop_at):
     time.sleep(cfg.get("step_s", 0.05))
     if bad == "silent" and step == 4:
         time.sleep(cfg.get("silent_s", 3.0))
@@ -119,13 +126,21 @@ while step < last and not stop:
     else:
         batch = next_batch()
     w = w * 0.5 + step * lr + batch * 0.01 + random.random() * 1e-3
-    metrics.write(json.dumps({"step": step, "train/loss": loss_at(step, w), "train/loss_hex": loss_at(step, w).hex(),
-                              "optim/lr_hex": [lr.hex()], "data/batch": str(batch)}) + "\n")
-    metrics.flush()
-    if step % every == 0 or step == last or stop:
+    frame = json.dumps({"step": step, "train/loss": loss_at(step, w), "train/loss_hex": loss_at(step, w).hex(),
+                        "optim/lr_hex": [lr.hex()], "data/batch": str(batch)}) + "\n"
+    if late is not None:
+        late.append(frame)
+    else:
+        metrics.write(frame)
+        metrics.flush()
+    if step % every == 0 or step == last or stop or step == stop_at:
         save(step, w)
     else:
         emit(event="progress", step=step)
+if late:  # some steps trained: their records now, then a wait before the result line
+    metrics.writelines(late)
+    metrics.flush()
+    time.sleep(cfg.get("end_s", 0))
 if bad == "no-result":
     sys.exit(0)
 line = result(step, w, canceled=bool(stop))

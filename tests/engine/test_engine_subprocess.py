@@ -67,6 +67,22 @@ def test_exit_2_is_non_retryable_bad_input(tmp_path, db):
     assert sum(e.type == "activity_started" for e in eng.history("w")) == 1
 
 
+def test_a_command_that_cannot_start_is_non_retryable_bad_input(tmp_path, db):
+    """No such program (a spec's trainer.command misspelt): the same argv fails the same way on every attempt;
+    it was retried to max_attempts (ctl train: 'FileNotFoundError ... (attempt 5)'); now it fails at once."""
+    def act(ctx, _):
+        run_subprocess(ctx, ["no-such-trainer-xyz", "--spec", "s.json"], progress_path=str(tmp_path / "p.jsonl"),
+                       cwd=str(tmp_path), poll_interval_s=0.02)
+
+    eng = make_engine(db, SystemClock(), workflows=[("w", one)], activities=[("run", act)])
+    eng.start("w", "w", None)
+    eng.run_until_complete("w", timeout_s=30)
+    with pytest.raises(WorkflowFailed) as ei:
+        eng.result("w")
+    assert ei.value.type == "BadInput" and "cannot start 'no-such-trainer-xyz'" in str(ei.value), str(ei.value)
+    assert sum(e.type == "activity_started" for e in eng.history("w")) == 1
+
+
 def test_other_exit_codes_are_retried(tmp_path, db):
     eng = make_engine(db, SystemClock(), workflows=[("w", one)], activities=[("run", runner_activity(tmp_path, "crash"))])
     eng.start("w", "w", None)

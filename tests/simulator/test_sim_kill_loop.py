@@ -36,3 +36,26 @@ def test_the_comparison_reports_a_single_different_bit():
 def test_a_missing_spec_is_bad_input(capsys):
     assert kill_loop("/nonexistent/spec.json", kills=1, seed=0) == 2
     assert "spec file not found" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_no_kill_that_landed_is_not_tested_exit_3_never_bitwise_equal(capsys, tmp_path):
+    """A home whose run is already complete: every ``ctl train`` finishes before its kill. The loop printed
+    'kill-loop: 2 kills, final loss and digest bitwise equal' and exit 0 with no kill landed."""
+    import json
+    import subprocess
+    import sys
+
+    toy = Path(__file__).parents[1] / "durable" / "toy_trainer.py"
+    spec = tmp_path / "toy.json"
+    spec.write_text(json.dumps({"name": "toy", "steps": 6, "checkpoint_every": 3, "config": {"step_s": 0.01},
+                                "trainer": {"command": [sys.executable, str(toy)]}}))
+    home = tmp_path / "killed"
+    done = subprocess.run([sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec), "--home", str(home), "--quiet"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rc = kill_loop(str(spec), kills=2, seed=0, home=str(home), timeout_s=120)
+    out = capsys.readouterr().out
+    assert out.count("finished on its own") == 2, out
+    assert rc == 3 and "bitwise equal" not in out, out
+    assert "no kill landed: a resume after a kill is not tested" in out, out

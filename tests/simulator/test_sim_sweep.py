@@ -297,3 +297,30 @@ def test_the_outcome_checks_give_the_same_lines_on_the_kept_events_as_on_the_who
         want = sim.state_lines(o, what="kill")
         assert want or i == 0
         assert sim.state_lines(replace(o, events=kept_events(events)), what="kill") == want, i
+
+
+def test_a_sweep_of_nothing_is_refused_exit_2(capsys):
+    """--runs 0 printed '0 tried, 0 matched, 0 mismatched' and exit 0 (a pass with nothing exercised);
+    random-kills --kills 0 failed with randint's ValueError traceback. Both: exit 2 before any run."""
+    from simulator.__main__ import main
+
+    for args in (["random-kills", "--runs", "0"], ["random-kills", "--kills", "0"], ["cancels", "--runs", "0"],
+                 ["kill-loop", "--spec", "x.json", "--kills", "0"], ["campaign", "--runs", "0"],
+                 ["kill-every-position", "--jobs", "0"]):
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        assert e.value.code == 2, args
+        assert "at least 1" in capsys.readouterr().err, args
+
+
+def test_kill_at_a_position_the_run_never_reaches_is_not_tested(capsys):
+    """kill-at 5,99999: the kill at 99999 never happened (the run ended first), yet the run printed 'matched',
+    exit 0, as if that kill had been survived."""
+    from simulator.__main__ import main
+
+    small = ["--steps", "100", "--eval-every", "50", "--checkpoint-every", "10"]
+    assert main(["kill-at", *small, "--kills", "5,99999"]) == 3
+    out = capsys.readouterr().out
+    assert "killed at position 5:" in out and "matched" not in out.splitlines()[-1], out
+    assert "kill at position 99999 did not happen (the run ended first): not tested" in out, out
+    assert main(["kill-at", *small, "--kills", "5"]) == 0 and capsys.readouterr().out.splitlines()[-1] == "matched"

@@ -47,3 +47,21 @@ def test_publish_is_once_per_digest(tmp_path: Path) -> None:
     m = json.loads((tmp_path / "releases/r/v0001/manifest.json").read_text())
     assert m["checkpoint_digest"] == "ab" * 32 and m["code_version"]
     assert [(r["version"], r["current"]) for r in list_releases(tmp_path)] == [("v0001", False), ("v0002", True)]
+
+
+def test_a_damaged_release_manifest_is_listed_without_its_figures_never_a_traceback(tmp_path: Path) -> None:
+    """A version whose manifest.json is JSON but not an object, or whose figures are not numbers: ctl release
+    --list (and ctl show, and the next publication, which lists the versions) used to fail with an
+    AttributeError / ValueError traceback."""
+    from click.testing import CliRunner
+
+    from ctl.release import release
+
+    for version, body in (("v0001", []), ("v0002", {"figures": {"ppl/ppl": "x", "ok": 1.5}, "checkpoint": 3}),
+                          ("v0003", {"figures": ["x"]})):
+        (tmp_path / "releases/small" / version).mkdir(parents=True)
+        (tmp_path / "releases/small" / version / "manifest.json").write_text(json.dumps(body))
+    rows = list_releases(tmp_path)
+    assert [(r["version"], r["figures"]) for r in rows] == [("v0001", {}), ("v0002", {"ok": 1.5}), ("v0003", {})]
+    out = CliRunner().invoke(release, ["--list", "--home", str(tmp_path)])
+    assert out.exit_code == 0 and "releases/small/v0002" in out.output and "ok=1.5" in out.output, out.output

@@ -1,0 +1,139 @@
+"""``ctl verify-resume``'s human report (ctl/verify.py ``Report.lines``): no verdict line without the thing
+it names being exercised."""
+from __future__ import annotations
+
+from ctl.verify import Report
+
+
+def _report(verdict: str, segments: dict) -> Report:
+    return Report(name="toy", exact=verdict == "exact", kills_planned=1, kills_landed=1,
+                  final_loss_hex={"uninterrupted": "0x1p-1", "resumed": "0x1p-1"}, digest={"uninterrupted": "ab", "resumed": "ab"},
+                  steps_compared=12, verdict=verdict, segments=segments,
+                  interruptions=[{"signal": "SIGKILL", "mode": "kill", "step_killed": 4, "resumed_from": 3, "steps_redone": 1}])
+
+
+def test_the_human_report_says_when_the_run_in_segments_was_not_tested() -> None:
+    """EXACT with one segment planned (--segments 1) compared no run in segments: the report says so
+    instead of staying silent about how ctl train runs it."""
+    for verdict in ("exact", "not_proven"):
+        lines = _report(verdict, {"ends": [12], "exact": None}).lines()
+        assert "  segments (as ctl train runs it): not tested (one segment planned, [12]; --segments N compares a run in N)" \
+            in lines, lines
+    lines = _report("exact", {"ends": [6, 12], "exact": True}).lines()
+    assert lines[0] == "toy: EXACT after 1 interruption(s) (12 steps compared)", lines
+    assert "  segments [6, 12] (as ctl train runs it): equal" in lines and not any("not tested" in ln for ln in lines)
+
+
+def test_status_and_show_say_when_the_recorded_exact_verdict_had_no_run_in_segments() -> None:
+    from ctl.verify_record import verdict_line
+
+    one = verdict_line({"verdict": "exact", "time": 0, "kills": 1, "seed": 0, "segments": [12]})
+    assert one.endswith("; the run in segments, as ctl train runs it, not tested"), one
+    two = verdict_line({"verdict": "exact", "time": 0, "kills": 1, "seed": 0, "segments": [6, 12]})
+    assert "not tested" not in two and "said EXACT" in two, two
+
+
+def test_a_trainer_command_that_cannot_start_is_one_bad_input_line(tmp_path) -> None:
+    """A spec's trainer command that does not exist: BadRequest (ctl: one line, exit 2), not Popen's traceback."""
+    import json
+
+    import pytest
+
+    from ctl.errors import BadRequest
+    from ctl.verify import verify_resume
+
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({"name": "gone", "steps": 6, "trainer": {"command": ["no-such-trainer-xyz", "--x"]}}))
+    with pytest.raises(BadRequest, match="cannot start the trainer 'no-such-trainer-xyz'"):
+        verify_resume(str(spec), tmp_path, kills=1, log=lambda s: None)
+
+
+def test_a_timeout_that_no_run_can_meet_is_bad_input(tmp_path) -> None:
+    """--timeout 0 or below: exit 2 before anything runs (it used to start the trainer, stop it after 1 s
+    and fail with 'ran longer than -5 s', exit 1)."""
+    from click.testing import CliRunner
+
+    from ctl.cli import main
+
+    (tmp_path / "s.json").write_text('{"name": "t", "steps": 4, "trainer": {"command": ["true"]}}')
+    for bad in ("0", "-5"):
+        r = CliRunner().invoke(main, ["verify-resume", "--spec", str(tmp_path / "s.json"), "--home", str(tmp_path),
+                                      "--timeout", bad])
+        assert r.exit_code == 2 and "--timeout" in r.output, (bad, r.exit_code, r.output)
+        assert not (tmp_path / ".ctl").exists()
+
+
+def test_an_early_stop_that_beat_the_sigterm_is_no_broken_sigterm_rule(tmp_path) -> None:
+    """SIGTERM sent as a trainer stopped early and exited 0 (the race at the run's very end, exempt when the
+    run ends at steps): it is the same race at the early stop, not 'SIGTERM answered with exit 0'."""
+    import json
+
+    import pytest
+
+    from ctl.verify_contract import ContractBroken, check_sigterm
+
+    out = tmp_path / "stdout"
+    out.write_text(json.dumps({"steps": 7, "stopped_early": {"step": 7}, "canceled": False}) + "\n")
+    check_sigterm(out, rc=0, signaled_step=7, latest=7, steps=12)  # no ContractBroken
+    out.write_text(json.dumps({"steps": 7, "canceled": False}) + "\n")  # an exit 0 at 7 of 12 without a stop
+    with pytest.raises(ContractBroken, match="answered with exit 0"):
+        check_sigterm(out, rc=0, signaled_step=7, latest=7, steps=12)
+
+
+def test_a_nul_byte_in_the_trainer_command_or_env_is_refused_with_the_spec() -> None:
+    """A NUL in trainer.command/eval_command/cwd/env cannot reach exec: ctl train retried it 5 times
+    ('ValueError: embedded null byte', exit 1); now the spec is refused (SpecError: ctl's exit 2)."""
+    import pytest
+
+    from tinyllm.spec import SpecError
+    from tinyllm.trainer_spec import parse_run_spec
+
+    base = {"name": "n", "steps": 2}
+    for trainer, field in (({"command": ["tr\0ue"]}, "trainer.command"),
+                           ({"command": ["true"], "eval_command": ["x\0"]}, "trainer.eval_command"),
+                           ({"command": ["true"], "cwd": "/tmp\0"}, "trainer.cwd"),
+                           ({"command": ["true"], "env": {"A\0": "x"}}, "trainer.env"),
+                           ({"command": ["true"], "env": {"A": "x\0"}}, "trainer.env"),
+                           ({"command": ["true"], "env": {"A=B": "x"}}, "trainer.env")):
+        with pytest.raises(SpecError, match=field.replace(".", r"\.")):
+            parse_run_spec({**base, "trainer": trainer})
+    parse_run_spec({**base, "trainer": {"command": ["true"], "env": {"A": "x=y"}}})  # '=' in a value is fine
+
+
+def test_ctl_train_of_a_run_in_segments_says_when_the_exact_verdict_had_none(tmp_path, monkeypatch) -> None:
+    """An EXACT recorded with --segments 1 proved nothing of segments; ctl train of a spec that runs in
+    segments (eval_every < steps) said nothing, as if the trainer were verified for it."""
+    from ctl import verify_record
+
+    spec = {"name": "s", "steps": 12, "eval_every": 4, "trainer": {"command": ["true"]}}
+    verify_record.record(tmp_path, spec, "exact", kills=2, seed=0, segments=[12])
+    notice = verify_record.unverified_notice(tmp_path, spec, "s.json")
+    assert notice is not None and "not in segments" in notice, notice
+    assert verify_record.unverified_notice(tmp_path, {**spec, "eval_every": 0}, "s.json") is None  # one segment
+    verify_record.record(tmp_path, spec, "exact", kills=2, seed=0, segments=[4, 8, 12])
+    assert verify_record.unverified_notice(tmp_path, spec, "s.json") is None
+
+
+def test_a_metrics_file_with_bytes_that_are_not_utf8_is_read_without_them(tmp_path) -> None:
+    """A damaged metrics.jsonl (a byte that is no UTF-8): ctl plot and ctl show died in read_text with a
+    UnicodeDecodeError traceback; the damaged line is skipped like a torn one."""
+    from ctl.runview import read_frames
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "train/loss": 2.0}\n\xff\xfe{"step": 2}\n{"step": 3, "train/loss": 1.5}\n')
+    assert [f["step"] for f in read_frames(path)] == [1, 3]
+
+
+def test_verify_resume_reads_step_records_past_a_line_that_is_not_utf8(tmp_path) -> None:
+    """A user's trainer writing a raw non-UTF-8 byte in metrics.jsonl: step_records raised UnicodeDecodeError,
+    a traceback of ctl verify-resume; the line is skipped as one that is not a step record."""
+    from ctl.verify_diagnose import step_records
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "train/loss": 2.0}\n{"step": 2, "note": "\xe9"}\n{"step": 3, "train/loss": 1.5}\n')
+    assert sorted(step_records(path)) == [1, 3]
+    from ctl.verify import _progress_lines
+
+    progress = tmp_path / "progress.jsonl"
+    progress.write_bytes(b'{"step": 1}\n{"event": "x\xe9"}\n{"step": 2}\n')
+    assert [ln["step"] for ln in _progress_lines(progress)] == [1, 2]
