@@ -13,7 +13,11 @@ between its last checkpoint and ctl recording the segment (its retry resumes at 
 A resume is counted from the engine's history, whatever the trainer: an attempt of a train activity
 (``train-EEEEEE``, the segment ending at E) that started after a checkpoint of that activity was
 heartbeated (the activity resumes from it, or from LATEST if newer), at a step strictly inside a
-segment (not 0, not a segment's end). A run with none tested no resume: it is ``untested``.
+segment (not 0, not a segment's end). When the attempt's own resume line is in the history (a trainer's
+``{"event": "resume", "resumed_from": ...}`` progress line, or the helper's ``"start"`` (fresh), recorded
+as a heartbeat: tinyllm's, the helper's and the integrations'), its checkpoint decides instead: a kill after checkpoint N but before its heartbeat resumes
+from N (LATEST), which the heartbeats alone do not show. A run with none tested no resume: it is
+``untested``.
 """
 from __future__ import annotations
 
@@ -76,6 +80,13 @@ def history_resumes(histories: dict[str, list[dict]]) -> list[tuple[str, int, in
     segment, from the events of all the run's workflows (in time order)."""
     events = sorted((e for evs in histories.values() for e in evs), key=lambda e: (e.get("time", 0), e.get("seq", 0)))
     ends = {0} | {int(m.group(1)) for e in events if (m := _TRAIN.match(str(e.get("attrs", {}).get("activity_id", ""))))}
+    said: dict[tuple[str, int], int] = {}  # what an attempt's trainer said it resumed from (its resume line, recorded)
+    for e in events:
+        attrs = e.get("attrs") or {}
+        details = attrs.get("details")
+        if e.get("type") == "activity_heartbeat" and isinstance(details, dict) and details.get("event") in ("resume", "start"):
+            m = _STEP.search(str(details.get("resumed_from") or ""))
+            said[(str(attrs.get("activity_id", "")), int(attrs.get("attempt", 0)))] = int(m.group(1)) if m else 0
     heartbeated: dict[str, int] = {}
     out = []
     for e in events:
@@ -88,6 +99,9 @@ def history_resumes(histories: dict[str, list[dict]]) -> list[tuple[str, int, in
             m = _STEP.search(str(details.get("checkpoint", ""))) if isinstance(details, dict) else None
             if m:
                 heartbeated[aid] = max(heartbeated.get(aid, 0), int(m.group(1)))
-        elif e.get("type") == "activity_started" and aid in heartbeated and heartbeated[aid] not in ends:
-            out.append((aid, int(attrs.get("attempt", 0)), heartbeated[aid]))
+        elif e.get("type") == "activity_started":
+            attempt = int(attrs.get("attempt", 0))
+            step = said.get((aid, attempt), heartbeated.get(aid))
+            if step is not None and step not in ends:
+                out.append((aid, attempt, step))
     return out

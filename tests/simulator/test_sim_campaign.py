@@ -283,3 +283,30 @@ def test_a_failed_uninterrupted_run_is_reported_while_the_run_is_driven(tmp_path
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ref.proc.wait()
     assert "the uninterrupted run ended None (exit 1): boom" in (ref.failed() or "")
+
+
+def _resume(t, aid, attempt, resumed_from):
+    e = _ev(t, "activity_heartbeat", aid, attempt)
+    e["attrs"]["details"] = {"event": "resume", "step": 0, "resumed_from": resumed_from}
+    return e
+
+
+def test_an_attempt_s_recorded_resume_line_decides_where_it_resumed():
+    """A kill after checkpoint 18 but before its heartbeat: the retry resumes from LATEST (18), which the
+    heartbeats do not show (the last heartbeated checkpoint is the segment's start); its recorded resume line
+    does (seen missed: campaign seed 11 reported both runs UNTESTED after kills at checkpoints 18 and 4)."""
+    hist = {"train/camp/1": [
+        _ev(1, "activity_started", "train-000020"),
+        _ev(2, "activity_heartbeat", "train-000020", ckpt="runs/camp/ckpt/step-000010"),
+        _ev(3, "activity_started", "train-000020", 2),
+        _resume(4, "train-000020", 2, "runs/camp/ckpt/step-000018"),  # resumed inside the segment 10..20
+        _ev(5, "activity_started", "train-000020", 3),
+        _resume(6, "train-000020", 3, "runs/camp/ckpt/step-000020"),  # at the segment's end: not inside
+        _ev(7, "activity_started", "train-000030"),
+        _ev(8, "activity_heartbeat", "train-000030", ckpt="runs/camp/ckpt/step-000024"),
+        _ev(9, "activity_started", "train-000030", 2),
+        _resume(10, "train-000030", 2, None)]}  # it says it started fresh: what it said wins over the heartbeat
+    start = _ev(12, "activity_heartbeat", "train-000030", 3)
+    start["attrs"]["details"] = {"event": "start", "resumed_from": None}  # the helper's line when it starts fresh
+    hist["train/camp/1"] += [_ev(11, "activity_started", "train-000030", 3), start]
+    assert history_resumes(hist) == [("train-000020", 2, 18)]
