@@ -19,7 +19,7 @@ import click
 from tinyllm import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
 from workflows.models import TraceContext
 
-from . import app, backends, cli_inspect, errors
+from . import app, backends, cli_inspect, errors, runsinks
 from .ui import command as ui_command
 from .workerlog import WorkerLog
 from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, BadRequest
@@ -260,7 +260,9 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
                 click.echo(f"{wid} running; follow it with `ctl status {wid}`; run it with `ctl worker`")
             return
         if st.state == "running":
+            runsinks.workflow_state(home_dir, wid, "running")  # a continuation: a closed MLflow run reopens
             st = _follow(home_dir, engine, wid, quiet=quiet, interrupt=interrupt)
+        runsinks.workflow_state(home_dir, wid, st.state)  # the MLflow run's status (also after an earlier kill)
         if tracer is not None:
             tracer.close()  # what the end closed goes out before the result is printed
             tracer = None
@@ -473,7 +475,8 @@ def worker(home: str | None) -> None:
     handler = logging.StreamHandler(sys.stderr)  # the engine's own warnings (a lost worker redelivered...)
     handler.setFormatter(logging.Formatter("%(asctime)s engine: %(message)s", "%Y-%m-%dT%H:%M:%S"))
     logging.getLogger("engine").addHandler(handler)
-    log = WorkerLog(engine, lambda line: click.echo(line, err=True))
+    log = WorkerLog(engine, lambda line: click.echo(line, err=True),
+                    on_end=lambda wid, state: runsinks.workflow_state(home_dir, wid, state))  # MLflow's run status
     try:
         log.start()
         engine.run_forever(stop)
