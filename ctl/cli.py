@@ -232,8 +232,9 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
         if notice and started.new:
             click.echo(notice, err=True)
         wid = interrupt.workflow_id = started.workflow_id
-        if tracer is not None:
-            tracer.bind(histories, trace)
+        if tracer is not None:  # each poll reads only the events since the last (the run's workflows are known now)
+            gens = [st.workflow_id for st in app.run_generations(engine, app.train_workflow_id(name))]
+            tracer.bind(histories, trace, lambda seen: [(w, engine.history(w, after_seq=seen.get(w, 0))) for w in gens])
             tracer.start()
             if not (as_json or quiet):
                 click.echo(f"ctl: trace {tracer.trace_id} -> {tracer.where}", err=True)
