@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{k:<12} {best:>14.5f} {best / floor:>7.3f} {c:>11.5f} {c / cpu_floor:>7.3f} {wr * 1e6:>14.1f} "
                   f"{wr / floor:>10.2%} "
                   f"{statistics.median(fixed[k]):>8.2f}  {same}")
+        # the noise: how far a sink set's own repeats lie apart (a ratio below it is not resolved here)
+        print("spread of the repeats (worst / best), s/step: " + ", ".join(
+            f"{k} {max(per_step[k]) / min(per_step[k]):.3f}" for k in kinds))
 
 
 if __name__ == "__main__":

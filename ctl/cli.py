@@ -449,7 +449,8 @@ def worker(home: str | None) -> None:
     """Run the workflows of the home folder until SIGINT/SIGTERM (runs started with --detach).
 
     Logs on stderr each activity attempt it starts and ends (id#attempt, duration, outcome
-    with its figures or error) and each workflow it finishes.
+    with its figures or error) and each workflow it finishes; a run with an MLflow sink gets
+    its MLflow run's status then (FINISHED, FAILED, KILLED; docs/tracking.md).
 
     Resumes every open workflow of <home>/.ctl/engine.db, then serves new ones. On SIGTERM
     or SIGINT it stops and exits 0; an activity in flight is abandoned as after a kill (its

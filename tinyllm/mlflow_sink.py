@@ -14,8 +14,10 @@ read from MLflow itself when the sink starts: the highest step in the run's metr
 go in ``log_batch`` requests of whole frames, so a step is in MLflow whole or not at all). Then:
 - catch-up: frames of metrics.jsonl after the mark, up to the resumed step, are delivered first (what
   an earlier attempt produced but never delivered: a dead server, a kill with frames still queued);
-- live: frames after the mark are delivered as training reports them; a redone step (at or below the
-  mark, after a resume) is not delivered twice: an exact resume gives it the same bits anyway.
+- live: frames after the mark are delivered as training reports them, gathered for up to ``BATCH_WAIT_S``
+  into one request (a request per step costs a fast step several percent: a store transaction each); a
+  redone step (at or below the mark, after a resume) is not delivered twice: an exact resume gives it
+  the same bits anyway.
 
 Best effort, at most once, never fatal (the seed's rule for reporters): the first failure (a dead or
 failing server) prints one warning line, and the sink stops delivering for this attempt; training and
@@ -56,6 +58,7 @@ from .fsio import atomic_write
 
 STATE_FILE = "mlflow.json"
 BATCH_FRAMES = 100  # frames per log_batch (MLflow takes at most 1000 metrics a request; a frame has ~10)
+BATCH_WAIT_S = 1.0  # a request waits this long for more frames: one request a second, not one a step
 QUEUE_LIMIT = 100_000  # frames waiting for delivery; beyond it they wait for the next attempt's catch-up
 STATE_EVERY_S = 2.0  # the state file is rewritten at most this often (and at the end)
 FLUSH_TIMEOUT_S = 60.0  # close() waits this long for queued frames (sinks.mlflow.flush_timeout_s); the rest: next attempt
@@ -246,9 +249,10 @@ class MlflowSink:
             stop = False
             while not stop:
                 batch = [self.queue.get()]
-                while len(batch) < BATCH_FRAMES:  # what queued meanwhile goes in the same request
+                until = time.monotonic() + BATCH_WAIT_S
+                while len(batch) < BATCH_FRAMES and batch[-1] is not _STOP:  # what comes meanwhile: the same request
                     try:
-                        batch.append(self.queue.get_nowait())
+                        batch.append(self.queue.get(timeout=max(0.0, until - time.monotonic())))
                     except queue.Empty:
                         break
                 if batch[-1] is _STOP:

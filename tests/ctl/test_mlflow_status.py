@@ -138,6 +138,9 @@ def test_killed_in_its_last_segment_running_then_finished_by_the_rerun(tmp_path:
     assert _status(uri, run_dir) == "FINISHED" and "warning" not in again.stderr, again.stderr[-3000:]
     runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("mini").experiment_id])
     assert len(runs) == 1
+    shown = subprocess.run([sys.executable, "-m", "ctl.cli", "show", "train/mini", "--home", str(home)],
+                           capture_output=True, text=True, env=_env(), timeout=120)
+    assert f"mlflow: run {runs[0].info.run_id} " in shown.stdout and "; status FINISHED" in shown.stdout, shown.stdout
     # killed between the workflow's end and the status (as if): the next ctl train, which trains nothing, sets it
     MlflowClient(uri).update_run(runs[0].info.run_id, status="RUNNING")
     atomic_write(mlflow_sink.state_path(run_dir), json.dumps({**mlflow_sink.read_state(run_dir), "run_status": "RUNNING"}).encode())
