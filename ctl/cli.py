@@ -19,7 +19,7 @@ import click
 from tinyllm import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
 from workflows.models import TraceContext
 
-from . import app, backends, cli_inspect, errors
+from . import app, backends, cli_inspect, errors, runsinks
 from .ui import command as ui_command
 from .workerlog import WorkerLog
 from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, BadRequest
@@ -232,8 +232,9 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
         if notice and started.new:
             click.echo(notice, err=True)
         wid = interrupt.workflow_id = started.workflow_id
-        if tracer is not None:
-            tracer.bind(histories, trace)
+        if tracer is not None:  # each poll reads only the events since the last (the run's workflows are known now)
+            gens = [st.workflow_id for st in app.run_generations(engine, app.train_workflow_id(name))]
+            tracer.bind(histories, trace, lambda seen: [(w, engine.history(w, after_seq=seen.get(w, 0))) for w in gens])
             tracer.start()
             if not (as_json or quiet):
                 click.echo(f"ctl: trace {tracer.trace_id} -> {tracer.where}", err=True)
@@ -260,7 +261,9 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
                 click.echo(f"{wid} running; follow it with `ctl status {wid}`; run it with `ctl worker`")
             return
         if st.state == "running":
+            runsinks.workflow_state(home_dir, wid, "running")  # a continuation: a closed MLflow run reopens
             st = _follow(home_dir, engine, wid, quiet=quiet, interrupt=interrupt)
+        runsinks.workflow_state(home_dir, wid, st.state)  # the MLflow run's status (also after an earlier kill)
         if tracer is not None:
             tracer.close()  # what the end closed goes out before the result is printed
             tracer = None
@@ -432,7 +435,8 @@ def worker(home: str | None) -> None:
     """Run the workflows of the home folder until SIGINT/SIGTERM (runs started with --detach).
 
     Logs on stderr each activity attempt it starts and ends (id#attempt, duration, outcome
-    with its figures or error) and each workflow it finishes.
+    with its figures or error) and each workflow it finishes; a run with an MLflow sink gets
+    its MLflow run's status then (FINISHED, FAILED, KILLED; docs/tracking.md).
 
     Resumes every open workflow of <home>/.ctl/engine.db, then serves new ones. On SIGTERM
     or SIGINT it stops and exits 0; an activity in flight is abandoned as after a kill (its
@@ -459,7 +463,8 @@ def worker(home: str | None) -> None:
     handler = logging.StreamHandler(sys.stderr)  # the engine's own warnings (a lost worker redelivered...)
     handler.setFormatter(logging.Formatter("%(asctime)s engine: %(message)s", "%Y-%m-%dT%H:%M:%S"))
     logging.getLogger("engine").addHandler(handler)
-    log = WorkerLog(engine, lambda line: click.echo(line, err=True))
+    log = WorkerLog(engine, lambda line: click.echo(line, err=True),
+                    on_end=lambda wid, state: runsinks.workflow_state(home_dir, wid, state))  # MLflow's run status
     try:
         log.start()
         engine.run_forever(stop)

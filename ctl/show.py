@@ -77,7 +77,8 @@ def show(view: RunView, home: Path, spec: dict[str, Any], trace: dict | None = N
     if sink is not None:  # the spec's sinks.mlflow: where its run is, and whether it fell behind
         last = frames[-1]["step"] if frames else None
         lines += ["", f"mlflow: run {sink.get('run_id')} in experiment {sink.get('experiment')!r} at "
-                      f"{sink.get('tracking_uri')}; delivered up to step {sink.get('delivered_step')}"]
+                      f"{sink.get('tracking_uri')}; delivered up to step {sink.get('delivered_step')}"
+                  + (f"; status {sink['run_status']}" if sink.get("run_status") else "")]
         if (why := mlflow_sink.behind(sink, last)) is not None:
             lines.append(f"  {why}")
         data["sinks"] = {"mlflow": {**sink, "behind": why}}

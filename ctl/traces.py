@@ -20,8 +20,9 @@ event it recorded), a workflow at its end. Span ids are hashes of the trace id a
 for (tinyllm/tracing.py ``span_id``), so the same history always gives the same spans, and each
 trainer, given ``TRACEPARENT`` = its attempt's span, joins the tree with no other message.
 
-Delivery: a thread exports what the history closed since the last export every ``POLL_S`` (and once
-more at the end), in one ``export`` call; only when it succeeded is the mark
+Delivery: a thread reads the events the history gained since its last poll every ``POLL_S`` (and once
+more at the end; ``HistorySpans`` keeps what is open in between, so a poll costs what is new, not the
+whole history), and exports the spans they closed in one ``export`` call; only when it succeeded is the mark
 ``runs/<name>/sinks/trace.json`` advanced (per destination: the last event seq sent of each workflow).
 So a ``ctl train`` killed at any moment leaves the rest to the next one, which sends it from the
 history: each span once, but for a kill between an export and its mark (the same span, same id, sent
@@ -58,6 +59,8 @@ POLL_S = 1.0  # how often the spans the history closed are sent while the run go
 
 Histories = Callable[[], list[tuple[str, list[Any]]]]
 """() -> [(workflow id, its events)] of every workflow of the run, oldest first."""
+NewEvents = Callable[[Mapping[str, int]], list[tuple[str, list[Any]]]]
+"""(the last event seq read of each workflow) -> [(workflow id, its events after that)], oldest first."""
 
 
 # --- the spans of a history (no OpenTelemetry: plain records) ----------------------------------------
@@ -136,92 +139,123 @@ def _attempt_record(a: _Attempt, end: float, seq: int, outcome: str, result: Any
                       (a.wid, seq), attrs, why)
 
 
-def build_spans(histories: Iterable[tuple[str, list[Any]]], run_id: str) -> list[SpanRecord]:
-    """The spans of a run's workflows' histories (``engine.Event``s), each once, in the order they end."""
-    out: list[SpanRecord] = []
-    first_start: float | None = None
-    wids: list[str] = []
-    for wid, events in histories:
-        if not events:
-            continue
-        wids.append(wid)
-        wf_key = f"workflow {wid}"
-        wf_start = events[0].time
-        first_start = wf_start if first_start is None else first_start
-        scheduled: dict[str, tuple[str, Any]] = {}
-        open_attempts: dict[str, _Attempt] = {}
-        timers: dict[int, tuple[float, dict]] = {}
+@dataclass
+class _Workflow:
+    """What ``HistorySpans`` keeps of one workflow between polls: what is open, and the last event fed."""
+    start: float
+    last_seq: int = 0
+    scheduled: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    attempts: dict[str, _Attempt] = field(default_factory=dict)
+    timers: dict[int, tuple[float, dict]] = field(default_factory=dict)
+
+
+class HistorySpans:
+    """The spans of a run's workflows' histories (``engine.Event``s), made as the histories grow: ``feed``
+    takes a workflow's events after those fed before and returns the records they close, each once, in
+    the order they end; what is still open (attempts, timers) is kept for the next call. Feeding a
+    history in any number of pieces gives the records of feeding it whole (``build_spans``)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.first_start: float | None = None
+        self.workflows: dict[str, _Workflow] = {}  # in the order they started (oldest first)
+
+    def seen(self) -> dict[str, int]:
+        """The last event seq fed of each workflow."""
+        return {wid: w.last_seq for wid, w in self.workflows.items()}
+
+    def feed(self, wid: str, events: Iterable[Any]) -> list[SpanRecord]:
+        out: list[SpanRecord] = []
+        w = self.workflows.get(wid)
         for e in events:
-            a = e.attrs if isinstance(e.attrs, dict) else {}
-            aid = str(a.get("activity_id", ""))
-            if e.type == "activity_scheduled":
-                scheduled[aid] = (str(a.get("name", "")), a.get("input"))
-            elif e.type == "activity_started":
-                if aid in open_attempts:  # (never recorded so: a recovery closes an attempt first)
-                    out.append(_attempt_record(open_attempts.pop(aid), e.time, e.seq, "superseded"))
-                name, inp = scheduled.get(aid, ("", None))
-                open_attempts[aid] = _Attempt(wid, aid, name, int(a.get("attempt", 0)), e.time, a.get("worker"),
-                                              e.time, inp)
-            elif e.type == "activity_heartbeat" and aid in open_attempts:
-                att = open_attempts[aid]
-                if a.get("attempt") != att.attempt:
-                    continue
-                att.last = e.time
-                d = a.get("details") if isinstance(a.get("details"), dict) else {}
-                if d.get("event") == "resume":
-                    att.resume, att.resumed = d.get("resumed_from"), True
-                elif d.get("checkpoint") and "event" not in d:
-                    ckpt = str(d["checkpoint"])
-                    written = d.get("time") if isinstance(d.get("time"), (int, float)) else e.time
-                    attrs = {"checkpoint.path": ckpt, "durable.activity_id": aid, "durable.attempt": att.attempt}
-                    for k in ("step", "loss", "loss_hex"):
-                        _flat(f"train.{k}", d.get(k), attrs)
-                    out.append(SpanRecord(f"checkpoint {att.key} {ckpt}", f"checkpoint {Path(ckpt).name}", att.key,
-                                          min(written, e.time), e.time, (wid, e.seq), attrs))
-            elif e.type in ("activity_completed", "activity_failed", "activity_timed_out", "activity_canceled"):
-                att = open_attempts.get(aid)
-                if att is None or a.get("attempt") != att.attempt:
-                    continue  # canceled before it ran: no attempt
-                del open_attempts[aid]
-                if e.type == "activity_completed":
-                    out.append(_attempt_record(att, e.time, e.seq, "completed", result=a.get("result")))
-                elif e.type == "activity_timed_out":
-                    kind = str(a.get("kind") or "timed out")
-                    end = att.last if kind == "worker lost" else e.time  # found dead later: it ended by then
-                    out.append(_attempt_record(att, end, e.seq, kind, error=a.get("error")))
-                elif e.type == "activity_failed":
-                    out.append(_attempt_record(att, e.time, e.seq, "failed", error=a.get("error")))
-                else:
-                    out.append(_attempt_record(att, e.time, e.seq, "canceled"))  # a cancel: not an error
-            elif e.type == "timer_started":
-                timers[int(a.get("cmd", -1))] = (e.time, a)
-            elif e.type in ("timer_fired", "timer_canceled") and int(a.get("cmd", -1)) in timers:
-                started, ta = timers.pop(int(a["cmd"]))
-                attrs = {"durable.workflow_id": wid, "durable.wait_s": float(ta.get("seconds", 0.0)),
-                         "durable.outcome": "fired" if e.type == "timer_fired" else "canceled"}
-                out.append(SpanRecord(f"timer {wid} {a['cmd']}", "durable.wait", wf_key, started, e.time,
-                                      (wid, e.seq), attrs))
-            elif e.type in ("workflow_completed", "workflow_failed", "workflow_canceled"):
-                state = e.type.split("_", 1)[1]
-                for att in open_attempts.values():  # still running when the workflow ended: abandoned
-                    out.append(_attempt_record(att, e.time, e.seq, f"abandoned (workflow {state})"))
-                open_attempts.clear()
-                for cmd, (started, ta) in timers.items():
-                    out.append(SpanRecord(f"timer {wid} {cmd}", "durable.wait", wf_key, started, e.time, (wid, e.seq),
-                                          {"durable.workflow_id": wid, "durable.outcome": f"workflow {state}",
-                                           "durable.wait_s": float(ta.get("seconds", 0.0))}))
-                timers.clear()
-                err = a.get("error") if isinstance(a.get("error"), dict) else None
-                attrs = {"durable.workflow_id": wid, "durable.state": state}
-                why = f"{err.get('type', 'error')}: {err.get('message', '')}" if err and state == "failed" else None
-                out.append(SpanRecord(wf_key, f"workflow {wid}", "run", wf_start, e.time, (wid, e.seq), attrs, why))
-                if state == "completed":  # the run's root: sent once, when the run completes
-                    res = a.get("result") if isinstance(a.get("result"), dict) else {}
-                    root = {"durable.run_id": run_id, "durable.workflow_ids": list(wids)}
-                    for k in ("name", "steps", "final_loss_hex", "digest", "checkpoint"):
-                        _flat(f"train.{k}", res.get(k), root)
-                    out.append(SpanRecord("run", f"TrainRun {run_id}", None, first_start, e.time, (wid, e.seq), root))
-    return out
+            if w is None:
+                w = self.workflows[wid] = _Workflow(e.time)
+                self.first_start = e.time if self.first_start is None else self.first_start
+            if e.seq <= w.last_seq:
+                continue  # fed already
+            w.last_seq = e.seq
+            self._event(wid, w, e, out)
+        return out
+
+    def _event(self, wid: str, w: _Workflow, e: Any, out: list[SpanRecord]) -> None:
+        wf_key = f"workflow {wid}"
+        scheduled, open_attempts, timers = w.scheduled, w.attempts, w.timers
+        a = e.attrs if isinstance(e.attrs, dict) else {}
+        aid = str(a.get("activity_id", ""))
+        if e.type == "activity_scheduled":
+            scheduled[aid] = (str(a.get("name", "")), a.get("input"))
+        elif e.type == "activity_started":
+            if aid in open_attempts:  # (never recorded so: a recovery closes an attempt first)
+                out.append(_attempt_record(open_attempts.pop(aid), e.time, e.seq, "superseded"))
+            name, inp = scheduled.get(aid, ("", None))
+            open_attempts[aid] = _Attempt(wid, aid, name, int(a.get("attempt", 0)), e.time, a.get("worker"),
+                                          e.time, inp)
+        elif e.type == "activity_heartbeat" and aid in open_attempts:
+            att = open_attempts[aid]
+            if a.get("attempt") != att.attempt:
+                return
+            att.last = e.time
+            d = a.get("details") if isinstance(a.get("details"), dict) else {}
+            if d.get("event") == "resume":
+                att.resume, att.resumed = d.get("resumed_from"), True
+            elif d.get("checkpoint") and "event" not in d:
+                ckpt = str(d["checkpoint"])
+                written = d.get("time") if isinstance(d.get("time"), (int, float)) else e.time
+                attrs = {"checkpoint.path": ckpt, "durable.activity_id": aid, "durable.attempt": att.attempt}
+                for k in ("step", "loss", "loss_hex"):
+                    _flat(f"train.{k}", d.get(k), attrs)
+                out.append(SpanRecord(f"checkpoint {att.key} {ckpt}", f"checkpoint {Path(ckpt).name}", att.key,
+                                      min(written, e.time), e.time, (wid, e.seq), attrs))
+        elif e.type in ("activity_completed", "activity_failed", "activity_timed_out", "activity_canceled"):
+            att = open_attempts.get(aid)
+            if att is None or a.get("attempt") != att.attempt:
+                return  # canceled before it ran: no attempt
+            del open_attempts[aid]
+            if e.type == "activity_completed":
+                out.append(_attempt_record(att, e.time, e.seq, "completed", result=a.get("result")))
+            elif e.type == "activity_timed_out":
+                kind = str(a.get("kind") or "timed out")
+                end = att.last if kind == "worker lost" else e.time  # found dead later: it ended by then
+                out.append(_attempt_record(att, end, e.seq, kind, error=a.get("error")))
+            elif e.type == "activity_failed":
+                out.append(_attempt_record(att, e.time, e.seq, "failed", error=a.get("error")))
+            else:
+                out.append(_attempt_record(att, e.time, e.seq, "canceled"))  # a cancel: not an error
+        elif e.type == "timer_started":
+            timers[int(a.get("cmd", -1))] = (e.time, a)
+        elif e.type in ("timer_fired", "timer_canceled") and int(a.get("cmd", -1)) in timers:
+            started, ta = timers.pop(int(a["cmd"]))
+            attrs = {"durable.workflow_id": wid, "durable.wait_s": float(ta.get("seconds", 0.0)),
+                     "durable.outcome": "fired" if e.type == "timer_fired" else "canceled"}
+            out.append(SpanRecord(f"timer {wid} {a['cmd']}", "durable.wait", wf_key, started, e.time,
+                                  (wid, e.seq), attrs))
+        elif e.type in ("workflow_completed", "workflow_failed", "workflow_canceled"):
+            state = e.type.split("_", 1)[1]
+            for att in open_attempts.values():  # still running when the workflow ended: abandoned
+                out.append(_attempt_record(att, e.time, e.seq, f"abandoned (workflow {state})"))
+            open_attempts.clear()
+            for cmd, (started, ta) in timers.items():
+                out.append(SpanRecord(f"timer {wid} {cmd}", "durable.wait", wf_key, started, e.time, (wid, e.seq),
+                                      {"durable.workflow_id": wid, "durable.outcome": f"workflow {state}",
+                                       "durable.wait_s": float(ta.get("seconds", 0.0))}))
+            timers.clear()
+            err = a.get("error") if isinstance(a.get("error"), dict) else None
+            attrs = {"durable.workflow_id": wid, "durable.state": state}
+            why = f"{err.get('type', 'error')}: {err.get('message', '')}" if err and state == "failed" else None
+            out.append(SpanRecord(wf_key, f"workflow {wid}", "run", w.start, e.time, (wid, e.seq), attrs, why))
+            if state == "completed":  # the run's root: sent once, when the run completes
+                res = a.get("result") if isinstance(a.get("result"), dict) else {}
+                root = {"durable.run_id": self.run_id, "durable.workflow_ids": list(self.workflows)}
+                for k in ("name", "steps", "final_loss_hex", "digest", "checkpoint"):
+                    _flat(f"train.{k}", res.get(k), root)
+                out.append(SpanRecord("run", f"TrainRun {self.run_id}", None, self.first_start, e.time, (wid, e.seq),
+                                      root))
+
+
+def build_spans(histories: Iterable[tuple[str, list[Any]]], run_id: str) -> list[SpanRecord]:
+    """The spans of a run's workflows' whole histories, each once, in the order they end."""
+    spans = HistorySpans(run_id)
+    return [r for wid, events in histories for r in spans.feed(wid, events)]
 
 
 # --- the run's trace context ---------------------------------------------------------------------------
@@ -345,10 +379,13 @@ class RunTracer:
     def context(self, histories: Histories, env: Mapping[str, str]) -> dict:
         return trace_context(histories(), self.home, self.run_id, env)
 
-    def bind(self, histories: Histories, trace: dict) -> None:
-        """From now on: read the run's workflows with ``histories``, in trace ``trace``."""
+    def bind(self, histories: Histories, trace: dict, new_events: NewEvents | None = None) -> None:
+        """From now on: read the run's workflows with ``new_events`` (only what each poll adds; without it,
+        ``histories``, whose events already read are skipped), in trace ``trace``."""
         self.histories, self.trace = histories, trace
+        self.new_events: NewEvents = new_events or (lambda seen: histories())
         self.builder = SpanBuilder(trace["trace_id"], trace.get("parent_span_id"))
+        self.spans = HistorySpans(self.run_id)
 
     @property
     def trace_id(self) -> str | None:
@@ -370,17 +407,18 @@ class RunTracer:
         """Send the spans the history closed since the mark; the number sent (0 also when failing)."""
         if self.histories is None or self.builder is None or self.exporter.failed is not None:
             return 0
-        with self._lock:
-            histories = self.histories()
+        with self._lock:  # only the events since the last poll are read and made into spans (HistorySpans)
+            closed = [r for wid, events in self.new_events(self.spans.seen()) for r in self.spans.feed(wid, events)]
+            if not closed:
+                return 0  # nothing new closed: no file read, no export (the mark need not move)
             data = tracing.read_mark(self.home / "runs" / self.name)
             marks = (data.get("destinations") or {}).get(self.where) or {}
-            fresh = [r for r in build_spans(histories, self.run_id) if r.closed_at[1] > int(marks.get(r.closed_at[0], 0))]
+            fresh = [r for r in closed if r.closed_at[1] > int(marks.get(r.closed_at[0], 0))]
             if not fresh:
-                return 0  # (the mark need not move: what it passes over closes nothing)
+                return 0  # sent by an earlier ctl train (the mark need not move: what it passes over closes nothing)
             if self.exporter.export(self.builder.build(fresh)) != SpanExportResult.SUCCESS:
-                return 0
-            upto = {wid: events[-1].seq for wid, events in histories if events}
-            self._write_mark(data, {**marks, **upto})
+                return 0  # (off for this command: what closed now is sent by the next ctl train, from the mark)
+            self._write_mark(data, {**marks, **self.spans.seen()})
             return len(fresh)
 
     def _write_mark(self, data: dict, marks: dict[str, int]) -> None:

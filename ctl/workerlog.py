@@ -9,7 +9,8 @@ connection per process) and prints, on stderr, one line per event that matters::
     2026-12-01T09:13:30+00:00 workflow train/tiny completed in 1:27
 
 Only attempts started by this process (``worker`` = host:pid in the started event) are logged
-as start/end; workflow ends are logged for every workflow this worker has worked on.
+as start/end; workflow ends are logged for every workflow this worker has worked on, and handed to
+``on_end`` for every workflow seen ending (ctl worker: the MLflow run's status, ctl/runsinks.py).
 """
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ MAX_EVENTS_PER_POLL = 10_000
 
 
 class WorkerLog:
-    def __init__(self, engine: Any, emit: Callable[[str], None], *, poll_s: float = POLL_S):
+    def __init__(self, engine: Any, emit: Callable[[str], None], *, poll_s: float = POLL_S,
+                 on_end: Callable[[str, str], None] | None = None):
         self.engine, self.emit, self.poll_s = engine, emit, poll_s
+        self.on_end = on_end  # (workflow id, completed|failed|canceled) of each workflow seen ending
         owner = getattr(engine, "owner", None)  # another backend has none (and no local store: start() skips)
         self.me = f"{owner['host']}:{owner['pid']}" if owner else ""  # as the engine records its starts
         self._seen: dict[str, int] = {}
@@ -89,7 +92,12 @@ class WorkerLog:
             info = details(e)
             self.emit(f"{when} end    {wid} {a.get('activity_id')}#{a.get('attempt')} {outcome} in {took}"
                       + (f": {info}" if info else ""))
-        elif e.type in ("workflow_completed", "workflow_failed", "workflow_canceled") and wid in self._touched:
+        elif e.type in ("workflow_completed", "workflow_failed", "workflow_canceled") and self.on_end is not None:
+            try:
+                self.on_end(wid, e.type.split("_", 1)[1])
+            except Exception as err:  # noqa: BLE001 - never the worker's failure
+                self.emit(f"(after {wid} ended: {type(err).__name__}: {err})")
+        if e.type in ("workflow_completed", "workflow_failed", "workflow_canceled") and wid in self._touched:
             self._touched.discard(wid)
             started = self.engine.status(wid).created_at
             self.emit(f"{when} workflow {wid} {e.type.split('_', 1)[1]} in {fmt_duration(e.time - started)}"

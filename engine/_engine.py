@@ -349,10 +349,13 @@ class Engine:
                        (self.clock.now(), workflow_id))
         return True
 
-    def history(self, workflow_id: str) -> list[Event]:
+    def history(self, workflow_id: str, after_seq: int = 0) -> list[Event]:
+        """The workflow's events (only those after ``after_seq``: a reader that follows it, ctl/traces.py)."""
         self._row(workflow_id)
         with self.store._lock:
-            events = read_events(self.store.conn, workflow_id)
+            events = read_events(self.store.conn, workflow_id, after_seq)
+            if after_seq > 0:
+                return events
             if not events or events[0].type != h.WORKFLOW_STARTED:  # started and its event are one transaction
                 raise damaged(self.store.conn, workflow_id, "event 1", "missing: no workflow_started event")
             return events

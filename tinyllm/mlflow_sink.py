@@ -14,8 +14,10 @@ read from MLflow itself when the sink starts: the highest step in the run's metr
 go in ``log_batch`` requests of whole frames, so a step is in MLflow whole or not at all). Then:
 - catch-up: frames of metrics.jsonl after the mark, up to the resumed step, are delivered first (what
   an earlier attempt produced but never delivered: a dead server, a kill with frames still queued);
-- live: frames after the mark are delivered as training reports them; a redone step (at or below the
-  mark, after a resume) is not delivered twice: an exact resume gives it the same bits anyway.
+- live: frames after the mark are delivered as training reports them, gathered for up to ``BATCH_WAIT_S``
+  into one request (a request per step costs a fast step several percent: a store transaction each); a
+  redone step (at or below the mark, after a resume) is not delivered twice: an exact resume gives it
+  the same bits anyway.
 
 Best effort, at most once, never fatal (the seed's rule for reporters): the first failure (a dead or
 failing server) prints one warning line, and the sink stops delivering for this attempt; training and
@@ -28,6 +30,14 @@ The sink's state (run id, delivered step, last error) is written to ``runs/<name
 
 Evaluation figures: ``tinyllm eval`` of a checkpoint of such a run logs each suite's figures at the
 checkpoint's step, with the checkpoint's path and digest as params (``log_evaluation``), once.
+
+The run's status follows the TrainRun's workflow, not a trainer: a segment's trainer does not know
+whether it is the run's last (evaluations follow it, early stopping or a failure may end the run), so
+``ctl`` sets it once the workflow has ended (``set_run_status``: completed -> ``FINISHED``, failed ->
+``FAILED``, canceled -> ``KILLED``), from the recorded end, again by every later ``ctl train`` of the run
+until it is done (a kill between the workflow's end and the status costs nothing). A trainer attempt
+that trains (a continuation ``/2`` of a failed or canceled run) sets it back to ``RUNNING``; one that
+resumes at its segment's end and trains nothing leaves it.
 """
 from __future__ import annotations
 
@@ -48,12 +58,15 @@ from .fsio import atomic_write
 
 STATE_FILE = "mlflow.json"
 BATCH_FRAMES = 100  # frames per log_batch (MLflow takes at most 1000 metrics a request; a frame has ~10)
+BATCH_WAIT_S = 1.0  # a request waits this long for more frames: one request a second, not one a step
 QUEUE_LIMIT = 100_000  # frames waiting for delivery; beyond it they wait for the next attempt's catch-up
 STATE_EVERY_S = 2.0  # the state file is rewritten at most this often (and at the end)
 FLUSH_TIMEOUT_S = 60.0  # close() waits this long for queued frames (sinks.mlflow.flush_timeout_s); the rest: next attempt
 HTTP_RETRIES = "2"  # MLflow's HTTP retries (its default, 7 with backoff, waits minutes on a dead server)
 HTTP_TIMEOUT_S = "10"
 _STOP = object()
+RUN_STATUS = {"completed": "FINISHED", "failed": "FAILED", "canceled": "KILLED", "running": "RUNNING"}
+"""The MLflow run's status for each state of the TrainRun's workflow (``set_run_status``)."""
 
 
 def state_path(run_dir: Path) -> Path:
@@ -180,12 +193,13 @@ class MlflowSink:
         self.flush_timeout_s = float(getattr(config, "flush_timeout_s", None) or FLUSH_TIMEOUT_S)
         self.workflow_id = f"train/{spec['name']}"
         self.resumed_step = resumed_step
+        self.trains = resumed_step < int(spec.get("steps") or 0)  # False: resumed at the segment's end
         self.corpus_checksum = corpus_checksum
         self.warn_stream = warn_stream or sys.stderr
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_LIMIT)
         self.state = {"tracking_uri": self.uri, "experiment": self.experiment, "workflow_id": self.workflow_id,
                       "run_id": None, "delivered_step": None, "last_step": resumed_step, "error": None,
-                      "dropped": 0}
+                      "dropped": 0, "run_status": None}
         self._state_at = 0.0
         self.failed = False
         self.thread = threading.Thread(target=self._main, name="mlflow-sink", daemon=True)
@@ -222,8 +236,12 @@ class MlflowSink:
                 tags["durable.corpus_checksum"] = self.corpus_checksum
             run_id = find_or_create_run(client, self.experiment, self.workflow_id, self.home,
                                         flatten(self.spec), tags)
+            status = client.get_run(run_id).info.status
+            if status != "RUNNING" and self.trains:  # a continuation of a failed or canceled run trains again
+                client.update_run(run_id, status="RUNNING")
+                status = "RUNNING"
             mark = delivered_mark(client, run_id)
-            self.state.update(run_id=run_id, delivered_step=mark)
+            self.state.update(run_id=run_id, delivered_step=mark, run_status=status)
             backlog = [(step, f, int(float(f.get("time", 0)) * 1000))
                        for step, f in _jsonl_frames(self.run_dir / "metrics.jsonl", mark, self.resumed_step)]
             for i in range(0, len(backlog), BATCH_FRAMES):
@@ -231,9 +249,10 @@ class MlflowSink:
             stop = False
             while not stop:
                 batch = [self.queue.get()]
-                while len(batch) < BATCH_FRAMES:  # what queued meanwhile goes in the same request
+                until = time.monotonic() + BATCH_WAIT_S
+                while len(batch) < BATCH_FRAMES and batch[-1] is not _STOP:  # what comes meanwhile: the same request
                     try:
-                        batch.append(self.queue.get_nowait())
+                        batch.append(self.queue.get(timeout=max(0.0, until - time.monotonic())))
                     except queue.Empty:
                         break
                 if batch[-1] is _STOP:
@@ -300,6 +319,36 @@ def behind(state: dict | None, last_step: int | None = None) -> str | None:
                 f"{last} ({state['error']}); the next attempt catches up")
     if upto is not None and last is not None and upto < last:
         return f"mlflow sink fell behind: delivered up to step {upto} of {last}; the next attempt catches up"
+    return None
+
+
+def set_run_status(run_dir: Path, workflow_state: str) -> str | None:
+    """Give the run's MLflow run the status of its TrainRun's workflow (``RUN_STATUS``): called by ctl once
+    the workflow ended, and with ``running`` when a continuation starts. Does nothing (and imports nothing)
+    when the run has no MLflow sink, when the sink's state already records that status, or for
+    ``running`` unless it records a terminal one. Never fatal: a warning's text (without a prefix) when
+    the store could not be reached, else None; the status is recorded in the sink's state file."""
+    status = RUN_STATUS.get(workflow_state)
+    state = read_state(run_dir)
+    if status is None or not state or not state.get("run_id") or state.get("run_status") == status:
+        return None
+    if status == "RUNNING" and state.get("run_status") in (None, "RUNNING"):
+        return None  # never closed (or a state file from before statuses): nothing to reopen
+    try:
+        MlflowClient, _, _, _ = _import_mlflow()
+        client = MlflowClient(tracking_uri=state["tracking_uri"])
+        if status == "RUNNING":
+            client.update_run(state["run_id"], status=status)
+        else:
+            client.set_terminated(state["run_id"], status=status)
+    except Exception as e:  # a dead or failing store: the next ctl train of the run sets it
+        return (f"mlflow: run {state['run_id']} not set to {status} ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); the next `ctl train` of the run sets it")
+    try:
+        atomic_write(state_path(run_dir), (json.dumps({**state, "run_status": status, "updated": time.time()},
+                                                      sort_keys=True) + "\n").encode())
+    except OSError:
+        pass  # set in MLflow; the next ctl train sets it again (the same status)
     return None
 
 

@@ -1,0 +1,35 @@
+"""What ctl tells a run's external sinks about its workflow: the MLflow run's status.
+
+A segment's trainer does not know whether it is the run's last (its evaluations follow, early stopping
+or a failure may end the run), so the MLflow run's status follows the TrainRun's *workflow*: once it
+ended, ``ctl train`` (and ``ctl worker``, for the runs it finishes) sets it (completed -> FINISHED, failed
+-> FAILED, canceled -> KILLED; tinyllm/mlflow_sink.py ``set_run_status``). Every later ``ctl train`` of the
+run sets it again from the recorded end, so a kill between the workflow's end and the status is caught
+up; a continuation (``/2``) sets it back to RUNNING when it starts. Nothing is imported and nothing
+contacted when the run has no MLflow sink or the sink's state already records the status.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tinyllm import mlflow_sink
+
+
+def run_dir_of(home: Path, workflow_id: str) -> Path | None:
+    """``runs/<name>`` of a TrainRun's workflow (``train/<name>``, ``train/<name>/2``), else None."""
+    parts = workflow_id.split("/")
+    if len(parts) < 2 or parts[0] != "train" or not parts[1]:
+        return None
+    return Path(home) / "runs" / parts[1]
+
+
+def workflow_state(home: Path, workflow_id: str, state: str) -> None:
+    """The workflow ``workflow_id`` is now ``state``: tell the run's MLflow run (one warning line on failure)."""
+    run_dir = run_dir_of(home, workflow_id)
+    if run_dir is None:
+        return
+    why = mlflow_sink.set_run_status(run_dir, state)
+    if why:
+        click.echo(f"ctl: warning: {why}", err=True)
