@@ -3,7 +3,9 @@
 The key is a digest of the spec's trajectory (every field but those a run may change between
 segments or resumes: steps, eval_every, eval_interval_seconds, checkpoint_every, log_every,
 validation) and of the trainer's code: its command words, its env, and the bytes of each command
-word that names a file (relative to the trainer's cwd). ``ctl train`` of a spec's own trainer looks
+word that names a file (relative to the trainer's cwd; a file over ``CODE_FILE_MAX_BYTES`` is no code,
+a dataset or a checkpoint named on the command line: it counts by its size, not read, as the key is
+computed on every ``ctl train``, ``status`` and ``show``). ``ctl train`` of a spec's own trainer looks
 its key up and says once, at start, when no EXACT verdict is recorded for it: the bitwise-equal
 final loss its help promises is then unverified.
 """
@@ -21,9 +23,17 @@ NOT_TRAJECTORY = frozenset({"steps", "eval_every", "eval_interval_seconds", "che
                             "validation", "trainer"})
 
 
+CODE_FILE_MAX_BYTES = 8 << 20  # a command word naming a larger file counts by its size (not read)
+
+
 def _file_digest(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        if not path.is_file():
+            return None
+        size = path.stat().st_size
+        if size > CODE_FILE_MAX_BYTES:
+            return f"size:{size}"
+        return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
 

@@ -137,3 +137,24 @@ def test_verify_resume_reads_step_records_past_a_line_that_is_not_utf8(tmp_path)
     progress = tmp_path / "progress.jsonl"
     progress.write_bytes(b'{"step": 1}\n{"event": "x\xe9"}\n{"step": 2}\n')
     assert [ln["step"] for ln in _progress_lines(progress)] == [1, 2]
+
+
+def test_the_verdict_key_reads_a_command_s_code_files_but_not_a_large_data_file(tmp_path, monkeypatch):
+    """The key is computed on every ctl train/status/show: a dataset named on the trainer's command line is
+    counted by its size, never read whole (it was read into memory on each of them)."""
+    from pathlib import Path
+
+    from ctl import verify_record
+
+    code, data = tmp_path / "train.py", tmp_path / "data.bin"
+    code.write_text("print(1)\n")
+    with open(data, "wb") as f:  # sparse: no disk used
+        f.truncate(verify_record.CODE_FILE_MAX_BYTES + 1)
+    spec = {"name": "x", "trainer": {"command": ["python", "train.py", "data.bin"], "cwd": str(tmp_path)}}
+    key = verify_record.spec_key(spec)
+    read = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: read.append(self.name) or real(self))
+    assert verify_record.spec_key(spec) == key and read == ["train.py"]
+    code.write_text("print(2)\n")
+    assert verify_record.spec_key(spec) != key  # the code still counts byte for byte
