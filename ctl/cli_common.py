@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import math
 import sqlite3
 import sys
 from typing import Any, Callable
@@ -48,8 +49,20 @@ def exit_with(e: CtlError) -> None:
     sys.exit(e.exit_code)
 
 
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float (a diverged loss: inf, nan) as None: strict JSON has no
+    Infinity/NaN, which json.dumps would write and most parsers refuse (the exact bits stay in ``*_hex``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
 def print_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=True))
+    click.echo(json.dumps(finite(value), indent=2, sort_keys=True, allow_nan=False))
 
 
 def when(t: float) -> str:

@@ -158,3 +158,17 @@ def test_the_verdict_key_reads_a_command_s_code_files_but_not_a_large_data_file(
     assert verify_record.spec_key(spec) == key and read == ["train.py"]
     code.write_text("print(2)\n")
     assert verify_record.spec_key(spec) != key  # the code still counts byte for byte
+
+
+def test_json_output_is_strict_json_when_a_loss_is_not_finite(capsys):
+    """A diverged run's loss (inf, nan) in ``--json`` output: null, not Infinity/NaN (invalid JSON; found by
+    review in ``ctl plot --json``)."""
+    import json
+
+    from ctl.cli_common import print_json
+
+    print_json({"loss": [(1, float("inf")), (2, float("nan")), (3, 1.5)], "final_loss_hex": "0x1.8p+0"})
+    out = capsys.readouterr().out
+    assert "Infinity" not in out and "NaN" not in out
+    assert json.loads(out, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))["loss"] == [
+        [1, None], [2, None], [3, 1.5]]
