@@ -1,8 +1,12 @@
-"""HF ``Trainer`` and Lightning through ``ctl train`` in the everyday CI lane (the soak lane,
-test_frameworks.py, adds verify-resume's proofs and the broken variants): each example trainer's run
-in two segments ends where one segment ends, and killed with SIGKILL mid-segment and rerun it ends bit
-for bit where the uninterrupted ``ctl train`` of the same spec ends, with its data loader's worker processes on (``workers`` 2: HF's
-``dataloader_num_workers``, Lightning's ``DataLoader(num_workers=...)``)."""
+"""HF ``Trainer`` and Lightning through ``ctl train``, with their data loader's worker processes on
+(``workers`` 2: HF's ``dataloader_num_workers``, Lightning's ``DataLoader(num_workers=...)``):
+
+- (soak lane, ~2 min) each example's run in two segments ends where one segment ends, and killed with
+  SIGKILL mid-segment and rerun it ends bit for bit where the uninterrupted ``ctl train`` ends; CI's lane
+  has the same kill through test_frameworks_campaign.py (the fault campaign, loader workers on) and the
+  segments through verify-resume (test_frameworks.py);
+- (CI's lane) a rerun resumed at a segment's end trains nothing and gives the same result.
+"""
 from __future__ import annotations
 
 import json
@@ -24,6 +28,7 @@ def uninterrupted(home: Path, spec: dict) -> dict:
     return json.loads(done.stdout)["result"]
 
 
+@pytest.mark.soak  # (~2 min for both) CI's lane has the same kill through the fault campaign with loader workers
 @pytest.mark.parametrize("example,steps,every,kill_after", [("hf", 16, 8, 4), ("lightning", 20, 10, 5)])
 def test_a_framework_trainer_killed_mid_segment_with_loader_workers_ends_where_an_uninterrupted_run_ends(
         tmp_path: Path, example: str, steps: int, every: int, kill_after: int) -> None:
