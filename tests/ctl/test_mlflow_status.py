@@ -104,6 +104,7 @@ def _env(**extra: str) -> dict:
     return e
 
 
+@pytest.mark.soak  # (~40 s: CI's lane keeps the real store's transitions above, the soak lane this end to end)
 def test_killed_in_its_last_segment_running_then_finished_by_the_rerun(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 

@@ -5,7 +5,8 @@
   SIGKILL mid-segment and rerun it ends bit for bit where the uninterrupted ``ctl train`` ends; CI's lane
   has the same kill through test_frameworks_campaign.py (the fault campaign, loader workers on) and the
   segments through verify-resume (test_frameworks.py);
-- (CI's lane) a rerun resumed at a segment's end trains nothing and gives the same result.
+- (CI's lane for HF, the soak lane for Lightning, whose CI campaign kills there) a rerun resumed at a
+  segment's end trains nothing and gives the same result.
 """
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ def test_a_framework_trainer_killed_mid_segment_with_loader_workers_ends_where_a
 
 
 @pytest.mark.parametrize("example,script,steps", [("hf", "examples/hf_trainer.py", 8),
-                                                  ("lightning", "examples/lightning_train.py", 10)])
+                                                  pytest.param("lightning", "examples/lightning_train.py", 10,
+                                                               marks=pytest.mark.soak)])  # (CI: its campaign
+# kills ctl train after the run's last checkpoint, the same rerun at the end; HF's campaign cannot: an epoch end)
 def test_a_rerun_from_the_checkpoint_at_the_end_trains_nothing_and_gives_the_same_result(
         tmp_path: Path, example: str, script: str, steps: int) -> None:
     """A kill after a segment's last checkpoint and before ctl recorded the segment: the next attempt resumes
