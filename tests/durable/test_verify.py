@@ -40,8 +40,9 @@ def test_the_durable_example_resumes_exactly_through_kill_term_and_a_kill_in_a_c
 
 
 @pytest.mark.parametrize("piece, first_after, words", [
-    ("data", 1, "the data position was not restored"),
-    ("generators", 1, "an RNG the helper does not see was not restored"),
+    # (data, generators: the soak lane; CI has those diagnoses with the toy trainer, test_verify_contract.py)
+    pytest.param("data", 1, "the data position was not restored", marks=pytest.mark.soak),
+    pytest.param("generators", 1, "an RNG the helper does not see was not restored", marks=pytest.mark.soak),
     ("scheduler", 1, "the LR scheduler was not restored"),
     ("optimizer", 2, "not restored: the optimizer state"),
 ])

@@ -39,6 +39,7 @@ def _process(ctl: Ctl, *args: str, check: bool = True) -> subprocess.CompletedPr
     return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
 
 
+@pytest.mark.soak  # (~30 s: the soak lane; CI runs the release's kills on the embedded engine and in the simulator)
 @pytest.mark.ns("release")
 def test_release_on_temporal_gates_and_publishes_once_after_a_kill(temporal_server, tmp_path_factory) -> None:
     home, spec_path = make_home(tmp_path_factory, "release", RELEASE_SPEC)
