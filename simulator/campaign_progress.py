@@ -80,13 +80,19 @@ def history_resumes(histories: dict[str, list[dict]]) -> list[tuple[str, int, in
     segment, from the events of all the run's workflows (in time order)."""
     events = sorted((e for evs in histories.values() for e in evs), key=lambda e: (e.get("time", 0), e.get("seq", 0)))
     ends = {0} | {int(m.group(1)) for e in events if (m := _TRAIN.match(str(e.get("attrs", {}).get("activity_id", ""))))}
-    said: dict[tuple[str, int], int] = {}  # what an attempt's trainer said it resumed from (its resume line, recorded)
-    for e in events:
-        attrs = e.get("attrs") or {}
-        details = attrs.get("details")
-        if e.get("type") == "activity_heartbeat" and isinstance(details, dict) and details.get("event") in ("resume", "start"):
-            m = _STEP.search(str(details.get("resumed_from") or ""))
-            said[(str(attrs.get("activity_id", "")), int(attrs.get("attempt", 0)))] = int(m.group(1)) if m else 0
+    said: dict[int, int] = {}  # id(activity_started event) -> what that attempt's trainer said it resumed from
+    for evs in histories.values():  # (per workflow: a continuation /2 has its own train-E attempt 1)
+        started: dict[tuple[str, int], dict] = {}
+        for e in sorted(evs, key=lambda e: (e.get("time", 0), e.get("seq", 0))):
+            attrs = e.get("attrs") or {}
+            key = (str(attrs.get("activity_id", "")), int(attrs.get("attempt", 0)))
+            details = attrs.get("details")
+            if e.get("type") == "activity_started":
+                started[key] = e
+            elif (e.get("type") == "activity_heartbeat" and isinstance(details, dict) and key in started
+                  and details.get("event") in ("resume", "start")):
+                m = _STEP.search(str(details.get("resumed_from") or ""))
+                said[id(started[key])] = int(m.group(1)) if m else 0
     heartbeated: dict[str, int] = {}
     out = []
     for e in events:
@@ -101,7 +107,7 @@ def history_resumes(histories: dict[str, list[dict]]) -> list[tuple[str, int, in
                 heartbeated[aid] = max(heartbeated.get(aid, 0), int(m.group(1)))
         elif e.get("type") == "activity_started":
             attempt = int(attrs.get("attempt", 0))
-            step = said.get((aid, attempt), heartbeated.get(aid))
+            step = said.get(id(e), heartbeated.get(aid))
             if step is not None and step not in ends:
                 out.append((aid, attempt, step))
     return out

@@ -313,3 +313,13 @@ def test_an_attempt_s_recorded_resume_line_decides_where_it_resumed():
     start["attrs"]["details"] = {"event": "start", "resumed_from": None}  # the helper's line when it starts fresh
     hist["train/camp/1"] += [_ev(11, "activity_started", "train-000030", 3), start]
     assert history_resumes(hist) == [("train-000020", 2, 18)]
+
+
+def test_a_continuation_s_attempt_is_not_taken_for_the_first_workflow_s():
+    """train/camp/2's train-000020 attempt 1 (after a cancel) resumes from 15; train/camp/1's attempt 1 of the
+    same activity started at the segment's start: each attempt's own line decides, per workflow."""
+    first = {"train/camp/1": [_ev(0, "activity_started", "train-000010"), _ev(1, "activity_started", "train-000020"),
+                              _resume(2, "train-000020", 1, "runs/camp/ckpt/step-000010")]}
+    later = {"train/camp/2": [_ev(5, "activity_started", "train-000020"),
+                              _resume(6, "train-000020", 1, "runs/camp/ckpt/step-000015")]}
+    assert history_resumes({**first, **later}) == [("train-000020", 1, 15)]
