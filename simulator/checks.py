@@ -260,7 +260,7 @@ def compare_with(o: Outcome, ref: Outcome) -> list[str]:
     _, _, _, b, ref_commands, want = view
     a = b if o.result is ref.result else normalized_result(o.result)  # a splice shares the run's result
     if a != b:
-        bad.append("result differs from the uninterrupted run's: " + _first_difference(a, b))
+        bad.append("result differs from the uninterrupted run's: " + first_difference(a, b))
     commands = recorded_commands(o.events)
     if commands != ref_commands:
         bad.append(f"commands {commands} != uninterrupted {ref_commands}")
@@ -270,15 +270,16 @@ def compare_with(o: Outcome, ref: Outcome) -> list[str]:
     return bad
 
 
-def _first_difference(a: Any, b: Any, path: str = "") -> str:
+def first_difference(a: Any, b: Any, path: str = "") -> str:
+    """Where two JSON values first differ (``.result.path: "v0002" != "v0001"``)."""
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
             if a.get(k) != b.get(k):
-                return _first_difference(a.get(k), b.get(k), f"{path}.{k}")
+                return first_difference(a.get(k), b.get(k), f"{path}.{k}")
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b)):
             if x != y:
-                return _first_difference(x, y, f"{path}[{i}]")
+                return first_difference(x, y, f"{path}[{i}]")
     return f"{path or '(top)'}: {json.dumps(a)[:120]} != {json.dumps(b)[:120]}"
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import workflows
 
+from .checks import first_difference
 from .fakes import _noise, reference_state
 from .release import checkpoint_digest, release_suites
 
@@ -146,19 +147,6 @@ def compare_releases(o: Any, ref: Any) -> list[str]:
     if a != b:
         for x, y in zip(a, b):
             if x != y:
-                return [f"release {x['workflow_id']} differs from the uninterrupted run's: {_difference(x, y)}"]
+                return [f"release {x['workflow_id']} differs from the uninterrupted run's: {first_difference(x, y)}"]
         return [f"{len(a)} release workflows, the uninterrupted run {len(b)}"]
     return []
-
-
-def _difference(a: Any, b: Any, path: str = "") -> str:
-    """Where two JSON values first differ (``.result.path: "v0002" != "v0001"``)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            if a.get(k) != b.get(k):
-                return _difference(a.get(k), b.get(k), f"{path}.{k}")
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                return _difference(x, y, f"{path}[{i}]")
-    return f"{path or '(top)'}: {json.dumps(a)[:120]} != {json.dumps(b)[:120]}"
