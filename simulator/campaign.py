@@ -530,7 +530,8 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
     spec = base / f"{NAME}.json"
     spec.write_text(json.dumps(target.spec))
     ref = Reference(base, spec, want, train_args=target.train_args)
-    tally = {"injected": 0, "survived": 0, "failed": 0, "runs": 0, "resumes": 0, "untested": 0}
+    tally = {"injected": 0, "survived": 0, "failed": 0, "runs": 0, "resumes": 0, "untested": 0,
+             "in_untested": 0}
     lock = threading.Lock()
 
     def job(i: int) -> None:
@@ -552,11 +553,17 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
                 if keep:
                     log(f"  its files are kept in {run.home}")
             else:
-                tally["survived"] += applied
+                # a fault "survived" only in a run that proved a resume; an untested run's faults are
+                # counted apart (issue 24: a verdict names only what was exercised)
+                if run.mid_resumes:
+                    tally["survived"] += applied
+                else:
+                    tally["in_untested"] += applied
                 untested = "" if run.mid_resumes else ", UNTESTED (no fault made a trainer resume inside a segment)"
                 tally["untested"] += 0 if run.mid_resumes else 1
                 log(f"run {i} ({mode}): {applied} faults, {run.mid_resumes} resumed mid-segment, oracle passed{untested} (so far {tally['runs']} runs, "
-                    f"{tally['injected']} injected, {tally['survived']} survived): " + "; ".join(run.faults))
+                    f"{tally['injected']} injected, {tally['survived']} survived, {tally['in_untested']} in untested runs): "
+                    + "; ".join(run.faults))
                 shutil.rmtree(run.home, ignore_errors=True)
 
     indices = [only] if only is not None else list(range(runs))
@@ -565,8 +572,8 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
         for f in [pool.submit(job, i) for i in indices]:
             f.result()
         log(f"campaign seed {seed} ({target.label}): {tally['runs']} runs, {tally['injected']} faults injected, "
-            f"{tally['survived']} survived, {tally['resumes']} resumed mid-segment, {tally['failed']} runs failed, "
-            f"{tally['untested']} untested")
+            f"{tally['survived']} survived, {tally['in_untested']} in untested runs, {tally['resumes']} resumed mid-segment, "
+            f"{tally['failed']} runs failed, {tally['untested']} untested")
         if tally["failed"]:
             return 1
         if tally["untested"] and not allow_untested:

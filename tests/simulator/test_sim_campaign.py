@@ -73,6 +73,8 @@ def test_a_run_no_fault_made_resume_is_untested_exit_3(want):
     out = "\n".join(lines)
     assert "UNTESTED" in out and "1 untested" in out and "nothing proves they resume exactly" in out, out
     assert "oracle passed" in out  # (passed, yet untested; --allow-untested would make it exit 0)
+    # an untested run's faults are counted apart, never as "survived" (issue 24)
+    assert "0 survived, 0 in untested runs" in out, out
 
 
 def test_the_same_seed_draws_the_same_faults():
