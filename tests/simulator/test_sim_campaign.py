@@ -325,3 +325,24 @@ def test_a_continuation_s_attempt_is_not_taken_for_the_first_workflow_s():
     later = {"train/camp/2": [_ev(5, "activity_started", "train-000020"),
                               _resume(6, "train-000020", 1, "runs/camp/ckpt/step-000015")]}
     assert history_resumes({**first, **later}) == [("train-000020", 1, 15)]
+
+
+def test_faults_of_an_untested_run_are_not_counted_as_survived(monkeypatch, tmp_path):
+    """Issue 24: a run that proved no resume (UNTESTED) survived nothing proven; its faults are
+    counted as 'in untested runs', and the campaign still exits 3 (seen red: survived said 2)."""
+    import types
+    import simulator.campaign as c
+
+    def fake_one_run(seed, i, base, spec, ref, faults_per_run, target):
+        home = tmp_path / f"run-{i}"
+        home.mkdir()
+        run = types.SimpleNamespace(faults=["SIGKILL of trainer a", "SIGKILL of trainer b"], worker_mode=False,
+                                    mid_resumes=0, home=home)
+        return run, []
+
+    monkeypatch.setattr(c, "one_run", fake_one_run)
+    lines: list[str] = []
+    assert c.campaign(5, 1, want={"x": 1}, log=lines.append) == 3, "\n".join(lines)
+    out = "\n".join(lines)
+    assert "2 faults injected, 0 survived, 2 in untested runs" in out, out
+    assert "1 untested" in out, out
