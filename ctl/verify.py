@@ -31,6 +31,7 @@ from engine import dies_with_parent
 from tinyllm.spec import SpecError, load_json_file
 from tinyllm.trainer_spec import has_trainer, parse_run_spec
 from workflows.trainer_command import invocation
+from workflows.training import segments as train_segments
 
 from . import verify_contract as contract
 from . import verify_record as verified
@@ -355,6 +356,7 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
             _compare_segments(report, trainer, raw, spec.steps, ref_home, seg_home, ends, timeout_s, heartbeat_s, log)
         else:
             report.segments = {"ends": ends, "exact": None}
+            _segments_untested(report, spec.steps, int(raw.get("eval_every") or 0))
     except contract.ContractBroken as e:
         log(f"verify-resume {name}: {e}")
         report = Report(name=name, verdict="contract_broken", exact=False, kills_planned=0, kills_landed=0,
@@ -364,6 +366,18 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
     verified.record(user_home, raw, report.verdict, kills=report.kills_landed, kills_asked=kills, seed=seed,
                     segments=report.segments.get("ends"))
     return report
+
+
+def _segments_untested(report: Report, steps: int, eval_every: int) -> None:
+    """No run in segments was compared (--segments 1): if ctl train would run this spec in several segments
+    (its eval_every), the way it runs was not tested, so EXACT is not earned: NOT PROVEN (issue 24)."""
+    if report.verdict != "exact" or not (0 < eval_every < steps):
+        return
+    ctl_ends = train_segments(steps, eval_every)
+    if len(ctl_ends) > 1:
+        report.exact, report.verdict = False, "not_proven"
+        report.diagnosis = (f"the spec's ctl train runs {len(ctl_ends)} segments (eval_every {eval_every}); "
+                            "--segments 1 did not compare them")
 
 
 def _compare_segments(report: Report, trainer: Trainer, raw: dict, steps: int, ref_home: Path, seg_home: Path,

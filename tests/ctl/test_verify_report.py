@@ -172,3 +172,21 @@ def test_json_output_is_strict_json_when_a_loss_is_not_finite(capsys):
     assert "Infinity" not in out and "NaN" not in out
     assert json.loads(out, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))["loss"] == [
         [1, None], [2, None], [3, 1.5]]
+
+
+def test_segments_1_on_a_spec_ctl_train_runs_in_segments_is_not_proven() -> None:
+    """Issue 24: --segments 1 compared no run in segments; if ctl train runs the spec in several (eval_every),
+    the way it runs was not tested: NOT PROVEN with the reason, never EXACT (seen red without the guard)."""
+    from ctl.verify import _segments_untested
+
+    r = _report("exact", {"ends": [12], "exact": None})
+    _segments_untested(r, 12, 4)
+    assert r.verdict == "not_proven" and not r.exact, r
+    assert r.diagnosis == "the spec's ctl train runs 3 segments (eval_every 4); --segments 1 did not compare them"
+    assert r.lines()[0].startswith("toy: NOT PROVEN"), r.lines()
+    one = _report("exact", {"ends": [12], "exact": None})
+    _segments_untested(one, 12, 0)  # no eval_every: ctl train runs one segment, EXACT stays possible
+    assert one.verdict == "exact" and one.exact
+    bad = _report("not_exact", {"ends": [12], "exact": None})
+    _segments_untested(bad, 12, 4)
+    assert bad.verdict == "not_exact"
