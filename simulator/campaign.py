@@ -21,7 +21,8 @@ seed, simulator/campaign_progress.py), so they land inside the run whatever the 
 due at a checkpoint or a segment boundary waits until that checkpoint exists (LATEST).
 Each run's line counts, from the engine's history (capped by the trainer's own resume lines, when it
 prints them), the trainer attempts that resumed from a checkpoint inside a segment; a run with none
-is ``untested`` (it proves no resume), and the campaign then exits 3 unless ``--allow-untested``.
+is ``untested`` (it proves no resume): its faults count as "in untested runs", never as "survived",
+and the campaign then exits 3 unless ``--allow-untested``.
 
 The oracle, after every run (``Run.check``):
 
