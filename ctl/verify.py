@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from engine import dies_with_parent
+from engine import ATTEMPT_ENV, attempt_tag, dies_with_parent, kill_attempt, scope_of
 from tinyllm.spec import SpecError, load_json_file
 from tinyllm.trainer_spec import has_trainer, parse_run_spec
 from workflows.trainer_command import invocation
@@ -234,6 +234,10 @@ def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: in
     if mode in ("kill", "term") and target is not None:
         armed.append(f"trainer.hold@{target}")  # the trainer holds there until the signal
     env = {"TINYLLM_FAULT": ",".join(armed)} if armed else {}  # tinyllm/faults.py
+    # every process of this attempt carries the tag, also one that leaves the process group (setsid: torchrun's
+    # ranks, a daemonized loader); the sweep below kills them all before the next attempt starts
+    tag = attempt_tag(scope_of(home), "verify-resume", home.name, index)
+    env[ATTEMPT_ENV] = tag
     proc = trainer.start(home, progress, env)
     metrics = home / "runs" / trainer.name / "metrics.jsonl"
     deadline = time.monotonic() + timeout_s
@@ -257,6 +261,7 @@ def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: in
         rc = _wait(proc, max(1.0, deadline - time.monotonic()))
     finally:
         _stop_group(proc, signal.SIGKILL)  # nothing of the attempt outlives it (Ctrl-C of verify-resume too)
+        kill_attempt(tag)  # nor a process of it that left the group
     lines = _progress_lines(progress)
     resume_state = next((ln.get("state") for ln in lines if ln.get("event") in ("resume", "start")), None)
     attempt = Attempt(mode, target, resumed, rc, _last_step(metrics), resume_state, signaled)

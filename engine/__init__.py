@@ -3,8 +3,10 @@
 This module is the engine's one front door. Public surface: ``Engine``, the clocks, ``StepOptions``
 / ``RetryPolicy``, the errors, the ``Runtime`` / ``ActivityContext`` seam, and ``Store`` (the one
 transaction helper), and the helpers the app's tools read a home with: ``read_events``,
-``damage_report`` / ``DamagedRecord``, ``check_id``, ``owner_dead`` (is a lease's owner gone) and
-``run_subprocess`` (the activity runner for trainers).
+``damage_report`` / ``DamagedRecord``, ``check_id``, ``owner_dead`` (is a lease's owner gone),
+``run_subprocess`` (the activity runner for trainers), and the process-tree sweep ``ATTEMPT_ENV`` /
+``attempt_tag`` / ``scope_of`` / ``kill_attempt`` (tag an attempt's environment, then SIGKILL every process
+carrying the tag, also those that left its process group: ctl verify-resume).
 
 Every other module here is private (``engine/_*.py``) and may change without notice:
 ``_engine`` (the public class), which owns a ``_worker.Worker`` (transitions and loop steps), which
@@ -44,6 +46,7 @@ from ._history import Event, read_events
 from ._ids import check_id
 from ._leases import owner_dead
 from ._options import RetryPolicy, StepOptions
+from ._proctree import ENV_TAG as ATTEMPT_ENV, attempt_tag, kill_attempt, scope_of
 from ._seam import ActivityContext, Runtime
 from ._store import Store, damage_report
 from ._subprocess_runner import SubprocessFailed, dies_with_parent, run_subprocess
@@ -54,4 +57,5 @@ __all__ = [
     "RetryPolicy", "Runtime", "StepOptions", "Store", "SystemClock", "VirtualClock", "WorkflowCanceled",
     "WorkflowFailed", "WorkflowRunning", "WorkflowStatus", "check_id", "damage_report", "is_canceled", "owner_dead",
     "read_events", "replay_history", "run_subprocess", "SubprocessFailed", "dies_with_parent",
+    "ATTEMPT_ENV", "attempt_tag", "kill_attempt", "scope_of",
 ]

@@ -190,3 +190,43 @@ def test_segments_1_on_a_spec_ctl_train_runs_in_segments_is_not_proven() -> None
     bad = _report("not_exact", {"ends": [12], "exact": None})
     _segments_untested(bad, 12, 4)
     assert bad.verdict == "not_exact"
+
+
+def test_an_attempts_process_that_left_its_group_is_gone_when_the_attempt_ends(tmp_path) -> None:
+    """Issue 24: a trainer's child that calls os.setsid() (torchrun's ranks, a daemonized loader) left the
+    process group that _stop_group kills; every process of an attempt carries the attempt's tag, and the
+    sweep kills them before the next attempt starts (seen red without kill_attempt: the child kept writing)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from ctl.verify import _run_attempt
+
+    pidfile, out = tmp_path / "child.pid", tmp_path / "child.out"
+    script = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+              f"    while True:\n        open({str(out)!r}, 'a').write('x')\n        time.sleep(0.02)\n"
+              f"while not os.path.exists({str(pidfile)!r}):\n    time.sleep(0.01)\n")
+
+    class Fake:
+        name, spec = "toy", {"steps": 1}
+
+        def start(self, home, progress, extra_env):
+            return subprocess.Popen([sys.executable, "-c", script], env={**os.environ, **extra_env},
+                                    start_new_session=True)
+
+    home = tmp_path / "home"
+    home.mkdir()
+    _run_attempt(Fake(), home, 1, "final", None, 30.0, False, lambda s: None)
+    pid = int(pidfile.read_text())
+    try:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", \
+            "the setsid child outlived its attempt"
+        size = out.stat().st_size
+        time.sleep(0.2)
+        assert out.stat().st_size == size  # it writes no more
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
