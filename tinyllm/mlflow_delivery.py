@@ -40,7 +40,9 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with(parent_pid: int) -> None:
-    """SIGKILL this process when the trainer dies, however it dies (Linux); exit now if it already has."""
+    """SIGKILL this process when the trainer dies, however it dies (Linux); exit now if it already has.
+    The kernel sends it when the trainer's *thread* that started this process ends: the sink is built and
+    closed by the thread that runs the training loop (tinyllm/trainer.py), which outlives it."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):
@@ -202,4 +204,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Exception as e:  # never a traceback on the trainer's stderr: one line, as any failure of the sink
+        ms.warn(f"failed ({type(e).__name__}: {e}); disabled for this attempt, training goes on; the next attempt "
+                "catches up from metrics.jsonl", sys.stderr)
+        sys.exit(1)

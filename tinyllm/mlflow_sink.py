@@ -1,8 +1,14 @@
 """The MLflow sink: one MLflow run per TrainRun, every frame delivered once across kills and resumes.
 
 Armed by the train spec's ``"sinks": {"mlflow": {...}}`` (``tracking_uri``, else ``$MLFLOW_TRACKING_URI``;
-``experiment``, else the run's name); only then is ``mlflow`` imported (the ``[mlflow]`` extra), and
-then on the sink's own thread, so neither its import nor a slow or dead server costs training a step.
+``experiment``, else the run's name). Delivery runs in a child process of the trainer, the *delivery
+process* (tinyllm/mlflow_delivery.py), the only one that imports ``mlflow`` (the ``[mlflow]`` extra): the
+trainer never does. Not a thread: with a local ``sqlite:///`` store MLflow's SQLAlchemy store runs in the
+caller's process and holds the GIL the training loop needs between torch ops (a delivery thread cost
+nanoGPT's CPU recipe +6.9% CPU and ~+36% wall per step: docs/benchmarks.md). The trainer's ``write``
+records the step and nothing else; the delivery process reads the frames from ``metrics.jsonl`` (the
+JSONL sink writes and flushes a line per frame), so neither mlflow's import nor a slow or dead server
+costs training a step. It dies with the trainer (a parent-death signal; stdin's end).
 
 The run is found again, never created anew, by two tags: ``durable.workflow_id`` (``train/<name>``,
 the id a continuation ``/2`` shares) and ``durable.home``. Params are the spec, flattened; tags add the
@@ -13,19 +19,23 @@ what training produced (cut back to the resumed step, so it reads as one run). T
 read from MLflow itself when the sink starts: the highest step in the run's metric histories (frames
 go in ``log_batch`` requests of whole frames, so a step is in MLflow whole or not at all). Then:
 - catch-up: frames of metrics.jsonl after the mark, up to the resumed step, are delivered first (what
-  an earlier attempt produced but never delivered: a dead server, a kill with frames still queued);
-- live: frames after the mark are delivered as training reports them, gathered for up to ``BATCH_WAIT_S``
-  into one request (a request per step costs a fast step several percent: a store transaction each); a
-  redone step (at or below the mark, after a resume) is not delivered twice: an exact resume gives it
-  the same bits anyway.
+  an earlier attempt produced but never delivered: a dead server, a kill with frames not yet delivered);
+- live: frames after the mark are delivered as metrics.jsonl receives them, gathered for up to
+  ``BATCH_WAIT_S`` into one request (a request per step costs a fast step several percent: a store
+  transaction each); a redone step (at or below the mark, after a resume) is not delivered twice: an exact
+  resume gives it the same bits anyway.
+Catch-up and live are one read of the file from its start: whatever is after the mark, once.
 
 Best effort, at most once, never fatal (the seed's rule for reporters): the first failure (a dead or
 failing server) prints one warning line, and the sink stops delivering for this attempt; training and
-its bits are unaffected; the next attempt catches up from metrics.jsonl. The queue is bounded
-(``QUEUE_LIMIT`` frames): when full, frames are dropped and the next attempt catches up likewise.
+its bits are unaffected; the next attempt catches up from metrics.jsonl. Nothing is queued in memory:
+the delivery process reads at most ``BATCH_FRAMES`` frames ahead of delivery, the backlog waits in the
+file, and no frame is dropped. ``close()`` sends ``stop``: the rest of the file is delivered, waited for up
+to ``flush_timeout_s``; then the process is killed with one warning line, and the next attempt catches up.
 
-The sink's state (run id, delivered step, last error) is written to ``runs/<name>/sinks/mlflow.json``
-(temp file, fsync, rename; at most every ``STATE_EVERY_S`` and at the end), which ``ctl show`` and
+The sink's state (run id, delivered step, last step read, last error, the delivery process's and the
+trainer's pids) is written by the delivery process to ``runs/<name>/sinks/mlflow.json`` (temp file, fsync,
+rename; at most every ``STATE_EVERY_S`` and at the end), which ``ctl show`` and
 ``ctl doctor`` read to say whether the sink fell behind: they never contact the server.
 
 Evaluation figures: ``tinyllm eval`` of a checkpoint of such a run logs each suite's figures at the
