@@ -12,7 +12,8 @@ frames after the resumed step are dropped so the file reads as one run), TensorB
 (``tinyllm/tensorboard_sink.py``: ``runs/<name>/tensorboard/``, the same names, one event per
 frame, cut back to the resumed step likewise; only when the ``[tensorboard]`` extra is installed),
 MLflow (``tinyllm/mlflow_sink.py``: when the spec's ``sinks.mlflow`` asks; one MLflow run per TrainRun,
-each step delivered once across resumes, on its own thread; mlflow is imported only then), traces
+each step delivered once across resumes, by a child process that reads metrics.jsonl: built after
+the JSONL sink, which cuts the file back first; mlflow is imported only there), traces
 (``tinyllm/trace_export.py``: sampled ``train.step`` spans, when ``$TRACEPARENT`` and a trace destination
 are set, as ``ctl train`` sets them for a traced run; OpenTelemetry is imported only then).
 """
@@ -139,7 +140,8 @@ def default_reporter(run_dir: Path, resumed_step: int, total_steps: int, log_eve
     except ImportError:
         pass  # tensorboard is optional (the sink imports it only when first used)
     if sinks is not None and sinks.mlflow is not None:
-        try:
+        try:  # after JsonlSink (it cut metrics.jsonl back, and the sink's delivery process reads that file) and
+            # closed after it (Reporter.close's order), so the sink's stop finds every frame in the file
             out.append(MlflowSink(sinks.mlflow, run_dir=run_dir, home=home or run_dir.parent.parent,
                                   spec=spec.model_dump(mode="json"), resumed_step=resumed_step,
                                   corpus_checksum=corpus_checksum))

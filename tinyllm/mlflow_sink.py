@@ -1,8 +1,14 @@
 """The MLflow sink: one MLflow run per TrainRun, every frame delivered once across kills and resumes.
 
 Armed by the train spec's ``"sinks": {"mlflow": {...}}`` (``tracking_uri``, else ``$MLFLOW_TRACKING_URI``;
-``experiment``, else the run's name); only then is ``mlflow`` imported (the ``[mlflow]`` extra), and
-then on the sink's own thread, so neither its import nor a slow or dead server costs training a step.
+``experiment``, else the run's name). Delivery runs in a child process of the trainer, the *delivery
+process* (tinyllm/mlflow_delivery.py), the only one that imports ``mlflow`` (the ``[mlflow]`` extra): the
+trainer never does. Not a thread: with a local ``sqlite:///`` store MLflow's SQLAlchemy store runs in the
+caller's process and holds the GIL the training loop needs between torch ops (a delivery thread cost
+nanoGPT's CPU recipe +6.9% CPU and ~+36% wall per step: docs/benchmarks.md). The trainer's ``write``
+records the step and nothing else; the delivery process reads the frames from ``metrics.jsonl`` (the
+JSONL sink writes and flushes a line per frame), so neither mlflow's import nor a slow or dead server
+costs training a step. It dies with the trainer (a parent-death signal; stdin's end).
 
 The run is found again, never created anew, by two tags: ``durable.workflow_id`` (``train/<name>``,
 the id a continuation ``/2`` shares) and ``durable.home``. Params are the spec, flattened; tags add the
@@ -13,19 +19,23 @@ what training produced (cut back to the resumed step, so it reads as one run). T
 read from MLflow itself when the sink starts: the highest step in the run's metric histories (frames
 go in ``log_batch`` requests of whole frames, so a step is in MLflow whole or not at all). Then:
 - catch-up: frames of metrics.jsonl after the mark, up to the resumed step, are delivered first (what
-  an earlier attempt produced but never delivered: a dead server, a kill with frames still queued);
-- live: frames after the mark are delivered as training reports them, gathered for up to ``BATCH_WAIT_S``
-  into one request (a request per step costs a fast step several percent: a store transaction each); a
-  redone step (at or below the mark, after a resume) is not delivered twice: an exact resume gives it
-  the same bits anyway.
+  an earlier attempt produced but never delivered: a dead server, a kill with frames not yet delivered);
+- live: frames after the mark are delivered as metrics.jsonl receives them, gathered for up to
+  ``BATCH_WAIT_S`` into one request (a request per step costs a fast step several percent: a store
+  transaction each); a redone step (at or below the mark, after a resume) is not delivered twice: an exact
+  resume gives it the same bits anyway.
+Catch-up and live are one read of the file from its start: whatever is after the mark, once.
 
 Best effort, at most once, never fatal (the seed's rule for reporters): the first failure (a dead or
 failing server) prints one warning line, and the sink stops delivering for this attempt; training and
-its bits are unaffected; the next attempt catches up from metrics.jsonl. The queue is bounded
-(``QUEUE_LIMIT`` frames): when full, frames are dropped and the next attempt catches up likewise.
+its bits are unaffected; the next attempt catches up from metrics.jsonl. Nothing is queued in memory:
+the delivery process reads at most ``BATCH_FRAMES`` frames ahead of delivery, the backlog waits in the
+file, and no frame is dropped. ``close()`` sends ``stop``: the rest of the file is delivered, waited for up
+to ``flush_timeout_s``; then the process is killed with one warning line, and the next attempt catches up.
 
-The sink's state (run id, delivered step, last error) is written to ``runs/<name>/sinks/mlflow.json``
-(temp file, fsync, rename; at most every ``STATE_EVERY_S`` and at the end), which ``ctl show`` and
+The sink's state (run id, delivered step, last step read, last error, the delivery process's and the
+trainer's pids) is written by the delivery process to ``runs/<name>/sinks/mlflow.json`` (temp file, fsync,
+rename; at most every ``STATE_EVERY_S`` and at the end), which ``ctl show`` and
 ``ctl doctor`` read to say whether the sink fell behind: they never contact the server.
 
 Evaluation figures: ``tinyllm eval`` of a checkpoint of such a run logs each suite's figures at the
@@ -45,7 +55,6 @@ import json
 import logging
 import math
 import os
-import queue
 import subprocess
 import sys
 import threading
@@ -57,14 +66,13 @@ from typing import Any
 from .fsio import atomic_write
 
 STATE_FILE = "mlflow.json"
-BATCH_FRAMES = 100  # frames per log_batch (MLflow takes at most 1000 metrics a request; a frame has ~10)
+BATCH_FRAMES = 100  # frames per log_batch (MLflow takes at most 1000 metrics a request; a frame has ~10), and
+# the most the delivery process reads ahead of delivery (the backlog waits in metrics.jsonl: nothing is dropped)
 BATCH_WAIT_S = 1.0  # a request waits this long for more frames: one request a second, not one a step
-QUEUE_LIMIT = 100_000  # frames waiting for delivery; beyond it they wait for the next attempt's catch-up
 STATE_EVERY_S = 2.0  # the state file is rewritten at most this often (and at the end)
-FLUSH_TIMEOUT_S = 60.0  # close() waits this long for queued frames (sinks.mlflow.flush_timeout_s); the rest: next attempt
+FLUSH_TIMEOUT_S = 60.0  # close() waits this long for undelivered frames (sinks.mlflow.flush_timeout_s); the rest: next attempt
 HTTP_RETRIES = "2"  # MLflow's HTTP retries (its default, 7 with backoff, waits minutes on a dead server)
 HTTP_TIMEOUT_S = "10"
-_STOP = object()
 RUN_STATUS = {"completed": "FINISHED", "failed": "FAILED", "canceled": "KILLED", "running": "RUNNING"}
 """The MLflow run's status for each state of the TrainRun's workflow (``set_run_status``)."""
 
@@ -163,25 +171,23 @@ def _metrics(step: int, frame: dict, when_ms: int, Metric) -> list:
     return out
 
 
-def _jsonl_frames(path: Path, after: int, upto: int) -> list[tuple[int, dict]]:
-    frames = []
+def warn(text: str, stream) -> None:
+    print(f"tinyllm: warning: metrics sink 'mlflow' {text}", file=stream, flush=True)
+
+
+def write_state(run_dir: Path, state: dict) -> None:
+    """The sink's state file (temp file, fsync, rename): written by the delivery process."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        path = state_path(run_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, (json.dumps({**state, "updated": time.time()}, sort_keys=True) + "\n").encode())
     except OSError:
-        return frames
-    for line in lines:
-        try:
-            f = json.loads(line)
-        except ValueError:
-            continue  # a torn last line of a killed attempt
-        step = f.get("step")
-        if isinstance(step, int) and after < step <= upto:
-            frames.append((step, f))
-    return frames
+        pass  # the state file is a convenience for ctl show; a full disk is reported by training itself
 
 
 class MlflowSink:
-    """A metrics sink (tinyllm/metrics.py) delivering frames to MLflow on its own thread."""
+    """A metrics sink (tinyllm/metrics.py) whose frames reach MLflow from a delivery process
+    (tinyllm/mlflow_delivery.py) that reads them from metrics.jsonl: ``write`` only records the step."""
 
     name = "mlflow"
 
@@ -196,116 +202,90 @@ class MlflowSink:
         self.trains = resumed_step < int(spec.get("steps") or 0)  # False: resumed at the segment's end
         self.corpus_checksum = corpus_checksum
         self.warn_stream = warn_stream or sys.stderr
-        self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_LIMIT)
-        self.state = {"tracking_uri": self.uri, "experiment": self.experiment, "workflow_id": self.workflow_id,
-                      "run_id": None, "delivered_step": None, "last_step": resumed_step, "error": None,
-                      "dropped": 0, "run_status": None}
+        self.last_step = resumed_step
+        self._state: dict = {"run_id": None}
         self._state_at = 0.0
-        self.failed = False
-        self.thread = threading.Thread(target=self._main, name="mlflow-sink", daemon=True)
-        self.thread.start()
-
-    # the training thread's side: never blocks, never raises for the server's sake
-    def write(self, step: int, frame: dict) -> None:
-        self.state["last_step"] = step
-        if self.failed:
-            return
+        self._relay: threading.Thread | None = None
+        cfg = {"tracking_uri": self.uri, "experiment": self.experiment, "workflow_id": self.workflow_id,
+               "home": str(self.home), "run_dir": str(Path(run_dir).resolve()), "spec": spec,
+               "resumed_step": resumed_step, "trains": self.trains, "corpus_checksum": corpus_checksum,
+               "trainer_pid": os.getpid()}
+        try:  # the warning line goes to the trainer's stderr itself; a stream without a descriptor: relayed
+            stderr = self.warn_stream.fileno()
+            self.warn_stream.flush()
+        except (AttributeError, OSError, ValueError):
+            stderr = subprocess.PIPE
+        root = str(Path(__file__).resolve().parents[1])  # the child imports this tinyllm, wherever it is
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        self.proc: subprocess.Popen | None = None
         try:
-            self.queue.put_nowait((step, dict(frame), int(time.time() * 1000)))
-        except queue.Full:
-            self.state["dropped"] += 1  # the next attempt's catch-up delivers it from metrics.jsonl
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tinyllm.mlflow_delivery", str(os.getpid())], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+            if stderr == subprocess.PIPE:
+                self._relay = threading.Thread(target=self._relay_warnings, name="mlflow-sink-stderr", daemon=True)
+                self._relay.start()
+            self.proc.stdin.write((json.dumps(cfg) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError as e:  # no process to start (out of memory, no descriptors): off, training goes on
+            warn(f"failed ({type(e).__name__}: {e}); disabled for this attempt, training goes on; the next "
+                 "attempt catches up from metrics.jsonl", self.warn_stream)
+            self._end()
+            self.proc = None
+
+    @property
+    def pid(self) -> int | None:
+        """The delivery process's pid (None: none started)."""
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def state(self) -> dict:
+        """The delivery process's state file once it has written one (``run_id`` set: the run is found)."""
+        now = time.monotonic()
+        if self._state.get("run_id") is None and self.proc is not None and now - self._state_at >= 0.1:
+            self._state_at = now
+            found = read_state(self.run_dir)
+            if found and found.get("pid") == self.proc.pid:
+                self._state = found
+        return self._state
+
+    # the training thread's side: nothing reaches MLflow from here (the delivery process reads metrics.jsonl)
+    def write(self, step: int, frame: dict) -> None:
+        self.last_step = step
 
     def close(self) -> None:
-        try:
-            self.queue.put(_STOP, timeout=self.flush_timeout_s)
-        except queue.Full:
-            pass
-        self.thread.join(self.flush_timeout_s)
-        if self.thread.is_alive() and not self.failed:
-            self._warn(f"not all frames reached {self.uri} within {self.flush_timeout_s:.0f} s; the next attempt "
-                       "catches up from metrics.jsonl")
-        self._write_state(force=True)
-
-    # the sink's thread
-    def _main(self) -> None:
-        try:
-            MlflowClient, Metric, _, _ = _import_mlflow()
-            client = MlflowClient(tracking_uri=self.uri)
-            tags = {"durable.code_version": code_version()}
-            if self.corpus_checksum:
-                tags["durable.corpus_checksum"] = self.corpus_checksum
-            run_id = find_or_create_run(client, self.experiment, self.workflow_id, self.home,
-                                        flatten(self.spec), tags)
-            status = client.get_run(run_id).info.status
-            if status != "RUNNING" and self.trains:  # a continuation of a failed or canceled run trains again
-                client.update_run(run_id, status="RUNNING")
-                status = "RUNNING"
-            mark = delivered_mark(client, run_id)
-            self.state.update(run_id=run_id, delivered_step=mark, run_status=status)
-            backlog = [(step, f, int(float(f.get("time", 0)) * 1000))
-                       for step, f in _jsonl_frames(self.run_dir / "metrics.jsonl", mark, self.resumed_step)]
-            for i in range(0, len(backlog), BATCH_FRAMES):
-                mark = self._deliver(client, Metric, run_id, backlog[i:i + BATCH_FRAMES], mark)
-            stop = False
-            while not stop:
-                batch = [self.queue.get()]
-                until = time.monotonic() + BATCH_WAIT_S
-                while len(batch) < BATCH_FRAMES and batch[-1] is not _STOP:  # what comes meanwhile: the same request
-                    try:
-                        batch.append(self.queue.get(timeout=max(0.0, until - time.monotonic())))
-                    except queue.Empty:
-                        break
-                if batch[-1] is _STOP:
-                    batch.pop()
-                    stop = True
-                mark = self._deliver(client, Metric, run_id, batch, mark)
-        except ImportError as e:
-            self._fail(str(e))
-        except Exception as e:  # a dead, refusing or failing server: this attempt's delivery ends here
-            self._fail(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        self._write_state(force=True)
-
-    def _deliver(self, client, Metric, run_id: str, batch: list, mark: int) -> int:
-        """One ``log_batch`` for the frames of ``batch`` after ``mark`` (a step at or below it was redone
-        after a resume: MLflow has it already); the new mark."""
-        metrics, last = [], mark
-        for step, frame, when_ms in batch:
-            if step <= last:
-                continue
-            metrics += _metrics(step, frame, when_ms or int(time.time() * 1000), Metric)
-            last = step
-        if metrics:
-            client.log_batch(run_id, metrics=metrics)
-        if last != mark:
-            self.state["delivered_step"] = last
-            self._write_state()
-        return last
-
-    def _fail(self, why: str) -> None:
-        self.failed = True
-        self.state["error"] = why
-        self._warn(f"failed ({why}); disabled for this attempt, training goes on; the next attempt catches up "
-                   "from metrics.jsonl")
-        while True:  # let close() through
-            try:
-                self.queue.get_nowait()
-            except queue.Empty:
-                break
-
-    def _warn(self, text: str) -> None:
-        print(f"tinyllm: warning: metrics sink 'mlflow' {text}", file=self.warn_stream, flush=True)
-
-    def _write_state(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._state_at < STATE_EVERY_S:
+        """Ask the delivery process to deliver the rest of metrics.jsonl (written and closed before this) and
+        wait up to ``flush_timeout_s``; then it is killed, with one warning line."""
+        if self.proc is None:
             return
-        self._state_at = now
         try:
-            path = state_path(self.run_dir)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, (json.dumps({**self.state, "updated": time.time()}, sort_keys=True) + "\n").encode())
+            self.proc.stdin.write(b"stop\n")
+            self.proc.stdin.close()
         except OSError:
-            pass  # the state file is a convenience for ctl show; a full disk is reported by training itself
+            pass  # it has exited already
+        try:
+            self.proc.wait(self.flush_timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            state = read_state(self.run_dir)
+            if not (state and state.get("pid") == self.proc.pid and state.get("error")):  # failed: said so already
+                warn(f"not all frames reached {self.uri} within {self.flush_timeout_s:.0f} s; the next attempt "
+                     "catches up from metrics.jsonl", self.warn_stream)
+        self._end()
+
+    def _end(self) -> None:
+        if self.proc is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()  # stdin's end: a delivery process still running exits at once
+            except OSError:
+                pass
+        if self._relay is not None:
+            self._relay.join(10)  # the pipe ends with the process: every line it wrote is relayed
+
+    def _relay_warnings(self) -> None:
+        for line in self.proc.stderr:
+            print(line.decode(errors="replace"), end="", file=self.warn_stream, flush=True)
 
 
 def behind(state: dict | None, last_step: int | None = None) -> str | None:

@@ -25,6 +25,7 @@ import pytest
 from ctl import runsinks
 from tinyllm import mlflow_sink
 from tinyllm.fsio import atomic_write
+from tinyllm.metrics import JsonlSink
 
 # found, not imported: mlflow's import takes seconds, and the everyday lane collects this module
 if importlib.util.find_spec("mlflow") is None:
@@ -42,13 +43,17 @@ def _status(uri: str, run_dir: Path) -> str:
 
 
 def _attempt(run_dir: Path, uri: str, resumed_step: int, steps: int) -> str:
-    """One trainer attempt's MLflow sink (frames only, no torch): resumed at ``resumed_step``, trains to ``steps``."""
+    """One trainer attempt's MLflow sink (frames only, no torch): resumed at ``resumed_step``, trains to ``steps``
+    (its frames written to metrics.jsonl first, as the trainer's reporter does: the delivery process reads them there)."""
     err = io.StringIO()
+    jsonl = JsonlSink(run_dir / "metrics.jsonl", resumed_step)
     sink = mlflow_sink.MlflowSink(SimpleNamespace(tracking_uri=uri, experiment="t", flush_timeout_s=600),
                                   run_dir=run_dir, home=run_dir.parent.parent, spec={"name": "r", "steps": steps},
                                   resumed_step=resumed_step, warn_stream=err)
     for step in range(resumed_step + 1, steps + 1):
+        jsonl.write(step, {"train/loss": 1.0 / max(step, 1)})
         sink.write(step, {"train/loss": 1.0 / max(step, 1)})
+    jsonl.close()
     sink.close()
     return err.getvalue()
 

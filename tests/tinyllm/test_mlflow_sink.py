@@ -95,6 +95,100 @@ def test_redone_steps_are_not_delivered_twice_and_a_dead_server_is_caught_up(tmp
     assert len(runs) == 1 and runs[0].info.run_id == state["run_id"]
 
 
+def test_the_delivery_process_waits_for_a_torn_last_line(tmp_path):
+    """metrics.jsonl read on from where the last read ended: a line still being written waits until whole."""
+    from tinyllm.mlflow_delivery import Tail
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "a": 1}\n{"step": 2, "a"')
+    tail = Tail(path)
+    assert tail.frames(100) == ([(1, {"step": 1, "a": 1})], True)
+    with path.open("a") as f:
+        f.write(': 2}\n{"step": 3}\n')
+    assert tail.frames(1) == ([(2, {"step": 2, "a": 2})], False)  # the read-ahead bound
+    assert tail.frames(100) == ([(3, {"step": 3})], True)
+
+
+TRAINER = """
+import json, os, sys, time
+from pathlib import Path
+from types import SimpleNamespace
+from tinyllm import mlflow_sink
+from tinyllm.metrics import JsonlSink
+run_dir, uri, n, hold = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4] == "hold"
+jsonl = JsonlSink(run_dir / "metrics.jsonl", -1)
+sink = mlflow_sink.MlflowSink(SimpleNamespace(tracking_uri=uri, experiment="t", flush_timeout_s=600), run_dir=run_dir,
+                              home=run_dir.parent.parent, spec={"name": "r", "steps": n}, resumed_step=-1)
+if hold and os.fork() == 0:  # a forked worker (a DataLoader's): it holds the delivery process's stdin open
+    time.sleep(600)
+    os._exit(0)
+for step in range(1, n + 1):  # a burst: all of it still undelivered when close() asks for the stop
+    jsonl.write(step, {"train/loss": 1.0 / step})
+    sink.write(step, {"train/loss": 1.0 / step})
+print(json.dumps({"pid": os.getpid(), "child": sink.pid}), flush=True)
+if hold:
+    time.sleep(600)
+jsonl.close()
+sink.close()
+print(json.dumps({"mlflow_imported": "mlflow" in sys.modules}), flush=True)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def test_frames_are_delivered_from_another_process_and_a_stop_delivers_every_pending_one(tmp_path):
+    """A trainer (a process of its own, as tinyllm train) writes 350 frames in a burst and closes at once:
+    every one reaches MLflow (several requests after the stop), each once; the state file names the
+    delivering process, not the trainer; and the trainer never imported mlflow."""
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    run_dir = tmp_path / "home" / "runs" / "r"
+    proc = subprocess.run([sys.executable, "-c", TRAINER, str(run_dir), uri, "350", "go"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+    started, ended = (json.loads(x) for x in proc.stdout.splitlines())
+    assert ended == {"mlflow_imported": False}
+    state = mlflow_sink.read_state(run_dir)
+    assert state["pid"] == started["child"] != started["pid"] == state["trainer_pid"]
+    assert (state["delivered_step"], state["last_step"], state["error"]) == (350, 350, None)
+    got, want = history_vs_jsonl(uri, run_dir)
+    assert got == want and sorted(got["train/loss"]) == list(range(1, 351))
+
+
+def test_a_sigkilled_trainer_leaves_no_delivery_process(tmp_path):
+    """SIGKILL of the trainer (while a forked worker of it still holds the delivery process's stdin open,
+    so stdin's end never comes): the kernel's parent-death signal ends the delivery process too."""
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    run_dir = tmp_path / "home" / "runs" / "r"
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(run_dir), uri, "5", "hold"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        started = json.loads(proc.stdout.readline())
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # delivering: past its start-up, mlflow imported, the run found
+            state = mlflow_sink.read_state(run_dir)
+            if state and state.get("pid") == started["child"] and state.get("delivered_step") == 5:
+                break
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the delivery process did not deliver")
+        assert not _gone(started["child"])
+        proc.send_signal(signal.SIGKILL)  # the trainer alone, not its group
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 10
+        while not _gone(started["child"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(started["child"]), "the delivery process outlived its SIGKILLed trainer"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the forked worker (and anything left)
+        proc.wait(timeout=60)
+
+
 def _spec(home: Path, uri: str, **extra) -> Path:
     s = json.loads(SMALL_SPEC.read_text())
     s.update(extra)
