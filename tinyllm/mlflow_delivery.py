@@ -91,7 +91,7 @@ class Delivery:
         self.tail = Tail(self.run_dir / "metrics.jsonl")
         self.state = {"tracking_uri": cfg["tracking_uri"], "experiment": cfg["experiment"],
                       "workflow_id": cfg["workflow_id"], "run_id": None, "delivered_step": None,
-                      "last_step": cfg["resumed_step"], "error": None, "dropped": 0, "run_status": None,
+                      "last_step": cfg["resumed_step"], "error": None, "run_status": None,
                       "pid": os.getpid(), "trainer_pid": cfg["trainer_pid"]}
         self._state_at, self._written = 0.0, None
 
