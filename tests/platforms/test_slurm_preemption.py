@@ -23,40 +23,21 @@ processes and files are all real; waits are bounded polls, never timing assertio
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from preempt_run import BOUND_S, SPEC, STEPS, attempts, final_result, furthest_step, history, steps_lost, trace_ids
 from simulator import procs
 
 pytestmark = pytest.mark.slow  # a real Slurm cluster, real ctl/trainer processes and signals
 
 ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
-NAME = "slq"
-STEPS = 800
-SPEC = {
-    "name": NAME, "steps": STEPS, "seed": 5, "eval_every": 0, "checkpoint_every": 100000,
-    "batch_size": 2, "warmup_steps": 1, "lr_decay_steps": STEPS, "threads": 1, "log_every": 50,
-    "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
-}
 HOLD_AT = 50          # (b), (c): the first run holds at this step until it is stopped
 STOP_GRACE_S = 8      # ctl's --stop-grace (CTL_STOP_GRACE): below the cluster's KillWait (10 s)
-BOUND_S = 240.0       # the most any wait here may take (a loaded machine); never asserted as a time
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
-    """The uninterrupted run of SPEC (ctl train, no Slurm): its final_loss_hex and digest."""
-    d = tmp_path_factory.mktemp("reference")
-    (d / "spec.json").write_text(json.dumps(SPEC))
-    p = procs.run(d / "home", "train", "--spec", str(d / "spec.json"), "--no-eval", "--json", timeout_s=BOUND_S)
-    assert p.returncode == 0, p.stderr[-3000:]
-    result = json.loads(p.stdout)["result"]
-    return {"final_loss_hex": result["final_loss_hex"], "digest": result["digest"]}
 
 
 class Run:
@@ -87,35 +68,8 @@ class Run:
     def output(self) -> str:
         return "\n".join(f.read_text(errors="replace") for f in sorted(self.dir.glob("job-*.out")))
 
-    # -- what the trainer wrote ------------------------------------------------------------
-
-    def attempts(self) -> list[tuple[int, list[dict]]]:
-        """The training activity's attempts in order: (attempt, its progress lines)."""
-        out = []
-        for f in self.home.glob(f"runs/{NAME}/activity/train-*/progress-*.jsonl"):
-            lines = []
-            for line in f.read_text(errors="replace").splitlines():
-                try:
-                    x = json.loads(line)
-                except ValueError:
-                    continue  # a line being written
-                if isinstance(x, dict):
-                    lines.append(x)
-            out.append((int(f.stem.rsplit("-", 1)[1]), lines))
-        return sorted(out, key=lambda a: a[0])
-
     def step(self) -> int:
-        """The furthest step seen so far: progress lines, and the per-step frames of metrics.jsonl."""
-        steps = [x.get("step") or 0 for _, lines in self.attempts() for x in lines]
-        try:
-            for line in (self.home / "runs" / NAME / "metrics.jsonl").read_text(errors="replace").splitlines():
-                try:
-                    steps.append(json.loads(line).get("step") or 0)
-                except ValueError:
-                    pass
-        except OSError:
-            pass
-        return max(steps, default=0)
+        return furthest_step(self.home)
 
     # -- the job ---------------------------------------------------------------------------
 
@@ -135,50 +89,17 @@ class Run:
         assert int(info["Restarts"]) >= interruptions and info["ExitCode"] == "0:0", info
         out = self.output()
         assert out.count("train.sbatch: job") == int(info["Restarts"]) + 1, out[-3000:]  # one line per start
-        attempts = self.attempts()
-        assert len(attempts) >= interruptions + 1, attempts  # each interruption stopped an attempt in flight
-        history = procs.history(self.home, f"train/{NAME}")
-        assert history is not None
-        done = [e for e in history if e["type"] == "workflow_completed"]
-        assert done, [e["type"] for e in history]
-        result = done[-1]["attrs"]["result"]
+        runs = attempts(self.home)
+        assert len(runs) >= interruptions + 1, runs  # each interruption stopped an attempt in flight
+        events = history(self.home)
+        result = final_result(events)
         assert (result["final_loss_hex"], result["digest"]) == (reference["final_loss_hex"], reference["digest"])
-        spans = [json.loads(line) for line in self.trace.read_text().splitlines() if line.strip()]
-        assert spans and len({_trace_id(s) for s in spans}) == 1, {_trace_id(s) for s in spans}
+        assert len(trace_ids(self.trace)) == 1, trace_ids(self.trace)  # one trace across the restarts
         # the contract of issue 39 (COMMON.md): 0 steps lost at every interruption
-        lost = steps_lost(attempts)
+        lost = steps_lost(runs)
         assert not lost, "steps lost:\n" + "\n".join(lost)
-        preempted = [e for e in history if e["type"] == "activity_preempted"]
-        assert len(preempted) >= interruptions, [e["type"] for e in history]
-
-
-def _trace_id(span: dict) -> str:
-    return span.get("trace_id") or span.get("context", {}).get("trace_id")
-
-
-def steps_lost(attempts: list[tuple[int, list[dict]]]) -> list[str]:
-    """One line per interrupted attempt that lost steps (empty: none lost). The definition (COMMON.md): the
-    attempt's `stopping` line is at step S, it wrote a checkpoint at a step >= S, and the next attempt's
-    `resume` line names that checkpoint."""
-    out = []
-    for (n, lines), (n2, nxt) in zip(attempts, attempts[1:]):
-        reached = max((x.get("step") or 0 for x in lines), default=0)
-        resume = next((x for x in nxt if x.get("event") == "resume" and x.get("checkpoint")), None)
-        resumed = resume["step"] if resume else 0
-        stopping = [x for x in lines if x.get("event") == "stopping"]
-        if not stopping:
-            out.append(f"attempt {n}: no 'stopping' line (it reached step {reached} or later); attempt {n2} "
-                       f"started from step {resumed}: at least {reached - resumed} steps lost")
-            continue
-        s = stopping[-1]["step"]
-        saved = [x for x in lines if "checkpoint" in x and "event" not in x and x.get("step", -1) >= s]
-        if not saved:
-            out.append(f"attempt {n}: stopping at step {s}, but no checkpoint at or after it; attempt {n2} started "
-                       f"from step {resumed}: {s - resumed} steps lost")
-        elif resume is None or resume["checkpoint"] != saved[-1]["checkpoint"]:
-            out.append(f"attempt {n}: checkpoint {saved[-1]['checkpoint']} at the stop, but attempt {n2} resumed from "
-                       f"{resume and resume['checkpoint']}: {saved[-1]['step'] - resumed} steps lost")
-    return out
+        preempted = [e for e in events if e["type"] == "activity_preempted"]
+        assert len(preempted) >= interruptions, [e["type"] for e in events]
 
 
 def test_scontrol_requeue_mid_segment_loses_no_step(cluster, reference, tmp_path: Path) -> None:
