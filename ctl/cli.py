@@ -16,15 +16,17 @@ from typing import Any, Callable
 
 import click
 
+from engine import STOP_SIGNAL_ENV
 from tinyllm import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
 from workflows.models import TraceContext
 
 from . import app, backends, cli_inspect, errors, runsinks
 from .ui import command as ui_command
 from .workerlog import WorkerLog
-from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, BadRequest
+from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, EXIT_PREEMPTED, BadRequest
 from .interrupt import Interrupt
-from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved
+from .cli_common import (describe_train, edge, home_option, json_option, preempted_line, print_json, resolved,
+                         stop_options)
 from .release import release as release_command
 from .trainers import eval_trainer
 from .verify import verify_resume as run_verify_resume
@@ -177,12 +179,13 @@ def _describe_eval(result: dict) -> None:
 @click.option("--trace-file", "trace_file", default=None, metavar="FILE",
               help="Append the run's OpenTelemetry spans to FILE as JSON lines (the trace extra). "
                    "$OTEL_EXPORTER_OTLP_ENDPOINT sends them over OTLP instead.")
+@stop_options
 @json_option
 @home_option
 @edge
 def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: str | None, eval_seed: int,
           eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float, quiet: bool, trace_file: str | None,
-          as_json: bool, home: str | None) -> None:
+          stop_grace_s: float, stop_signal: Any, as_json: bool, home: str | None) -> None:
     """Start workflow train/<name> (or attach to it) and run it here to its end.
 
     Builds the corpus, trains in segments up to each eval_every boundary, evaluates each
@@ -197,15 +200,20 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     After a cancel or failure the same command continues as train/<name>/2, reusing every
     finished segment and evaluation. A different spec under the same name is refused (exit 2).
 
+    A polite stop (SIGTERM from Kubernetes, docker, systemd or Slurm; Ctrl-C; --stop-signal)
+    saves the step the trainer is at, records the attempt as preempted and exits 143; a second
+    signal stops at once (exit 130). docs/preemption.md.
+
     \b
-    Exit codes: 0 completed, 130 canceled/interrupted, 2 bad input, 1 failed, 74 disk full.
+    Exit codes: 0 completed, 143 stopped politely (preempted; the same command resumes),
+    130 canceled/interrupted, 2 bad input, 1 failed, 74 disk full.
     \b
     Examples:
       ctl train --spec specs/tiny.json
       ctl train --spec specs/tiny.json --suite ppl --suite zoo --json
       ctl train --spec my.json --corpus-spec my-corpus.json --no-eval --detach && ctl worker
     """
-    interrupt = Interrupt("the run").install()  # from here on: one line, exit 130, no trainer left
+    interrupt = _polite_stop("the run", stop_grace_s, stop_signal)  # from here on: a signal saves the step
     home_dir = app.resolve_home(home)
     if no_eval and suites:
         raise BadRequest("--no-eval and --suite exclude each other")
@@ -263,6 +271,12 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
         if st.state == "running":
             runsinks.workflow_state(home_dir, wid, "running")  # a continuation: a closed MLflow run reopens
             st = _follow(home_dir, engine, wid, quiet=quiet, interrupt=interrupt)
+        if st.state == "running" and getattr(engine, "stop", None) is not None:  # a polite stop saved the step
+            runsinks.workflow_state(home_dir, wid, "preempted")
+            if tracer is not None:
+                tracer.close()
+                tracer = None
+            _exit_preempted(engine, wid, interrupt, as_json, st)
         runsinks.workflow_state(home_dir, wid, st.state)  # the MLflow run's status (also after an earlier kill)
         if tracer is not None:
             tracer.close()  # what the end closed goes out before the result is printed
@@ -272,6 +286,26 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
         if tracer is not None:
             tracer.close()
         engine.close()
+
+
+def _polite_stop(what: str, grace_s: float, stop_signal: Any, keeps: str = "its checkpoints") -> Interrupt:
+    """The command's polite-stop handler (ctl/interrupt.py), installed; the chosen preemption signal is
+    passed on to every trainer (``$DURABLE_STOP_SIGNAL``, which the runner copies into their environment)."""
+    if stop_signal is not None:
+        os.environ[STOP_SIGNAL_ENV] = stop_signal.name
+    return Interrupt(what, keeps, grace_s=grace_s, stop_signal=stop_signal).install()
+
+
+def _exit_preempted(engine: Any, workflow_id: str, interrupt: Interrupt, as_json: bool, st: Any) -> None:
+    """After a polite stop: one line saying what was saved (or the --json outcome), exit 143."""
+    stop = getattr(engine, "stop", None)
+    name = interrupt.signal_name or (stop.signal if stop is not None else None)
+    if as_json:
+        print_json({**app.outcome_json(st), "state": "preempted", "signal": name,
+                    "preempted": [p for p in engine.preempted if p.get("workflow_id") == workflow_id]})
+    else:
+        click.echo(preempted_line(engine, workflow_id, name), err=True)
+    sys.exit(EXIT_PREEMPTED)  # (the command's finally closes the engine)
 
 
 def _run_tracer(home: Path, run_id: str, trace_file: str | None) -> Any:
@@ -358,11 +392,13 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the evaluation.")
 @click.option("--corpus", default="default", show_default=True, help="Corpus whose held-out part ppl reads.")
 @click.option("--max-items", type=int, default=None, help="At most this many items per suite [default: all].")
+@stop_options
 @json_option
 @home_option
 @edge
 def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, ...], name: str, tag: str, seed: int,
-          corpus: str, max_items: int | None, as_json: bool, home: str | None) -> None:
+          corpus: str, max_items: int | None, stop_grace_s: float, stop_signal: Any, as_json: bool,
+          home: str | None) -> None:
     """Evaluate checkpoints: workflow eval/<name>, one activity per suite over the subjects.
 
     Each suite writes evals/<suite>/<name>[-<tag>]/results.jsonl and summary.json. Like
@@ -370,13 +406,14 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
     evaluation prints its result.
 
     \b
-    Exit codes: 0 completed, 130 canceled/interrupted, 2 bad input, 1 failed, 74 disk full.
+    Exit codes: 0 completed, 143 stopped politely (SIGTERM/SIGINT/--stop-signal: the evaluation in
+    flight stops, the same command resumes), 130 canceled/interrupted, 2 bad input, 1 failed, 74 disk full.
     \b
     Example:
       ctl eval --suite ppl --suite zoo --subject final=runs/tiny/ckpt/step-000300 --name tiny-final
       ctl eval --spec examples/specs/durable.json --suite acc --subject final=runs/spirals/ckpt/step-000040
     """
-    interrupt = Interrupt("the evaluation").install()
+    interrupt = _polite_stop("the evaluation", stop_grace_s, stop_signal, keeps="its finished suites")
     home_dir = app.resolve_home(home)
     trainer = None
     if spec_file is not None:
@@ -395,6 +432,8 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
         st = engine.status(started.workflow_id)
         if st.state == "running":
             st = _follow(home_dir, engine, started.workflow_id, quiet=as_json, interrupt=interrupt)
+        if st.state == "running" and engine.stop is not None:  # a polite stop
+            _exit_preempted(engine, started.workflow_id, interrupt, as_json, st)
         _finish(st, as_json, _describe_eval)
     finally:
         engine.close()
@@ -429,35 +468,45 @@ def cancel(workflow_id: str, home: str | None) -> None:
 
 
 @main.command()
+@stop_options
 @home_option
 @edge
-def worker(home: str | None) -> None:
+def worker(stop_grace_s: float, stop_signal: Any, home: str | None) -> None:
     """Run the workflows of the home folder until SIGINT/SIGTERM (runs started with --detach).
 
     Logs on stderr each activity attempt it starts and ends (id#attempt, duration, outcome
     with its figures or error) and each workflow it finishes; a run with an MLflow sink gets
     its MLflow run's status then (FINISHED, FAILED, KILLED; docs/tracking.md).
 
-    Resumes every open workflow of <home>/.ctl/engine.db, then serves new ones. On SIGTERM
-    or SIGINT it stops and exits 0; an activity in flight is abandoned as after a kill (its
-    trainer dies with the worker) and resumes from its last checkpoint with the next worker
-    or `ctl train`. Cancel a run with `ctl cancel`, not by stopping the worker.
+    Resumes every open workflow of <home>/.ctl/engine.db, then serves new ones. On SIGTERM,
+    SIGINT or --stop-signal it stops politely: each trainer in flight saves the step it is at
+    (its attempt is recorded as preempted) and the next worker or `ctl train` resumes from
+    there; a second signal stops at once. Cancel a run with `ctl cancel`, not by stopping the
+    worker.
 
     \b
-    Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad home or corrupt database.
+    Exit codes: 143 stopped with an activity in flight (preempted: a scheduler should start a
+    worker again), 0 stopped with nothing in flight, 130 a second signal stopped it at once,
+    2 bad home or corrupt database.
     \b
     Example:
       ctl train --spec specs/tiny.json --detach && ctl worker
     """
+    interrupt = _polite_stop("the worker", stop_grace_s, stop_signal, keeps="their checkpoints")
+    interrupt.workflow_id = "the worker's runs"
     home_dir = app.resolve_home(home)
     engine = app.open_engine(home_dir, create=True)
     stop = threading.Event()
+    if not hasattr(engine, "request_stop"):  # another backend's worker: its loop ends on the event
+        interrupt.engine = None
 
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
+        def on_signal(signum: int, frame: Any) -> None:
+            stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+        for sig in interrupt.signals():
+            signal.signal(sig, on_signal)
+    else:
+        interrupt.engine = engine
     where = engine.config.describe() if getattr(engine, "backend", "") == "temporal" else app.db_path(home_dir)
     click.echo(f"ctl worker: serving {where} as pid {os.getpid()} (SIGINT/SIGTERM to stop)", err=True)
     handler = logging.StreamHandler(sys.stderr)  # the engine's own warnings (a lost worker redelivered...)
@@ -465,13 +514,22 @@ def worker(home: str | None) -> None:
     logging.getLogger("engine").addHandler(handler)
     log = WorkerLog(engine, lambda line: click.echo(line, err=True),
                     on_end=lambda wid, state: runsinks.workflow_state(home_dir, wid, state))  # MLflow's run status
+    code = EXIT_OK
     try:
         log.start()
         engine.run_forever(stop)
+        stopped = [p for p in getattr(engine, "preempted", []) if not str(p.get("message", "")).startswith("not started")]
+        if stopped:
+            code = EXIT_PREEMPTED
+            for p in stopped:
+                runsinks.workflow_state(home_dir, p["workflow_id"], "preempted")
     finally:
         log.stop()
-        click.echo("ctl worker: stopped", err=True)
+        sig = f" by {interrupt.signal_name}" if interrupt.signal_name else ""
+        what = f"; {len(stopped)} attempt(s) preempted, resumable (exit {EXIT_PREEMPTED})" if code else ""
+        click.echo(f"ctl worker: stopped{sig}{what}", err=True)
         engine.close()
+    sys.exit(code)
 
 
 @main.command()

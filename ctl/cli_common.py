@@ -17,11 +17,58 @@ from engine import BadInput as EngineBadInput
 from . import app
 from .errors import BadRequest, CtlError
 from .homecheck import as_ctl_error
+from .interrupt import DEFAULT_GRACE_S, GRACE_ENV, SIGNAL_ENV, signal_number
 from .runview import figures_text, first_subject_metrics, stopped_early_text
 
 home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
                            help="Home folder (default: $CTL_HOME, else the current directory).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (stable shape, see docs/ctl.md).")
+
+
+def _stop_signal(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    if value is None or value == "":
+        return None
+    try:
+        return signal_number(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def stop_options(fn: Callable) -> Callable:
+    """``--stop-grace`` and ``--stop-signal`` (ctl/interrupt.py, docs/preemption.md), for every command that
+    runs workflows here (train, eval, release, worker)."""
+    fn = click.option(
+        "--stop-signal", "stop_signal", default=None, metavar="NAME", envvar=SIGNAL_ENV, callback=_stop_signal,
+        help=f"A preemption signal handled like SIGTERM, e.g. USR1 for Slurm's --signal=B:USR1@120 "
+             f"[${SIGNAL_ENV}]; the trainers get it too ($DURABLE_STOP_SIGNAL).")(fn)
+    fn = click.option(
+        "--stop-grace", "stop_grace_s", type=click.FloatRange(min=1), default=DEFAULT_GRACE_S, show_default=True,
+        metavar="SECONDS", envvar=GRACE_ENV,
+        help=f"On SIGTERM/SIGINT/--stop-signal the trainer saves the step it is at; past this many seconds "
+             f"ctl kills it and exits (keep it below the platform's own grace: Kubernetes 30 s, Slurm's "
+             f"KillWait, `docker stop -t`) [${GRACE_ENV}].")(fn)
+    return fn
+
+
+def preempted_line(engine: Any, workflow_id: str, signal_name: str | None) -> str:
+    """The one line a politely stopped command prints: what the stop saved of ``workflow_id``."""
+    mine = [p for p in getattr(engine, "preempted", []) if p.get("workflow_id") == workflow_id and p.get("attempt")]
+    sig = signal_name or "a signal"
+    if not mine:
+        return (f"ctl: stopped by {sig}: {workflow_id} had nothing running (a wait's remainder is waited when it "
+                f"resumes); run the same command to resume")
+    parts = []
+    for p in mine:
+        if str(p.get("message", "")).startswith("not started"):
+            continue
+        step, lost = p.get("step"), p.get("steps_lost")
+        saved = f"saved step {step}" if step is not None else "no checkpoint yet"
+        how = f"{lost} steps lost" if lost is not None else "steps lost unknown"
+        if p.get("killed_at_grace"):
+            how = f"killed at the grace, {how}"
+        parts.append(f"{p.get('activity_id')} attempt {p.get('attempt')} preempted: {saved} ({how})")
+    what = "; ".join(parts) or "nothing had started"
+    return f"ctl: stopped by {sig}: {workflow_id} {what}; run the same command to resume"
 
 
 def edge(fn: Callable) -> Callable:

@@ -143,6 +143,8 @@ class LiveDisplay:
         self._evals = EvalFollower(self.home)
         self._eval_counts: EvalCounts | None = None  # of the evaluation in flight, from its progress file
         self._warned: set[str] = set()  # a frame's warning (tinyllm/objectives/no_signal.py), printed once
+        self._stopping: str | None = None  # the signal of a polite stop in progress (ctl/interrupt.py)
+        self._stopping_shown = False
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -171,6 +173,16 @@ class LiveDisplay:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=wait_s)
+
+    def stopping(self, signal_name: str) -> None:
+        """A polite stop began (called from the signal handler: one assignment); the display says so."""
+        self._stopping = signal_name
+
+    def _stopping_text(self, view: RunView) -> str:
+        step = self.tail.step if self.tail is not None and self.tail.step is not None else None
+        what = f"checkpointing step {step}" if step is not None and view.phase.kind == "training" else \
+            f"stopping {view.phase.text or 'the run'}"
+        return f"stopping ({self._stopping}): {what} ... (Ctrl-C again to stop now)"
 
     # -- reading -------------------------------------------------------------------------
 
@@ -332,6 +344,14 @@ class LiveDisplay:
         elif e.type == "timer_started" and not self.live:
             fire = a.get("fire_at")
             return f"waiting {a.get('seconds')} s, until {local_time(fire) if isinstance(fire, (int, float)) else '?'}"
+        elif e.type == "activity_preempted":
+            step, lost = a.get("step"), a.get("steps_lost")
+            saved = f"saved step {step}" if step is not None else "no checkpoint"
+            more = f", {lost} steps lost" if lost is not None else ""
+            grace = " (killed at the grace)" if a.get("killed_at_grace") else ""
+            return f"[yellow]{aid} attempt {a.get('attempt')} preempted by {a.get('signal')}[/]: {saved}{more}{grace}"
+        elif e.type == "preempted":
+            return f"[yellow]stopped by {a.get('signal')}[/] while {a.get('waiting_on') or 'nothing ran'}"
         elif e.type == "cancel_requested":
             return "[yellow]cancel requested[/]: stopping after a checkpoint"
         elif e.type == "workflow_completed":
@@ -392,6 +412,14 @@ class LiveDisplay:
 
     def _update(self, view: RunView, now: float) -> None:
         if view.phase.kind == "ended":
+            return
+        if self._stopping is not None:
+            text = self._stopping_text(view)
+            if self._progress is not None:
+                self._progress.update(self._tasks["phase"], description="[yellow]stopping[/]", total=None, info=text)
+            elif not self._stopping_shown:
+                self.console.print(text)
+            self._stopping_shown = True
             return
         if not view.total_steps:  # not a training run: the phase only
             if self._progress is not None:

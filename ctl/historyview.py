@@ -72,6 +72,13 @@ def details(e: Any) -> str:
     if t in ("activity_failed", "activity_timed_out"):
         retry = "failed for good" if a.get("final") else "will retry"
         return f"{_error_text(a.get('error'))} ({retry})"
+    if t == "activity_preempted":
+        saved = f"saved step {a.get('step')}" if a.get("step") is not None else "no checkpoint"
+        lost = f", {a.get('steps_lost')} steps lost" if a.get("steps_lost") is not None else ""
+        grace = "; killed at the grace" if a.get("killed_at_grace") else ""
+        return f"preempted by {a.get('signal')}: {saved}{lost}{grace} (no retry counted)"
+    if t == "preempted":
+        return f"stopped by {a.get('signal')} while {a.get('waiting_on') or 'nothing ran'}"
     if t == "activity_canceled":
         return _error_text(a.get("error")) if a.get("error") else ""
     if t == "timer_started":

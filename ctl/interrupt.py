@@ -1,37 +1,58 @@
-"""Ctrl-C, SIGINT and SIGTERM to a ``ctl train`` / ``ctl eval`` / ``ctl release`` that runs its workflow here.
+"""SIGTERM, SIGINT (Ctrl-C) and the preemption signal to a ``ctl train`` / ``eval`` / ``release`` / ``worker``.
 
-The run stays resumable: ctl stops as after a kill, its trainer with it, and the same command
-resumes from the last checkpoint. What it does, once, however many signals come:
+One stop path for every polite stop (docs/preemption.md). The first signal asks the engine to stop
+(``Engine.request_stop``): nothing new starts, the trainer in flight gets SIGTERM, finishes the step
+it is in, writes a durable checkpoint there and exits; its attempt is recorded as ``preempted`` (not a
+failure, no retry used); ctl then prints one line and exits ``EXIT_PREEMPTED`` (143), which
+Kubernetes, systemd and Slurm read as "come back". The same command resumes from that checkpoint.
 
-- the first SIGINT/SIGTERM is handled; the ones after it are ignored. A signal to the whole
-  process group arrives several times: a terminal's Ctrl-C reaches every process of the group,
-  and ``timeout`` (without ``--foreground``) passes a SIGINT it receives on to its child and to
-  its group again. A second KeyboardInterrupt raised while the first one was being handled
-  escaped to click ("Aborted!", exit 1) and closed the database under the progress display;
-- it stops the progress display (its terminal lines restored), then takes the engine's store
-  lock, so no thread of this process writes the history any more (the runner thread would
-  otherwise record the trainer's death as a failed attempt), SIGKILLs every process descended
-  from ctl (the trainer, its ranks, an evaluation) and waits until they are gone;
-- then it prints the one ``ctl: interrupted; ...`` line and exits 130 (``os._exit``: nothing
-  is unwound, as after a kill; an open SQLite transaction is rolled back).
+- **Bounded.** The attempts get ``grace_s`` less ``EXIT_MARGIN_S`` (the runner kills a trainer still
+  running then, and its attempt says so); a watchdog ends ctl at ``grace_s`` whatever happens, so
+  ctl never outlives the grace it was given (``--stop-grace``, default ``DEFAULT_GRACE_S``).
+- **A second signal stops at once**: SIGKILL to every process descended from ctl, one
+  ``ctl: interrupted`` line, exit 130, as after a kill (the run stays resumable; the steps since
+  the last checkpoint may be lost). Copies of one group signal arriving within ``SAME_SIGNAL_S``
+  (a terminal's Ctrl-C reaches every process of the group, ``timeout`` passes a SIGINT on to its
+  child and to its group again) are one signal, not two.
+- **Before a run is being followed** (no engine yet) a signal ends ctl at once (exit 130): nothing
+  is running that could be saved.
+- **Another backend** (Temporal: no ``request_stop``): the trainers descended from ctl get SIGTERM,
+  checkpoint and exit within the grace; ctl exits 143 and the cluster redelivers the attempt.
 
-The work is done in the signal handler itself (the main thread, between two bytecodes), not by
-an exception that would unwind through the engine's and click's ``finally`` blocks.
+The hard path runs in the signal handler itself (the main thread, between two bytecodes) or the
+watchdog thread: it takes the engine's store lock (no thread writes the history any more), kills,
+prints and ``os._exit``s; nothing is unwound.
 """
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_CANCELED
+from .errors import EXIT_CANCELED, EXIT_PREEMPTED
 
 KILL_WAIT_S = 10.0  # how long the killed descendants may take to disappear
 LOCK_WAIT_S = 10.0  # how long another thread may hold the store's lock (one short transaction)
 DISPLAY_WAIT_S = 2.0
+DEFAULT_GRACE_S = 25.0  # below Kubernetes' default 30 s terminationGracePeriodSeconds and Slurm's default
+# KillWait of 30 s: the checkpoint is durable and ctl has exited before the platform's SIGKILL
+EXIT_MARGIN_S = 3.0  # of the grace, kept for ctl to record the attempts and exit after the trainers' deadline
+SAME_SIGNAL_S = 1.0  # signals closer than this to the first are copies of it (a group signal), not a second one
+GRACE_ENV = "CTL_STOP_GRACE"
+SIGNAL_ENV = "CTL_STOP_SIGNAL"
+
+
+def signal_number(name: str) -> signal.Signals:
+    """``USR1``, ``SIGUSR1``, ``usr1`` or ``10`` -> the signal; ``ValueError`` naming the choices."""
+    text = name.strip().upper()
+    try:
+        return signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+    except (KeyError, ValueError):
+        raise ValueError(f"{name!r} is not a signal name (e.g. USR1, USR2, TERM, HUP)") from None
 
 
 def _children_map() -> dict[int, list[int]]:
@@ -84,22 +105,38 @@ def kill_descendants(pid: int, wait_s: float = KILL_WAIT_S) -> list[int]:
 
 
 class Interrupt:
-    """The SIGINT/SIGTERM handler of one ``ctl train``/``ctl eval`` (see the module docstring).
+    """The polite-stop handler of one ctl command (see the module docstring).
 
     ``workflow_id``, ``engine`` and ``display`` are set as they come into being."""
 
-    def __init__(self, what: str = "the run", keeps: str = "its checkpoints") -> None:
+    def __init__(self, what: str = "the run", keeps: str = "its checkpoints", *, grace_s: float = DEFAULT_GRACE_S,
+                 stop_signal: signal.Signals | None = None) -> None:
         self.what = what
         self.keeps = keeps  # what the interrupted workflow keeps, in its one line
+        self.grace_s = grace_s
+        self.stop_signal = stop_signal
         self.workflow_id: str | None = None
         self.engine: Any = None
         self.display: Any = None
-        self.fired = False
+        self.first_at: float | None = None  # time.monotonic() of the first signal
+        self.signal_name: str | None = None  # its name, once one came
+        self.fired = False  # the hard path ran
+
+    @property
+    def stopping(self) -> bool:
+        """A polite stop was asked (the command finishes it and exits ``EXIT_PREEMPTED``)."""
+        return self.first_at is not None and not self.fired
+
+    def signals(self) -> list[signal.Signals]:
+        sigs = [signal.SIGINT, signal.SIGTERM]
+        if self.stop_signal is not None and self.stop_signal not in sigs:
+            sigs.append(self.stop_signal)
+        return sigs
 
     def install(self) -> "Interrupt":
         # SIGINT is installed explicitly: a process started as a non-interactive shell's background job
         # (`ctl train ... &` in a script, CI) inherits it ignored, and Python then installs no handler
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in self.signals():
             signal.signal(sig, self._on_signal)
         return self
 
@@ -111,11 +148,61 @@ class Interrupt:
                 f"or `ctl cancel {wid}`")
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if self.fired:
+            return
+        if self.first_at is not None:
+            if now - self.first_at < SAME_SIGNAL_S:
+                return  # a copy of the first (its group's), not a second signal
+            self.hard(f"ctl: second signal ({signal.Signals(signum).name}): stopping now")
+            return
+        self.first_at, self.signal_name = now, signal.Signals(signum).name
+        engine = self.engine
+        if engine is None:
+            self.hard()
+            return
+        if hasattr(engine, "request_stop"):
+            engine.request_stop(self.signal_name, grace_s=max(0.0, self.grace_s - EXIT_MARGIN_S))
+        else:  # another backend: the trainers below us checkpoint on their own SIGTERM
+            threading.Thread(target=self._stop_children, name="ctl-stop", daemon=True).start()
+        if self.display is not None and hasattr(self.display, "stopping"):
+            self.display.stopping(self.signal_name)
+        else:
+            sys.stderr.write(f"ctl: {self.signal_name}: stopping {self.what} at the step it is at and "
+                             f"saving it (at most {self.grace_s:g} s; Ctrl-C again to stop now)\n")
+            sys.stderr.flush()
+        threading.Thread(target=self._watchdog, name="ctl-stop-watchdog", daemon=True).start()
+
+    def _watchdog(self) -> None:
+        """ctl never outlives its grace: at ``grace_s`` after the first signal, the hard path."""
+        time.sleep(self.grace_s)
+        self.hard(f"ctl: the stop's grace ({self.grace_s:g} s) ran out: stopping now", code=EXIT_PREEMPTED)
+
+    def _stop_children(self) -> None:
+        """Another backend's polite stop: SIGTERM to the processes descended from ctl (its trainers), up to
+        the grace for them to end, then exit ``EXIT_PREEMPTED`` (the cluster redelivers the attempt)."""
+        pids = descendants(os.getpid())
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + max(0.0, self.grace_s - EXIT_MARGIN_S)
+        while descendants(os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.hard(f"ctl: stopped by {self.signal_name}: the trainers checkpointed; run the same command to resume",
+                  code=EXIT_PREEMPTED, quiet_kill=True)
+
+    def hard(self, why: str | None = None, *, code: int = EXIT_CANCELED, quiet_kill: bool = False) -> None:
+        """Stop now: display stopped, history writes blocked, every descendant killed, one line, ``os._exit``."""
         if self.fired:
             return
         self.fired = True
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)  # the group's further copies of the signal
+        for sig in self.signals():
+            try:
+                signal.signal(sig, signal.SIG_IGN)  # the group's further copies of the signal
+            except ValueError:  # not the main thread (the watchdog): the handler above ignores them (fired)
+                pass
         try:
             if self.display is not None:
                 self.display.stop(final=False, wait_s=DISPLAY_WAIT_S)
@@ -123,9 +210,11 @@ class Interrupt:
             if lock is not None:
                 lock.acquire(timeout=LOCK_WAIT_S)  # never released: this process writes nothing more
             left = kill_descendants(os.getpid())
-            sys.stderr.write(self.message() + "\n")
+            if why and not quiet_kill:
+                sys.stderr.write(why + "\n")
+            sys.stderr.write((why if quiet_kill and why else self.message()) + "\n")
             if left:
                 sys.stderr.write(f"ctl: processes {sorted(left)} could not be killed\n")
             sys.stderr.flush()
         finally:
-            os._exit(EXIT_CANCELED)
+            os._exit(code)

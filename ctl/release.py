@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ import click
 import workflows
 
 from . import app
-from .cli_common import edge, home_option, json_option, print_json
-from .errors import EXIT_FAILED, BadRequest
+from .cli_common import edge, home_option, json_option, preempted_line, print_json, stop_options
+from .errors import EXIT_FAILED, EXIT_PREEMPTED, BadRequest
 from .interrupt import Interrupt
 
 
@@ -67,11 +68,13 @@ def _list(home: Path, as_json: bool) -> None:
               show_default=True, metavar="SECONDS",
               help="A publication whose worker died is given to another worker after this long without a "
                    "heartbeat (on Temporal the only sign of a dead worker); the release's first value applies.")
+@stop_options
 @json_option
 @home_option
 @edge
 def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, ...], select: str, list_only: bool,
-            eval_max_items: int | None, heartbeat_timeout_s: float, as_json: bool, home: str | None) -> None:
+            eval_max_items: int | None, heartbeat_timeout_s: float, stop_grace_s: float, stop_signal: Any,
+            as_json: bool, home: str | None) -> None:
     """Release a finished run's checkpoint: evaluate it, check gates, publish it once.
 
     Publishes releases/<run>/<version>/ (model/, manifest.json) and moves releases/<run>/CURRENT.
@@ -100,7 +103,8 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
     unknown = sorted({g.suite for g in parsed} - set(suites))
     if unknown:
         raise BadRequest(f"gate on suite {unknown[0]!r}, which is not evaluated (add --suite {unknown[0]})")
-    interrupt = Interrupt("the release", keeps="its finished evaluations").install()  # one line, exit 130
+    interrupt = Interrupt("the release", keeps="its finished evaluations", grace_s=stop_grace_s,
+                          stop_signal=stop_signal).install()  # a polite stop: the evaluation in flight stops, 143
     engine = app.open_engine(home_dir, create=False)
     interrupt.engine = engine
     try:
@@ -126,6 +130,12 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
         if out.state == "running":
             logging.getLogger("engine").addHandler(logging.NullHandler())
             out = engine.run_until_complete(started.workflow_id)
+        if out.state == "running" and engine.stop is not None:  # a polite stop: the same command resumes
+            if as_json:
+                print_json({**app.outcome_json(out), "state": "preempted", "signal": interrupt.signal_name})
+            else:
+                click.echo(preempted_line(engine, started.workflow_id, interrupt.signal_name), err=True)
+            sys.exit(EXIT_PREEMPTED)
     finally:
         engine.close()
     _finish(out, as_json)

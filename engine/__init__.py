@@ -6,7 +6,9 @@ transaction helper), and the helpers the app's tools read a home with: ``read_ev
 ``damage_report`` / ``DamagedRecord``, ``check_id``, ``owner_dead`` (is a lease's owner gone),
 ``run_subprocess`` (the activity runner for trainers), and the process-tree sweep ``ATTEMPT_ENV`` /
 ``attempt_tag`` / ``scope_of`` / ``kill_attempt`` (tag an attempt's environment, then SIGKILL every process
-carrying the tag, also those that left its process group: ctl verify-resume).
+carrying the tag, also those that left its process group: ctl verify-resume), and the polite stop
+(``Engine.request_stop``, ``StopRequest``, ``Preempted``, ``EXIT_PREEMPTED``, ``STOP_SIGNAL_ENV``:
+engine/_stop.py).
 
 Every other module here is private (``engine/_*.py``) and may change without notice:
 ``_engine`` (the public class), which owns a ``_worker.Worker`` (transitions and loop steps), which
@@ -37,6 +39,7 @@ from ._errors import (
     NondeterminismError,
     NonRetryableError,
     NotFound,
+    Preempted,
     WorkflowCanceled,
     WorkflowFailed,
     WorkflowRunning,
@@ -48,8 +51,9 @@ from ._leases import owner_dead
 from ._options import RetryPolicy, StepOptions
 from ._proctree import ENV_TAG as ATTEMPT_ENV, attempt_tag, kill_attempt, scope_of
 from ._seam import ActivityContext, Runtime
+from ._stop import StopRequest, stop_request
 from ._store import Store, damage_report
-from ._subprocess_runner import SubprocessFailed, dies_with_parent, run_subprocess
+from ._subprocess_runner import EXIT_PREEMPTED, STOP_SIGNAL_ENV, SubprocessFailed, dies_with_parent, run_subprocess
 
 __all__ = [
     "ActivityContext", "ActivityError", "ActivityInfo", "BadInput", "Canceled", "DamagedRecord", "Engine",
@@ -57,5 +61,6 @@ __all__ = [
     "RetryPolicy", "Runtime", "StepOptions", "Store", "SystemClock", "VirtualClock", "WorkflowCanceled",
     "WorkflowFailed", "WorkflowRunning", "WorkflowStatus", "check_id", "damage_report", "is_canceled", "owner_dead",
     "read_events", "replay_history", "run_subprocess", "SubprocessFailed", "dies_with_parent",
-    "ATTEMPT_ENV", "attempt_tag", "kill_attempt", "scope_of",
+    "ATTEMPT_ENV", "attempt_tag", "kill_attempt", "scope_of", "Preempted", "StopRequest", "stop_request",
+    "EXIT_PREEMPTED", "STOP_SIGNAL_ENV",
 ]

@@ -31,6 +31,9 @@ class AttemptHooks(Protocol):
 
     def cancel_requested(self, lease: Lease) -> bool: ...
 
+    @property
+    def stop(self) -> Any: ...
+
     def heartbeat(self, lease: Lease, details: Any, now: float) -> None: ...
 
     def record_child(self, lease: Lease, pid: int | None) -> None: ...
@@ -79,6 +82,12 @@ class LiveActivityContext:
     def cancel_requested(self) -> bool:
         """True once the workflow's cancel was requested (or it ended, or this attempt lost its lease)."""
         return self._hooks.cancel_requested(self._lease)
+
+    @property
+    def stop_request(self) -> Any:
+        """The worker's polite stop (engine/_stop.py ``StopRequest``), or None: the attempt should end
+        as soon as it can (its trainer checkpoints where it is), by the request's deadline."""
+        return self._hooks.stop
 
     def heartbeat(self, details: Any = None) -> None:
         """Record ``details`` (when given) and extend the lease; raises ``LeaseLost`` in a stale attempt.

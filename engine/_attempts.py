@@ -16,7 +16,7 @@ from typing import Any, Callable
 from . import _history as h
 from . import _leases as leases, _proctree as proctree
 from ._activity import Lease
-from ._errors import LeaseLost, NonRetryableError
+from ._errors import LeaseLost, NonRetryableError, Preempted
 from ._history import append_next, dumps
 from ._options import StepOptions
 from ._replay import error_to_json
@@ -37,6 +37,36 @@ class Attempts:
         self.owner_json = owner_json  # the worker's lease owner as recorded (never changes)
         self.run_task = run_task  # (db, after, workflow_id): the workflow task an expiry makes due
         self._scope: str | None = None  # engine/_proctree.py's scope of this database, once asked
+        self.stop: Any = None  # the worker's polite stop (engine/_stop.py StopRequest), once asked
+        self.preempted: list[dict] = []  # what this worker's stop recorded: {workflow_id, activity_id, ...}
+
+    def preempt(self, db, lease: Lease, exc: Preempted, *, now: float) -> None:
+        """The attempt ended on a polite stop: ``activity_preempted``, due again at once, no retry counted
+        (``lost`` + 1, as for a dead worker). Under a cancel it is the cancel's end instead."""
+        base = {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt}
+        (cancel,) = db.execute("SELECT cancel_requested FROM workflows WHERE id=?", (lease.workflow_id,)).fetchone()
+        if cancel:
+            append_next(db, lease.workflow_id, h.ACTIVITY_CANCELED, now,
+                        {**base, "error": error_to_json(exc), "reason": "stopped after cancel"})
+            close_activity(db, lease.workflow_id, lease.activity_id)
+            return
+        attrs = {**base, **exc.attrs(), "retry_at": now}
+        append_next(db, lease.workflow_id, h.ACTIVITY_PREEMPTED, now, attrs)
+        db.execute(
+            "UPDATE activities SET state='scheduled', due_at=?, lost=lost+1, hb_deadline=NULL, close_deadline=NULL, "
+            "owner=NULL WHERE workflow_id=? AND activity_id=?",
+            (now, lease.workflow_id, lease.activity_id),
+        )
+        self.preempted.append({"workflow_id": lease.workflow_id, **attrs})
+
+    def note_stopped(self, workflow_id: str, attrs: dict) -> None:
+        """A polite stop reached this worker while ``workflow_id`` had no attempt of it running (a durable
+        wait): one ``preempted`` event says so (the wait's remainder is waited later)."""
+        with self.tx("stop") as (db, _after):
+            row = db.execute("SELECT state FROM workflows WHERE id=?", (workflow_id,)).fetchone()
+            if row is None or row[0] != "running":
+                return
+            append_next(db, workflow_id, h.PREEMPTED, self.clock.now(), attrs)
 
     def fail(self, db, lease: Lease, exc: BaseException, *, lost: int, now: float) -> None:
         base = {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt}

@@ -28,6 +28,7 @@ from ._history import Event, append_event, damaged, decode_json, dumps, normaliz
 from ._ids import check_id
 from ._options import StepOptions
 from ._replay import Command, DrySink, Replayer
+from ._stop import StopRequest, stop_request
 from ._store import Store
 from ._worker import Worker
 
@@ -198,6 +199,8 @@ class Engine:
         w.awaited[workflow_id] = None
         try:
             while (w.ready or w.inflight) and (give_up is None or time.monotonic() < give_up):
+                if w.stop is not None:
+                    break
                 if w.tick():
                     if w.awaited[workflow_id] is not None and not w.ready and not w.inflight:
                         break
@@ -432,6 +435,40 @@ class Engine:
             events = self.history(workflow_id)
         return replay_history(reg.fn, events, workflow_id=workflow_id, input_type=reg.input_type)
 
+    # ---- a polite stop (engine/_stop.py) ------------------------------------------------------------
+
+    def request_stop(self, signal: str = "SIGTERM", *, grace_s: float | None = None) -> None:
+        """Stop politely (safe in a signal handler: one assignment). The running loop starts nothing new,
+        asks every attempt in flight to stop (a trainer checkpoints the step it is at and exits), records
+        each as ``activity_preempted`` (no retry counted; due again at once), and returns; attempts not
+        ended within ``grace_s`` are killed (their event says ``killed_at_grace``)."""
+        self._worker.request_stop(stop_request(grace_s, signal))
+
+    @property
+    def stop(self) -> StopRequest | None:
+        """The polite stop asked of this engine (``request_stop``, or a trainer stopped by a signal
+        sent to it directly), or None."""
+        return self._worker.stop
+
+    @property
+    def preempted(self) -> list[dict]:
+        """The attempts this engine's stop ended: ``activity_preempted`` attrs with ``workflow_id``."""
+        return list(self._worker.attempts.preempted)
+
+    def _stop_drain(self, follow: str | None) -> None:
+        """After a stop was asked: wait for the attempts in flight to end (their runners enforce the
+        deadline) and record them; leases not started end preempted; ``follow`` (the workflow a
+        ``ctl train`` follows), when no attempt of it was running, gets a ``preempted`` event."""
+        w = self._worker
+        while w.inflight:
+            w.runners.drain(timeout_s=self.poll_interval_s)
+        w.runners.drain()
+        w.release_ready()
+        if follow is not None and not any(p["workflow_id"] == follow for p in w.attempts.preempted):
+            stop = w.stop
+            w.attempts.note_stopped(follow, {"signal": stop.signal if stop else None, "worker": w.worker_name,
+                                             "waiting_on": self._waiting_on(follow)})
+
     # ---- running --------------------------------------------------------------------------------------
 
     def _guard(self, f: Callable, *args: Any) -> Any:
@@ -456,6 +493,8 @@ class Engine:
     def _until_idle(self) -> None:
         w = self._worker
         while True:
+            if w.stop is not None:
+                return
             if w.tick():
                 continue
             if not w.inflight:
@@ -473,6 +512,9 @@ class Engine:
         give_up = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             self._until_idle()
+            if self._worker.stop is not None:  # a polite stop: the run stays open, resumable
+                self._stop_drain(workflow_id)
+                return self.status(workflow_id)
             st = self.status(workflow_id)
             if st.state in TERMINAL:
                 return st
@@ -511,6 +553,9 @@ class Engine:
 
         def loop():
             while not stop.is_set():
+                if w.stop is not None:  # a polite stop: the attempts in flight end preempted, then return
+                    self._stop_drain(None)
+                    return
                 if w.tick():
                     continue
                 if w.inflight:
@@ -521,6 +566,8 @@ class Engine:
                     self.clock.advance(max(0.0, wake - self.clock.now()))
                 else:
                     stop.wait(self.poll_interval_s)
+            if w.inflight and w.stop is not None:  # stopped both ways: record what the stop ended
+                self._stop_drain(None)
 
         self._guard(loop)
 

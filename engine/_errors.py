@@ -19,6 +19,44 @@ class Canceled(EngineError):
     """
 
 
+class Preempted(EngineError):
+    """Raised by an activity whose attempt ended on a polite stop (SIGTERM, SIGINT, a preemption signal):
+    its process checkpointed where it was and exited, or was killed when the stop's grace ran out.
+
+    Not a failure: the worker records it as ``activity_preempted``, counts no retry for it, makes the
+    activity due again at once, and stops (engine/_worker.py). ``signal``: the signal's name;
+    ``checkpoint``/``step``: the last checkpoint the attempt reported (None: none); ``stopping_step``:
+    the step the trainer had reached when it saw the stop (its ``stopping`` progress line), so
+    ``steps_lost`` is ``stopping_step - step`` when both are known; ``killed_at_grace``: it did not exit
+    within the grace and was killed.
+    """
+
+    def __init__(self, message: str, *, signal: str | None = None, checkpoint: str | None = None,
+                 step: int | None = None, stopping_step: int | None = None, last_step: int | None = None,
+                 killed_at_grace: bool = False):
+        super().__init__(message)
+        self.signal = signal
+        self.checkpoint = checkpoint
+        self.step = step
+        self.stopping_step = stopping_step
+        self.last_step = last_step
+        self.killed_at_grace = killed_at_grace
+
+    @property
+    def steps_lost(self) -> int | None:
+        """Steps trained and not saved, as far as the progress lines tell (None: unknown)."""
+        reached = max((s for s in (self.stopping_step, self.last_step) if s is not None), default=None)
+        if reached is None:
+            return None
+        return max(0, reached - (self.step or 0))
+
+    def attrs(self) -> dict:
+        """What the ``activity_preempted`` event records of it."""
+        return {"signal": self.signal, "checkpoint": self.checkpoint, "step": self.step,
+                "stopping_step": self.stopping_step, "steps_lost": self.steps_lost,
+                "killed_at_grace": self.killed_at_grace, "message": str(self)}
+
+
 class NonRetryableError(EngineError):
     """Raised by an activity to fail its step at once, without retries.
 

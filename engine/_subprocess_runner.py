@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from . import _proctree as proctree
-from ._errors import Canceled, NonRetryableError
+from ._errors import Canceled, NonRetryableError, Preempted
 
 log = logging.getLogger("engine")
 
@@ -48,6 +48,8 @@ EXIT_BAD_INPUT = 2
 EXIT_DISK_FULL = 74  # the trainer found no space (contracts/subprocess-activity.md): non-retryable DiskFull
 EXIT_LOCKED = 75
 EXIT_CANCELED = 130
+EXIT_PREEMPTED = 143  # ctl's exit after a polite stop it saved (128 + SIGTERM): schedulers read it as "come back"
+STOP_SIGNAL_ENV = "DURABLE_STOP_SIGNAL"  # a signal name the trainer treats as SIGTERM (ctl --stop-signal)
 
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
@@ -158,6 +160,50 @@ def _heartbeat_timeout_s(ctx: Any) -> float | None:
     return getattr(options, "heartbeat_timeout_s", None)
 
 
+def _stop_request(ctx: Any) -> Any:
+    """The worker's polite stop (engine/_stop.py), or None; a context without one (Temporal's) has none."""
+    return getattr(ctx, "stop_request", None)
+
+
+def _ask_to_stop(pid: int) -> None:
+    """SIGTERM (then SIGCONT, so a stopped one can act on it) to the trainer's main process only: its
+    loader workers and helpers leave the stop to it (a group signal would kill them under it)."""
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class _Steps:
+    """What the attempt's progress lines say of its steps: the last saved (a checkpoint or the resume),
+    the furthest reached, and the ``stopping`` line (the step and signal the trainer stopped at)."""
+
+    def __init__(self) -> None:
+        self.saved: int | None = None
+        self.checkpoint: str | None = None
+        self.reached: int | None = None
+        self.stopping: int | None = None
+        self.signal: str | None = None
+
+    def see(self, line: dict) -> None:
+        step = line.get("step")
+        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        event = line.get("event")
+        if event is None and isinstance(line.get("checkpoint"), str) and step is not None:
+            self.saved, self.checkpoint = step, line["checkpoint"]
+        elif event == "resume" and step is not None and self.saved is None:
+            self.saved = step
+            if isinstance(line.get("checkpoint"), str):
+                self.checkpoint = line["checkpoint"]
+        elif event == "stopping":
+            self.stopping = step
+            if isinstance(line.get("signal"), str):
+                self.signal = line["signal"]
+        if step is not None and (self.reached is None or step > self.reached):
+            self.reached = step
+
+
 def run_subprocess(
     ctx: Any,
     argv: Sequence[str],
@@ -191,6 +237,8 @@ def run_subprocess(
     err = tempfile.TemporaryFile()
     child_env = dict(os.environ if env is None else env)
     child_env[proctree.ENV_TAG] = tag
+    if os.environ.get(STOP_SIGNAL_ENV) and STOP_SIGNAL_ENV not in child_env:  # ctl --stop-signal: the trainer's too
+        child_env[STOP_SIGNAL_ENV] = os.environ[STOP_SIGNAL_ENV]
     try:
         proc = subprocess.Popen(
             list(argv), cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
@@ -201,7 +249,10 @@ def run_subprocess(
         err.close()
         raise NonRetryableError(f"cannot start {argv[0]!r} (in {cwd or os.getcwd()}): {e.strerror or e}",
                                 type="BadInput") from None
-    stopping: str | None = None  # why the tree is being stopped: "cancel" or "hung"
+    stopping: str | None = None  # why the attempt is being stopped: "cancel", "preempt" or "hung"
+    stop_by: float | None = None  # time.monotonic() by which a stopping child must have exited
+    killed_at_grace = False
+    steps = _Steps()
     try:
         if record is not None:
             record(proc.pid)
@@ -214,6 +265,7 @@ def run_subprocess(
                 pass
             for line in progress.new_lines():
                 last_progress = time.monotonic()
+                steps.see(line)
                 ckpt = line.get("checkpoint") if isinstance(line, dict) else None
                 if isinstance(ckpt, str) and ckpt and ckpt != last_checkpoint:
                     ctx.heartbeat(line)  # durable details: where a redelivered attempt resumes
@@ -222,16 +274,31 @@ def run_subprocess(
                     ctx.heartbeat()  # liveness (or the same checkpoint again): extends the lease, throttled
             if proc.returncode is not None:
                 break
-            if ctx.cancel_requested:
-                stopping = "cancel"
-            elif silence_s and time.monotonic() - last_progress > silence_s:
-                stopping = "hung"
-            if stopping:
+            if stopping is None:
+                stop = _stop_request(ctx)
+                if ctx.cancel_requested:
+                    stopping, stop_by = "cancel", time.monotonic() + term_grace_s
+                elif stop is not None:
+                    left_s = stop.left_s()
+                    stopping, stop_by = "preempt", None if left_s is None else time.monotonic() + left_s
+                elif silence_s and time.monotonic() - last_progress > silence_s:
+                    stopping = "hung"
+                    break
+                if stopping:  # the trainer finishes its step, checkpoints there and exits: wait for it
+                    _ask_to_stop(proc.pid)
+            elif stop_by is not None and time.monotonic() >= stop_by:
+                killed_at_grace = True  # it did not end within the grace: its whole tree is killed below
                 break
     finally:
-        # however the attempt ends (done, cancel, hung, lease lost, a crash): nothing of it is left
-        left = proctree.stop(lambda: proctree.of_attempt(tag), groups=[proc.pid],
-                             grace_s=term_grace_s if proc.poll() is None else 0)
+        # however the attempt ends (done, cancel, hung, lease lost, a crash): nothing of it is left; what a
+        # wrapper left behind when a stop's SIGTERM ended it gets the rest of the grace to end too
+        ended_by_signal = proc.poll() is not None and proc.returncode < 0 and stopping in ("cancel", "preempt")
+        grace_s = term_grace_s if proc.poll() is None else 0
+        if ended_by_signal and not killed_at_grace:
+            grace_s = term_grace_s if stop_by is None else max(0.0, stop_by - time.monotonic())
+        if killed_at_grace:
+            grace_s = 0
+        left = proctree.stop(lambda: proctree.of_attempt(tag), groups=[proc.pid], grace_s=grace_s)
         if proc.poll() is None:
             proc.kill()
         proc.wait()
@@ -251,7 +318,18 @@ def run_subprocess(
         except ValueError:
             result = None
         return SubprocessResult(rc, result, stdout_tail, stderr_tail)
-    if rc == EXIT_CANCELED or (stopping == "cancel" and rc in (-signal.SIGTERM, -signal.SIGKILL)):
+    if stopping == "cancel" and (rc == EXIT_CANCELED or rc in (-signal.SIGTERM, -signal.SIGKILL) or killed_at_grace):
+        raise Canceled(f"{argv[0]} stopped on cancel (exit {rc})")
+    if stopping == "preempt" or (rc == EXIT_CANCELED and not ctx.cancel_requested):
+        # a polite stop: ours (ctl got the signal), or one that reached the trainer directly (its group's)
+        stop = _stop_request(ctx)
+        name = steps.signal or (stop.signal if stop is not None else None) or "SIGTERM"
+        how = ("killed: it did not exit within the stop's grace" if killed_at_grace
+               else "checkpointed and exited" if rc == EXIT_CANCELED else f"exit {rc} on the stop")
+        raise Preempted(f"{argv[0]} stopped by {name} ({how})", signal=name, checkpoint=steps.checkpoint,
+                        step=steps.saved, stopping_step=steps.stopping, last_step=steps.reached,
+                        killed_at_grace=killed_at_grace)
+    if rc == EXIT_CANCELED:
         raise Canceled(f"{argv[0]} stopped on cancel (exit {rc})")
     last = next((ln for ln in reversed(stderr_tail.splitlines()) if ln.strip()), "")
     if rc == EXIT_BAD_INPUT:

@@ -35,12 +35,13 @@ from typing import Any, Callable
 from . import _history as h
 from ._activity import Lease, LiveActivityContext
 from ._attempts import Attempts, close_activity, mark_task, overdue
-from ._errors import BadInput, NonRetryableError
+from ._errors import BadInput, NonRetryableError, Preempted
 from ._history import append_event, append_next, damaged, decode_json, dumps, normalized, read_events
 from ._live_sink import LiveSink, SinkHooks
 from ._options import StepOptions, attempt_deadlines
 from ._replay import Replayer
 from ._runners import Runners
+from ._stop import StopRequest
 from ._store import Store
 from ._tx import Transactions
 
@@ -273,6 +274,10 @@ class Worker:
                 close_activity(db, lease.workflow_id, lease.activity_id, mark=False)
                 self.run_task(db, after, lease.workflow_id, fresh=ev, wf_row=row[6:])  # the task it makes due
                 return
+            elif isinstance(value, Preempted):
+                self.attempts.preempt(db, lease, value, now=now)
+                if self.attempts.stop is None:  # its trainer was stopped directly (a signal to it or its group):
+                    after.append(lambda: self.stop_from(value))  # this worker stops with it
             else:
                 self.attempts.fail(db, lease, value, lost=row[4], now=now)
             (pending,) = db.execute("SELECT task_pending FROM workflows WHERE id=?", (lease.workflow_id,)).fetchone()
@@ -307,10 +312,39 @@ class Worker:
             except sqlite3.IntegrityError:
                 raise _Redo from None
 
+    # ---- a polite stop (engine/_stop.py) ---------------------------------------------------------
+
+    @property
+    def stop(self) -> Any:
+        """The polite stop asked of this worker (a ``StopRequest``), or None."""
+        return self.attempts.stop
+
+    def request_stop(self, request: Any) -> None:
+        """Ask for a polite stop (one assignment: safe in a signal handler); the first one asked stays."""
+        if self.attempts.stop is None:
+            self.attempts.stop = request
+
+    def stop_from(self, exc: Preempted) -> None:
+        self.request_stop(StopRequest(signal=exc.signal or "SIGTERM", deadline=None))
+
+    def release_ready(self) -> None:
+        """Leases taken but not handed to a runner when the stop came: each ends preempted, never run."""
+        while self.ready:
+            lease = self.ready.popleft()
+            exc = Preempted("not started: the worker was stopping", signal=self.stop.signal if self.stop else None)
+            with self.tx("stop") as (db, _after):
+                row = db.execute("SELECT state, attempt FROM activities WHERE workflow_id=? AND activity_id=?",
+                                 (lease.workflow_id, lease.activity_id)).fetchone()
+                if row is not None and row[0] == "running" and row[1] == lease.attempt:
+                    self.attempts.preempt(db, lease, exc, now=self.clock.now())
+
     # ---- the loop -----------------------------------------------------------------------------
 
     def tick(self) -> bool:
-        """Do one round of runnable work; False when nothing was runnable."""
+        """Do one round of runnable work; False when nothing was runnable. Once a polite stop was asked,
+        only the outcomes of attempts in flight are recorded: nothing new starts."""
+        if self.attempts.stop is not None:
+            return self.runners.drain()
         if self.ready:
             if self.inline:
                 lease = self.ready.popleft()

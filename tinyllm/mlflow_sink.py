@@ -73,8 +73,11 @@ STATE_EVERY_S = 2.0  # the state file is rewritten at most this often (and at th
 FLUSH_TIMEOUT_S = 60.0  # close() waits this long for undelivered frames (sinks.mlflow.flush_timeout_s); the rest: next attempt
 HTTP_RETRIES = "2"  # MLflow's HTTP retries (its default, 7 with backoff, waits minutes on a dead server)
 HTTP_TIMEOUT_S = "10"
-RUN_STATUS = {"completed": "FINISHED", "failed": "FAILED", "canceled": "KILLED", "running": "RUNNING"}
-"""The MLflow run's status for each state of the TrainRun's workflow (``set_run_status``)."""
+RUN_STATUS = {"completed": "FINISHED", "failed": "FAILED", "canceled": "KILLED", "running": "RUNNING",
+              "preempted": "KILLED"}
+"""The MLflow run's status for each state of the TrainRun's workflow (``set_run_status``); ``preempted``
+(a polite stop saved the step, ctl exited 143) is KILLED, MLflow having no status for it, and the run's
+next ``ctl train`` sets it back to RUNNING."""
 
 
 def state_path(run_dir: Path) -> Path:
