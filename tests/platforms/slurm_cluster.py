@@ -8,7 +8,9 @@ root under one scratch root in /tmp (``/work/shared/slurm.md`` has the facts thi
 - slurm.conf with free ports chosen at runtime (two clusters on one machine never collide), one node
   of ONE declared CPU (``SlurmdParameters=config_overrides``: a job fills the node, so a high-priority
   job really needs the low one's place), partitions ``low`` (default; ``PreemptMode=REQUEUE`` with a
-  ``GraceTime``) and ``high`` (``PriorityTier`` above: ``PreemptType=preempt/partition_prio``),
+  ``GraceTime``) and ``high`` (``PriorityTier`` above: ``PreemptType=preempt/partition_prio``;
+  ``preempt_send_user_signal``: a preempted job's ``--signal`` goes out at once, with ``B:`` to the
+  batch shell too),
   ``KillWait`` 10 s, ``AuthInfo=cred_expire`` short (a requeued job may start again after about that
   long instead of ~2 minutes) and fast scheduler intervals;
 - the commands get ``SLURM_CONF`` and a marker variable through ``Cluster.env()`` (never through this
@@ -220,7 +222,7 @@ class Cluster:
             f"KillWait={KILL_WAIT_S}",
             "SlurmdParameters=config_overrides",
             "SchedulerParameters=bf_interval=1,sched_interval=1",
-            "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE",
+            "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE", "SlurmctldParameters=preempt_send_user_signal",
             "MinJobAge=600",  # finished jobs stay visible to `scontrol show job` (no slurmdbd here)
             f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs=1 RealMemory=1000 State=UNKNOWN",
             f"PartitionName=low Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 "

@@ -180,4 +180,5 @@ def test_sigterm_to_ctl_alone_then_sigkill_after_the_grace_loses_no_step(referen
     assert first == PREEMPTED, (first, err[-2000:])
     lost = steps_lost(attempts(home))
     assert not lost, "steps lost:\n" + "\n".join(lost)
-    assert any(e["type"] == "activity_preempted" for e in events), [e["type"] for e in events]
+    preempted = [e["attrs"] for e in events if e["type"] == "activity_preempted"]
+    assert preempted and not [a for a in preempted if a.get("killed_at_grace")], [e["type"] for e in events]

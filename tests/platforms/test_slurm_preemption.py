@@ -43,12 +43,14 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 class Run:
     """One submission of examples/slurm/train.sbatch with its own home, spec and output file."""
 
-    def __init__(self, cluster, tmp_path: Path, *, hold: bool = False) -> None:
+    def __init__(self, cluster, tmp_path: Path, *, hold: bool = False, mlflow: bool = False) -> None:
         self.cluster = cluster
         self.dir = tmp_path
         self.home = tmp_path / "home"
         self.spec = tmp_path / "spec.json"
-        self.spec.write_text(json.dumps(SPEC))
+        self.mlflow_uri = f"sqlite:///{tmp_path / 'mlruns.db'}" if mlflow else None
+        sinks = {"sinks": {"mlflow": {"tracking_uri": self.mlflow_uri}}} if mlflow else {}
+        self.spec.write_text(json.dumps({**SPEC, **sinks}))  # sinks change no bit (docs/tracking.md)
         self.trace = self.home / "trace.jsonl"
         command = f"{sys.executable} -m ctl.cli"
         if hold:  # test only: the first run (no SLURM_RESTART_COUNT yet) holds at HOLD_AT; see the docstring
@@ -98,20 +100,29 @@ class Run:
         # the contract of issue 39 (COMMON.md): 0 steps lost at every interruption
         lost = steps_lost(runs)
         assert not lost, "steps lost:\n" + "\n".join(lost)
-        preempted = [e for e in events if e["type"] == "activity_preempted"]
+        preempted = [e["attrs"] for e in events if e["type"] == "activity_preempted"]
         assert len(preempted) >= interruptions, [e["type"] for e in events]
+        # each stop ended within ctl's grace (below KillWait): the trainer exited by itself, nothing was killed
+        assert not [a for a in preempted if a.get("killed_at_grace")], preempted
 
 
 def test_scontrol_requeue_mid_segment_loses_no_step(cluster, reference, tmp_path: Path) -> None:
     """(a) `scontrol requeue` while the job trains: CONT + TERM to every process of the job, KillWait, back to
-    the queue with its id; the script's next start resumes from the stop's checkpoint."""
-    run = Run(cluster, tmp_path)
+    the queue with its id; the script's next start resumes from the stop's checkpoint. With the MLflow sink
+    (its delivery process gets the job's TERM too): one MLflow run across the restarts, each step once."""
+    mlflow = pytest.importorskip("mlflow", reason="the MLflow sink's check needs the mlflow extra")
+    run = Run(cluster, tmp_path, mlflow=True)
     job = run.submit()
     procs.wait_for("training past step 20", lambda: run.step() >= 20, timeout_s=BOUND_S)
     assert run.step() < STEPS  # mid-segment: the requeue lands while it trains
     cluster.cmd("scontrol", "requeue", job)
     run.check_finished(job, reference, interruptions=1)
     assert "DUE TO JOB REQUEUE" in run.output()
+    # one MLflow run across the restarts, finished, with every step's loss once
+    client = mlflow.MlflowClient(tracking_uri=run.mlflow_uri)
+    (mlrun,) = client.search_runs([client.get_experiment_by_name(SPEC["name"]).experiment_id])
+    assert mlrun.data.tags["durable.workflow_id"] == f"train/{SPEC['name']}" and mlrun.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(mlrun.info.run_id, "train/loss")] == list(range(1, STEPS + 1))
 
 
 def test_a_time_limit_never_ends_the_run(cluster, reference, tmp_path: Path) -> None:
@@ -121,13 +132,15 @@ def test_a_time_limit_never_ends_the_run(cluster, reference, tmp_path: Path) -> 
     run = Run(cluster, tmp_path, hold=True)
     job = run.submit("--time=1", "--signal=B:USR1@50")
     run.check_finished(job, reference, interruptions=1)
-    assert "time limit near (USR1): requeueing job" in run.output()
+    assert "USR1 (time limit near, or preempted): requeueing job" in run.output()
 
 
 def test_partition_preemption_requeues_and_resumes(cluster, reference, tmp_path: Path) -> None:
     """(c) The job runs in partition `low` (PreemptMode=REQUEUE, GraceTime 5 s); a job submitted to `high`
-    (a higher PriorityTier) needs the node's one CPU: the low job gets TERM when the grace ends, goes back to
-    the queue, the high job runs, then the low job resumes and completes."""
+    (a higher PriorityTier) needs the node's one CPU. The cluster sets preempt_send_user_signal, so the
+    preemption sends the script's --signal (B:USR1) to the batch shell at once, which requeues the job
+    itself (without it the job would get TERM only when the grace ends, at the next of Slurm's 30-s
+    checks). The high job runs, then the low job resumes and completes."""
     run = Run(cluster, tmp_path, hold=True)
     job = run.submit()
     procs.wait_for(f"the first run at step {HOLD_AT}", lambda: run.step() >= HOLD_AT, timeout_s=BOUND_S)
@@ -135,4 +148,4 @@ def test_partition_preemption_requeues_and_resumes(cluster, reference, tmp_path:
                           env=procs.env())
     run.check_finished(job, reference, interruptions=1)
     assert cluster.job(high).get("JobState") == "COMPLETED"
-    assert "DUE TO PREEMPTION" in run.output()
+    assert "USR1 (time limit near, or preempted): requeueing job" in run.output()
