@@ -165,6 +165,7 @@ class RunView:
     timers_started: int = 0
     last_done_index: int = 0  # the highest index of a finished segment (0: none yet)
     stopped_s: float = 0.0  # time between a dead attempt's last event and its redelivery (nobody worked)
+    preemptions: list = field(default_factory=list)  # polite stops: activity_preempted attrs (+ "time")
 
     @property
     def worked_s(self) -> float | None:
@@ -344,6 +345,8 @@ def _apply(view: RunView, by_id: dict[str, Any], e: Any) -> None:
             item.state = "failed"
         view.phase = Phase("between", "working")
     elif e.type == "activity_preempted":  # a polite stop: due again, resumes from the checkpoint it saved
+        if not str(a.get("message", "")).startswith("not started"):
+            view.preemptions.append({**a, "time": e.time})
         if item is not None:
             item.state = "pending"
         view.phase = Phase("between", f"preempted ({a.get('signal')})")
