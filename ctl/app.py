@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import workflows
-from engine import BadInput, Engine, NotFound, Store, check_id
+from engine import BadInput, Engine, NotFound, StopRequest, Store, check_id
 from tinyllm import fsio
 from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, load_json_file, parse_corpus_spec,
                           parse_train_spec)
@@ -50,6 +50,12 @@ def resolve_home(home: str | None) -> Path:
 
 def db_path(home: Path) -> Path:
     return home / ".ctl" / "engine.db"
+
+
+def stopped(engine: Any) -> bool:
+    """A polite stop ended this engine's work (``Engine.request_stop``, engine/_stop.py); another backend has
+    none (its polite stop is ctl/interrupt.py's: the trainers below ctl checkpoint, ctl exits 143)."""
+    return isinstance(getattr(engine, "stop", None), StopRequest)
 
 
 def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env: Any = None,

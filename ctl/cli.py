@@ -271,7 +271,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
         if st.state == "running":
             runsinks.workflow_state(home_dir, wid, "running")  # a continuation: a closed MLflow run reopens
             st = _follow(home_dir, engine, wid, quiet=quiet, interrupt=interrupt)
-        if st.state == "running" and getattr(engine, "stop", None) is not None:  # a polite stop saved the step
+        if st.state == "running" and app.stopped(engine):  # a polite stop saved the step
             runsinks.workflow_state(home_dir, wid, "preempted")
             if tracer is not None:
                 tracer.close()
@@ -432,7 +432,7 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
         st = engine.status(started.workflow_id)
         if st.state == "running":
             st = _follow(home_dir, engine, started.workflow_id, quiet=as_json, interrupt=interrupt)
-        if st.state == "running" and engine.stop is not None:  # a polite stop
+        if st.state == "running" and app.stopped(engine):  # a polite stop
             _exit_preempted(engine, started.workflow_id, interrupt, as_json, st)
         _finish(st, as_json, _describe_eval)
     finally:

@@ -130,7 +130,7 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
         if out.state == "running":
             logging.getLogger("engine").addHandler(logging.NullHandler())
             out = engine.run_until_complete(started.workflow_id)
-        if out.state == "running" and engine.stop is not None:  # a polite stop: the same command resumes
+        if out.state == "running" and app.stopped(engine):  # a polite stop: the same command resumes
             if as_json:
                 print_json({**app.outcome_json(out), "state": "preempted", "signal": interrupt.signal_name})
             else:

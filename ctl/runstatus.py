@@ -104,6 +104,10 @@ def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
         started = {f"{e.attrs.get('activity_id')}#{e.attrs.get('attempt')}": e.time
                    for e in events if e.type == "activity_started"}
         out["worker"] = worker_info(engine, st.workflow_id, now, started)
+        out["preempted"] = preempted_info(events)
+        if out["preempted"] is not None and not (out["worker"] or {}).get("live"):
+            out["worker"] = {**out["worker"], "live": False,
+                             "reason": f"stopped by {out['preempted']['signal']} (preempted)"}
     if st.workflow == "TrainRun":
         view = run_view(st.workflow_id, events, st.state)
         if (proof := verdict_of(home, spec_of(events)[0])) is not None:  # a spec's own trainer (ctl/verify_record.py)
@@ -118,6 +122,20 @@ def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
                 if (out["worker"] or {}).get("live") is False:  # nobody runs it: no time left to estimate
                     out["progress"]["eta_s"] = None
     return out
+
+
+def preempted_info(events: list[Any]) -> dict | None:
+    """The polite stop that left the run as it is (no attempt started since): when, by which signal,
+    what each preempted attempt saved; None when the run's last word is not a stop."""
+    last_start = max((e.seq for e in events if e.type == "activity_started"), default=0)
+    stops = [e for e in events if e.type in ("activity_preempted", "preempted") and e.seq > last_start]
+    if not stops:
+        return None
+    attempts = [{k: e.attrs.get(k) for k in ("activity_id", "attempt", "step", "checkpoint", "steps_lost",
+                                             "killed_at_grace")}
+                for e in stops if e.type == "activity_preempted" and not str(e.attrs.get("message", "")).startswith("not started")]
+    return {"signal": stops[-1].attrs.get("signal"), "at": stops[-1].time, "at_local": local_time(stops[-1].time, date=True),
+            "attempts": attempts, "waiting_on": next((e.attrs.get("waiting_on") for e in stops if e.type == "preempted"), None)}
 
 
 def _newer_latest(progress: dict, home: Path, name: str) -> None:
@@ -146,6 +164,15 @@ def status_lines(st: Any, extra: dict, now: float) -> list[str]:
             what = f"{w['activity_id']} attempt {w['attempt']}: " if w["activity_id"] else ""
             lines.append(f"  worker: no live worker ({what}{w['reason']}): run the same `ctl train` or "
                          f"`ctl worker` to continue")
+    pre = extra.get("preempted")
+    if pre is not None:
+        saved = "; ".join(f"{a['activity_id']} attempt {a['attempt']} saved "
+                          + (f"step {a['step']}" if a.get("step") is not None else "no checkpoint")
+                          + (f" ({a['steps_lost']} steps lost)" if a.get("steps_lost") is not None else "")
+                          + (", killed at the grace" if a.get("killed_at_grace") else "")
+                          for a in pre["attempts"]) or f"during {pre.get('waiting_on') or 'a wait'}"
+        lines.append(f"  preempted: stopped by {pre['signal']} at {pre['at_local']}: {saved}; the same command "
+                     f"resumes it")
     p = extra.get("progress")
     if p is not None:
         loss = f", last loss {p['last_loss']:.4f}" if isinstance(p["last_loss"], (int, float)) else ""

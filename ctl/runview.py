@@ -165,6 +165,7 @@ class RunView:
     timers_started: int = 0
     last_done_index: int = 0  # the highest index of a finished segment (0: none yet)
     stopped_s: float = 0.0  # time between a dead attempt's last event and its redelivery (nobody worked)
+    preemptions: list = field(default_factory=list)  # polite stops: activity_preempted attrs (+ "time")
 
     @property
     def worked_s(self) -> float | None:
@@ -305,7 +306,8 @@ def _count_worked(view: RunView, item: Any, e: Any) -> None:
             item.worked_s += (seen or open_at) - open_at
             view.stopped_s += max(0.0, e.time - (seen or open_at))
         item.attempt_at = item.seen_at = e.time if e.type == "activity_started" else None
-    elif open_at is not None and e.type in ("activity_completed", "activity_failed", "activity_canceled"):
+    elif open_at is not None and e.type in ("activity_completed", "activity_failed", "activity_canceled",
+                                            "activity_preempted"):
         item.worked_s += e.time - open_at
         item.attempt_at = item.seen_at = None
     elif open_at is not None:
@@ -342,6 +344,12 @@ def _apply(view: RunView, by_id: dict[str, Any], e: Any) -> None:
         if item is not None and (a.get("final") or e.type == "activity_canceled"):
             item.state = "failed"
         view.phase = Phase("between", "working")
+    elif e.type == "activity_preempted":  # a polite stop: due again, resumes from the checkpoint it saved
+        if not str(a.get("message", "")).startswith("not started"):
+            view.preemptions.append({**a, "time": e.time})
+        if item is not None:
+            item.state = "pending"
+        view.phase = Phase("between", f"preempted ({a.get('signal')})")
     elif e.type == "timer_started":
         view.timers_started += 1
         seg = view.last_done_index

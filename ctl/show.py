@@ -16,7 +16,7 @@ import workflows
 from tinyllm import mlflow_sink, tracing
 from tinyllm.objectives.no_signal import warning_text
 
-from .runview import RunView, fmt_duration, headline, read_frames, stopped_early_text
+from .runview import RunView, fmt_duration, headline, local_time, read_frames, stopped_early_text
 from .tables import align
 from .verify_record import verdict_line, verdict_of
 
@@ -55,6 +55,11 @@ def show(view: RunView, home: Path, spec: dict[str, Any], trace: dict | None = N
     lines = [f"{view.workflow_id}: {view.state}; {view.total_steps} steps in {len(view.segments)} segment(s); "
              f"suites {', '.join(view.suites) or 'none'}", *segment_table(view)]
     lines += selection_lines(view)
+    lines += [f"  preempted: {p.get('activity_id')} attempt {p.get('attempt')} by {p.get('signal')} at "
+              f"{local_time(p['time'], date=True)}: "
+              + (f"saved step {p.get('step')}" if p.get("step") is not None else "no checkpoint")
+              + (f" ({p.get('steps_lost')} steps lost)" if p.get("steps_lost") is not None else "")
+              + (", killed at the grace" if p.get("killed_at_grace") else "") for p in view.preemptions]
     warnings = [{"step": f["step"], "text": t} for f in frames if (t := warning_text(f))]
     lines += [f"  warning at step {w['step']}: {w['text']}" for w in warnings]
     releases = workflows.list_releases(home, view.name)  # ctl release (workflows/release.py)
@@ -63,7 +68,8 @@ def show(view: RunView, home: Path, spec: dict[str, Any], trace: dict | None = N
     if spec.get("validation"):
         lines += ["", f"validation ({len(val)} frame(s)):", *(validation_table(val) if val else ["  none yet"])]
     data = {"workflow_id": view.workflow_id, "state": view.state, "name": view.name, "total_steps": view.total_steps,
-            "suites": view.suites, "segments": [s.to_json() for s in view.segments], "validation_frames": val}
+            "suites": view.suites, "segments": [s.to_json() for s in view.segments], "validation_frames": val,
+            "preemptions": view.preemptions}
     if warnings:
         data["warnings"] = warnings
     if releases:

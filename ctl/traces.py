@@ -206,7 +206,8 @@ class HistorySpans:
                     _flat(f"train.{k}", d.get(k), attrs)
                 out.append(SpanRecord(f"checkpoint {att.key} {ckpt}", f"checkpoint {Path(ckpt).name}", att.key,
                                       min(written, e.time), e.time, (wid, e.seq), attrs))
-        elif e.type in ("activity_completed", "activity_failed", "activity_timed_out", "activity_canceled"):
+        elif e.type in ("activity_completed", "activity_failed", "activity_timed_out", "activity_canceled",
+                        "activity_preempted"):
             att = open_attempts.get(aid)
             if att is None or a.get("attempt") != att.attempt:
                 return  # canceled before it ran: no attempt
@@ -219,6 +220,9 @@ class HistorySpans:
                 out.append(_attempt_record(att, end, e.seq, kind, error=a.get("error")))
             elif e.type == "activity_failed":
                 out.append(_attempt_record(att, e.time, e.seq, "failed", error=a.get("error")))
+            elif e.type == "activity_preempted":  # a polite stop: not an error
+                out.append(_attempt_record(att, e.time, e.seq, f"preempted ({a.get('signal')}, saved step "
+                                           f"{a.get('step')}, {a.get('steps_lost')} steps lost)"))
             else:
                 out.append(_attempt_record(att, e.time, e.seq, "canceled"))  # a cancel: not an error
         elif e.type == "timer_started":

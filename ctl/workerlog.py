@@ -85,8 +85,8 @@ class WorkerLog:
             self._started[key] = e.time
             self._touched.add(wid)
             self.emit(f"{when} start  {wid} {a.get('activity_id')}#{a.get('attempt')}")
-        elif e.type in ("activity_completed", "activity_failed", "activity_timed_out", "activity_canceled") \
-                and key in self._started:
+        elif e.type in ("activity_completed", "activity_failed", "activity_timed_out", "activity_canceled",
+                        "activity_preempted") and key in self._started:
             took = fmt_duration(e.time - self._started.pop(key))
             outcome = e.type.split("_", 1)[1]
             info = details(e)

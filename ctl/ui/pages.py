@@ -28,7 +28,8 @@ from ..plot import Series, series
 from ..runview import RunView, fmt_duration, headline, local_time, run_view
 
 TERMINAL_ACTIVITY = {"activity_completed": "completed", "activity_failed": "failed",
-                     "activity_timed_out": "timed out", "activity_canceled": "canceled"}
+                     "activity_timed_out": "timed out", "activity_canceled": "canceled",
+                     "activity_preempted": "preempted"}
 LOWER_IS_BETTER = ("heldout/ppl", "ppl", "heldout/loss", "loss")  # the figure "best" is judged by
 
 
