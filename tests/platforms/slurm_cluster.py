@@ -49,10 +49,16 @@ class Unavailable(Exception):
     """Slurm cannot run on this machine; the message says exactly why (the tests skip with it)."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free now (all held open together while they are chosen)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _tail(path: Path, n: int = 20) -> str:
@@ -203,11 +209,12 @@ class Cluster:
 
     def _write_conf(self) -> None:
         r = self.root
+        ctld_port, slurmd_port = _free_ports(2)
         lines = [
             f"ClusterName=dt{os.getpid()}",
             f"SlurmctldHost={self.host}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={ctld_port}",
+            f"SlurmdPort={slurmd_port}",
             "SlurmUser=root", "SlurmdUser=root",
             "AuthType=auth/munge", "CredType=cred/munge",
             f"AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE_S}",

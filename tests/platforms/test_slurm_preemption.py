@@ -91,6 +91,7 @@ class Run:
         assert int(info["Restarts"]) >= interruptions and info["ExitCode"] == "0:0", info
         out = self.output()
         assert out.count("train.sbatch: job") == int(info["Restarts"]) + 1, out[-3000:]  # one line per start
+        assert "scontrol requeue failed" not in out, out[-3000:]
         runs = attempts(self.home)
         assert len(runs) >= interruptions + 1, runs  # each interruption stopped an attempt in flight
         events = history(self.home)
