@@ -66,7 +66,7 @@ def test_munged_failing_without_a_fallback_says_why_and_two_clusters_coexist(mon
     try:
         other.start()
         assert other.conf.read_text() != cluster.conf.read_text()
-        assert other.cmd("sinfo", "-h", "-o", "%T").stdout.split() == ["idle", "idle"]
+        assert set(other.cmd("sinfo", "-h", "-o", "%T").stdout.split()) == {"idle"}
     finally:
         assert other.stop() == []
         other.remove()

@@ -131,11 +131,12 @@ def test_scontrol_requeue_mid_segment_loses_no_step(cluster, reference, tmp_path
 
 
 def test_a_time_limit_never_ends_the_run(cluster, reference, tmp_path: Path) -> None:
-    """(b) `--time=1` (a minute) with `--signal=B:USR1@50`: the warning reaches the batch shell 10-40 s into
+    """(b) `--time=2` (minutes) with `--signal=B:USR1@60`: the warning reaches the batch shell 60-90 s into
     the run (Slurm checks limits about every 30 s), the script requeues its own job, and the run finishes
-    in the next start instead of ending TIMEOUT."""
+    in the next start instead of ending TIMEOUT. (With `--time=1` and `@50` the warning came 10-16 s into
+    every start, and on 2 loaded cores a start's ctl and torch imports take most of that: 5 starts.)"""
     run = Run(cluster, tmp_path, hold=True)
-    job = run.submit("--time=1", "--signal=B:USR1@50")
+    job = run.submit("--time=2", "--signal=B:USR1@60")
     run.check_finished(job, reference, interruptions=1)
     assert "USR1 (time limit near, or preempted): requeueing job" in run.output()
 
