@@ -74,7 +74,9 @@ def test_run_page_timeline_checkpoints_curves_and_events(ui: server.App) -> None
     assert "ppl 18.18" in page  # an evaluation's figure
     ckpts = page.split('id="checkpoints"')[1].split("</table>")[0]
     rows = {re.search(r"<td>(step-\d+)</td>", r).group(1): r for r in ckpts.split("<tr")[2:]}
-    assert all(f in rows["step-000030"] for f in ("LATEST", "evaluated", "best", "ppl 15.38"))
+    assert all(f in rows["step-000030"] for f in ("LATEST", "evaluated", "ppl 15.38"))
+    assert "best" not in rows["step-000030"]  # the lowest ppl, but not what the run's selection named
+    assert ">best<" in rows["step-000020"] and "val/loss 1.25" in rows["step-000020"]
     assert "LATEST" not in rows["step-000010"] and "evaluated" in rows["step-000010"]
     assert "not on disk" in rows["step-000016"]  # named by a heartbeat, gone from disk
     assert page.count("<svg") >= 3 and "<polyline" in page
