@@ -112,6 +112,7 @@ class SegmentView:
     checkpoint: str | None = None
     final_loss: float | None = None
     final_loss_hex: str | None = None
+    digest: str | None = None  # the checkpoint's digest (its manifest's manifest_sha256)
     resumed_from: str | None = None
     reused: bool = False
     evals: list[EvalView] = field(default_factory=list)
@@ -128,7 +129,7 @@ class SegmentView:
     def to_json(self) -> dict:
         return {"index": self.index, "until": self.until, "activity_id": self.activity_id, "state": self.state,
                 "attempts": self.attempts, "duration_s": self.duration_s, "checkpoint": self.checkpoint,
-                "final_loss": self.final_loss, "final_loss_hex": self.final_loss_hex,
+                "final_loss": self.final_loss, "final_loss_hex": self.final_loss_hex, "digest": self.digest,
                 "resumed_from": self.resumed_from, "reused": self.reused,
                 "evals": [e.to_json() for e in self.evals]}
 
@@ -286,6 +287,7 @@ def _train_done(view: RunView, seg: SegmentView, result: Any, t: float | None) -
     seg.checkpoint = r.get("checkpoint")
     seg.final_loss = r.get("final_loss")
     seg.final_loss_hex = r.get("final_loss_hex")
+    seg.digest = r.get("digest") if isinstance(r.get("digest"), str) else None
     seg.resumed_from = r.get("resumed_from")
     if isinstance(r.get("stopped_early"), dict):
         view.stopped_early = r["stopped_early"]

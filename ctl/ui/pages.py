@@ -33,7 +33,7 @@ from .. import app, historyview, runstatus
 from ..plot import Series, series
 from ..runview import (RunView, best_checkpoints, fmt_duration, headline, local_time, run_view,
                        stopped_early_text)
-from ..show import selection_lines
+from ..show import final_of, selection_lines
 from .curves import charts
 from .releases import RELEASE, Release, current_versions, release_of, releases
 from .svg import Chart
@@ -206,7 +206,7 @@ class RunPage:
     releases: list[Release] = field(default_factory=list)  # a train run's releases
     selection: list[str] = field(default_factory=list)  # ctl show's lines: the best checkpoint(s), the early stop
     stopped_early: str = ""
-    final: dict = field(default_factory=dict)  # a finished run's final_loss_hex, digest, checkpoint
+    final: dict = field(default_factory=dict)  # ctl show's final: step, checkpoint, final_loss_hex, digest
 
 
 def _attempts(events: list[Any]) -> dict[str, dict[int, Attempt]]:
@@ -458,8 +458,7 @@ def run(engine: Any, home: Path, workflow_id: str, now: float, *, kind: str = ""
     s = series(view, home) if view and view.name else None
     ev_series = eval_series(view) if view else {}
     drawn, cards = charts(view, s, ev_series) if view and s is not None else ([], [])
-    result = st.result if isinstance(st.result, dict) else {}
-    final = {k: result[k] for k in ("final_loss_hex", "digest", "checkpoint") if result.get(k)} if view else {}
+    final = (final_of(view) or {}) if view else {}
     kinds = sorted({e.type for e in events})
     attempts = sorted({e.attrs["attempt"] for e in events
                        if isinstance(e.attrs, dict) and isinstance(e.attrs.get("attempt"), int)})
