@@ -219,28 +219,44 @@ def chart(c: Chart) -> str:
             parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{coords}"/>')
             if len(points) <= 40:  # few points (validations, evaluations): each one shown
                 parts.extend(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{colour}"/>' for x, y in points)
-    label_row = pad_t + 12
+    taken: list[tuple[float, float, float, float]] = []  # boxes of the labels placed so far (x0, y0, x1, y1)
+
+    def place(candidates: list[tuple[float, float, str]], text: str) -> tuple[float, float, str]:
+        """The first (x, baseline, anchor) whose box stays inside the plot and overlaps no placed label."""
+        tw = _text_w(text)
+        for x, y, anchor in candidates:
+            left = x - tw if anchor == "end" else x - tw / 2 if anchor == "middle" else x
+            box = (left, y - 10, left + tw, y + 2)
+            inside = box[0] >= pad_l + 1 and box[2] <= pad_l + w - 1 and box[1] >= pad_t and box[3] <= pad_t + h
+            if inside and not any(box[0] < t[2] and t[0] < box[2] and box[1] < t[3] and t[1] < box[3] for t in taken):
+                taken.append(box)
+                return x, y, anchor
+        x, y, anchor = candidates[0]
+        x, anchor = _anchored(x, text, pad_l + 2, pad_l + w - 2)
+        return x, y, anchor
+
+    row = pad_t + 12
     for x, label, kind in c.vlines:
         px = sx(x)
         parts.append(f'<line x1="{px:.1f}" y1="{pad_t}" x2="{px:.1f}" y2="{pad_t + h}" class="vline vline-{kind}">'
                      f'<title>{escape(label)}</title></line>')
-        tx, anchor = ((px - 4, "end") if px - pad_l > w * 0.6 else (px + 4, "start"))
-        parts.append(f'<text x="{tx:.1f}" y="{label_row}" text-anchor="{anchor}" class="vlabel vlabel-{kind}">'
+        tx, ty, anchor = place([(px + 4, row + 13 * k, "start") for k in range(4)]
+                               + [(px - 4, row + 13 * k, "end") for k in range(4)], label)
+        parts.append(f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" class="vlabel vlabel-{kind}">'
                      f'{escape(label)}</text>')
-        label_row += 13
     for x, y, label in marks:
         px, py = sx(x), sy(y)
-        ly = py - 8 if py - 8 > pad_t + 10 else py + 16
-        tx, anchor = _anchored(px, label, pad_l + 2, pad_l + w - 2)
+        tx, ty, anchor = place([(px, py - 8, "middle"), (px, py + 16, "middle"), (px + 7, py + 4, "start"),
+                                (px - 7, py + 4, "end"), (px + 4, py - 8, "start"), (px - 4, py - 8, "end")], label)
         parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" class="mark"><title>{escape(label)} at step '
-                     f'{x:g}</title></circle><text x="{tx:.1f}" y="{ly:.1f}" text-anchor="{anchor}" '
+                     f'{x:g}</title></circle><text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" '
                      f'class="marklabel">{escape(label)}</text>')
-    for x, y, label in stars:
+    for x, y, label in stars:  # beside the star first (a curve through it runs above or below)
         px, py = sx(x), sy(y)
-        ly = py - 10 if py - 10 > pad_t + 10 else py + 18
-        tx, anchor = _anchored(px, label, pad_l + 2, pad_l + w - 2)
+        tx, ty, anchor = place([(px + 10, py + 4, "start"), (px - 10, py + 4, "end"), (px + 8, py + 18, "start"),
+                                (px - 8, py + 18, "end"), (px + 8, py - 10, "start"), (px - 8, py - 10, "end")], label)
         parts.append(f'<polygon points="{_star(px, py)}" class="star"><title>{escape(label)}</title></polygon>'
-                     f'<text x="{tx:.1f}" y="{ly:.1f}" text-anchor="{anchor}" class="starlabel">{escape(label)}</text>')
+                     f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" class="starlabel">{escape(label)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 

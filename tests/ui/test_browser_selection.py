@@ -186,6 +186,7 @@ def test_release_rows_show_version_checkpoint_gates_and_figures(home, artifacts)
         assert r["checkpoint"] in row[published] and "gate ppl/ppl<=1e+06 passed" in row[published]
         assert f"ppl/heldout/ppl {r['figures']['ppl/heldout/ppl']:.4g}" in row[published]
         assert " - " not in row[published].replace("runs/", "")  # no placeholder cells
+        assert "stopped early" in row["train/early"]
         _full_page(browser, artifacts / "runs-with-releases.png")
 
         browser.get(ui.url + "run/train/early")
