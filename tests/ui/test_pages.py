@@ -112,3 +112,23 @@ def test_a_live_page_polls_and_a_finished_one_does_not(ui: server.App) -> None:
     assert 'data-live="1"' in _get(ui, "/")[1]  # a run is running: the runs page polls too
     full = _get(ui, "/run/train/live")[1]
     assert "setTimeout(tick, every)" in full and "every = 1000" in full
+
+
+def test_chart_and_card_labels_are_escaped() -> None:
+    """Series names, marks and figure names come from trainers' files (an eval_command's figures): text only."""
+    from ctl.ui import svg
+
+    markup = svg.chart(svg.Chart(HOSTILE, {HOSTILE: [(1, 1.0), (2, 2.0)]}, (1, 10), marks=[(2, 2.0, HOSTILE)],
+                                 stars=[(1, 1.0, HOSTILE)], vlines=[(2, HOSTILE, "stop")], shade=(2, 10, HOSTILE)))
+    card = svg.figure_card(HOSTILE, 1.0, HOSTILE)
+    for out in (markup, card):
+        assert "<script" not in out and "<img" not in out and "&lt;script&gt;" in out
+
+
+def test_ticks_are_round_and_cover_the_range() -> None:
+    from ctl.ui import svg
+
+    assert svg.ticks(1, 300, integer=True) == [50, 100, 150, 200, 250, 300]
+    assert [svg.tick_text(v, 0.0005) for v in svg.ticks(0.0006, 0.003)] == ["0.0010", "0.0015", "0.0020", "0.0025",
+                                                                           "0.0030"]
+    assert [svg.tick_text(v, 2.5) for v in (2.5, 5.0)] == ["2.5", "5.0"]
