@@ -202,6 +202,7 @@ def test_release_rows_show_version_checkpoint_gates_and_figures(home, artifacts)
         browser.find_element("css selector", f'#releases a[href="{rel[failed]["href"]}"]').click()
         assert browser.current_url.endswith(rel[failed]["href"])
         assert browser.find_element("id", "release-outcome").text.startswith("not published")
+        assert browser.find_element("id", "release-verdict").text == "not published: gate failed"
         assert "ppl/ppl<=6.5 failed" in browser.find_element("id", "release-gates").text
         _full_page(browser, artifacts / "failed-release.png")
     finally:
