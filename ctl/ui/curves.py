@@ -49,7 +49,7 @@ def charts(view: RunView, s: Series, ev_series: dict[str, list[tuple[int, float]
     vbest = [(float(b["step"]), f"best {b['step']}", "best") for b in best[:1]]
     out = [Chart("train loss", {"train/loss": s.loss, f"smoothed {SMOOTHING}": s.smoothed}, x_range,
                  marks=[(float(st), v, label) for st, v, label in s.evals if v == v], vlines=vstop + vbest,
-                 shade=shade, y_label="loss"),
+                 shade=shade, y_label="loss", marks_name="evaluation (held-out loss)"),
            Chart("learning rate", {"optim/lr": s.lr}, x_range, vlines=vstop, shade=shade, y_label="optim/lr")]
     cards: list[Card] = []
     groups: dict[str, dict[str, list]] = {}

@@ -21,6 +21,7 @@ WIDTH, HEIGHT = 640, 250
 PAD_R, PAD_B = 18, 36  # right margin; below the plot: tick labels and the axis name
 CHAR_W = 6.4  # about one character of the 11 px labels, to lay out the legend and the y labels
 MAX_POINTS = 800
+MAX_MARK_LABELS = 8  # evaluation marks labelled at most (every one has its figure on hover)
 COLOURS = ("#2563eb", "#f59e0b", "#16a34a", "#dc2626", "#7c3aed", "#0891b2", "#db2777", "#65a30d")
 
 Point = tuple[float, float]
@@ -38,6 +39,7 @@ class Chart:
     vlines: list[tuple[float, str, str]] = field(default_factory=list)  # (step, label, kind: stop | best | info)
     shade: tuple[float, float, str] | None = None  # (from, to, label): steps not run
     y_label: str = ""
+    marks_name: str = "evaluation"  # the legend's name of the labelled points
 
 
 def _finite(points: list[Point]) -> list[Point]:
@@ -120,8 +122,10 @@ def _legend(names: list[tuple[str, str]], left: float) -> tuple[list[str], int]:
         if x + w > WIDTH - PAD_R and x > left:
             row, x = row + 1, left
         y = 36 + 14 * row
-        parts.append(f'<line x1="{x:.1f}" y1="{y - 4}" x2="{x + 14:.1f}" y2="{y - 4}" stroke="{colour}" '
-                     f'stroke-width="2.5"/><text x="{x + 18:.1f}" y="{y}" class="legend">{escape(label)}</text>')
+        swatch = (f'<circle cx="{x + 7:.1f}" cy="{y - 4}" r="4" class="{colour[1:]}"/>' if colour.startswith(".")
+                  else f'<line x1="{x:.1f}" y1="{y - 4}" x2="{x + 14:.1f}" y2="{y - 4}" stroke="{colour}" '
+                       f'stroke-width="2.5"/>')
+        parts.append(f'{swatch}<text x="{x + 18:.1f}" y="{y}" class="legend">{escape(label)}</text>')
         x += w
     return parts, row + 1 if names else 0
 
@@ -168,6 +172,8 @@ def chart(c: Chart) -> str:
     pad_l = max(40, int(max(map(_text_w, y_texts), default=0)) + 14) + (16 if c.y_label else 0)
     legend_items = [(f"{name} {_fmt(points[-1][1])}" if points else name, COLOURS[i % len(COLOURS)])
                     for i, (name, points) in enumerate(lines.items())]
+    if marks:  # a colour starting with "." is a dot of that CSS class
+        legend_items.append((c.marks_name, ".mark"))
     legend, rows = _legend(legend_items, pad_l)
     pad_t = 26 + 14 * rows + (6 if rows else 0)
     w, h = WIDTH - pad_l - PAD_R, HEIGHT - pad_t - PAD_B
@@ -221,8 +227,10 @@ def chart(c: Chart) -> str:
                 parts.extend(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{colour}"/>' for x, y in points)
     taken: list[tuple[float, float, float, float]] = []  # boxes of the labels placed so far (x0, y0, x1, y1)
 
-    def place(candidates: list[tuple[float, float, str]], text: str) -> tuple[float, float, str]:
-        """The first (x, baseline, anchor) whose box stays inside the plot and overlaps no placed label."""
+    def place(candidates: list[tuple[float, float, str]], text: str, must: bool = True
+              ) -> tuple[float, float, str] | None:
+        """The first (x, baseline, anchor) whose box stays inside the plot and overlaps no placed label;
+        when none does: the first, kept inside (``must``), else None (the label is left out)."""
         tw = _text_w(text)
         for x, y, anchor in candidates:
             left = x - tw if anchor == "end" else x - tw / 2 if anchor == "middle" else x
@@ -231,6 +239,8 @@ def chart(c: Chart) -> str:
             if inside and not any(box[0] < t[2] and t[0] < box[2] and box[1] < t[3] and t[1] < box[3] for t in taken):
                 taken.append(box)
                 return x, y, anchor
+        if not must:
+            return None
         x, y, anchor = candidates[0]
         x, anchor = _anchored(x, text, pad_l + 2, pad_l + w - 2)
         return x, y, anchor
@@ -241,20 +251,27 @@ def chart(c: Chart) -> str:
         parts.append(f'<line x1="{px:.1f}" y1="{pad_t}" x2="{px:.1f}" y2="{pad_t + h}" class="vline vline-{kind}">'
                      f'<title>{escape(label)}</title></line>')
         tx, ty, anchor = place([(px + 4, row + 13 * k, "start") for k in range(4)]
-                               + [(px - 4, row + 13 * k, "end") for k in range(4)], label)
+                               + [(px - 4, row + 13 * k, "end") for k in range(4)], label) or (px + 4, row, "start")
         parts.append(f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" class="vlabel vlabel-{kind}">'
                      f'{escape(label)}</text>')
-    for x, y, label in marks:
+    radius = 4 if len(marks) <= 20 else 2.5
+    every = max(1, math.ceil(len(marks) / MAX_MARK_LABELS))  # many evaluations: some labelled, all on hover
+    for i, (x, y, label) in reversed(list(enumerate(marks))):  # the newest labelled first
         px, py = sx(x), sy(y)
-        tx, ty, anchor = place([(px, py - 8, "middle"), (px, py + 16, "middle"), (px + 7, py + 4, "start"),
-                                (px - 7, py + 4, "end"), (px + 4, py - 8, "start"), (px - 4, py - 8, "end")], label)
-        parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" class="mark"><title>{escape(label)} at step '
-                     f'{x:g}</title></circle><text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" '
-                     f'class="marklabel">{escape(label)}</text>')
+        last = i == len(marks) - 1
+        spot = place([(px, py - 8, "middle"), (px, py + 16, "middle"), (px + 7, py + 4, "start"),
+                      (px - 7, py + 4, "end"), (px + 4, py - 8, "start"), (px - 4, py - 8, "end")], label,
+                     must=last) if last or (len(marks) - 1 - i) % every == 0 else None
+        parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="{radius}" class="mark"><title>{escape(label)} at step '
+                     f'{x:g}</title></circle>')
+        if spot is not None:
+            parts.append(f'<text x="{spot[0]:.1f}" y="{spot[1]:.1f}" text-anchor="{spot[2]}" class="marklabel">'
+                         f'{escape(label)}</text>')
     for x, y, label in stars:  # beside the star first (a curve through it runs above or below)
         px, py = sx(x), sy(y)
         tx, ty, anchor = place([(px + 10, py + 4, "start"), (px - 10, py + 4, "end"), (px + 8, py + 18, "start"),
-                                (px - 8, py + 18, "end"), (px + 8, py - 10, "start"), (px - 8, py - 10, "end")], label)
+                                (px - 8, py + 18, "end"), (px + 8, py - 10, "start"), (px - 8, py - 10, "end")],
+                               label) or (px + 10, py + 4, "start")
         parts.append(f'<polygon points="{_star(px, py)}" class="star"><title>{escape(label)}</title></polygon>'
                      f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" class="starlabel">{escape(label)}</text>')
     parts.append("</svg>")
