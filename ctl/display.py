@@ -57,8 +57,9 @@ def _loss(x: float | None) -> str:
 
 
 def _rate(tok_s: float | None) -> str:
+    """``1.2k tok/s``; empty until measured (two frames of one stretch), never a ``?`` placeholder."""
     if tok_s is None:
-        return "? tok/s"
+        return ""
     return f"{tok_s / 1000:.1f}k tok/s" if tok_s >= 1000 else f"{tok_s:.0f} tok/s"
 
 
@@ -379,9 +380,10 @@ class LiveDisplay:
     def run_line(self, view: RunView, now: float) -> str:
         f = self._figures(view, now)
         pct = 100.0 * f["step"] / view.total_steps if view.total_steps else 0.0
-        return (f"step {f['step']}/{view.total_steps} ({pct:.0f}%) | ETA {fmt_duration(f['eta_s'])} | "
-                f"loss {_loss(f['smoothed'])} (last {_loss(f['last'])}) | {_rate(f['tok_s'])} | "
-                f"elapsed {fmt_duration(f['elapsed_s'])}")
+        parts = [f"step {f['step']}/{view.total_steps} ({pct:.0f}%)", f"ETA {fmt_duration(f['eta_s'])}",
+                 f"loss {_loss(f['smoothed'])} (last {_loss(f['last'])})", _rate(f["tok_s"]),
+                 f"elapsed {fmt_duration(f['elapsed_s'])}"]
+        return " | ".join(p for p in parts if p)
 
     def phase_line(self, view: RunView, now: float) -> tuple[str, str, float | None, float]:
         """(what, detail, total, completed) of the phase row."""

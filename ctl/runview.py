@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from workflows import segments as segment_ends
+from workflows.activities import checkpoint_step
 
 MAX_FRAMES_KEPT = 512  # the rate window and the smoothing only need the recent frames
 SMOOTHING = 0.9  # exponential moving average of the training loss (as TensorBoard's slider)
@@ -111,6 +112,7 @@ class SegmentView:
     checkpoint: str | None = None
     final_loss: float | None = None
     final_loss_hex: str | None = None
+    digest: str | None = None  # the checkpoint's digest (its manifest's manifest_sha256)
     resumed_from: str | None = None
     reused: bool = False
     evals: list[EvalView] = field(default_factory=list)
@@ -127,7 +129,7 @@ class SegmentView:
     def to_json(self) -> dict:
         return {"index": self.index, "until": self.until, "activity_id": self.activity_id, "state": self.state,
                 "attempts": self.attempts, "duration_s": self.duration_s, "checkpoint": self.checkpoint,
-                "final_loss": self.final_loss, "final_loss_hex": self.final_loss_hex,
+                "final_loss": self.final_loss, "final_loss_hex": self.final_loss_hex, "digest": self.digest,
                 "resumed_from": self.resumed_from, "reused": self.reused,
                 "evals": [e.to_json() for e in self.evals]}
 
@@ -286,6 +288,7 @@ def _train_done(view: RunView, seg: SegmentView, result: Any, t: float | None) -
     seg.checkpoint = r.get("checkpoint")
     seg.final_loss = r.get("final_loss")
     seg.final_loss_hex = r.get("final_loss_hex")
+    seg.digest = r.get("digest") if isinstance(r.get("digest"), str) else None
     seg.resumed_from = r.get("resumed_from")
     if isinstance(r.get("stopped_early"), dict):
         view.stopped_early = r["stopped_early"]
@@ -293,6 +296,10 @@ def _train_done(view: RunView, seg: SegmentView, result: Any, t: float | None) -
         view.best_checkpoints = r["best_checkpoints"]
     if seg.checkpoint:
         view.last_checkpoint = seg.checkpoint
+        at = checkpoint_step(seg.checkpoint)
+        if at is not None and at != seg.until:  # an early stop inside the segment: its evaluations measure that step
+            for ev in seg.evals:
+                ev.step = at
         view.last_checkpoint_step = r["steps"] if isinstance(r.get("steps"), int) else seg.until
 
 
@@ -521,3 +528,17 @@ def stopped_early_text(s: dict) -> str:
     return (f"stopped early at step {s.get('step')}: {s.get('metric')} ({s.get('mode')}) did not improve for "
             f"{s.get('patience')} check(s); best step {s.get('best_step')}"
             + (f" ({best:.4g})" if isinstance(best, (int, float)) else "") + f", {s.get('best_checkpoint') or '-'}")
+
+
+def best_checkpoints(view: RunView) -> list[dict]:
+    """The run's best checkpoint(s) as its own selection named them, never judged by a reader:
+    ``keep_checkpoints.best`` (``best_checkpoints``), else early stopping's best (the fields ``ctl show``
+    marks ``<- best`` and ``workflows.pick_candidate`` releases with ``--select best``)."""
+    best = [b for b in view.best_checkpoints or [] if isinstance(b, dict) and b.get("checkpoint")]
+    if best:
+        return best
+    stop = view.stopped_early
+    if isinstance(stop, dict) and stop.get("best_checkpoint"):
+        return [{"checkpoint": stop["best_checkpoint"], "step": stop.get("best_step"), "metric": stop.get("metric"),
+                 "value": stop.get("best_value")}]
+    return []

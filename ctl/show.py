@@ -60,6 +60,9 @@ def show(view: RunView, home: Path, spec: dict[str, Any], trace: dict | None = N
               + (f"saved step {p.get('step')}" if p.get("step") is not None else "no checkpoint")
               + (f" ({p.get('steps_lost')} steps lost)" if p.get("steps_lost") is not None else "")
               + (", killed at the grace" if p.get("killed_at_grace") else "") for p in view.preemptions]
+    final = final_of(view)
+    if final is not None:
+        lines.append(f"  {final_line(final, view.state)}")
     warnings = [{"step": f["step"], "text": t} for f in frames if (t := warning_text(f))]
     lines += [f"  warning at step {w['step']}: {w['text']}" for w in warnings]
     releases = workflows.list_releases(home, view.name)  # ctl release (workflows/release.py)
@@ -70,6 +73,8 @@ def show(view: RunView, home: Path, spec: dict[str, Any], trace: dict | None = N
     data = {"workflow_id": view.workflow_id, "state": view.state, "name": view.name, "total_steps": view.total_steps,
             "suites": view.suites, "segments": [s.to_json() for s in view.segments], "validation_frames": val,
             "preemptions": view.preemptions}
+    if final is not None:
+        data["final"] = final
     if warnings:
         data["warnings"] = warnings
     if releases:
@@ -92,6 +97,26 @@ def show(view: RunView, home: Path, spec: dict[str, Any], trace: dict | None = N
         lines += ["", f"trace: {traced['trace_id']} (spans sent to {', '.join(traced['sent_to']) or 'nowhere yet'})"]
         data["trace"] = traced
     return lines, data
+
+
+def final_of(view: RunView) -> dict | None:
+    """The last finished segment's end: step, checkpoint, loss (``float.hex``, bit for bit) and checkpoint
+    digest, the figures users compare between runs (None before any segment finished)."""
+    done = [s for s in view.segments if s.state == "done" and (s.final_loss_hex or s.digest)]
+    if not done:
+        return None
+    s = max(done, key=lambda x: x.until)
+    return {"step": view.last_checkpoint_step if s.checkpoint == view.last_checkpoint else s.until,
+            "checkpoint": s.checkpoint, "final_loss": s.final_loss, "final_loss_hex": s.final_loss_hex,
+            "digest": s.digest}
+
+
+def final_line(final: dict, state: str) -> str:
+    loss = final.get("final_loss")
+    shown = f" ({loss:.6f})" if isinstance(loss, (int, float)) else ""
+    what = "final" if state == "completed" else "last finished segment"
+    return (f"{what}: step {final.get('step')} loss {final.get('final_loss_hex') or '-'}{shown} "
+            f"digest {final.get('digest') or '-'}")
 
 
 def trace_info(trace: dict | None, run_dir: Path) -> dict | None:

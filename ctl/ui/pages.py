@@ -8,6 +8,12 @@
   ``ctl plot`` (``plot.series``), its checkpoints with their status and its events with the
   details ``ctl history`` prints (``historyview.details``).
 
+Which checkpoint is best is never decided here: it is the one the run's own selection named
+(``keep_checkpoints.best``, else early stopping's best: what ``ctl show`` marks ``<- best`` and what
+``ctl release --select best`` takes); a run without a selection metric has no "best". A release
+(ModelRelease workflow) is read from its recorded result: version, checkpoint, each gate's outcome,
+figures (``releases(...)``); a train run's page lists the releases of its run.
+
 Everything reads: the engine through its one read-only connection, files with ``open()`` for
 reading only (never the database file).
 """
@@ -25,12 +31,16 @@ from workflows.activities import checkpoint_step
 
 from .. import app, historyview, runstatus
 from ..plot import Series, series
-from ..runview import RunView, fmt_duration, headline, local_time, run_view
+from ..runview import (RunView, best_checkpoints, fmt_duration, headline, local_time, run_view,
+                       stopped_early_text)
+from ..show import final_of, selection_lines
+from .curves import charts
+from .releases import RELEASE, Release, current_versions, release_of, releases
+from .svg import Chart
 
 TERMINAL_ACTIVITY = {"activity_completed": "completed", "activity_failed": "failed",
                      "activity_timed_out": "timed out", "activity_canceled": "canceled",
                      "activity_preempted": "preempted"}
-LOWER_IS_BETTER = ("heldout/ppl", "ppl", "heldout/loss", "loss")  # the figure "best" is judged by
 
 
 class UnknownRun(Exception):
@@ -53,6 +63,7 @@ class RunRow:
     progress: dict | None
     timers: list[dict]
     error: str = ""
+    release: Release | None = None  # a ModelRelease workflow: what it released, or why not
 
     @property
     def live(self) -> bool | None:
@@ -103,16 +114,22 @@ class _Read:
         return self._events if workflow_id == self._id else self._engine.history(workflow_id)
 
 
-def _row(engine: Any, home: Path, st: Any, now: float) -> RunRow:
+def _row(engine: Any, home: Path, st: Any, now: float, current: dict[str, str] | None = None) -> RunRow:
     extra = runstatus.describe(engine, home, st, now)
-    return RunRow(st.workflow_id, st.workflow, st.state, bool(st.cancel_requested), st.created_at, st.updated_at,
-                  extra.get("worker"), extra.get("progress"), extra.get("timers") or [],
-                  app.error_line(st.error) if st.error else "")
+    row = RunRow(st.workflow_id, st.workflow, st.state, bool(st.cancel_requested), st.created_at, st.updated_at,
+                 extra.get("worker"), extra.get("progress"), extra.get("timers") or [],
+                 app.error_line(st.error) if st.error else "")
+    if st.workflow == RELEASE:
+        row.release = release_of(st, app.recorded_input(engine, st.workflow_id),
+                                 current_versions(home) if current is None else current)
+    return row
 
 
 def runs(engine: Any, home: Path, now: float, state: str | None = None) -> list[RunRow]:
     """Every readable workflow, newest first; only those in ``state`` when given."""
-    rows = [_row(engine, home, st, now) for st in app.readable_workflows(engine) if state in (None, "", st.state)]
+    current = current_versions(home)
+    rows = [_row(engine, home, st, now, current) for st in app.readable_workflows(engine)
+            if state in (None, "", st.state)]
     return sorted(rows, key=lambda r: (r.created_at, r.workflow_id), reverse=True)
 
 
@@ -185,6 +202,12 @@ class RunPage:
     events_total: int
     stderr_tail: str
     timeline_total: int = 0
+    charts: list[Chart] = field(default_factory=list)
+    cards: list[tuple[str, float, str]] = field(default_factory=list)  # (title, value, note): one-point figures
+    releases: list[Release] = field(default_factory=list)  # a train run's releases
+    selection: list[str] = field(default_factory=list)  # ctl show's lines: the best checkpoint(s), the early stop
+    stopped_early: str = ""
+    final: dict = field(default_factory=dict)  # ctl show's final: step, checkpoint, final_loss_hex, digest
 
 
 def _attempts(events: list[Any]) -> dict[str, dict[int, Attempt]]:
@@ -294,7 +317,26 @@ def timeline(view: RunView | None, events: list[Any], now: float) -> list[Item]:
     for t in timers:
         if t.state == "waiting" and t.end is not None:
             t.detail += f" · {fmt_duration(max(0.0, t.end - now))} left"
+    if view is not None and isinstance(view.stopped_early, dict):
+        _early_stop(view, items)
     return items
+
+
+def _early_stop(view: RunView, items: list[Item]) -> None:
+    """The early stop and the segments and evaluations it skipped, before the workflow's end row."""
+    stop = view.stopped_early or {}
+    at = next((i for i, it in enumerate(items) if it.kind == "workflow"), len(items))
+    when = next((s.ended_at for s in view.segments if s.state == "done" and s.ended_at is not None
+                 and s.checkpoint and checkpoint_step(s.checkpoint) == stop.get("step")), None)
+    rows = [Item("stop", f"stopped early at step {stop.get('step')}", "stopped early", when, when,
+                 stopped_early_text(stop))]
+    for seg in view.segments:
+        if seg.state == "skipped":
+            rows.append(Item("segment", f"segment {seg.index}/{len(view.segments)} ({seg.activity_id})", "skipped",
+                             detail=f"steps to {seg.until}: not run, the run stopped early at step {stop.get('step')}"))
+            rows += [Item("evaluation", f"{ev.suite} of step-{ev.step:06d}", "skipped", detail="not run: stopped early")
+                     for ev in seg.evals if ev.state == "skipped"]
+    items[at:at] = rows
 
 
 def _figures(metrics: dict[str, float]) -> str:
@@ -311,8 +353,9 @@ def eval_series(view: RunView) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def checkpoints(view: RunView, home: Path, events: list[Any] = ()) -> list[Checkpoint]:
-    """The run's checkpoints: on disk, named by its history, or pruned (retention.log), with their status."""
+def checkpoints(view: RunView, home: Path, events: list[Any] = (), released: list[Release] = ()) -> list[Checkpoint]:
+    """The run's checkpoints: on disk, named by its history, or pruned (retention.log), with their status:
+    ``best`` as the run's selection named it (``best_checkpoints``), ``released vN`` by its published releases."""
     root = home / "runs" / view.name / "ckpt"
     try:
         on_disk = {p for p in os.listdir(root) if p.startswith("step-") and checkpoint_step(p) is not None}
@@ -344,12 +387,12 @@ def checkpoints(view: RunView, home: Path, events: list[Any] = ()) -> list[Check
     for ev in view.evals():
         if ev.state == "done":
             by_step.setdefault(ev.step, []).append(ev)
-    best_step, best_value = None, None
-    for step, evs in by_step.items():
-        for ev in evs:
-            value = next((ev.metrics[k] for k in LOWER_IS_BETTER if k in ev.metrics), None)
-            if value is not None and (best_value is None or value < best_value):
-                best_step, best_value = step, value
+    best = {Path(str(b["checkpoint"])).name for b in best_checkpoints(view)}
+    named |= best
+    versions: dict[str, list[str]] = {}
+    for r in released:
+        if r.outcome == "published" and r.checkpoint and r.version:
+            versions.setdefault(Path(r.checkpoint).name, []).append(r.version + (" CURRENT" if r.current else ""))
     out = []
     for name in sorted(on_disk | named | pruned, key=lambda n: checkpoint_step(n) or 0):
         step = checkpoint_step(name)
@@ -358,13 +401,16 @@ def checkpoints(view: RunView, home: Path, events: list[Any] = ()) -> list[Check
             flags.append("LATEST")
         if step in by_step:
             flags.append("evaluated")
-        if step is not None and step == best_step:
+        if name in best:
             flags.append("best")
+        flags += [f"released {v}" for v in sorted(set(versions.get(name, [])))]
         present = name in on_disk
         if not present:
             flags.append("pruned" if name in pruned else "not on disk")
-        figures = "; ".join(headline(ev.suite, ev.metrics) for ev in by_step.get(step, []))
-        out.append(Checkpoint(name, step, present, flags, figures))
+        figures = [headline(ev.suite, ev.metrics) for ev in by_step.get(step, [])]
+        figures += [f"{b.get('metric')} {b['value']:.4g}" for b in best_checkpoints(view)
+                    if Path(str(b["checkpoint"])).name == name and _num(b.get("value")) is not None]
+        out.append(Checkpoint(name, step, present, flags, "; ".join(figures)))
     return out
 
 
@@ -408,6 +454,12 @@ def run(engine: Any, home: Path, workflow_id: str, now: float, *, kind: str = ""
         rows.append(EventRow(e.seq, e.time, e.type, str(a.get("activity_id", "")), n, historyview.details(e),
                              json.dumps(a, indent=1, sort_keys=True, default=str)))
     items = timeline(view, events, now)
+    release = row.release
+    runs_releases = releases(engine, home, view.name) if view and view.name else []
+    s = series(view, home) if view and view.name else None
+    ev_series = eval_series(view) if view else {}
+    drawn, cards = charts(view, s, ev_series) if view and s is not None else ([], [])
+    final = (final_of(view) or {}) if view else {}
     kinds = sorted({e.type for e in events})
     attempts = sorted({e.attrs["attempt"] for e in events
                        if isinstance(e.attrs, dict) and isinstance(e.attrs.get("attempt"), int)})
@@ -415,8 +467,11 @@ def run(engine: Any, home: Path, workflow_id: str, now: float, *, kind: str = ""
         row=row, view=view, spec_json=json.dumps(spec, indent=2, sort_keys=True, default=str),
         generations=generations, timeline=items[-timeline_limit:] if timeline_limit else items,
         timeline_total=len(items),
-        series=series(view, home) if view and view.name else None,
-        eval_series=eval_series(view) if view else {},
-        checkpoints=checkpoints(view, home, events) if view and view.name else [],
+        series=s, eval_series=ev_series,
+        checkpoints=checkpoints(view, home, events, runs_releases) if view and view.name else [],
         events=rows, event_kinds=kinds, event_attempts=attempts, events_total=total_shown,
-        stderr_tail=_stderr_tail(st.error))
+        stderr_tail=_stderr_tail(st.error), charts=drawn, cards=cards,
+        releases=runs_releases if view else ([release] if release else []),
+        selection=[line.strip() for line in selection_lines(view)] if view else [],
+        stopped_early=stopped_early_text(view.stopped_early) if view and isinstance(view.stopped_early, dict) else "",
+        final=final)

@@ -49,6 +49,7 @@ def _environment() -> jinja2.Environment:
     env.filters["loss"] = lambda x: f"{x:.4f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "-"
     env.filters["quote"] = lambda s: urllib.parse.quote(str(s), safe="/")
     env.globals["chart"] = lambda *a, **k: Markup(svg.chart(*a, **k))  # svg.chart escapes every label itself
+    env.globals["figure_card"] = lambda *a, **k: Markup(svg.figure_card(*a, **k))  # so does figure_card
     env.globals["POLL_MS"] = int(POLL_S * 1000)
     return env
 

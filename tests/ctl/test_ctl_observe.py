@@ -46,6 +46,7 @@ def test_plain_progress_lines_when_stderr_is_not_a_terminal(finished) -> None:
     assert re.search(r"segment 1/2 done: step 12, loss \d+\.\d{4}", err)
     assert "  checkpoint step 3  loss" in err and "runs/mini/ckpt/step-000024" in err
     assert re.search(r"step \d+/24 \(\d+%\) \| ETA \S+ \| loss .* \| elapsed \d+:\d\d", err)  # the periodic line
+    assert "? tok/s" not in err  # tokens/s only once measured, never a placeholder (issue 40 item 13)
     assert "waiting 1.0 s, until" in err
     assert "train/mini completed in" in err
 

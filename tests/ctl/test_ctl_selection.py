@@ -54,6 +54,11 @@ def test_ctl_train_stops_early_as_a_completion_and_shows_it(home: Path) -> None:
     sh = ctl(home, "show", "train/small")
     assert "runs/small/ckpt/step-000002 (val/loss" in sh.stdout and "<- best" in sh.stdout
     assert "skipped" in sh.stdout
+    # the final loss (float.hex, bit for bit) and digest that users compare: those ctl train returned
+    assert f"final: step 6 loss {result['final_loss_hex']} (" in sh.stdout, sh.stdout
+    assert f"digest {result['digest']}" in sh.stdout and len(result["digest"]) == 64
+    final = json.loads(ctl(home, "show", "train/small", "--json").stdout)["final"]
+    assert (final["final_loss_hex"], final["digest"], final["step"]) == (result["final_loss_hex"], result["digest"], 6)
     pl = ctl(home, "plot", "train/small", "--json")  # ctl plot: the stop and the best step
     stop = json.loads(pl.stdout)["stopped_early"]
     assert stop["step"] == 6 and stop["best_step"] == 2, stop

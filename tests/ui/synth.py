@@ -59,8 +59,10 @@ def spec(name: str, steps: int, eval_every: int, **extra: Any) -> dict:
 
 def train_run(w: Writer, name: str, *, segments: int, eval_every: int = 10, heartbeats: int = 2,
               retry_every: int = 0, state: str = "completed", t0: float = 1.7e9, error: dict | None = None,
-              spec_extra: dict | None = None, live_pid: int | None = None, metrics: bool = True) -> str:
-    """A TrainRun history of ``segments`` segments (see the module docstring); returns its workflow id."""
+              spec_extra: dict | None = None, live_pid: int | None = None, metrics: bool = True,
+              selection: dict | None = None) -> str:
+    """A TrainRun history of ``segments`` segments (see the module docstring); returns its workflow id.
+    ``selection``: fields the last segment's result carries (``best_checkpoints``, ``stopped_early``)."""
     wid = f"train/{name}"
     steps = segments * eval_every
     sp = spec(name, steps, eval_every, **(spec_extra or {}))
@@ -104,7 +106,8 @@ def train_run(w: Writer, name: str, *, segments: int, eval_every: int = 10, hear
         add("activity_completed", {"activity_id": aid, "attempt": attempts, "result": {
             "name": name, "steps": until, "checkpoint": f"runs/{name}/ckpt/step-{until:06d}",
             "final_loss": 3.0 / (1 + until / 50), "final_loss_hex": (3.0 / (1 + until / 50)).hex(),
-            "digest": "0" * 64, "resumed_from": ckpt if attempts > 1 else None}}, dt=5)
+            "digest": "0" * 64, "resumed_from": ckpt if attempts > 1 else None,
+            **(selection or {} if k == last_seg else {})}}, dt=5)
         eid = f"eval-{until:06d}-ppl"
         add("activity_scheduled", {"activity_id": eid, "name": "eval"})
         add("activity_started", {"activity_id": eid, "attempt": 1, "worker": "synthetic"})
@@ -141,7 +144,9 @@ def home_with_three(home: Path, hostile: str = "") -> dict[str, str]:
     """A finished, a failed (its error and a spec field carry ``hostile``) and a live run."""
     w = Writer(home)
     try:
-        done = train_run(w, "done", segments=3, retry_every=2)
+        # its selection named step-000020 best (val/loss), not step-000030 (the lowest ppl): the page must not re-decide
+        done = train_run(w, "done", segments=3, retry_every=2, selection={"best_checkpoints": [
+            {"checkpoint": "runs/done/ckpt/step-000020", "step": 20, "metric": "val/loss", "value": 1.25}]})
         failed = train_run(w, "broke", segments=2, state="failed", t0=1.7e9 + 100, spec_extra={"note": hostile},
                            error={"type": "ActivityError", "message": f"trainer failed: {hostile}",
                                   "details": {"stderr_tail": f"Traceback...\nValueError: {hostile}\n"}})

@@ -1,7 +1,7 @@
 """``ctl ui`` in a real headless Chromium on a real home: a finished, a failed and a live ``ctl train``.
 
 - the runs page shows the figures ``ctl status ID --json`` prints; clicking into the live run, its
-  step advances without a reload; screenshots are kept ($CTL_UI_ARTIFACTS, else the test's tmp dir);
+  step advances without a reload and its charts span the planned steps (1..4000, not 1..last step); screenshots are kept ($CTL_UI_ARTIFACTS, else the test's tmp dir);
 - a trainer's error message and a spec field holding ``<script>`` / ``"><img onerror=...>`` are text;
 - the UI reading at full rate during the run, then a SIGKILL of ``ctl train``: every event the UI
   showed is still in the history, the running engine never held a deleted WAL, ``ctl ui`` opened
@@ -42,6 +42,10 @@ ROWS_JS = """return Array.from(document.querySelectorAll('tr.run')).map(function
   return {id: r.dataset.id, state: r.dataset.state, dataStep: r.dataset.step, dataTotal: r.dataset.total,
           step: cell('step'), loss: cell('loss'), eta: cell('eta'), worker: cell('worker')}; });"""
 STEP_JS = "return document.getElementById('step').dataset.step;"
+X_TICKS_JS = """var svg = document.querySelector('svg.chart[aria-label="' + arguments[0] + '"]');
+var bottom = svg.querySelector('rect.frame').getBBox(); bottom = bottom.y + bottom.height;
+return Array.from(svg.querySelectorAll('text.tick')).filter(function (t) { return t.getBBox().y > bottom; })
+  .map(function (t) { return parseFloat(t.textContent); });"""
 
 
 def _click(browser, css: str) -> None:
@@ -136,6 +140,8 @@ def test_runs_page_matches_ctl_status_and_the_live_run_advances_in_the_browser(h
             time.sleep(0.5)
             step = int(browser.execute_script(STEP_JS))
         assert step > first, f"the live page's step stayed at {first}"
+        x_ticks = browser.execute_script(X_TICKS_JS, "train loss")  # the planned 1..steps, not 1..last step
+        assert max(x_ticks) == LIVE["steps"] and step < LIVE["steps"], (x_ticks, step)
         assert browser.execute_script("return window.notReloaded === true;"), "the page reloaded"
         browser.save_screenshot(str(artifacts / "live-run.png"))
 

@@ -74,7 +74,9 @@ def test_run_page_timeline_checkpoints_curves_and_events(ui: server.App) -> None
     assert "ppl 18.18" in page  # an evaluation's figure
     ckpts = page.split('id="checkpoints"')[1].split("</table>")[0]
     rows = {re.search(r"<td>(step-\d+)</td>", r).group(1): r for r in ckpts.split("<tr")[2:]}
-    assert all(f in rows["step-000030"] for f in ("LATEST", "evaluated", "best", "ppl 15.38"))
+    assert all(f in rows["step-000030"] for f in ("LATEST", "evaluated", "ppl 15.38"))
+    assert "best" not in rows["step-000030"]  # the lowest ppl, but not what the run's selection named
+    assert ">best<" in rows["step-000020"] and "val/loss 1.25" in rows["step-000020"]
     assert "LATEST" not in rows["step-000010"] and "evaluated" in rows["step-000010"]
     assert "not on disk" in rows["step-000016"]  # named by a heartbeat, gone from disk
     assert page.count("<svg") >= 3 and "<polyline" in page
@@ -110,3 +112,23 @@ def test_a_live_page_polls_and_a_finished_one_does_not(ui: server.App) -> None:
     assert 'data-live="1"' in _get(ui, "/")[1]  # a run is running: the runs page polls too
     full = _get(ui, "/run/train/live")[1]
     assert "setTimeout(tick, every)" in full and "every = 1000" in full
+
+
+def test_chart_and_card_labels_are_escaped() -> None:
+    """Series names, marks and figure names come from trainers' files (an eval_command's figures): text only."""
+    from ctl.ui import svg
+
+    markup = svg.chart(svg.Chart(HOSTILE, {HOSTILE: [(1, 1.0), (2, 2.0)]}, (1, 10), marks=[(2, 2.0, HOSTILE)],
+                                 stars=[(1, 1.0, HOSTILE)], vlines=[(2, HOSTILE, "stop")], shade=(2, 10, HOSTILE)))
+    card = svg.figure_card(HOSTILE, 1.0, HOSTILE)
+    for out in (markup, card):
+        assert "<script" not in out and "<img" not in out and "&lt;script&gt;" in out
+
+
+def test_ticks_are_round_and_cover_the_range() -> None:
+    from ctl.ui import svg
+
+    assert svg.ticks(1, 300, integer=True) == [50, 100, 150, 200, 250, 300]
+    assert [svg.tick_text(v, 0.0005) for v in svg.ticks(0.0006, 0.003)] == ["0.0010", "0.0015", "0.0020", "0.0025",
+                                                                           "0.0030"]
+    assert [svg.tick_text(v, 2.5) for v in (2.5, 5.0)] == ["2.5", "5.0"]
