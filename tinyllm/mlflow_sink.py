@@ -63,6 +63,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from .errors import STOP
 from .fsio import atomic_write
 
 STATE_FILE = "mlflow.json"
@@ -70,6 +71,7 @@ BATCH_FRAMES = 100  # frames per log_batch (MLflow takes at most 1000 metrics a 
 # the most the delivery process reads ahead of delivery (the backlog waits in metrics.jsonl: nothing is dropped)
 BATCH_WAIT_S = 1.0  # a request waits this long for more frames: one request a second, not one a step
 STATE_EVERY_S = 2.0  # the state file is rewritten at most this often (and at the end)
+STOP_FLUSH_S = 2.0  # on a polite stop close() waits no longer than this: the stop's grace is for the checkpoint
 FLUSH_TIMEOUT_S = 60.0  # close() waits this long for undelivered frames (sinks.mlflow.flush_timeout_s); the rest: next attempt
 HTTP_RETRIES = "2"  # MLflow's HTTP retries (its default, 7 with backoff, waits minutes on a dead server)
 HTTP_TIMEOUT_S = "10"
@@ -266,14 +268,17 @@ class MlflowSink:
             self.proc.stdin.close()
         except OSError:
             pass  # it has exited already
+        # a polite stop (SIGTERM, the preemption signal) has a grace to keep: the frames not delivered by then
+        # wait in metrics.jsonl for the next attempt, which catches up (issue 39: a stop is never killed for them)
+        wait_s = min(self.flush_timeout_s, STOP_FLUSH_S) if STOP["requested"] else self.flush_timeout_s
         try:
-            self.proc.wait(self.flush_timeout_s)
+            self.proc.wait(wait_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
             state = read_state(self.run_dir)
             if not (state and state.get("pid") == self.proc.pid and state.get("error")):  # failed: said so already
-                warn(f"not all frames reached {self.uri} within {self.flush_timeout_s:.0f} s; the next attempt "
+                warn(f"not all frames reached {self.uri} within {wait_s:.0f} s; the next attempt "
                      "catches up from metrics.jsonl", self.warn_stream)
         self._end()
 
