@@ -24,7 +24,7 @@ from .ui import command as ui_command
 from .workerlog import WorkerLog
 from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, BadRequest
 from .interrupt import Interrupt
-from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved
+from .cli_common import CtlGroup, describe_train, edge, home_option, json_option, print_json, resolved
 from .release import release as release_command
 from .trainers import eval_trainer
 from .verify import verify_resume as run_verify_resume
@@ -47,7 +47,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
         ctx.exit(0)
 
 
-@click.group(context_settings={"max_content_width": 100})
+@click.group(cls=CtlGroup, context_settings={"max_content_width": 100})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Print durable-train's and torch's versions and exit.")
 @click.option("--backend", type=click.Choice(["embedded", "temporal"]), default="embedded", show_default=True,
