@@ -106,11 +106,34 @@ def _check_suites(suites: list[str], name: str) -> None:
         raise BadRequest(f"suite given twice: {suites}")
 
 
+BUILTIN_CORPORA = ("default",)
+"""Corpora a train spec may name without ``--corpus-spec``: tinyllm's built-in text under that name."""
+
+
+def known_corpora(home: Path) -> list[str]:
+    """The corpora already built in ``home`` (``corpora/<name>/meta.json``), sorted."""
+    root = home / "corpora"
+    return sorted(d.name for d in root.iterdir() if (d / "meta.json").is_file()) if root.is_dir() else []
+
+
+def check_corpus_name(name: str, home: Path) -> None:
+    """A train spec's corpus without ``--corpus-spec`` must be a built-in one or one already built in the home:
+    any other name (a typo) would build the built-in text under it and train on data the user did not mean."""
+    built = known_corpora(home)
+    if name in BUILTIN_CORPORA or name in built:
+        return
+    raise BadRequest(f"unknown corpus {name!r} in the train spec: the built-in corpora are "
+                     f"{', '.join(BUILTIN_CORPORA)}; built in {home}: {', '.join(built) or 'none'}; to build "
+                     f"{name!r} from your own text give --corpus-spec FILE")
+
+
 def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 0, eval_max_items: int | None = None,
-                  corpus_file: str | None = None) -> TrainRunInput:
+                  corpus_file: str | None = None, home: Path | None = None) -> TrainRunInput:
     """Read and validate a train spec (and optional corpus spec) into TrainRun's input.
 
-    ``suites`` None: the default (ppl for tinyllm; none for a spec naming its own trainer).
+    ``suites`` None: the default (ppl for tinyllm; none for a spec naming its own trainer). ``home``: where
+    a corpus named without ``--corpus-spec`` must already be built unless it is a built-in one
+    (``check_corpus_name``); None skips that check.
     """
     try:
         raw = load_json_file(spec_file, "train spec")
@@ -142,7 +165,9 @@ def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 
         except SpecError as e:
             raise BadRequest(str(e)) from None
     else:
-        corpus = {"name": spec.corpus}  # tinyllm's built-in text under that name (idempotent)
+        if home is not None:
+            check_corpus_name(spec.corpus, home)
+        corpus = {"name": spec.corpus}  # the built-in text, or the corpus built in the home (idempotent)
     _check_suites(list(suites), spec.name)
     if eval_max_items is not None and eval_max_items < 1:
         raise BadRequest(f"--eval-max-items must be >= 1, got {eval_max_items}")

@@ -211,7 +211,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
         raise BadRequest("--no-eval and --suite exclude each other")
     chosen = [] if no_eval else (list(suites) or None)  # None: the default (ppl; none for an own trainer)
     inp = app.train_request(spec_file, chosen, eval_seed=eval_seed, eval_max_items=eval_max_items,
-                            corpus_file=corpus_file).model_copy(update={"train_heartbeat_timeout_s": heartbeat_timeout_s})
+                            corpus_file=corpus_file, home=home_dir).model_copy(update={"train_heartbeat_timeout_s": heartbeat_timeout_s})
     name = inp.spec["name"]
     interrupt.what = app.train_workflow_id(name)
     app.check_run_writable(home_dir, name)
