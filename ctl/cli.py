@@ -165,7 +165,8 @@ def _describe_eval(result: dict) -> None:
 @click.option("--no-eval", is_flag=True, help="Evaluate nothing (no --suite then).")
 @click.option("--corpus-spec", "corpus_file", default=None, metavar="FILE",
               help="Corpus spec (JSON), e.g. {\"name\": \"mine\", \"sources\": [\"my.txt\"]}; its name must be the "
-                   "train spec's corpus. Default: the built-in text under that name.")
+                   "train spec's corpus. Without it the spec's corpus must be the built-in one (default) or one "
+                   "already built in the home; another name is refused (exit 2).")
 @click.option("--eval-seed", type=int, default=0, show_default=True, help="Seed of the evaluations.")
 @click.option("--eval-max-items", type=int, default=None, help="At most this many items per suite [default: all].")
 @click.option("--detach", is_flag=True, help="Start (or find) the run and return at once; `ctl worker` runs it.")
