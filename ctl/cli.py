@@ -19,7 +19,7 @@ import click
 from tinyllm import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
 from workflows.models import TraceContext
 
-from . import app, backends, cli_inspect, errors, runsinks
+from . import app, backends, cli_inspect, errors, presence, runsinks
 from .ui import command as ui_command
 from .workerlog import WorkerLog
 from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, BadRequest
@@ -119,12 +119,14 @@ def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool, interrupt
     logging.getLogger("engine").addHandler(logging.NullHandler())  # the display (or --quiet) speaks instead
     interrupt.workflow_id, interrupt.engine = workflow_id, engine
     progress = None if quiet else LiveDisplay(home, engine, workflow_id)
+    here = presence.announce(home, engine, workflow_id)  # `ctl status` between activities: a live runner
     try:
         if progress:
             interrupt.display = progress
             progress.__enter__()
         return engine.run_until_complete(workflow_id)
     finally:
+        presence.withdraw(here)
         if progress:
             progress.stop()
 
@@ -466,10 +468,12 @@ def worker(home: str | None) -> None:
     logging.getLogger("engine").addHandler(handler)
     log = WorkerLog(engine, lambda line: click.echo(line, err=True),
                     on_end=lambda wid, state: runsinks.workflow_state(home_dir, wid, state))  # MLflow's run status
+    here = presence.announce(home_dir, engine, None)  # `ctl status` between activities: a live runner
     try:
         log.start()
         engine.run_forever(stop)
     finally:
+        presence.withdraw(here)
         log.stop()
         click.echo("ctl worker: stopped", err=True)
         engine.close()

@@ -18,7 +18,7 @@ import click
 import workflows
 from tinyllm.eval_figures import resolve_figure, suite_figures
 
-from . import app
+from . import app, presence
 from .cli_common import edge, home_option, json_option, print_json
 from .errors import EXIT_FAILED, BadRequest
 from .interrupt import Interrupt
@@ -145,7 +145,11 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
         out = engine.status(started.workflow_id)
         if out.state == "running":
             logging.getLogger("engine").addHandler(logging.NullHandler())
-            out = engine.run_until_complete(started.workflow_id)
+            here = presence.announce(home_dir, engine, started.workflow_id)  # ctl status: a live runner
+            try:
+                out = engine.run_until_complete(started.workflow_id)
+            finally:
+                presence.withdraw(here)
     finally:
         engine.close()
     _finish(out, as_json)

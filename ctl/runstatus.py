@@ -27,6 +27,7 @@ from typing import Any
 from engine import owner_dead
 from workflows.activities import checkpoint_step
 
+from . import presence
 from .evalprogress import EvalCounts, EvalFollower
 from .runview import (MetricsTail, RunView, figures_text, fmt_duration, local_time, run_view, spec_of,
                       stopped_early_text)
@@ -48,8 +49,11 @@ def _timer_rows(engine: Any, workflow_id: str) -> list[float]:
         "SELECT fire_at FROM timers WHERE workflow_id=? AND state='pending' ORDER BY fire_at", (workflow_id,))]
 
 
-def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str, float]) -> dict:
-    """Whether a live worker holds the workflow (see the module docstring)."""
+def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str, float],
+                home: Path | None = None) -> dict:
+    """Whether a live worker holds the workflow (see the module docstring). With ``home``, a workflow with
+    nothing in flight (a durable wait, a workflow task) is live only while a ``ctl train``/``ctl eval``
+    following it or a ``ctl worker`` still runs (ctl/presence.py): after a kill, "no live worker", no ETA."""
     if getattr(engine, "store", None) is None:  # another backend: its server knows, not this table
         return {"live": None, "activity_id": None, "attempt": None, "pid": None, "host": None,
                 "lease_age_s": None, "heartbeat_age_s": None, "reason": "not known on this backend"}
@@ -71,6 +75,16 @@ def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str,
         return {"live": False, "activity_id": None, "attempt": None, "pid": None, "host": None,
                 "lease_age_s": None, "heartbeat_age_s": None,
                 "reason": f"work due since {local_time(min(due))} and no worker took it"}
+    if home is not None:
+        runners = presence.live_runners(home, workflow_id)
+        if not runners:
+            return {"live": False, "activity_id": None, "attempt": None, "pid": None, "host": None,
+                    "lease_age_s": None, "heartbeat_age_s": None,
+                    "reason": "no ctl train, ctl eval or ctl worker process is running it"}
+        owner, since = runners[0].get("owner") or {}, runners[0].get("since")
+        return {"live": True, "activity_id": None, "attempt": None, "pid": owner.get("pid"), "host": owner.get("host"),
+                "lease_age_s": None if since is None else max(0.0, now - since), "heartbeat_age_s": None,
+                "reason": None}
     return {"live": None, "activity_id": None, "attempt": None, "pid": None, "host": None,
             "lease_age_s": None, "heartbeat_age_s": None, "reason": "nothing in flight"}
 
@@ -103,7 +117,7 @@ def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
     if st.state == "running":
         started = {f"{e.attrs.get('activity_id')}#{e.attrs.get('attempt')}": e.time
                    for e in events if e.type == "activity_started"}
-        out["worker"] = worker_info(engine, st.workflow_id, now, started)
+        out["worker"] = worker_info(engine, st.workflow_id, now, started, home)
     if st.workflow == "TrainRun":
         view = run_view(st.workflow_id, events, st.state)
         if (proof := verdict_of(home, spec_of(events)[0])) is not None:  # a spec's own trainer (ctl/verify_record.py)
@@ -113,8 +127,9 @@ def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
             tail.poll()
             counts = EvalFollower(home).counts(view, view.name, now) if st.state == "running" else None
             out["progress"] = progress_info(view, tail, now, counts)
-            if st.state == "running":
+            if st.state != "completed":  # running, or canceled/failed: a stop's checkpoint may be newer
                 _newer_latest(out["progress"], home, view.name)
+            if st.state == "running":
                 if (out["worker"] or {}).get("live") is False:  # nobody runs it: no time left to estimate
                     out["progress"]["eta_s"] = None
     return out
@@ -138,7 +153,10 @@ def status_lines(st: Any, extra: dict, now: float) -> list[str]:
     lines = []
     w = extra.get("worker")
     if w is not None:
-        if w["live"]:
+        if w["live"] and not w["activity_id"]:
+            lines.append(f"  worker: live, pid {w['pid']} on {w['host']} (running it for {fmt_duration(w['lease_age_s'])};"
+                         f" no activity in flight)")
+        elif w["live"]:
             lines.append(f"  worker: live, pid {w['pid']} on {w['host']}, {w['activity_id']} attempt {w['attempt']}"
                          f" (lease held {fmt_duration(w['lease_age_s'])}, last heartbeat "
                          f"{fmt_duration(w['heartbeat_age_s'])} ago)")
