@@ -300,9 +300,10 @@ def run_generations(engine: Any, base: str) -> list[Any]:
     return [st for _, st in sorted(found, key=lambda x: x[0])]
 
 
-OPERATIONAL = ("prior", "train_heartbeat_timeout_s", "trace", "heartbeat_timeout_s")
+OPERATIONAL = ("prior", "train_heartbeat_timeout_s", "eval_heartbeat_timeout_s", "trace", "heartbeat_timeout_s")
 """Input fields that are not the run's identity: the work already done, and settings of how it is run
-that change no result (a rerun with another ``--heartbeat-timeout`` continues the run with it; the
+that change no result (a rerun with another ``--heartbeat-timeout`` or ``--eval-heartbeat-timeout`` continues
+the run with it; the
 trace a run records is read back, so a rerun with or without tracing continues it; a release's publish
 heartbeat timeout: the recorded one applies)."""
 
@@ -364,19 +365,27 @@ def start_run(engine: Any, workflow: str, base: str, inp: Any) -> Started:
     return Started(workflow_id, new=True, reused=sorted([*prior.train, *prior.evals]) if prior else [])
 
 
-def heartbeat_override(workflow_id: str, heartbeat_timeout_s: float):
+def heartbeat_override(workflow_id: str, heartbeat_timeout_s: float, eval_heartbeat_timeout_s: float | None = None):
     """The engine's ``attempt_options`` hook of a ``ctl train`` running ``workflow_id`` here: its train
-    attempts run with this command's ``--heartbeat-timeout`` (the scheduled value stays recorded; the
-    started event records the one used), whatever the run was started with."""
+    attempts run with this command's ``--heartbeat-timeout``, its evaluations with its
+    ``--eval-heartbeat-timeout`` (the scheduled value stays recorded; the started event records the one used),
+    whatever the run was started with."""
+    wanted = {workflows.ACTIVITY_TRAIN: heartbeat_timeout_s}
+    if eval_heartbeat_timeout_s is not None:
+        wanted[workflows.ACTIVITY_EVAL] = eval_heartbeat_timeout_s
+
     def hook(wid: str, name: str, scheduled: Any) -> Any:
-        if wid != workflow_id or name != workflows.ACTIVITY_TRAIN or scheduled.heartbeat_timeout_s == heartbeat_timeout_s:
+        value = wanted.get(name)
+        if wid != workflow_id or value is None or scheduled.heartbeat_timeout_s == value:
             return scheduled
-        return replace(scheduled, heartbeat_timeout_s=heartbeat_timeout_s)
+        return replace(scheduled, heartbeat_timeout_s=value)
     return hook
 
 
-def heartbeat_in_use(engine: Any, workflow_id: str) -> float | None:
-    """The heartbeat timeout the run's train attempts last ran with (or were scheduled with), or None."""
+def heartbeat_in_use(engine: Any, workflow_id: str, activity: str = workflows.ACTIVITY_TRAIN,
+                     field: str = "train_heartbeat_timeout_s") -> float | None:
+    """The heartbeat timeout the run's ``activity`` attempts (train; eval with ``field``
+    ``eval_heartbeat_timeout_s``) last ran with (or were scheduled with), or None."""
     try:
         events = engine.history(workflow_id)
     except (NotFound, BadInput):
@@ -386,8 +395,8 @@ def heartbeat_in_use(engine: Any, workflow_id: str) -> float | None:
         a = e.attrs if isinstance(e.attrs, dict) else {}
         aid = str(a.get("activity_id", ""))
         if e.type == "workflow_started" and isinstance(a.get("input"), dict):
-            value = a["input"].get("train_heartbeat_timeout_s", value)
-        elif e.type == "activity_scheduled" and a.get("name") == workflows.ACTIVITY_TRAIN:
+            value = a["input"].get(field, value)
+        elif e.type == "activity_scheduled" and a.get("name") == activity:
             scheduled[aid] = (a.get("options") or {}).get("heartbeat_timeout_s")
         elif e.type == "activity_started" and aid in scheduled:
             value = a.get("heartbeat_timeout_s", scheduled[aid])

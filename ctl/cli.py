@@ -17,6 +17,7 @@ from typing import Any, Callable
 import click
 
 from tinyllm import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
+import workflows
 from workflows.models import TraceContext
 
 from . import app, backends, cli_inspect, errors, presence, runsinks
@@ -176,6 +177,10 @@ def _describe_eval(result: dict) -> None:
               show_default=True, metavar="SECONDS",
               help="A trainer silent this long (no progress line) is stopped and its segment redelivered; on "
                    "Temporal also how soon a dead worker's segment moves to another worker.")
+@click.option("--eval-heartbeat-timeout", "eval_heartbeat_timeout_s", type=click.FloatRange(min=1), default=120.0,
+              show_default=True, metavar="SECONDS",
+              help="An evaluation silent this long (no progress line) is stopped and retried (3 attempts); "
+                   "operational like --heartbeat-timeout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display on stderr (the result still goes to stdout).")
 @click.option("--trace-file", "trace_file", default=None, metavar="FILE",
               help="Append the run's OpenTelemetry spans to FILE as JSON lines (the trace extra). "
@@ -184,8 +189,8 @@ def _describe_eval(result: dict) -> None:
 @home_option
 @edge
 def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: str | None, eval_seed: int,
-          eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float, quiet: bool, trace_file: str | None,
-          as_json: bool, home: str | None) -> None:
+          eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float, eval_heartbeat_timeout_s: float,
+          quiet: bool, trace_file: str | None, as_json: bool, home: str | None) -> None:
     """Start workflow train/<name> (or attach to it) and run it here to its end.
 
     Builds the corpus, trains in segments up to each eval_every boundary, evaluates each
@@ -214,7 +219,8 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
         raise BadRequest("--no-eval and --suite exclude each other")
     chosen = [] if no_eval else (list(suites) or None)  # None: the default (ppl; none for an own trainer)
     inp = app.train_request(spec_file, chosen, eval_seed=eval_seed, eval_max_items=eval_max_items,
-                            corpus_file=corpus_file, home=home_dir).model_copy(update={"train_heartbeat_timeout_s": heartbeat_timeout_s})
+                            corpus_file=corpus_file, home=home_dir).model_copy(
+        update={"train_heartbeat_timeout_s": heartbeat_timeout_s, "eval_heartbeat_timeout_s": eval_heartbeat_timeout_s})
     name = inp.spec["name"]
     interrupt.what = app.train_workflow_id(name)
     app.check_run_writable(home_dir, name)
@@ -225,6 +231,8 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     try:
         current = app.latest_run(engine, app.train_workflow_id(name))
         was_s = app.heartbeat_in_use(engine, current.workflow_id) if current is not None else None
+        was_eval_s = app.heartbeat_in_use(engine, current.workflow_id, workflows.ACTIVITY_EVAL,
+                                          "eval_heartbeat_timeout_s") if current is not None else None
         if tracer is not None:  # the run's trace: recorded in its history, read back by every later ctl train
             base = app.train_workflow_id(name)
             histories = lambda: [(st.workflow_id, engine.history(st.workflow_id))  # noqa: E731
@@ -242,20 +250,22 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
             if not (as_json or quiet):
                 click.echo(f"ctl: trace {tracer.trace_id} -> {tracer.where}", err=True)
         if hasattr(engine, "attempt_options"):  # an operational setting: this command's value from now on
-            engine.attempt_options = app.heartbeat_override(wid, heartbeat_timeout_s)
+            engine.attempt_options = app.heartbeat_override(wid, heartbeat_timeout_s, eval_heartbeat_timeout_s)
         if not (as_json or quiet):
             verb = "started" if started.new else "attached to"
             click.echo(f"ctl: {verb} {wid} (home {home_dir})", err=True)
             if started.reused:
                 click.echo(f"ctl: continuing the run; done earlier, not run again: {', '.join(started.reused)}",
                            err=True)
-        if was_s is not None and was_s != heartbeat_timeout_s and not as_json:
+        for flag, was, now_s in (("--heartbeat-timeout", was_s, heartbeat_timeout_s),
+                                 ("--eval-heartbeat-timeout", was_eval_s, eval_heartbeat_timeout_s)):
+            if was is None or was == now_s or as_json:
+                continue
             if hasattr(engine, "attempt_options"):
-                click.echo(f"ctl: --heartbeat-timeout {heartbeat_timeout_s:g} s from now on (the run had {was_s:g} s)",
-                           err=True)
+                click.echo(f"ctl: {flag} {now_s:g} s from now on (the run had {was:g} s)", err=True)
             else:
-                click.echo(f"ctl: --heartbeat-timeout {heartbeat_timeout_s:g} s is not applied on this backend: "
-                           f"{wid} keeps its {was_s:g} s", err=True)
+                click.echo(f"ctl: {flag} {now_s:g} s is not applied on this backend: {wid} keeps its {was:g} s",
+                           err=True)
         st = engine.status(wid)
         if detach and st.state == "running":
             if as_json:

@@ -30,7 +30,8 @@ from .show import show as show_run
 def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
     """Show WORKFLOW_ID's state, or a table of every workflow.
 
-    For a run: whether a live worker holds it (pid, host, lease age) or nobody does, the
+    For a run: whether a live worker holds it (pid, host, lease age) or nobody does, what it
+    waits for (e.g. an evaluation with no progress for 95 s, stopped after 120 s), the
     current step and last loss, the last checkpoint, the last evaluation's figures, the ETA,
     and pending timers in local time with the time remaining. --json adds the fields
     "worker", "progress" and "timers" (docs/ctl.md, "Watching a run").

@@ -65,10 +65,13 @@ def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str,
         late = hb_deadline is not None and now > hb_deadline
         live = not late and not owner_dead(owner)
         since = started_at.get(f"{aid}#{attempt}")
+        age = None if last_hb_at is None else max(0.0, now - last_hb_at)
+        timeout = hb_deadline - last_hb_at if hb_deadline is not None and last_hb_at is not None else None
         return {"live": live, "activity_id": aid, "attempt": attempt,
                 "pid": (owner or {}).get("pid"), "host": (owner or {}).get("host"),
                 "lease_age_s": None if since is None else max(0.0, now - since),
-                "heartbeat_age_s": None if last_hb_at is None else max(0.0, now - last_hb_at),
+                "heartbeat_age_s": age, "heartbeat_timeout_s": timeout,
+                "waiting_for": waiting_for(aid, attempt, age, timeout),
                 "reason": None if live else ("heartbeat overdue" if late else "lease owner process is gone")}
     due = [r[3] for r in rows if r[1] == "scheduled"] + _timer_rows(engine, workflow_id)
     if due and now - min(due) > OVERDUE_S:
@@ -87,6 +90,26 @@ def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str,
                 "reason": None}
     return {"live": None, "activity_id": None, "attempt": None, "pid": None, "host": None,
             "lease_age_s": None, "heartbeat_age_s": None, "reason": "nothing in flight"}
+
+
+KINDS = (("train-", "training"), ("eval-", "evaluation"), ("corpus-", "corpus build"), ("publish", "publication"))
+
+
+def waiting_for(activity_id: str, attempt: int, heartbeat_age_s: float | None, timeout_s: float | None) -> str:
+    """What the worker waits for, in one phrase: ``evaluation eval-000100-ppl (attempt 1): no progress for 95 s
+    (stopped after 120 s)``. Liveness heartbeats are written at most every quarter of the timeout (engine
+    ``ActivityContext.heartbeat``), so an age within that is "progressing", not a stall."""
+    kind = next((k for prefix, k in KINDS if activity_id.startswith(prefix)), "activity")
+    head = f"{kind} {activity_id} (attempt {attempt})"
+    if timeout_s is None or heartbeat_age_s is None:
+        return f"{head}: running (no progress timeout)"
+    if heartbeat_age_s <= timeout_s / 4 + 1.0:
+        return f"{head}: progressing (stopped after {_seconds(timeout_s)} without progress)"
+    return f"{head}: no progress for {_seconds(heartbeat_age_s)} (stopped after {_seconds(timeout_s)})"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value < 600 else fmt_duration(value)
 
 
 def progress_info(view: RunView, tail: MetricsTail, now: float, counts: EvalCounts | None = None) -> dict:
@@ -164,6 +187,8 @@ def status_lines(st: Any, extra: dict, now: float) -> list[str]:
             what = f"{w['activity_id']} attempt {w['attempt']}: " if w["activity_id"] else ""
             lines.append(f"  worker: no live worker ({what}{w['reason']}): run the same `ctl train` or "
                          f"`ctl worker` to continue")
+    if w is not None and w.get("waiting_for"):
+        lines.append(f"  waiting for: {w['waiting_for']}")
     p = extra.get("progress")
     if p is not None:
         loss = f", last loss {p['last_loss']:.4f}" if isinstance(p["last_loss"], (int, float)) else ""

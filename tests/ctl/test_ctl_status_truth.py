@@ -96,3 +96,49 @@ def test_a_canceled_run_names_its_stop_checkpoint_as_the_last(tmp_path: Path) ->
     assert st.returncode == 130 and "canceled" in st.stdout, st.stdout
     assert "  last checkpoint: runs/mini/ckpt/step-000014 (step 14)" in st.stdout, st.stdout
     assert status_json(tmp_path, "train/mini")["progress"]["last_checkpoint_step"] == 14
+
+
+def _history(home: Path, wid: str) -> list[dict]:
+    p = ctl(home, "history", wid, "--json")
+    return json.loads(p.stdout)["events"] if p.returncode == 0 else []
+
+
+def test_a_hung_evaluation_is_said_and_stopped_after_eval_heartbeat_timeout(tmp_path: Path) -> None:
+    """The durable example trainer (examples/durable_train.py) with an eval_command that hangs silently: status
+    says the worker waits for that evaluation with no progress for N s and when it is stopped; the attempt is
+    stopped after --eval-heartbeat-timeout (recorded in the eval activity's options), then retried."""
+    from bi_helpers import ROOT
+
+    spec = json.loads((ROOT / "examples/specs/durable.json").read_text())
+    spec.update(name="hang", steps=10, eval_every=5, checkpoint_every=5)
+    spec["trainer"] = {"command": ["python", "examples/durable_train.py"], "cwd": str(ROOT),
+                       "eval_command": ["python", "-c", "import time; time.sleep(3600)"]}
+    write_json(tmp_path / "hang.json", spec)
+    proc = spawn(tmp_path, "--spec", str(tmp_path / "hang.json"), "--suite", "acc", "--eval-heartbeat-timeout", "20",
+                 "--quiet")
+    try:
+        def stalled():
+            w = (status_json(tmp_path, "train/hang").get("worker") or {})
+            return w.get("activity_id") == "eval-000005-acc" and (w.get("heartbeat_age_s") or 0) > 7 and w
+        w = wait_for(stalled, "the evaluation to go silent", proc)
+        assert w["live"] is True and w["heartbeat_timeout_s"] == pytest.approx(20)
+        text = ctl(tmp_path, "status", "train/hang").stdout
+        line = next((ln for ln in text.splitlines() if ln.startswith("  waiting for: ")), "")
+        assert line.startswith("  waiting for: evaluation eval-000005-acc (attempt 1): no progress for "), text
+        assert line.endswith(" s (stopped after 20 s)"), text
+
+        def retried():
+            return any(e["type"] == "activity_started" and e["attrs"]["activity_id"] == "eval-000005-acc"
+                       and e["attrs"]["attempt"] == 2 for e in _history(tmp_path, "train/hang"))
+        wait_for(retried, "the hung evaluation's attempt 1 to be stopped and retried", proc)
+        events = _history(tmp_path, "train/hang")
+        scheduled = next(e for e in events if e["type"] == "activity_scheduled"
+                         and e["attrs"]["activity_id"] == "eval-000005-acc")
+        assert scheduled["attrs"]["options"]["heartbeat_timeout_s"] == 20  # the setting, not a fixed 120 s
+        failed = next(e for e in events if e["type"] in ("activity_failed", "activity_timed_out", "activity_retry")
+                      and e["attrs"].get("activity_id") == "eval-000005-acc")
+        assert "no progress line for" in json.dumps(failed["attrs"]) or "heartbeat" in json.dumps(failed["attrs"])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
