@@ -142,3 +142,14 @@ def test_a_hung_evaluation_is_said_and_stopped_after_eval_heartbeat_timeout(tmp_
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_eval_heartbeat_timeout_is_operational(tmp_path: Path) -> None:
+    """Another --eval-heartbeat-timeout continues the run (never 'started with a different request') and says so."""
+    write_json(tmp_path / "s.json", SPEC)
+    first = ctl(tmp_path, "train", "--spec", str(tmp_path / "s.json"), "--eval-max-items", "2", "--detach")
+    assert first.returncode == 0, first.stderr
+    again = ctl(tmp_path, "train", "--spec", str(tmp_path / "s.json"), "--eval-max-items", "2", "--detach",
+                "--eval-heartbeat-timeout", "30")
+    assert again.returncode == 0, again.stderr
+    assert "ctl: --eval-heartbeat-timeout 30 s from now on (the run had 120 s)" in again.stderr, again.stderr
