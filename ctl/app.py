@@ -19,11 +19,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 import workflows
 from engine import BadInput, Engine, NotFound, Store, check_id
 from tinyllm import fsio
-from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, load_json_file, parse_corpus_spec,
-                          parse_train_spec)
+from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, format_validation_error, load_json_file,
+                          parse_corpus_spec, parse_train_spec)
 from tinyllm.trainer_spec import has_trainer
 from workflows.models import EvalSubject, EvalSuiteInput, TrainRunInput
 
@@ -205,6 +207,9 @@ def eval_request(name: str, suites: list[str], subjects: list[str], *, tag: str 
     _check_suites(list(suites), name)
     try:
         EvalSpec.model_validate_json(workflows.marshal_spec(inp, suites[0]))
+    except ValidationError as e:  # in words, naming the option (never pydantic's "1 validation error for ...")
+        text = format_validation_error(e, "eval request", EvalSpec).replace("max_items:", "--max-items:")
+        raise BadRequest(text) from None
     except Exception as e:
         raise BadRequest(f"invalid eval request: {str(e).splitlines()[0]}") from None
     return inp

@@ -24,6 +24,8 @@ CASES = {
     "release range": (["release", "train/mini", "--suite", "ppl", "--eval-max-items", "0"],
                       ["release: --eval-max-items 0: must be at least 1"]),
     "global choice": (["--backend", "nope", "list"], ["--backend nope: must be one of embedded, temporal"]),
+    "eval items": (["eval", "--suite", "ppl", "--subject", "a=ck", "--max-items", "0"],
+                   ["invalid eval request: --max-items: must be at least 1, got 0"]),
 }
 
 SPEC_CASES = {
@@ -48,6 +50,7 @@ def _check(proc, needles: list[str]) -> None:
 def test_click_usage_errors_are_one_ctl_line(tmp_path: Path, case: str) -> None:
     args, needles = CASES[case]
     write_json(tmp_path / "spec.json", SPEC)
+    (tmp_path / "ck").mkdir()
     before = snapshot(tmp_path)
     _check(ctl(tmp_path, *args), needles)
     assert snapshot(tmp_path) == before  # nothing written (no database, no runs/)
