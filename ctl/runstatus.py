@@ -83,7 +83,7 @@ def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str,
         if not runners:
             return {"live": False, "activity_id": None, "attempt": None, "pid": None, "host": None,
                     "lease_age_s": None, "heartbeat_age_s": None,
-                    "reason": "no ctl train, ctl eval or ctl worker process is running it"}
+                    "reason": "no ctl train, eval, release or worker process is running it"}
         owner, since = runners[0].get("owner") or {}, runners[0].get("since")
         return {"live": True, "activity_id": None, "attempt": None, "pid": owner.get("pid"), "host": owner.get("host"),
                 "lease_age_s": None if since is None else max(0.0, now - since), "heartbeat_age_s": None,

@@ -65,7 +65,7 @@ def test_status_after_a_kill_during_a_durable_wait_says_no_live_worker(tmp_path:
         proc.wait(timeout=60)
         dead = ctl(tmp_path, "status", "train/mini")
         assert dead.returncode == 0, dead.stderr
-        assert "worker: no live worker (no ctl train, ctl eval or ctl worker process is running it): run the same " \
+        assert "worker: no live worker (no ctl train, eval, release or worker process is running it): run the same " \
                "`ctl train`" in dead.stdout, dead.stdout
         assert "  ETA: none (no live worker runs it)" in dead.stdout, dead.stdout
         assert "timer: fires at" in dead.stdout  # the wait is still recorded: the same command waits the rest
