@@ -114,7 +114,7 @@ class CtlGroup(click.Group):
         try:
             rv = super().main(args, prog_name or "ctl", complete_var, standalone_mode=False, **extra)
         except click_errors.ClickException as e:
-            click.echo(f"ctl: {usage_line(e)}", err=True)
+            click.echo(f"ctl: {usage_line(e, self._resolved)}", err=True)
             sys.stderr.flush()
             if not standalone_mode:
                 raise
@@ -128,8 +128,12 @@ class CtlGroup(click.Group):
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)  # an int: an Exit's code (--help, --version)
 
+    _resolved = "ctl"  # the command line's command ("ctl train"), for an error click gives no context
+
     def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
         name = args[0] if args else ""
+        if self.get_command(ctx, name) is not None:
+            self._resolved = f"{ctx.command_path} {name}"
         if self.get_command(ctx, name) is None and not ctx.resilient_parsing and not name.startswith("-"):
             known = sorted(self.list_commands(ctx))
             close = difflib.get_close_matches(name, known, n=1)
@@ -177,10 +181,11 @@ def _bad_value(param: Any, message: str) -> str:
     return f"{_option_name(param)}: {message.rstrip('.')}"
 
 
-def usage_line(e: click_errors.ClickException) -> str:
-    """One line for a click error, naming the command, the option and what it must be."""
+def usage_line(e: click_errors.ClickException, command: str = "ctl") -> str:
+    """One line for a click error, naming the command (``command`` when click gives no context), the option
+    and what it must be."""
     ctx = getattr(e, "ctx", None)
-    cmd = ctx.command_path if ctx is not None else "ctl"
+    cmd = ctx.command_path if ctx is not None else command
     where = cmd.split(" ", 1)[1] + ": " if " " in cmd else ""
     hint = f"; see `{cmd} --help`"
     message = " ".join(e.format_message().split()).rstrip(".")
@@ -198,7 +203,11 @@ def usage_line(e: click_errors.ClickException) -> str:
         return f"{where}{_bad_value(e.param, e.message)}{hint}" if e.param is not None else \
             f"{where}{e.message.rstrip('.')}{hint}"
     if isinstance(e, click_errors.BadOptionUsage):
-        return f"{where}{e.message.rstrip('.')}{hint}"
+        m = re.match(r"Option '(.*)' (requires an argument|does not take a value)", e.message)
+        if m:
+            need = "needs a value" if m.group(2).startswith("requires") else "takes no value"
+            return f"{where}{m.group(1)} {need}{hint}"
+        return f"{where}{e.message[:1].lower() + e.message[1:].rstrip('.')}{hint}"
     m = re.match(r"Got unexpected extra arguments? \((.*)\)", message)
     if m:
         return f"{where}unexpected argument {m.group(1)!r}{hint}"

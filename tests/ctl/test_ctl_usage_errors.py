@@ -24,6 +24,8 @@ CASES = {
     "release range": (["release", "train/mini", "--suite", "ppl", "--eval-max-items", "0"],
                       ["release: --eval-max-items 0: must be at least 1"]),
     "global choice": (["--backend", "nope", "list"], ["--backend nope: must be one of embedded, temporal"]),
+    "no value": (["train", "--spec"], ["train: --spec needs a value", "ctl train --help"]),
+    "a flag's value": (["status", "--json=3"], ["status: --json takes no value"]),
     "eval items": (["eval", "--suite", "ppl", "--subject", "a=ck", "--max-items", "0"],
                    ["invalid eval request: --max-items: must be at least 1, got 0"]),
 }
