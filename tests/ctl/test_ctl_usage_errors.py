@@ -24,7 +24,6 @@ CASES = {
     "release range": (["release", "train/mini", "--suite", "ppl", "--eval-max-items", "0"],
                       ["release: --eval-max-items 0: must be at least 1"]),
     "global choice": (["--backend", "nope", "list"], ["--backend nope: must be one of embedded, temporal"]),
-    "no value": (["train", "--spec"], ["train: --spec needs a value", "ctl train --help"]),
     "a flag's value": (["status", "--json=3"], ["status: --json takes no value"]),
     "eval items": (["eval", "--suite", "ppl", "--subject", "a=ck", "--max-items", "0"],
                    ["invalid eval request: --max-items: must be at least 1, got 0"]),
@@ -71,3 +70,15 @@ def test_help_and_version_still_exit_0(tmp_path: Path) -> None:
     for args in (["train", "--help"], ["list", "--help"]):
         proc = ctl(tmp_path, *args)
         assert proc.returncode == 0 and "Usage: ctl" in proc.stdout, proc.stderr
+
+
+def test_an_option_without_its_value_names_the_command(tmp_path: Path) -> None:
+    """The option last on the line (bi_helpers.ctl would append --home after it, as its value)."""
+    import subprocess
+    import sys
+
+    from bi_helpers import env
+
+    proc = subprocess.run([sys.executable, "-m", "ctl.cli", "train", "--spec"],  # home: the cwd
+                          capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=120)
+    _check(proc, ["ctl: train: --spec needs a value; see `ctl train --help`"])
