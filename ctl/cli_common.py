@@ -114,10 +114,10 @@ class CtlGroup(click.Group):
         try:
             rv = super().main(args, prog_name or "ctl", complete_var, standalone_mode=False, **extra)
         except click_errors.ClickException as e:
-            click.echo(f"ctl: {usage_line(e, self._resolved)}", err=True)
-            sys.stderr.flush()
             if not standalone_mode:
                 raise
+            click.echo(f"ctl: {usage_line(e, self._resolved)}", err=True)
+            sys.stderr.flush()
             sys.exit(2 if isinstance(e, click_errors.UsageError) else e.exit_code)
         except click_errors.Abort:  # Ctrl-C outside a command's own handling: as click says it
             if not standalone_mode:
@@ -134,7 +134,7 @@ class CtlGroup(click.Group):
         name = args[0] if args else ""
         if self.get_command(ctx, name) is not None:
             self._resolved = f"{ctx.command_path} {name}"
-        if self.get_command(ctx, name) is None and not ctx.resilient_parsing and not name.startswith("-"):
+        elif not ctx.resilient_parsing and not name.startswith("-"):
             known = sorted(self.list_commands(ctx))
             close = difflib.get_close_matches(name, known, n=1)
             raise click_errors.UsageError(f"unknown command {name!r}" + (f" (did you mean {close[0]}?)" if close else "")
@@ -150,7 +150,7 @@ def _option_name(param: Any) -> str:
 
 
 def _bounds(t: Any) -> str:
-    """``at least 1``, ``greater than 0``, ``1 to 65535``: a click range type's bounds in words."""
+    """``at least 1``, ``greater than 0``, ``at least 1 and at most 65535``: a click range type's bounds in words."""
     parts = []
     if t.min is not None:
         parts.append(f"greater than {t.min:g}" if t.min_open else f"at least {t.min:g}")
