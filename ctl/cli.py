@@ -204,6 +204,8 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     continues the same trace (docs/tracking.md).
     After a cancel or failure the same command continues as train/<name>/2, reusing every
     finished segment and evaluation. A different spec under the same name is refused (exit 2).
+    A segment whose trainer fails the same way twice in a row from the same checkpoint is not
+    retried again: one line says so (exit 1); fix the cause and run the same command.
 
     \b
     Exit codes: 0 completed, 130 canceled/interrupted, 2 bad input, 1 failed, 74 disk full.
