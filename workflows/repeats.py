@@ -10,7 +10,9 @@ with one line saying so, instead of using up every attempt with growing waits (5
 
 A failure with another message, or after a new checkpoint (the attempt made progress: a transient failure
 such as a lost machine or memory pressure at a different step), is retried as before; so is a hang (a
-progress timeout: a slow step is not a crash) and an attempt lost with its worker (it records nothing).
+progress timeout: a slow step is not a crash), a trainer killed by a signal (SIGKILL from outside, the OOM
+killer: exit < 0), a run directory locked by another trainer (exit 75) and an attempt lost with its worker:
+none of these is recorded, so they also break a chain of equal failures.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Any
 from engine import NonRetryableError
 
 RECORD = "failure-{attempt}.json"
+TRANSIENT_EXITS = (75,)  # tinyllm's "run directory locked by another live trainer": retried, whatever repeats
 
 
 def _read(path: Path) -> dict | None:
@@ -34,6 +37,9 @@ def _read(path: Path) -> dict | None:
 def check_repeat(work: Path, attempt: int, error: Any, point: int | None) -> NonRetryableError | None:
     """Record attempt ``attempt``'s failure in ``work``; the error to raise instead when attempt ``attempt - 1``
     failed the same way at the same point, else None (retried as the policy says)."""
+    code = getattr(error, "returncode", None)
+    if not isinstance(code, int) or code <= 0 or code in TRANSIENT_EXITS:
+        return None  # killed by a signal, or a lock held by another trainer: not the trainer's own doing
     record = {"type": str(getattr(error, "type", type(error).__name__)), "message": str(error), "point": point}
     try:
         (work / RECORD.format(attempt=attempt)).write_text(json.dumps(record, sort_keys=True), encoding="utf-8")
