@@ -7,7 +7,10 @@ adds to ``app.outcome_json`` (stable; docs/ctl.md "Watching a run" documents the
   "heartbeat_age_s"}`` of the activity attempt in flight, or, when nothing is in flight,
   ``{"live": false/null, ...}``; ``null`` for an ended workflow. ``live`` is false when the
   lease's owner process is known dead or the heartbeat deadline passed, or when a timer or an
-  activity has been due for longer than ``OVERDUE_S`` without any worker taking it.
+  activity has been due for longer than ``OVERDUE_S`` without any worker taking it, or when nothing
+  is in flight and no ``ctl`` process runs the workflow (ctl/presence.py). With an attempt in
+  flight also ``heartbeat_timeout_s`` and ``waiting_for`` (``waiting_for()``: what it waits for and
+  how long it has made no progress).
 * ``progress``: ``{"phase", "step", "total_steps", "last_loss", "last_checkpoint",
   "last_checkpoint_step", "last_eval", "eval_progress", "eta_s", "segments_done", "segments"}``;
   ``eval_progress`` is ``{"done", "of", "unit", "eta_s"}`` of the evaluation in flight, from its
