@@ -137,8 +137,8 @@ class CtlGroup(click.Group):
         elif not ctx.resilient_parsing and not name.startswith("-"):
             known = sorted(self.list_commands(ctx))
             close = difflib.get_close_matches(name, known, n=1)
-            raise click_errors.UsageError(f"unknown command {name!r}" + (f" (did you mean {close[0]}?)" if close else "")
-                                          + f"; commands: {', '.join(known)}", ctx)
+            guess = f" (did you mean {close[0]}?)" if close else ""
+            raise click_errors.UsageError(f"unknown command {name!r}{guess}; commands: {', '.join(known)}", ctx)
         return super().resolve_command(ctx, args)
 
 
