@@ -370,14 +370,13 @@ def start_run(engine: Any, workflow: str, base: str, inp: Any) -> Started:
     return Started(workflow_id, new=True, reused=sorted([*prior.train, *prior.evals]) if prior else [])
 
 
-def heartbeat_override(workflow_id: str, heartbeat_timeout_s: float, eval_heartbeat_timeout_s: float | None = None):
+def heartbeat_override(workflow_id: str, heartbeat_timeout_s: float | None,
+                       eval_heartbeat_timeout_s: float | None = None):
     """The engine's ``attempt_options`` hook of a ``ctl train`` running ``workflow_id`` here: its train
     attempts run with this command's ``--heartbeat-timeout``, its evaluations with its
     ``--eval-heartbeat-timeout`` (the scheduled value stays recorded; the started event records the one used),
     whatever the run was started with."""
-    wanted = {workflows.ACTIVITY_TRAIN: heartbeat_timeout_s}
-    if eval_heartbeat_timeout_s is not None:
-        wanted[workflows.ACTIVITY_EVAL] = eval_heartbeat_timeout_s
+    wanted = {workflows.ACTIVITY_TRAIN: heartbeat_timeout_s, workflows.ACTIVITY_EVAL: eval_heartbeat_timeout_s}
 
     def hook(wid: str, name: str, scheduled: Any) -> Any:
         value = wanted.get(name)

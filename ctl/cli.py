@@ -373,11 +373,15 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the evaluation.")
 @click.option("--corpus", default="default", show_default=True, help="Corpus whose held-out part ppl reads.")
 @click.option("--max-items", type=int, default=None, help="At most this many items per suite [default: all].")
+@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=120.0,
+              show_default=True, metavar="SECONDS",
+              help="A suite's evaluation silent this long (no progress line) is stopped and retried (3 attempts); "
+                   "operational: a rerun with another value continues the evaluation with it.")
 @json_option
 @home_option
 @edge
 def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, ...], name: str, tag: str, seed: int,
-          corpus: str, max_items: int | None, as_json: bool, home: str | None) -> None:
+          corpus: str, max_items: int | None, heartbeat_timeout_s: float, as_json: bool, home: str | None) -> None:
     """Evaluate checkpoints: workflow eval/<name>, one activity per suite over the subjects.
 
     Each suite writes evals/<suite>/<name>[-<tag>]/results.jsonl and summary.json. Like
@@ -397,7 +401,7 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
     if spec_file is not None:
         trainer = eval_trainer(spec_file)
     inp = app.eval_request(name, list(suites), list(subjects), tag=tag, seed=seed, corpus=corpus, max_items=max_items,
-                           trainer=trainer)
+                           trainer=trainer).model_copy(update={"heartbeat_timeout_s": heartbeat_timeout_s})
     for s in inp.subjects:
         path = Path(s.model) if Path(s.model).is_absolute() else home_dir / s.model
         if not path.is_dir():
@@ -407,6 +411,8 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
     try:
         started = app.start_run(engine, "EvalSuite", f"eval/{inp.name}", inp)
         interrupt.workflow_id = started.workflow_id
+        if hasattr(engine, "attempt_options"):  # an operational setting: this command's value from now on
+            engine.attempt_options = app.heartbeat_override(started.workflow_id, None, heartbeat_timeout_s)
         st = engine.status(started.workflow_id)
         if st.state == "running":
             st = _follow(home_dir, engine, started.workflow_id, quiet=as_json, interrupt=interrupt)

@@ -153,3 +153,19 @@ def test_eval_heartbeat_timeout_is_operational(tmp_path: Path) -> None:
                 "--eval-heartbeat-timeout", "30")
     assert again.returncode == 0, again.stderr
     assert "ctl: --eval-heartbeat-timeout 30 s from now on (the run had 120 s)" in again.stderr, again.stderr
+
+
+def test_ctl_eval_stops_a_hung_evaluation_after_its_heartbeat_timeout(tmp_path: Path) -> None:
+    """``ctl eval --heartbeat-timeout 3`` of an eval_command that hangs silently: each of the 3 attempts is
+    stopped after 3 s without progress, then the evaluation fails (exit 1) naming the silence."""
+    (tmp_path / "ck").mkdir()
+    write_json(tmp_path / "s.json", {"name": "hang", "steps": 2, "trainer": {
+        "command": ["python", "-c", "pass"], "eval_command": ["python", "-c", "import time; time.sleep(3600)"]}})
+    proc = ctl(tmp_path, "eval", "--spec", str(tmp_path / "s.json"), "--suite", "acc", "--subject", "a=ck",
+               "--heartbeat-timeout", "3", timeout=150)  # 120 s (the old fixed timeout) would not end in time
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+    assert "eval/a failed: Timeout: activity 'eval-acc' timed out (attempt 3)" in proc.stderr, proc.stderr[-3000:]
+    events = _history(tmp_path, "eval/a")
+    assert [e["attrs"]["attempt"] for e in events if e["type"] == "activity_started"] == [1, 2, 3]
+    scheduled = next(e for e in events if e["type"] == "activity_scheduled")
+    assert scheduled["attrs"]["options"]["heartbeat_timeout_s"] == 3
