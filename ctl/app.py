@@ -19,11 +19,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 import workflows
 from engine import BadInput, Engine, NotFound, StopRequest, Store, check_id
 from tinyllm import fsio
-from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, load_json_file, parse_corpus_spec,
-                          parse_train_spec)
+from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, format_validation_error, load_json_file,
+                          parse_corpus_spec, parse_train_spec)
 from tinyllm.trainer_spec import has_trainer
 from workflows.models import EvalSubject, EvalSuiteInput, TrainRunInput
 
@@ -112,11 +114,34 @@ def _check_suites(suites: list[str], name: str) -> None:
         raise BadRequest(f"suite given twice: {suites}")
 
 
+BUILTIN_CORPORA = ("default",)
+"""Corpora a train spec may name without ``--corpus-spec``: tinyllm's built-in text under that name."""
+
+
+def known_corpora(home: Path) -> list[str]:
+    """The corpora already built in ``home`` (``corpora/<name>/meta.json``), sorted."""
+    root = home / "corpora"
+    return sorted(d.name for d in root.iterdir() if (d / "meta.json").is_file()) if root.is_dir() else []
+
+
+def check_corpus_name(name: str, home: Path) -> None:
+    """A train spec's corpus without ``--corpus-spec`` must be a built-in one or one already built in the home:
+    any other name (a typo) would build the built-in text under it and train on data the user did not mean."""
+    built = known_corpora(home)
+    if name in BUILTIN_CORPORA or name in built:
+        return
+    raise BadRequest(f"unknown corpus {name!r} in the train spec: the built-in corpora are "
+                     f"{', '.join(BUILTIN_CORPORA)}; built in {home}: {', '.join(built) or 'none'}; to build "
+                     f"{name!r} from your own text give --corpus-spec FILE")
+
+
 def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 0, eval_max_items: int | None = None,
-                  corpus_file: str | None = None) -> TrainRunInput:
+                  corpus_file: str | None = None, home: Path | None = None) -> TrainRunInput:
     """Read and validate a train spec (and optional corpus spec) into TrainRun's input.
 
-    ``suites`` None: the default (ppl for tinyllm; none for a spec naming its own trainer).
+    ``suites`` None: the default (ppl for tinyllm; none for a spec naming its own trainer). ``home``: where
+    a corpus named without ``--corpus-spec`` must already be built unless it is a built-in one
+    (``check_corpus_name``); None skips that check.
     """
     try:
         raw = load_json_file(spec_file, "train spec")
@@ -148,7 +173,9 @@ def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 
         except SpecError as e:
             raise BadRequest(str(e)) from None
     else:
-        corpus = {"name": spec.corpus}  # tinyllm's built-in text under that name (idempotent)
+        if home is not None:
+            check_corpus_name(spec.corpus, home)
+        corpus = {"name": spec.corpus}  # the built-in text, or the corpus built in the home (idempotent)
     _check_suites(list(suites), spec.name)
     if eval_max_items is not None and eval_max_items < 1:
         raise BadRequest(f"--eval-max-items must be >= 1, got {eval_max_items}")
@@ -186,6 +213,9 @@ def eval_request(name: str, suites: list[str], subjects: list[str], *, tag: str 
     _check_suites(list(suites), name)
     try:
         EvalSpec.model_validate_json(workflows.marshal_spec(inp, suites[0]))
+    except ValidationError as e:  # in words, naming the option (never pydantic's "1 validation error for ...")
+        text = format_validation_error(e, "eval request", EvalSpec).replace("max_items:", "--max-items:")
+        raise BadRequest(text) from None
     except Exception as e:
         raise BadRequest(f"invalid eval request: {str(e).splitlines()[0]}") from None
     return inp
@@ -281,9 +311,10 @@ def run_generations(engine: Any, base: str) -> list[Any]:
     return [st for _, st in sorted(found, key=lambda x: x[0])]
 
 
-OPERATIONAL = ("prior", "train_heartbeat_timeout_s", "trace", "heartbeat_timeout_s")
+OPERATIONAL = ("prior", "train_heartbeat_timeout_s", "eval_heartbeat_timeout_s", "trace", "heartbeat_timeout_s")
 """Input fields that are not the run's identity: the work already done, and settings of how it is run
-that change no result (a rerun with another ``--heartbeat-timeout`` continues the run with it; the
+that change no result (a rerun with another ``--heartbeat-timeout`` or ``--eval-heartbeat-timeout`` continues
+the run with it; the
 trace a run records is read back, so a rerun with or without tracing continues it; a release's publish
 heartbeat timeout: the recorded one applies)."""
 
@@ -345,19 +376,26 @@ def start_run(engine: Any, workflow: str, base: str, inp: Any) -> Started:
     return Started(workflow_id, new=True, reused=sorted([*prior.train, *prior.evals]) if prior else [])
 
 
-def heartbeat_override(workflow_id: str, heartbeat_timeout_s: float):
+def heartbeat_override(workflow_id: str, heartbeat_timeout_s: float | None,
+                       eval_heartbeat_timeout_s: float | None = None):
     """The engine's ``attempt_options`` hook of a ``ctl train`` running ``workflow_id`` here: its train
-    attempts run with this command's ``--heartbeat-timeout`` (the scheduled value stays recorded; the
-    started event records the one used), whatever the run was started with."""
+    attempts run with this command's ``--heartbeat-timeout``, its evaluations with its
+    ``--eval-heartbeat-timeout`` (the scheduled value stays recorded; the started event records the one used),
+    whatever the run was started with."""
+    wanted = {workflows.ACTIVITY_TRAIN: heartbeat_timeout_s, workflows.ACTIVITY_EVAL: eval_heartbeat_timeout_s}
+
     def hook(wid: str, name: str, scheduled: Any) -> Any:
-        if wid != workflow_id or name != workflows.ACTIVITY_TRAIN or scheduled.heartbeat_timeout_s == heartbeat_timeout_s:
+        value = wanted.get(name)
+        if wid != workflow_id or value is None or scheduled.heartbeat_timeout_s == value:
             return scheduled
-        return replace(scheduled, heartbeat_timeout_s=heartbeat_timeout_s)
+        return replace(scheduled, heartbeat_timeout_s=value)
     return hook
 
 
-def heartbeat_in_use(engine: Any, workflow_id: str) -> float | None:
-    """The heartbeat timeout the run's train attempts last ran with (or were scheduled with), or None."""
+def heartbeat_in_use(engine: Any, workflow_id: str, activity: str = workflows.ACTIVITY_TRAIN,
+                     field: str = "train_heartbeat_timeout_s") -> float | None:
+    """The heartbeat timeout the run's ``activity`` attempts (train; eval with ``field``
+    ``eval_heartbeat_timeout_s``) last ran with (or were scheduled with), or None."""
     try:
         events = engine.history(workflow_id)
     except (NotFound, BadInput):
@@ -367,8 +405,8 @@ def heartbeat_in_use(engine: Any, workflow_id: str) -> float | None:
         a = e.attrs if isinstance(e.attrs, dict) else {}
         aid = str(a.get("activity_id", ""))
         if e.type == "workflow_started" and isinstance(a.get("input"), dict):
-            value = a["input"].get("train_heartbeat_timeout_s", value)
-        elif e.type == "activity_scheduled" and a.get("name") == workflows.ACTIVITY_TRAIN:
+            value = a["input"].get(field, value)
+        elif e.type == "activity_scheduled" and a.get("name") == activity:
             scheduled[aid] = (a.get("options") or {}).get("heartbeat_timeout_s")
         elif e.type == "activity_started" and aid in scheduled:
             value = a.get("heartbeat_timeout_s", scheduled[aid])

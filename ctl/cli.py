@@ -18,15 +18,16 @@ import click
 
 from engine import STOP_SIGNAL_ENV
 from tinyllm import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
+import workflows
 from workflows.models import TraceContext
 
-from . import app, backends, cli_inspect, errors, runsinks
+from . import app, backends, cli_inspect, errors, presence, runsinks
 from .ui import command as ui_command
 from .workerlog import WorkerLog
 from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, EXIT_PREEMPTED, BadRequest
 from .interrupt import Interrupt
-from .cli_common import (describe_train, edge, home_option, json_option, preempted_line, print_json, resolved,
-                         stop_options)
+from .cli_common import (CtlGroup, describe_train, edge, home_option, json_option, preempted_line, print_json,
+                         resolved, stop_options)
 from .release import release as release_command
 from .trainers import eval_trainer
 from .verify import verify_resume as run_verify_resume
@@ -49,7 +50,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
         ctx.exit(0)
 
 
-@click.group(context_settings={"max_content_width": 100})
+@click.group(cls=CtlGroup, context_settings={"max_content_width": 100})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Print durable-train's and torch's versions and exit.")
 @click.option("--backend", type=click.Choice(["embedded", "temporal"]), default="embedded", show_default=True,
@@ -121,12 +122,14 @@ def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool, interrupt
     logging.getLogger("engine").addHandler(logging.NullHandler())  # the display (or --quiet) speaks instead
     interrupt.workflow_id, interrupt.engine = workflow_id, engine
     progress = None if quiet else LiveDisplay(home, engine, workflow_id)
+    here = presence.announce(home, engine, workflow_id)  # `ctl status` between activities: a live runner
     try:
         if progress:
             interrupt.display = progress
             progress.__enter__()
         return engine.run_until_complete(workflow_id)
     finally:
+        presence.withdraw(here)
         if progress:
             progress.stop()
 
@@ -167,7 +170,8 @@ def _describe_eval(result: dict) -> None:
 @click.option("--no-eval", is_flag=True, help="Evaluate nothing (no --suite then).")
 @click.option("--corpus-spec", "corpus_file", default=None, metavar="FILE",
               help="Corpus spec (JSON), e.g. {\"name\": \"mine\", \"sources\": [\"my.txt\"]}; its name must be the "
-                   "train spec's corpus. Default: the built-in text under that name.")
+                   "train spec's corpus. Without it the spec's corpus must be the built-in one (default) or one "
+                   "already built in the home; another name is refused (exit 2).")
 @click.option("--eval-seed", type=int, default=0, show_default=True, help="Seed of the evaluations.")
 @click.option("--eval-max-items", type=int, default=None, help="At most this many items per suite [default: all].")
 @click.option("--detach", is_flag=True, help="Start (or find) the run and return at once; `ctl worker` runs it.")
@@ -175,6 +179,10 @@ def _describe_eval(result: dict) -> None:
               show_default=True, metavar="SECONDS",
               help="A trainer silent this long (no progress line) is stopped and its segment redelivered; on "
                    "Temporal also how soon a dead worker's segment moves to another worker.")
+@click.option("--eval-heartbeat-timeout", "eval_heartbeat_timeout_s", type=click.FloatRange(min=1), default=120.0,
+              show_default=True, metavar="SECONDS",
+              help="An evaluation silent this long (no progress line) is stopped and retried (3 attempts); "
+                   "operational like --heartbeat-timeout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display on stderr (the result still goes to stdout).")
 @click.option("--trace-file", "trace_file", default=None, metavar="FILE",
               help="Append the run's OpenTelemetry spans to FILE as JSON lines (the trace extra). "
@@ -184,8 +192,9 @@ def _describe_eval(result: dict) -> None:
 @home_option
 @edge
 def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: str | None, eval_seed: int,
-          eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float, quiet: bool, trace_file: str | None,
-          stop_grace_s: float, stop_signal: Any, as_json: bool, home: str | None) -> None:
+          eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float, eval_heartbeat_timeout_s: float,
+          quiet: bool, trace_file: str | None, stop_grace_s: float, stop_signal: Any, as_json: bool,
+          home: str | None) -> None:
     """Start workflow train/<name> (or attach to it) and run it here to its end.
 
     Builds the corpus, trains in segments up to each eval_every boundary, evaluates each
@@ -199,6 +208,8 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     continues the same trace (docs/tracking.md).
     After a cancel or failure the same command continues as train/<name>/2, reusing every
     finished segment and evaluation. A different spec under the same name is refused (exit 2).
+    A segment whose trainer fails the same way twice in a row from the same checkpoint is not
+    retried again: one line says so (exit 1); fix the cause and run the same command.
 
     A polite stop (SIGTERM from Kubernetes, docker, systemd or Slurm; Ctrl-C; --stop-signal)
     saves the step the trainer is at, records the attempt as preempted and exits 143; a second
@@ -219,7 +230,8 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
         raise BadRequest("--no-eval and --suite exclude each other")
     chosen = [] if no_eval else (list(suites) or None)  # None: the default (ppl; none for an own trainer)
     inp = app.train_request(spec_file, chosen, eval_seed=eval_seed, eval_max_items=eval_max_items,
-                            corpus_file=corpus_file).model_copy(update={"train_heartbeat_timeout_s": heartbeat_timeout_s})
+                            corpus_file=corpus_file, home=home_dir).model_copy(
+        update={"train_heartbeat_timeout_s": heartbeat_timeout_s, "eval_heartbeat_timeout_s": eval_heartbeat_timeout_s})
     name = inp.spec["name"]
     interrupt.what = app.train_workflow_id(name)
     app.check_run_writable(home_dir, name)
@@ -230,6 +242,8 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     try:
         current = app.latest_run(engine, app.train_workflow_id(name))
         was_s = app.heartbeat_in_use(engine, current.workflow_id) if current is not None else None
+        was_eval_s = app.heartbeat_in_use(engine, current.workflow_id, workflows.ACTIVITY_EVAL,
+                                          "eval_heartbeat_timeout_s") if current is not None else None
         if tracer is not None:  # the run's trace: recorded in its history, read back by every later ctl train
             base = app.train_workflow_id(name)
             histories = lambda: [(st.workflow_id, engine.history(st.workflow_id))  # noqa: E731
@@ -247,20 +261,22 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
             if not (as_json or quiet):
                 click.echo(f"ctl: trace {tracer.trace_id} -> {tracer.where}", err=True)
         if hasattr(engine, "attempt_options"):  # an operational setting: this command's value from now on
-            engine.attempt_options = app.heartbeat_override(wid, heartbeat_timeout_s)
+            engine.attempt_options = app.heartbeat_override(wid, heartbeat_timeout_s, eval_heartbeat_timeout_s)
         if not (as_json or quiet):
             verb = "started" if started.new else "attached to"
             click.echo(f"ctl: {verb} {wid} (home {home_dir})", err=True)
             if started.reused:
                 click.echo(f"ctl: continuing the run; done earlier, not run again: {', '.join(started.reused)}",
                            err=True)
-        if was_s is not None and was_s != heartbeat_timeout_s and not as_json:
+        for flag, was, now_s in (("--heartbeat-timeout", was_s, heartbeat_timeout_s),
+                                 ("--eval-heartbeat-timeout", was_eval_s, eval_heartbeat_timeout_s)):
+            if was is None or was == now_s or as_json:
+                continue
             if hasattr(engine, "attempt_options"):
-                click.echo(f"ctl: --heartbeat-timeout {heartbeat_timeout_s:g} s from now on (the run had {was_s:g} s)",
-                           err=True)
+                click.echo(f"ctl: {flag} {now_s:g} s from now on (the run had {was:g} s)", err=True)
             else:
-                click.echo(f"ctl: --heartbeat-timeout {heartbeat_timeout_s:g} s is not applied on this backend: "
-                           f"{wid} keeps its {was_s:g} s", err=True)
+                click.echo(f"ctl: {flag} {now_s:g} s is not applied on this backend: {wid} keeps its {was:g} s",
+                           err=True)
         st = engine.status(wid)
         if detach and st.state == "running":
             if as_json:
@@ -392,13 +408,17 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the evaluation.")
 @click.option("--corpus", default="default", show_default=True, help="Corpus whose held-out part ppl reads.")
 @click.option("--max-items", type=int, default=None, help="At most this many items per suite [default: all].")
+@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=120.0,
+              show_default=True, metavar="SECONDS",
+              help="A suite's evaluation silent this long (no progress line) is stopped and retried (3 attempts); "
+                   "operational: a rerun with another value continues the evaluation with it.")
 @stop_options
 @json_option
 @home_option
 @edge
 def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, ...], name: str, tag: str, seed: int,
-          corpus: str, max_items: int | None, stop_grace_s: float, stop_signal: Any, as_json: bool,
-          home: str | None) -> None:
+          corpus: str, max_items: int | None, heartbeat_timeout_s: float, stop_grace_s: float, stop_signal: Any,
+          as_json: bool, home: str | None) -> None:
     """Evaluate checkpoints: workflow eval/<name>, one activity per suite over the subjects.
 
     Each suite writes evals/<suite>/<name>[-<tag>]/results.jsonl and summary.json. Like
@@ -419,7 +439,7 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
     if spec_file is not None:
         trainer = eval_trainer(spec_file)
     inp = app.eval_request(name, list(suites), list(subjects), tag=tag, seed=seed, corpus=corpus, max_items=max_items,
-                           trainer=trainer)
+                           trainer=trainer).model_copy(update={"heartbeat_timeout_s": heartbeat_timeout_s})
     for s in inp.subjects:
         path = Path(s.model) if Path(s.model).is_absolute() else home_dir / s.model
         if not path.is_dir():
@@ -429,6 +449,8 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
     try:
         started = app.start_run(engine, "EvalSuite", f"eval/{inp.name}", inp)
         interrupt.workflow_id = started.workflow_id
+        if hasattr(engine, "attempt_options"):  # an operational setting: this command's value from now on
+            engine.attempt_options = app.heartbeat_override(started.workflow_id, None, heartbeat_timeout_s)
         st = engine.status(started.workflow_id)
         if st.state == "running":
             st = _follow(home_dir, engine, started.workflow_id, quiet=as_json, interrupt=interrupt)
@@ -514,6 +536,7 @@ def worker(stop_grace_s: float, stop_signal: Any, home: str | None) -> None:
     logging.getLogger("engine").addHandler(handler)
     log = WorkerLog(engine, lambda line: click.echo(line, err=True),
                     on_end=lambda wid, state: runsinks.workflow_state(home_dir, wid, state))  # MLflow's run status
+    here = presence.announce(home_dir, engine, None)  # `ctl status` between activities: a live runner
     code = EXIT_OK
     try:
         log.start()
@@ -524,6 +547,7 @@ def worker(stop_grace_s: float, stop_signal: Any, home: str | None) -> None:
             for p in stopped:
                 runsinks.workflow_state(home_dir, p["workflow_id"], "preempted")
     finally:
+        presence.withdraw(here)
         log.stop()
         sig = f" by {interrupt.signal_name}" if interrupt.signal_name else ""
         what = f"; {len(stopped)} attempt(s) preempted, resumable (exit {EXIT_PREEMPTED})" if code else ""

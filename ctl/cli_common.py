@@ -3,16 +3,21 @@ one line on stderr and an exit code, only here), JSON and time printing, a finis
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import functools
 import json
 import math
+import re
 import sqlite3
 import sys
 from typing import Any, Callable
 
 import click
+from click import exceptions as click_errors
+from pydantic import ValidationError
 
 from engine import BadInput as EngineBadInput
+from tinyllm.spec import format_validation_error
 
 from . import app
 from .errors import BadRequest, CtlError
@@ -81,6 +86,8 @@ def edge(fn: Callable) -> Callable:
             exit_with(e)
         except EngineBadInput as e:  # a damaged record met while running: nothing was written
             exit_with(BadRequest(str(e)))
+        except ValidationError as e:  # a request model refused a value a check before it missed: still one line
+            exit_with(BadRequest(format_validation_error(e, "request")))
         except (sqlite3.Error, OSError) as e:
             home = kwargs.get("home")
             err = as_ctl_error(e, app.resolve_home(home) if "home" in kwargs else None)
@@ -91,7 +98,8 @@ def edge(fn: Callable) -> Callable:
 
 
 def exit_with(e: CtlError) -> None:
-    click.echo(f"ctl: {e}", err=True)
+    text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())  # always one line
+    click.echo(f"ctl: {text}", err=True)
     sys.stderr.flush()
     sys.exit(e.exit_code)
 
@@ -138,3 +146,116 @@ def resolved(engine: Any, workflow_id: str) -> str:
         why = "the run's first workflow" if workflow_id == f"{wid}/1" else "its newest run; `ctl list` shows all"
         click.echo(f"ctl: {workflow_id} -> {wid} ({why})", err=True)
     return wid
+
+
+# --- click's own errors: one line in ctl's words, exit 2 ------------------------------------------------------
+
+
+class CtlGroup(click.Group):
+    """``ctl``'s command group: click's usage errors (a missing or unknown option, a value out of range, an
+    unknown command, an extra argument) become ONE line ``ctl: ...`` in the project's words and exit 2, for
+    every command, instead of click's usage block and ``Error: ...`` (3 lines)."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        try:
+            rv = super().main(args, prog_name or "ctl", complete_var, standalone_mode=False, **extra)
+        except click_errors.ClickException as e:
+            if not standalone_mode:
+                raise
+            click.echo(f"ctl: {usage_line(e, self._resolved)}", err=True)
+            sys.stderr.flush()
+            sys.exit(2 if isinstance(e, click_errors.UsageError) else e.exit_code)
+        except click_errors.Abort:  # Ctrl-C outside a command's own handling: as click says it
+            if not standalone_mode:
+                raise
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)  # an int: an Exit's code (--help, --version)
+
+    _resolved = "ctl"  # the command line's command ("ctl train"), for an error click gives no context
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        name = args[0] if args else ""
+        if self.get_command(ctx, name) is not None:
+            self._resolved = f"{ctx.command_path} {name}"
+        elif not ctx.resilient_parsing and not name.startswith("-"):
+            known = sorted(self.list_commands(ctx))
+            close = difflib.get_close_matches(name, known, n=1)
+            guess = f" (did you mean {close[0]}?)" if close else ""
+            raise click_errors.UsageError(f"unknown command {name!r}{guess}; commands: {', '.join(known)}", ctx)
+        return super().resolve_command(ctx, args)
+
+
+def _option_name(param: Any) -> str:
+    if isinstance(param, click.Option):
+        longs = [o for o in param.opts if o.startswith("--")]
+        return (longs or param.opts)[0]
+    return (param.human_readable_name if param is not None else "value").upper()
+
+
+def _bounds(t: Any) -> str:
+    """``at least 1``, ``greater than 0``, ``at least 1 and at most 65535``: a click range type's bounds in words."""
+    parts = []
+    if t.min is not None:
+        parts.append(f"greater than {t.min:g}" if t.min_open else f"at least {t.min:g}")
+    if t.max is not None:
+        parts.append(f"less than {t.max:g}" if t.max_open else f"at most {t.max:g}")
+    return " and ".join(parts)
+
+
+def _given(message: str) -> str:
+    """The value click quotes at the start of its message (``'abc' is not a valid integer.`` -> abc)."""
+    m = re.match(r"^'?(.*?)'? (is not|does not|is a )", message)
+    return m.group(1) if m else ""
+
+
+def _bad_value(param: Any, message: str) -> str:
+    t = getattr(param, "type", None)
+    given = _given(message)
+    what = f"{_option_name(param)} {given}".rstrip() if given else _option_name(param)
+    if isinstance(t, (click.FloatRange, click.IntRange)) and "range" in message:
+        unit = f" ({param.metavar.lower()})" if getattr(param, "metavar", None) else ""
+        return f"{what}: must be {_bounds(t)}{unit}"
+    if isinstance(t, click.Choice):
+        return f"{what}: must be one of {', '.join(map(str, t.choices))}"
+    if isinstance(t, (click.IntRange, click.types.IntParamType)):
+        return f"{what}: must be an integer"
+    if isinstance(t, (click.FloatRange, click.types.FloatParamType)):
+        return f"{what}: must be a number"
+    return f"{_option_name(param)}: {message.rstrip('.')}"
+
+
+def usage_line(e: click_errors.ClickException, command: str = "ctl") -> str:
+    """One line for a click error, naming the command (``command`` when click gives no context), the option
+    and what it must be."""
+    ctx = getattr(e, "ctx", None)
+    cmd = ctx.command_path if ctx is not None else command
+    where = cmd.split(" ", 1)[1] + ": " if " " in cmd else ""
+    hint = f"; see `{cmd} --help`"
+    message = " ".join(e.format_message().split()).rstrip(".")
+    if message.startswith("unknown command "):  # CtlGroup.resolve_command's own words
+        return f"{where}{message}"
+    if isinstance(e, click_errors.NoSuchOption):
+        close = sorted(e.possibilities or [])
+        return f"{where}unknown option {e.option_name}" + (f" (did you mean {close[0]}?)" if close else "") + hint
+    if isinstance(e, click_errors.MissingParameter) and e.param is not None:
+        if isinstance(e.param, click.Option):
+            metavar = f" {e.param.metavar}" if e.param.metavar else ""
+            return f"{where}{_option_name(e.param)}{metavar} is required{hint}"
+        return f"{where}missing {_option_name(e.param)}{hint}"
+    if isinstance(e, click_errors.BadParameter):
+        return f"{where}{_bad_value(e.param, e.message)}{hint}" if e.param is not None else \
+            f"{where}{e.message.rstrip('.')}{hint}"
+    if isinstance(e, click_errors.BadOptionUsage):
+        m = re.match(r"Option '(.*)' (requires an argument|does not take a value)", e.message)
+        if m:
+            need = "needs a value" if m.group(2).startswith("requires") else "takes no value"
+            return f"{where}{m.group(1)} {need}{hint}"
+        return f"{where}{e.message[:1].lower() + e.message[1:].rstrip('.')}{hint}"
+    m = re.match(r"Got unexpected extra arguments? \((.*)\)", message)
+    if m:
+        return f"{where}unexpected argument {m.group(1)!r}{hint}"
+    return f"{where}{message[:1].lower() + message[1:]}{hint}"

@@ -19,7 +19,7 @@ from . import plot as plotting
 from .errors import BadRequest, CtlError
 from .homecheck import as_ctl_error
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved, when
-from .runview import run_view
+from .runview import release_outcome, run_view
 from .show import show as show_run
 
 @click.command()
@@ -30,7 +30,8 @@ from .show import show as show_run
 def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
     """Show WORKFLOW_ID's state, or a table of every workflow.
 
-    For a run: whether a live worker holds it (pid, host, lease age) or nobody does, the
+    For a run: whether a live worker holds it (pid, host, lease age) or nobody does, what it
+    waits for (e.g. an evaluation with no progress for 95 s, stopped after 120 s), the
     current step and last loss, the last checkpoint, the last evaluation's figures, the ETA,
     and pending timers in local time with the time remaining. --json adds the fields
     "worker", "progress" and "timers" (docs/ctl.md, "Watching a run").
@@ -53,7 +54,7 @@ def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
         now = time.time()
         extra = runstatus.describe(engine, home_dir, st, now)
         if as_json:
-            print_json(app.outcome_json(st) | {"waiting_on": st.waiting_on} | extra)
+            print_json(app.outcome_json(st) | {"waiting_on": st.waiting_on} | extra | _release_json(st))
         else:
             click.echo(f"{st.workflow_id} ({st.workflow}): {st.state}"
                        + (" (cancel requested)" if st.cancel_requested and st.state == "running" else ""))
@@ -63,6 +64,8 @@ def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
                 click.echo(line)
             if st.error:
                 click.echo(f"  error: {app.error_line(st.error)}")
+            if (released := release_outcome(st.workflow, st.state, st.result)) is not None:
+                click.echo(f"  release: {released['text']}")
             if st.state == "completed" and st.workflow == "TrainRun":
                 describe_train(st.result)
         sys.exit(app.exit_code(st.state))
@@ -70,14 +73,22 @@ def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
         engine.close()
 
 
+def _release_json(st: Any) -> dict:
+    """``{"release": {...}}`` for a completed ModelRelease (runview.release_outcome), else nothing."""
+    released = release_outcome(st.workflow, st.state, st.result)
+    return {"release": released} if released is not None else {}
+
+
 def _table(rows: list) -> None:
     if not rows:
         click.echo("no workflows")
         return
-    click.echo(f"{'WORKFLOW ID':<32} {'KIND':<12} {'STATE':<10} {'UPDATED':<19}")
+    click.echo(f"{'WORKFLOW ID':<32} {'KIND':<12} {'STATE':<10} {'UPDATED':<19} OUTCOME")
     for s in rows:
         state = s.state + ("*" if s.cancel_requested and s.state == "running" else "")
-        click.echo(f"{s.workflow_id:<32} {s.workflow:<12} {state:<10} {when(s.updated_at):<19}")
+        released = release_outcome(s.workflow, s.state, s.result)
+        click.echo(f"{s.workflow_id:<32} {s.workflow:<12} {state:<10} {when(s.updated_at):<19} "
+                   f"{released['text'] if released else ''}".rstrip())
 
 
 @click.command(name="list")
@@ -85,7 +96,8 @@ def _table(rows: list) -> None:
 @home_option
 @edge
 def list_(as_json: bool, home: str | None) -> None:
-    """List every workflow of the home folder: id, kind, state (* = cancel requested), last update.
+    """List every workflow of the home folder: id, kind, state (* = cancel requested), last update,
+    and a completed release's outcome (published VERSION, or not published: which gate failed).
 
     \b
     Exit codes: 0, or 2 when the home has no database.
@@ -104,7 +116,7 @@ def _list_all(engine: Any, as_json: bool) -> None:
     """Every readable workflow; each damaged one as a line on stderr, then exit 2."""
     rows, damaged = engine.list_readable()
     if as_json:
-        print_json([app.outcome_json(s) for s in rows])
+        print_json([app.outcome_json(s) | _release_json(s) for s in rows])
     else:
         _table(rows)
     for e in damaged:

@@ -17,8 +17,9 @@ from typing import Any
 import click
 
 import workflows
+from tinyllm.eval_figures import resolve_figure, suite_figures
 
-from . import app
+from . import app, presence
 from .cli_common import edge, home_option, json_option, preempted_line, print_json, stop_options
 from .errors import EXIT_FAILED, EXIT_PREEMPTED, BadRequest
 from .interrupt import Interrupt
@@ -41,6 +42,21 @@ def checkpoint_digest(home: Path, checkpoint: str) -> str:
     if not isinstance(digest, str) or len(digest) < 12:
         raise BadRequest(f"checkpoint {checkpoint}: its manifest has no digest (manifest_sha256)")
     return digest
+
+
+def check_gate_figures(gates: list[Any]) -> None:
+    """BadRequest (nothing started) for a gate on a figure its suite does not produce, or one that names
+    several (``zoo/acc``: a metric of every multiple-choice task), naming the figures the suite has."""
+    for g in gates:
+        figures = suite_figures(g.suite)
+        if figures is None or resolve_figure(g.figure, figures) is not None:
+            continue
+        metrics = sorted({f.split("/")[-1] for f in figures})
+        unique = [m for m in metrics if sum(f.split("/")[-1] == m for f in figures) == 1]
+        several = f" ({g.figure!r} is a figure of several tasks: name one as TASK/{g.figure})" \
+            if g.figure in metrics else ""
+        raise BadRequest(f"gate {g.text}: suite {g.suite} has no figure {g.figure!r}{several}; its figures: "
+                         f"{', '.join(figures)}" + (f" (or just {', '.join(unique)})" if unique else ""))
 
 
 def _list(home: Path, as_json: bool) -> None:
@@ -78,7 +94,9 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
     """Release a finished run's checkpoint: evaluate it, check gates, publish it once.
 
     Publishes releases/<run>/<version>/ (model/, manifest.json) and moves releases/<run>/CURRENT.
-    A failed gate publishes nothing (exit 1, the reason in one line).
+    A failed gate publishes nothing (exit 1, the reason in one line; `ctl status` and `ctl list`
+    show it later). A gate on a figure its suite does not produce (ppl's: heldout/loss,
+    heldout/ppl, heldout/bpb, or just loss, ppl, bpb) is bad input before anything starts.
 
     \b
     Exit codes: 0 published, 1 a gate failed (or the release failed), 2 bad input, 130 interrupted
@@ -119,6 +137,8 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
         digest = checkpoint_digest(home_dir, ckpt)
         name = str(st.result["name"])
         app._check_suites(list(suites), name)
+        if not spec.get("trainer"):  # tinyllm's suites: their figures are known (a trainer's own suites: not)
+            check_gate_figures(parsed)
         inp = workflows.ModelReleaseInput(name=name, select=select, checkpoint=ckpt, step=step, digest=digest,
                                           suites=list(suites), gates=parsed, spec=spec,
                                           corpus=str(spec.get("corpus") or "default"), eval_max_items=eval_max_items,
@@ -129,7 +149,11 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
         out = engine.status(started.workflow_id)
         if out.state == "running":
             logging.getLogger("engine").addHandler(logging.NullHandler())
-            out = engine.run_until_complete(started.workflow_id)
+            here = presence.announce(home_dir, engine, started.workflow_id)  # ctl status: a live runner
+            try:
+                out = engine.run_until_complete(started.workflow_id)
+            finally:
+                presence.withdraw(here)
         if out.state == "running" and app.stopped(engine):  # a polite stop: the same command resumes
             if as_json:
                 print_json({**app.outcome_json(out), "state": "preempted", "signal": interrupt.signal_name})

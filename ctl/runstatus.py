@@ -7,7 +7,10 @@ adds to ``app.outcome_json`` (stable; docs/ctl.md "Watching a run" documents the
   "heartbeat_age_s"}`` of the activity attempt in flight, or, when nothing is in flight,
   ``{"live": false/null, ...}``; ``null`` for an ended workflow. ``live`` is false when the
   lease's owner process is known dead or the heartbeat deadline passed, or when a timer or an
-  activity has been due for longer than ``OVERDUE_S`` without any worker taking it.
+  activity has been due for longer than ``OVERDUE_S`` without any worker taking it, or when nothing
+  is in flight and no ``ctl`` process runs the workflow (ctl/presence.py). With an attempt in
+  flight also ``heartbeat_timeout_s`` and ``waiting_for`` (``waiting_for()``: what it waits for and
+  how long it has made no progress).
 * ``progress``: ``{"phase", "step", "total_steps", "last_loss", "last_checkpoint",
   "last_checkpoint_step", "last_eval", "eval_progress", "eta_s", "segments_done", "segments"}``;
   ``eval_progress`` is ``{"done", "of", "unit", "eta_s"}`` of the evaluation in flight, from its
@@ -27,6 +30,7 @@ from typing import Any
 from engine import owner_dead
 from workflows.activities import checkpoint_step
 
+from . import presence
 from .evalprogress import EvalCounts, EvalFollower
 from .runview import (MetricsTail, RunView, figures_text, fmt_duration, local_time, run_view, spec_of,
                       stopped_early_text)
@@ -48,8 +52,11 @@ def _timer_rows(engine: Any, workflow_id: str) -> list[float]:
         "SELECT fire_at FROM timers WHERE workflow_id=? AND state='pending' ORDER BY fire_at", (workflow_id,))]
 
 
-def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str, float]) -> dict:
-    """Whether a live worker holds the workflow (see the module docstring)."""
+def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str, float],
+                home: Path | None = None) -> dict:
+    """Whether a live worker holds the workflow (see the module docstring). With ``home``, a workflow with
+    nothing in flight (a durable wait, a workflow task) is live only while a ``ctl train``/``ctl eval``
+    following it or a ``ctl worker`` still runs (ctl/presence.py): after a kill, "no live worker", no ETA."""
     if getattr(engine, "store", None) is None:  # another backend: its server knows, not this table
         return {"live": None, "activity_id": None, "attempt": None, "pid": None, "host": None,
                 "lease_age_s": None, "heartbeat_age_s": None, "reason": "not known on this backend"}
@@ -61,18 +68,51 @@ def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str,
         late = hb_deadline is not None and now > hb_deadline
         live = not late and not owner_dead(owner)
         since = started_at.get(f"{aid}#{attempt}")
+        age = None if last_hb_at is None else max(0.0, now - last_hb_at)
+        timeout = hb_deadline - last_hb_at if hb_deadline is not None and last_hb_at is not None else None
         return {"live": live, "activity_id": aid, "attempt": attempt,
                 "pid": (owner or {}).get("pid"), "host": (owner or {}).get("host"),
                 "lease_age_s": None if since is None else max(0.0, now - since),
-                "heartbeat_age_s": None if last_hb_at is None else max(0.0, now - last_hb_at),
+                "heartbeat_age_s": age, "heartbeat_timeout_s": timeout,
+                "waiting_for": waiting_for(aid, attempt, age, timeout),
                 "reason": None if live else ("heartbeat overdue" if late else "lease owner process is gone")}
     due = [r[3] for r in rows if r[1] == "scheduled"] + _timer_rows(engine, workflow_id)
     if due and now - min(due) > OVERDUE_S:
         return {"live": False, "activity_id": None, "attempt": None, "pid": None, "host": None,
                 "lease_age_s": None, "heartbeat_age_s": None,
                 "reason": f"work due since {local_time(min(due))} and no worker took it"}
+    if home is not None:
+        runners = presence.live_runners(home, workflow_id)
+        if not runners:
+            return {"live": False, "activity_id": None, "attempt": None, "pid": None, "host": None,
+                    "lease_age_s": None, "heartbeat_age_s": None,
+                    "reason": "no ctl train, eval, release or worker process is running it"}
+        owner, since = runners[0].get("owner") or {}, runners[0].get("since")
+        return {"live": True, "activity_id": None, "attempt": None, "pid": owner.get("pid"), "host": owner.get("host"),
+                "lease_age_s": None if since is None else max(0.0, now - since), "heartbeat_age_s": None,
+                "reason": None}
     return {"live": None, "activity_id": None, "attempt": None, "pid": None, "host": None,
             "lease_age_s": None, "heartbeat_age_s": None, "reason": "nothing in flight"}
+
+
+KINDS = (("train-", "training"), ("eval-", "evaluation"), ("corpus-", "corpus build"), ("publish", "publication"))
+
+
+def waiting_for(activity_id: str, attempt: int, heartbeat_age_s: float | None, timeout_s: float | None) -> str:
+    """What the worker waits for, in one phrase: ``evaluation eval-000100-ppl (attempt 1): no progress for 95 s
+    (stopped after 120 s)``. Liveness heartbeats are written at most every quarter of the timeout (engine
+    ``ActivityContext.heartbeat``), so an age within that is "progressing", not a stall."""
+    kind = next((k for prefix, k in KINDS if activity_id.startswith(prefix)), "activity")
+    head = f"{kind} {activity_id} (attempt {attempt})"
+    if timeout_s is None or heartbeat_age_s is None:
+        return f"{head}: running (no progress timeout)"
+    if heartbeat_age_s <= timeout_s / 4 + 1.0:
+        return f"{head}: progressing (stopped after {_seconds(timeout_s)} without progress)"
+    return f"{head}: no progress for {_seconds(heartbeat_age_s)} (stopped after {_seconds(timeout_s)})"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value < 600 else fmt_duration(value)
 
 
 def progress_info(view: RunView, tail: MetricsTail, now: float, counts: EvalCounts | None = None) -> dict:
@@ -103,7 +143,7 @@ def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
     if st.state == "running":
         started = {f"{e.attrs.get('activity_id')}#{e.attrs.get('attempt')}": e.time
                    for e in events if e.type == "activity_started"}
-        out["worker"] = worker_info(engine, st.workflow_id, now, started)
+        out["worker"] = worker_info(engine, st.workflow_id, now, started, home)
         out["preempted"] = preempted_info(events)
         if out["preempted"] is not None and not (out["worker"] or {}).get("live"):
             out["worker"] = {**out["worker"], "live": False,
@@ -117,8 +157,9 @@ def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
             tail.poll()
             counts = EvalFollower(home).counts(view, view.name, now) if st.state == "running" else None
             out["progress"] = progress_info(view, tail, now, counts)
-            if st.state == "running":
+            if st.state != "completed":  # running, or canceled/failed: a stop's checkpoint may be newer
                 _newer_latest(out["progress"], home, view.name)
+            if st.state == "running":
                 if (out["worker"] or {}).get("live") is False:  # nobody runs it: no time left to estimate
                     out["progress"]["eta_s"] = None
     return out
@@ -156,7 +197,10 @@ def status_lines(st: Any, extra: dict, now: float) -> list[str]:
     lines = []
     w = extra.get("worker")
     if w is not None:
-        if w["live"]:
+        if w["live"] and not w["activity_id"]:
+            lines.append(f"  worker: live, pid {w['pid']} on {w['host']} (running it for {fmt_duration(w['lease_age_s'])};"
+                         f" no activity in flight)")
+        elif w["live"]:
             lines.append(f"  worker: live, pid {w['pid']} on {w['host']}, {w['activity_id']} attempt {w['attempt']}"
                          f" (lease held {fmt_duration(w['lease_age_s'])}, last heartbeat "
                          f"{fmt_duration(w['heartbeat_age_s'])} ago)")
@@ -164,6 +208,8 @@ def status_lines(st: Any, extra: dict, now: float) -> list[str]:
             what = f"{w['activity_id']} attempt {w['attempt']}: " if w["activity_id"] else ""
             lines.append(f"  worker: no live worker ({what}{w['reason']}): run the same `ctl train` or "
                          f"`ctl worker` to continue")
+    if w is not None and w.get("waiting_for"):
+        lines.append(f"  waiting for: {w['waiting_for']}")
     pre = extra.get("preempted")
     if pre is not None:
         saved = "; ".join(f"{a['activity_id']} attempt {a['attempt']} saved "

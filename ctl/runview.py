@@ -542,3 +542,30 @@ def best_checkpoints(view: RunView) -> list[dict]:
         return [{"checkpoint": stop["best_checkpoint"], "step": stop.get("best_step"), "metric": stop.get("metric"),
                  "value": stop.get("best_value")}]
     return []
+
+
+def release_outcome(workflow: str, state: str, result: Any) -> dict | None:
+    """A ModelRelease's outcome as users must read it later (``ctl status``, ``ctl list``, the UI): a completed
+    release whose gate failed published nothing, which its state alone ("completed") does not say.
+
+    ``{"published": bool, "version", "path", "gates": [{"gate", "figure", "passed"}], "text"}``, ``text`` one
+    phrase: ``published v0001 (releases/tiny/v0001); gates passed: ppl/ppl<=6.5 (4.12)`` or ``not published:
+    gate ppl/ppl<=2 failed (22.5)``. None for another workflow, or a release not completed."""
+    if workflow != "ModelRelease" or state != "completed" or not isinstance(result, dict):
+        return None
+    gates = [g for g in result.get("gates") or [] if isinstance(g, dict)]
+
+    def shown(g: dict) -> str:
+        fig = g.get("figure")
+        return f"{g.get('gate')} ({'no such figure' if fig is None else f'{fig:.6g}'})"
+
+    if result.get("published"):
+        text = f"published {result.get('version')} ({result.get('path')})"
+        if gates:
+            text += "; gates passed: " + ", ".join(shown(g) for g in gates)
+    else:
+        failed = [g for g in gates if not g.get("passed")]
+        text = "not published: " + ("; ".join(f"gate {shown(g).replace(' (', ' failed (', 1)}" for g in failed)
+                                    if failed else str(result.get("reason") or "no reason recorded"))
+    return {"published": bool(result.get("published")), "version": result.get("version"), "path": result.get("path"),
+            "gates": gates, "text": text}

@@ -138,8 +138,8 @@ def _train_options_no_retries(until: int, **kw: Any) -> StepOptions:
     return workflows.train_options(until, **{**kw, "max_attempts": 1})
 
 
-def _eval_options_no_suite(tag: str, suite: str) -> StepOptions:
-    real = eval_options(tag, suite)
+def _eval_options_no_suite(tag: str, suite: str, *heartbeat: float) -> StepOptions:
+    real = eval_options(tag, suite, *heartbeat)
     return StepOptions(id=f"eval-{tag}" if tag else "eval", start_to_close_timeout_s=real.start_to_close_timeout_s,
                        heartbeat_timeout_s=real.heartbeat_timeout_s, retry=real.retry)
 

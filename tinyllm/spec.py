@@ -275,7 +275,37 @@ def _problem(e: dict, model: type[BaseModel] | None) -> tuple[bool, str]:
         return False, f"{where}: required field missing"
     if kind in _TYPE_WORDS:
         return False, f"{where}: {_TYPE_WORDS[kind]}, got {_shown(e.get('input'))}"
-    return False, f"{where}: {e.get('msg', 'invalid')}"
+    if kind == "string_pattern_mismatch":
+        allowed = ". _ -" if (e.get("ctx") or {}).get("pattern") == IDENTIFIER_PATTERN else ". _ - @ :"
+        return False, (f"{where}: {_shown(e.get('input'))} is not a valid name (use letters, digits and {allowed}, "
+                       "starting with a letter or digit)")
+    words = _value_words(kind, e.get("ctx") or {})
+    if words:
+        return False, f"{where}: {words}, got {_shown(e.get('input'))}"
+    msg = str(e.get("msg", "invalid"))
+    for prefix in ("Value error, ", "Assertion failed, "):  # a validator's own sentence: without pydantic's label
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+            return False, msg if not loc else f"{where}: {msg}"
+    return False, f"{where}: {msg}"
+
+
+_BOUNDS = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "greater than"),
+           "less_than_equal": ("le", "at most"), "less_than": ("lt", "less than")}
+
+
+def _value_words(kind: str, ctx: dict) -> str | None:
+    """Pydantic's value errors in the project's words (its own wording and raw patterns never reach a user)."""
+    if kind in _BOUNDS:
+        key, words = _BOUNDS[kind]
+        return f"must be {words} {ctx.get(key)}"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}"
+    if kind in ("string_too_long", "too_long"):
+        return f"is too long (at most {ctx.get('max_length')})"
+    if kind in ("string_too_short", "too_short"):
+        return f"is too short (at least {ctx.get('min_length')})"
+    return None
 
 
 def _shown(value: object) -> str:

@@ -47,6 +47,7 @@ from .trainer_command import (
     rejected_arguments,
 )
 from .release import ACTIVITY_PUBLISH, publish_activity
+from .repeats import check_repeat
 
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
@@ -76,6 +77,17 @@ def checkpoint_step(path: str | Path) -> int | None:
     """The step a ``.../step-NNNNNN`` checkpoint path names, or None."""
     m = _STEP_DIR.match(Path(path).name)
     return int(m.group(1)) if m else None
+
+
+def failure_point(home: Path, name: str, until: int) -> int | None:
+    """The step of the newest checkpoint of run ``name`` at or before ``until`` (None: none yet): where a failed
+    attempt's successor resumes (workflows/repeats.py compares two failures' points)."""
+    try:
+        steps = [s for p in (home / "runs" / name / "ckpt").iterdir()
+                 if p.is_dir() and (s := checkpoint_step(p)) is not None and s <= until]
+    except OSError:
+        return None
+    return max(steps) if steps else None
 
 
 def choose_resume(home: Path, name: str, until: int, attempt: int, details: Any) -> str | None:
@@ -171,6 +183,10 @@ class TinyllmActivities:
                 ctx.attempt, e.returncode, progress, argv[len(how.argv):], e.details.get("stderr_tail", ""))
             if bad:
                 raise bad from None
+            repeated = None if e.type == "ProgressTimeout" else check_repeat(
+                work, ctx.attempt, e, failure_point(self.home, name, until))
+            if repeated:  # the same failure at the same point twice in a row: not retried blindly
+                raise repeated from None
             raise
         if how.custom:
             check_progress(progress, home=self.home)

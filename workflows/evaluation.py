@@ -42,7 +42,7 @@ async def eval_suite(rt: Runtime, input: EvalSuiteInput) -> EvalSuiteResult:
             result = await rt.execute_activity(
                 ACTIVITY_EVAL,
                 EvalActivityInput(spec=json.loads(marshal_spec(input, suite))),
-                eval_options(input.tag, suite),
+                eval_options(input.tag, suite, input.heartbeat_timeout_s),
                 result_type=SuiteOutputs,
             )
         except ActivityError as e:

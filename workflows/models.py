@@ -119,6 +119,7 @@ class EvalSuiteInput(_Model):
     corpus: str = "default"  # the ppl suite reads this corpus's held-out tokens
     max_items: int | None = None  # per suite: ppl windows, zoo items per task (None: all)
     trainer: dict[str, Any] | None = None  # a spec's own trainer: its eval_command runs each suite
+    heartbeat_timeout_s: float = Field(120.0, gt=0)  # a silent evaluation is stopped and retried after this
 
 
 class EvalSuiteResult(_Model):
@@ -156,6 +157,7 @@ class TrainRunInput(_Model):
     eval_seed: int = 0
     eval_max_items: int | None = Field(None, ge=1)  # per suite (None: all items)
     train_heartbeat_timeout_s: float = Field(60.0, gt=0)  # a silent trainer is redelivered after this
+    eval_heartbeat_timeout_s: float = Field(120.0, gt=0)  # a silent evaluation is stopped and retried after this
     train_max_attempts: int = Field(5, ge=1)
     prior: PriorWork = Field(default_factory=PriorWork)  # a continued run: work already done
     trace: TraceContext | None = None  # the run's trace, when it started traced (ctl/traces.py)

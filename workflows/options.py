@@ -14,7 +14,9 @@ from engine import RetryPolicy, StepOptions
 # validation pass (a few seconds for tinyllm on CPU; raise it with TrainRunInput.train_heartbeat_timeout_s).
 TRAIN_HEARTBEAT_TIMEOUT_S = 60.0
 TRAIN_START_TO_CLOSE_S = 7 * 24 * 3600.0  # a segment may train for days
-EVAL_HEARTBEAT_TIMEOUT_S = 120.0  # tinyllm eval --progress: liveness lines every 2 s of work
+# tinyllm eval --progress writes liveness lines every 2 s of work; an evaluation silent this long is stopped and
+# its attempt retried (the default of TrainRunInput.eval_heartbeat_timeout_s: `ctl train --eval-heartbeat-timeout`)
+EVAL_HEARTBEAT_TIMEOUT_S = 120.0
 EVAL_START_TO_CLOSE_S = 24 * 3600.0
 CORPUS_START_TO_CLOSE_S = 6 * 3600.0  # tinyllm corpus writes no progress lines: no heartbeat timeout
 NON_RETRYABLE = ("BadInput",)
@@ -45,12 +47,13 @@ def train_options(
     )
 
 
-def eval_options(tag: str, suite: str) -> StepOptions:
-    """Options of one suite's evaluation: ``eval-<tag>-<suite>``, or ``eval-<suite>`` untagged."""
+def eval_options(tag: str, suite: str, heartbeat_timeout_s: float = EVAL_HEARTBEAT_TIMEOUT_S) -> StepOptions:
+    """Options of one suite's evaluation: ``eval-<tag>-<suite>``, or ``eval-<suite>`` untagged; an evaluation
+    silent (no progress line) for ``heartbeat_timeout_s`` is stopped and retried."""
     return StepOptions(
         id=f"eval-{tag}-{suite}" if tag else f"eval-{suite}",
         start_to_close_timeout_s=EVAL_START_TO_CLOSE_S,
-        heartbeat_timeout_s=EVAL_HEARTBEAT_TIMEOUT_S,
+        heartbeat_timeout_s=heartbeat_timeout_s,
         retry=RetryPolicy(max_attempts=3, initial_interval_s=1.0, non_retryable=NON_RETRYABLE),
     )
 

@@ -150,6 +150,7 @@ async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
                     corpus=spec.corpus or "default",
                     max_items=input.eval_max_items,
                     trainer=input.spec.get("trainer"),  # its eval_command evaluates (None: tinyllm eval)
+                    heartbeat_timeout_s=input.eval_heartbeat_timeout_s,
                 )
                 done_before = {s: prior.evals.get(eval_options(request.tag, s).id) for s in request.suites}
                 missing = [s for s in request.suites if done_before[s] is None]

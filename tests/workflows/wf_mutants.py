@@ -56,9 +56,9 @@ def s02_train_options_unnamed(until: int, **kw) -> StepOptions:
                        heartbeat_timeout_s=o.heartbeat_timeout_s, retry=o.retry)
 
 
-def s03_eval_options_unnamed(tag: str, suite: str) -> StepOptions:
+def s03_eval_options_unnamed(tag: str, suite: str, *heartbeat: float) -> StepOptions:
     """s03: eval ids that do not name the suite."""
-    o = real_eval_options(tag, suite)
+    o = real_eval_options(tag, suite, *heartbeat)
     return StepOptions(id=f"eval-{tag}" if tag else "eval", start_to_close_timeout_s=o.start_to_close_timeout_s,
                        heartbeat_timeout_s=o.heartbeat_timeout_s, retry=o.retry)
 
