@@ -73,7 +73,9 @@ class FrameworkRun:
         self.started_line = False
         self.last_saved = 0
         self.save_seconds: list[float] = []  # each mirror's wall time (bench/integrations.py reads it)
-        run.emit({"event": "ready"})  # liveness: the framework's set-up (before its first step) can be long
+        # liveness: the framework's set-up (before its first step) can be long; ``trainer`` names the
+        # integration, so that ctl verify-resume's diagnosis names the calls this trainer has
+        run.emit({"event": "ready", "trainer": trainer})
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -136,7 +138,7 @@ class FrameworkRun:
         self.started_line = True
         run = self.run
         run.emit({"event": "resume" if run.resumed_from else "start", "state": run.fingerprint(),
-                   "resumed_from": run.rel(run.resumed_from), "refused": run.refused})
+                   "resumed_from": run.rel(run.resumed_from), "refused": run.refused, "trainer": self.trainer})
 
     # -- steps ---------------------------------------------------------------------------------
 
