@@ -58,8 +58,9 @@ def test_onecycle_over_estimated_stepping_batches_runs_in_segments_exactly_with_
     whole = result(trainer(tmp_path, spec(tmp_path, 8), tmp_path / "whole"))
     first = result(trainer(tmp_path, spec(tmp_path, 4), tmp_path / "home", run_steps=8))
     assert first["steps"] == 4
-    # seen red without fit()'s max_steps = the run's length: "ValueError: Tried to step 5 times. The specified
-    # number of total steps is 4" (OneCycleLR spanned the first segment's estimated_stepping_batches)
+    # seen red without fit()'s max_steps = the run's length: "durable: the LR schedule ran past its last step at
+    # step 5 of 8 (Tried to step 5 times. The specified number of total steps is 4)": OneCycleLR spanned the
+    # first segment's estimated_stepping_batches
     again = result(trainer(tmp_path, spec(tmp_path, 8), tmp_path / "home", run_steps=8))
     assert again["resumed_from"] == "runs/edges/ckpt/step-000004" and again["steps"] == 8
     assert (again["final_loss_hex"], again["digest"]) == (whole["final_loss_hex"], whole["digest"])
@@ -81,7 +82,7 @@ def test_a_schedule_over_a_segments_steps_fails_once_with_one_line_and_verify_re
                            "--kills", "0", "--segments", "2"], cwd=ROOT, env=ENV, capture_output=True, text=True,
                           timeout=900)
     out = done.stdout.splitlines()
-    # seen red: no verdict line at all, "ctl: segment 2 (to step 8) failed (exit 1): ValueError: Tried to step 5 times..."
+    # seen red: no verdict line at all, only "ctl: segment 2 (to step 8) failed (exit 2): durable: the LR schedule ..."
     assert done.returncode == 1 and out and out[0].startswith("edges: NOT EXACT"), (done.stdout, done.stderr[-2000:])
     assert "  segments [4, 8] (as ctl train runs it): differ: segment 2 (to step 8) failed (exit 2)" in out, out
     assert "Tried to step 5 times" in done.stdout and "trainer.estimated_stepping_batches" in done.stdout, out
