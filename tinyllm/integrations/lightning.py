@@ -15,9 +15,8 @@ per-epoch seed from a private generator, so starting an epoch leaves the global 
 -> checkpoint at the step boundary -> exit 130 (Lightning's own handler would end in
 ``SystemExit``), the contract's progress lines, exact per-step losses in ``metrics.jsonl`` and the
 result line. Each checkpoint is Lightning's ``.ckpt`` file, mirrored byte for byte into
-``runs/<name>/ckpt/step-NNNNNN/`` (atomic, checksummed, then LATEST). ``max_steps`` follows the
-spec's ``steps``; a schedule's horizon must not (take it from the config, e.g. ``schedule_steps``).
-One process only: DDP, DeepSpeed and FSDP strategies are refused (exit 2).
+``runs/<name>/ckpt/step-NNNNNN/`` (atomic, checksummed, then LATEST). Training stops at the spec's
+``steps`` (a segment's end under ``ctl train``). One process only: DDP, DeepSpeed and FSDP strategies are refused (exit 2).
 
 The schedule's horizon: ``fit()`` gives Lightning the run's full length as ``max_steps``
 (``run.run_steps``: ``CTL_RUN_STEPS`` under ``ctl train``, the same in every segment), so
