@@ -11,8 +11,8 @@ checkpointing left on):
 - a generator of the script's own is NOT EXACT after a resume, diagnosed with the call that registers
   it (``DurableCallback(run, track_generators=...)``), and EXACT once registered.
 
-CI's lane: 10 starts of Lightning (~7 min with the soak tests on 2 loaded cores); the ``ctl train``
-retry test and the unregistered generator's diagnosis are the soak lane's.
+CI's lane: 10 starts of Lightning (142 s on 2 cores with other jobs on them, load average 5 to 6,
+2026-12-04); the ``ctl train`` retry test and the unregistered generator's diagnosis are the soak lane's.
 """
 from __future__ import annotations
 
