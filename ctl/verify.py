@@ -35,8 +35,8 @@ from workflows.training import segments as train_segments
 
 from . import verify_contract as contract
 from . import verify_record as verified
-from .verify_diagnose import diagnose, first_difference, step_records
-from .verify_segments import diagnose_segments, run_segments, segment_ends
+from .verify_diagnose import diagnose, first_difference, step_records, tracked_and_kind
+from .verify_segments import diagnose_failed_segment, diagnose_segments, run_segments, segment_ends, segment_lines
 from .errors import BadRequest, CtlError
 from .trainers import resolved_spec
 
@@ -91,7 +91,7 @@ class Report:
                        f"checkpoint step {i['resumed_from']}, {i['steps_redone']} step(s) redone")
         seg = self.segments
         if seg.get("exact") is not None:
-            out.append(f"  segments {seg['ends']} (as ctl train runs it): {'equal' if seg['exact'] else 'differ'}")
+            out.extend(segment_lines(seg, self.final_loss_hex, self.digest))
         elif self.verdict != "not_exact":  # a plan of one segment (--segments 1): EXACT says nothing of segments
             out.append(f"  segments (as ctl train runs it): not tested (one segment planned, {seg.get('ends')}; "
                        f"--segments N compares a run in N)")
@@ -400,23 +400,29 @@ def _compare_segments(report: Report, trainer: Trainer, raw: dict, steps: int, r
         return _run_attempt(t, home, index, mode, target, timeout_s, False, log, heartbeat_s)
 
     done = run_segments(make, raw, seg_home, ends, attempt, _check_attempt)
-    if done[-1].returncode != 0:
-        raise VerifyFailed(f"segment {len(done)} (to step {ends[len(done) - 1]}) failed (exit {done[-1].returncode}): "
-                           f"{_stderr_last(seg_home, f'attempt-{len(done)}')}")
+    _, kind = tracked_and_kind(_progress_lines(ref_home / "attempt-0.jsonl"))
+    if done[-1].returncode != 0:  # as ctl train would fail it: NOT EXACT, with the verdict line and the diagnosis
+        index, rc = len(done), done[-1].returncode
+        error = _stderr_last(seg_home, f"attempt-{index}")
+        report.segments = {"ends": ends, "exact": False,
+                           "failed": {"segment": index, "end": ends[index - 1], "exit": rc, "error": error}}
+        report.exact, report.verdict, report.suspects = False, "not_exact", ["segments"]
+        report.diagnosis = diagnose_failed_segment(index, ends, rc, error, kind)
+        return
     ref_steps = step_records(ref_home / "runs" / name / "metrics.jsonl")
     seg_steps = step_records(seg_home / "runs" / name / "metrics.jsonl")
     ref_result, seg_result = _result(ref_home, "attempt-0") or {}, _result(seg_home, f"attempt-{len(ends)}") or {}
     step, what = first_difference(ref_steps, seg_steps) if ref_steps else (None, [])
     equal = step is None and all(ref_result.get(k) == seg_result.get(k) for k in ("final_loss_hex", "digest"))
     report.segments = {"ends": ends, "exact": equal, "final_loss_hex": seg_result.get("final_loss_hex"),
-                       "first_differing_step": step}
+                       "digest": seg_result.get("digest"), "first_differing_step": step}
     if equal:
         return
     report.exact, report.verdict, report.suspects = False, "not_exact", ["segments"]
     report.first_differing_step = step
-    report.diagnosis = (diagnose_segments(step, what, ends) if step is not None else
+    report.diagnosis = (diagnose_segments(step, what, ends, kind) if step is not None else
                         "the run in segments ends with another final loss or model digest though every step's "
-                        "record is equal: " + diagnose_segments(steps, [], ends).split(": ", 1)[1])
+                        "record is equal: " + diagnose_segments(steps, [], ends, kind).split(": ", 1)[1])
 
 
 def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workdir: Path, *, kills: int, seed: int,
@@ -463,8 +469,8 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
     if start is not None:
         ref_states[0] = start
     resumes = [(a.resumed_step, a.resume_state) for a in attempts[1:]]  # the restarts (attempt 1 starts fresh)
-    tracked = next((ln.get("tracked") for ln in ref_lines if "tracked" in ln), None)
-    step, text, suspects = diagnose(ref_steps, got_steps, resumes, ref_states, tracked)
+    tracked, kind = tracked_and_kind(ref_lines)
+    step, text, suspects = diagnose(ref_steps, got_steps, resumes, ref_states, tracked, kind)
     loss_equal = ref_result.get("final_loss_hex") == got_result.get("final_loss_hex")
     digest_equal = ref_result.get("digest") == got_result.get("digest")
     if step is None and not (loss_equal and digest_equal):

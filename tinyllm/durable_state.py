@@ -118,8 +118,22 @@ def capture_rng(generators: Mapping[str, Any]) -> dict[str, Any]:
         "numpy": _dump(np.random.get_state()) if np is not None else None,
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if _cuda_ready() else None,
-        "generators": {name: _generator_state(g) for name, g in sorted(generators.items())},
+        "generators": capture_generators(generators),
     }
+
+
+def capture_generators(generators: Mapping[str, Any]) -> dict[str, Any]:
+    """The states of registered generators alone (a framework that saves the global RNGs itself: HF)."""
+    return {name: _generator_state(g) for name, g in sorted(generators.items())}
+
+
+def restore_generators(saved: Mapping[str, Any], generators: Mapping[str, Any]) -> None:
+    """Put back ``capture_generators``' states; a registered generator missing from ``saved`` is a KeyError."""
+    missing = sorted(set(generators) - set(saved))
+    if missing:
+        raise KeyError(f"the checkpoint has no state for generator(s) {', '.join(missing)}")
+    for name, gen in generators.items():
+        _set_generator_state(gen, saved[name])
 
 
 def restore_rng(state: Mapping[str, Any], generators: Mapping[str, Any]) -> None:
@@ -130,12 +144,7 @@ def restore_rng(state: Mapping[str, Any], generators: Mapping[str, Any]) -> None
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    saved = state.get("generators", {})
-    missing = sorted(set(generators) - set(saved))
-    if missing:
-        raise KeyError(f"the checkpoint has no state for generator(s) {', '.join(missing)}")
-    for name, gen in generators.items():
-        _set_generator_state(gen, saved[name])
+    restore_generators(state.get("generators", {}), generators)
 
 
 # --- digests and fingerprints -------------------------------------------------------------------

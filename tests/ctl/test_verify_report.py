@@ -2,7 +2,17 @@
 it names being exercised."""
 from __future__ import annotations
 
+import pytest
+
 from ctl.verify import Report
+from ctl.verify_diagnose import diagnose
+
+
+def rec(loss: str, lr: str = "a", batch: str = "b") -> dict:
+    return {"loss": loss, "lr": [lr], "batch": batch}
+
+
+STATE = {"model": "m", "optimizer": "o", "optimizer/entries": 4, "lr": ["a"], "rng/torch": "t", "data": "d"}
 
 
 def _report(verdict: str, segments: dict) -> Report:
@@ -230,3 +240,71 @@ def test_an_attempts_process_that_left_its_group_is_gone_when_the_attempt_ends(t
             os.kill(pid, 9)
         except ProcessLookupError:
             pass
+
+
+def test_diagnose_says_what_the_compared_states_show_when_the_data_position_was_equal() -> None:
+    """Issue 40: with the tracked data state equal at the resume (listed among the equal pieces) the
+    diagnosis said "the data position was not restored" and "no data is tracked". Now it says the position
+    was restored and names the RNG that draws the data (order or contents)."""
+    ref = {s: rec(str(s), batch=f"b{s}") for s in range(1, 9)}
+    other = {**ref, **{s: rec("x", batch=f"z{s}") for s in range(5, 9)}}
+    step, text, suspects = diagnose(ref, other, [(4, STATE)], {4: STATE}, ["model", "data"])
+    assert step == 5 and suspects == ["rng/data"], (suspects, text)
+    assert "the data position was restored" in text and "not restored (step" not in text, text
+    assert "no data is tracked" not in text and "data, lr, model" in text, text
+    assert "run.track(generators={'data': g})" in text and "__getitem__" in text, text
+    # a Lightning run's tracked list from its early 'ready' line (the model alone) no longer makes it say
+    # "no data is tracked" while the state it lists has data equal
+    step, text, _ = diagnose(ref, other, [(4, STATE)], {4: STATE}, ["model"], "tinyllm.integrations.lightning")
+    assert "no data is tracked" not in text and "run.track" not in text, text
+    assert "DurableCallback(run, track_generators={'data': g})" in text, text
+
+
+@pytest.mark.parametrize("kind,call", [(None, "run.track(generators={'...': g})"),
+                                       ("tinyllm.integrations.hf", "DurableTrainer(run, ..., track_generators={'aug': g})"),
+                                       ("tinyllm.integrations.lightning", "DurableCallback(run, track_generators={'aug': g})")])
+def test_the_private_rng_diagnosis_names_the_call_of_the_trainer_kind_in_use(kind, call) -> None:
+    """Issue 40: the "private RNG" diagnosis told DurableTrainer/DurableCallback users to call
+    run.track(generators=...), which neither integration has; it names each trainer's own call."""
+    ref = {1: rec("1"), 2: rec("2"), 3: rec("3")}
+    step, text, suspects = diagnose(ref, {**ref, 3: rec("x")}, [(2, STATE)], {2: STATE}, ["model"], kind)
+    assert step == 3 and suspects == ["rng"] and call in text, text
+    if kind is not None:
+        assert "run.track" not in text, text
+
+
+def test_the_tracked_pieces_come_from_the_start_line_not_the_integrations_early_ready_line() -> None:
+    from ctl.verify_diagnose import tracked_and_kind
+
+    kind = "tinyllm.integrations.lightning"
+    lines = [{"event": "ready", "tracked": ["model"], "trainer": kind},
+             {"event": "start", "tracked": ["model", "optimizer", "scheduler", "data"], "trainer": kind},
+             {"event": "step", "tracked": ["model", "optimizer", "scheduler", "data"]}]
+    assert tracked_and_kind(lines) == (["model", "optimizer", "scheduler", "data"], kind)
+    assert tracked_and_kind([{"event": "start", "tracked": ["model", "data"]}]) == (["model", "data"], None)
+    assert tracked_and_kind([{"step": 3}]) == (None, None)  # tinyllm's own trainer: nothing tracked listed
+
+
+def test_a_not_exact_run_in_segments_prints_its_own_figures_beside_the_uninterrupted_runs() -> None:
+    """Issue 40: the report printed the uninterrupted and the killed runs' equal figures above the line that
+    said the segments differ, and never the run in segments' own figures."""
+    seg = {"ends": [6, 12], "exact": False, "final_loss_hex": "0x1.8p-1", "digest": "cdcdcdcdcdcdcdcdcdcd",
+           "first_differing_step": 7}
+    lines = _report("not_exact", seg).lines()
+    assert "  segments [6, 12] (as ctl train runs it): differ from step 7" in lines, lines
+    assert "    final_loss_hex 0x1p-1 (uninterrupted) vs 0x1.8p-1 (in segments)" in lines, lines
+    assert "    digest         ab (uninterrupted) vs cdcdcdcdcdcdcdcd (in segments)" in lines, lines
+    failed = {"ends": [6, 12], "exact": False, "failed": {"segment": 2, "end": 12, "exit": 2, "error": "durable: x"}}
+    lines = _report("not_exact", failed).lines()
+    assert lines[0].startswith("toy: NOT EXACT after 1 interruption(s)"), lines
+    assert "  segments [6, 12] (as ctl train runs it): differ: segment 2 (to step 12) failed (exit 2)" in lines, lines
+
+
+def test_a_failed_segment_is_diagnosed_with_the_schedule_horizon_of_the_trainer_kind() -> None:
+    from ctl.verify_segments import diagnose_failed_segment, diagnose_segments
+
+    text = diagnose_failed_segment(2, [20, 40], 1, "ValueError: Tried to step 21 times.", "tinyllm.integrations.lightning")
+    assert text.startswith("segment 2 of the run in segments [20, 40] (steps 21..40, "), text
+    assert "Tried to step 21 times" in text and "OneCycleLR" in text and "trainer.estimated_stepping_batches" in text
+    assert "config.schedule_steps" in diagnose_segments(13, ["lr"], [12, 24], "tinyllm.integrations.hf")
+    assert "run.run_steps" in diagnose_segments(13, ["lr"], [12, 24], None)

@@ -113,7 +113,9 @@ def test_diagnose_names_the_state_that_differs_right_after_the_resume() -> None:
 def test_diagnose_by_the_pattern_when_the_visible_state_is_equal() -> None:
     ref = {1: rec("1"), 2: rec("2"), 3: rec("3"), 4: rec("4")}
     resumes, states = [(2, STATE)], {2: STATE}
-    assert diagnose(ref, {**ref, 3: rec("x", batch="B")}, resumes, states)[2] == ["data"]
+    assert diagnose(ref, {**ref, 3: rec("x", batch="B")}, resumes, states)[2] == ["rng/data"]  # its position equal
+    no_data = {k: v for k, v in STATE.items() if k != "data"}
+    assert diagnose(ref, {**ref, 3: rec("x", batch="B")}, [(2, no_data)], {2: no_data})[2] == ["data"]
     assert diagnose(ref, {**ref, 3: rec("x")}, resumes, states)[2] == ["rng"]
     assert diagnose(ref, {**ref, 3: rec("3", lr="z")}, resumes, states)[2] == ["scheduler"]
     assert diagnose(ref, {**ref, 4: rec("x")}, resumes, states)[2] == ["optimizer", "scheduler"]
@@ -150,7 +152,10 @@ def test_diagnose_tells_the_data_mistakes_apart_by_the_batches_after_the_resume(
     step, text, suspects = diagnose(ref, restart, resumes, states, ["model"])
     assert suspects == ["cursor", "rng/data"] and "keep it in run.cursor" in text and "generators={'data': g}" in text
     other = {**ref, **{s: rec("x", batch=f"z{s}") for s in range(5, 9)}}  # an unregistered shuffling generator
-    step, text, suspects = diagnose(ref, other, resumes, states, ["model", "data"])
+    no_data = {k: v for k, v in STATE.items() if k != "data"}
+    step, text, suspects = diagnose(ref, other, [(4, no_data)], {4: no_data}, ["model"])
     assert suspects == ["data"] and "run.track(generators={'data': g})" in text, text
+    assert "no data is tracked" in text and "data position was not restored" in text, text
     step, text, suspects = diagnose(ref, {**ref, 5: rec("x", batch="b5")}, resumes, states, ["model"])
     assert suspects == ["rng"] and "DataLoader.__iter__" in text and "an RNG the helper does not see" in text
+

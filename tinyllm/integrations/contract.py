@@ -61,6 +61,18 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     sys.exit(code)
 
 
+def schedule_overrun(exc: BaseException, run: DurableRun, horizon: str) -> str | None:
+    """The one line for an LR schedule stepped past its last step (torch's OneCycleLR raises ``ValueError:
+    Tried to step N times. The specified number of total steps is M``), else None. Built over a segment's
+    ``steps``, it crashes at the first step of the next segment, identically at every retry: the attempt
+    ends with this line and exit 2 (the contract's bad input, not retried). ``horizon``: where to take it."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if not isinstance(exc, ValueError) or not text.startswith("Tried to step"):
+        return None
+    return (f"the LR schedule ran past its last step at step {run.step + 1} of {run.run_steps} ({text}): it was "
+            f"built over fewer steps than the run has: {horizon}")
+
+
 class FrameworkRun:
     """The contract around a framework's loop, for one process (see the module docstring)."""
 
@@ -73,7 +85,9 @@ class FrameworkRun:
         self.started_line = False
         self.last_saved = 0
         self.save_seconds: list[float] = []  # each mirror's wall time (bench/integrations.py reads it)
-        run.emit({"event": "ready"})  # liveness: the framework's set-up (before its first step) can be long
+        # liveness: the framework's set-up (before its first step) can be long; ``trainer`` names the
+        # integration, so that ctl verify-resume's diagnosis names the calls this trainer has
+        run.emit({"event": "ready", "trainer": trainer})
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -136,7 +150,7 @@ class FrameworkRun:
         self.started_line = True
         run = self.run
         run.emit({"event": "resume" if run.resumed_from else "start", "state": run.fingerprint(),
-                   "resumed_from": run.rel(run.resumed_from), "refused": run.refused})
+                   "resumed_from": run.rel(run.resumed_from), "refused": run.refused, "trainer": self.trainer})
 
     # -- steps ---------------------------------------------------------------------------------
 

@@ -19,15 +19,19 @@ the data position by skipping the trained batches), writes each step's exact los
 batch digest to ``metrics.jsonl``, turns SIGTERM into "save at the next step boundary, exit 130" and
 prints the contract's result line last on stdout (HF's own printer callbacks are removed: they print
 dicts to stdout; the run's log lines go to stderr). DeepSpeed, FSDP and more than one process are
-refused (exit 2).
+refused (exit 2). ``track_generators={"name": g}`` registers generators of the script's own
+(``torch.Generator``, ``random.Random``, NumPy's: HF's RNG file holds the global ones only): saved in
+each checkpoint (``durable_generators.pt``) and restored before training continues. A schedule that
+runs past its last step ("Tried to step N times") ends the attempt with one line and exit 2.
 """
 from __future__ import annotations
 
 import dataclasses
+import io
 import shutil
-from typing import Any
+from typing import Any, Mapping
 
-from .contract import FrameworkRun, fail, require
+from .contract import FrameworkRun, fail, require, schedule_overrun
 
 require("transformers", "hf")  # the [hf] extra; without it, MissingExtra: one line naming the extra
 
@@ -36,13 +40,16 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ..durable import DurableRun
-from ..durable_state import digest
+from ..durable_state import capture_generators, check_generators, digest, restore_generators
 
 FORMAT = "durable-hf/1"
 # schedules whose shape does not depend on the number of training steps
 HORIZON_FREE = frozenset({"constant", "constant_with_warmup", "reduce_lr_on_plateau"})
 OPTIMIZER_FILES = ("optimizer", "scheduler", "scaler")
 MODEL_FILES = ("config.json", "generation_config.json")
+GENERATORS_FILE = "durable_generators.pt"  # track_generators' states, beside HF's rng_state.pth
+HORIZON = ("build it over config.schedule_steps (the run's total steps; DurableTrainer's own schedules span it) "
+           "or run.run_steps, never max_steps or the spec's steps (a segment's end under ctl train)")
 
 
 def classify(name: str) -> str:
@@ -63,13 +70,19 @@ def _schedule_name(args: Any) -> str:
 class DurableTrainer(Trainer):
     """``transformers.Trainer`` following the trainer contract for the ``DurableRun`` ``run``.
 
+    ``track_generators``: generators of the script's own, by name, saved and restored with each checkpoint.
     ``forget`` (test-only: the broken variants verify-resume diagnoses) names pieces not restored:
-    ``"rng"`` drops HF's RNG file from the resume.
+    ``"rng"`` drops HF's RNG file (and the registered generators' states) from the resume.
     """
 
-    def __init__(self, run: DurableRun, *args: Any, forget: tuple[str, ...] = (), **kwargs: Any):
+    def __init__(self, run: DurableRun, *args: Any, forget: tuple[str, ...] = (),
+                 track_generators: Mapping[str, Any] | None = None, **kwargs: Any):
         if not isinstance(run, DurableRun):
             raise TypeError(f"DurableTrainer(run, ...): run must be a tinyllm.durable.DurableRun, got {type(run).__name__}")
+        try:
+            check_generators(track_generators or {})
+        except TypeError as e:
+            raise TypeError(f"DurableTrainer(track_generators=...): {e}") from None
         targs = kwargs.pop("args", None) if "args" in kwargs else (args[1] if len(args) > 1 else None)
         if targs is None:
             fail("DurableTrainer needs args=TrainingArguments(...)")
@@ -88,6 +101,8 @@ class DurableTrainer(Trainer):
                                     save_total_limit=targs.save_total_limit)
         self.durable_horizon = horizon
         self.durable_forget = tuple(forget)
+        self.durable_generators = dict(track_generators or {})
+        run.generators.update(self.durable_generators)  # the run's tracked pieces and fingerprints name them
         self.staging = run.run_dir / "hf"
         targs = dataclasses.replace(
             targs, output_dir=str(self.staging), max_steps=run.total_steps, save_strategy="steps",
@@ -131,6 +146,8 @@ class DurableTrainer(Trainer):
             if "rng" in self.durable_forget:
                 for f in resume.glob("rng_state*.pth"):
                     f.unlink()
+            else:
+                self._restore_generators(resume)
         if resume is not None and run.step >= run.total_steps:  # resumed at the end (a kill after the last save):
             # nothing to train; HF's train() would take one more step from a checkpoint at max_steps
             self.model = self.model.__class__.from_pretrained(str(resume)).to(self.model.device)
@@ -140,8 +157,11 @@ class DurableTrainer(Trainer):
             return None
         try:
             out = super().train(resume_from_checkpoint=str(resume) if resume else None, **kwargs)
-        except BaseException:
+        except BaseException as e:
             self.durable.close()
+            overrun = schedule_overrun(e, run, HORIZON)
+            if overrun:
+                fail(overrun)  # exit 2: deterministic, the same at every retry
             raise
         if self.durable.last_saved != run.step:  # e.g. resumed at the end: nothing left to train
             self._mirror(run.step)
@@ -149,10 +169,26 @@ class DurableTrainer(Trainer):
         self.durable.finish(self.model.state_dict())
         return out
 
+    def _restore_generators(self, folder: Any) -> None:
+        """The registered generators' states from a resumed checkpoint, before HF's loop draws anything."""
+        if not self.durable_generators:
+            return
+        where = self.durable.run.rel(self.durable.run.resumed_from)
+        path = folder / GENERATORS_FILE
+        try:
+            saved = torch.load(io.BytesIO(path.read_bytes()), weights_only=True) if path.is_file() else {}
+            restore_generators(saved, self.durable_generators)
+        except KeyError as e:
+            fail(f"checkpoint {where}: {e.args[0]} (registered with track_generators after it was written)")
+
     def _mirror(self, step: int) -> None:
         source = self.staging / f"checkpoint-{step}"
         if not source.is_dir():
             self._save_checkpoint(self.model, trial=None)
+        if self.durable_generators:
+            buffer = io.BytesIO()
+            torch.save(capture_generators(self.durable_generators), buffer)
+            (source / GENERATORS_FILE).write_bytes(buffer.getvalue())
         self.durable.save(step, source, classify)
         shutil.rmtree(source, ignore_errors=True)
 

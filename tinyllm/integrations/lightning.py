@@ -15,30 +15,48 @@ per-epoch seed from a private generator, so starting an epoch leaves the global 
 -> checkpoint at the step boundary -> exit 130 (Lightning's own handler would end in
 ``SystemExit``), the contract's progress lines, exact per-step losses in ``metrics.jsonl`` and the
 result line. Each checkpoint is Lightning's ``.ckpt`` file, mirrored byte for byte into
-``runs/<name>/ckpt/step-NNNNNN/`` (atomic, checksummed, then LATEST). ``max_steps`` follows the
-spec's ``steps``; a schedule's horizon must not (take it from the config, e.g. ``schedule_steps``).
-One process only: DDP, DeepSpeed and FSDP strategies are refused (exit 2).
+``runs/<name>/ckpt/step-NNNNNN/`` (atomic, checksummed, then LATEST). Training stops at the spec's
+``steps`` (a segment's end under ``ctl train``). One process only: DDP, DeepSpeed and FSDP strategies are refused (exit 2).
+
+The schedule's horizon: ``fit()`` gives Lightning the run's full length as ``max_steps``
+(``run.run_steps``: ``CTL_RUN_STEPS`` under ``ctl train``, the same in every segment), so
+``trainer.estimated_stepping_batches`` and ``trainer.max_steps`` (Lightning's documented OneCycleLR
+pattern) span the run, and the callback itself stops the loop at the spec's ``steps`` (a segment's end).
+A schedule that still runs past its last step (torch's OneCycleLR: "Tried to step N times") ends the
+attempt with one ``durable:`` line and exit 2: the same crash would come back on every retry.
+``track_generators={"name": g}`` registers generators of the script's own (``torch.Generator``,
+``random.Random``, NumPy's), saved and restored with the global RNGs. Lightning's own files (its default
+logger's ``lightning_logs/version_N`` and its default ``ModelCheckpoint``'s ``.ckpt`` files), when the
+script left their place to Lightning (no ``default_root_dir``), go to ``runs/<name>/lightning_logs/``
+in the home instead of the trainer's working folder; the contract's checkpoints stay in ``ckpt/``.
 
 ``forget`` (test-only: the broken variants verify-resume diagnoses): ``"rng"`` leaves the RNG states
 out, ``"data"`` the loader position (both: Lightning's own resume).
 """
 from __future__ import annotations
 
+import os
 import shutil
-from typing import Any
+from typing import Any, Mapping
 
-from .contract import FrameworkRun, fail, require
+from .contract import FrameworkRun, fail, require, schedule_overrun
 
 require("lightning", "lightning")  # the [lightning] extra; without it, MissingExtra: one line naming the extra
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from ..durable import DurableRun, DurableSampler
-from ..durable_state import capture_rng, digest, restore_rng
+from ..durable_state import capture_rng, check_generators, digest, restore_rng
 
 FORMAT = "durable-lightning/1"
 CKPT_NAME = "lightning.ckpt"
+LOGS = "lightning_logs"  # Lightning's own files, in the run's folder (module docstring)
+# where a schedule built over a segment's steps should take its horizon from (the exit-2 line says it)
+HORIZON = ("build it over trainer.estimated_stepping_batches or trainer.max_steps (under fit() both are the run's "
+           "full length), run.run_steps, or a fixed length in the spec's config, never the spec's steps (a "
+           "segment's end under ctl train)")
 
 
 def _loss_of(outputs: Any) -> torch.Tensor | None:
@@ -52,11 +70,18 @@ def _loss_of(outputs: Any) -> torch.Tensor | None:
 class DurableCallback(pl.Callback):
     """The contract for one ``lightning.Trainer.fit`` of the ``DurableRun`` ``run`` (see the module docstring)."""
 
-    def __init__(self, run: DurableRun, *, forget: tuple[str, ...] = ()):
+    def __init__(self, run: DurableRun, *, forget: tuple[str, ...] = (),
+                 track_generators: Mapping[str, Any] | None = None):
         if not isinstance(run, DurableRun):
             raise TypeError(f"DurableCallback(run): run must be a tinyllm.durable.DurableRun, got {type(run).__name__}")
+        try:
+            check_generators(track_generators or {})
+        except TypeError as e:
+            raise TypeError(f"DurableCallback(track_generators=...): {e}") from None
         self.run = run
         self.forget = tuple(forget)
+        self.generators = dict(track_generators or {})  # saved and restored with the global RNGs
+        run.generators.update(self.generators)  # the run's tracked pieces and fingerprints name them
         self.durable = FrameworkRun(run, fmt=FORMAT, trainer="tinyllm.integrations.lightning")
         self.staging = run.run_dir / "lightning"
         self.sampler: DurableSampler | None = None
@@ -75,7 +100,7 @@ class DurableCallback(pl.Callback):
             state = self.sampler.state_dict()  # what the finished steps consumed, should the fetcher run ahead
             state["position"] = min(self.sampler.n, self._consumed * self.batch_size)  # = its own count unless Lightning ran ahead
             data = state
-        rng = None if "rng" in self.forget else capture_rng({})
+        rng = None if "rng" in self.forget else capture_rng(self.generators)
         return {"format": FORMAT, "rng": rng, "data": data}
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -126,7 +151,11 @@ class DurableCallback(pl.Callback):
             self._restore_data()  # when fit() was not given the loader (a LightningModule's train_dataloader())
             self._pending = None
             if pending.get("rng") is not None:
-                restore_rng(pending["rng"], {})
+                try:
+                    restore_rng(pending["rng"], self.generators)
+                except KeyError as e:  # a generator registered now that the checkpoint lacks
+                    fail(f"checkpoint {self.run.rel(self.run.resumed_from)}: {e.args[0]} (registered with "
+                         "track_generators after it was written)")
         self.durable.start_line()
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -148,7 +177,7 @@ class DurableCallback(pl.Callback):
         self._losses, self._batches = [], []
         if self.durable.should_save(step):
             self._save(trainer, step)
-        if self.durable.stop_requested:
+        if self.durable.stop_requested or step >= self.run.total_steps:  # Lightning's max_steps is the run's
             trainer.should_stop = True
 
     def _save(self, trainer: Any, step: int) -> None:
@@ -172,9 +201,14 @@ def fit(trainer: Any, model: Any, *args: Any, **kwargs: Any) -> None:
     loader = kwargs.get("train_dataloaders", args[0] if args else None)
     if isinstance(loader, torch.utils.data.DataLoader) and isinstance(loader.sampler, DurableSampler):
         cb.sampler, cb.batch_size = loader.sampler, int(loader.batch_size or 1)  # its position restored in time
-    trainer.fit_loop.epoch_loop.max_steps = run.total_steps  # the spec's steps (each segment's end under ctl train)
     run.model = model  # the fingerprint's model even when Lightning runs no step (resumed at the end)
     comps = cb.durable.begin()
+    # max_steps: the run's full length, so that a schedule over trainer.estimated_stepping_batches or
+    # trainer.max_steps spans the run in every segment; the callback stops at the spec's steps (a segment's
+    # end). Resumed at that end: nothing to train, so Lightning's own max_steps stops it before any step.
+    at_end = comps is not None and run.step >= run.total_steps
+    trainer.fit_loop.epoch_loop.max_steps = run.total_steps if at_end else run.run_steps
+    _keep_files_in_home(trainer, run)
     if cb.staging.exists():  # a killed attempt's half-written checkpoint: the mirror is the truth
         shutil.rmtree(cb.staging)
     ckpt_path = None
@@ -182,10 +216,35 @@ def fit(trainer: Any, model: Any, *args: Any, **kwargs: Any) -> None:
         ckpt_path = FrameworkRun.materialize(comps, cb.staging / "resume") / CKPT_NAME
     try:
         trainer.fit(model, *args, ckpt_path=str(ckpt_path) if ckpt_path else None, **kwargs)
-    except BaseException:
+    except BaseException as e:
         cb.durable.close()
+        overrun = schedule_overrun(e, run, HORIZON)
+        if overrun:
+            fail(overrun)  # exit 2: deterministic, the same at every retry
         raise
     if cb.durable.last_saved != run.step:
         cb._save(trainer, run.step)
     shutil.rmtree(cb.staging, ignore_errors=True)
     cb.durable.finish(model.state_dict())
+
+
+def _keep_files_in_home(trainer: Any, run: DurableRun) -> None:
+    """Lightning's own files under ``runs/<name>/lightning_logs/`` instead of the trainer's working folder,
+    when the script left their place to Lightning (``default_root_dir`` not given): the default logger
+    (``logger`` left at its default: a TensorBoardLogger, or a CSVLogger without tensorboard) becomes the same
+    logger there, one ``version_N`` per attempt as Lightning numbers them; a ``ModelCheckpoint`` without
+    ``dirpath`` follows (the logger's ``version_N/checkpoints``, else ``lightning_logs/checkpoints``).
+    A place the script chose (``default_root_dir``, a logger's ``save_dir``, a ``dirpath``) is kept."""
+    default = trainer.default_root_dir
+    if os.path.abspath(default) != os.path.abspath(os.getcwd()):
+        return
+    root = str(run.run_dir / LOGS)
+    loggers = []
+    for logger in trainer.loggers:
+        kind = type(logger)
+        if kind in (pl.loggers.TensorBoardLogger, pl.loggers.CSVLogger) and logger.save_dir == default \
+                and logger.name == LOGS:  # Lightning's default logger (logger_connector.configure_logger)
+            logger = kind(save_dir=root, name="", version=SLURMEnvironment.job_id())
+        loggers.append(logger)
+    trainer.loggers = loggers
+    trainer._default_root_dir = root  # Lightning's fallback place (a ModelCheckpoint without loggers, profilers)
