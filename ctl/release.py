@@ -74,7 +74,9 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
             eval_max_items: int | None, heartbeat_timeout_s: float, as_json: bool, home: str | None) -> None:
     """Release a finished run's checkpoint: evaluate it, check gates, publish it once.
 
-    Publishes releases/<run>/<version>/ (model/, manifest.json) and moves releases/<run>/CURRENT.
+    Publishes releases/<run>/<version>/ (model/: the weights model.pt, config.json, tokenizer.json,
+    never the optimizer state, which stays with the run; manifest.json: digests and gates) and moves
+    releases/<run>/CURRENT.
     A failed gate publishes nothing (exit 1, the reason in one line).
 
     \b
