@@ -25,6 +25,7 @@ from .workerlog import WorkerLog
 from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, BadRequest
 from .interrupt import Interrupt
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved
+from .logs import logs as logs_command
 from .release import release as release_command
 from .trainers import eval_trainer
 from .verify import verify_resume as run_verify_resume
@@ -509,6 +510,7 @@ def server(port: int, ip: str, db_filename: str | None, home: str | None) -> Non
 for _command in cli_inspect.COMMANDS:  # status, list, history, show, plot, doctor (ctl/cli_inspect.py)
     main.add_command(_command)
 main.add_command(release_command)  # ctl release (ctl/release.py)
+main.add_command(logs_command)  # ctl logs (ctl/logs.py)
 main.add_command(ui_command.ui)  # ctl ui: read-only web pages (ctl/ui/; jinja2 only when it runs)
 
 if __name__ == "__main__":
