@@ -27,6 +27,7 @@ from .interrupt import Interrupt
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved
 from .logs import logs as logs_command
 from .release import release as release_command
+from .restart import refuse_moved_aside, restart_run
 from .trainers import eval_trainer
 from .verify import verify_resume as run_verify_resume
 from .verify_record import unverified_notice
@@ -175,6 +176,10 @@ def _describe_eval(result: dict) -> None:
               help="A trainer silent this long (no progress line) is stopped and its segment redelivered; on "
                    "Temporal also how soon a dead worker's segment moves to another worker.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display on stderr (the result still goes to stdout).")
+@click.option("--restart", is_flag=True,
+              help="Start the run over from scratch with this spec (e.g. corrected after a failure): its earlier "
+                   "workflows stay with their histories, runs/<name> is moved to runs/<name>.restart-<n> (nothing "
+                   "deleted); refused while a live worker or trainer runs it.")
 @click.option("--trace-file", "trace_file", default=None, metavar="FILE",
               help="Append the run's OpenTelemetry spans to FILE as JSON lines (the trace extra). "
                    "$OTEL_EXPORTER_OTLP_ENDPOINT sends them over OTLP instead.")
@@ -182,8 +187,8 @@ def _describe_eval(result: dict) -> None:
 @home_option
 @edge
 def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: str | None, eval_seed: int,
-          eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float, quiet: bool, trace_file: str | None,
-          as_json: bool, home: str | None) -> None:
+          eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float, quiet: bool, restart: bool,
+          trace_file: str | None, as_json: bool, home: str | None) -> None:
     """Start workflow train/<name> (or attach to it) and run it here to its end.
 
     Builds the corpus, trains in segments up to each eval_every boundary, evaluates each
@@ -196,7 +201,8 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     workflow, each attempt, evaluation, wait and checkpoint, sampled training steps; a resume
     continues the same trace (docs/tracking.md).
     After a cancel or failure the same command continues as train/<name>/2, reusing every
-    finished segment and evaluation. A different spec under the same name is refused (exit 2).
+    finished segment and evaluation. A different spec under the same name is refused (exit 2);
+    --restart starts the run over with it instead (one line says what it ended and moved aside).
 
     \b
     Exit codes: 0 completed, 130 canceled/interrupted, 2 bad input, 1 failed, 74 disk full.
@@ -205,6 +211,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
       ctl train --spec specs/tiny.json
       ctl train --spec specs/tiny.json --suite ppl --suite zoo --json
       ctl train --spec my.json --corpus-spec my-corpus.json --no-eval --detach && ctl worker
+      ctl train --spec fixed.json --restart   # start over after a wrong spec; the old run kept aside
     """
     interrupt = Interrupt("the run").install()  # from here on: one line, exit 130, no trainer left
     home_dir = app.resolve_home(home)
@@ -216,6 +223,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     name = inp.spec["name"]
     interrupt.what = app.train_workflow_id(name)
     app.check_run_writable(home_dir, name)
+    refuse_moved_aside(home_dir, name)
     notice = unverified_notice(home_dir, inp.spec, spec_file) if not quiet else None
     tracer = _run_tracer(home_dir, app.train_workflow_id(name), trace_file)
     engine = app.open_engine(home_dir, create=True, attempt_env=tracer.attempt_env if tracer else None)
@@ -229,7 +237,11 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
                                  for st in app.run_generations(engine, base)]
             trace = tracer.context(histories, os.environ)
             inp = inp.model_copy(update={"trace": TraceContext(**trace)})
-        started = app.start_run(engine, "TrainRun", app.train_workflow_id(name), inp)
+        restarted = restart_run(engine, home_dir, name) if restart else None
+        started = app.start_run(engine, "TrainRun", app.train_workflow_id(name), inp,
+                                restart=restarted.epoch if restarted else None)
+        if restarted is not None:
+            click.echo(f"ctl: restarted train/{name} as {started.workflow_id} from scratch: {restarted.line}", err=True)
         if notice and started.new:
             click.echo(notice, err=True)
         wid = interrupt.workflow_id = started.workflow_id

@@ -4,8 +4,9 @@ Nothing of tinyllm runs here (no torch in the worker; only its stdlib-only tinyl
 line, files under the home folder and an exit code (contracts/subprocess-activity.md).
 Each activity writes its spec (atomically), its progress file and each attempt's stdout and stderr
 (``logs/g<generation>-a<attempt>/{stdout,stderr}.log``, bounded, kept on success too; ``ctl logs`` shows
-them) under ``runs/<name>/activity/<activity-id>/`` (a corpus build keeps its spec and progress in ``.ctl/activity/<activity-id>/``, shared by the
-runs on that corpus, and its output with the run that asked for it); ``train`` passes ``--resume`` with the last
+them) under ``runs/<name>/activity/<activity-id>/`` (a corpus build keeps its spec and progress in
+``.ctl/activity/<activity-id>/``, shared by the runs on that corpus, and its output with the run that
+asked for it); ``train`` passes ``--resume`` with the last
 heartbeated checkpoint when its attempt is a redelivery.
 
 A spec that names its own ``trainer`` runs that command instead of tinyllm's (same arguments, same

@@ -110,3 +110,15 @@ def test_a_live_page_polls_and_a_finished_one_does_not(ui: server.App) -> None:
     assert 'data-live="1"' in _get(ui, "/")[1]  # a run is running: the runs page polls too
     full = _get(ui, "/run/train/live")[1]
     assert "setTimeout(tick, every)" in full and "every = 1000" in full
+
+
+def test_run_page_points_at_each_attempts_kept_output(ui: server.App, home: Path) -> None:
+    """Each attempt in the timeline names the folder of its kept stdout/stderr (ctl logs; issue 40 item 8) when
+    there is one, and only its own (generation 1, that attempt)."""
+    seg = home / "runs/done/activity/train-000010"  # segment 1 (tests/ui/synth.py)
+    (seg / "logs/g1-a1").mkdir(parents=True, exist_ok=True)
+    (seg / "logs/g1-a1/stderr.log").write_text("step 1\n")
+    (seg / "logs/g2-a2").mkdir(parents=True, exist_ok=True)  # another workflow's attempt: not this page's
+    page = _get(ui, "/run/train/done")[1]
+    assert page.count('<code class="output">') == 1, page
+    assert f'output <code class="output">runs/done/activity/{seg.name}/logs/g1-a1/</code>' in page
