@@ -130,10 +130,8 @@ def test_an_attempts_output_is_bounded_head_and_tail_kept(tmp_path: Path) -> Non
                               "    sys.stdout.write(f'line {i:07d} ' + 'x' * 8 + '\\n')\n"
                               "    if i % 2000 == 0: sys.stdout.flush(); time.sleep(0.01)\n"],
                              stdout=kept.stdout, stderr=kept.stderr)
-    biggest = 0
     while child.poll() is None:
         kept.bound()
-        biggest = max(biggest, os.stat(tmp_path / "out/stdout.log").st_blocks * 512)
         time.sleep(0.02)
     kept.bound()
     kept.close()
