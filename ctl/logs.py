@@ -36,6 +36,10 @@ _NOT_AN_END = ("activity_scheduled", "activity_started", "activity_heartbeat")
 FOLLOW_POLL_S = 0.25
 
 
+class NoOutputYet(BadRequest):
+    """The run has started no attempt with kept output yet (``--follow`` waits for one while the run runs)."""
+
+
 @dataclass
 class AttemptLogs:
     run: str  # the run's name
@@ -95,12 +99,12 @@ def choose(engine: Any, home: Path, workflow_id: str, activity: str | None, atte
     started = [x for x in _started(engine, base) if only is None or x[0] == gens[only]]
     if activity is None:
         if not started:
-            raise BadRequest(f"{base} has started no activity yet: no output to show")
+            raise NoOutputYet(f"{base} has started no activity yet: no output to show")
         activity = started[-1][1]
     kept = [a for a in attempt_dirs(home, name, activity) if only is None or a.generation == only]
     if not kept:
         known = sorted({a.activity_id for a in run_logs(home, name)})
-        raise BadRequest(f"{base}: no output kept for activity {activity!r} (activities with output: "
+        raise (NoOutputYet if started and activity == started[-1][1] else BadRequest)(f"{base}: no output kept for activity {activity!r} (activities with output: "
                          f"{', '.join(known) or 'none'})")
     if attempt is not None:
         picked = [a for a in kept if a.attempt == attempt]
@@ -175,6 +179,20 @@ def _ended(engine: Any, workflow_id: str, logs: AttemptLogs) -> str | None:
     return None
 
 
+def _first(engine: Any, home: Path, workflow_id: str, activity: str | None, attempt: int | None,
+           follow: bool) -> tuple[AttemptLogs, str | None]:
+    """``choose``; with ``follow``, waits while the run is running and has no output yet (a detached run
+    waiting for its worker), as ``kubectl logs -f`` waits for its container."""
+    while True:
+        try:
+            return choose(engine, home, workflow_id, activity, attempt)
+        except NoOutputYet:
+            newest = app.latest_run(engine, _base(workflow_id))
+            if not follow or newest is None or newest.state != "running":
+                raise
+        time.sleep(FOLLOW_POLL_S)
+
+
 @click.command()
 @click.argument("workflow_id", metavar="train/NAME")
 @click.option("--activity", "activity", default=None, metavar="ID",
@@ -191,7 +209,8 @@ def logs(workflow_id: str, activity: str | None, attempt: int | None, follow: bo
     workflow generation of the run, N: the attempt; bounded: the first 64 KiB and the last 4 MiB of each,
     a line says how much was dropped between), on success too. Default: the newest attempt of the newest
     activity; train/NAME/G: of the run's workflow G only (train/tiny/2 continued train/tiny after a cancel
-    or a failure). --follow prints new output as it comes until the attempt ends (one line on stderr says how).
+    or a failure). --follow prints new output as it comes until the attempt ends (one line on stderr says
+    how); on a running run with no output yet (detached, no worker yet) it waits for the first attempt.
 
     \b
     Exit codes: 0; 2 an unknown run, activity or attempt, or nothing kept yet.
@@ -205,7 +224,7 @@ def logs(workflow_id: str, activity: str | None, attempt: int | None, follow: bo
     home_dir = app.resolve_home(home)
     engine = app.open_engine(home_dir, create=False, readonly=True)
     try:
-        chosen, wid = choose(engine, home_dir, workflow_id, activity, attempt)
+        chosen, wid = _first(engine, home_dir, workflow_id, activity, attempt, follow)
         printer = Printer(home_dir, chosen)
         printer.pump()
         if not follow or wid is None:

@@ -146,3 +146,29 @@ def test_an_attempts_output_is_bounded_head_and_tail_kept(tmp_path: Path) -> Non
     assert tail.splitlines()[-1] == "line 0099999 xxxxxxxx" and len(data) - dropped < 200_000
     last = tail.split("...]\n", 1)[1]
     assert len(last) >= 65536
+
+
+def test_follow_waits_for_a_detached_runs_first_attempt(tmp_path: Path) -> None:
+    """``ctl logs -f`` of a detached run that no worker runs yet waits (as ``kubectl logs -f`` waits for its
+    container) instead of failing; when ``ctl train`` runs it, it prints the first attempt's output (the corpus
+    build's result line) and ends with it. Without --follow the same is one line, exit 2."""
+    home = tmp_path / "home"
+    home.mkdir()
+    write_json(home / "s.json", SPEC)
+    detached = ctl(home, "train", "--spec", str(home / "s.json"), "--no-eval", "--detach")
+    assert detached.returncode == 0, detached.stderr
+    one_line_error(ctl(home, "logs", "train/mini"), 2, "train/mini has started no activity yet")
+    follow = subprocess.Popen([sys.executable, "-m", "ctl.cli", "logs", "train/mini", "-f", "--home", str(home)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+    try:
+        time.sleep(1.0)
+        assert follow.poll() is None, follow.communicate()  # waiting, not failed
+        run = ctl(home, "train", "--spec", str(home / "s.json"), "--no-eval", "--quiet")
+        assert run.returncode == 0, run.stderr[-3000:]
+        out, err = follow.communicate(timeout=DEADLINE_S)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+    assert follow.returncode == 0, err
+    assert b"==> runs/mini/activity/corpus-default/logs/g1-a1/stdout.log <==" in out and b'"name": "default"' in out
+    assert b"corpus-default#1 of train/mini ended: completed" in err, err
