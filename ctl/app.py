@@ -311,12 +311,13 @@ def run_generations(engine: Any, base: str) -> list[Any]:
     return [st for _, st in sorted(found, key=lambda x: x[0])]
 
 
-OPERATIONAL = ("prior", "train_heartbeat_timeout_s", "eval_heartbeat_timeout_s", "trace", "heartbeat_timeout_s")
+OPERATIONAL = ("prior", "train_heartbeat_timeout_s", "eval_heartbeat_timeout_s", "trace", "heartbeat_timeout_s",
+               "restart")
 """Input fields that are not the run's identity: the work already done, and settings of how it is run
 that change no result (a rerun with another ``--heartbeat-timeout`` or ``--eval-heartbeat-timeout`` continues
 the run with it; the
 trace a run records is read back, so a rerun with or without tracing continues it; a release's publish
-heartbeat timeout: the recorded one applies)."""
+heartbeat timeout: the recorded one applies; a restarted run's count, carried from the workflow it continues)."""
 
 FLAGS = {"eval_seed": "--eval-seed", "eval_max_items": "--eval-max-items", "eval_suites": "--suite/--no-eval",
          "corpus": "--corpus-spec"}
@@ -339,22 +340,35 @@ def _difference_text(diff: list[str], old: Any, new: Any) -> str:
     return "; ".join(out)
 
 
-def start_run(engine: Any, workflow: str, base: str, inp: Any) -> Started:
+def start_run(engine: Any, workflow: str, base: str, inp: Any, *, restart: int | None = None) -> Started:
     """Start run ``base`` with input ``inp``, or attach to it; refuse a different input.
 
     Running or completed: attach. Canceled or failed: a fresh workflow continues the run;
-    for a TrainRun its input carries the work earlier workflows finished (``prior``), so
-    finished segments and evaluations are not run again.
+    for a TrainRun its input carries the work earlier workflows finished since the run's last restart
+    (``prior``), so finished segments and evaluations are not run again.
+    ``restart`` (``ctl train --restart``, after ctl/restart.py ended the newest workflow and moved the run's
+    files aside): a fresh workflow with the next id, from scratch, recording that restart count.
     """
-    new_raw = json.loads(inp.model_dump_json())
     current = latest_run(engine, base)
+    if restart is not None:
+        gen = (_generation(current.workflow_id, base) or 1) if current is not None else 0
+        workflow_id = f"{base}/{gen + 1}" if gen else base
+        inp = inp.model_copy(update={"restart": restart})
+        try:
+            engine.start(workflow, workflow_id, inp)
+        except BadInput as e:
+            raise BadRequest(str(e)) from None
+        return Started(workflow_id, new=True)
+    new_raw = json.loads(inp.model_dump_json())
     if current is not None:
         old_raw = recorded_input(engine, current.workflow_id)
         diff = _differences(_without_prior(old_raw), _without_prior(new_raw))
         if diff:
             flagged = [d for d in diff if d.split(".", 1)[0] in FLAGS]
             fix = ("give the same options as when it was started" if flagged and len(flagged) == len(diff)
-                   else f"use another name, or the recorded spec (`ctl history {current.workflow_id} --json`)")
+                   else f"use another name, or the recorded spec (`ctl history {current.workflow_id} --json`)"
+                   + (", or start it over with `ctl train --spec FILE --restart`" if isinstance(inp, TrainRunInput)
+                      else ""))
             raise BadRequest(
                 f"{current.workflow_id} was started with a different request "
                 f"({_difference_text(diff, old_raw, new_raw)}); {fix}"
@@ -364,8 +378,11 @@ def start_run(engine: Any, workflow: str, base: str, inp: Any) -> Started:
         gen = _generation(current.workflow_id, base) or 1
         workflow_id = f"{base}/{gen + 1}"
         if isinstance(inp, TrainRunInput):
-            earlier = [engine.history(st.workflow_id) for st in run_generations(engine, base)]
-            inp = inp.model_copy(update={"prior": workflows.collect_prior(earlier)})
+            epoch = int(old_raw.get("restart") or 0) if isinstance(old_raw, dict) else 0
+            earlier = [events for st in run_generations(engine, base)
+                       if int(((events := engine.history(st.workflow_id))[0].attrs.get("input") or {}).get("restart")
+                              or 0) == epoch]  # only the work done since the run's last restart
+            inp = inp.model_copy(update={"prior": workflows.collect_prior(earlier), "restart": epoch})
     else:
         workflow_id = base
     try:

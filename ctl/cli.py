@@ -28,7 +28,9 @@ from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, EXIT_PREEMPTED, BadRe
 from .interrupt import Interrupt
 from .cli_common import (CtlGroup, describe_train, edge, home_option, json_option, preempted_line, print_json,
                          resolved, stop_options)
+from .logs import logs as logs_command
 from .release import release as release_command
+from .restart import refuse_moved_aside, restart_run
 from .trainers import eval_trainer
 from .verify import verify_resume as run_verify_resume
 from .verify_record import unverified_notice
@@ -184,6 +186,10 @@ def _describe_eval(result: dict) -> None:
               help="An evaluation silent this long (no progress line) is stopped and retried (3 attempts); "
                    "operational like --heartbeat-timeout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display on stderr (the result still goes to stdout).")
+@click.option("--restart", is_flag=True,
+              help="Start the run over from scratch with this spec (e.g. corrected after a failure): its earlier "
+                   "workflows stay with their histories, runs/<name> is moved to runs/<name>.restart-<n> (nothing "
+                   "deleted); refused while a live worker or trainer runs it.")
 @click.option("--trace-file", "trace_file", default=None, metavar="FILE",
               help="Append the run's OpenTelemetry spans to FILE as JSON lines (the trace extra). "
                    "$OTEL_EXPORTER_OTLP_ENDPOINT sends them over OTLP instead.")
@@ -193,8 +199,8 @@ def _describe_eval(result: dict) -> None:
 @edge
 def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: str | None, eval_seed: int,
           eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float, eval_heartbeat_timeout_s: float,
-          quiet: bool, trace_file: str | None, stop_grace_s: float, stop_signal: Any, as_json: bool,
-          home: str | None) -> None:
+          quiet: bool, restart: bool, trace_file: str | None, stop_grace_s: float, stop_signal: Any,
+          as_json: bool, home: str | None) -> None:
     """Start workflow train/<name> (or attach to it) and run it here to its end.
 
     Builds the corpus, trains in segments up to each eval_every boundary, evaluates each
@@ -207,7 +213,8 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     workflow, each attempt, evaluation, wait and checkpoint, sampled training steps; a resume
     continues the same trace (docs/tracking.md).
     After a cancel or failure the same command continues as train/<name>/2, reusing every
-    finished segment and evaluation. A different spec under the same name is refused (exit 2).
+    finished segment and evaluation. A different spec under the same name is refused (exit 2);
+    --restart starts the run over with it instead (one line says what it ended and moved aside).
     A segment whose trainer fails the same way twice in a row from the same checkpoint is not
     retried again: one line says so (exit 1); fix the cause and run the same command.
 
@@ -223,6 +230,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
       ctl train --spec specs/tiny.json
       ctl train --spec specs/tiny.json --suite ppl --suite zoo --json
       ctl train --spec my.json --corpus-spec my-corpus.json --no-eval --detach && ctl worker
+      ctl train --spec fixed.json --restart   # start over after a wrong spec; the old run kept aside
     """
     interrupt = _polite_stop("the run", stop_grace_s, stop_signal)  # from here on: a signal saves the step
     home_dir = app.resolve_home(home)
@@ -235,6 +243,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     name = inp.spec["name"]
     interrupt.what = app.train_workflow_id(name)
     app.check_run_writable(home_dir, name)
+    refuse_moved_aside(home_dir, name)
     notice = unverified_notice(home_dir, inp.spec, spec_file) if not quiet else None
     tracer = _run_tracer(home_dir, app.train_workflow_id(name), trace_file)
     engine = app.open_engine(home_dir, create=True, attempt_env=tracer.attempt_env if tracer else None)
@@ -250,7 +259,11 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
                                  for st in app.run_generations(engine, base)]
             trace = tracer.context(histories, os.environ)
             inp = inp.model_copy(update={"trace": TraceContext(**trace)})
-        started = app.start_run(engine, "TrainRun", app.train_workflow_id(name), inp)
+        restarted = restart_run(engine, home_dir, name) if restart else None
+        started = app.start_run(engine, "TrainRun", app.train_workflow_id(name), inp,
+                                restart=restarted.epoch if restarted else None)
+        if restarted is not None:
+            click.echo(f"ctl: restarted train/{name} as {started.workflow_id} from scratch: {restarted.line}", err=True)
         if notice and started.new:
             click.echo(notice, err=True)
         wid = interrupt.workflow_id = started.workflow_id
@@ -591,6 +604,7 @@ def server(port: int, ip: str, db_filename: str | None, home: str | None) -> Non
 for _command in cli_inspect.COMMANDS:  # status, list, history, show, plot, doctor (ctl/cli_inspect.py)
     main.add_command(_command)
 main.add_command(release_command)  # ctl release (ctl/release.py)
+main.add_command(logs_command)  # ctl logs (ctl/logs.py)
 main.add_command(ui_command.ui)  # ctl ui: read-only web pages (ctl/ui/; jinja2 only when it runs)
 
 if __name__ == "__main__":

@@ -93,7 +93,9 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
             as_json: bool, home: str | None) -> None:
     """Release a finished run's checkpoint: evaluate it, check gates, publish it once.
 
-    Publishes releases/<run>/<version>/ (model/, manifest.json) and moves releases/<run>/CURRENT.
+    Publishes releases/<run>/<version>/ (model/: the weights model.pt, config.json, tokenizer.json,
+    never the optimizer state, which stays with the run; manifest.json: digests and gates) and moves
+    releases/<run>/CURRENT.
     A failed gate publishes nothing (exit 1, the reason in one line; `ctl status` and `ctl list`
     show it later). A gate on a figure its suite does not produce (ppl's: heldout/loss,
     heldout/ppl, heldout/bpb, or just loss, ppl, bpb) is bad input before anything starts.

@@ -5,6 +5,7 @@ one column per evaluation suite with its headline figure (``ppl 7.41``). When th
 held-out validation, a second table lists every frame of ``metrics.jsonl`` that carries
 ``val/*`` metrics. A warning a frame carries (GRPO without a learning signal for a whole window:
 tinyllm/objectives/no_signal.py) is one line under the segments (``warnings`` in ``--json``).
+Each kept attempt output (``ctl logs``) is counted, with the newest one's folder (``logs`` in ``--json``).
 ``--json`` prints the same as objects (``RunView`` segments, frames).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import workflows
 from tinyllm import mlflow_sink, tracing
 from tinyllm.objectives.no_signal import warning_text
 
+from .logs import run_logs
 from .runview import RunView, fmt_duration, headline, local_time, read_frames, stopped_early_text
 from .tables import align
 from .verify_record import verdict_line, verdict_of
@@ -93,6 +95,13 @@ def show(view: RunView, home: Path, spec: dict[str, Any], trace: dict | None = N
         if (why := mlflow_sink.behind(sink, last)) is not None:
             lines.append(f"  {why}")
         data["sinks"] = {"mlflow": {**sink, "behind": why}}
+    kept = run_logs(home, view.name)  # each attempt's stdout/stderr (ctl/logs.py)
+    if kept:
+        newest = max(kept, key=lambda a: a.directory.stat().st_mtime_ns)
+        lines += ["", f"output: {len(kept)} attempt(s) kept under runs/{view.name}/activity/*/logs/; newest "
+                      f"{newest.directory.relative_to(home)}/ (`ctl logs train/{view.name}`; --activity ID --attempt N)"]
+        data["logs"] = [{"activity_id": a.activity_id, "generation": a.generation, "attempt": a.attempt,
+                         "path": str(a.directory.relative_to(home))} for a in kept]
     if (traced := trace_info(trace, home / "runs" / view.name)) is not None:
         lines += ["", f"trace: {traced['trace_id']} (spans sent to {', '.join(traced['sent_to']) or 'nowhere yet'})"]
         data["trace"] = traced

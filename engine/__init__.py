@@ -4,7 +4,8 @@ This module is the engine's one front door. Public surface: ``Engine``, the cloc
 / ``RetryPolicy``, the errors, the ``Runtime`` / ``ActivityContext`` seam, and ``Store`` (the one
 transaction helper), and the helpers the app's tools read a home with: ``read_events``,
 ``damage_report`` / ``DamagedRecord``, ``check_id``, ``owner_dead`` (is a lease's owner gone),
-``run_subprocess`` (the activity runner for trainers), and the process-tree sweep ``ATTEMPT_ENV`` /
+``run_subprocess`` (the activity runner for trainers) with ``read_kept_output`` / ``output_log_path`` /
+``OUTPUT_STREAMS`` (the attempt output it keeps: engine/_output.py; ``ctl logs`` reads it), and the process-tree sweep ``ATTEMPT_ENV`` /
 ``attempt_tag`` / ``scope_of`` / ``kill_attempt`` (tag an attempt's environment, then SIGKILL every process
 carrying the tag, also those that left its process group: ctl verify-resume), and the polite stop
 (``Engine.request_stop``, ``StopRequest``, ``Preempted``, ``EXIT_PREEMPTED``, ``STOP_SIGNAL_ENV``:
@@ -14,7 +15,7 @@ Every other module here is private (``engine/_*.py``) and may change without not
 ``_engine`` (the public class), which owns a ``_worker.Worker`` (transitions and loop steps), which
 owns ``_tx.Transactions``, ``_attempts.Attempts`` and ``_runners.Runners`` as objects; ``_replay``,
 ``_live_sink``, ``_activity``, ``_store``, ``_history``, ``_schema``, ``_leases``, ``_proctree``,
-``_subprocess_runner``, ``_options``, ``_errors``, ``_ids``, ``_seam``, ``_clock``.
+``_subprocess_runner``, ``_output``, ``_options``, ``_errors``, ``_ids``, ``_seam``, ``_clock``.
 
 Callers outside ``engine/`` import from here only (tests/test_import_graph.py enforces it), with
 two documented exceptions:
@@ -49,6 +50,7 @@ from ._history import Event, read_events
 from ._ids import check_id
 from ._leases import owner_dead
 from ._options import RetryPolicy, StepOptions
+from ._output import STREAMS as OUTPUT_STREAMS, log_path as output_log_path, read_kept as read_kept_output
 from ._proctree import ENV_TAG as ATTEMPT_ENV, attempt_tag, kill_attempt, scope_of
 from ._seam import ActivityContext, Runtime
 from ._stop import StopRequest, stop_request
@@ -63,4 +65,5 @@ __all__ = [
     "read_events", "replay_history", "run_subprocess", "SubprocessFailed", "dies_with_parent",
     "ATTEMPT_ENV", "attempt_tag", "kill_attempt", "scope_of", "Preempted", "StopRequest", "stop_request",
     "EXIT_PREEMPTED", "STOP_SIGNAL_ENV",
+    "OUTPUT_STREAMS", "output_log_path", "read_kept_output",
 ]

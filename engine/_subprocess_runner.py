@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from . import _proctree as proctree
+from ._output import AttemptOutput
 from ._errors import Canceled, NonRetryableError, Preempted
 
 log = logging.getLogger("engine")
@@ -215,11 +216,14 @@ def run_subprocess(
     term_grace_s: float = 30.0,
     heartbeat_timeout_s: float | None = None,
     tail_bytes: int = 8192,
+    output_dir: str | os.PathLike | None = None,
 ) -> SubprocessResult:
     """Run ``argv`` to its end under ``ctx`` (see the module docstring); returns or raises by exit code.
 
     ``heartbeat_timeout_s`` (None: the activity's) is how long the child may go without a progress
     line before the runner presumes it hung (0: never; the lease still expires without progress).
+    ``output_dir``: the child's stdout and stderr go to ``stdout.log`` and ``stderr.log`` there, bounded and
+    kept after the attempt (engine/_output.py); None: temporary files, gone with the attempt.
     """
     tag = _attempt_tag(ctx)
     silence_s = heartbeat_timeout_s if heartbeat_timeout_s is not None else _heartbeat_timeout_s(ctx)
@@ -233,8 +237,9 @@ def run_subprocess(
     if record is not None:
         record(None)  # a worker dying between here and the next record still has its attempt's processes killed
     progress = _Progress(progress_path)
-    out = tempfile.TemporaryFile()
-    err = tempfile.TemporaryFile()
+    kept = AttemptOutput(output_dir) if output_dir is not None else None
+    out = kept.stdout if kept is not None else tempfile.TemporaryFile()
+    err = kept.stderr if kept is not None else tempfile.TemporaryFile()
     child_env = dict(os.environ if env is None else env)
     child_env[proctree.ENV_TAG] = tag
     if os.environ.get(STOP_SIGNAL_ENV) and STOP_SIGNAL_ENV not in child_env:  # ctl --stop-signal: the trainer's too
@@ -272,6 +277,8 @@ def run_subprocess(
                     last_checkpoint = ckpt
                 else:
                     ctx.heartbeat()  # liveness (or the same checkpoint again): extends the lease, throttled
+            if kept is not None:
+                kept.bound()
             if proc.returncode is not None:
                 break
             if stopping is None:

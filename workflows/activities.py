@@ -2,8 +2,11 @@
 
 Nothing of tinyllm runs here (no torch in the worker; only its stdlib-only tinyllm.fsio): everything crosses as a command
 line, files under the home folder and an exit code (contracts/subprocess-activity.md).
-Each activity writes its spec (atomically) and its progress file under
-``runs/<name>/activity/<activity-id>/``; ``train`` passes ``--resume`` with the last
+Each activity writes its spec (atomically), its progress file and each attempt's stdout and stderr
+(``logs/g<generation>-a<attempt>/{stdout,stderr}.log``, bounded, kept on success too; ``ctl logs`` shows
+them) under ``runs/<name>/activity/<activity-id>/`` (a corpus build keeps its spec and progress in
+``.ctl/activity/<activity-id>/``, shared by the runs on that corpus, and its output with the run that
+asked for it); ``train`` passes ``--resume`` with the last
 heartbeated checkpoint when its attempt is a redelivery.
 
 A spec that names its own ``trainer`` runs that command instead of tinyllm's (same arguments, same
@@ -73,6 +76,24 @@ def progress_path(home: Path, name: str, activity_id: str, attempt: int) -> Path
     return activity_dir(home, name, activity_id) / f"progress-{attempt}.jsonl"
 
 
+def workflow_generation(workflow_id: str) -> int:
+    """1 for ``train/tiny``, 2 for ``train/tiny/2`` (a continued run's workflow; ctl/app.py)."""
+    parts = str(workflow_id).split("/")
+    return int(parts[-1]) if len(parts) >= 3 and parts[-1].isdigit() else 1
+
+
+def output_dir(work: Path, workflow_id: str, attempt: int) -> Path:
+    """Where one attempt's stdout.log and stderr.log are kept: ``<activity dir>/logs/g<G>-a<N>/`` (G: the
+    run's workflow generation, N: the attempt; a folder already there, e.g. a release's evaluation asked
+    for again by another release workflow, is never overwritten: ``-2``, ``-3``... is added)."""
+    base = work / "logs" / f"g{workflow_generation(workflow_id)}-a{attempt}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
 def checkpoint_step(path: str | Path) -> int | None:
     """The step a ``.../step-NNNNNN`` checkpoint path names, or None."""
     m = _STEP_DIR.match(Path(path).name)
@@ -140,13 +161,16 @@ class TinyllmActivities:
     def _workdir(self, name: str, activity_id: str) -> Path:
         return activity_dir(self.home, name, activity_id)
 
-    def _run(self, ctx: ActivityContext, argv: list[str], progress_path: Path, how: Invocation | None = None) -> Any:
+    def _run(self, ctx: ActivityContext, argv: list[str], progress_path: Path, how: Invocation | None = None,
+             logs_in: Path | None = None) -> Any:
+        """Run one attempt; its output is kept under ``logs_in`` (default: the progress file's folder)."""
         progress_path.unlink(missing_ok=True)  # an attempt's heartbeats come from its own lines
         cwd, env = (how.cwd, how.env) if how is not None else (str(self.home), self.env)
         extra = self.attempt_env(ctx) if self.attempt_env is not None else None
         if extra:
             env = {**(env if env is not None else os.environ), **extra}
-        done = run_subprocess(ctx, argv, progress_path=str(progress_path), cwd=cwd, env=env)
+        done = run_subprocess(ctx, argv, progress_path=str(progress_path), cwd=cwd, env=env,
+                              output_dir=output_dir(logs_in or progress_path.parent, ctx.workflow_id, ctx.attempt))
         if how is not None and how.custom:  # a spec's own trainer: the contract's rules, named when broken
             return done.result
         if not isinstance(done.result, dict):
@@ -210,7 +234,10 @@ class TinyllmActivities:
         work = self.home / ".ctl" / "activity" / ctx.activity_id
         spec_path = work / "spec.json"
         atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
-        out = self._run(ctx, self._argv("corpus", spec_path), work / f"progress-{ctx.attempt}.jsonl")
+        run = str(ctx.workflow_id).split("/")
+        logs_in = activity_dir(self.home, run[1], ctx.activity_id) if len(run) >= 2 and run[0] == "train" else None
+        out = self._run(ctx, self._argv("corpus", spec_path), work / f"progress-{ctx.attempt}.jsonl",
+                        logs_in=logs_in)  # its output: in the run's home, beside the run's other activities
         return CorpusBuildResult.model_validate(out)
 
     def as_dict(self) -> dict[str, Callable[[ActivityContext, Any], Any]]:

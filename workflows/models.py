@@ -161,13 +161,19 @@ class TrainRunInput(_Model):
     train_max_attempts: int = Field(5, ge=1)
     prior: PriorWork = Field(default_factory=PriorWork)  # a continued run: work already done
     trace: TraceContext | None = None  # the run's trace, when it started traced (ctl/traces.py)
+    # how many times the run was started over (`ctl train --restart`, ctl/restart.py): a continuation reuses only
+    # the work of the workflows with its own count
+    restart: int = Field(0, ge=0)
 
     @model_serializer(mode="wrap")
     def _untraced_as_before(self, handler):
-        """A run without a trace records no ``trace`` key: its history is what it was before traces."""
+        """A run without a trace (or never restarted) records no ``trace`` (``restart``) key: its history is
+        what it was before traces (restarts)."""
         out = handler(self)
         if isinstance(out, dict) and out.get("trace") is None:
             out.pop("trace", None)
+        if isinstance(out, dict) and out.get("restart") == 0:
+            out.pop("restart", None)
         return out
 
 

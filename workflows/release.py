@@ -10,8 +10,10 @@ best by the run's selection metric, or the latest) and its digest (the checkpoin
 2. every gate (``ppl/ppl<=6.5``: suite ``ppl``, figure ``ppl`` -- ``task/metric`` or a metric
    name unique in that suite) is checked in workflow code from the recorded figures; a failed gate
    is a normal outcome (``published: false`` and the reason), nothing is written;
-3. activity ``publish`` writes ``releases/<run>/<version>/`` (``model/``: the checkpoint's files,
-   ``manifest.json``: spec, corpus checksum, checkpoint digest, figures, gates, code version) under
+3. activity ``publish`` writes ``releases/<run>/<version>/`` (``model/``: what one serves, the weights
+   ``model.pt``, ``config.json`` and ``tokenizer.json``, never the optimizer or resume state, which stay
+   with the run (``serving_files``); ``manifest.json``: spec, corpus checksum, checkpoint digest, each
+   file's bytes and sha256, figures, gates, code version) under
    a temporary name, fsynced, renamed, then ``releases/<run>/CURRENT`` replaced atomically. It is
    idempotent: a version whose manifest names the same digest is the publication (a kill after the
    rename and before the activity's completion publishes nothing twice).
@@ -265,17 +267,20 @@ def publish(home: Path, inp: PublishInput, *, point: Callable[[str, int], None] 
             version_name = f"v{int(version_name[1:]) + 1:04d}"
         reused = False
         src = Path(home) / r.checkpoint
+        serving = serving_files(src)  # verified before anything is written
         tmp = root / f".tmp-{version_name}-{os.getpid()}"
         (tmp / "model").mkdir(parents=True)
-        for f in sorted(src.iterdir()):
-            if f.is_file():
-                write_synced(tmp / "model" / f.name, f.read_bytes())
-                beat()
+        files = {}
+        for name, data in serving:
+            write_synced(tmp / "model" / name, data)
+            files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            beat()
         fsync_dir(tmp / "model")
         meta = _corpus_meta(Path(home), r.corpus)
         manifest = {"run": r.name, "version": version_name, "checkpoint": r.checkpoint, "step": r.step,
                     "checkpoint_digest": r.digest, "select": r.select, "spec": r.spec,
                     "corpus": {"name": r.corpus, "checksum": meta.get("checksum")},
+                    "files": {f"model/{k}": v for k, v in files.items()},
                     "figures": inp.figures, "gates": [g.model_dump() for g in inp.gates],
                     "code_version": _code_version()}
         write_synced(tmp / "manifest.json", (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
@@ -286,6 +291,42 @@ def publish(home: Path, inp: PublishInput, *, point: Callable[[str, int], None] 
         point("release.after_rename", int(version_name[1:]))
     atomic_write(root / "CURRENT", (version_name + "\n").encode())
     return PublishResult(version=version_name, path=f"releases/{r.name}/{version_name}", reused=reused)
+
+
+TRAINING_ONLY = frozenset({"optimizer.pt", "training_state.pt", "scheduler.pt", "scaler.pt", "data.pt",
+                           "manifest.json"})
+"""Checkpoint files a release never holds, when the checkpoint has no ``model.pt`` to pick (a foreign layout):
+the resume state stays with the run."""
+
+
+def serving_files(src: Path) -> list[tuple[str, bytes]]:
+    """What a release of checkpoint ``src`` holds under ``model/``: what one serves, never the optimizer state.
+
+    A tinyllm-format checkpoint (``model.pt`` in its ``manifest.json``): ``model.pt`` (verified against the
+    manifest's sha256: a damaged candidate is never published), ``config.json`` (the model config of its
+    ``meta.trajectory.model``) and ``tokenizer.json`` (its ``meta.tokenizer``; absent: none was pinned, i.e.
+    byte-level), when the manifest has them. Any other layout: its files but ``TRAINING_ONLY``.
+    NonRetryableError (BadInput) when the checkpoint cannot be read or is damaged."""
+    try:
+        manifest = json.loads((src / "manifest.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        manifest = None
+    except (OSError, ValueError) as e:
+        raise NonRetryableError(f"release candidate {src}: unreadable manifest.json ({e})", type="BadInput") from None
+    entries = manifest.get("files") if isinstance(manifest, dict) else None
+    if not (isinstance(entries, dict) and isinstance(entries.get("model.pt"), dict)):
+        return [(f.name, f.read_bytes()) for f in sorted(src.iterdir()) if f.is_file() and f.name not in TRAINING_ONLY]
+    data = (src / "model.pt").read_bytes()
+    if hashlib.sha256(data).hexdigest() != entries["model.pt"].get("sha256"):
+        raise NonRetryableError(f"release candidate {src}: model.pt fails its sha256 checksum (corrupt)",
+                                type="BadInput")
+    out = [("model.pt", data)]
+    meta = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
+    trajectory = meta.get("trajectory") if isinstance(meta.get("trajectory"), dict) else {}
+    for name, value in (("config.json", trajectory.get("model")), ("tokenizer.json", meta.get("tokenizer"))):
+        if value is not None:
+            out.append((name, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()))
+    return out
 
 
 def _corpus_meta(home: Path, corpus: str) -> dict:

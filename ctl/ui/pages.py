@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from engine import BadInput, NotFound
-from workflows.activities import checkpoint_step
+from workflows.activities import checkpoint_step, workflow_generation
 
 from .. import app, historyview, runstatus
+from ..logs import attempt_dirs
 from ..plot import Series, series
 from ..runview import (RunView, best_checkpoints, fmt_duration, headline, local_time, run_view,
                        stopped_early_text)
@@ -147,6 +148,7 @@ class Attempt:
     resumed_from: str | None = None
     redone_steps: int | None = None
     error: str = ""
+    output: str = ""  # the folder of its kept stdout.log / stderr.log (ctl logs), relative to the home
 
     @property
     def duration(self) -> str:
@@ -258,9 +260,13 @@ def _attempts(events: list[Any]) -> dict[str, dict[int, Attempt]]:
     return out
 
 
-def timeline(view: RunView | None, events: list[Any], now: float) -> list[Item]:
-    """The run's history as rows in the order things began (see the module docstring)."""
+def timeline(view: RunView | None, events: list[Any], now: float, output: Any = None) -> list[Item]:
+    """The run's history as rows in the order things began (see the module docstring); ``output(activity_id,
+    attempt)``: where that attempt's output is kept ("" none)."""
     attempts = _attempts(events)
+    for aid, per in attempts.items() if output is not None else ():
+        for n, att in per.items():
+            att.output = output(aid, n)
     segments = {s.activity_id: s for s in view.segments} if view else {}
     evals = {e.activity_id: e for e in view.evals()} if view else {}
     items: list[Item] = []
@@ -414,6 +420,16 @@ def checkpoints(view: RunView, home: Path, events: list[Any] = (), released: lis
     return out
 
 
+def _output_of(home: Path, name: str, workflow_id: str) -> Any:
+    """``fn(activity_id, attempt)``: the folder of that attempt's kept output in this workflow ("" none)."""
+    gen = workflow_generation(workflow_id)
+
+    def find(activity_id: str, attempt: int) -> str:
+        kept = [a for a in attempt_dirs(home, name, activity_id) if (a.generation, a.attempt) == (gen, attempt)]
+        return str(kept[-1].directory.relative_to(home)) + "/" if kept else ""
+    return find
+
+
 def _stderr_tail(error: Any) -> str:
     for _ in range(8):
         if not isinstance(error, dict):
@@ -453,7 +469,7 @@ def run(engine: Any, home: Path, workflow_id: str, now: float, *, kind: str = ""
         n = a.get("attempt") if isinstance(a.get("attempt"), int) else None
         rows.append(EventRow(e.seq, e.time, e.type, str(a.get("activity_id", "")), n, historyview.details(e),
                              json.dumps(a, indent=1, sort_keys=True, default=str)))
-    items = timeline(view, events, now)
+    items = timeline(view, events, now, _output_of(home, view.name, workflow_id) if view and view.name else None)
     release = row.release
     runs_releases = releases(engine, home, view.name) if view and view.name else []
     s = series(view, home) if view and view.name else None

@@ -169,3 +169,27 @@ def test_sigkilled_worker_leaves_no_child_writing_and_is_redelivered(tmp_path):
     finally:
         if worker.poll() is None:
             worker.kill()
+
+
+def test_output_dir_keeps_both_streams_of_each_attempt_and_the_error_still_names_the_last_stderr_line(tmp_path, db):
+    """``output_dir`` (issue 40 item 8; ctl logs): each attempt's stdout and stderr stay in files of its own
+    folder after it ended, a failure's message still carries the last stderr line, a success's result is still
+    its last stdout line."""
+    def act(ctx, _):
+        mode = "crash" if ctx.attempt == 1 else "progress"
+        args = ("crash",) if mode == "crash" else ("progress", str(tmp_path / f"progress-{ctx.attempt}.jsonl"), "1")
+        res = run_subprocess(ctx, python_cmd("eng_child.py", *args), output_dir=tmp_path / f"out-{ctx.attempt}",
+                             progress_path=str(tmp_path / f"progress-{ctx.attempt}.jsonl"), poll_interval_s=0.02)
+        return {"result": res.result}
+
+    eng = make_engine(db, SystemClock(), workflows=[("w", one)], activities=[("run", act)])
+    eng.start("w", "w", None)
+    eng.run_until_complete("w", timeout_s=30)
+    assert eng.result("w")["result"] == {"steps": 10, "final_loss_hex": "0x1.8000000000000p+0"}
+    failed = next(e for e in eng.history("w") if e.type == "activity_failed")
+    last_err = (tmp_path / "out-1/stderr.log").read_text().strip().splitlines()[-1]
+    assert last_err and last_err in failed.attrs["error"]["message"], (last_err, failed.attrs)
+    import json
+    assert json.loads((tmp_path / "out-2/stdout.log").read_text().strip().splitlines()[-1]) == \
+        {"steps": 10, "final_loss_hex": "0x1.8000000000000p+0"}
+    assert "some log line" in (tmp_path / "out-2/stdout.log").read_text()

@@ -132,3 +132,15 @@ def test_ticks_are_round_and_cover_the_range() -> None:
     assert [svg.tick_text(v, 0.0005) for v in svg.ticks(0.0006, 0.003)] == ["0.0010", "0.0015", "0.0020", "0.0025",
                                                                            "0.0030"]
     assert [svg.tick_text(v, 2.5) for v in (2.5, 5.0)] == ["2.5", "5.0"]
+
+
+def test_run_page_points_at_each_attempts_kept_output(ui: server.App, home: Path) -> None:
+    """Each attempt in the timeline names the folder of its kept stdout/stderr (ctl logs; issue 40 item 8) when
+    there is one, and only its own (generation 1, that attempt)."""
+    seg = home / "runs/done/activity/train-000010"  # segment 1 (tests/ui/synth.py)
+    (seg / "logs/g1-a1").mkdir(parents=True, exist_ok=True)
+    (seg / "logs/g1-a1/stderr.log").write_text("step 1\n")
+    (seg / "logs/g2-a2").mkdir(parents=True, exist_ok=True)  # another workflow's attempt: not this page's
+    page = _get(ui, "/run/train/done")[1]
+    assert page.count('<code class="output">') == 1, page
+    assert f'output <code class="output">runs/done/activity/{seg.name}/logs/g1-a1/</code>' in page

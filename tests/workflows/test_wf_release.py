@@ -65,3 +65,32 @@ def test_a_damaged_release_manifest_is_listed_without_its_figures_never_a_traceb
     assert [(r["version"], r["figures"]) for r in rows] == [("v0001", {}), ("v0002", {"ok": 1.5}), ("v0003", {})]
     out = CliRunner().invoke(release, ["--list", "--home", str(tmp_path)])
     assert out.exit_code == 0 and "releases/small/v0002" in out.output and "ok=1.5" in out.output, out.output
+
+
+def test_publish_holds_the_weights_config_and_tokenizer_never_the_optimizer_nor_a_damaged_model(tmp_path: Path) -> None:
+    """A tinyllm-format checkpoint: the release's model/ is model.pt (checked against the checkpoint's sha256),
+    config.json and tokenizer.json from its manifest's meta; optimizer.pt and training_state.pt stay with the run.
+    A model.pt that fails its checksum is never published (NonRetryableError, nothing written)."""
+    import hashlib
+
+    from engine import NonRetryableError
+
+    ck = tmp_path / "runs/r/ckpt/step-000002"
+    ck.mkdir(parents=True)
+    files = {"model.pt": b"weights", "optimizer.pt": b"moments", "training_state.pt": b"rng"}
+    for name, data in files.items():
+        (ck / name).write_bytes(data)
+    meta = {"trajectory": {"model": {"n_layer": 1}}, "tokenizer": {"kind": "byte"}}
+    (ck / "manifest.json").write_text(json.dumps({"files": {n: {"bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()}
+                                                            for n, d in files.items()}, "meta": meta}))
+    rel = ModelReleaseInput(name="r", select="best", checkpoint="runs/r/ckpt/step-000002", step=2, digest="ab" * 32,
+                            suites=["ppl"], spec={"name": "r"})
+    publish(tmp_path, PublishInput(release=rel, figures={}, gates=[]))
+    model = tmp_path / "releases/r/v0001/model"
+    assert sorted(p.name for p in model.iterdir()) == ["config.json", "model.pt", "tokenizer.json"]
+    assert json.loads((model / "config.json").read_text()) == {"n_layer": 1}
+    assert json.loads((model / "tokenizer.json").read_text()) == {"kind": "byte"}
+    (ck / "model.pt").write_bytes(b"weightz")
+    with pytest.raises(NonRetryableError, match="model.pt fails its sha256 checksum"):
+        publish(tmp_path, PublishInput(release=rel.model_copy(update={"digest": "cd" * 32}), figures={}, gates=[]))
+    assert sorted(p.name for p in (tmp_path / "releases/r").iterdir()) == ["CURRENT", "v0001"]
