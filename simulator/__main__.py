@@ -4,7 +4,8 @@
     python -m simulator kill-every-position --steps 300 --eval-every 100 --release --gate fail,pass
     python -m simulator random-kills --runs 200 --kills 5 --seed 1
     python -m simulator cancels --runs 100 --seed 1
-    python -m simulator kill-at --steps 1200 ... --kills 17,230 [--cancel-at 40] [--mutant s05-train-to-end]
+    python -m simulator stops --steps 40 --eval-every 20 --checkpoint-every 10   # polite stops, kills after
+    python -m simulator kill-at --steps 1200 ... --kills 17,230 [--cancel-at 40 | --stop-at-position 20]
     python -m simulator mutants                      # every planted pitfall must be caught
     python -m simulator kill-loop --spec specs/tiny.json --kills 3 --seed 1
     python -m simulator campaign --seed 1 --runs 2   # real processes, seeded random faults, an oracle
@@ -24,6 +25,7 @@ from .campaign_targets import TargetError, choose
 from .kill_loop import kill_loop
 from .mutants import MUTANTS, catch_mutant, make_mutant
 from .scenario import Scenario, remove_home
+from .stops import StopSweep
 from .sweep import Simulator
 
 SUITES = ("ppl", "zoo")
@@ -170,9 +172,33 @@ def cmd_cancels(a: argparse.Namespace) -> int:
     return _print_report(sim.cancels(seed=a.seed, runs=a.runs))
 
 
+def cmd_stops(a: argparse.Namespace) -> int:
+    sim = _simulator(a)
+    if sim.scn.release:
+        _bad("stops: not with --release (the stop sweep covers the TrainRun)")
+    positions = None
+    if a.sample:
+        n = len(sim.reference().plan.trace)
+        positions = sorted(random.Random(a.seed).sample(range(n), min(a.sample, n)))
+    report = StopSweep(sim).stops(positions=positions, after=a.after, kills=not a.no_kills,
+                                  stop_at_first=a.stop_at_first)
+    st = sim.stats
+    kinds = ", ".join(f"{k.split(': ', 1)[1]} {v}" for k, v in sorted(st.items()) if k.startswith("preempted: "))
+    print(f"stops: {st['stops']} stop positions ({st['stops that ended a life']} ended a life with ctl's exit 143), "
+          f"{st['kills after a stop']} kills after them; recorded: {kinds or 'nothing'}")
+    return _print_report(report)
+
+
 def cmd_kill_at(a: argparse.Namespace) -> int:
     sim = _simulator(a)
     sim.reference()
+    if a.stop_at_position is not None:
+        o, m = StopSweep(sim).run_one(a.stop_at_position, a.kills)
+        for c in o.plan.crashes:
+            print(f"killed at position {c.position}: {c.kind} {c.label}")
+        print(f"polite stop at position {a.stop_at_position}; ended {o.state} after {o.lives} worker lives")
+        print("matched" if m is None else m)
+        return 0 if m is None else 1
     o = sim.run(a.kills, cancel_at=a.cancel_at)
     for c in o.plan.crashes:
         print(f"killed at position {c.position}: {c.kind} {c.label}")
@@ -261,7 +287,17 @@ def main(argv: list[str] | None = None) -> int:
     _scenario_args(p)
     p.add_argument("--kills", type=_ints, required=True, help="comma-separated positions, or none")
     p.add_argument("--cancel-at", type=int, default=None)
+    p.add_argument("--stop-at-position", type=int, default=None,
+                   help="a polite stop (Engine.request_stop) at this position (simulator/stops.py)")
     p.set_defaults(fn=cmd_kill_at)
+
+    p = sub.add_parser("stops", help="a polite stop at every position, then kills after each (issue 39)")
+    _scenario_args(p)
+    p.add_argument("--sample", type=int, default=0, help="only this many stop positions, drawn by --seed")
+    p.add_argument("--after", type=int, default=3, help="kill positions past the stopped life's end")
+    p.add_argument("--no-kills", action="store_true", help="the stops alone, no kill after them")
+    p.add_argument("--stop-at-first", action="store_true")
+    p.set_defaults(fn=cmd_stops)
 
     p = sub.add_parser("mutants", help="plant each pitfall of the seed and show the simulator catches it")
     p.set_defaults(fn=cmd_mutants)
