@@ -16,12 +16,13 @@ Exit status: 0 when every run matched, 1 on any mismatch, 2 on bad arguments.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import signal
 import sys
 
 from .campaign import campaign
-from .campaign_targets import TargetError, choose
+from .campaign_targets import PREEMPT_FAULTS, USER_FAULTS, TargetError, choose
 from .kill_loop import kill_loop
 from .mutants import MUTANTS, catch_mutant, make_mutant
 from .scenario import Scenario, remove_home
@@ -252,6 +253,13 @@ def cmd_campaign(a: argparse.Namespace) -> int:
         _bad("--runs must be >= 1 and --faults >= 0")
     if a.jobs < 1 or (a.only is not None and a.only < 0):
         _bad("--jobs must be >= 1 and --only >= 0")
+    if a.kinds is not None:
+        kinds = tuple(k for k in a.kinds.split(",") if k)
+        known = (*USER_FAULTS, *PREEMPT_FAULTS)
+        unknown = [k for k in kinds if k not in known]
+        if not kinds or unknown:
+            _bad(f"--kinds: unknown fault kind(s) {', '.join(unknown) or '(none given)'} (known: {', '.join(known)})")
+        target = dataclasses.replace(target, faults=kinds, cli=f"{target.cli} --kinds {','.join(kinds)}")
     return campaign(a.seed, a.runs, faults_per_run=a.faults, keep=a.keep, jobs=a.jobs, only=a.only, target=target,
                     allow_untested=a.allow_untested)
 
@@ -322,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                         "PyTorch loop on tinyllm.durable; adds kill-in-checkpoint-write faults)")
     p.add_argument("--spec", default=None, help="instead of --trainer: a spec naming its own trainer")
     p.add_argument("--suite", default="acc", help="with --spec: the suite its eval_command runs (default acc)")
+    p.add_argument("--kinds", default=None,
+                   help="comma-separated fault kinds to draw from instead of the trainer's (e.g. preempt,preempt-group)")
     p.add_argument("--allow-untested", action="store_true",
                    help="exit 0 even when a run passed without any fault making a trainer resume inside a segment "
                         "(default: such a run is untested, exit 3)")
