@@ -28,8 +28,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Iterable
 
-from engine import _history as h  # the simulator's hook into the engine's event kinds (internal, not public)
-
 from .report import Mismatch, Report
 from .scenario import Outcome
 
@@ -37,6 +35,9 @@ if TYPE_CHECKING:
     from .sweep import Simulator
 
 AFTER = 3  # kills also this many positions after the stopped life's end (the next life's recovery)
+# the history's event types read here (the public format ``ctl history --json`` prints)
+ACTIVITY_PREEMPTED, PREEMPTED, ACTIVITY_FAILED, TIMER_FIRED = ("activity_preempted", "preempted", "activity_failed",
+                                                               "timer_fired")
 
 
 def stop_lines(o: Outcome) -> list[str]:
@@ -52,8 +53,8 @@ def stop_lines(o: Outcome) -> list[str]:
     crashed = next((e for e in after if e["kind"] == "crash"), None)
     clean = exit_ is not None and (crashed is None or crashed["seq"] > exit_["seq"])
     events = o.events
-    preempted = [e for e in events if e.type == h.ACTIVITY_PREEMPTED]
-    waits = [e for e in events if e.type == h.PREEMPTED]
+    preempted = [e for e in events if e.type == ACTIVITY_PREEMPTED]
+    waits = [e for e in events if e.type == PREEMPTED]
     if clean and not preempted and not waits:
         bad.append(f"ctl exited after the stop (position {stop['position']}, {stop['where']}) with nothing recorded: "
                    "no activity_preempted, no preempted event")
@@ -74,14 +75,13 @@ def stop_lines(o: Outcome) -> list[str]:
                        f"attempt {nxt['attempt']}) resumed from step {nxt['from_step']}: "
                        f"{e['step'] - nxt['from_step']} step(s) lost")
     if not o.scenario.oom_at and not o.scenario.fail_suites:
-        failed = [e for e in events if e.type in (h.ACTIVITY_FAILED, h.ACTIVITY_TIMED_OUT)]
         bad += [f"{e.type} of {e.attrs.get('activity_id')} attempt {e.attrs.get('attempt')}: a stop counted as a failure"
-                for e in failed if e.type == h.ACTIVITY_FAILED]
+                for e in events if e.type == ACTIVITY_FAILED]
     if clean and stop["where"] == "timer-wait" and not preempted:
-        fired = [e for e in events if e.type == h.TIMER_FIRED]
+        fired = [e for e in events if e.type == TIMER_FIRED]
         if not any(w.seq < f.seq for w in waits for f in fired):
             bad.append("a stop during a durable wait: no preempted event before the timer fired")
-        late = [e for e in events if e.type == h.TIMER_FIRED and e.seq > waits[0].seq] if waits else []
+        late = [e for e in events if e.type == TIMER_FIRED and e.seq > waits[0].seq] if waits else []
         if waits and late and late[0].time <= waits[0].time:
             bad.append(f"the timer fired at {late[0].time} though the stop came at {waits[0].time}, mid-wait")
     return bad
@@ -91,11 +91,11 @@ def outcome_kinds(o: Outcome) -> list[str]:
     """What the stop of a run recorded, in words (the sweep's counts: every kind is exercised)."""
     out = []
     for e in o.events:
-        if e.type == h.ACTIVITY_PREEMPTED:
+        if e.type == ACTIVITY_PREEMPTED:
             aid = str(e.attrs.get("activity_id", ""))
             what = "not started" if str(e.attrs.get("message", "")).startswith("not started") else aid.split("-")[0]
             out.append(f"preempted: {what}")
-        elif e.type == h.PREEMPTED:
+        elif e.type == PREEMPTED:
             out.append(f"preempted: waiting on {str(e.attrs.get('waiting_on')).split(' ')[0]}")
     return out
 
