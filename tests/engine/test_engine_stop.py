@@ -195,3 +195,78 @@ def test_the_golden_history_with_preemptions_replays_to_the_same_result():
     assert len(out) == len(events) + 3
     assert as_tuples(res.commands) == recorded_commands(events) and res.new_commands == []
     assert res.done and res.outcome == ("completed", golden["result"])
+
+
+HELPER_STYLE_CHILD = r'''
+import json, os, signal, sys, time
+progress, pidfile = sys.argv[1], sys.argv[2]
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+newest = None
+def emit(**line):
+    with open(progress, "a") as f:
+        f.write(json.dumps({"time": time.time(), "checkpoint": newest, **line}) + "\n")
+emit(event="start", step=0)
+with open(pidfile + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(pidfile + ".tmp", pidfile)
+step = 0
+while step < 10_000:
+    time.sleep(0.05)
+    step += 1
+    if stop or step % 3 == 0:  # a checkpoint on the cadence, and the stop's own at the step it is at
+        newest = f"runs/x/ckpt/step-{step:06d}"
+        emit(event="checkpoint", step=step)
+        if stop:
+            print(json.dumps({"canceled": True, "steps": step}))
+            sys.exit(130)
+    else:
+        emit(event="step", step=step)
+'''
+
+
+def test_a_stop_of_a_trainer_writing_the_helper_s_checkpoint_lines_records_the_step_it_saved(tmp_path, db):
+    """DurableRun and the framework integrations mark their checkpoint lines ``"event": "checkpoint"`` (and carry
+    the newest checkpoint on every line): the runner took only tinyllm's event-less lines as checkpoints, so a
+    helper trainer that saved the step it stopped at was recorded with no checkpoint and every step lost.
+    Real processes: the engine's subprocess runner and a child writing the helper's progress lines."""
+    import threading
+    import time
+    from pathlib import Path
+
+    from engine import SystemClock, run_subprocess
+
+    child = tmp_path / "child.py"
+    child.write_text(HELPER_STYLE_CHILD)
+    pidfile, progress = tmp_path / "child.pid", tmp_path / "progress.jsonl"
+
+    def act(ctx, _):
+        res = run_subprocess(ctx, [__import__("sys").executable, str(child), str(progress), str(pidfile)],
+                             progress_path=str(progress), poll_interval_s=0.02)
+        return res.returncode
+
+    opts = StepOptions(id="train-000100", heartbeat_timeout_s=300)
+
+    async def wf(rt, _):
+        return await rt.execute_activity("run", None, opts)
+
+    eng = make_engine(db, SystemClock(), workflows=[("w", wf)], activities=[("run", act)], inline=False,
+                      poll_interval_s=0.02)
+    eng.start("w", "w", None)
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("st", eng.run_until_complete("w", timeout_s=120)))
+    t.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # past its first checkpoint (step 3)
+        lines = Path(progress).read_text().splitlines() if Path(progress).exists() else []
+        if any(json.loads(x).get("step", 0) >= 4 for x in lines):
+            break
+        time.sleep(0.02)
+    eng.request_stop("SIGTERM", grace_s=30)
+    t.join(120)
+    assert out["st"].state == "running", out
+    (pre,) = [e.attrs for e in eng.history("w") if e.type == h.ACTIVITY_PREEMPTED]
+    eng.close()
+    saved = [json.loads(x) for x in Path(progress).read_text().splitlines()][-1]
+    assert saved["event"] == "checkpoint" and saved["step"] >= 4, saved
+    assert (pre["step"], pre["checkpoint"], pre["steps_lost"]) == (saved["step"], saved["checkpoint"], 0), pre
