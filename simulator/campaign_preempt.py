@@ -121,8 +121,9 @@ def preempt(run: "Run", kind: str, name: str, wid: str) -> str:
             run.problems.append(f"{kind}: {aid} attempt {a.get('attempt')} was killed at the stop's grace")
         if n:
             lost.append(f"{aid} lost {n}")
-            run.problems.append(f"{kind}: {aid} attempt {a.get('attempt')} lost {n} step(s): done up to step "
-                                f"{done}, checkpoint at step {saved}")
+            how = f"done up to step {done}" if done is not None and done - saved == n else "as ctl's runner counted"
+            run.problems.append(f"{kind}: {aid} attempt {a.get('attempt')} lost {n} step(s) ({how}), checkpoint at "
+                                f"step {saved}")
     run.preempted += mine
     run.start()
     where = ", ".join(f"{x['activity_id']} saved at step {x['step']}" for x in mine) or "no training in flight"
@@ -149,9 +150,13 @@ def resume_violations(histories: dict[str, list[dict]]) -> list[str]:
                         and isinstance(d, dict) and d.get("event") in ("resume", "start")):
                     m = _STEP.search(str(d.get("resumed_from") or ""))
                     got = int(m.group(1)) if m else 0
-                    if got != a["step"]:
+                    if got < a["step"]:
                         bad.append(f"{wid}: {aid} attempt {a.get('attempt')} was preempted with its checkpoint at step "
                                    f"{a['step']}, attempt {nxt} resumed from step {got}: "
                                    f"{a['step'] - got} step(s) lost")
+                    elif got > a["step"]:  # the steps were saved, but the history says otherwise: a wrong record
+                        bad.append(f"{wid}: {aid} attempt {a.get('attempt')} was recorded preempted with its checkpoint "
+                                   f"at step {a['step']}, but attempt {nxt} resumed from step {got}: the preempted "
+                                   "event names a stale checkpoint")
                     break
     return bad
