@@ -82,6 +82,9 @@ def test_the_oracle_sees_an_attempt_that_did_not_resume_from_the_preemption_s_ch
     bad = {"train/camp/1": [*ok["train/camp/1"][:3], _resume(4, "train-000010", 2, "runs/camp/ckpt/step-000004")]}
     (line,) = resume_violations(bad)
     assert "preempted with its checkpoint at step 5, attempt 2 resumed from step 4: 1 step(s) lost" in line, line
+    stale = {"train/camp/1": [*ok["train/camp/1"][:3], _resume(4, "train-000010", 2, "runs/camp/ckpt/step-000006")]}
+    (line,) = resume_violations(stale)
+    assert "resumed from step 6: the preempted event names a stale checkpoint" in line, line
 
 
 def test_steps_lost_reads_the_stopping_line_the_step_records_and_the_runner_s_count():
