@@ -383,8 +383,10 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
     differing step and the state most likely not restored. Scratch runs go to <home>/.ctl/verify/<name>/.
 
     \b
+    Each interruption reports the steps it lost (done when the signal came, minus the checkpoint the next
+    attempt resumed from): a SIGKILL may lose some, a SIGTERM none.
     Exit codes: 0 exact, 3 not proven (no interruption resumed from a mid-run checkpoint), 4 the trainer
-    broke a rule of the trainer contract (named), 1 not exact (with the diagnosis) or a run failed, 2 bad
+    broke a rule of the trainer contract (named; a SIGTERM that lost steps too), 1 not exact (with the diagnosis) or a run failed, 2 bad
     input, 130 interrupted (SIGINT/SIGTERM: the trainer is killed, nothing compared).
     \b
     Examples:

@@ -54,6 +54,8 @@ class Attempt:
     reached_step: int | None
     resume_state: dict | None = None  # the helper's fingerprint right after its resume
     signaled_step: int | None = None  # the step its metrics showed when the signal was sent
+    stopping_step: int | None = None  # its ``stopping`` progress line's step: steps done when it saw the stop
+    resume_line_step: int | None = None  # the step its own resume line says it resumed from (0: a fresh start)
 
 
 @dataclass
@@ -81,14 +83,15 @@ class Report:
         """The human report: the verdict, what was compared, each interruption, the run in segments (or
         that it was not tested), the diagnosis."""
         if self.verdict == "contract_broken":
-            return [f"{self.name}: CONTRACT BROKEN (nothing compared)", f"  {self.diagnosis}"]
+            if not self.interruptions:
+                return [f"{self.name}: CONTRACT BROKEN (nothing compared)", f"  {self.diagnosis}"]
+            return [f"{self.name}: CONTRACT BROKEN after {self.kills_landed} interruption(s)", f"  {self.diagnosis}",
+                    *interruption_lines(self.interruptions)]
         verdict = {"exact": "EXACT", "not_proven": "NOT PROVEN"}.get(self.verdict, "NOT EXACT")
         out = [f"{self.name}: {verdict} after {self.kills_landed} interruption(s) ({self.steps_compared} steps compared)",
                f"  final_loss_hex {self.final_loss_hex.get('uninterrupted')} vs {self.final_loss_hex.get('resumed')}",
                f"  digest         {str(self.digest.get('uninterrupted'))[:16]} vs {str(self.digest.get('resumed'))[:16]}"]
-        for n, i in enumerate(self.interruptions, 1):
-            out.append(f"  interruption {n}: {i['signal']} ({i['mode']}) at step {i['step_killed']}, resumed from "
-                       f"checkpoint step {i['resumed_from']}, {i['steps_redone']} step(s) redone")
+        out += interruption_lines(self.interruptions)
         seg = self.segments
         if seg.get("exact") is not None:
             out.extend(segment_lines(seg, self.final_loss_hex, self.digest))
@@ -98,6 +101,43 @@ class Report:
         if self.diagnosis:
             out.append(f"  {self.diagnosis}")
         return out
+
+
+def interruption_lines(interruptions: list[dict]) -> list[str]:
+    """One line per interruption: where it landed, the checkpoint the next attempt resumed from, and the
+    steps lost (a graceful stop must lose none; a SIGKILL may lose the steps after its last checkpoint)."""
+    out = []
+    for n, i in enumerate(interruptions, 1):
+        lost = i.get("steps_lost")
+        graceful = i["signal"] == "SIGTERM"
+        verdict = "" if lost is None or not graceful else (" (graceful: none allowed)" if lost else "")
+        out.append(f"  interruption {n}: {i['signal']} ({i['mode']}) at step {i['step_killed']}, resumed from "
+                   f"checkpoint step {i['resumed_from']}, {lost if lost is not None else '?'} step(s) lost{verdict}")
+    return out
+
+
+def steps_lost(prev: Attempt, nxt: Attempt) -> tuple[int | None, int | None, int]:
+    """``(steps lost, steps done when the signal came, checkpoint resumed from)`` of one interruption.
+
+    Done: the trainer's ``stopping`` progress line (the steps it had completed when it saw the stop), else
+    the step its per-step records reached when it exited (a trainer that trains on after the signal loses
+    those steps too, so the larger counts); resumed from: the step of the next attempt's own resume line,
+    else of LATEST when it started. None: nothing says how far it got."""
+    done = max((s for s in (prev.stopping_step, prev.reached_step) if s is not None), default=None)
+    resumed = nxt.resume_line_step if nxt.resume_line_step is not None else nxt.resumed_step
+    return (None if done is None else max(0, done - resumed)), done, resumed
+
+
+def graceful_loss(interruptions: list[dict]) -> str | None:
+    """The contract's promise for a graceful stop: every step done when SIGTERM came is in the checkpoint the
+    next attempt resumes from (0 steps lost). The first graceful interruption that lost any, in words."""
+    for n, i in enumerate(interruptions, 1):
+        if i["signal"] == "SIGTERM" and i.get("steps_lost"):
+            return (f"a graceful stop lost {i['steps_lost']} step(s): SIGTERM at step {i['steps_done']}, checkpoint at "
+                    f"step {i['resumed_from']} (interruption {n}; the next attempt resumed from it): on SIGTERM finish "
+                    "the step in flight, checkpoint that very step (also off the checkpoint_every cadence), resume "
+                    "from it")
+    return None
 
 
 # --- running the trainer -----------------------------------------------------------------------
@@ -197,6 +237,10 @@ def _progress_lines(path: Path) -> list[dict]:
     return out
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
     try:
         return proc.wait(timeout=timeout_s)
@@ -264,7 +308,12 @@ def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: in
         kill_attempt(tag)  # nor a process of it that left the group
     lines = _progress_lines(progress)
     resume_state = next((ln.get("state") for ln in lines if ln.get("event") in ("resume", "start")), None)
-    attempt = Attempt(mode, target, resumed, rc, _last_step(metrics), resume_state, signaled)
+    stopping = [ln.get("step") for ln in lines if ln.get("event") == "stopping" and _is_int(ln.get("step"))]
+    said = next((0 if ln.get("event") == "start" else ln.get("step") for ln in lines
+                 if ln.get("event") in ("resume", "start") and (ln.get("event") == "start" or _is_int(ln.get("step")))),
+                None)
+    attempt = Attempt(mode, target, resumed, rc, _last_step(metrics), resume_state, signaled,
+                      stopping_step=max(stopping) if stopping else None, resume_line_step=said)
     what = {"kill": f"SIGKILL after step {target}", "term": f"SIGTERM after step {target}",
             "checkpoint-write": "SIGKILL inside its first checkpoint write",
             "segment": f"steps {trainer.spec['steps']}"}.get(mode, mode)
@@ -357,7 +406,7 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
     try:
         report = _compare(trainer, spec, ref_home, kill_home, workdir, kills=kills, seed=seed, signal_mode=signal_mode,
                           timeout_s=timeout_s, heartbeat_s=heartbeat_s, log=log)
-        if report.verdict != "not_exact" and len(ends) > 1:
+        if report.verdict not in ("not_exact", "contract_broken") and len(ends) > 1:
             _compare_segments(report, trainer, raw, spec.steps, ref_home, seg_home, ends, timeout_s, heartbeat_s, log)
         else:
             report.segments = {"ends": ends, "exact": None}
@@ -484,9 +533,11 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
     interruptions = []
     for prev, nxt in zip(attempts, attempts[1:]):
         if prev.mode != "final" and prev.returncode != 0:
+            lost, done, resumed = steps_lost(prev, nxt)
             interruptions.append({"signal": {"term": "SIGTERM"}.get(prev.mode, "SIGKILL"), "mode": prev.mode,
-                                  "step_killed": prev.reached_step, "resumed_from": nxt.resumed_step,
-                                  "steps_redone": max(0, (prev.reached_step or 0) - nxt.resumed_step)})
+                                  "step_killed": prev.reached_step, "stopping_step": prev.stopping_step,
+                                  "steps_done": done, "resumed_from": resumed, "steps_lost": lost,
+                                  "steps_redone": max(0, (prev.reached_step or 0) - resumed)})
     # proven only by a resume from a mid-run checkpoint: one from step 0 restarts, one from ``steps`` (a kill
     # after the last checkpoint) trains nothing after it
     proven = any(0 < i["resumed_from"] < end for i in interruptions)
@@ -497,6 +548,10 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
                         "no interruption resumed from a mid-run checkpoint: --kills 0 plans none" if kills == 0 else
                         f"no interruption resumed from a mid-run checkpoint: steps {end} / checkpoint_every "
                         f"{spec.checkpoint_every} allow no kill after a mid-run checkpoint")
+    lost_text = graceful_loss(interruptions)
+    if lost_text is not None:  # a graceful stop that lost steps broke the contract's SIGTERM rule, exact or not
+        verdict, exact, suspects = "contract_broken", False, ["SIGTERM"]
+        text = f"trainer broke the contract (SIGTERM): {lost_text}"
     return Report(name=name, verdict=verdict, interruptions=interruptions, exact=exact, kills_planned=len(plan),
                   kills_landed=landed,
                   final_loss_hex={"uninterrupted": ref_result.get("final_loss_hex"),

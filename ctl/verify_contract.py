@@ -9,7 +9,9 @@ in the words ``ctl train``'s activity uses (workflows/trainer_command.py), and e
 - ``result line``: after exit 0 the last stdout line is the result object, its fields as the activity
   checks them (``check_train_result``): a missing, malformed or not-last result line is named;
 - ``SIGTERM``: a SIGTERM is answered by a checkpoint at or after the step in flight, the result line
-  with ``"canceled": true`` and exit 130;
+  with ``"canceled": true`` and exit 130; and (checked in ctl/verify.py once the next attempt resumed) it
+  loses no step: every step done when it came (its ``stopping`` line, else its per-step records) is in
+  the checkpoint the next attempt resumes from;
 - ``liveness``: no run is silent (no new progress line) for longer than the heartbeat timeout, start-up
   included; ``progress lines``: every line is JSON, with an integer ``step`` unless it is a liveness line.
 """
@@ -115,8 +117,9 @@ def check_sigterm(stdout: Path, *, rc: int, signaled_step: int | None, latest: i
         raise ContractBroken("SIGTERM", f"SIGTERM{at} was answered with {how}, not a checkpoint and exit 130 (finish "
                                         "the step, checkpoint, print the result line with \"canceled\": true)")
     if signaled_step is not None and latest < signaled_step:
-        raise ContractBroken("SIGTERM", f"it exited 130 after SIGTERM{at}, but LATEST is at step {latest}: write a "
-                                        "checkpoint (and LATEST) of the step in flight before exiting")
+        raise ContractBroken("SIGTERM", f"it exited 130 after SIGTERM{at}, but LATEST is at step {latest} (a graceful "
+                                        f"stop lost {signaled_step - latest} step(s)): write a checkpoint (and LATEST) "
+                                        "of the step in flight before exiting")
     result = result_line(stdout, rc=rc)
     if result.get("canceled") is not True:
         raise ContractBroken("SIGTERM", f"it exited 130 after SIGTERM{at}, but its result line has canceled "

@@ -191,7 +191,9 @@ class _Steps:
         step = line.get("step")
         step = step if isinstance(step, int) and not isinstance(step, bool) else None
         event = line.get("event")
-        if event is None and isinstance(line.get("checkpoint"), str) and step is not None:
+        if event in (None, "checkpoint") and isinstance(line.get("checkpoint"), str) and step is not None:
+            # a checkpoint line: tinyllm's have no event, the helper's and the integrations' say "checkpoint"
+            # (their other lines carry the newest checkpoint too, at another step: not a save at that step)
             self.saved, self.checkpoint = step, line["checkpoint"]
         elif event == "resume" and step is not None and self.saved is None:
             self.saved = step

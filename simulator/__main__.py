@@ -4,7 +4,8 @@
     python -m simulator kill-every-position --steps 300 --eval-every 100 --release --gate fail,pass
     python -m simulator random-kills --runs 200 --kills 5 --seed 1
     python -m simulator cancels --runs 100 --seed 1
-    python -m simulator kill-at --steps 1200 ... --kills 17,230 [--cancel-at 40] [--mutant s05-train-to-end]
+    python -m simulator stops --steps 40 --eval-every 20 --checkpoint-every 10   # polite stops, kills after
+    python -m simulator kill-at --steps 1200 ... --kills 17,230 [--cancel-at 40 | --stop-at-position 20]
     python -m simulator mutants                      # every planted pitfall must be caught
     python -m simulator kill-loop --spec specs/tiny.json --kills 3 --seed 1
     python -m simulator campaign --seed 1 --runs 2   # real processes, seeded random faults, an oracle
@@ -15,15 +16,17 @@ Exit status: 0 when every run matched, 1 on any mismatch, 2 on bad arguments.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import signal
 import sys
 
 from .campaign import campaign
-from .campaign_targets import TargetError, choose
+from .campaign_targets import PREEMPT_FAULTS, USER_FAULTS, TargetError, choose
 from .kill_loop import kill_loop
 from .mutants import MUTANTS, catch_mutant, make_mutant
 from .scenario import Scenario, remove_home
+from .stops import StopSweep
 from .sweep import Simulator
 
 SUITES = ("ppl", "zoo")
@@ -170,9 +173,33 @@ def cmd_cancels(a: argparse.Namespace) -> int:
     return _print_report(sim.cancels(seed=a.seed, runs=a.runs))
 
 
+def cmd_stops(a: argparse.Namespace) -> int:
+    sim = _simulator(a)
+    if sim.scn.release:
+        _bad("stops: not with --release (the stop sweep covers the TrainRun)")
+    positions = None
+    if a.sample:
+        n = len(sim.reference().plan.trace)
+        positions = sorted(random.Random(a.seed).sample(range(n), min(a.sample, n)))
+    report = StopSweep(sim).stops(positions=positions, after=a.after, kills=not a.no_kills,
+                                  stop_at_first=a.stop_at_first)
+    st = sim.stats
+    kinds = ", ".join(f"{k.split(': ', 1)[1]} {v}" for k, v in sorted(st.items()) if k.startswith("preempted: "))
+    print(f"stops: {st['stops']} stop positions ({st['stops that ended a life']} ended a life with ctl's exit 143), "
+          f"{st['kills after a stop']} kills after them; recorded: {kinds or 'nothing'}")
+    return _print_report(report)
+
+
 def cmd_kill_at(a: argparse.Namespace) -> int:
     sim = _simulator(a)
     sim.reference()
+    if a.stop_at_position is not None:
+        o, m = StopSweep(sim).run_one(a.stop_at_position, a.kills)
+        for c in o.plan.crashes:
+            print(f"killed at position {c.position}: {c.kind} {c.label}")
+        print(f"polite stop at position {a.stop_at_position}; ended {o.state} after {o.lives} worker lives")
+        print("matched" if m is None else m)
+        return 0 if m is None else 1
     o = sim.run(a.kills, cancel_at=a.cancel_at)
     for c in o.plan.crashes:
         print(f"killed at position {c.position}: {c.kind} {c.label}")
@@ -226,6 +253,13 @@ def cmd_campaign(a: argparse.Namespace) -> int:
         _bad("--runs must be >= 1 and --faults >= 0")
     if a.jobs < 1 or (a.only is not None and a.only < 0):
         _bad("--jobs must be >= 1 and --only >= 0")
+    if a.kinds is not None:
+        kinds = tuple(k for k in a.kinds.split(",") if k)
+        known = (*USER_FAULTS, *PREEMPT_FAULTS)
+        unknown = [k for k in kinds if k not in known]
+        if not kinds or unknown:
+            _bad(f"--kinds: unknown fault kind(s) {', '.join(unknown) or '(none given)'} (known: {', '.join(known)})")
+        target = dataclasses.replace(target, faults=kinds, cli=f"{target.cli} --kinds {','.join(kinds)}")
     return campaign(a.seed, a.runs, faults_per_run=a.faults, keep=a.keep, jobs=a.jobs, only=a.only, target=target,
                     allow_untested=a.allow_untested)
 
@@ -261,7 +295,17 @@ def main(argv: list[str] | None = None) -> int:
     _scenario_args(p)
     p.add_argument("--kills", type=_ints, required=True, help="comma-separated positions, or none")
     p.add_argument("--cancel-at", type=int, default=None)
+    p.add_argument("--stop-at-position", type=int, default=None,
+                   help="a polite stop (Engine.request_stop) at this position (simulator/stops.py)")
     p.set_defaults(fn=cmd_kill_at)
+
+    p = sub.add_parser("stops", help="a polite stop at every position, then kills after each (issue 39)")
+    _scenario_args(p)
+    p.add_argument("--sample", type=int, default=0, help="only this many stop positions, drawn by --seed")
+    p.add_argument("--after", type=int, default=3, help="kill positions past the stopped life's end")
+    p.add_argument("--no-kills", action="store_true", help="the stops alone, no kill after them")
+    p.add_argument("--stop-at-first", action="store_true")
+    p.set_defaults(fn=cmd_stops)
 
     p = sub.add_parser("mutants", help="plant each pitfall of the seed and show the simulator catches it")
     p.set_defaults(fn=cmd_mutants)
@@ -286,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                         "PyTorch loop on tinyllm.durable; adds kill-in-checkpoint-write faults)")
     p.add_argument("--spec", default=None, help="instead of --trainer: a spec naming its own trainer")
     p.add_argument("--suite", default="acc", help="with --spec: the suite its eval_command runs (default acc)")
+    p.add_argument("--kinds", default=None,
+                   help="comma-separated fault kinds to draw from instead of the trainer's (e.g. preempt,preempt-group)")
     p.add_argument("--allow-untested", action="store_true",
                    help="exit 0 even when a run passed without any fault making a trainer resume inside a segment "
                         "(default: such a run is untested, exit 3)")

@@ -14,7 +14,10 @@ spec (simulator/campaign_targets.py):
 - ``second-train``: a second ``ctl train`` of the same spec, concurrently;
 - ``kill-in-checkpoint-write`` (user trainers on ``tinyllm.durable``): once the run has a checkpoint,
   the next checkpoint write of a train child SIGKILLs it after some files are written, before the
-  manifest (its retry resumes from the checkpoint before).
+  manifest (its retry resumes from the checkpoint before);
+- ``preempt`` / ``preempt-group``: a graceful preemption, SIGTERM to ctl (or the worker) alone, or to
+  every process of the job at once as Slurm sends it; ctl must exit 143 within the stop's grace, and the
+  same command runs again (simulator/campaign_preempt.py).
 
 Faults are due at steps of the run (a plain step, a checkpoint, a segment boundary: drawn by the
 seed, simulator/campaign_progress.py), so they land inside the run whatever the machine's speed; one
@@ -34,6 +37,8 @@ The oracle, after every run (``Run.check``):
 - no two trainer attempts wrote checkpoints during overlapping intervals (one trainer at a time),
   and no checkpoint step was written twice (no step redone beyond the newest checkpoint);
 - the final ``final_loss_hex`` and digest (and each segment's) equal an uninterrupted run's;
+- a graceful preemption lost no step: each preempted training attempt saved every step it had done, and
+  the next attempt resumed from that checkpoint (simulator/campaign_preempt.py);
 - no process of the run is left when it ends.
 
 A failure prints its seed and fault sequence; ``--seed S --runs N`` replays the same faults in
@@ -58,7 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import procs
+from . import campaign_preempt, procs
 from .campaign_reference import Reference, ReferenceFailed
 from .campaign_progress import fault_points, history_resumes, latest_step, progress_step
 from .campaign_targets import ARMED, NAME, TINYLLM, Target
@@ -193,6 +198,7 @@ class Run:
     mid_resumes: int = 0  # trainer attempts that resumed from a checkpoint inside a segment (engine history)
     unasked: int = 0  # exits of ctl train / ctl worker that no fault asked for
     reference_failed: object = lambda: None  # the uninterrupted run's failure, once it failed (Reference.failed)
+    preempted: list[dict] = field(default_factory=list)  # the training attempts a preemption fault stopped
 
     def __post_init__(self) -> None:
         self.home = self.base / f"run-{self.index}"
@@ -282,6 +288,10 @@ class Run:
             return f"SIGSTOP of {self.who} {aid} (pid {pid}) for {pause} s, then SIGCONT"
         if kind == "kill-in-checkpoint-write":
             return self._kill_in_checkpoint_write()
+        if kind in campaign_preempt.KINDS:
+            if _STOPPING.is_set():
+                raise KeyboardInterrupt("campaign interrupted")
+            return campaign_preempt.preempt(self, kind, NAME, WID)
         if kind == "second-train":
             if _STOPPING.is_set():
                 raise KeyboardInterrupt("campaign interrupted")
@@ -474,6 +484,7 @@ class Run:
                     evals[aid] = evals.get(aid, 0) + 1
         bad += [f"{aid} completed {n} times" for aid, n in sorted(evals.items()) if n != 1]
         bad += monitor.violations()
+        bad += campaign_preempt.resume_violations(histories)
         self.mid_resumes = len(history_resumes(histories))
         if monitor.resumes:  # the trainer prints its resumes: one at LATEST, newer than the heartbeated
             # checkpoint the history knows (a kill between a segment's last checkpoint and its heartbeat),

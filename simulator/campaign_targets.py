@@ -31,8 +31,12 @@ TINYLLM_SPEC = {  # two segments of a tiny model; a checkpoint every 2 steps; a 
     "batch_size": 2, "lr": 0.003, "warmup_steps": 2, "lr_decay_steps": 20, "threads": 1, "log_every": 10,
     "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16, "dropout": 0.0},
 }
-FAULTS = ("readers", "cancel", "kill-ctl", "kill-trainer", "stop-trainer", "second-train")
-USER_FAULTS = (*FAULTS, "kill-in-checkpoint-write")
+BASE_FAULTS = ("readers", "cancel", "kill-ctl", "kill-trainer", "stop-trainer", "second-train")
+PREEMPT_FAULTS = ("preempt", "preempt-group")  # graceful preemption (simulator/campaign_preempt.py)
+FAULTS = (*BASE_FAULTS, *PREEMPT_FAULTS)  # tinyllm's campaign draws them all
+# a user's trainer: the preemptions only with --kinds (so that the seeds of the framework campaigns, whose
+# tests name what each draws, keep their plans); e.g. --kinds kill-trainer,preempt,preempt-group
+USER_FAULTS = (*BASE_FAULTS, "kill-in-checkpoint-write")
 EXAMPLE_STEP_SLEEP_S = 0.1  # the example trains in milliseconds: a stand-in for a bigger model, so faults land
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import Canceled, NonRetryableError
+from engine import Canceled, NonRetryableError, Preempted
 
 from workflows.activities import choose_resume
 
@@ -213,7 +213,11 @@ class FakeActivities:
     ``cancel_poll_steps``: the trainer asks ``ctx.cancel_requested`` (a database read) after each
     checkpoint and every this many steps, as the real runner polls for a cancel before it sends
     SIGTERM; a cancel that comes after the last poll of the last segment loses the race: the
-    run completes.
+    run completes. A polite stop of the worker (``ctx.stop_request``, engine/_stop.py; the real runner
+    then SIGTERMs the trainer) is seen at the next step boundary: the trainer checkpoints the step it is
+    at and the attempt ends ``Preempted``, as ``run_subprocess`` raises it for a trainer that exited 130
+    on the stop; an evaluation stopped in the middle ends ``Preempted`` with nothing written (its next
+    attempt evaluates from the start).
     """
 
     CANCEL_POLL_STEPS = 50
@@ -319,6 +323,13 @@ class FakeActivities:
         saved = k if resume else None  # the step of the newest checkpoint on disk
         stops = 0 < self.stop_at <= steps
         while k < steps and not (stops and k == self.stop_at):
+            stop = getattr(ctx, "stop_request", None)
+            if stop is not None:  # SIGTERM from the runner: the step in flight is done; checkpoint it, exit 130
+                if saved != k and k > 0:
+                    checkpoint = self._checkpoint_and_heartbeat(ctx, name, FakeState(k, loss))
+                record("train-preempted", wf=wf, run=name, activity=aid, step=k)
+                raise Preempted(f"{aid} stopped by {stop.signal} at step {k}", signal=stop.signal,
+                                checkpoint=checkpoint, step=k if checkpoint else None, stopping_step=k, last_step=k)
             if ((k - start) % poll == 0 or saved == k) and ctx.cancel_requested:
                 # the runner saw the cancel and sent SIGTERM: checkpoint, exit 130
                 if saved != k:
@@ -409,6 +420,10 @@ class FakeActivities:
         self.ledger.record("eval-start", wf=ctx.workflow_id, run=run, suite=suite, activity=aid,
                            attempt=ctx.attempt, steps=steps, **release)
         self.hook("eval", f"{aid}:{suite}")
+        stop = getattr(ctx, "stop_request", None)
+        if stop is not None:  # SIGTERM in the middle of the evaluation: it exits 130, nothing written
+            self.ledger.record("eval-preempted", wf=ctx.workflow_id, run=run, suite=suite, activity=aid)
+            raise Preempted(f"{aid} stopped by {stop.signal} during suite {suite}", signal=stop.signal)
         if suite in self.fail_suites:
             self.ledger.record("eval-failed", wf=ctx.workflow_id, run=run, suite=suite, activity=aid)
             raise NonRetryableError(f"simulated failure of suite {suite}", type="EvalFailed")

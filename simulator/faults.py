@@ -45,6 +45,7 @@ class FaultPlan:
     crashes: list[SimulatedCrash] = field(default_factory=list)
     observer: Callable[[int, str, str], None] | None = None  # called at every position (snapshots)
     observe_only: tuple[str, ...] = ()  # when set: the observer sees only these kinds (steps stay in bulk)
+    short_wait: bool = False  # a polite stop came at this timer wait: it ends halfway (the rest is waited later)
 
     def free(self, n: int) -> int:
         """Pass up to ``n`` positions in bulk where nothing happens; return how many passed.
@@ -131,12 +132,19 @@ class FaultyClock:
 
     def sleep(self, seconds: float) -> None:
         self.plan.point("timer-wait", f"{seconds:g}s")
-        self._clock.sleep(seconds)
+        self._clock.sleep(self._cut(seconds))
 
     def advance(self, seconds: float) -> None:
         """The engine's idle wait on a virtual clock (``Engine._wait``): a crash position."""
         self.plan.point("timer-wait", f"{seconds:g}s")
-        self._clock.advance(seconds)
+        self._clock.advance(self._cut(seconds))
+
+    def _cut(self, seconds: float) -> float:
+        """A polite stop at this wait (``FaultPlan.short_wait``) wakes the engine halfway through it."""
+        if self.plan.short_wait:
+            self.plan.short_wait = False
+            return seconds / 2
+        return seconds
 
     def set(self, t: float) -> None:
         self._clock.set(t)

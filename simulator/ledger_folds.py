@@ -78,7 +78,7 @@ class EvalFold:
     def feed(self, e: dict, seq: int) -> None:
         kind = e["kind"]
         if self.pending:
-            if kind == "crash":
+            if kind in ("crash", "eval-preempted"):  # (a polite stop ends the evaluation in flight like a kill)
                 for k in self.pending:
                     r = self.get(k)
                     self.rec[k] = (r[0], r[1], _INTERRUPTED, r[3])

@@ -159,6 +159,7 @@ def run_scenario(
     *,
     workflow_fn: Callable | None = None,
     cancel_at: int | None = None,
+    stop_at: int | None = None,
     workflow_id: str | None = None,
     ledger: Ledger | None = None,
     clock: VirtualClock | None = None,
@@ -173,6 +174,11 @@ def run_scenario(
 
     ``cancel_at``: at that position (or the first one after it outside a transaction) a cancel
     of the workflow is recorded, as ``ctl cancel`` would from another process.
+    ``stop_at``: at that position (or the first one after it where an engine is running) the engine is
+    asked to stop politely (``Engine.request_stop``, what ctl's SIGTERM handler does); at a timer wait
+    the wait is cut in half (the signal came in the middle of it). The life ends when the engine
+    returns with the workflow still running (ctl exits 143: ledger ``ctl-exit``), and the same
+    command starts again (a fresh engine), as a scheduler brings a preempted job back.
     ``oom_left``: the trainer failures still to come (default: the scenario's).
     ``live``: filled with the current ``engine`` and ``fakes`` (for ``snapshot``).
     ``files``: the digests of the files already in ``home`` (``FakeActivities.files``).
@@ -208,20 +214,38 @@ def run_scenario(
 
     if cancel_at is not None:
         plan.actions[cancel_at] = request_cancel
+    current: dict[str, Engine | None] = {"engine": None}  # the engine of this life (None between lives)
+
+    def request_stop(kind: str) -> bool:
+        eng = current["engine"]
+        if eng is None:
+            return False  # no ctl running yet (opening one): the signal comes once it runs
+        eng.request_stop("SIGTERM")
+        plan.short_wait = kind == "timer-wait"
+        ledger.record("stop", position=plan.count - 1, where=kind)
+        return True
+
+    if stop_at is not None:
+        plan.actions[stop_at] = request_stop
     lives = 0
     released = None
     while True:
         lives += 1
         if lives > MAX_LIVES:
             raise RuntimeError(f"{wid}: still running after {MAX_LIVES} worker lives")
-        eng = None
+        eng = current["engine"] = None
         try:
             eng = _open_engine(db, clock, plan, fakes, workflow_fn)
+            current["engine"] = eng
             if prefix is not None or noting or index is not None:
                 use_prefix(eng, prefix, index)
             live["engine"] = eng
             eng.start(WORKFLOW_TRAIN_RUN, wid, scn.input())
             status = eng.run_until_complete(wid)
+            if eng.stop is not None and status.state == "running":  # stopped politely: ctl exits 143
+                ledger.record("ctl-exit", position=plan.count - 1, code=143)
+                eng.close()
+                continue
             if scn.release and status.state == "completed":  # then the release requests (simulator/release.py)
                 live.setdefault("release_from", plan.count)  # the first position after the TrainRun
                 released = run_releases(eng, scn, home, status.result)

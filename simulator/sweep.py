@@ -121,10 +121,13 @@ class Simulator:
 
     # ---- single runs -------------------------------------------------------------------------
 
-    def run(self, kills: Iterable[int] = (), *, cancel_at: int | None = None, record: bool = False) -> Outcome:
+    def run(self, kills: Iterable[int] = (), *, cancel_at: int | None = None, record: bool = False,
+            stop_at: int | None = None) -> Outcome:
+        """One run from a fresh home, killed at ``kills``; ``cancel_at``: a cancel there (then the spec
+        again); ``stop_at``: a polite stop there (simulator/stops.py)."""
         home = new_home()
         plan = FaultPlan(kills=set(kills), record=record)
-        o = run_scenario(self.scn, home, plan, workflow_fn=self.workflow_fn, cancel_at=cancel_at)
+        o = run_scenario(self.scn, home, plan, workflow_fn=self.workflow_fn, cancel_at=cancel_at, stop_at=stop_at)
         if cancel_at is not None and o.cancel_done and o.state == "canceled":
             o.extra["ledger_start"] = len(o.ledger.entries)
             o.continued = run_scenario(

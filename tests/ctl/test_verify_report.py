@@ -308,3 +308,25 @@ def test_a_failed_segment_is_diagnosed_with_the_schedule_horizon_of_the_trainer_
     assert "Tried to step 21 times" in text and "OneCycleLR" in text and "trainer.estimated_stepping_batches" in text
     assert "config.schedule_steps" in diagnose_segments(13, ["lr"], [12, 24], "tinyllm.integrations.hf")
     assert "run.run_steps" in diagnose_segments(13, ["lr"], [12, 24], None)
+
+
+def test_steps_lost_reads_the_stopping_line_then_the_step_records_and_the_resume_line_then_latest() -> None:
+    """Steps lost at an interruption (issue 39): done = the trainer's ``stopping`` line or its per-step records
+    (the larger: a trainer that trains on after the signal loses those too), minus the step the next attempt's
+    own resume line names, else LATEST when it started."""
+    from ctl.verify import Attempt, graceful_loss, steps_lost
+
+    def att(**kw):
+        base = dict(mode="term", target_step=5, resumed_step=0, returncode=130, reached_step=None)
+        return Attempt(**{**base, **kw})
+
+    assert steps_lost(att(reached_step=7, stopping_step=None), att(resumed_step=7)) == (0, 7, 7)
+    assert steps_lost(att(reached_step=7, stopping_step=9), att(resumed_step=7)) == (2, 9, 7)
+    assert steps_lost(att(reached_step=9, stopping_step=7), att(resumed_step=9)) == (0, 9, 9)
+    assert steps_lost(att(reached_step=7), att(resumed_step=7, resume_line_step=6)) == (1, 7, 6)
+    assert steps_lost(att(reached_step=None), att(resumed_step=3)) == (None, None, 3)
+    kill = {"signal": "SIGKILL", "steps_lost": 3, "steps_done": 5, "resumed_from": 2}
+    term = {"signal": "SIGTERM", "steps_lost": 0, "steps_done": 5, "resumed_from": 5}
+    assert graceful_loss([kill, term]) is None
+    lost = graceful_loss([kill, {**term, "steps_lost": 1, "resumed_from": 4}])
+    assert lost.startswith("a graceful stop lost 1 step(s): SIGTERM at step 5, checkpoint at step 4 (interruption 2"), lost

@@ -132,6 +132,8 @@ def test_a_killed_verify_resume_leaves_no_trainer_behind(tmp_path) -> None:
     ("not-last", (), "result line", "not the last"),
     ("term-exit0", ("--signal", "term"), "SIGTERM", "answered with exit 0"),
     ("term-no-ckpt", ("--signal", "term"), "SIGTERM", "but LATEST is at step"),
+    ("term-train-on", ("--signal", "term"), "SIGTERM", "a graceful stop lost 2 step(s): SIGTERM at step 8, checkpoint at step 6"),
+    ("resume-cadence", ("--signal", "term"), "SIGTERM", "a graceful stop lost 2 step(s): SIGTERM at step 11, checkpoint at step 9"),
     ("silent", ("--heartbeat-timeout", "1"), "liveness", "no progress line for"),
 ])
 def test_a_broken_rule_is_named_never_exact(tmp_path, bad, args, rule, words) -> None:
@@ -141,6 +143,38 @@ def test_a_broken_rule_is_named_never_exact(tmp_path, bad, args, rule, words) ->
     line = report["diagnosis"]
     assert line.startswith(f"trainer broke the contract ({rule}): ") and words in line, line
     assert "\n" not in line
+
+
+def test_steps_lost_are_reported_per_interruption_and_fail_only_a_graceful_stop(tmp_path) -> None:
+    """Issue 39: each interruption says the steps it lost (done when the signal came, from the trainer's
+    ``stopping`` line or its per-step records, minus the checkpoint the next attempt resumed from). A SIGKILL
+    may lose the steps after its checkpoint (reported, EXACT); a graceful stop may lose none: the same trainer
+    resuming from its cadence's checkpoint instead of the stop's is CONTRACT BROKEN though its bits are exact."""
+    rc, report, err = verify(tmp_path, "resume-cadence", "--signal", "kill", "--segments", "1")
+    assert rc == 0 and report["verdict"] == "exact", (rc, report, err[-2000:])
+    assert [i["steps_lost"] for i in report["interruptions"]] == [2, 1], report["interruptions"]
+    rc, report, err = verify(tmp_path, "", "--signal", "term", "--segments", "1")
+    assert rc == 0 and report["verdict"] == "exact", (rc, report, err[-2000:])
+    stops = report["interruptions"]
+    assert [i["steps_lost"] for i in stops] == [0, 0] and all(i["stopping_step"] == i["resumed_from"] for i in stops), stops
+    rc, report, err = verify(tmp_path, "resume-cadence", "--signal", "term", "--segments", "1")
+    assert rc == 4 and report["verdict"] == "contract_broken", (rc, report, err[-2000:])
+    assert report["final_loss_hex"]["uninterrupted"] == report["final_loss_hex"]["resumed"], report
+    assert [(i["steps_done"], i["resumed_from"], i["steps_lost"]) for i in report["interruptions"]] == \
+        [(6, 6, 0), (11, 9, 2)], report["interruptions"]
+
+
+def test_the_human_report_of_a_graceful_stop_that_lost_steps(tmp_path) -> None:
+    spec = {"name": "toy", "steps": 12, "checkpoint_every": 3, "trainer": {"command": ["python", str(TOY)]},
+            "config": {"bad": "term-train-on"}}
+    (tmp_path / "toy.json").write_text(json.dumps(spec))
+    p = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(tmp_path / "toy.json"),
+                        "--home", str(tmp_path), "--signal", "term", "--kills", "1", "--seed", "1"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    lines = p.stdout.splitlines()
+    assert p.returncode == 4 and lines[0] == "toy: CONTRACT BROKEN after 1 interruption(s)", p.stdout + p.stderr[-2000:]
+    assert "a graceful stop lost 2 step(s)" in lines[1], lines
+    assert "2 step(s) lost (graceful: none allowed)" in lines[2], lines
 
 
 def test_the_human_output_is_one_line_naming_the_rule(tmp_path) -> None:

@@ -13,6 +13,10 @@ by an RNG that is not saved), ``draw-after-restore`` (the global RNG drawn once 
 DataLoader.__iter__ does when the iterator is made after the resume). ``config.metrics_at_end``: the
 step records are written only after the last step's checkpoint, then it waits ``config.end_s`` before
 its result line (a poller that signals on a step record sees none before the run is done).
+``term-train-on`` (on SIGTERM it checkpoints the step, then trains two steps more before it exits 130:
+they are lost), ``resume-cadence`` (a resume picks the newest checkpoint on the ``checkpoint_every``
+cadence, not LATEST: a stop's off-cadence checkpoint is skipped, and its resume line says so).
+On SIGTERM it writes the contract's ``{"event": "stopping", "step", "signal"}`` line first.
 ``config.stop_at``: early stopping at that step (a checkpoint there, ``stopped_early`` in the result, exit 0
 before ``steps``), and at once when resumed there, as tinyllm reads its decision from the checkpoint.
 """
@@ -78,6 +82,8 @@ perm = random.Random(7).sample(range(10), 10)
 data_rng = random.Random(8)  # draws the batches in unregistered-shuffle; never saved
 try:
     latest = open(os.path.join(ckdir, "LATEST")).read().strip()
+    if bad == "resume-cadence":
+        latest = max(d for d in os.listdir(ckdir) if d.startswith("step-") and int(d[5:]) % every == 0)
     state = json.load(open(os.path.join(ckdir, latest, "manifest.json")))
     step, w, pos = state["step"], state["w"], state.get("pos", 0)
     random.setstate((state["rng"][0], tuple(state["rng"][1]), state["rng"][2]))
@@ -103,6 +109,8 @@ with open(os.path.join(run, "metrics.jsonl"), "w") as f:
     f.writelines(frames)
 metrics = open(os.path.join(run, "metrics.jsonl"), "a")
 late = [] if cfg.get("metrics_at_end") else None
+if step:
+    emit(event="resume", step=step, resumed_from=f"runs/{name}/ckpt/step-{step:06d}")
 emit(event="ready", step=step)
 
 stop = []
@@ -115,7 +123,20 @@ else:
 last = steps - 4 if bad == "short" else steps
 horizon = steps if bad == "schedule-over-steps" else int(os.environ.get("CTL_RUN_STEPS", steps))
 stop_at = cfg.get("stop_at") or 0
-while step < last and not stop and not (stop_at and step >= stop_at):
+noticed = False
+
+
+def notice():
+    """The step boundary where the stop is seen: the contract's stopping line, before the checkpoint."""
+    global noticed, last
+    noticed = True
+    emit(event="stopping", step=step, signal="SIGTERM")
+    if bad == "term-train-on":
+        save(step, w)
+        last = min(last, step + 2)
+
+
+while step < last and not (stop and bad != "term-train-on") and not (stop_at and step >= stop_at):
     time.sleep(cfg.get("step_s", 0.05))
     if bad == "silent" and step == 4:
         time.sleep(cfg.get("silent_s", 3.0))
@@ -133,10 +154,19 @@ while step < last and not stop and not (stop_at and step >= stop_at):
     else:
         metrics.write(frame)
         metrics.flush()
-    if step % every == 0 or step == last or stop or step == stop_at:
+    if stop and not noticed:
+        notice()
+        if bad == "term-train-on":
+            continue
+    if bad == "term-train-on" and noticed:
+        emit(event="progress", step=step)
+    elif step % every == 0 or step == last or stop or step == stop_at:
         save(step, w)
     else:
         emit(event="progress", step=step)
+if stop and not noticed:  # it came between two steps, after the last one's check
+    notice()
+    save(step, w)
 if late:  # some steps trained: their records now, then a wait before the result line
     metrics.writelines(late)
     metrics.flush()
