@@ -116,11 +116,22 @@ class Interrupt:
         self.grace_s = grace_s
         self.stop_signal = stop_signal
         self.workflow_id: str | None = None
-        self.engine: Any = None
         self.display: Any = None
+        self._engine: Any = None
         self.first_at: float | None = None  # time.monotonic() of the first signal
         self.signal_name: str | None = None  # its name, once one came
         self.fired = False  # the hard path ran
+
+    @property
+    def engine(self) -> Any:
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Any) -> None:
+        """The engine this command runs; a stop that reaches it through a trainer gets this command's grace."""
+        self._engine = engine
+        if engine is not None and hasattr(engine, "stop_grace_s"):
+            engine.stop_grace_s = max(0.0, self.grace_s - EXIT_MARGIN_S)
 
     @property
     def stopping(self) -> bool:

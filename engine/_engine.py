@@ -445,6 +445,16 @@ class Engine:
         self._worker.request_stop(stop_request(grace_s, signal))
 
     @property
+    def stop_grace_s(self) -> float | None:
+        """The grace of a polite stop that reaches this engine through one of its trainers (a signal sent to the
+        trainer or its group, not to this process): its other attempts get this long. Settable; None: no bound."""
+        return self._worker.stop_grace_s
+
+    @stop_grace_s.setter
+    def stop_grace_s(self, value: float | None) -> None:
+        self._worker.stop_grace_s = value
+
+    @property
     def stop(self) -> StopRequest | None:
         """The polite stop asked of this engine (``request_stop``, or a trainer stopped by a signal
         sent to it directly), or None."""

@@ -87,6 +87,7 @@ class Worker:
         # their end is durable
         self.new_replayer = self._new_replayer  # (the simulator's hook: see the module docstring)
         self._polls_due = 0.0  # time.monotonic() of the threaded loop's next polls (tick)
+        self.stop_grace_s: float | None = None  # the grace of a stop that comes from a stopped trainer (stop_from)
 
     # ---- workflow tasks ---------------------------------------------------------------------
 
@@ -325,7 +326,11 @@ class Worker:
             self.attempts.stop = request
 
     def stop_from(self, exc: Preempted) -> None:
-        self.request_stop(StopRequest(signal=exc.signal or "SIGTERM", deadline=None))
+        """A trainer of this worker was stopped by a signal sent to it (its group's): the worker stops too,
+        its other attempts bounded by ``stop_grace_s`` (None: no bound)."""
+        grace = self.stop_grace_s
+        self.request_stop(StopRequest(signal=exc.signal or "SIGTERM",
+                                      deadline=None if grace is None else time.monotonic() + grace))
 
     def release_ready(self) -> None:
         """Leases taken but not handed to a runner when the stop came: each ends preempted, never run."""
