@@ -205,7 +205,11 @@ class DistributedTrainer(Trainer):
             pids = [None] * self.world_size
             dist.all_gather_object(pids, os.getpid())
             self.progress_file.event("ranks", pids=pids, world_size=self.world_size)  # rank 0's file only
-            return super().run(reporter if self.rank == 0 else Reporter([]))
+            result = super().run(reporter if self.rank == 0 else Reporter([]))
+            # no rank exits before rank 0 has closed its sinks (an MLflow flush may take its flush_timeout_s):
+            # once one rank exits non-zero (130 after a stop), torchrun SIGKILLs the others 30 s later
+            dist.barrier()
+            return result
         except RuntimeError as e:  # gloo: "Connection reset by peer", "Connection closed by peer", timeouts
             if not isinstance(e, dist.DistError) and "gloo" not in str(e):
                 raise

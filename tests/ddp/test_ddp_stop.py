@@ -35,6 +35,7 @@ import pytest
 pytestmark = pytest.mark.slow  # torchrun with 2 gloo ranks, real signals
 
 DEADLINE_S = 240
+STOP_WAIT_S = 120  # from the signal to the attempt's end (a step, a tiny checkpoint, exits): generous
 STEPS = 80
 SPEC = {
     "name": "stop", "steps": STEPS, "seed": 7, "checkpoint_every": 1000, "batch_size": 4, "lr": 0.003,
@@ -77,8 +78,8 @@ def lines(path: Path) -> list[dict]:
     return out
 
 
-def poll(cond, what: str, procs: list[subprocess.Popen] = ()):
-    deadline = time.monotonic() + DEADLINE_S
+def poll(cond, what: str, procs: list[subprocess.Popen] = (), bound_s: float = DEADLINE_S):
+    deadline = time.monotonic() + bound_s
     while time.monotonic() < deadline:
         value = cond()
         if value:
@@ -175,6 +176,7 @@ ATTEMPTS = [("rank 1", signal.SIGTERM, None), ("agent", signal.SIGTERM, None), (
             ("launcher", signal.SIGTERM, None)]
 
 
+@pytest.mark.timeout(600)  # 7 torchrun runs: 109 s on the loaded 2-core machine
 def test_a_stop_reaching_one_rank_the_agent_the_group_or_the_launcher_stops_every_rank_at_one_step(
         tmp_path, reference, started) -> None:
     home, spec_path = make_home(tmp_path / "h")
@@ -194,13 +196,17 @@ def test_a_stop_reaching_one_rank_the_agent_the_group_or_the_launcher_stops_ever
         assert (resume or {}).get("resumed_from") == resumed_from, resume  # from the last stop's checkpoint
         poll(lambda: last_step(home) >= at + SIGNAL_AFTER, "a few steps", [proc])
         agent = agent_of(proc.pid)
+        last_signal_step = last_step(home)
         pid = {"rank 1": ranks[1], "agent": agent, "launcher": proc.pid}.get(target)
         if pid is None:
             os.killpg(proc.pid, sig)  # the launcher and the agent (the ranks are in their own sessions)
         else:
             os.kill(pid, sig)
+        poll(lambda: proc.poll() is not None, f"the attempt to stop after {sig.name} to {target} (the ranks hold at "
+             f"step {at + HOLD_AFTER} until they agree on a stop)", bound_s=STOP_WAIT_S)
         out, err = proc.communicate(timeout=DEADLINE_S)
         at = assert_stopped(out, err, proc.returncode, progress, home, before, sig.name)
+        print(f"attempt {n}: {sig.name} to {target} after step {last_signal_step}: stopped at step {at}")
         for p in (*ranks, agent):
             poll(lambda: not alive(p), f"process {p} to end")
         resumed_from = f"runs/stop/ckpt/step-{at:06d}"
@@ -244,6 +250,8 @@ def test_two_nodes_one_agent_sigtermed_stop_at_one_step_and_resume_bitwise(tmp_p
     agent = agent_of(procs[other].pid)
     assert children(agent) == [ranks[1]]
     os.kill(agent, signal.SIGTERM)
+    poll(lambda: all(p.poll() is not None for p in procs), "both nodes to stop after SIGTERM to an agent",
+         bound_s=STOP_WAIT_S)
     ended = [p.communicate(timeout=DEADLINE_S) for p in procs]
     step = assert_stopped(*ended[lead], procs[lead].returncode, progress[lead], home, set(), "SIGTERM")
     assert procs[other].returncode == 130, ended[other][1][-3000:]
@@ -262,3 +270,29 @@ def test_two_nodes_one_agent_sigtermed_stop_at_one_step_and_resume_bitwise(tmp_p
     for r in results:
         assert r["resumed_from"] == f"runs/stop/ckpt/step-{step:06d}"
         assert (r["final_loss_hex"], r["digest"]) == (ref["final_loss_hex"], ref["digest"])
+
+
+@pytest.mark.soak  # ~35 s of MLflow flush on top of a torchrun run
+def test_rank_0_slow_to_close_its_sinks_after_a_stop_is_not_killed_by_torchrun(tmp_path, started) -> None:
+    """Rank 0's MLflow delivery hangs on a tracking server that never answers (a listening socket that
+    accepts nothing), so closing the sink after the stop's checkpoint waits its whole flush_timeout_s
+    (35 s). Rank 1 waits for rank 0 at a last barrier (tinyllm/distributed.py): a rank that exits 130 first
+    makes torchrun SIGKILL the others 30 s later, and the stop would read as a failure (exit 1, rank 0
+    without a verdict). Seen red with the barrier removed and the result's stop flag no longer a
+    collective (today the result's all-reduce of the stop flag also holds rank 1 back)."""
+    pytest.importorskip("mlflow")
+    home, spec_path = make_home(tmp_path / "h")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)
+        uri = f"http://127.0.0.1:{server.getsockname()[1]}"
+        spec_path.write_text(json.dumps({**SPEC, "sinks": {"mlflow": {"tracking_uri": uri, "flush_timeout_s": 35}}}))
+        progress = tmp_path / "p.jsonl"
+        proc = launch(home, spec_path, progress, {**ENV, "TINYLLM_FAULT": f"trainer.hold@{HOLD_AFTER}"})
+        started.append(proc)
+        ranks = poll(lambda: (event(progress, "ranks") or {}).get("pids"), "the ranks' pids", [proc])
+        started.extend(ranks)
+        poll(lambda: last_step(home) >= SIGNAL_AFTER, "a few steps", [proc])
+        os.kill(ranks[1], signal.SIGTERM)
+        out, err = proc.communicate(timeout=DEADLINE_S)
+    assert_stopped(out, err, proc.returncode, progress, home, set(), "SIGTERM")
