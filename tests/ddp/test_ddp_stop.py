@@ -88,7 +88,11 @@ def poll(cond, what: str, procs: list[subprocess.Popen] = (), bound_s: float = D
             if p.poll() is not None:
                 raise AssertionError(f"exited {p.returncode} before {what}: {p.stderr.read()[-3000:]}")
         time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    said = []
+    for p in procs:  # what they said so far (they are stopped for it: the test fails anyway)
+        p.kill()
+        said.append(p.communicate()[1][-3000:])
+    raise AssertionError(f"timed out waiting for {what}; stderr: {said}")
 
 
 def alive(pid: int) -> bool:
@@ -242,7 +246,7 @@ def test_two_nodes_one_agent_sigtermed_stop_at_one_step_and_resume_bitwise(tmp_p
         return procs, progress
 
     procs, progress = nodes(1, hold=True)
-    lead = poll(lambda: next((i for i in (0, 1) if event(progress[i], "ranks")), None), "the ranks' pids", procs)
+    [lead] = poll(lambda: [i for i in (0, 1) if event(progress[i], "ranks")], "the ranks' pids", procs)  # rank 0's node
     ranks = event(progress[lead], "ranks")["pids"]
     started.extend(ranks)
     poll(lambda: last_step(home) >= SIGNAL_AFTER, "a few steps", procs)
