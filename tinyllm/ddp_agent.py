@@ -16,7 +16,8 @@ stay blocked in every thread of the agent; one thread takes them with ``sigtimed
 the blocked mask across exec, so a stop signal that reaches a rank before its handler is installed
 stays pending until tinyllm/cli.py unblocks it, right after installing the handler: never lost, never
 fatal. Ranks are found by the ``started-<rank>.json`` files they write once their handlers are in
-place (``$TINYLLM_DDP_STATUS``); ranks that start after the signal get it when they appear.
+place (``$TINYLLM_DDP_STATUS``); ranks that start after the signal get it when they appear. Without
+that variable (run by hand, not by tinyllm's launcher) it is plain torchrun.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from .ddp_launch import POLL_S, RANK_STATUS_ENV, forward_stop
 from .errors import stop_signals
 
 
-def _pass_on(stops: tuple[int, ...], folder: Path | None) -> None:
+def _pass_on(stops: tuple[int, ...], folder: Path) -> None:
     """The agent's signal thread: wait for a stop signal, then keep passing it on to every started rank."""
     first = 0
     signaled: set[int] = set()
@@ -38,16 +39,16 @@ def _pass_on(stops: tuple[int, ...], folder: Path | None) -> None:
         got = signal.sigtimedwait(stops, POLL_S)
         if got is not None and not first:
             first = got.si_signo
-        if first and folder is not None:
+        if first:
             forward_stop(folder, first, signaled)
 
 
 def main(argv: list[str]) -> None:
-    stops = stop_signals()
-    signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # already blocked by the launcher; also when run by hand
     folder = os.environ.get(RANK_STATUS_ENV)
-    threading.Thread(target=_pass_on, args=(stops, Path(folder) if folder else None), name="tinyllm-stop",
-                     daemon=True).start()
+    if folder:  # started by tinyllm's launcher (run by hand without it: plain torchrun)
+        stops = stop_signals()
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # blocked by the launcher already: stays so, every thread
+        threading.Thread(target=_pass_on, args=(stops, Path(folder)), name="tinyllm-stop", daemon=True).start()
     from torch.distributed.run import main as torchrun
 
     torchrun(argv)
