@@ -211,6 +211,7 @@ def test_a_stop_reaching_one_rank_the_agent_the_group_or_the_launcher_stops_ever
         out, err = proc.communicate(timeout=DEADLINE_S)
         at = assert_stopped(out, err, proc.returncode, progress, home, before, sig.name)
         print(f"attempt {n}: {sig.name} to {target} after step {last_signal_step}: stopped at step {at}")
+        assert at >= last_signal_step  # every step done when the signal was sent is in the checkpoint
         for p in (*ranks, agent):
             poll(lambda: not alive(p), f"process {p} to end")
         resumed_from = f"runs/stop/ckpt/step-{at:06d}"
