@@ -1,7 +1,7 @@
 """``tinyllm corpus|train|eval``: the subprocess contract (contracts/subprocess-activity.md).
 
 Exit codes: 0 done (last stdout line = JSON result), 2 bad input (one line on stderr, nothing
-written), 74 disk full (one line naming the file; this process's temporaries removed), 75 run locked by another live trainer, 130 stopped by SIGTERM after a checkpoint.
+written), 74 disk full (one line naming the file; this process's temporaries removed), 75 run locked by another live trainer, 130 stopped by SIGTERM, SIGINT or ``$DURABLE_STOP_SIGNAL`` after a checkpoint.
 Paths: ``--spec`` and ``--progress`` are ordinary paths (relative to the current directory);
 ``--resume`` and checkpoint paths inside specs are relative to the home unless absolute.
 """
@@ -20,7 +20,7 @@ from . import runtime_env
 from .corpus import build_corpus
 from .ddp_launch import check_resume_world_size, enter_rank, in_rank, launch, rank_argv
 from .diskfull import is_disk_full, remove_own_temporaries
-from .errors import CheckpointError, PeerLost, RunLocked, request_stop
+from .errors import CheckpointError, PeerLost, RunLocked, request_stop, stop_signals
 from .fsio import resolve_home
 from .progress import ProgressFile, activate
 from .spec import CorpusSpec, SpecError, load_corpus_spec, load_eval_spec, load_train_spec
@@ -150,8 +150,14 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     segment decides again).
     """
     global _RANK
-    for sig in (signal.SIGTERM, signal.SIGINT):  # a stop before the loop starts still exits 130
+    try:
+        stops = stop_signals()  # SIGTERM, SIGINT and $DURABLE_STOP_SIGNAL (tinyllm/errors.py)
+    except SpecError as e:
+        _fail(str(e), EXIT_BAD_INPUT)
+    for sig in stops:  # a stop before the loop starts still exits 130
         signal.signal(sig, request_stop)
+    # a torchrun rank starts with them blocked (tinyllm/ddp_agent.py): one sent before now arrives here
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
     home_dir = resolve_home(home)
     _RANK = enter_rank() if in_rank() else None
     try:

@@ -11,8 +11,10 @@
   weights and optimizer state stay identical on every rank (asserted by digest at start).
 - **RNG**: rank 0 keeps the single-process stream (``torch.manual_seed(seed)``, then model init);
   rank ``r > 0`` is reseeded after init from ``(seed, r)``, so dropout masks differ by rank.
-- **Stop**: a SIGTERM may reach the ranks at different steps; before each step the ranks all-reduce
-  their stop flags (max), so all stop after the same step, checkpoint together and exit 130.
+- **Stop**: a stop signal (SIGTERM, SIGINT, ``$DURABLE_STOP_SIGNAL``) may reach one rank only, or the
+  ranks at different steps; at each step boundary the ranks all-reduce their stop flags (max), so all
+  stop after the same step, rank 0 writes the ``stopping`` line at it, they checkpoint together (one
+  checkpoint) and exit 130.
 - **Checkpoints**: rank 0 writes them, after a gather of every rank's RNG state (the gather is the
   barrier: all ranks are at the same step), with the usual manifest and LATEST rules; a barrier
   after the write keeps any rank from going on (or exiting) before the checkpoint is committed. The
@@ -164,12 +166,15 @@ class DistributedTrainer(Trainer):
         self.allreduce_s = time.perf_counter() - t0
         return losses.item() / self.world_size
 
-    @property
-    def stop_requested(self) -> bool:
-        """Any rank's SIGTERM stops every rank after the same step (called alike on every rank)."""
-        flag = torch.tensor([1 if STOP["requested"] else 0], dtype=torch.int32)
+    def _stop_signal(self) -> int | None:
+        """Any rank's stop signal stops every rank after the same step (called alike on every rank, at
+        each step boundary): one all-reduce (max) of ``signal number + 1`` (0: no stop on this rank), so
+        every rank, rank 0's ``stopping`` line included, agrees on the step and names one signal."""
+        mine = int(STOP["signal"]) + 1 if STOP["requested"] else 0
+        flag = torch.tensor([mine], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        agreed = int(flag.item())
+        return agreed - 1 if agreed else None
 
     # -- checkpoints: gathered, written by rank 0 ----------------------------------------
 
@@ -200,7 +205,11 @@ class DistributedTrainer(Trainer):
             pids = [None] * self.world_size
             dist.all_gather_object(pids, os.getpid())
             self.progress_file.event("ranks", pids=pids, world_size=self.world_size)  # rank 0's file only
-            return super().run(reporter if self.rank == 0 else Reporter([]))
+            result = super().run(reporter if self.rank == 0 else Reporter([]))
+            # no rank exits before rank 0 has closed its sinks (an MLflow flush may take its flush_timeout_s):
+            # once one rank exits non-zero (130 after a stop), torchrun SIGKILLs the others 30 s later
+            dist.barrier()
+            return result
         except RuntimeError as e:  # gloo: "Connection reset by peer", "Connection closed by peer", timeouts
             if not isinstance(e, dist.DistError) and "gloo" not in str(e):
                 raise

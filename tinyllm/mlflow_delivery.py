@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from . import mlflow_sink as ms
+from .errors import SpecError, stop_signals
 
 POLL_S = 0.1  # how often metrics.jsonl is read for new frames (and how soon a stop is noticed)
 PR_SET_PDEATHSIG = 1
@@ -184,7 +185,11 @@ class Delivery:
 def main(argv: list[str]) -> int:
     trainer_pid = int(argv[0])
     die_with(trainer_pid)
-    for sig in (signal.SIGTERM, signal.SIGINT):  # the trainer's to act on; it sends stop when done
+    try:
+        stops = stop_signals()
+    except SpecError:  # a bad $DURABLE_STOP_SIGNAL: the trainer says so; these two still hold
+        stops = (signal.SIGTERM, signal.SIGINT)
+    for sig in stops:  # the trainer's to act on (a group signal reaches us too); it sends stop when done
         signal.signal(sig, signal.SIG_IGN)
     stdin = sys.stdin.buffer
     cfg = json.loads(stdin.readline() or b"null")

@@ -33,7 +33,7 @@ from . import faults, retention, runlock, runtime_env, tokenizer
 from .corpus import open_corpus
 from .ddp_launch import check_world_size
 from .data import TokenStream
-from .errors import STOP, request_stop
+from .errors import STOP, request_stop, signal_name, stop_signals
 from .fsio import rel
 from .metrics import Reporter, default_reporter
 from .model import GPT, state_digest
@@ -387,12 +387,25 @@ class Trainer:
 
     @property
     def stop_requested(self) -> bool:
-        """SIGTERM/SIGINT arrived (the handler sets tinyllm.errors.STOP); the loop stops after its step."""
-        return STOP["requested"]
+        """A stop signal arrived (the handler sets tinyllm.errors.STOP); the loop stops after its step.
+
+        The first time it is true, the progress file says so at this step boundary, before the stop's
+        checkpoint: ``{"event": "stopping", "step": S, "signal": "SIGTERM"}`` (issue 39's contract)."""
+        signum = self._stop_signal()
+        if signum is None:
+            return False
+        if not getattr(self, "_stopping_said", False):
+            self._stopping_said = True
+            self.progress_file.event("stopping", step=self.step, signal=signal_name(signum) if signum else None)
+        return True
+
+    def _stop_signal(self) -> int | None:
+        """None: no stop asked for; else the stop signal's number (0: a stop asked for without one)."""
+        return int(STOP["signal"]) if STOP["requested"] else None
 
     def run(self, reporter: Reporter | None = None) -> dict:
         """Train to ``spec.steps``; return the result object (``canceled`` when SIGTERM stopped it)."""
-        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous = {s: signal.signal(s, request_stop) for s in stop_signals()}
         try:
             self._lock()
             self._recover()
@@ -437,7 +450,7 @@ class Trainer:
                     "final_loss": loss, "final_loss_hex": None if loss is None else loss.hex(),
                     "digest": state_digest(self.model.state_dict()), "resumed_from": self.rel(self.resumed_from),
                     "refused_checkpoints": self.refused,
-                    "canceled": ((self.stop_requested and self.step < self.spec.steps and not self.stopped_early)
+                    "canceled": ((self.step < self.spec.steps and self.stop_requested and not self.stopped_early)
                                  or self.validation_pending_exit),
                     **self._selection_summary()}
         finally:
