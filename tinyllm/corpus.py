@@ -24,6 +24,7 @@ import numpy as np
 from . import tokenizer
 from .builtin_text import builtin_text
 from .diskfull import writing
+from .errors import STOP, StopRequested
 from .fsio import fsync_dir, write_synced
 from .spec import CorpusSpec, SpecError
 
@@ -214,6 +215,10 @@ def build_corpus(spec: CorpusSpec, home: Path) -> dict:
     elif final.exists() and existing is None and any(final.iterdir()):
         raise SpecError(f"{final} exists but is not a corpus (no readable meta.json); remove it or use another name")
     else:  # absent, empty, or same sources with damaged files: (re)build atomically
+        if STOP["requested"]:  # a stop signal while planning: nothing written (the same command builds it)
+            raise StopRequested(f"corpus {spec.name!r}: build stopped by {STOP.get('signal') or 'SIGTERM'} before "
+                                "anything was written; the same command builds it")
+        # from here the write runs to its end: a stop signal only sets the flag (tinyllm/errors.py)
         tmp = final.parent / f".tmp-{spec.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)

@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+import signal
+
 
 class SpecError(ValueError):
     """A spec that cannot be used; the message is one line naming the problem."""
@@ -18,14 +20,27 @@ class RunLocked(Exception):
     """Another live trainer holds runs/<name>/.lock (exit 75, retryable)."""
 
 
+class StopRequested(Exception):
+    """A stop signal arrived during work that has no checkpoint (``tinyllm eval``, ``tinyllm corpus``):
+    abandoned between two units, nothing written; the CLI exits 130 and the same command runs it again."""
+
+
 class PeerLost(Exception):
     """A distributed run's collective failed: another rank died or hung (exit 1, retryable)."""
 
 
-# SIGTERM/SIGINT before the trainer's loop starts (e.g. during ``import torch``) must still end in a
-# clean stop (exit 130), so the CLI installs this handler first and the trainer reads the flag.
-STOP = {"requested": False}
+# SIGTERM/SIGINT (or $DURABLE_STOP_SIGNAL, tinyllm/stopping.py) before the trainer's loop starts (e.g.
+# during ``import torch``) must still end in a clean stop (exit 130), so the CLI installs this handler
+# first and the trainer reads the flag. ``signal``: the first stop signal's name (the ``stopping`` line's).
+STOP = {"requested": False, "signal": None}
 
 
 def request_stop(signum=None, frame=None) -> None:
+    """The stop handler: only sets the flag (a second or third signal changes nothing, so it can never
+    interrupt a checkpoint being written); the loop notices it at its next step boundary."""
+    if STOP.get("signal") is None and signum is not None:
+        try:
+            STOP["signal"] = signal.Signals(signum).name
+        except ValueError:
+            STOP["signal"] = str(signum)
     STOP["requested"] = True
