@@ -57,8 +57,13 @@ def main() -> None:
                              gradient_accumulation_steps=cfg.get("grad_accum", 2), learning_rate=cfg.get("lr", 3e-3),
                              lr_scheduler_type="cosine", warmup_steps=cfg.get("warmup", 3), save_total_limit=2,
                              logging_steps=spec.get("log_every", 10), seed=seed, use_cpu=True, report_to="none",
-                             dataloader_num_workers=cfg.get("workers", 0))
-    trainer = DurableTrainer(run, model=model, args=args, train_dataset=data, forget=tuple(cfg.get("forget", ())))
+                             dataloader_num_workers=cfg.get("workers", 0),
+                             **({"eval_strategy": "steps", "eval_steps": cfg["eval_steps"], "per_device_eval_batch_size": 8}
+                                if cfg.get("eval_steps") else {}))  # config.eval_steps: HF's evaluation every N steps
+    held_out = Counting(cfg.get("n_eval", 32), cfg.get("length", 24), cfg.get("vocab", 48), seed + 1) \
+        if cfg.get("eval_steps") else None
+    trainer = DurableTrainer(run, model=model, args=args, train_dataset=data, eval_dataset=held_out,
+                             forget=tuple(cfg.get("forget", ())))
     trainer.train()
 
 

@@ -12,7 +12,7 @@ optimizers, schedulers and loop counters): every RNG state (Python, NumPy, torch
 captured at the step boundary, restored right before training continues), the loader's position
 (the ``DurableSampler``'s epoch and the batches the finished steps consumed; the loader draws its
 per-epoch seed from a private generator, so starting an epoch leaves the global RNG alone), SIGTERM
--> checkpoint at the step boundary -> exit 130 (Lightning's own handler would end in
+-> the `stopping` line and a checkpoint at the step boundary -> exit 130 (Lightning's own handler would end in
 ``SystemExit``), the contract's progress lines, exact per-step losses in ``metrics.jsonl`` and the
 result line. Each checkpoint is Lightning's ``.ckpt`` file, mirrored byte for byte into
 ``runs/<name>/ckpt/step-NNNNNN/`` (atomic, checksummed, then LATEST). ``max_steps`` follows the
@@ -34,6 +34,7 @@ require("lightning", "lightning")  # the [lightning] extra; without it, MissingE
 import lightning.pytorch as pl
 import torch
 
+from .. import stopping
 from ..durable import DurableRun, DurableSampler
 from ..durable_state import capture_rng, digest, restore_rng
 
@@ -107,6 +108,7 @@ class DurableCallback(pl.Callback):
         if not isinstance(loader, torch.utils.data.DataLoader):
             fail("DurableCallback needs one torch DataLoader for training (got "
                  f"{type(loader).__name__}); combined loaders are not supported")
+        stopping.quiet_workers(loader)  # a loader fit() was not given: quiet from its next workers on
         if loader.generator is None:  # starting an epoch draws a seed from it instead of the global RNG
             loader.generator = torch.Generator().manual_seed(self.run.seed)
         if isinstance(loader.sampler, DurableSampler):
@@ -128,6 +130,10 @@ class DurableCallback(pl.Callback):
             if pending.get("rng") is not None:
                 restore_rng(pending["rng"], {})
         self.durable.start_line()
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        for loader in _loaders(trainer.val_dataloaders):  # (fit()'s were quiet from the start)
+            stopping.quiet_workers(loader)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.fit_loop.epoch_loop.batch_progress.current.ready == 0:
@@ -159,6 +165,17 @@ class DurableCallback(pl.Callback):
         path.unlink(missing_ok=True)
 
 
+def _loaders(value: Any) -> list:
+    """The torch DataLoaders in what fit() or a trainer holds (one, a list/tuple, a dict, or None)."""
+    if isinstance(value, torch.utils.data.DataLoader):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _loaders(v)]
+    return []
+
+
 def fit(trainer: Any, model: Any, *args: Any, **kwargs: Any) -> None:
     """``trainer.fit(model, ...)`` resumed from the contract's checkpoint through Lightning's ``ckpt_path``;
     ends with the contract's result line (exit 130 after SIGTERM)."""
@@ -169,6 +186,9 @@ def fit(trainer: Any, model: Any, *args: Any, **kwargs: Any) -> None:
         fail("fit() resumes from the contract's checkpoint (--resume, else LATEST): drop ckpt_path")
     cb = found[0]
     run = cb.run
+    for given in (*args, *kwargs.values()):  # their workers ignore stop signals from the first one on
+        for each in _loaders(given):
+            stopping.quiet_workers(each)
     loader = kwargs.get("train_dataloaders", args[0] if args else None)
     if isinstance(loader, torch.utils.data.DataLoader) and isinstance(loader.sampler, DurableSampler):
         cb.sampler, cb.batch_size = loader.sampler, int(loader.batch_size or 1)  # its position restored in time
@@ -185,6 +205,7 @@ def fit(trainer: Any, model: Any, *args: Any, **kwargs: Any) -> None:
     except BaseException:
         cb.durable.close()
         raise
+    cb.durable.notice_stop()  # a stop noticed after the last step's save decision: the line first
     if cb.durable.last_saved != run.step:
         cb._save(trainer, run.step)
     shutil.rmtree(cb.staging, ignore_errors=True)
