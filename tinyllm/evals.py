@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import mlflow_sink, progress, tokenizer
+from . import faults, mlflow_sink, progress, tokenizer
 from .checkpoint import CheckpointError, load_checkpoint, write_text_atomic
 from .corpus import open_corpus
 from .errors import STOP, StopRequested
@@ -96,6 +96,8 @@ def check_stop(where: str) -> None:
 class Count:
     """How far a suite is: ``done`` of ``of`` units over all its subjects, in the progress file."""
 
+    hold_folder: Path | None = None  # set by run_eval (eval.hold's file goes there)
+
     def __init__(self, of: int, unit: str):
         self.done, self.of, self.unit = 0, of, unit
         progress.event("ready", done=0, of=of, unit=unit)
@@ -106,6 +108,8 @@ class Count:
         assert n >= 0
         self.done = min(self.of, self.done + n)
         progress.tick(done=self.done, of=self.of, unit=self.unit)
+        if self.hold_folder is not None:  # tests only (TINYLLM_FAULT=eval.hold@N): a signal lands here
+            faults.hold_at("eval.hold", self.done, self.hold_folder, lambda: STOP["requested"])
         check_stop(f"after {self.done} of {self.of} {self.unit}")
 
     def subject_done(self) -> None:
@@ -342,6 +346,11 @@ def run_eval(spec: EvalSpec, home: Path) -> dict:
     if earlier is not None:
         deliver_to_trackers(spec, home, earlier["summary"].get("metrics", {}))
         return earlier
+    try:
+        faults.arm_from_env()  # tests only: a misspelled TINYLLM_FAULT would run unarmed
+    except faults.FaultError as e:
+        raise SpecError(str(e)) from None
+    Count.hold_folder = home / "evals" / spec.suite
     torch.set_num_threads(spec.threads)
     use_deterministic_algorithms()
     if spec.suite == "ppl":

@@ -35,7 +35,12 @@ campaign arms it). Points:
   stop is requested (or ``HOLD_LIMIT_S``), so a test's signal lands inside the validation;
 - ``checkpoint.hold_write@S`` (not a kill): writing checkpoint step S holds after its first file
   until the file ``HOLD_WRITE_FILE`` it created in the checkpoint's parent folder is removed (or
-  ``HOLD_LIMIT_S``): a test sends more signals while the write is in flight, then lets it finish.
+  ``HOLD_LIMIT_S``): a test sends more signals while the write is in flight, then lets it finish;
+- ``eval.hold@N`` (not a kill): ``tinyllm eval`` holds once N units of its suite are done, and
+  ``corpus.hold@N`` ``tinyllm corpus`` at its N-th point (1: before writing anything, 2: in the middle
+  of writing, one file written), each creating ``HOLD_FILE`` (in the eval's output folder's parent,
+  in ``corpora/``) and waiting until a stop is requested (or ``HOLD_LIMIT_S``), then going on: a
+  test's signal lands there.
 
 - ``release.after_copy@N``, ``release.after_rename@N``: ModelRelease's publish activity
   (workflows/release.py) publishing version N (1: ``v0001``), the copy complete in its temporary
@@ -60,7 +65,8 @@ from typing import Callable
 
 ENV = "TINYLLM_FAULT"
 HOLD_LIMIT_S = 300.0
-HOLD_WRITE_FILE = "write-held"  # checkpoint.hold_write's file, in the folder of the checkpoint being written
+HOLD_WRITE_FILE = "write-held"
+HOLD_FILE = "held"  # eval.hold's and corpus.hold's file  # checkpoint.hold_write's file, in the folder of the checkpoint being written
 
 # the forms of AT, and what each matches
 _AT = {"S": r"\d+", "S#I": r"\d+#\d+", "N": r"\d+", "N|armed:FILE": r"\d+|armed:.+"}
@@ -76,6 +82,8 @@ POINTS: dict[str, str | None] = {
     "trainer.hold": "S",
     "validation.hold": "S",
     "checkpoint.hold_write": "S",
+    "eval.hold": "N",
+    "corpus.hold": "N",
     "durable.fingerprint": None,
     "release.after_copy": "N",
     "release.after_rename": "N",
@@ -193,3 +201,19 @@ def hold_write(step: int, folder: Path) -> None:
     deadline = time.monotonic() + HOLD_LIMIT_S
     while flag.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def hold_at(name: str, reached: int, folder: Path, stopping: Callable[[], bool]) -> None:
+    """``eval.hold`` / ``corpus.hold``: the first time ``reached`` >= the armed N (``corpus.hold``: == N),
+    create ``folder/HOLD_FILE`` and hold until ``stopping()``; the file is removed when it goes on."""
+    at = _armed.get(name)
+    if at is None or (reached < int(at) if name == "eval.hold" else reached != int(at)):
+        return
+    del _armed[name]  # once
+    flag = Path(folder) / HOLD_FILE
+    flag.parent.mkdir(parents=True, exist_ok=True)
+    flag.write_text(f"{os.getpid()}\n")
+    deadline = time.monotonic() + HOLD_LIMIT_S
+    while not stopping() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    flag.unlink(missing_ok=True)
