@@ -7,7 +7,9 @@ real signals (issue 39):
   and the run ends with the bits of an uninterrupted run without workers. Seen red without the workers'
   guard (``stopping.quiet_workers``): ``RuntimeError: DataLoader worker (pid ...) is killed by signal:
   Terminated``, exit 1, no checkpoint;
-- ``DURABLE_STOP_SIGNAL=USR1`` is a stop like SIGTERM; a bad name is one line, exit 2, nothing written.
+- ``DURABLE_STOP_SIGNAL=USR1`` is a stop like SIGTERM, and more signals while its checkpoint is being
+  written (SIGTERM twice, SIGINT, USR1, a group SIGTERM; the write held open by
+  ``checkpoint.hold_write``) change nothing; a bad name is one line, exit 2, nothing written.
 """
 from __future__ import annotations
 
@@ -36,12 +38,35 @@ def held(progress: Path, step: int):
     return lambda: any(ln.get("step") == step and ln.get("event") in ("step", "checkpoint") for ln in lines(progress))
 
 
-def stopped_at(home: Path, spec: dict, step: int, sig: int, group: bool, env: dict, n: int) -> dict:
+def more_signals_during_the_write(proc: subprocess.Popen, ckpt_root: Path, stop_signal: int) -> None:
+    """The stop checkpoint's write is held open (checkpoint.hold_write): SIGTERM twice, SIGINT, the stop
+    signal and a group SIGTERM arrive meanwhile; the trainer must still be alive, then the write goes on."""
+    import time
+
+    held = ckpt_root / "write-held"
+    deadline = time.monotonic() + 300
+    while not held.exists():
+        assert proc.poll() is None, f"exit {proc.returncode} before the stop checkpoint's write"
+        assert time.monotonic() < deadline, "no stop checkpoint write"
+        time.sleep(0.02)
+    for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT, stop_signal):
+        os.kill(proc.pid, sig)
+        time.sleep(0.05)  # separate deliveries
+    os.killpg(proc.pid, signal.SIGTERM)
+    time.sleep(0.2)
+    assert proc.poll() is None, f"the trainer died in its checkpoint write: {proc.returncode}"
+    held.unlink()
+
+
+def stopped_at(home: Path, spec: dict, step: int, sig: int, group: bool, env: dict, n: int, more: bool = False) -> dict:
     """One attempt held at ``step`` (trainer.hold) and stopped there by ``sig``; checks the stop; its result."""
     progress = home / f"progress-{n}.jsonl"
-    proc = start(write_spec(home, spec), home, progress, {"TINYLLM_FAULT": f"trainer.hold@{step}", **env})
+    fault = f"trainer.hold@{step}" + (f",checkpoint.hold_write@{step}" if more else "")
+    proc = start(write_spec(home, spec), home, progress, {"TINYLLM_FAULT": fault, **env})
     wait_for(held(progress, step), f"step {step}", proc)
     (os.killpg if group else os.kill)(proc.pid, sig)
+    if more:
+        more_signals_during_the_write(proc, home / f"runs/{spec['name']}/ckpt", sig)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "killed by signal" not in err, err[-3000:]
@@ -77,7 +102,7 @@ def test_a_group_sigterm_with_two_loader_workers_checkpoints_the_step_three_time
 
 def test_the_stop_signal_from_the_environment_stops_the_helper_and_a_bad_name_is_refused(tmp_path: Path):
     spec = example_spec(eval_every=0)
-    seen = stopped_at(tmp_path, spec, 8, signal.SIGUSR1, False, {"DURABLE_STOP_SIGNAL": "USR1"}, 0)
+    seen = stopped_at(tmp_path, spec, 8, signal.SIGUSR1, False, {"DURABLE_STOP_SIGNAL": "USR1"}, 0, more=True)
     assert seen["signal"] == "SIGUSR1"
     progress = tmp_path / "bad.jsonl"
     proc = start(write_spec(tmp_path, {**spec, "name": "other"}), tmp_path, progress, {"DURABLE_STOP_SIGNAL": "SIGNOPE"})

@@ -12,7 +12,8 @@ processes and real signals (issue 39):
   abandons it: no figure in the log history, the checkpoint at that step carries the evaluation pending,
   exit 130; the rerun evaluates that step once, from the same RNG, and ends with the uninterrupted run's
   bits and evaluation figures;
-- ``DURABLE_STOP_SIGNAL=USR1`` stops them like SIGTERM.
+- ``DURABLE_STOP_SIGNAL=USR1`` stops them like SIGTERM, and more signals while the stop checkpoint is
+  being written (SIGTERM twice, SIGINT, USR1, a group SIGTERM) never interrupt it.
 """
 from __future__ import annotations
 
@@ -48,8 +49,28 @@ def run_to_end(example: str, home: Path, spec: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def more_signals_during_the_write(proc: subprocess.Popen, ckpt_root: Path, stop_signal: int) -> None:
+    """The stop checkpoint's write is held open (checkpoint.hold_write): SIGTERM twice, SIGINT, the stop
+    signal and a group SIGTERM arrive meanwhile; the trainer must still be alive, then the write goes on."""
+    import time
+
+    held = ckpt_root / "write-held"
+    deadline = time.monotonic() + 300
+    while not held.exists():
+        assert proc.poll() is None, f"exit {proc.returncode} before the stop checkpoint's write"
+        assert time.monotonic() < deadline, "no stop checkpoint write"
+        time.sleep(0.02)
+    for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT, stop_signal):
+        os.kill(proc.pid, sig)
+        time.sleep(0.05)  # separate deliveries
+    os.killpg(proc.pid, signal.SIGTERM)
+    time.sleep(0.2)
+    assert proc.poll() is None, f"the trainer died in its checkpoint write: {proc.returncode}"
+    held.unlink()
+
+
 def stopped_at(example: str, home: Path, spec: dict, step: int, *, n: int, sig: int = signal.SIGTERM,
-               group: bool = True, fault: str = "trainer.hold", env: dict | None = None) -> dict:
+               group: bool = True, fault: str = "trainer.hold", env: dict | None = None, more: bool = False) -> dict:
     """One attempt held at ``step`` and stopped there by ``sig`` (to the group, or the main process); checks
     the stop (stopping line, checkpoint at the step, exit 130); returns the stopping line and the result."""
     import time
@@ -58,7 +79,8 @@ def stopped_at(example: str, home: Path, spec: dict, step: int, *, n: int, sig: 
     proc = subprocess.Popen([sys.executable, SCRIPTS[example], "--spec", str(write(home, spec)), "--home", str(home),
                              "--progress", str(progress)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True,
-                            env={**ENV, "TINYLLM_FAULT": f"{fault}@{step}", **(env or {})})
+                            env={**ENV, **(env or {}), "TINYLLM_FAULT": f"{fault}@{step}" + (
+                                f",checkpoint.hold_write@{step}" if more else "")})
     deadline = time.monotonic() + DEADLINE_S
     frames = home / f"runs/{spec['name']}/metrics.jsonl"  # the step's frame (written before its evaluation)
     seen = lambda: any(ln.get("step") == step for ln in lines(progress) + lines(frames))  # noqa: E731
@@ -69,6 +91,8 @@ def stopped_at(example: str, home: Path, spec: dict, step: int, *, n: int, sig: 
     if fault == "validation.hold":
         time.sleep(1.0)  # into the evaluation (it holds there); a signal landing earlier stops at the step too
     (os.killpg if group else os.kill)(proc.pid, sig)
+    if more:
+        more_signals_during_the_write(proc, home / f"runs/{spec['name']}/ckpt", sig)
     out, err = proc.communicate(timeout=DEADLINE_S)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "killed by signal" not in err, err[-3000:]
@@ -140,5 +164,5 @@ def test_hf_a_sigterm_during_its_evaluation_abandons_it_and_the_rerun_evaluates_
 @pytest.mark.parametrize("example", ["hf", "lightning"])
 def test_the_stop_signal_from_the_environment_stops_the_framework_trainer_at_the_step(tmp_path: Path, example: str):
     seen = stopped_at(example, tmp_path, spec_of(example), 5, n=0, sig=signal.SIGUSR1, group=False,
-                      env={"DURABLE_STOP_SIGNAL": "USR1"})
+                      env={"DURABLE_STOP_SIGNAL": "USR1"}, more=True)
     assert seen["stopping"]["signal"] == "SIGUSR1"
