@@ -341,6 +341,10 @@ class DurableRun:
         print(f"{self.name}: stopping at step {self.step} ({self._stop_signal or 'SIGTERM'}): checkpointing this step",
               file=self.console, flush=True)
 
+    def checkpoint_line_written(self) -> None:
+        """A checkpoint's line was just emitted (a framework's mirror): after ``stopping``, none is repeated."""
+        self._line_after_stop = self._stop_noticed
+
     def stop_checkpoint_line(self) -> None:
         """After the ``stopping`` line, when the step it names was checkpointed before the stop: that
         checkpoint's line again, so every stop reads ``stopping`` then a checkpoint line at that step."""
@@ -532,7 +536,7 @@ class DurableRun:
                                           "trajectory": trajectory(self.spec)})
         self.last_saved, self.last_path = self.step, path
         self._emit({"event": "checkpoint", "state": self.fingerprint()}, sync=True)
-        self._line_after_stop = self._stop_noticed
+        self.checkpoint_line_written()
         return path
 
     def _resume(self) -> None:

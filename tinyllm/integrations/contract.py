@@ -208,7 +208,7 @@ class FrameworkRun:
         run.step = int(step)
         self.last_saved, run.last_path = int(step), path
         run.emit({"event": "checkpoint", "state": run.fingerprint()}, sync=True)
-        run._line_after_stop = run._stop_noticed  # a checkpoint line after the `stopping` line
+        run.checkpoint_line_written()  # (after the `stopping` line, if any)
         self.save_seconds.append(time.perf_counter() - t0)
         self._retain()
         return path
