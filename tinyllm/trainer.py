@@ -15,6 +15,11 @@ boundaries: at start (the fresh before-training pass, or the resume rules at the
 and after each due update, where ``_validation_step`` writes the planned checkpoint (a full one
 carries the pending marker, before held-out data is read), validates, and reports the step's one
 frame (train/* and val/*). Validation failures are ``SpecError``s (exit 2) and stop training.
+
+A polite stop (SIGTERM, SIGINT, ``$DURABLE_STOP_SIGNAL``; tinyllm/stopping.py) only sets a flag; the loop
+notices it at a step boundary, writes the ``stopping`` progress line, then the stop checkpoint at that
+step. A stop during an evaluation abandons it (``ValidationAbandoned``): nothing recorded, the checkpoint
+at the step carries the validation pending, and the resume runs it once.
 """
 from __future__ import annotations
 
