@@ -108,23 +108,48 @@ def blocked(signals: tuple[int, ...]):
 class _QuietProcess:
     """Mixin: ``start()`` with the stop signals blocked, so the child is born with them blocked."""
 
-    quiet_signals: tuple[int, ...] = ()
-
     def start(self) -> None:
-        with blocked(self.quiet_signals):
+        with blocked(tuple(int(sig) for sig in stop_signals())):
             super().start()
 
 
-def quiet_context(base: Any = None, environ: Any = None) -> multiprocessing.context.BaseContext:
+# module-level (picklable: a spawned or forkserver child unpickles its process object by class name)
+class QuietForkProcess(_QuietProcess, multiprocessing.context.ForkProcess):
+    pass
+
+
+class QuietSpawnProcess(_QuietProcess, multiprocessing.context.SpawnProcess):
+    pass
+
+
+class QuietForkServerProcess(_QuietProcess, multiprocessing.context.ForkServerProcess):
+    pass
+
+
+class QuietForkContext(multiprocessing.context.ForkContext):
+    Process = QuietForkProcess
+
+
+class QuietSpawnContext(multiprocessing.context.SpawnContext):
+    Process = QuietSpawnProcess
+
+
+class QuietForkServerContext(multiprocessing.context.ForkServerContext):
+    Process = QuietForkServerProcess
+
+
+_QUIET = {"fork": QuietForkContext, "spawn": QuietSpawnContext, "forkserver": QuietForkServerContext}
+
+
+def quiet_context(base: Any = None) -> multiprocessing.context.BaseContext:
     """A multiprocessing context like ``base`` (a context, a start-method name, or None: the default)
-    whose processes start with the stop signals blocked (see ``quiet_workers``)."""
-    if isinstance(base, multiprocessing.context.BaseContext) and getattr(base, "_tinyllm_quiet", False):
+    whose processes start with the stop signals blocked (see ``quiet_workers``); ``base`` itself when it
+    is of a start method this does not know."""
+    if isinstance(base, tuple(_QUIET.values())):
         return base
     ctx = multiprocessing.get_context(base) if base is None or isinstance(base, str) else base
-    signals = tuple(int(s) for s in stop_signals(environ))
-    process = type(f"Quiet{ctx.Process.__name__}", (_QuietProcess, ctx.Process), {"quiet_signals": signals})
-    quiet = type(f"Quiet{type(ctx).__name__}", (type(ctx),), {"Process": process, "_tinyllm_quiet": True})
-    return quiet()
+    quiet = _QUIET.get(ctx.get_start_method())
+    return quiet() if quiet is not None else ctx
 
 
 def quiet_workers(loader: Any, environ: Any = None) -> Any:
@@ -134,5 +159,5 @@ def quiet_workers(loader: Any, environ: Any = None) -> Any:
     if getattr(loader, "num_workers", 0) <= 0:
         return loader
     loader.worker_init_fn = quiet_worker_init(loader.worker_init_fn, environ)
-    loader.multiprocessing_context = quiet_context(loader.multiprocessing_context, environ)
+    loader.multiprocessing_context = quiet_context(loader.multiprocessing_context)
     return loader
