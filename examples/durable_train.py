@@ -23,7 +23,8 @@ def main() -> None:
     model, opt, sched = build(cfg)
     noise = torch.Generator().manual_seed(seed + 1)
     sampler = DurableSampler(len(data), seed=seed)
-    loader = DataLoader(data, batch_size=cfg.get("batch_size", 16), sampler=sampler)
+    loader = DataLoader(data, batch_size=cfg.get("batch_size", 16), sampler=sampler,
+                        num_workers=cfg.get("workers", 0))  # run.batches() makes workers leave stops to this process
     pieces = dict(model=model, optimizer=opt, scheduler=sched, data=sampler, generators={"noise": noise})
     for piece in cfg.get("forget", []):  # the broken variants: one piece of state not tracked
         pieces.pop(piece)

@@ -38,6 +38,13 @@ class Counting(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+def evaluation(cfg: dict) -> dict:
+    """HF's evaluation every ``config.eval_steps`` steps (none without it)."""
+    if not cfg.get("eval_steps"):
+        return {}
+    return {"eval_strategy": "steps", "eval_steps": cfg["eval_steps"], "per_device_eval_batch_size": 8}
+
+
 def build(cfg: dict) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(GPT2Config(vocab_size=cfg.get("vocab", 48), n_positions=cfg.get("length", 24),
                                       n_embd=cfg.get("n_embd", 64), n_layer=cfg.get("n_layer", 2), n_head=2,
@@ -57,8 +64,11 @@ def main() -> None:
                              gradient_accumulation_steps=cfg.get("grad_accum", 2), learning_rate=cfg.get("lr", 3e-3),
                              lr_scheduler_type="cosine", warmup_steps=cfg.get("warmup", 3), save_total_limit=2,
                              logging_steps=spec.get("log_every", 10), seed=seed, use_cpu=True, report_to="none",
-                             dataloader_num_workers=cfg.get("workers", 0))
-    trainer = DurableTrainer(run, model=model, args=args, train_dataset=data, forget=tuple(cfg.get("forget", ())))
+                             dataloader_num_workers=cfg.get("workers", 0), **evaluation(cfg))
+    held_out = Counting(cfg.get("n_eval", 32), cfg.get("length", 24), cfg.get("vocab", 48), seed + 1)
+    trainer = DurableTrainer(run, model=model, args=args, train_dataset=data,
+                             eval_dataset=held_out if cfg.get("eval_steps") else None,
+                             forget=tuple(cfg.get("forget", ())))
     trainer.train()
 
 

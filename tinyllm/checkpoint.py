@@ -101,6 +101,8 @@ def write_checkpoint_dir(final: Path, step: int, components: Mapping[str, Any], 
         data = _serialize(components[name])
         _write_file(tmp / f"{name}.pt", data)
         files[f"{name}.pt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        if len(files) == 1:
+            faults.hold_write(step, final.parent)  # tests only: a signal lands in the middle of this write
     manifest = {
         "format": FORMAT,
         "step": step,

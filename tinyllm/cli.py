@@ -1,7 +1,10 @@
 """``tinyllm corpus|train|eval``: the subprocess contract (contracts/subprocess-activity.md).
 
 Exit codes: 0 done (last stdout line = JSON result), 2 bad input (one line on stderr, nothing
-written), 74 disk full (one line naming the file; this process's temporaries removed), 75 run locked by another live trainer, 130 stopped by SIGTERM, SIGINT or ``$DURABLE_STOP_SIGNAL`` after a checkpoint.
+written), 74 disk full (one line naming the file; this process's temporaries removed), 75 run locked by another live trainer, 130 stopped by a stop signal
+(SIGTERM, SIGINT, or the one ``$DURABLE_STOP_SIGNAL`` names, e.g. ``SIGUSR1``; tinyllm/stopping.py): ``train``
+after its checkpoint at the step it was at, ``eval`` and ``corpus`` before writing anything (the same
+command runs them again). A ``$DURABLE_STOP_SIGNAL`` that names no catchable signal is bad input (2).
 Paths: ``--spec`` and ``--progress`` are ordinary paths (relative to the current directory);
 ``--resume`` and checkpoint paths inside specs are relative to the home unless absolute.
 """
@@ -10,7 +13,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -20,7 +22,8 @@ from . import runtime_env
 from .corpus import build_corpus
 from .ddp_launch import check_resume_world_size, enter_rank, in_rank, launch, rank_argv
 from .diskfull import is_disk_full, remove_own_temporaries
-from .errors import CheckpointError, PeerLost, RunLocked, request_stop, stop_signals
+from . import stopping
+from .errors import CheckpointError, PeerLost, RunLocked, StopRequested, request_stop, stop_signals
 from .fsio import resolve_home
 from .progress import ProgressFile, activate
 from .spec import CorpusSpec, SpecError, load_corpus_spec, load_eval_spec, load_train_spec
@@ -75,6 +78,20 @@ def _os_error(err: OSError, home: Path) -> None:
     raise err
 
 
+def _stop_handlers() -> None:
+    """SIGTERM, SIGINT and $DURABLE_STOP_SIGNAL set the stop flag (first thing: a stop during start-up
+    still ends cleanly); a bad $DURABLE_STOP_SIGNAL is one line and exit 2, before anything is written."""
+    try:
+        stopping.install(request_stop)
+    except stopping.StopSignalError as e:
+        _fail(str(e), EXIT_BAD_INPUT)
+
+
+def _stopped(e: StopRequested) -> None:
+    click.echo(f"tinyllm: {e}", err=True)
+    sys.exit(EXIT_CANCELED)
+
+
 def _emit(result: dict) -> None:
     if _RANK is not None:  # a rank: the launcher prints rank 0's result as the run's one result line
         _RANK.result = result
@@ -110,10 +127,13 @@ def main() -> None:
               help="Corpus spec (JSON). Without it: the built-in corpus named 'default'.")
 @home_option
 def corpus(spec_path: str | None, home: str | None) -> None:
-    """Build corpora/<name>/ (idempotent)."""
+    """Build corpora/<name>/ (idempotent; a stop signal before the write: exit 130, nothing written)."""
+    _stop_handlers()
     try:
         spec = load_corpus_spec(spec_path) if spec_path else CorpusSpec()
         result = build_corpus(spec, resolve_home(home))
+    except StopRequested as e:
+        _stopped(e)
     except SpecError as e:
         _fail(str(e), EXIT_BAD_INPUT)
     except OSError as e:
@@ -210,7 +230,8 @@ def _read_train_spec(spec_path: str):
               help="Append a JSON liveness line to this file every few seconds of work.")
 @home_option
 def eval_(spec_path: str, progress: str | None, home: str | None) -> None:
-    """Run one suite (ppl or zoo) over the spec's subjects."""
+    """Run one suite (ppl or zoo) over the spec's subjects (a stop signal: exit 130, nothing written)."""
+    _stop_handlers()
     try:
         spec = load_eval_spec(spec_path)  # before importing torch: a bad spec fails fast
         activate(progress).event("starting", pid=os.getpid())  # alive before the torch import
@@ -218,6 +239,8 @@ def eval_(spec_path: str, progress: str | None, home: str | None) -> None:
         from .evals import run_eval
 
         result = run_eval(spec, resolve_home(home))
+    except StopRequested as e:
+        _stopped(e)
     except SpecError as e:
         _fail(str(e), EXIT_BAD_INPUT)
     except OSError as e:

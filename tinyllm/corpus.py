@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import tokenizer
+from . import faults, tokenizer
 from .builtin_text import builtin_text
 from .diskfull import writing
+from .errors import STOP, StopRequested
 from .fsio import fsync_dir, write_synced
 from .spec import CorpusSpec, SpecError
 
@@ -203,7 +204,12 @@ def _fsync_write(path: Path, data: bytes) -> None:
 
 def build_corpus(spec: CorpusSpec, home: Path) -> dict:
     """Build (or keep) ``corpora/<name>/``; return the CLI's result object."""
+    try:
+        faults.arm_from_env()  # tests only: a misspelled TINYLLM_FAULT would run unarmed
+    except faults.FaultError as e:
+        raise SpecError(str(e)) from None
     tokens, held, meta = plan_corpus(spec, home)
+    hold = lambda n: faults.hold_at("corpus.hold", n, home / "corpora", lambda: STOP["requested"])  # noqa: E731
     final = corpus_dir(home, spec.name)
     built = True
     existing = read_meta(final) if final.exists() else None
@@ -214,10 +220,16 @@ def build_corpus(spec: CorpusSpec, home: Path) -> dict:
     elif final.exists() and existing is None and any(final.iterdir()):
         raise SpecError(f"{final} exists but is not a corpus (no readable meta.json); remove it or use another name")
     else:  # absent, empty, or same sources with damaged files: (re)build atomically
+        hold(1)  # tests only (TINYLLM_FAULT=corpus.hold@1)
+        if STOP["requested"]:  # a stop signal while planning: nothing written (the same command builds it)
+            raise StopRequested(f"corpus {spec.name!r}: build stopped by {STOP.get('signal') or 'SIGTERM'} before "
+                                "anything was written; the same command builds it")
+        # from here the write runs to its end: a stop signal only sets the flag (tinyllm/errors.py)
         tmp = final.parent / f".tmp-{spec.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         _fsync_write(tmp / "tokens.bin", tokens.tobytes())
+        hold(2)  # tests only (TINYLLM_FAULT=corpus.hold@2): a stop in the middle of the write
         _fsync_write(tmp / "heldout.bin", held.tobytes())
         _fsync_write(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True).encode())
         if final.exists():

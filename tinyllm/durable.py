@@ -30,8 +30,12 @@ generator). Resuming puts all of it back before the first step.
 Progress (the contract's liveness rule): one line on start/resume, one per checkpoint (fsynced),
 and a line at least every ``progress_interval_s`` (1 s) while steps complete, so a trainer is
 heartbeated only while it makes progress. Each step's frame goes to ``runs/<name>/metrics.jsonl``.
-SIGTERM/SIGINT: the step in flight finishes, a checkpoint is written, the result line says
-``"canceled": true`` and the process exits 130.
+SIGTERM, SIGINT and ``$DURABLE_STOP_SIGNAL``'s signal (e.g. ``SIGUSR1``; a bad name: one line, exit 2):
+the step in flight finishes, the ``stopping`` progress line names the step, a checkpoint is written AT
+that step, the result line says ``"canceled": true`` and the process exits 130; more signals meanwhile
+change nothing. ``run.batches(loader)`` makes the loader's worker processes ignore those signals (a
+group signal from Slurm or a terminal reaches them too; the stop is the main process's) and saves a
+``DurableSampler``'s position as what the steps took, not what the workers read ahead.
 
 Test-only switches (``ctl verify-resume`` sets them; tinyllm/faults.py): ``TINYLLM_FAULT=durable.fingerprint``
 adds the state fingerprint to every step's frame; ``TINYLLM_FAULT=durable.checkpoint_write@N`` SIGKILLs
@@ -59,7 +63,7 @@ from typing import Any, Iterable, Iterator, Mapping, NoReturn
 import torch
 
 from . import checkpoint as ckpt
-from . import faults, runlock, runtime_env
+from . import faults, runlock, runtime_env, stopping
 from .digest import state_digest
 from .durable_state import (
     capture_rng,
@@ -253,6 +257,9 @@ class DurableRun:
         self.refused: list[dict] = []  # checkpoints choose_resume refused, and why
         self.last_path: Path | None = None
         self._stop = False
+        self._stop_signal: str | None = None  # the first stop signal's name (the `stopping` line's)
+        self._stop_noticed = self._line_after_stop = False
+        self._ahead: tuple | None = None  # (sampler, batch size, first position, batches taken): workers read ahead
         self._started = False
         try:
             faults.arm_from_env()  # tests only (TINYLLM_FAULT): a typo must not run unarmed
@@ -270,35 +277,44 @@ class DurableRun:
     def from_args(cls, argv: list[str] | None = None, **kwargs: Any) -> "DurableRun":
         """Parse the contract's arguments and the spec; bad input exits 2 with one line on stderr.
 
-        Installs the SIGTERM/SIGINT handler at once, so a stop during setup still ends in a clean 130.
+        Installs the stop handler at once (SIGTERM, SIGINT and ``$DURABLE_STOP_SIGNAL``'s signal), so a
+        stop during setup still ends in a clean 130; a bad ``$DURABLE_STOP_SIGNAL`` exits 2 (one line).
         """
-        run_stop = {"requested": False}
+        run_stop = {"requested": False, "signal": None}
 
         def early(signum: int, frame: Any) -> None:
+            run_stop["signal"] = run_stop["signal"] or stopping.signal_name(signum)
             run_stop["requested"] = True
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, early)
+        try:
+            stopping.install(early)
+        except stopping.StopSignalError as e:
+            _fail(str(e), EXIT_BAD_INPUT)
         args = parse_contract_args(argv)
         try:
             run = cls(load_spec(args.spec), home=args.home, progress=args.progress, resume=args.resume, **kwargs)
         except DurableError as e:
             _fail(str(e), EXIT_BAD_INPUT)
-        run._stop = run_stop["requested"]
+        run._stop, run._stop_signal = run_stop["requested"], run_stop["signal"]
         run.install_signal_handlers()
         return run
 
     # -- the seam a framework's loop uses (tinyllm/integrations/contract.py): public, not internals --
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT ask the run to stop at the next step boundary (``stop_requested``), which
-        then checkpoints and exits 130. A framework that installs its own handlers (Lightning turns
-        SIGTERM into ``SystemExit``) calls this again after it."""
+        """SIGTERM, SIGINT and ``$DURABLE_STOP_SIGNAL``'s signal ask the run to stop at the next step
+        boundary (``stop_requested``), which then checkpoints and exits 130. The handler only sets the
+        flag: a second or third signal (Slurm's CONT+TERM, a terminal's Ctrl-C reaching the group, ctl's
+        own) can never interrupt a checkpoint being written. A framework that installs its own handlers
+        (Lightning turns SIGTERM into ``SystemExit``) calls this again after it."""
         def stop(signum: int, frame: Any) -> None:
+            self._stop_signal = self._stop_signal or stopping.signal_name(signum)
             self._stop = True
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, stop)
+        try:
+            stopping.install(stop)
+        except stopping.StopSignalError as e:
+            _fail(str(e), EXIT_BAD_INPUT)
 
     @property
     def stop_requested(self) -> bool:
@@ -314,6 +330,26 @@ class DurableRun:
         """Append one progress line: the contract's fields (step, loss, checkpoint, tracked) plus ``extra``
         (``{"event": ...}``); ``sync`` fsyncs it (a checkpoint's line)."""
         self._emit(extra, sync)
+
+    def stopping_line(self) -> None:
+        """The ``stopping`` progress line, once, when the loop notices the stop at a step boundary, before
+        the stop checkpoint (contracts/subprocess-activity.md); never written from the signal handler."""
+        if self._stop_noticed:
+            return
+        self._stop_noticed = True
+        self._emit({"event": "stopping", "signal": self._stop_signal or "SIGTERM"}, sync=True)
+        print(f"{self.name}: stopping at step {self.step} ({self._stop_signal or 'SIGTERM'}): checkpointing this step",
+              file=self.console, flush=True)
+
+    def checkpoint_line_written(self) -> None:
+        """A checkpoint's line was just emitted (a framework's mirror): after ``stopping``, none is repeated."""
+        self._line_after_stop = self._stop_noticed
+
+    def stop_checkpoint_line(self) -> None:
+        """After the ``stopping`` line, when the step it names was checkpointed before the stop: that
+        checkpoint's line again, so every stop reads ``stopping`` then a checkpoint line at that step."""
+        if self._stop_noticed and not self._line_after_stop and self.last_path is not None:
+            self._emit({"event": "checkpoint", "state": self.fingerprint()}, sync=True)
 
     def heartbeat(self) -> None:
         """A ``step`` progress line when none was written for ``progress_interval_s`` (progress, not a timer:
@@ -347,14 +383,21 @@ class DurableRun:
         """Batches of ``loader`` epoch after epoch, forever. Starting each epoch's iterator leaves the
         global torch RNG as it was (a DataLoader draws a seed from it), so a resume mid-epoch and an
         uninterrupted run see the same random numbers."""
+        stopping.quiet_workers(loader)  # worker processes ignore stop signals: the stop is this process's
+        sampler = getattr(loader, "sampler", None)
+        ahead = (getattr(loader, "num_workers", 0) > 0 and isinstance(sampler, DurableSampler)
+                 and getattr(loader, "batch_size", None) is not None)
         empty = 0
         while empty < 2:
             state = torch.get_rng_state()
-            it = iter(loader)
+            first = sampler.position if ahead and sampler.position < sampler.n else 0
+            it = iter(loader)  # with workers, this already hands the next batches' indices to them
             torch.set_rng_state(state)
             got = False
-            for batch in it:
+            for taken, batch in enumerate(it, start=1):
                 got = True
+                if ahead:  # the position a checkpoint saves: what the steps took, not what workers read ahead
+                    self._ahead = (sampler, int(loader.batch_size), first, taken)
                 yield batch
             empty = 0 if got else empty + 1
         raise RuntimeError("the data loader yields no batches")
@@ -420,7 +463,10 @@ class DurableRun:
         if self.step % self.log_every == 0 or self.step == self.total_steps:
             lr = f" | lr {frame['optim/lr']:.3e}" if lrs else ""
             print(f"{self.name}: step {self.step:>6}/{self.total_steps} | loss {self.loss:.4f}{lr}", file=self.console, flush=True)
-        if self.step % self.checkpoint_every == 0 or self.step == self.total_steps or self._stop:
+        stop = self._stop and self.step < self.total_steps  # asked once: the save below follows the line
+        if stop:
+            self.stopping_line()
+        if self.step % self.checkpoint_every == 0 or self.step == self.total_steps or stop:
             self.save()
         else:
             self.heartbeat()
@@ -429,8 +475,12 @@ class DurableRun:
         self.heartbeat()
 
     def _finish(self) -> None:
+        if self._stop and self.step < self.total_steps:
+            self.stopping_line()  # noticed after the step's save decision (or before the first step)
         if self.last_saved != self.step:
             self.save()
+        else:
+            self.stop_checkpoint_line()
         canceled = self._stop and self.step < self.total_steps
         loss = None if math.isnan(self.loss) else self.loss
         result = {"name": self.name, "steps": self.step, "checkpoint": self.rel(self.last_path),
@@ -458,7 +508,7 @@ class DurableRun:
     def components(self) -> dict[str, Any]:
         state = {"format": "durable/1", "step": self.step, "loss": self.loss, "loss_hex": float(self.loss).hex(),
                  "cursor": int(self.cursor), "rng": capture_rng(self.generators),
-                 "data": None if self.data is None else self.data.state_dict()}
+                 "data": None if self.data is None else self._data_state()}
         comps: dict[str, Any] = {"model": self.model.state_dict(),
                                  "optimizer": {} if self.optimizer is None else self.optimizer.state_dict(),
                                  "training_state": state}
@@ -467,6 +517,14 @@ class DurableRun:
         if self.scaler is not None:
             comps["scaler"] = self.scaler.state_dict()
         return comps
+
+    def _data_state(self) -> Any:
+        """The data position; a ``DurableSampler`` read ahead by loader workers: where the steps are."""
+        state = self.data.state_dict()
+        if self._ahead is not None and self._ahead[0] is self.data:
+            sampler, batch_size, first, taken = self._ahead
+            state["position"] = min(sampler.n, first + taken * batch_size)
+        return state
 
     def save(self) -> Path:
         """Write the checkpoint of this step (atomic; then LATEST) and its progress line."""
@@ -478,6 +536,7 @@ class DurableRun:
                                           "trajectory": trajectory(self.spec)})
         self.last_saved, self.last_path = self.step, path
         self._emit({"event": "checkpoint", "state": self.fingerprint()}, sync=True)
+        self.checkpoint_line_written()
         return path
 
     def _resume(self) -> None:
@@ -539,7 +598,7 @@ class DurableRun:
         if self.scaler is not None:
             fp["scaler"] = digest(self.scaler.state_dict())
         if self.data is not None:
-            fp["data"] = digest(self.data.state_dict())
+            fp["data"] = digest(self._data_state())
         rng = capture_rng(self.generators)
         for key in ("python", "numpy", "torch", "cuda"):
             if rng[key] is not None:

@@ -5,8 +5,9 @@
 """
 from __future__ import annotations
 
-import os
 import signal
+
+from . import stopping
 
 
 class SpecError(ValueError):
@@ -21,39 +22,38 @@ class RunLocked(Exception):
     """Another live trainer holds runs/<name>/.lock (exit 75, retryable)."""
 
 
+class StopRequested(Exception):
+    """A stop signal arrived during work that has no checkpoint (``tinyllm eval``, ``tinyllm corpus``):
+    abandoned between two units, nothing written; the CLI exits 130 and the same command runs it again."""
+
+
 class PeerLost(Exception):
     """A distributed run's collective failed: another rank died or hung (exit 1, retryable)."""
 
 
-# SIGTERM/SIGINT before the trainer's loop starts (e.g. during ``import torch``) must still end in a
-# clean stop (exit 130), so the CLI installs this handler first and the trainer reads the flag.
-# ``signal``: the number of the first stop signal (0: none, or a stop asked for without a signal).
+# SIGTERM/SIGINT (or $DURABLE_STOP_SIGNAL, tinyllm/stopping.py) before the trainer's loop starts (e.g.
+# during ``import torch``) must still end in a clean stop (exit 130), so the CLI installs this handler
+# first and the trainer reads the flag. ``signal``: the number of the first stop signal (0: none, or a
+# stop asked for without a signal; ``signal_name`` gives the ``stopping`` line's name).
 STOP = {"requested": False, "signal": 0}
 
-# The polite-stop contract (issue 39): ctl passes an extra preemption signal (e.g. Slurm's
-# ``--signal=B:USR1@60``) by name in this variable; a trainer treats it exactly like SIGTERM.
-STOP_SIGNAL_ENV = "DURABLE_STOP_SIGNAL"
+STOP_SIGNAL_ENV = stopping.STOP_SIGNAL_ENV  # (ctl --stop-signal's name for it: the trainer treats it as SIGTERM)
 
 
 def stop_signals() -> tuple[int, ...]:
-    """SIGTERM, SIGINT and ``$DURABLE_STOP_SIGNAL`` (a name such as ``SIGUSR1`` or ``USR1``), as numbers.
-
-    A value that names no catchable signal raises ``SpecError`` (bad input, one line)."""
-    found = [signal.SIGTERM, signal.SIGINT]
-    name = os.environ.get(STOP_SIGNAL_ENV, "").strip()
-    if name:
-        full = name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()
-        sig = getattr(signal.Signals, full, None) if full.isidentifier() else None
-        if sig is None or sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise SpecError(f"{STOP_SIGNAL_ENV}={name!r} names no signal a trainer can catch "
-                            f"(e.g. SIGUSR1, SIGUSR2, SIGTERM)")
-        if sig not in found:
-            found.append(sig)
-    return tuple(int(s) for s in found)
+    """SIGTERM, SIGINT and ``$DURABLE_STOP_SIGNAL`` as numbers (tinyllm/stopping.py); a value that names no
+    catchable signal raises ``SpecError`` (bad input, one line)."""
+    try:
+        return tuple(int(s) for s in stopping.stop_signals())
+    except stopping.StopSignalError as e:
+        raise SpecError(str(e)) from None
 
 
-def signal_name(signum: int) -> str:
-    """``SIGTERM`` for 15; ``signal <n>`` for a number with no name."""
+def signal_name(signum: int | None) -> str:
+    """``SIGTERM`` for 15 (and for 0/None: a stop asked for without a signal); ``signal <n>`` for a number
+    with no name."""
+    if not signum:
+        return "SIGTERM"
     try:
         return signal.Signals(signum).name
     except ValueError:
@@ -61,6 +61,8 @@ def signal_name(signum: int) -> str:
 
 
 def request_stop(signum=None, frame=None) -> None:
+    """The stop handler: only sets the flag (a second or third signal changes nothing, so it can never
+    interrupt a checkpoint being written); the loop notices it at its next step boundary."""
     STOP["requested"] = True
     if signum and not STOP["signal"]:
         STOP["signal"] = int(signum)

@@ -36,9 +36,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import mlflow_sink, progress, tokenizer
+from . import faults, mlflow_sink, progress, tokenizer
 from .checkpoint import CheckpointError, load_checkpoint, write_text_atomic
 from .corpus import open_corpus
+from .errors import STOP, StopRequested, signal_name
 from .model import GPT
 from .runtime_env import use_deterministic_algorithms
 from .spec import EvalResult, EvalSpec, EvalSubject, EvalSummary, ModelConfig, SpecError
@@ -84,18 +85,32 @@ def _sample(n: int, k: int | None, seed: int, salt: str) -> list[int]:
     return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
 
 
+def check_stop(where: str) -> None:
+    """``StopRequested`` when a stop signal arrived (the CLI's handler set the flag): exit 130."""
+    if STOP["requested"]:
+        progress.event("stopping", signal=signal_name(STOP["signal"]), where=where)
+        raise StopRequested(f"evaluation stopped by {STOP.get('signal') or 'SIGTERM'} {where}; nothing written "
+                            "(the same command runs the suite again)")
+
+
 class Count:
     """How far a suite is: ``done`` of ``of`` units over all its subjects, in the progress file."""
+
+    hold_folder: Path | None = None  # set by run_eval (eval.hold's file goes there)
 
     def __init__(self, of: int, unit: str):
         self.done, self.of, self.unit = 0, of, unit
         progress.event("ready", done=0, of=of, unit=unit)
 
     def add(self, n: int = 1) -> None:
-        """``n`` more units done: a timed progress line."""
+        """``n`` more units done: a timed progress line; a stop signal since (SIGTERM, SIGINT,
+        $DURABLE_STOP_SIGNAL) abandons the suite here, before any file is written (StopRequested)."""
         assert n >= 0
         self.done = min(self.of, self.done + n)
         progress.tick(done=self.done, of=self.of, unit=self.unit)
+        if self.hold_folder is not None:  # tests only (TINYLLM_FAULT=eval.hold@N): a signal lands here
+            faults.hold_at("eval.hold", self.done, self.hold_folder, lambda: STOP["requested"])
+        check_stop(f"after {self.done} of {self.of} {self.unit}")
 
     def subject_done(self) -> None:
         """A subject is finished: a progress line now."""
@@ -331,11 +346,17 @@ def run_eval(spec: EvalSpec, home: Path) -> dict:
     if earlier is not None:
         deliver_to_trackers(spec, home, earlier["summary"].get("metrics", {}))
         return earlier
+    try:
+        faults.arm_from_env()  # tests only: a misspelled TINYLLM_FAULT would run unarmed
+    except faults.FaultError as e:
+        raise SpecError(str(e)) from None
+    Count.hold_folder = home / "evals" / spec.suite
     torch.set_num_threads(spec.threads)
     use_deterministic_algorithms()
     if spec.suite == "ppl":
         open_corpus(home, spec.corpus, "heldout")  # a missing corpus is bad input, before any work
     models = {s.id: load_subject(home, s) for s in spec.subjects}  # every subject checked first
+    check_stop("before the first item")
     rows = run_ppl(spec, home, models) if spec.suite == "ppl" else run_zoo(spec, models)
     metrics: dict[str, dict[str, float]] = {}
     for r in rows:
@@ -343,6 +364,7 @@ def run_eval(spec: EvalSpec, home: Path) -> dict:
     summary = EvalSummary(suite=spec.suite, run=spec.run, name=spec.name, tag=spec.tag, seed=spec.seed,
                           results=rows, metrics=metrics)
     out = home / "evals" / spec.suite / spec.run
+    check_stop("before writing its files")  # from here on the files are written to the end (a signal waits)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "results.jsonl", "".join(json.dumps(r.model_dump(mode="json"), sort_keys=True) + "\n" for r in rows))
     write_text_atomic(out / "summary.json", json.dumps(summary.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")

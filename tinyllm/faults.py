@@ -31,6 +31,17 @@ campaign arms it). Points:
   (SIGTERM/SIGINT) is requested or ``HOLD_LIMIT_S`` pass. A test that cancels "in the middle of a
   segment" then needs no race against a fast machine (a 120-step tiny segment can end in a second).
 
+- ``validation.hold@S`` (not a kill): an evaluation at model step S holds after its first batch until a
+  stop is requested (or ``HOLD_LIMIT_S``), so a test's signal lands inside the validation;
+- ``checkpoint.hold_write@S`` (not a kill): writing checkpoint step S holds after its first file
+  until the file ``HOLD_WRITE_FILE`` it created in the checkpoint's parent folder is removed (or
+  ``HOLD_LIMIT_S``): a test sends more signals while the write is in flight, then lets it finish;
+- ``eval.hold@N`` (not a kill): ``tinyllm eval`` holds once N units of its suite are done, and
+  ``corpus.hold@N`` ``tinyllm corpus`` at its N-th point (1: before writing anything, 2: in the middle
+  of writing, one file written), each creating ``HOLD_FILE`` (in the eval's output folder's parent,
+  in ``corpora/``) and waiting until a stop is requested (or ``HOLD_LIMIT_S``), then going on: a
+  test's signal lands there.
+
 - ``release.after_copy@N``, ``release.after_rename@N``: ModelRelease's publish activity
   (workflows/release.py) publishing version N (1: ``v0001``), the copy complete in its temporary
   directory / renamed into place, ``CURRENT`` not yet written; armed when the activity starts.
@@ -54,6 +65,8 @@ from typing import Callable
 
 ENV = "TINYLLM_FAULT"
 HOLD_LIMIT_S = 300.0
+HOLD_WRITE_FILE = "write-held"
+HOLD_FILE = "held"  # eval.hold's and corpus.hold's file  # checkpoint.hold_write's file, in the folder of the checkpoint being written
 
 # the forms of AT, and what each matches
 _AT = {"S": r"\d+", "S#I": r"\d+#\d+", "N": r"\d+", "N|armed:FILE": r"\d+|armed:.+"}
@@ -67,6 +80,10 @@ POINTS: dict[str, str | None] = {
                                                 "after_evaluation", "before_frame", "after_publication")},
     "durable.checkpoint_write": "N|armed:FILE",
     "trainer.hold": "S",
+    "validation.hold": "S",
+    "checkpoint.hold_write": "S",
+    "eval.hold": "N",
+    "corpus.hold": "N",
     "durable.fingerprint": None,
     "release.after_copy": "N",
     "release.after_rename": "N",
@@ -162,3 +179,41 @@ def hold(step: int, stopping: Callable[[], bool], alive: Callable[[], None]) -> 
         alive()  # timed: at most one liveness line every few seconds
         time.sleep(0.05)
     return True
+
+
+def hold_validation(step: int, batch: int, stopping: Callable[[], bool]) -> None:
+    """``validation.hold``: after the first batch of the evaluation at ``step``, hold until ``stopping()``."""
+    if batch != 1 or _armed.get("validation.hold") != str(step):
+        return
+    deadline = time.monotonic() + HOLD_LIMIT_S
+    while not stopping() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def hold_write(step: int, folder: Path) -> None:
+    """``checkpoint.hold_write``: in the middle of writing checkpoint ``step``, create
+    ``folder/HOLD_WRITE_FILE`` and wait until it is removed. Sleeping in short slices: each signal that
+    arrives runs its handler in between, as it would in the middle of a real, long write."""
+    if _armed.get("checkpoint.hold_write") != str(step):
+        return
+    flag = Path(folder) / HOLD_WRITE_FILE
+    flag.write_text(f"{os.getpid()}\n")
+    deadline = time.monotonic() + HOLD_LIMIT_S
+    while flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def hold_at(name: str, reached: int, folder: Path, stopping: Callable[[], bool]) -> None:
+    """``eval.hold`` / ``corpus.hold``: the first time ``reached`` >= the armed N (``corpus.hold``: == N),
+    create ``folder/HOLD_FILE`` and hold until ``stopping()``; the file is removed when it goes on."""
+    at = _armed.get(name)
+    if at is None or (reached < int(at) if name == "eval.hold" else reached != int(at)):
+        return
+    del _armed[name]  # once
+    flag = Path(folder) / HOLD_FILE
+    flag.parent.mkdir(parents=True, exist_ok=True)
+    flag.write_text(f"{os.getpid()}\n")
+    deadline = time.monotonic() + HOLD_LIMIT_S
+    while not stopping() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    flag.unlink(missing_ok=True)

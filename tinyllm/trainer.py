@@ -15,6 +15,11 @@ boundaries: at start (the fresh before-training pass, or the resume rules at the
 and after each due update, where ``_validation_step`` writes the planned checkpoint (a full one
 carries the pending marker, before held-out data is read), validates, and reports the step's one
 frame (train/* and val/*). Validation failures are ``SpecError``s (exit 2) and stop training.
+
+A polite stop (SIGTERM, SIGINT, ``$DURABLE_STOP_SIGNAL``; tinyllm/stopping.py) only sets a flag; the loop
+notices it at a step boundary, writes the ``stopping`` progress line, then the stop checkpoint at that
+step. A stop during an evaluation abandons it (``ValidationAbandoned``): nothing recorded, the checkpoint
+at the step carries the validation pending, and the resume runs it once.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from . import faults, retention, runlock, runtime_env, tokenizer
 from .corpus import open_corpus
 from .ddp_launch import check_world_size
 from .data import TokenStream
+from . import stopping
 from .errors import STOP, request_stop, signal_name, stop_signals
 from .fsio import rel
 from .metrics import Reporter, default_reporter
@@ -41,6 +47,7 @@ from .objectives import build_objective
 from .progress import ProgressFile
 from .runtime_env import defer_dynamo_in_optimizers, optimizer_step, use_deterministic_algorithms
 from .spec import SpecError, TrainSpec, lr_at  # lr_at re-exported: bench/ and tests use it from here
+from .validation.errors import ValidationAbandoned
 from .validation.transaction import read_journal
 
 # Spec fields that do not change the trajectory: they may differ between a checkpoint and its resume.
@@ -285,10 +292,26 @@ class Trainer:
         path = self._write_checkpoint({**self.components(), **(extra or {})})
         self.last_saved, self.last_path = self.step, path
         self.hooks.on_checkpoint(self, self.step, path)
-        self.progress_file.write({"step": self.step, "loss": self.loss, "loss_hex": float(self.loss).hex(),
-                                  "checkpoint": self.rel(path)}, durable=True)
+        self._checkpoint_line(path)
         self._prune()
         return path
+
+    def _checkpoint_line(self, path: Path) -> None:
+        """The fsynced progress line of the checkpoint ``path`` (at ``self.step``)."""
+        self.progress_file.write({"step": self.step, "loss": self.loss, "loss_hex": float(self.loss).hex(),
+                                  "checkpoint": self.rel(path)}, durable=True)
+        self.line_after_stop = getattr(self, "stop_noticed", False)
+
+    def _stopping(self) -> None:
+        """The loop noticed a stop request at this step boundary: the ``stopping`` liveness line (once),
+        before the stop checkpoint (contracts/subprocess-activity.md). Written here, never in the handler."""
+        if getattr(self, "stop_noticed", False):
+            return
+        self.stop_noticed = True
+        name = signal_name(getattr(self, "_agreed_signal", None) or STOP["signal"])  # (on ranks: the agreed one)
+        self.progress_file.write({"event": "stopping", "step": self.step, "signal": name}, durable=True)
+        print(f"tinyllm: stopping at step {self.step} ({name}): checkpointing this step",
+              file=self.log, flush=True)
 
     def _write_checkpoint(self, components: dict[str, Any]) -> Path:
         return ckpt.save_checkpoint(self.run_dir, self.step, components, meta=self.checkpoint_meta())
@@ -331,8 +354,13 @@ class Trainer:
                 self._validation_step({}, regular_due=False)
             return
         step = self.step
-        metrics = self.validator.resume(step, self.resumed_from, self.resume_marker, self.model,
-                                        publish=lambda f: self.reporter.report(step, f))
+        try:
+            metrics = self.validator.resume(step, self.resumed_from, self.resume_marker, self.model,
+                                            publish=lambda f: self.reporter.report(step, f))
+        except ValidationAbandoned:  # stopped while the resume rules evaluated: the checkpoint stays as it is
+            self._stopping()
+            self.validation_pending_exit = True
+            return
         if metrics is None and self.selection is not None:  # completed before: its figures are in the journal
             journal = read_journal(self.resumed_from, self.resume_marker)
             metrics = journal.metrics() if journal is not None and journal.phase == "completed" else None
@@ -355,8 +383,11 @@ class Trainer:
         step = self.step
         if any(p.grad is not None for p in self.model.parameters()):
             raise RuntimeError(f"validation at step {step} with gradients in flight (inside gradient accumulation)")
+        termination = self.stop_requested  # asked once (a collective on ranks)
         plan = self.validator.plan(step, regular_due=regular_due, fresh=self.resumed_from is None,
-                                   termination_requested=self.stop_requested)
+                                   termination_requested=termination)
+        if termination:
+            self._stopping()  # before the stop checkpoint
         publish = lambda f: self.reporter.report(step, f)  # noqa: E731
         if plan.kind == "full":  # the checkpoint, with the pending marker, before held-out data is read
             faults.point("validation.before_marker", step)
@@ -364,18 +395,35 @@ class Trainer:
             if plan.exit_before_validation:
                 self.validation_pending_exit = True  # evaluated on resume, before the next update
                 return False
-            self._record_validation(step, self.validator.run(step, self.model, ckpt_dir=path, frame=frame,
-                                                             publish=publish))
+            try:
+                metrics = self.validator.run(step, self.model, ckpt_dir=path, frame=frame, publish=publish)
+            except ValidationAbandoned:  # stopped mid-evaluation: the checkpoint's journal stays pending
+                return self._abandoned(step, frame, saved=True)
+            self._record_validation(step, metrics)
             return True
         if plan.exit_before_validation:
             return False  # fresh step 0 with a stop request: no evaluation, nothing saved
-        self._record_validation(step, self.validator.run(step, self.model, ckpt_dir=None, frame=frame,
-                                                         publish=publish))
+        try:
+            metrics = self.validator.run(step, self.model, ckpt_dir=None, frame=frame, publish=publish)
+        except ValidationAbandoned:
+            return self._abandoned(step, frame, saved=False)
+        self._record_validation(step, metrics)
         if plan.kind == "partial":  # non-resumable artifact, committed after validation; never LATEST
             comps = self.components()
             path = self._write_checkpoint({c: comps[c] for c in plan.components})
             self.validator.archive_artifact(path)
         return True
+
+    def _abandoned(self, step: int, frame: dict, saved: bool) -> bool:
+        """A stop arrived during the evaluation at ``step``: nothing of it was recorded or published
+        (the step's frame neither: it is published with the val/* figures on resume). The stop
+        checkpoint is the full one at this step with the validation pending, so the resume evaluates
+        it once, before the next update; a fresh run's before-training pass writes nothing (rerun)."""
+        self._stopping()
+        if not saved and step > 0:
+            self.save(extra={"validation": self.validator.marker(step, self.model, frame)})
+        self.validation_pending_exit = True
+        return False
 
     def _selection_summary(self) -> dict:
         """``best_checkpoints`` / ``stopped_early`` of the result (tinyllm/selection.py); {} without selection."""
@@ -389,14 +437,12 @@ class Trainer:
     def stop_requested(self) -> bool:
         """A stop signal arrived (the handler sets tinyllm.errors.STOP); the loop stops after its step.
 
-        The first time it is true, the progress file says so at this step boundary, before the stop's
-        checkpoint: ``{"event": "stopping", "step": S, "signal": "SIGTERM"}`` (issue 39's contract)."""
+        The signal (on ranks: the one agreed) is kept for the ``stopping`` line the loop writes at this step
+        boundary, before the stop's checkpoint (``_stopping``; issue 39's contract)."""
         signum = self._stop_signal()
         if signum is None:
             return False
-        if not getattr(self, "_stopping_said", False):
-            self._stopping_said = True
-            self.progress_file.event("stopping", step=self.step, signal=signal_name(signum) if signum else None)
+        self._agreed_signal = signum  # the stopping line's (``_stopping``, written by the loop at this boundary)
         return True
 
     def _stop_signal(self) -> int | None:
@@ -422,11 +468,17 @@ class Trainer:
             self.hooks.on_start(self)
             self._liveness("ready")
             self.validation_pending_exit = False
+            self.stop_noticed = self.line_after_stop = False
             if self.validator is not None:
+                self.validator.should_abandon = lambda: STOP["requested"]  # this process's flag, no collective
                 self._validation_at_start()
             self.model.train()
-            while self.step < self.spec.steps and not self.stop_requested and not self.stopped_early:
+            while self.step < self.spec.steps and not self.stopped_early and not self.validation_pending_exit:
+                if self.stop_requested:  # one check per step boundary (a collective on ranks)
+                    self._stopping()
+                    break
                 if faults.hold(self.step, lambda: self.stop_requested, self._liveness) and self.stop_requested:
+                    self._stopping()
                     break  # tests only (trainer.hold); no extra stop check otherwise (a collective on ranks)
                 self._liveness()  # at most every few seconds: the loop itself says it is alive
                 frame = self.train_step()
@@ -441,8 +493,10 @@ class Trainer:
                 self.reporter.report(self.step, frame)
                 if regular_due:
                     self.save()
-            if self.last_saved != self.step:  # stopped between checkpoints
+            if self.last_saved != self.step:  # stopped between checkpoints: the stop checkpoint, at this step
                 self.save(extra=self.validator.completed_component(self.step) if self.validator else None)
+            elif self.stop_noticed and not self.line_after_stop and self.last_path is not None:
+                self._checkpoint_line(self.last_path)  # saved at this step before the stop: its line again, after `stopping`
             self.hooks.on_end(self)
             self.reporter.close()
             loss = None if math.isnan(self.loss) else self.loss  # nan only when stopped before step 1

@@ -67,7 +67,8 @@ CASES = {
     "checkpoint.between_renames": ("checkpoint.between_renames@4", resave),
     **{p: (f"{p}@2#0", lambda h: train(h, RETENTION))
        for p in ("retention.after_rename", "retention.during_delete", "retention.after_delete")},
-    **{p: (f"{p}@2", lambda h: train(h, VALIDATION)) for p in faults.POINTS if p.startswith("validation.")},
+    **{p: (f"{p}@2", lambda h: train(h, VALIDATION)) for p in faults.POINTS
+       if p.startswith("validation.") and p != "validation.hold"},  # (a hold, not a kill: test_val_stop.py)
     "durable.checkpoint_write": ("durable.checkpoint_write@1", durable_loop),
     "durable.checkpoint_write armed": ("durable.checkpoint_write@armed:arm", durable_loop),
     "durable.fingerprint": ("durable.fingerprint", durable_loop),

@@ -14,9 +14,9 @@ from val_helpers import GEN, LM, frames, journal, spec_dict, tinyllm_cli, train_
 @pytest.fixture(autouse=True)
 def clear_stop_flag():
     """The trainer's SIGTERM flag is process-global; no test may leave it set."""
-    STOP["requested"] = False
+    STOP.update(requested=False, signal=None)
     yield
-    STOP["requested"] = False
+    STOP.update(requested=False, signal=None)
 
 
 def train_losses(home, name="v"):
@@ -184,9 +184,11 @@ def test_console_prints_every_validation_frame(home, capsys):
     assert [l.split("|")[0].split()[1] for l in lines] == ["2/4", "4/4"]
 
 
-def test_sigterm_during_an_ephemeral_validation_is_not_repeated_on_resume(home, monkeypatch):
-    """SIGTERM (the flag its handler sets) arrives while step 2's ephemeral validation runs: the pass
-    finishes and reports, the stop checkpoint at 2 records it completed, the resume does not redo it."""
+def test_sigterm_during_an_ephemeral_validation_abandons_it_and_the_resume_runs_it_once(home, monkeypatch):
+    """SIGTERM (the flag its handler sets) arrives while step 2's ephemeral validation runs: the pass is
+    abandoned after its batch in flight (no val figure, and the step's frame waits with it), the stop
+    checkpoint at 2 carries the validation pending, and the resume evaluates it once, before update 3,
+    with the uninterrupted run's bits."""
     import tinyllm.validation.runner as runner
 
     real = runner.evaluate_lm
@@ -196,13 +198,19 @@ def test_sigterm_during_an_ephemeral_validation_is_not_repeated_on_resume(home, 
         return real(*a, **k)
 
     v = {**LM, "every_steps": 2}
+    base = train_inprocess(home, spec_dict(v, name="base"))
     monkeypatch.setattr(runner, "evaluate_lm", evaluate_then_signal)
     r = train_inprocess(home, spec_dict(v))
     monkeypatch.setattr(runner, "evaluate_lm", real)
     STOP["requested"] = False
-    assert r["canceled"] and r["steps"] == 2 and journal(home, 2)["phase"] == "completed"
-    train_inprocess(home, spec_dict(v))
+    assert r["canceled"] and r["steps"] == 2 and r["checkpoint"] == "runs/v/ckpt/step-000002"
+    assert journal(home, 2)["phase"] == "pending_evaluation"  # seen red without the abandon: completed
+    assert [f["step"] for f in frames(home)] == [1] and val_frames(home) == {}  # no partial figure
+    r2 = train_inprocess(home, spec_dict(v))
     assert [f["step"] for f in frames(home)] == [1, 2, 3, 4, 5, 6] and sorted(val_frames(home)) == [2, 4, 6]
+    assert (r2["final_loss_hex"], r2["digest"]) == (base["final_loss_hex"], base["digest"])
+    assert {s: f["val/loss"].hex() for s, f in val_frames(home).items()} == \
+        {s: f["val/loss"].hex() for s, f in val_frames(home, "base").items()}
 
 
 @pytest.mark.slow

@@ -85,6 +85,7 @@ class FrameworkRun:
         self.started_line = False
         self.last_saved = 0
         self.save_seconds: list[float] = []  # each mirror's wall time (bench/integrations.py reads it)
+        self.eval_pending: int | None = None  # the step whose evaluation a stop abandoned (saved with it)
         # liveness: the framework's set-up (before its first step) can be long; ``trainer`` names the
         # integration, so that ctl verify-resume's diagnosis names the calls this trainer has
         run.emit({"event": "ready", "trainer": trainer})
@@ -176,9 +177,20 @@ class FrameworkRun:
         faults.hold(run.step, lambda: run.stop_requested, run.heartbeat)  # tests only (TINYLLM_FAULT=trainer.hold@S)
 
     def should_save(self, step: int) -> bool:
-        """Checkpoint after this step: every ``checkpoint_every``, at the end, and when SIGTERM asked to stop."""
+        """Checkpoint after this step: every ``checkpoint_every``, at the end, and when a stop signal asked
+        to stop (then the ``stopping`` line first, at this step)."""
         run = self.run
-        return step % run.checkpoint_every == 0 or step >= run.total_steps or run.stop_requested
+        stop = self.notice_stop()
+        return step % run.checkpoint_every == 0 or step >= run.total_steps or stop
+
+    def notice_stop(self) -> bool:
+        """Whether a stop is requested before the run's end; the first time, the ``stopping`` progress line
+        at ``run.step`` (before the stop checkpoint; never from the signal handler)."""
+        run = self.run
+        if not run.stop_requested or run.step >= run.total_steps:
+            return False
+        run.stopping_line()
+        return True
 
     @property
     def stop_requested(self) -> bool:
@@ -194,6 +206,8 @@ class FrameworkRun:
         comps: dict[str, Any] = {"model": {}, "optimizer": {}, "training_state": {
             "format": self.fmt, "step": int(step), "loss": float(run.loss), "loss_hex": float(run.loss).hex(),
             "files": {}}}
+        if self.eval_pending == int(step):  # a stop abandoned this step's evaluation: the resume runs it once
+            comps["training_state"]["eval_pending"] = int(step)
         paths = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
         for p in paths:
             name = p.name if source.is_file() else p.relative_to(source).as_posix()
@@ -208,6 +222,7 @@ class FrameworkRun:
         run.step = int(step)
         self.last_saved, run.last_path = int(step), path
         run.emit({"event": "checkpoint", "state": run.fingerprint()}, sync=True)
+        run.checkpoint_line_written()  # (after the `stopping` line, if any)
         self.save_seconds.append(time.perf_counter() - t0)
         self._retain()
         return path
@@ -228,6 +243,9 @@ class FrameworkRun:
         run = self.run
         self.start_line()
         canceled = run.stop_requested and run.step < run.total_steps
+        if canceled:
+            self.notice_stop()
+            run.stop_checkpoint_line()  # the step was saved before the stop was noticed: its line again
         loss = None if math.isnan(run.loss) else run.loss
         result = {"name": run.name, "steps": run.step, "checkpoint": run.rel(run.last_path),
                   "final_loss": loss, "final_loss_hex": None if loss is None else loss.hex(),
@@ -240,6 +258,12 @@ class FrameworkRun:
         if canceled:
             print(f"{run.name}: stopped by signal after checkpointing step {run.step}", file=run.console, flush=True)
             sys.exit(EXIT_CANCELED)
+
+    def eval_pending_at_resume(self) -> int | None:
+        """The step whose evaluation the checkpoint resumed from says a stop abandoned (to run once, now)."""
+        state = (self.resume_comps or {}).get("training_state") or {}
+        pending = state.get("eval_pending")
+        return int(pending) if pending is not None and int(pending) == self.run.step else None
 
     def close(self) -> None:
         if self.metrics is not None:

@@ -39,8 +39,9 @@ import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from .. import faults, stopping
 from ..durable import DurableRun
-from ..durable_state import capture_generators, check_generators, digest, restore_generators
+from ..durable_state import capture_generators, capture_rng, check_generators, digest, restore_generators, restore_rng
 
 FORMAT = "durable-hf/1"
 # schedules whose shape does not depend on the number of training steps
@@ -65,6 +66,20 @@ def classify(name: str) -> str:
 def _schedule_name(args: Any) -> str:
     value = args.lr_scheduler_type
     return str(getattr(value, "value", value))
+
+
+class _EvaluationAbandoned(Exception):
+    """A stop signal arrived during HF's evaluation loop: abandoned between two batches, nothing logged."""
+
+
+class _StoppedAtResume(Exception):
+    """A stop signal abandoned the pending evaluation a resume runs first: the checkpoint stays as it is."""
+
+
+def _quiet(loader: Any) -> Any:
+    """The loader's worker processes ignore stop signals (accelerate wraps the torch DataLoader)."""
+    stopping.quiet_workers(getattr(loader, "base_dataloader", loader))
+    return loader
 
 
 class DurableTrainer(Trainer):
@@ -118,8 +133,59 @@ class DurableTrainer(Trainer):
         self.add_callback(_ContractCallback(self))
         self._durable_loss = None
         self._durable_batches: list[str] = []
+        self._durable_eval_batches = 0
+        self._durable_eval_done = False
+        self.durable.resuming_eval = False
 
     # -- what the contract changes in Trainer -----------------------------------------------------
+
+    def get_train_dataloader(self) -> Any:
+        """HF's loader, its worker processes ignoring stop signals (a group SIGTERM is the main process's)."""
+        return _quiet(super().get_train_dataloader())
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        return _quiet(super().get_eval_dataloader(eval_dataset))
+
+    def _evaluate(self, trial: Any, ignore_keys_for_eval: Any, skip_scheduler: bool = False) -> dict:
+        """HF's in-training evaluation, abandoned when a stop signal arrives (before it or between two of its
+        batches): nothing logged (no figure in the log history the checkpoint holds), the RNG put back as
+        it was before it, and the stop checkpoint written at this step with the evaluation pending, so the
+        resume runs it once, before the next step, as the uninterrupted run did."""
+        step = self.state.global_step
+        rng = capture_rng({})
+        self._durable_eval_batches = 0
+        try:
+            if self.durable.stop_requested:
+                raise _EvaluationAbandoned()
+            return super()._evaluate(trial, ignore_keys_for_eval, skip_scheduler)
+        except _EvaluationAbandoned:
+            restore_rng(rng, {})
+            if self.durable.resuming_eval:
+                raise _StoppedAtResume() from None
+            self.durable.eval_pending = step
+            self.durable.notice_stop()
+            self.control.should_save = True  # the stop checkpoint, at this step
+            self.control.should_training_stop = True
+            self.control.should_evaluate = False  # (on_evaluate, which resets it, never ran) not again at the epoch end
+            self._durable_abandoned = True
+            return {}
+
+    def _determine_best_metric(self, metrics: dict, trial: Any) -> bool:
+        if getattr(self, "_durable_abandoned", False):  # no figures: nothing to compare
+            return False
+        return super()._determine_best_metric(metrics, trial)
+
+    def _load_rng_state(self, checkpoint: Any) -> None:
+        """HF puts the RNG back right before the resumed step; an evaluation a stop abandoned at this
+        step runs now, from the same RNG the uninterrupted run's evaluation started from."""
+        super()._load_rng_state(checkpoint)
+        if self.durable.eval_pending_at_resume() is not None and not self._durable_eval_done:
+            self._durable_eval_done = True
+            self.durable.resuming_eval = True
+            try:
+                self._evaluate(None, None)
+            finally:
+                self.durable.resuming_eval = False
 
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
         """The schedule spans the run (``config.schedule_steps``), not this invocation's ``max_steps``."""
@@ -157,12 +223,16 @@ class DurableTrainer(Trainer):
             return None
         try:
             out = super().train(resume_from_checkpoint=str(resume) if resume else None, **kwargs)
+        except _StoppedAtResume:  # the pending evaluation abandoned again: the checkpoint resumed from stays
+            out = None
+            self.durable.notice_stop()
         except BaseException as e:
             self.durable.close()
             overrun = schedule_overrun(e, run, HORIZON)
             if overrun:
                 fail(overrun)  # exit 2: deterministic, the same at every retry
             raise
+        self.durable.notice_stop()  # a stop noticed after the last step's save decision: the line first
         if self.durable.last_saved != run.step:  # e.g. resumed at the end: nothing left to train
             self._mirror(run.step)
         shutil.rmtree(self.staging, ignore_errors=True)
@@ -218,6 +288,15 @@ class _ContractCallback(TrainerCallback):
         if t.durable.stop_requested:
             control.should_training_stop = True
         return control
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """After each evaluation batch: a stop signal abandons the evaluation here (tests can hold it
+        after its first batch, TINYLLM_FAULT=validation.hold@S, until the signal lands)."""
+        t = self.trainer
+        t._durable_eval_batches += 1
+        faults.hold_validation(state.global_step, t._durable_eval_batches, lambda: t.durable.stop_requested)
+        if t.durable.stop_requested:
+            raise _EvaluationAbandoned()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.trainer._mirror(state.global_step)

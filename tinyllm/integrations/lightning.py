@@ -12,7 +12,7 @@ optimizers, schedulers and loop counters): every RNG state (Python, NumPy, torch
 captured at the step boundary, restored right before training continues), the loader's position
 (the ``DurableSampler``'s epoch and the batches the finished steps consumed; the loader draws its
 per-epoch seed from a private generator, so starting an epoch leaves the global RNG alone), SIGTERM
--> checkpoint at the step boundary -> exit 130 (Lightning's own handler would end in
+-> the `stopping` line and a checkpoint at the step boundary -> exit 130 (Lightning's own handler would end in
 ``SystemExit``), the contract's progress lines, exact per-step losses in ``metrics.jsonl`` and the
 result line. Each checkpoint is Lightning's ``.ckpt`` file, mirrored byte for byte into
 ``runs/<name>/ckpt/step-NNNNNN/`` (atomic, checksummed, then LATEST). Training stops at the spec's
@@ -47,6 +47,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
+from .. import stopping
 from ..durable import DurableRun, DurableSampler
 from ..durable_state import capture_rng, check_generators, digest, restore_rng
 
@@ -132,6 +133,7 @@ class DurableCallback(pl.Callback):
         if not isinstance(loader, torch.utils.data.DataLoader):
             fail("DurableCallback needs one torch DataLoader for training (got "
                  f"{type(loader).__name__}); combined loaders are not supported")
+        stopping.quiet_workers(loader)  # a loader fit() was not given: quiet from its next workers on
         if loader.generator is None:  # starting an epoch draws a seed from it instead of the global RNG
             loader.generator = torch.Generator().manual_seed(self.run.seed)
         if isinstance(loader.sampler, DurableSampler):
@@ -157,6 +159,10 @@ class DurableCallback(pl.Callback):
                     fail(f"checkpoint {self.run.rel(self.run.resumed_from)}: {e.args[0]} (registered with "
                          "track_generators after it was written)")
         self.durable.start_line()
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        for loader in _loaders(trainer.val_dataloaders):  # (fit()'s were quiet from the start)
+            stopping.quiet_workers(loader)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.fit_loop.epoch_loop.batch_progress.current.ready == 0:
@@ -188,6 +194,17 @@ class DurableCallback(pl.Callback):
         path.unlink(missing_ok=True)
 
 
+def _loaders(value: Any) -> list:
+    """The torch DataLoaders in what fit() or a trainer holds (one, a list/tuple, a dict, or None)."""
+    if isinstance(value, torch.utils.data.DataLoader):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _loaders(v)]
+    return []
+
+
 def fit(trainer: Any, model: Any, *args: Any, **kwargs: Any) -> None:
     """``trainer.fit(model, ...)`` resumed from the contract's checkpoint through Lightning's ``ckpt_path``;
     ends with the contract's result line (exit 130 after SIGTERM)."""
@@ -198,6 +215,9 @@ def fit(trainer: Any, model: Any, *args: Any, **kwargs: Any) -> None:
         fail("fit() resumes from the contract's checkpoint (--resume, else LATEST): drop ckpt_path")
     cb = found[0]
     run = cb.run
+    for given in (*args, *kwargs.values()):  # their workers ignore stop signals from the first one on
+        for each in _loaders(given):
+            stopping.quiet_workers(each)
     loader = kwargs.get("train_dataloaders", args[0] if args else None)
     if isinstance(loader, torch.utils.data.DataLoader) and isinstance(loader.sampler, DurableSampler):
         cb.sampler, cb.batch_size = loader.sampler, int(loader.batch_size or 1)  # its position restored in time
@@ -222,6 +242,7 @@ def fit(trainer: Any, model: Any, *args: Any, **kwargs: Any) -> None:
         if overrun:
             fail(overrun)  # exit 2: deterministic, the same at every retry
         raise
+    cb.durable.notice_stop()  # a stop noticed after the last step's save decision: the line first
     if cb.durable.last_saved != run.step:
         cb._save(trainer, run.step)
     shutil.rmtree(cb.staging, ignore_errors=True)

@@ -33,3 +33,9 @@ class ArchiveError(Exception):
     """The strict archive copy of a full validation checkpoint failed (retryable, exit 1)."""
 
     exit_code = 1
+
+
+class ValidationAbandoned(Exception):
+    """A stop request (SIGTERM, SIGINT, $DURABLE_STOP_SIGNAL) arrived during an evaluation: the pass is
+    abandoned between two batches, records no figure, and the trainer checkpoints this step with the
+    validation pending (it runs once, on resume). Not a failure: the process exits 130."""

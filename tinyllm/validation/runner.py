@@ -26,7 +26,7 @@ from .. import faults, tokenizer
 from ..model import state_digest
 from ..objectives.config import effective_validation_reward, effective_validation_sampling
 from .config import ValidationConfig
-from .errors import ArchiveError, ValidationIdentityError
+from .errors import ArchiveError, ValidationAbandoned, ValidationIdentityError
 from .metric_schema import check_rollout_count, check_schema, declared_schema
 from .generation import evaluate_generation
 from .isolation import isolated
@@ -59,6 +59,9 @@ class Validator:
         self.source: HeldOutSource = load_source(self.cfg, self.home, self.spec.model.block_size)
         check_encodes(self.source, self.tok)  # a character outside a char vocabulary: exit 2, before work
         self.rollouts: list[dict] = []  # generation: the last pass's rollouts (for inspection)
+        # the trainer's stop flag: asked before the pass and after each batch (a stop abandons the pass:
+        # ValidationAbandoned, nothing recorded); a distributed run's collective evaluation never asks
+        self.should_abandon: Callable[[], bool] = lambda: False
 
     # -- start ---------------------------------------------------------------------------------
     def check_corpus(self, training_tokens: np.ndarray, corpus: str = "training corpus") -> None:
@@ -129,7 +132,12 @@ class Validator:
         def on_batch(n: int) -> None:
             if n == 1:
                 faults.point("validation.during_evaluation", step)
+            faults.hold_validation(step, n, self.should_abandon)  # tests only (TINYLLM_FAULT=validation.hold@S)
+            if self.should_abandon():
+                raise ValidationAbandoned(f"validation at step {step} abandoned after {n} batch(es): stop requested")
 
+        if self.should_abandon():
+            raise ValidationAbandoned(f"validation at step {step} abandoned before its first batch: stop requested")
         with isolated(model):
             if cfg.objective == "lm":
                 metrics = evaluate_lm(model, self.tok.encode(self.source.text), block_size=block,
