@@ -13,16 +13,16 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 import click
 
-from . import runtime_env
+from . import runtime_env, stopping
 from .corpus import build_corpus
 from .ddp_launch import check_resume_world_size, enter_rank, in_rank, launch, rank_argv
 from .diskfull import is_disk_full, remove_own_temporaries
-from . import stopping
 from .errors import CheckpointError, PeerLost, RunLocked, StopRequested, request_stop, stop_signals
 from .fsio import resolve_home
 from .progress import ProgressFile, activate

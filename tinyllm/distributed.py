@@ -170,7 +170,7 @@ class DistributedTrainer(Trainer):
         """Any rank's stop signal stops every rank after the same step (called alike on every rank, at
         each step boundary): one all-reduce (max) of ``signal number + 1`` (0: no stop on this rank), so
         every rank, rank 0's ``stopping`` line included, agrees on the step and names one signal."""
-        mine = int(STOP["signal"]) + 1 if STOP["requested"] else 0
+        mine = int(STOP["signal"] or 0) + 1 if STOP["requested"] else 0
         flag = torch.tensor([mine], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         agreed = int(flag.item())

@@ -447,7 +447,7 @@ class Trainer:
 
     def _stop_signal(self) -> int | None:
         """None: no stop asked for; else the stop signal's number (0: a stop asked for without one)."""
-        return int(STOP["signal"]) if STOP["requested"] else None
+        return int(STOP["signal"] or 0) if STOP["requested"] else None
 
     def run(self, reporter: Reporter | None = None) -> dict:
         """Train to ``spec.steps``; return the result object (``canceled`` when SIGTERM stopped it)."""

@@ -69,7 +69,7 @@ def test_the_stop_signals_and_a_bad_name(env) -> None:
     assert stop_signals() == (signal.SIGTERM, signal.SIGINT)
     for bad in ("SIGKILL", "NOPE", "9", "SIG USR1"):
         env.setenv("DURABLE_STOP_SIGNAL", bad)
-        with pytest.raises(SpecError, match="names no signal a trainer can catch"):
+        with pytest.raises(SpecError, match="is not a signal a trainer can catch"):
             stop_signals()
 
 
