@@ -24,7 +24,7 @@ import numpy as np
 from . import faults, tokenizer
 from .builtin_text import builtin_text
 from .diskfull import writing
-from .errors import STOP, StopRequested
+from .errors import STOP, StopRequested, signal_name
 from .fsio import fsync_dir, write_synced
 from .spec import CorpusSpec, SpecError
 
@@ -222,7 +222,7 @@ def build_corpus(spec: CorpusSpec, home: Path) -> dict:
     else:  # absent, empty, or same sources with damaged files: (re)build atomically
         hold(1)  # tests only (TINYLLM_FAULT=corpus.hold@1)
         if STOP["requested"]:  # a stop signal while planning: nothing written (the same command builds it)
-            raise StopRequested(f"corpus {spec.name!r}: build stopped by {STOP.get('signal') or 'SIGTERM'} before "
+            raise StopRequested(f"corpus {spec.name!r}: build stopped by {signal_name(STOP['signal'])} before "
                                 "anything was written; the same command builds it")
         # from here the write runs to its end: a stop signal only sets the flag (tinyllm/errors.py)
         tmp = final.parent / f".tmp-{spec.name}-{os.getpid()}"

@@ -89,7 +89,7 @@ def check_stop(where: str) -> None:
     """``StopRequested`` when a stop signal arrived (the CLI's handler set the flag): exit 130."""
     if STOP["requested"]:
         progress.event("stopping", signal=signal_name(STOP["signal"]), where=where)
-        raise StopRequested(f"evaluation stopped by {STOP.get('signal') or 'SIGTERM'} {where}; nothing written "
+        raise StopRequested(f"evaluation stopped by {signal_name(STOP['signal'])} {where}; nothing written "
                             "(the same command runs the suite again)")
 
 
