@@ -153,8 +153,9 @@ def _alive(pid: int) -> bool:
 
 
 def _release_interrupted_and_resumed(home: Path) -> None:
-    """SIGTERM to ctl release during its evaluation: the one ``ctl: interrupted`` line, exit 130 (as ctl train
-    and ctl eval), the evaluation's process gone; the same command then finishes the release."""
+    """SIGTERM to ctl release during its evaluation: a polite stop (issue 39), the one ``ctl: stopped by SIGTERM``
+    line, exit 143 (as ctl train and ctl eval), the evaluation's process gone; the same command then finishes
+    the release."""
     import signal
     import subprocess
     import sys
@@ -172,8 +173,8 @@ def _release_interrupted_and_resumed(home: Path) -> None:
     assert children, "the release's evaluation never started"
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 130, (p.returncode, out, err[-2000:])
-    assert err.strip().splitlines()[-1].startswith("ctl: interrupted; release/small/"), err[-2000:]
+    assert p.returncode == 143, (p.returncode, out, err[-2000:])
+    assert err.strip().splitlines()[-1].startswith("ctl: stopped by SIGTERM: release/small/"), err[-2000:]
     assert "Traceback" not in err and "Aborted" not in err, err[-2000:]
     time.sleep(0.5)
     assert not [c for c in children if _alive(c)], "the evaluation outlived ctl release"
