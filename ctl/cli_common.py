@@ -67,6 +67,10 @@ def preempted_line(engine: Any, workflow_id: str, signal_name: str | None) -> st
         if str(p.get("message", "")).startswith("not started"):
             continue
         step, lost = p.get("step"), p.get("steps_lost")
+        if not str(p.get("activity_id", "")).startswith("train-") and step is None:  # an evaluation, a corpus build
+            parts.append(f"{p.get('activity_id')} attempt {p.get('attempt')} stopped (it runs again when resumed; "
+                         f"nothing of it was recorded)")
+            continue
         saved = f"saved step {step}" if step is not None else "no checkpoint yet"
         how = f"{lost} steps lost" if lost is not None else "steps lost unknown"
         if p.get("killed_at_grace"):
