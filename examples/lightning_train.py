@@ -3,10 +3,13 @@ shows the diff). `ctl verify-resume --spec examples/specs/lightning.json` proves
 may name pieces to `forget` (examples/specs/lightning-forget-*.json: the broken variants it catches).
 
 A LightningModule (an MLP with dropout) learns three interleaved spirals generated on the spot, from a
-shuffled DataLoader, with AdamW and a warmup-then-decay LambdaLR schedule stepped every step.
+shuffled DataLoader, with AdamW and a warmup-then-decay LambdaLR schedule stepped every step. With
+``config.val_every`` N, Lightning validates on held-out spirals every N steps (``val_check_interval``) and its
+``CSVLogger`` records ``val_loss`` in ``runs/<name>/lightning_logs/version_K/metrics.csv`` (one per attempt).
 """
 import lightning as L
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from tinyllm.durable import DurableRun, DurableSampler
@@ -41,6 +44,13 @@ class Classifier(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+class Validated(Classifier):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        x = x + self.cfg.get("noise", 0.05) * torch.randn_like(x)  # draws from the global RNG, as training does
+        self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
+
+
 def main() -> None:
     run = DurableRun.from_args()  # --spec --home [--progress] [--resume]
     spec = run.spec
@@ -49,11 +59,17 @@ def main() -> None:
     L.seed_everything(seed)
     data = spirals(cfg.get("n", 240), seed)
     loader = DataLoader(data, batch_size=cfg.get("batch_size", 16), sampler=DurableSampler(len(data), seed=seed), num_workers=cfg.get("workers", 0))
-    model = Classifier(cfg)
-    trainer = L.Trainer(max_steps=spec["steps"], accelerator="cpu", devices=1, logger=False,
+    val_every = cfg.get("val_every")
+    model = (Validated if val_every else Classifier)(cfg)
+    validation: dict = {"logger": False}
+    if val_every:
+        held_out = DataLoader(spirals(cfg.get("n_val", 48), seed + 1), batch_size=cfg.get("batch_size", 16))
+        validation = {"val_check_interval": val_every, "check_val_every_n_epoch": None, "num_sanity_val_steps": 0,
+                      "logger": CSVLogger(save_dir=str(run.run_dir), name="lightning_logs")}
+    trainer = L.Trainer(max_steps=spec["steps"], accelerator="cpu", devices=1,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[DurableCallback(run, forget=tuple(cfg.get("forget", ())))])
-    fit(trainer, model, loader)
+                        callbacks=[DurableCallback(run, forget=tuple(cfg.get("forget", ())))], **validation)
+    fit(trainer, model, loader, *([held_out] if val_every else []))
 
 
 if __name__ == "__main__":

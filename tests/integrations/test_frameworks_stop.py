@@ -12,6 +12,11 @@ processes and real signals (issue 39):
   abandons it: no figure in the log history, the checkpoint at that step carries the evaluation pending,
   exit 130; the rerun evaluates that step once, from the same RNG, and ends with the uninterrupted run's
   bits and evaluation figures;
+- Lightning: a SIGTERM during Lightning's own validation loop (``val_check_interval``, held after its first
+  batch) abandons it: no ``val_loss`` in its logger's ``metrics.csv``, the checkpoint at that step carries the
+  validation pending, exit 130; the rerun validates that step once (Lightning's restart from a step's end
+  would skip it), from the same RNG, and ends with the uninterrupted run's bits and ``val_loss`` rows (values
+  and logger steps);
 - ``DURABLE_STOP_SIGNAL=USR1`` stops them like SIGTERM, and more signals while the stop checkpoint is
   being written (SIGTERM twice, SIGINT, USR1, a group SIGTERM) never interrupt it.
 """
@@ -158,6 +163,37 @@ def test_hf_a_sigterm_during_its_evaluation_abandons_it_and_the_rerun_evaluates_
     ref_log, _ = hf_log(tmp_path / "ref", spec["name"], 12)
     assert sorted(evals(log)) == sorted(evals(ref_log)) == [3, 6, 9, 12]  # step 6 once, nothing skipped
     assert evals(log) == evals(ref_log)
+    assert (end["final_loss_hex"], end["digest"]) == (ref["final_loss_hex"], ref["digest"])
+
+
+def val_rows(home: Path, name: str) -> list[tuple[int, str]]:
+    """The ``(logger step, val_loss bits)`` rows of every attempt's ``metrics.csv`` (Lightning's CSVLogger)."""
+    import csv
+
+    rows = []
+    for path in sorted((home / f"runs/{name}/lightning_logs").glob("version_*/metrics.csv")):
+        with path.open() as f:
+            rows += [(int(r["step"]), float(r["val_loss"]).hex()) for r in csv.DictReader(f) if r.get("val_loss")]
+    return rows
+
+
+def test_lightning_a_sigterm_during_its_validation_abandons_it_and_the_rerun_validates_that_step_once(
+        tmp_path: Path):
+    base = spec_of("lightning", steps=12)
+    spec = {**base, "config": {**base["config"], "val_every": 4, "schedule_steps": 12}}
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "home").mkdir()
+    ref = run_to_end("lightning", tmp_path / "ref", spec)
+    ref_rows = val_rows(tmp_path / "ref", spec["name"])
+    assert [step for step, _ in ref_rows] == [3, 7, 11]  # after steps 4, 8, 12 (the logger counts from 0)
+    seen = stopped_at("lightning", tmp_path / "home", spec, 8, n=0, group=False, fault="validation.hold")
+    assert seen["stopping"]["signal"] == "SIGTERM"
+    assert val_rows(tmp_path / "home", spec["name"]) == ref_rows[:1]  # nothing of step 8's abandoned validation
+    comps, _ = ckpt.load_checkpoint(tmp_path / f"home/runs/{spec['name']}/ckpt/step-000008")
+    assert comps["training_state"]["eval_pending"] == 8
+    end = run_to_end("lightning", tmp_path / "home", spec)
+    assert end["resumed_from"] == f"runs/{spec['name']}/ckpt/step-000008"
+    assert val_rows(tmp_path / "home", spec["name"]) == ref_rows  # step 8's once, nothing skipped, same bits
     assert (end["final_loss_hex"], end["digest"]) == (ref["final_loss_hex"], ref["digest"])
 
 

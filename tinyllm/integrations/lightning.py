@@ -47,7 +47,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
-from .. import stopping
+from .. import faults, stopping
 from ..durable import DurableRun, DurableSampler
 from ..durable_state import capture_rng, check_generators, digest, restore_rng
 
@@ -58,6 +58,10 @@ LOGS = "lightning_logs"  # Lightning's own files, in the run's folder (module do
 HORIZON = ("build it over trainer.estimated_stepping_batches or trainer.max_steps (under fit() both are the run's "
            "full length), run.run_steps, or a fixed length in the spec's config, never the spec's steps (a "
            "segment's end under ctl train)")
+
+
+class _ValidationAbandoned(Exception):
+    """A stop signal arrived during Lightning's validation loop: abandoned between two batches, nothing logged."""
 
 
 def _loss_of(outputs: Any) -> torch.Tensor | None:
@@ -92,6 +96,8 @@ class DurableCallback(pl.Callback):
         self._batches: list[str] = []
         self._consumed = 0  # batches of the current epoch that finished steps consumed
         self._last_step = 0
+        self._at_step: tuple[dict, dict] | None = None  # (RNG, loops' state) at the last step boundary
+        self._loops: dict | None = None  # the loops' state the next save records instead of the current one
 
     # -- Lightning's checkpoint: what Lightning leaves out --------------------------------------
 
@@ -103,6 +109,10 @@ class DurableCallback(pl.Callback):
             data = state
         rng = None if "rng" in self.forget else capture_rng(self.generators)
         return {"format": FORMAT, "rng": rng, "data": data}
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
+        if self._loops is not None:  # an abandoned validation's stop checkpoint: the loops as at the step's end
+            checkpoint["loops"]["fit_loop"] = self._loops
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._pending = dict(state_dict)
@@ -158,11 +168,57 @@ class DurableCallback(pl.Callback):
                 except KeyError as e:  # a generator registered now that the checkpoint lacks
                     fail(f"checkpoint {self.run.rel(self.run.resumed_from)}: {e.args[0]} (registered with "
                          "track_generators after it was written)")
+        if self.durable.eval_pending_at_resume() is not None:
+            self._validate_first(trainer)
         self.durable.start_line()
+
+    @staticmethod
+    def _validate_first(trainer: Any) -> None:
+        """The validation a stop abandoned at the resumed step runs now, once, before the next step. The
+        checkpoint is the step's end (``on_train_batch_end``), from which Lightning's restart would skip that
+        step's validation (``increment_progress_to_evaluation_end``); as a restart in the middle of a
+        validation it runs it instead, from its first batch. Lightning's restart from the step's end also
+        counts the step for its loggers (``_batches_that_stepped``), which the validation's end counts again:
+        one less here, so the validation's figures carry the uninterrupted run's logger step."""
+        from lightning.pytorch.loops.evaluation_loop import RestartStage
+
+        loop = trainer.fit_loop.epoch_loop
+        if not loop._should_check_val_fx(trainer.fit_loop._data_fetcher):
+            return
+        loop.val_loop._restart_stage = RestartStage.RESTARTED_MID_EVALUATION
+        loop.val_loop.batch_progress.reset_on_run()
+        loop._batches_that_stepped -= 1
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         for loader in _loaders(trainer.val_dataloaders):  # (fit()'s were quiet from the start)
             stopping.quiet_workers(loader)
+
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        """After each validation batch: a stop signal abandons the validation here (tests can hold it after
+        its first batch, TINYLLM_FAULT=validation.hold@S, until the signal lands); at the run's end it runs on."""
+        if trainer.sanity_checking:
+            return
+        run = self.run
+        faults.hold_validation(trainer.global_step, batch_idx + 1, lambda: self.durable.stop_requested)
+        if self.durable.stop_requested and trainer.global_step < run.total_steps:
+            raise _ValidationAbandoned()
+
+    def abandoned(self, trainer: Any) -> None:
+        """After an abandoned validation: the stop checkpoint at the step, as the step's end left it (the RNG
+        and loops' state before the validation), with the validation pending (the resume runs it once);
+        none when the step was saved already (the stop noticed at its end, or at the resumed step)."""
+        step = self.run.step
+        self.durable.notice_stop()
+        if self.durable.last_saved == step or self._at_step is None:
+            return
+        rng, self._loops = self._at_step
+        restore_rng(rng, self.generators)
+        self.durable.eval_pending = step
+        try:
+            self._save(trainer, step)
+        finally:
+            self._loops = None
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.fit_loop.epoch_loop.batch_progress.current.ready == 0:
@@ -181,6 +237,9 @@ class DurableCallback(pl.Callback):
         value = float(torch.stack(self._losses).mean().item()) if self._losses else float("nan")
         self.durable.step_end(step, value, digest(self._batches))
         self._losses, self._batches = [], []
+        self._at_step = (capture_rng(self.generators), trainer.fit_loop.state_dict())
+        if self.durable.stop_requested and step < self.run.total_steps and _validation_due(trainer):
+            self.durable.eval_pending = step  # its validation runs at the resume (the stop abandons it here)
         if self.durable.should_save(step):
             self._save(trainer, step)
         if self.durable.stop_requested or step >= self.run.total_steps:  # Lightning's max_steps is the run's
@@ -192,6 +251,12 @@ class DurableCallback(pl.Callback):
         trainer.save_checkpoint(path)
         self.durable.save(step, path, lambda name: "model")
         path.unlink(missing_ok=True)
+
+
+def _validation_due(trainer: Any) -> bool:
+    """Whether Lightning validates after this step (asked at the step's end, before any stop is set)."""
+    loop = trainer.fit_loop.epoch_loop
+    return bool(trainer.enable_validation) and loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
 
 
 def _loaders(value: Any) -> list:
@@ -236,6 +301,8 @@ def fit(trainer: Any, model: Any, *args: Any, **kwargs: Any) -> None:
         ckpt_path = FrameworkRun.materialize(comps, cb.staging / "resume") / CKPT_NAME
     try:
         trainer.fit(model, *args, ckpt_path=str(ckpt_path) if ckpt_path else None, **kwargs)
+    except _ValidationAbandoned:  # Lightning tore down its loops; the stop checkpoint at the step, if not yet
+        cb.abandoned(trainer)
     except BaseException as e:
         cb.durable.close()
         overrun = schedule_overrun(e, run, HORIZON)
