@@ -13,10 +13,15 @@ processes and real signals (issue 39):
   exit 130; the rerun evaluates that step once, from the same RNG, and ends with the uninterrupted run's
   bits and evaluation figures;
 - Lightning: a SIGTERM during Lightning's own validation loop (``val_check_interval``, held after its first
-  batch) abandons it: no ``val_loss`` in its logger's ``metrics.csv``, the checkpoint at that step carries the
+  batch), or at the end of a step it validates after, abandons it: no ``val_loss`` in its logger's ``metrics.csv``, the checkpoint at that step carries the
   validation pending, exit 130; the rerun validates that step once (Lightning's restart from a step's end
   would skip it), from the same RNG, and ends with the uninterrupted run's bits and ``val_loss`` rows (values
   and logger steps);
+- Lightning: a checkpoint written at the end of a step it validates after (every 4 steps here) is before
+  that validation, and Lightning's own restart from it skips it: after a SIGKILL in that validation, or at a
+  segment's end (spec ``steps`` 8 of ``CTL_RUN_STEPS`` 12, as ``ctl train`` runs it), the rerun ran neither
+  the validation nor its RNG draws (seen: step 8's ``val_loss`` missing and other final bits). Now the
+  checkpoint marks it pending and the run ends with the uninterrupted run's bits and ``val_loss`` rows;
 - ``DURABLE_STOP_SIGNAL=USR1`` stops them like SIGTERM, and more signals while the stop checkpoint is
   being written (SIGTERM twice, SIGINT, USR1, a group SIGTERM) never interrupt it.
 """
@@ -177,8 +182,11 @@ def val_rows(home: Path, name: str) -> list[tuple[int, str]]:
     return rows
 
 
+@pytest.mark.parametrize("fault", ["validation.hold", "trainer.hold"])
 def test_lightning_a_sigterm_during_its_validation_abandons_it_and_the_rerun_validates_that_step_once(
-        tmp_path: Path):
+        tmp_path: Path, fault: str):
+    """``validation.hold``: the signal lands in the validation after step 8; ``trainer.hold``: at step 8's end,
+    before it (the stop checkpoint is written first, marked pending; the validation is not run)."""
     base = spec_of("lightning", steps=12)
     spec = {**base, "config": {**base["config"], "val_every": 4, "schedule_steps": 12}}
     (tmp_path / "ref").mkdir()
@@ -186,7 +194,7 @@ def test_lightning_a_sigterm_during_its_validation_abandons_it_and_the_rerun_val
     ref = run_to_end("lightning", tmp_path / "ref", spec)
     ref_rows = val_rows(tmp_path / "ref", spec["name"])
     assert [step for step, _ in ref_rows] == [3, 7, 11]  # after steps 4, 8, 12 (the logger counts from 0)
-    seen = stopped_at("lightning", tmp_path / "home", spec, 8, n=0, group=False, fault="validation.hold")
+    seen = stopped_at("lightning", tmp_path / "home", spec, 8, n=0, group=False, fault=fault)
     assert seen["stopping"]["signal"] == "SIGTERM"
     assert val_rows(tmp_path / "home", spec["name"]) == ref_rows[:1]  # nothing of step 8's abandoned validation
     comps, _ = ckpt.load_checkpoint(tmp_path / f"home/runs/{spec['name']}/ckpt/step-000008")
@@ -194,6 +202,48 @@ def test_lightning_a_sigterm_during_its_validation_abandons_it_and_the_rerun_val
     end = run_to_end("lightning", tmp_path / "home", spec)
     assert end["resumed_from"] == f"runs/{spec['name']}/ckpt/step-000008"
     assert val_rows(tmp_path / "home", spec["name"]) == ref_rows  # step 8's once, nothing skipped, same bits
+    assert (end["final_loss_hex"], end["digest"]) == (ref["final_loss_hex"], ref["digest"])
+
+
+def test_lightning_a_validation_after_a_checkpoint_at_its_step_survives_a_kill_and_a_segment_end(tmp_path: Path):
+    import time
+
+    base = spec_of("lightning", steps=12, checkpoint_every=4)
+    spec = {**base, "config": {**base["config"], "val_every": 4, "schedule_steps": 12}}
+    name = spec["name"]
+    for folder in ("ref", "killed", "segments"):
+        (tmp_path / folder).mkdir()
+    ref = run_to_end("lightning", tmp_path / "ref", spec)
+    ref_rows = val_rows(tmp_path / "ref", name)
+    assert [step for step, _ in ref_rows] == [3, 7, 11]
+    home = tmp_path / "killed"  # SIGKILLed in step 8's validation (held after its first batch), after step 8's save
+    proc = subprocess.Popen([sys.executable, SCRIPTS["lightning"], "--spec", str(write(home, spec)), "--home",
+                             str(home)], cwd=ROOT, env={**ENV, "TINYLLM_FAULT": "validation.hold@8"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + DEADLINE_S
+    while not (home / f"runs/{name}/ckpt/step-000008/manifest.json").exists():  # (written whole, then renamed)
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint at step 8"
+        time.sleep(0.05)
+    time.sleep(1.0)  # into the validation (it holds there)
+    proc.kill()
+    proc.communicate(timeout=DEADLINE_S)
+    end = run_to_end("lightning", home, spec)
+    assert end["resumed_from"] == f"runs/{name}/ckpt/step-000008"
+    assert val_rows(home, name) == ref_rows  # (seen red: [3, 11], other bits)
+    assert (end["final_loss_hex"], end["digest"]) == (ref["final_loss_hex"], ref["digest"])
+    home = tmp_path / "segments"
+    segment = subprocess.run([sys.executable, SCRIPTS["lightning"], "--spec", str(write(home, {**spec, "steps": 8})),
+                              "--home", str(home)], cwd=ROOT, env={**ENV, "CTL_RUN_STEPS": "12"}, capture_output=True,
+                             text=True, timeout=DEADLINE_S)
+    assert segment.returncode == 0, segment.stderr[-3000:]
+    assert val_rows(home, name) == ref_rows[:1]  # step 8's is the next segment's
+    done = subprocess.run([sys.executable, SCRIPTS["lightning"], "--spec", str(write(home, spec)), "--home", str(home)],
+                          cwd=ROOT, env={**ENV, "CTL_RUN_STEPS": "12"}, capture_output=True, text=True,
+                          timeout=DEADLINE_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    end = json.loads(done.stdout.strip().splitlines()[-1])
+    assert val_rows(home, name) == ref_rows
     assert (end["final_loss_hex"], end["digest"]) == (ref["final_loss_hex"], ref["digest"])
 
 

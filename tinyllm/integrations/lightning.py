@@ -13,7 +13,9 @@ captured at the step boundary, restored right before training continues), the lo
 (the ``DurableSampler``'s epoch and the batches the finished steps consumed; the loader draws its
 per-epoch seed from a private generator, so starting an epoch leaves the global RNG alone), SIGTERM
 -> the `stopping` line and a checkpoint at the step boundary -> exit 130 (Lightning's own handler would end in
-``SystemExit``), the contract's progress lines, exact per-step losses in ``metrics.jsonl`` and the
+``SystemExit``; a stop during Lightning's validation abandons it, nothing logged, and the stop checkpoint
+carries it pending), a validation after a checkpointed step run at the resume (Lightning's restart from a
+step's end would skip it), the contract's progress lines, exact per-step losses in ``metrics.jsonl`` and the
 result line. Each checkpoint is Lightning's ``.ckpt`` file, mirrored byte for byte into
 ``runs/<name>/ckpt/step-NNNNNN/`` (atomic, checksummed, then LATEST). Training stops at the spec's
 ``steps`` (a segment's end under ``ctl train``). One process only: DDP, DeepSpeed and FSDP strategies are refused (exit 2).
@@ -192,6 +194,8 @@ class DurableCallback(pl.Callback):
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         for loader in _loaders(trainer.val_dataloaders):  # (fit()'s were quiet from the start)
             stopping.quiet_workers(loader)
+        if not trainer.sanity_checking and self._abandon(trainer):  # (a stop noticed at the step's end)
+            raise _ValidationAbandoned()
 
     def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
@@ -199,10 +203,18 @@ class DurableCallback(pl.Callback):
         its first batch, TINYLLM_FAULT=validation.hold@S, until the signal lands); at the run's end it runs on."""
         if trainer.sanity_checking:
             return
-        run = self.run
         faults.hold_validation(trainer.global_step, batch_idx + 1, lambda: self.durable.stop_requested)
-        if self.durable.stop_requested and trainer.global_step < run.total_steps:
+        if self._abandon(trainer):
             raise _ValidationAbandoned()
+
+    def _abandon(self, trainer: Any) -> bool:
+        """Whether the validation after this step is abandoned: a stop before the run's end, or a segment's end
+        (``steps`` < the run's ``CTL_RUN_STEPS``), where Lightning's ``should_stop`` forces a validation the
+        uninterrupted run does not have at that step, or has after it, which the next segment runs (pending)."""
+        step, run = trainer.global_step, self.run
+        if step >= run.total_steps:
+            return step < run.run_steps
+        return self.durable.stop_requested
 
     def abandoned(self, trainer: Any) -> None:
         """After an abandoned validation: the stop checkpoint at the step, as the step's end left it (the RNG
@@ -238,8 +250,8 @@ class DurableCallback(pl.Callback):
         self.durable.step_end(step, value, digest(self._batches))
         self._losses, self._batches = [], []
         self._at_step = (capture_rng(self.generators), trainer.fit_loop.state_dict())
-        if self.durable.stop_requested and step < self.run.total_steps and _validation_due(trainer):
-            self.durable.eval_pending = step  # its validation runs at the resume (the stop abandons it here)
+        if step < self.run.run_steps and _validation_due(trainer):  # saved now, the checkpoint is before it:
+            self.durable.eval_pending = step  # a resume from it runs this step's validation (Lightning's would skip it)
         if self.durable.should_save(step):
             self._save(trainer, step)
         if self.durable.stop_requested or step >= self.run.total_steps:  # Lightning's max_steps is the run's
