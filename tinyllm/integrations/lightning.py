@@ -63,7 +63,8 @@ HORIZON = ("build it over trainer.estimated_stepping_batches or trainer.max_step
 
 
 class _ValidationAbandoned(Exception):
-    """A stop signal arrived during Lightning's validation loop: abandoned between two batches, nothing logged."""
+    """A stop signal arrived during Lightning's validation loop: abandoned between two batches, nothing logged
+    (Lightning ends ``fit`` through its exception path: ``on_exception``, not ``on_train_end``)."""
 
 
 def _loss_of(outputs: Any) -> torch.Tensor | None:
@@ -176,8 +177,8 @@ class DurableCallback(pl.Callback):
 
     @staticmethod
     def _validate_first(trainer: Any) -> None:
-        """The validation a stop abandoned at the resumed step runs now, once, before the next step. The
-        checkpoint is the step's end (``on_train_batch_end``), from which Lightning's restart would skip that
+        """The validation pending at the resumed step (after it, or abandoned by a stop) runs now, once, before
+        the next step. The checkpoint is the step's end (``on_train_batch_end``), from which Lightning's restart would skip that
         step's validation (``increment_progress_to_evaluation_end``); as a restart in the middle of a
         validation it runs it instead, from its first batch. Lightning's restart from the step's end also
         counts the step for its loggers (``_batches_that_stepped``), which the validation's end counts again:
@@ -194,7 +195,7 @@ class DurableCallback(pl.Callback):
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         for loader in _loaders(trainer.val_dataloaders):  # (fit()'s were quiet from the start)
             stopping.quiet_workers(loader)
-        if not trainer.sanity_checking and self._abandon(trainer):  # (a stop noticed at the step's end)
+        if not trainer.sanity_checking and self._abandon(trainer):  # (a stop since the step's end)
             raise _ValidationAbandoned()
 
     def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
@@ -208,13 +209,8 @@ class DurableCallback(pl.Callback):
             raise _ValidationAbandoned()
 
     def _abandon(self, trainer: Any) -> bool:
-        """Whether the validation after this step is abandoned: a stop before the run's end, or a segment's end
-        (``steps`` < the run's ``CTL_RUN_STEPS``), where Lightning's ``should_stop`` forces a validation the
-        uninterrupted run does not have at that step, or has after it, which the next segment runs (pending)."""
-        step, run = trainer.global_step, self.run
-        if step >= run.total_steps:
-            return step < run.run_steps
-        return self.durable.stop_requested
+        """Whether the validation after this step is abandoned: a stop before the run's end."""
+        return self.durable.stop_requested and trainer.global_step < self.run.total_steps
 
     def abandoned(self, trainer: Any) -> None:
         """After an abandoned validation: the stop checkpoint at the step, as the step's end left it (the RNG
@@ -256,6 +252,10 @@ class DurableCallback(pl.Callback):
             self._save(trainer, step)
         if self.durable.stop_requested or step >= self.run.total_steps:  # Lightning's max_steps is the run's
             trainer.should_stop = True
+            if step < self.run.run_steps:  # a stop or a segment's end: this step's validation, if due, is the
+                # resume's (pending in the checkpoint); none where the uninterrupted run has none, though
+                # Lightning's should_stop would force one
+                trainer.fit_loop.epoch_loop._skip_next_val = True
 
     def _save(self, trainer: Any, step: int) -> None:
         self.staging.mkdir(parents=True, exist_ok=True)
