@@ -5,8 +5,10 @@ may name pieces to `forget` (examples/specs/lightning-forget-*.json: the broken 
 A LightningModule (an MLP with dropout) learns three interleaved spirals generated on the spot, from a
 shuffled DataLoader, with AdamW and a warmup-then-decay LambdaLR schedule stepped every step. With
 ``config.val_every`` N, Lightning validates on held-out spirals every N steps (``val_check_interval``) and its
-``CSVLogger`` records ``val_loss`` in ``runs/<name>/lightning_logs/version_K/metrics.csv`` (one per attempt).
+``CSVLogger`` records ``val_loss`` (here in ``runs/<name>/lightning_logs/version_K/metrics.csv``, one per attempt).
 """
+import os
+
 import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger
@@ -51,6 +53,16 @@ class Validated(Classifier):
         self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
 
 
+def validation(cfg: dict, seed: int) -> tuple[dict, list]:
+    """With ``config.val_every`` N, Lightning validates on held-out spirals every N steps and its CSVLogger
+    records ``val_loss``: the Trainer's arguments and fit's validation loaders (none without it)."""
+    if not cfg.get("val_every"):
+        return {"logger": False}, []
+    held_out = DataLoader(spirals(cfg.get("n_val", 48), seed + 1), batch_size=cfg.get("batch_size", 16))
+    return {"val_check_interval": cfg["val_every"], "check_val_every_n_epoch": None, "num_sanity_val_steps": 0,
+            "logger": CSVLogger(os.getcwd())}, [held_out]
+
+
 def main() -> None:
     run = DurableRun.from_args()  # --spec --home [--progress] [--resume]
     spec = run.spec
@@ -59,18 +71,12 @@ def main() -> None:
     L.seed_everything(seed)
     data = spirals(cfg.get("n", 240), seed)
     loader = DataLoader(data, batch_size=cfg.get("batch_size", 16), sampler=DurableSampler(len(data), seed=seed), num_workers=cfg.get("workers", 0))
-    val_every = cfg.get("val_every")
-    model = (Validated if val_every else Classifier)(cfg)
-    validation: dict = {"logger": False}
-    if val_every:
-        held_out = DataLoader(spirals(cfg.get("n_val", 48), seed + 1), batch_size=cfg.get("batch_size", 16))
-        validation = {"val_check_interval": val_every, "check_val_every_n_epoch": None, "num_sanity_val_steps": 0,
-                      "logger": CSVLogger(save_dir=str(run.run_dir), name="lightning_logs")}
+    model = (Validated if cfg.get("val_every") else Classifier)(cfg)
+    checks, held_out = validation(cfg, seed)
     trainer = L.Trainer(max_steps=spec["steps"], accelerator="cpu", devices=1,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[DurableCallback(run, forget=tuple(cfg.get("forget", ())))], **validation)
-    fit(trainer, model, loader, *([held_out] if val_every else []))
-
+                        callbacks=[DurableCallback(run, forget=tuple(cfg.get("forget", ())))], **checks)
+    fit(trainer, model, loader, *held_out)
 
 if __name__ == "__main__":
     main()

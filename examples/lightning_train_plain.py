@@ -2,14 +2,18 @@
 docs/integrations.md shows the diff).
 
 A LightningModule (an MLP with dropout) learns three interleaved spirals generated on the spot, from a
-shuffled DataLoader, with AdamW and a warmup-then-decay LambdaLR schedule stepped every step.
+shuffled DataLoader, with AdamW and a warmup-then-decay LambdaLR schedule stepped every step. With
+``config.val_every`` N, Lightning validates on held-out spirals every N steps (``val_check_interval``) and its
+``CSVLogger`` records ``val_loss`` (in ./lightning_logs).
 Run: python examples/lightning_train_plain.py examples/specs/lightning.json
 """
 import json
+import os
 import sys
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 
@@ -41,6 +45,23 @@ class Classifier(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+class Validated(Classifier):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        x = x + self.cfg.get("noise", 0.05) * torch.randn_like(x)  # draws from the global RNG, as training does
+        self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
+
+
+def validation(cfg: dict, seed: int) -> tuple[dict, list]:
+    """With ``config.val_every`` N, Lightning validates on held-out spirals every N steps and its CSVLogger
+    records ``val_loss``: the Trainer's arguments and fit's validation loaders (none without it)."""
+    if not cfg.get("val_every"):
+        return {"logger": False}, []
+    held_out = DataLoader(spirals(cfg.get("n_val", 48), seed + 1), batch_size=cfg.get("batch_size", 16))
+    return {"val_check_interval": cfg["val_every"], "check_val_every_n_epoch": None, "num_sanity_val_steps": 0,
+            "logger": CSVLogger(os.getcwd())}, [held_out]
+
+
 def main() -> None:
     spec = json.load(open(sys.argv[1]))
     cfg, seed = spec.get("config", {}), spec.get("seed", 0)
@@ -48,10 +69,11 @@ def main() -> None:
     L.seed_everything(seed)
     data = spirals(cfg.get("n", 240), seed)
     loader = DataLoader(data, batch_size=cfg.get("batch_size", 16), shuffle=True, num_workers=cfg.get("workers", 0))
-    model = Classifier(cfg)
-    trainer = L.Trainer(max_steps=spec["steps"], accelerator="cpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(model, loader)
+    model = (Validated if cfg.get("val_every") else Classifier)(cfg)
+    checks, held_out = validation(cfg, seed)
+    trainer = L.Trainer(max_steps=spec["steps"], accelerator="cpu", devices=1,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **checks)
+    trainer.fit(model, loader, *held_out)
 
 
 if __name__ == "__main__":
