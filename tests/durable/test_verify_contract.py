@@ -38,7 +38,7 @@ def test_the_toy_trainer_unbroken_is_exact_through_kill_and_term(tmp_path) -> No
     assert rc == 0 and report["verdict"] == "exact", err[-2000:]
     assert all(i["resumed_from"] > 0 for i in report["interruptions"]) and report["interruptions"], report
     assert report["segments"] == {"ends": [6, 12], "exact": True, "final_loss_hex": report["final_loss_hex"]["resumed"],
-                                  "first_differing_step": None}, report
+                                  "digest": report["digest"]["resumed"], "first_differing_step": None}, report
 
 
 def test_an_interruption_after_the_last_checkpoint_proves_nothing(tmp_path) -> None:
