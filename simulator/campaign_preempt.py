@@ -29,14 +29,29 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from . import procs
 from .campaign_progress import progress_step
 from .campaign_targets import PREEMPT_FAULTS
 
-if TYPE_CHECKING:
-    from .campaign import Run
+
+
+class Run(Protocol):
+    """What a preemption fault uses of the campaign's run (simulator/campaign.py ``Run``), named here so that
+    this module does not import campaign.py back (campaign.py imports it)."""
+
+    home: Path
+    problems: list
+    preempted: Any
+    worker_mode: bool
+    primary: Any
+
+    def children(self) -> Any: ...
+
+    def start(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def _wait_gone(self, *args: Any, **kwargs: Any) -> Any: ...
 
 KINDS = PREEMPT_FAULTS
 STOP_WAIT_S = 25.0 + 60.0  # ctl's default --stop-grace, plus start-up and recording on a loaded machine
@@ -78,7 +93,7 @@ def steps_lost(attrs: dict, reached: int | None) -> tuple[int, int | None, int]:
     return max(said, 0 if top is None else top - saved), top, saved
 
 
-def preempt(run: "Run", kind: str, name: str, wid: str) -> str:
+def preempt(run: Run, kind: str, name: str, wid: str) -> str:
     """Apply one preemption fault to ``run`` now; what was done, in words (problems go to ``run.problems``)."""
     p = run.primary
     if p is None or p.poll() is not None:
