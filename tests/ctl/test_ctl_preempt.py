@@ -188,14 +188,19 @@ for step in range(1, 10**6):
 """
 
 
+def _stubborn_spec(tmp: Path) -> Path:
+    """A spec whose own trainer ignores SIGTERM and reports a step every 0.2 s."""
+    (tmp / "stubborn.py").write_text(STUBBORN)
+    spec = tmp / "stub.json"
+    spec.write_text(json.dumps({"name": "stub", "steps": 100, "checkpoint_every": 10,
+                                "trainer": {"command": [sys.executable, str(tmp / "stubborn.py")]}}))
+    return spec
+
+
 def test_a_trainer_that_ignores_the_stop_is_killed_at_the_grace_and_its_attempt_says_so(tmp_path: Path) -> None:
     """ctl never outlives its grace: the stubborn trainer is killed, the attempt is recorded preempted with
     killed_at_grace and its steps lost, ctl exits 143 before the grace has passed twice over."""
-    home = tmp_path / "home"
-    (tmp_path / "stubborn.py").write_text(STUBBORN)
-    spec = tmp_path / "stub.json"
-    spec.write_text(json.dumps({"name": "stub", "steps": 100, "checkpoint_every": 10,
-                                "trainer": {"command": [sys.executable, str(tmp_path / "stubborn.py")]}}))
+    home, spec = tmp_path / "home", _stubborn_spec(tmp_path)
     p = subprocess.Popen([*procs.CTL, "train", "--spec", str(spec), "--no-eval", "--home", str(home),
                           "--stop-grace", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True, env=procs.env())
@@ -218,11 +223,7 @@ def test_a_trainer_that_ignores_the_stop_is_killed_at_the_grace_and_its_attempt_
 def test_a_second_signal_later_stops_at_once(tmp_path: Path) -> None:
     """The first SIGTERM starts the polite stop; a second one more than a moment later (the user's second
     Ctrl-C) stops now: exit 130, nothing of the attempt left."""
-    home = tmp_path / "home"
-    (tmp_path / "stubborn.py").write_text(STUBBORN)
-    spec = tmp_path / "stub.json"
-    spec.write_text(json.dumps({"name": "stub", "steps": 100, "checkpoint_every": 10,
-                                "trainer": {"command": [sys.executable, str(tmp_path / "stubborn.py")]}}))
+    home, spec = tmp_path / "home", _stubborn_spec(tmp_path)
     p = subprocess.Popen([*procs.CTL, "train", "--spec", str(spec), "--no-eval", "--home", str(home)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                          env=procs.env())
