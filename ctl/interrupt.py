@@ -201,7 +201,9 @@ class Interrupt:
         deadline = time.monotonic() + max(0.0, self.grace_s - EXIT_MARGIN_S)
         while descendants(os.getpid()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        self.hard(f"ctl: stopped by {self.signal_name}: the trainers checkpointed; run the same command to resume",
+        how = ("the processes it started exited within the grace" if not descendants(os.getpid())
+               else "the processes still running at the grace were killed")  # not whether they saved: their history says
+        self.hard(f"ctl: stopped by {self.signal_name}: {how}; run the same command to resume",
                   code=EXIT_PREEMPTED, quiet_kill=True)
 
     def hard(self, why: str | None = None, *, code: int = EXIT_CANCELED, quiet_kill: bool = False) -> None:
