@@ -1,0 +1,180 @@
+"""tinyllm/checkpoint_writer.py: asynchronous checkpoints (issue 42 item 2).
+
+Fast lane: the writer's rules with fake persists (threads and events, no timing asserted: the
+point is the order of events, not the file system), the snapshot's exactness on real tensors
+(``torch.save`` of the snapshot is byte for byte that of the live state, and training after it
+changes nothing in it), and a real in-process ``Trainer`` whose writer fails (a full disk injected
+into the real write path): the same ``DiskFull`` surfaces from ``run()`` and ``LATEST`` stays.
+"""
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinyllm import checkpoint as ckpt
+from tinyllm.checkpoint_writer import ASYNC_ENV, CheckpointWriter, async_enabled, snapshot
+from tinyllm.diskfull import DiskFull
+
+
+# --- the writer's rules -------------------------------------------------------------------------
+
+
+def test_one_in_flight_and_each_done_handed_out_once_in_order() -> None:
+    """The second submit waits for the first persist (never two at once) and hands back its Done;
+    poll/wait hand out each Done exactly once."""
+    writer = CheckpointWriter(asynchronous=True)
+    release = threading.Event()
+    running, most, events = [0], [0], []
+    lock = threading.Lock()
+
+    def persist(name: str, block: bool):
+        def body():
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            events.append(f"start {name}")
+            if block:
+                assert release.wait(30)
+            events.append(f"end {name}")
+            with lock:
+                running[0] -= 1
+            return name
+        return body
+
+    assert writer.submit(persist("a", block=True), tag=1) is None
+    assert writer.in_flight
+    assert writer.poll() is None  # still running: nothing to announce
+    threading.Timer(0.05, release.set).start()
+    done = writer.submit(persist("b", block=False), tag=2)  # waits for a: a's Done, then b starts
+    assert (done.tag, done.result) == (1, "a")
+    assert events[:2] == ["start a", "end a"]
+    last = writer.wait()
+    assert (last.tag, last.result) == (2, "b")
+    assert writer.wait() is None and writer.poll() is None and not writer.in_flight  # handed out once
+    assert most[0] == 1 and events == ["start a", "end a", "start b", "end b"]
+
+
+def test_a_failed_persist_raises_the_same_error_on_the_training_thread_then_the_writer_is_free() -> None:
+    error = DiskFull("/x/.tmp-step-000004-1/model.pt")
+
+    def fail():
+        raise error
+
+    writer = CheckpointWriter(asynchronous=True)
+    writer.submit(fail, tag=4)
+    with pytest.raises(DiskFull) as info:
+        writer.wait()
+    assert info.value is error and str(info.value) == "disk full writing /x/.tmp-step-000004-1/model.pt"
+    assert not writer.in_flight
+    writer.submit(fail, tag=5)
+    with pytest.raises(DiskFull):  # the next submit surfaces it too (the loop never loses it)
+        writer.submit(lambda: "ok", tag=6)
+    assert writer.wait() is None  # the failed one is not retried, and the one not started is not run
+    writer.submit(fail, tag=7)
+    assert writer.close() is error and not writer.in_flight  # close: returned, not raised (finally blocks)
+
+
+def test_synchronous_mode_persists_inline() -> None:
+    writer = CheckpointWriter(asynchronous=False)
+    order = []
+    assert writer.submit(lambda: order.append("persisted") or "p", tag=1) is None
+    assert order == ["persisted"]  # done before submit returned
+    assert writer.wait().result == "p" and writer.poll() is None
+    with pytest.raises(OSError):
+        writer.submit(lambda: (_ for _ in ()).throw(OSError("boom")), tag=2)
+
+
+def test_the_switch_reads_its_variable_and_refuses_other_values() -> None:
+    assert async_enabled({}) and async_enabled({ASYNC_ENV: "1"})
+    assert not async_enabled({ASYNC_ENV: "0"}) and not async_enabled({ASYNC_ENV: "off"})
+    with pytest.raises(ValueError, match="TINYLLM_ASYNC_CHECKPOINTS='maybe'") as e:
+        async_enabled({ASYNC_ENV: "maybe"})
+    assert "\n" not in str(e.value)
+
+
+# --- the snapshot -------------------------------------------------------------------------------
+
+
+def _saved(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(11, 8)
+        self.head = torch.nn.Linear(8, 11, bias=False)
+        self.head.weight = self.emb.weight  # tied, as GPT's wte/lm_head: one storage, saved once
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, x):
+        return self.head(self.norm(self.emb(x)))
+
+
+def test_the_snapshot_saves_the_same_bytes_and_training_does_not_reach_it() -> None:
+    from tinyllm.runtime_env import defer_dynamo_in_optimizers, optimizer_step
+
+    defer_dynamo_in_optimizers()  # the trainer's AdamW step, without torch._dynamo's import (seconds)
+    torch.manual_seed(0)
+    model = _Tied()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
+
+    def step():
+        model(torch.arange(11)).pow(2).mean().backward()
+        optimizer_step(opt)
+        opt.zero_grad()
+
+    step()
+    live = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+            "training_state": {"step": 1, "torch_rng": torch.get_rng_state(), "loss": 0.5}}
+    before = {k: _saved(v) for k, v in live.items()}
+    snap = snapshot(live)
+    assert {k: _saved(v) for k, v in snap.items()} == before  # byte for byte: the same checkpoint files
+    assert snap["model"]["head.weight"].untyped_storage().data_ptr() == snap["model"]["emb.weight"].untyped_storage().data_ptr()
+    assert snap["model"]["emb.weight"].untyped_storage().data_ptr() != model.emb.weight.untyped_storage().data_ptr()
+    step()  # the next optimizer step changes every tensor of the live state ...
+    assert _saved(live["model"]) != before["model"]
+    assert {k: _saved(v) for k, v in snap.items()} == before  # ... and nothing of the snapshot
+
+
+# --- a real trainer whose writer hits a full disk -----------------------------------------------
+
+
+@pytest.mark.slow  # a real (in-process) training run: about a second
+def test_trainer_surfaces_the_writers_disk_full_and_keeps_latest(home: Path, monkeypatch) -> None:
+    """The real Trainer (in process), asynchronous checkpoints every 2 steps; the write of step 4's
+    first file finds the disk full (injected into the real write path, on the writer thread). ``run()``
+    raises that DiskFull (what the CLI turns into its one line and exit 74), LATEST still names step 2,
+    and no progress line names step 4."""
+    from tinyllm.spec import parse_train_spec
+    from tinyllm.trainer import Trainer
+
+    monkeypatch.delenv(ASYNC_ENV, raising=False)
+    real = ckpt._write_file
+    threads = set()
+
+    def write_file(path: Path, data: bytes) -> None:
+        threads.add(threading.current_thread().name)
+        if ".tmp-step-000004-" in str(path):
+            raise DiskFull(path)
+        real(path, data)
+
+    monkeypatch.setattr(ckpt, "_write_file", write_file)
+    spec = parse_train_spec({"name": "w", "steps": 8, "checkpoint_every": 2, "batch_size": 2, "threads": 1,
+                             "log_every": 100, "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16}})
+    progress = home / "p.jsonl"
+    trainer = Trainer(spec, home, progress=progress, log=io.StringIO())
+    assert trainer.async_checkpoints
+    with pytest.raises(DiskFull, match=r"disk full writing .*\.tmp-step-000004-\d+/model\.pt"):
+        trainer.run()
+    assert threads == {"tinyllm-checkpoint-writer"}  # every file was written off the training thread
+    ckpt_root = home / "runs" / "w" / "ckpt"
+    assert (ckpt_root / "LATEST").read_text().strip() == "step-000002"
+    assert "step-000004" not in progress.read_text()
+    assert trainer.writer.poll() is None and not trainer.writer.in_flight  # nothing left running
