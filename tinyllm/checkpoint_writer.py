@@ -8,8 +8,9 @@ tinyllm/checkpoint.py (files, fsync, manifest, rename, then ``LATEST``) on its o
 
 Rules the writer keeps:
 
-- **at most one checkpoint in flight**: ``submit`` first waits for the one before (memory stays bounded
-  at one snapshot; a persist slower than ``checkpoint_every`` steps stalls the loop, never piles up);
+- **at most one checkpoint in flight**: the next one first waits for the one before (memory stays
+  bounded at one snapshot; a persist slower than ``checkpoint_every`` steps stalls the loop, never
+  piles up), which is announced before the next persist starts (pruning never runs beside a write);
 - **durable means announced**: a finished persist is handed back to the training thread (``poll`` at
   each step boundary, ``wait``), which only then writes the checkpoint's progress line, moves the
   result's checkpoint and prunes; nothing names a checkpoint before it is durable;
@@ -86,9 +87,8 @@ class Done:
 class CheckpointWriter:
     """Persists one checkpoint at a time, on a background thread (or inline; see the module docstring).
 
-    Only the training thread calls it. ``submit`` returns the previous checkpoint's ``Done`` when it had
-    to wait for it (the caller announces it first); ``poll`` returns a finished one without waiting;
-    ``wait`` waits for the one in flight. Each ``Done`` is handed out exactly once."""
+    Only the training thread calls it: ``wait`` (the one in flight, if any, then announce it), then
+    ``submit``; ``poll`` returns a finished one without waiting. Each ``Done`` is handed out exactly once."""
 
     def __init__(self, asynchronous: bool = True, name: str = "tinyllm-checkpoint-writer"):
         self.asynchronous = asynchronous
@@ -104,13 +104,15 @@ class CheckpointWriter:
         """A persist is running (or finished and not yet handed out)."""
         return self._thread is not None or self._ready is not None
 
-    def submit(self, persist: Callable[[], Any], tag: Any) -> Done | None:
-        """Persist with ``persist()`` (it must only read its snapshot). First waits for the checkpoint in
-        flight and returns its ``Done`` (or raises its error) -- the caller announces it before this one."""
-        previous = self.wait()
+    def submit(self, persist: Callable[[], Any], tag: Any) -> None:
+        """Persist with ``persist()`` (it must only read its snapshot). The checkpoint before must have
+        been collected (``wait``) and announced first: announcing prunes and writes lines, which must
+        never run beside a persist, so a second submit while one is in flight is a ``RuntimeError``."""
+        if self.in_flight:
+            raise RuntimeError("a checkpoint is still in flight: wait() for it and announce it first")
         if not self.asynchronous:
             self._ready = Done(tag, persist())  # an error propagates here, at once
-            return previous
+            return
         self._tag, self._result, self._error = tag, None, None
 
         def body() -> None:
@@ -121,7 +123,6 @@ class CheckpointWriter:
 
         self._thread = threading.Thread(target=body, name=self.name, daemon=True)
         self._thread.start()
-        return previous
 
     def poll(self) -> Done | None:
         """The finished checkpoint, if one finished since (no waiting); its error re-raised here."""

@@ -546,6 +546,7 @@ class DurableRun:
         the step; the writer thread persists it and computes its fingerprint while the loop goes on; the
         loop announces it (``last_path``, the line) at the next step boundary after it is durable.
         ``wait`` (or ``async_checkpoints=False``): returns once it is durable and announced."""
+        self._drain()  # at most one in flight: the one before is durable and its line written first
         comps = self.components()
         step, loss = self.step, self.loss
         writer = self._writer()
@@ -567,7 +568,7 @@ class DurableRun:
                                         scaler=parts["scaler"], data=parts["data"], rng=state["rng"])
 
         self.last_saved = step
-        self._announce(writer.submit(persist, (step, loss)))
+        writer.submit(persist, (step, loss))
         if wait or not writer.asynchronous:
             self._announce(writer.wait())
         return self.run_dir / "ckpt" / ckpt.step_dir_name(step)

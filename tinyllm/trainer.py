@@ -300,12 +300,13 @@ class Trainer:
         at a step boundary. ``wait`` (or synchronous writes): returns when it is durable and announced.
         Returns the checkpoint's directory (durable only once announced)."""
         step, loss = self.step, self.loss
+        self._drain()  # at most one in flight: the one before is durable and announced (pruned) first
         components = {**self.components(), **(extra or {})}
         if self.writer.asynchronous:
             components = snapshot(components)  # before the next optimizer step changes anything
         meta = self.checkpoint_meta()
         self.last_saved = step
-        self._announce(self.writer.submit(lambda: self._write_checkpoint(components, step, meta), (step, loss)))
+        self.writer.submit(lambda: self._write_checkpoint(components, step, meta), (step, loss))
         if wait or not self.writer.asynchronous:
             self._announce(self.writer.wait())
         return self._checkpoint_path(step, components)

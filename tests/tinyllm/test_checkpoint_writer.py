@@ -45,13 +45,16 @@ def test_one_in_flight_and_each_done_handed_out_once_in_order() -> None:
             return name
         return body
 
-    assert writer.submit(persist("a", block=True), tag=1) is None
+    writer.submit(persist("a", block=True), tag=1)
     assert writer.in_flight
     assert writer.poll() is None  # still running: nothing to announce
+    with pytest.raises(RuntimeError, match="still in flight"):  # never a second one beside it
+        writer.submit(persist("b", block=False), tag=2)
     threading.Timer(0.05, release.set).start()
-    done = writer.submit(persist("b", block=False), tag=2)  # waits for a: a's Done, then b starts
+    done = writer.wait()  # the loop waits for a (and announces it) before b
     assert (done.tag, done.result) == (1, "a")
-    assert events[:2] == ["start a", "end a"]
+    assert events == ["start a", "end a"]
+    writer.submit(persist("b", block=False), tag=2)
     last = writer.wait()
     assert (last.tag, last.result) == (2, "b")
     assert writer.wait() is None and writer.poll() is None and not writer.in_flight  # handed out once
@@ -71,9 +74,11 @@ def test_a_failed_persist_raises_the_same_error_on_the_training_thread_then_the_
     assert info.value is error and str(info.value) == "disk full writing /x/.tmp-step-000004-1/model.pt"
     assert not writer.in_flight
     writer.submit(fail, tag=5)
-    with pytest.raises(DiskFull):  # the next submit surfaces it too (the loop never loses it)
-        writer.submit(lambda: "ok", tag=6)
-    assert writer.wait() is None  # the failed one is not retried, and the one not started is not run
+    while writer._thread is not None and writer._thread.is_alive():
+        threading.Event().wait(0.01)
+    with pytest.raises(DiskFull):  # a poll at a step boundary surfaces it too (the loop never loses it)
+        writer.poll()
+    assert writer.wait() is None  # the failed one is not retried
     writer.submit(fail, tag=7)
     assert writer.close() is error and not writer.in_flight  # close: returned, not raised (finally blocks)
 
@@ -81,7 +86,7 @@ def test_a_failed_persist_raises_the_same_error_on_the_training_thread_then_the_
 def test_synchronous_mode_persists_inline() -> None:
     writer = CheckpointWriter(asynchronous=False)
     order = []
-    assert writer.submit(lambda: order.append("persisted") or "p", tag=1) is None
+    writer.submit(lambda: order.append("persisted") or "p", tag=1)
     assert order == ["persisted"]  # done before submit returned
     assert writer.wait().result == "p" and writer.poll() is None
     with pytest.raises(OSError):
