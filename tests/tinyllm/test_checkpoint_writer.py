@@ -183,3 +183,55 @@ def test_trainer_surfaces_the_writers_disk_full_and_keeps_latest(home: Path, mon
     assert (ckpt_root / "LATEST").read_text().strip() == "step-000002"
     assert "step-000004" not in progress.read_text()
     assert trainer.writer.poll() is None and not trainer.writer.in_flight  # nothing left running
+
+
+# --- the helper: asynchronous and synchronous checkpoints are the same checkpoints -------------------
+
+
+def _helper_run(home: Path, asynchronous: bool) -> tuple[list[dict], dict[str, bytes], dict[int, dict]]:
+    import contextlib
+    import json
+
+    from tinyllm.durable import DurableRun
+    from tinyllm.runtime_env import defer_dynamo_in_optimizers, optimizer_step
+
+    defer_dynamo_in_optimizers()
+    progress = home / "p.jsonl"
+    with contextlib.redirect_stdout(io.StringIO()):
+        run = DurableRun({"name": "h", "steps": 5, "checkpoint_every": 2, "seed": 1}, home=home, progress=progress,
+                         console=io.StringIO(), async_checkpoints=asynchronous)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1, foreach=True)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+        run.track(model=model, optimizer=opt, scheduler=sched)
+        live = {}  # step -> the live fingerprint after that step (a checkpoint's state)
+        for step in run.steps():
+            live[step - 1] = run.fingerprint()
+            loss = model(torch.randn(4, 3)).pow(2).mean()
+            loss.backward()
+            optimizer_step(opt)
+            opt.zero_grad()
+            sched.step()
+            run.log(loss)
+        live[run.step] = run.fingerprint()
+    lines = [json.loads(ln) for ln in progress.read_text().splitlines()]
+    checkpoints = [{k: v for k, v in ln.items() if k != "time"} for ln in lines if ln.get("event") == "checkpoint"]
+    root = home / "runs" / "h" / "ckpt"
+    files = {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return checkpoints, files, live
+
+
+@pytest.mark.slow  # two in-process runs: about a second
+@pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")  # optimizer_step: no dynamo import
+def test_the_helpers_asynchronous_checkpoints_are_its_synchronous_ones(tmp_path: Path) -> None:
+    """Same files byte for byte (manifests included), same checkpoint lines (step, loss bits, the state
+    fingerprint, computed from the snapshot on the writer thread), each line after its step's save."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "s").mkdir()
+    lines_a, files_a, live = _helper_run(tmp_path / "a", asynchronous=True)
+    lines_s, files_s, _ = _helper_run(tmp_path / "s", asynchronous=False)
+    assert [ln["step"] for ln in lines_a] == [2, 4, 5]
+    assert [ln["checkpoint"] for ln in lines_a] == [f"runs/h/ckpt/step-00000{s}" for s in (2, 4, 5)]
+    assert all(ln["state"] == live[ln["step"]] for ln in lines_a)  # the snapshot's fingerprint is the live one
+    assert lines_a == lines_s
+    assert files_a == files_s and files_a["LATEST"] == b"step-000005\n"
