@@ -28,8 +28,9 @@ from __future__ import annotations
 import copy
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -118,7 +119,7 @@ class CheckpointWriter:
         def body() -> None:
             try:
                 self._result = persist()
-            except BaseException as e:  # handed to the training thread by poll/wait
+            except BaseException as e:  # noqa: BLE001 -- any error, handed to the training thread by poll/wait
                 self._error = e
 
         self._thread = threading.Thread(target=body, name=self.name, daemon=True)
@@ -145,7 +146,7 @@ class CheckpointWriter:
         returns its error instead of raising it (the caller is already failing, or has announced all)."""
         try:
             self.wait()
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 -- returned, not raised (see the docstring)
             return e
         return None
 

@@ -16,9 +16,13 @@ import pytest
 import torch
 
 from tinyllm import checkpoint as ckpt
-from tinyllm.checkpoint_writer import ASYNC_ENV, CheckpointWriter, async_enabled, snapshot
+from tinyllm.checkpoint_writer import (
+    ASYNC_ENV,
+    CheckpointWriter,
+    async_enabled,
+    snapshot,
+)
 from tinyllm.diskfull import DiskFull
-
 
 # --- the writer's rules -------------------------------------------------------------------------
 
