@@ -346,6 +346,7 @@ class Trainer:
         before the stop checkpoint (contracts/subprocess-activity.md). Written here, never in the handler."""
         if getattr(self, "stop_noticed", False):
             return
+        self._drain()  # the checkpoint in flight first: its line before `stopping`, so the one after is at S
         self.stop_noticed = True
         name = signal_name(getattr(self, "_agreed_signal", None) or STOP["signal"])  # (on ranks: the agreed one)
         self.progress_file.write({"event": "stopping", "step": self.step, "signal": name}, durable=True)

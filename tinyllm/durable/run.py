@@ -342,6 +342,7 @@ class DurableRun:
         the stop checkpoint (contracts/subprocess-activity.md); never written from the signal handler."""
         if self._stop_noticed:
             return
+        self._drain()  # the checkpoint in flight first: its line before `stopping`, so the one after is at S
         self._stop_noticed = True
         self._emit({"event": "stopping", "signal": self._stop_signal or "SIGTERM"}, sync=True)
         print(f"{self.name}: stopping at step {self.step} ({self._stop_signal or 'SIGTERM'}): checkpointing this step",

@@ -196,6 +196,7 @@ class FrameworkRun:
         run = self.run
         if not run.stop_requested or run.step >= run.total_steps:
             return False
+        self.drain()  # the mirror in flight first: its line before `stopping`, so the one after is at the step
         run.stopping_line()
         return True
 
