@@ -239,3 +239,46 @@ def test_the_helpers_asynchronous_checkpoints_are_its_synchronous_ones(tmp_path:
     assert all(ln["state"] == live[ln["step"]] for ln in lines_a)  # the snapshot's fingerprint is the live one
     assert lines_a == lines_s
     assert files_a == files_s and files_a["LATEST"] == b"step-000005\n"
+
+
+@pytest.mark.slow  # a real (in-process) training run: about a second
+def test_a_stop_while_a_checkpoint_is_in_flight_writes_its_line_before_stopping(home: Path, monkeypatch) -> None:
+    """The stop arrives while step 4's checkpoint is being written (the write holds until the loop is past
+    step 4, then the stop is requested, as a signal handler would). The progress file: step 4's line, then
+    ``stopping`` at S, then exactly one checkpoint line, at S; the result names step S's checkpoint."""
+    import json
+    import signal
+    import time
+
+    from tinyllm.errors import STOP, request_stop
+    from tinyllm.spec import parse_train_spec
+    from tinyllm.trainer import Trainer
+
+    monkeypatch.delenv(ASYNC_ENV, raising=False)
+    monkeypatch.setitem(STOP, "requested", False)
+    monkeypatch.setitem(STOP, "signal", None)
+    real = ckpt._write_file
+    spec = parse_train_spec({"name": "s", "steps": 40, "checkpoint_every": 4, "batch_size": 2, "threads": 1,
+                             "log_every": 100, "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16}})
+    progress = home / "p.jsonl"
+    trainer = Trainer(spec, home, progress=progress, log=io.StringIO())
+
+    def write_file(path: Path, data: bytes) -> None:
+        if ".tmp-step-000004-" in str(path) and not STOP["requested"]:
+            deadline = time.monotonic() + 60
+            while trainer.step < 5 and time.monotonic() < deadline:  # training goes on beside this write
+                time.sleep(0.005)
+            request_stop(signal.SIGTERM, None)
+            time.sleep(0.2)  # the loop notices the stop while this write is still in flight
+        real(path, data)
+
+    monkeypatch.setattr(ckpt, "_write_file", write_file)
+    result = trainer.run()
+    lines = [json.loads(ln) for ln in progress.read_text().splitlines()]
+    at = next(i for i, ln in enumerate(lines) if ln.get("event") == "stopping")
+    stop_step = lines[at]["step"]
+    assert stop_step >= 5 and result["canceled"] and result["steps"] == stop_step
+    before = [ln["step"] for ln in lines[:at] if "checkpoint" in ln and "event" not in ln]
+    after = [ln["step"] for ln in lines[at:] if "checkpoint" in ln and "event" not in ln]
+    assert 4 in before and after == [stop_step]
+    assert result["checkpoint"] == f"runs/s/ckpt/step-{stop_step:06d}"
