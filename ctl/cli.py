@@ -17,21 +17,24 @@ from typing import Any, Callable
 import click
 
 from engine import STOP_SIGNAL_ENV
-from tinyllm import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
+from tinyllm import tracing  # standard library only: whether and where to trace (app/traces.py does it)
 import workflows
 from workflows.models import TraceContext
 
-from . import app, backends, cli_inspect, errors, presence, runsinks
+import app
+from app import backends, errors, runsinks
+
+from . import cli_inspect, presence
 from .ui import command as ui_command
 from .workerlog import WorkerLog
-from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, EXIT_PREEMPTED, BadRequest
+from app.errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, EXIT_PREEMPTED, BadRequest
 from .interrupt import Interrupt
 from .cli_common import (CtlGroup, describe_train, edge, home_option, json_option, preempted_line, print_json,
                          resolved, stop_options)
 from .logs import logs as logs_command
 from .release import release as release_command
 from .restart import refuse_moved_aside, restart_run
-from .trainers import eval_trainer
+from app.trainers import eval_trainer
 from .verify import verify_resume as run_verify_resume
 from .verify_record import unverified_notice
 
@@ -338,7 +341,7 @@ def _exit_preempted(engine: Any, workflow_id: str, interrupt: Interrupt, as_json
 
 
 def _run_tracer(home: Path, run_id: str, trace_file: str | None) -> Any:
-    """The run's tracer (ctl/traces.py) when tracing is on (--trace-file, $OTEL_EXPORTER_OTLP_ENDPOINT), else
+    """The run's tracer (app/traces.py) when tracing is on (--trace-file, $OTEL_EXPORTER_OTLP_ENDPOINT), else
     None; nothing of OpenTelemetry is imported then. --trace-file without the trace extra is bad input (exit 2);
     the environment's endpoint without it is one warning line, and the run goes on untraced."""
     where = tracing.destination(os.environ, trace_file)
@@ -349,7 +352,7 @@ def _run_tracer(home: Path, run_id: str, trace_file: str | None) -> Any:
                    err=True)
         return None
     try:
-        from . import traces  # lazy: the optional [trace] extra
+        from app import traces  # lazy: the optional [trace] extra
         return traces.RunTracer(home, run_id, where)
     except ImportError as e:
         if trace_file:

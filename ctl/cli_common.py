@@ -19,11 +19,11 @@ from pydantic import ValidationError
 from engine import BadInput as EngineBadInput
 from tinyllm.spec import format_validation_error
 
-from . import app
-from .errors import BadRequest, CtlError
-from .homecheck import as_ctl_error
+import app
+from app.errors import BadRequest, CtlError
+from app.homecheck import as_ctl_error
 from .interrupt import DEFAULT_GRACE_S, GRACE_ENV, SIGNAL_ENV, signal_number
-from .runview import figures_text, first_subject_metrics, stopped_early_text
+from app.runview import figures_text, first_subject_metrics, stopped_early_text
 
 home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
                            help="Home folder (default: $CTL_HOME, else the current directory).")

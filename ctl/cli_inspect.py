@@ -13,13 +13,16 @@ from typing import Any
 
 import click
 
-from . import app, errors, historyview, runstatus
+import app
+from app import errors
+
+from . import historyview, runstatus
 from . import doctor as doc
 from . import plot as plotting
-from .errors import BadRequest, CtlError
-from .homecheck import as_ctl_error
+from app.errors import BadRequest, CtlError
+from app.homecheck import as_ctl_error
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved, when
-from .runview import release_outcome, run_view
+from app.runview import release_outcome, run_view
 from .show import show as show_run
 
 @click.command()

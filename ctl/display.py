@@ -38,7 +38,7 @@ from workflows.activities import checkpoint_step, choose_resume
 
 from .evalprogress import EvalCounts, EvalFollower, run_name
 from .runstatus import worker_info
-from .runview import (MetricsTail, RunView, figures_text, first_subject_metrics, fmt_duration, headline, local_time,
+from app.runview import (MetricsTail, RunView, figures_text, first_subject_metrics, fmt_duration, headline, local_time,
                       run_view)
 
 DEFAULT_PLAIN_EVERY_S = 10.0

@@ -27,7 +27,7 @@ from engine import BadInput, DamagedRecord, Engine, Store, damage_report, owner_
 from tinyllm import mlflow_sink
 from tinyllm.runlock import pid_running
 
-from .app import db_path
+from app import db_path
 
 MAX_ENTRIES = 200_000  # bound on the walk for temporaries
 _TEMP = re.compile(r"^\.(?:tmp|replaced)-.+-(\d+)$|^.+\.tmp-(\d+)$")  # .tmp-step-000100-PID, x.tmp-PID

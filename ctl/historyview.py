@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .runview import figures_text, first_subject_metrics, local_time
+from app.runview import figures_text, first_subject_metrics, local_time
 from .tables import align
 
 

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_CANCELED, EXIT_PREEMPTED
+from app.errors import EXIT_CANCELED, EXIT_PREEMPTED
 
 KILL_WAIT_S = 10.0  # how long the killed descendants may take to disappear
 LOCK_WAIT_S = 10.0  # how long another thread may hold the store's lock (one short transaction)

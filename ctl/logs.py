@@ -27,9 +27,10 @@ import click
 from engine import OUTPUT_STREAMS as STREAMS, NotFound, output_log_path as log_path, read_kept_output as read_kept
 from workflows.activities import activity_dir
 
-from . import app, runstatus
+import app
+from . import runstatus
 from .cli_common import edge, home_option
-from .errors import BadRequest
+from app.errors import BadRequest
 
 _DIR = re.compile(r"^g(\d+)-a(\d+)(?:-(\d+))?$")
 _NOT_AN_END = ("activity_scheduled", "activity_started", "activity_heartbeat")
@@ -90,10 +91,10 @@ def choose(engine: Any, home: Path, workflow_id: str, activity: str | None, atte
     """The attempt whose output to print, and the workflow that ran it (None: not one of the run's)."""
     base = _base(workflow_id)
     name = base.split("/", 1)[1]
-    gens = {(app._generation(st.workflow_id, base) or 1): st.workflow_id for st in app.run_generations(engine, base)}
+    gens = {(app.generation(st.workflow_id, base) or 1): st.workflow_id for st in app.run_generations(engine, base)}
     if not gens:
         raise BadRequest(f"no workflow {base!r} (see `ctl list`)")
-    only = app._generation(workflow_id, base) if workflow_id.rstrip("/") != base else None  # train/NAME/G: that one
+    only = app.generation(workflow_id, base) if workflow_id.rstrip("/") != base else None  # train/NAME/G: that one
     if workflow_id.rstrip("/") != base and only not in gens:
         raise BadRequest(f"no workflow {workflow_id!r} (workflows of this run: {', '.join(gens.values())})")
     started = [x for x in _started(engine, base) if only is None or x[0] == gens[only]]
@@ -113,7 +114,7 @@ def choose(engine: Any, home: Path, workflow_id: str, activity: str | None, atte
                              f"{', '.join(str(a) for a in sorted({a.attempt for a in kept}))})")
         chosen = picked[-1]
     else:
-        mine = [(app._generation(w, base) or 1, n) for w, aid, n in started if aid == activity]
+        mine = [(app.generation(w, base) or 1, n) for w, aid, n in started if aid == activity]
         chosen = next((a for a in reversed(kept) if mine and (a.generation, a.attempt) == mine[-1]), kept[-1])
     return chosen, gens.get(chosen.generation)
 

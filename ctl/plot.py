@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .runview import SMOOTHING, RunView, headline, read_frames, stopped_early_text
+from app.runview import SMOOTHING, RunView, headline, read_frames, stopped_early_text
 from .termplot import chart
 
 INSTALL_HINT = "pip install 'durable-train[plot]'"

@@ -33,8 +33,9 @@ from typing import Any
 
 from tinyllm import runlock
 
-from . import app, runstatus
-from .errors import BadRequest
+import app
+from . import runstatus
+from app.errors import BadRequest
 
 MARKER = "RESTARTED.json"
 SETTLE_S = 120.0  # how long ending a dead workflow may take here (a dead attempt is canceled at once)

@@ -32,7 +32,7 @@ from workflows.activities import checkpoint_step
 
 from . import presence
 from .evalprogress import EvalCounts, EvalFollower
-from .runview import (MetricsTail, RunView, figures_text, fmt_duration, local_time, run_view, spec_of,
+from app.runview import (MetricsTail, RunView, figures_text, fmt_duration, local_time, run_view, spec_of,
                       stopped_early_text)
 from .verify_record import verdict_line, verdict_of
 

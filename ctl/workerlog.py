@@ -10,7 +10,7 @@ connection per process) and prints, on stderr, one line per event that matters::
 
 Only attempts started by this process (``worker`` = host:pid in the started event) are logged
 as start/end; workflow ends are logged for every workflow this worker has worked on, and handed to
-``on_end`` for every workflow seen ending (ctl worker: the MLflow run's status, ctl/runsinks.py).
+``on_end`` for every workflow seen ending (ctl worker: the MLflow run's status, app/runsinks.py).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any, Callable
 from engine import read_events
 
 from .historyview import details
-from .runview import fmt_duration, local_time
+from app.runview import fmt_duration, local_time
 
 POLL_S = 0.5
 MAX_EVENTS_PER_POLL = 10_000

@@ -353,7 +353,7 @@ class Engine:
         return True
 
     def history(self, workflow_id: str, after_seq: int = 0) -> list[Event]:
-        """The workflow's events (only those after ``after_seq``: a reader that follows it, ctl/traces.py)."""
+        """The workflow's events (only those after ``after_seq``: a reader that follows it, app/traces.py)."""
         self._row(workflow_id)
         with self.store._lock:
             events = read_events(self.store.conn, workflow_id, after_seq)

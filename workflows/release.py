@@ -82,7 +82,7 @@ class ModelReleaseInput(_Model):
     eval_max_items: int | None = None
     # how soon a publish attempt that stopped heartbeating (its worker died) is given to another worker: on
     # Temporal the only sign of a dead worker (the embedded engine also sees its process gone); an operational
-    # setting (ctl/app.py OPERATIONAL), not part of the request
+    # setting (app/runs.py OPERATIONAL), not part of the request
     heartbeat_timeout_s: float = Field(default=60.0, gt=0)
 
 

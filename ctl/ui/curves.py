@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..plot import Series
-from ..runview import SMOOTHING, RunView, best_checkpoints
+from app.runview import SMOOTHING, RunView, best_checkpoints
 from .svg import Chart
 
 Card = tuple[str, float, str]  # (title, value, note)

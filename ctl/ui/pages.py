@@ -29,10 +29,11 @@ from typing import Any
 from engine import BadInput, NotFound
 from workflows.activities import checkpoint_step, workflow_generation
 
-from .. import app, historyview, runstatus
+import app
+from .. import historyview, runstatus
 from ..logs import attempt_dirs
 from ..plot import Series, series
-from ..runview import (RunView, best_checkpoints, fmt_duration, headline, local_time, run_view,
+from app.runview import (RunView, best_checkpoints, fmt_duration, headline, local_time, run_view,
                        stopped_early_text)
 from ..show import final_of, selection_lines
 from .curves import charts

@@ -13,7 +13,7 @@ from typing import Any
 
 import workflows
 
-from .. import app
+import app
 
 RELEASE = "ModelRelease"
 

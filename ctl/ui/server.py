@@ -30,7 +30,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from ..runview import fmt_duration, local_time
+from app.runview import fmt_duration, local_time
 from . import pages, svg
 
 TEMPLATES = Path(__file__).parent / "templates"

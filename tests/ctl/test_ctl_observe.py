@@ -170,7 +170,7 @@ def test_plot_series_are_the_run_files(finished) -> None:
 def test_plot_png_is_written_and_draws_the_run(finished, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from ctl import plot
-    from ctl.runview import run_view
+    from app.runview import run_view
     from engine import Engine
 
     home, _ = finished

@@ -15,8 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from ctl import app, display, interrupt, runstatus
-from ctl.runview import run_view
+import app
+from ctl import display, interrupt, runstatus
+from app.runview import run_view
 
 
 T0 = 1_800_000_000.0

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ctl import app, backends, runstatus
+import app
+from app import backends
+from ctl import runstatus
 from ctl.ui import server
 
 import synth

@@ -100,7 +100,7 @@ def _identifier(value: str, what: str) -> str:
     return value
 
 
-def _check_suites(suites: list[str], name: str) -> None:
+def check_suites(suites: list[str], name: str) -> None:
     """Each suite must make a valid tinyllm eval spec (names the suite kinds tinyllm knows)."""
     probe = EvalSuiteInput(name=name, suites=suites, subjects=[EvalSubject(id="probe", model="probe")])
     for suite in suites:
@@ -147,7 +147,7 @@ def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 
         raw = load_json_file(spec_file, "train spec")
     except SpecError as e:
         raise BadRequest(str(e)) from None
-    if has_trainer(raw):  # a user's trainer (ctl/trainers.py)
+    if has_trainer(raw):  # a user's trainer (app/trainers.py)
         return custom_train_request(raw, suites, eval_seed=eval_seed, eval_max_items=eval_max_items,
                                     corpus_file=corpus_file)
     if suites is None:
@@ -176,7 +176,7 @@ def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 
         if home is not None:
             check_corpus_name(spec.corpus, home)
         corpus = {"name": spec.corpus}  # the built-in text, or the corpus built in the home (idempotent)
-    _check_suites(list(suites), spec.name)
+    check_suites(list(suites), spec.name)
     if eval_max_items is not None and eval_max_items < 1:
         raise BadRequest(f"--eval-max-items must be >= 1, got {eval_max_items}")
     return TrainRunInput(spec=raw, corpus=corpus, eval_suites=list(suites), eval_seed=eval_seed,
@@ -188,7 +188,7 @@ def eval_request(name: str, suites: list[str], subjects: list[str], *, tag: str 
                  trainer: dict | None = None) -> EvalSuiteInput:
     """``--subject ID=CHECKPOINT`` pairs and suites into EvalSuite's input.
 
-    ``trainer``: a spec's own trainer (ctl/trainers.py ``eval_trainer``), whose ``eval_command`` runs
+    ``trainer``: a spec's own trainer (app/trainers.py ``eval_trainer``), whose ``eval_command`` runs
     each suite; the suites are then its own names, not tinyllm's.
     """
     if not suites:
@@ -210,7 +210,7 @@ def eval_request(name: str, suites: list[str], subjects: list[str], *, tag: str 
     if trainer is not None:
         check_suite_names(list(suites))
         return inp
-    _check_suites(list(suites), name)
+    check_suites(list(suites), name)
     try:
         EvalSpec.model_validate_json(workflows.marshal_spec(inp, suites[0]))
     except ValidationError as e:  # in words, naming the option (never pydantic's "1 validation error for ...")
@@ -228,7 +228,7 @@ def train_workflow_id(name: str) -> str:
 # --- runs --------------------------------------------------------------------------------
 
 
-def _generation(workflow_id: str, base: str) -> int | None:
+def generation(workflow_id: str, base: str) -> int | None:
     if workflow_id == base:
         return 1
     if workflow_id.startswith(base + "/") and workflow_id[len(base) + 1:].isdigit():
@@ -243,7 +243,7 @@ def latest_run(engine: Any, base: str) -> Any | None:
         return found[-1] if found else None
     best, best_gen = None, 0
     for st in readable_workflows(engine):
-        gen = _generation(st.workflow_id, base)
+        gen = generation(st.workflow_id, base)
         if gen is not None and gen > best_gen:
             best, best_gen = st, gen
     return best
@@ -307,7 +307,7 @@ def run_generations(engine: Any, base: str) -> list[Any]:
     """Every workflow of run ``base`` (``train/tiny``, ``train/tiny/2``, ...), oldest first."""
     if hasattr(engine, "generations"):
         return engine.generations(base)
-    found = [(g, st) for st in readable_workflows(engine) if (g := _generation(st.workflow_id, base)) is not None]
+    found = [(g, st) for st in readable_workflows(engine) if (g := generation(st.workflow_id, base)) is not None]
     return [st for _, st in sorted(found, key=lambda x: x[0])]
 
 
@@ -351,7 +351,7 @@ def start_run(engine: Any, workflow: str, base: str, inp: Any, *, restart: int |
     """
     current = latest_run(engine, base)
     if restart is not None:
-        gen = (_generation(current.workflow_id, base) or 1) if current is not None else 0
+        gen = (generation(current.workflow_id, base) or 1) if current is not None else 0
         workflow_id = f"{base}/{gen + 1}" if gen else base
         inp = inp.model_copy(update={"restart": restart})
         try:
@@ -375,7 +375,7 @@ def start_run(engine: Any, workflow: str, base: str, inp: Any, *, restart: int |
             )
         if current.state in ("running", "completed"):
             return Started(current.workflow_id, new=False)
-        gen = _generation(current.workflow_id, base) or 1
+        gen = generation(current.workflow_id, base) or 1
         workflow_id = f"{base}/{gen + 1}"
         if isinstance(inp, TrainRunInput):
             epoch = int(old_raw.get("restart") or 0) if isinstance(old_raw, dict) else 0
