@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 import workflows
-from engine import BadInput, Engine, NotFound, StopRequest, Store, check_id
+from engine import BadInput, Engine, NotFound, Store, WorkflowStatus, check_id
 from tinyllm import fsio
 from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, format_validation_error, load_json_file,
                           parse_corpus_spec, parse_train_spec)
@@ -30,6 +30,7 @@ from tinyllm.trainer_spec import has_trainer
 from workflows.models import EvalSubject, EvalSuiteInput, TrainRunInput
 
 from . import backends
+from .backend import Backend
 from .errors import (EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_DISK_FULL, EXIT_FAILED, EXIT_OK,  # noqa: F401 (re-exported)
                      BadRequest, CtlError, DiskFull)
 from .homecheck import check_home_writable, refuse_lost_history
@@ -54,14 +55,14 @@ def db_path(home: Path) -> Path:
     return home / ".ctl" / "engine.db"
 
 
-def stopped(engine: Any) -> bool:
-    """A polite stop ended this engine's work (``Engine.request_stop``, engine/_stop.py); another backend has
-    none (its polite stop is ctl/interrupt.py's: the trainers below ctl checkpoint, ctl exits 143)."""
-    return isinstance(getattr(engine, "stop", None), StopRequest)
+def stopped(engine: Backend) -> bool:
+    """A polite stop ended this engine's work (``Engine.request_stop``, engine/_stop.py); a backend without
+    ``polite_stop`` has none (its polite stop is ctl/interrupt.py's: the trainers below ctl checkpoint, ctl exits 143)."""
+    return engine.stop is not None
 
 
 def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env: Any = None,
-                **engine_kwargs: Any) -> Any:
+                **engine_kwargs: Any) -> Backend:
     """The engine of ``home`` with the workflows and the real activities registered.
 
     ``create=False`` (read-only commands) refuses a home without a database, so that
@@ -236,26 +237,18 @@ def generation(workflow_id: str, base: str) -> int | None:
     return None
 
 
-def latest_run(engine: Any, base: str) -> Any | None:
+def latest_run(engine: Backend, base: str) -> WorkflowStatus | None:
     """The newest workflow of run ``base`` (``train/tiny``, ``train/tiny/2``, ...), or None."""
-    if hasattr(engine, "generations"):  # Temporal: read by id, not from its (eventually consistent) list
-        found = engine.generations(base)
-        return found[-1] if found else None
-    best, best_gen = None, 0
-    for st in readable_workflows(engine):
-        gen = generation(st.workflow_id, base)
-        if gen is not None and gen > best_gen:
-            best, best_gen = st, gen
-    return best
+    found = engine.generations(base)  # Temporal: read by id, not from its (eventually consistent) list
+    return found[-1] if found else None
 
 
-def readable_workflows(engine: Any) -> list[Any]:
+def readable_workflows(engine: Backend) -> list[WorkflowStatus]:
     """Every workflow whose record can be read (damaged ones are reported where they are asked for)."""
-    lister = getattr(engine, "list_readable", None)
-    return lister()[0] if lister else engine.list_workflows()
+    return engine.list_readable()[0]
 
 
-def resolve_id(engine: Any, workflow_id: str) -> str:
+def resolve_id(engine: Backend, workflow_id: str) -> str:
     """An id as given, or for a run's base id its newest workflow; BadRequest when unknown."""
     try:
         check_id(workflow_id)
@@ -274,7 +267,7 @@ def resolve_id(engine: Any, workflow_id: str) -> str:
     return workflow_id
 
 
-def _exists(engine: Any, workflow_id: str) -> bool:
+def _exists(engine: Backend, workflow_id: str) -> bool:
     try:
         engine.status(workflow_id)
         return True
@@ -282,7 +275,7 @@ def _exists(engine: Any, workflow_id: str) -> bool:
         return False
 
 
-def recorded_input(engine: Any, workflow_id: str) -> dict:
+def recorded_input(engine: Backend, workflow_id: str) -> dict:
     events = engine.history(workflow_id)
     return events[0].attrs.get("input") if events else {}
 
@@ -303,12 +296,9 @@ class Started:
     reused: list[str] = field(default_factory=list)  # activity ids an earlier workflow finished (continued run)
 
 
-def run_generations(engine: Any, base: str) -> list[Any]:
+def run_generations(engine: Backend, base: str) -> list[WorkflowStatus]:
     """Every workflow of run ``base`` (``train/tiny``, ``train/tiny/2``, ...), oldest first."""
-    if hasattr(engine, "generations"):
-        return engine.generations(base)
-    found = [(g, st) for st in readable_workflows(engine) if (g := generation(st.workflow_id, base)) is not None]
-    return [st for _, st in sorted(found, key=lambda x: x[0])]
+    return engine.generations(base)
 
 
 OPERATIONAL = ("prior", "train_heartbeat_timeout_s", "eval_heartbeat_timeout_s", "trace", "heartbeat_timeout_s",
@@ -340,7 +330,7 @@ def _difference_text(diff: list[str], old: Any, new: Any) -> str:
     return "; ".join(out)
 
 
-def start_run(engine: Any, workflow: str, base: str, inp: Any, *, restart: int | None = None) -> Started:
+def start_run(engine: Backend, workflow: str, base: str, inp: Any, *, restart: int | None = None) -> Started:
     """Start run ``base`` with input ``inp``, or attach to it; refuse a different input.
 
     Running or completed: attach. Canceled or failed: a fresh workflow continues the run;
@@ -409,7 +399,7 @@ def heartbeat_override(workflow_id: str, heartbeat_timeout_s: float | None,
     return hook
 
 
-def heartbeat_in_use(engine: Any, workflow_id: str, activity: str = workflows.ACTIVITY_TRAIN,
+def heartbeat_in_use(engine: Backend, workflow_id: str, activity: str = workflows.ACTIVITY_TRAIN,
                      field: str = "train_heartbeat_timeout_s") -> float | None:
     """The heartbeat timeout the run's ``activity`` attempts (train; eval with ``field``
     ``eval_heartbeat_timeout_s``) last ran with (or were scheduled with), or None."""

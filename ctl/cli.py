@@ -117,7 +117,7 @@ def _interrupt_on_signals() -> None:
         signal.signal(sig, _interrupted)
 
 
-def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool, interrupt: Interrupt) -> Any:
+def _follow(home: Path, engine: app.Backend, workflow_id: str, *, quiet: bool, interrupt: Interrupt) -> Any:
     """Run a worker in this process until ``workflow_id`` ends; show its progress on stderr.
 
     SIGINT/SIGTERM meanwhile: ``interrupt`` stops the display, kills the trainer and exits 130
@@ -276,7 +276,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
             tracer.start()
             if not (as_json or quiet):
                 click.echo(f"ctl: trace {tracer.trace_id} -> {tracer.where}", err=True)
-        if hasattr(engine, "attempt_options"):  # an operational setting: this command's value from now on
+        if engine.attempt_overrides:  # an operational setting: this command's value from now on
             engine.attempt_options = app.heartbeat_override(wid, heartbeat_timeout_s, eval_heartbeat_timeout_s)
         if not (as_json or quiet):
             verb = "started" if started.new else "attached to"
@@ -288,7 +288,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
                                  ("--eval-heartbeat-timeout", was_eval_s, eval_heartbeat_timeout_s)):
             if was is None or was == now_s or as_json:
                 continue
-            if hasattr(engine, "attempt_options"):
+            if engine.attempt_overrides:
                 click.echo(f"ctl: {flag} {now_s:g} s from now on (the run had {was:g} s)", err=True)
             else:
                 click.echo(f"ctl: {flag} {now_s:g} s is not applied on this backend: {wid} keeps its {was:g} s",
@@ -328,9 +328,9 @@ def _polite_stop(what: str, grace_s: float, stop_signal: Any, keeps: str = "its 
     return Interrupt(what, keeps, grace_s=grace_s, stop_signal=stop_signal).install()
 
 
-def _exit_preempted(engine: Any, workflow_id: str, interrupt: Interrupt, as_json: bool, st: Any) -> None:
+def _exit_preempted(engine: app.Backend, workflow_id: str, interrupt: Interrupt, as_json: bool, st: Any) -> None:
     """After a polite stop: one line saying what was saved (or the --json outcome), exit 143."""
-    stop = getattr(engine, "stop", None)
+    stop = engine.stop
     name = interrupt.signal_name or (stop.signal if stop is not None else None)
     if as_json:
         print_json({**app.outcome_json(st), "state": "preempted", "signal": name,
@@ -467,7 +467,7 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
     try:
         started = app.start_run(engine, "EvalSuite", f"eval/{inp.name}", inp)
         interrupt.workflow_id = started.workflow_id
-        if hasattr(engine, "attempt_options"):  # an operational setting: this command's value from now on
+        if engine.attempt_overrides:  # an operational setting: this command's value from now on
             engine.attempt_options = app.heartbeat_override(started.workflow_id, None, heartbeat_timeout_s)
         st = engine.status(started.workflow_id)
         if st.state == "running":
@@ -537,7 +537,7 @@ def worker(stop_grace_s: float, stop_signal: Any, home: str | None) -> None:
     home_dir = app.resolve_home(home)
     engine = app.open_engine(home_dir, create=True)
     stop = threading.Event()
-    if not hasattr(engine, "request_stop"):  # another backend's worker: its loop ends on the event
+    if not engine.polite_stop:  # another backend's worker: its loop ends on the event
         interrupt.engine = None
 
         def on_signal(signum: int, frame: Any) -> None:
@@ -547,8 +547,7 @@ def worker(stop_grace_s: float, stop_signal: Any, home: str | None) -> None:
             signal.signal(sig, on_signal)
     else:
         interrupt.engine = engine
-    where = engine.config.describe() if getattr(engine, "backend", "") == "temporal" else app.db_path(home_dir)
-    click.echo(f"ctl worker: serving {where} as pid {os.getpid()} (SIGINT/SIGTERM to stop)", err=True)
+    click.echo(f"ctl worker: serving {engine.describe()} as pid {os.getpid()} (SIGINT/SIGTERM to stop)", err=True)
     handler = logging.StreamHandler(sys.stderr)  # the engine's own warnings (a lost worker redelivered...)
     handler.setFormatter(logging.Formatter("%(asctime)s engine: %(message)s", "%Y-%m-%dT%H:%M:%S"))
     logging.getLogger("engine").addHandler(handler)
@@ -559,7 +558,7 @@ def worker(stop_grace_s: float, stop_signal: Any, home: str | None) -> None:
     try:
         log.start()
         engine.run_forever(stop)
-        stopped = [p for p in getattr(engine, "preempted", []) if not str(p.get("message", "")).startswith("not started")]
+        stopped = [p for p in engine.preempted if not str(p.get("message", "")).startswith("not started")]
         if stopped:
             code = EXIT_PREEMPTED
             for p in stopped:

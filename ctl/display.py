@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from app import Backend
 from engine import read_events
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
@@ -124,7 +125,7 @@ def _older_valid(home: Path, name: str, ckpt: str | None) -> str | None:
 class LiveDisplay:
     """Follows workflow ``workflow_id`` of ``engine`` from ``start()`` to ``stop()``."""
 
-    def __init__(self, home: Path, engine: Any, workflow_id: str, *, console: Console | None = None,
+    def __init__(self, home: Path, engine: Backend, workflow_id: str, *, console: Console | None = None,
                  poll_s: float = 0.5, clock: Callable[[], float] = time.time):
         self.home, self.engine, self.workflow_id, self.poll_s, self.clock = Path(home), engine, workflow_id, poll_s, clock
         self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
@@ -189,7 +190,7 @@ class LiveDisplay:
 
     def _read_events(self) -> list[Any]:
         after = self.events[-1].seq if self.events else 0
-        store = getattr(self.engine, "store", None)
+        store = self.engine.store
         if store is None:  # another backend (Temporal): its own history call
             new = [e for e in self.engine.history(self.workflow_id) if e.seq > after][:MAX_EVENTS_PER_POLL]
         else:

@@ -20,7 +20,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -28,6 +27,7 @@ from engine import OUTPUT_STREAMS as STREAMS, NotFound, output_log_path as log_p
 from workflows.activities import activity_dir
 
 import app
+from app import Backend
 from . import runstatus
 from .cli_common import edge, home_option
 from app.errors import BadRequest
@@ -70,7 +70,7 @@ def run_logs(home: Path, name: str) -> list[AttemptLogs]:
     return out
 
 
-def _started(engine: Any, base: str) -> list[tuple[str, str, int]]:
+def _started(engine: Backend, base: str) -> list[tuple[str, str, int]]:
     """(workflow id, activity id, attempt) of every attempt the run's workflows started, in order."""
     out = []
     for st in app.run_generations(engine, base):
@@ -87,7 +87,7 @@ def _base(workflow_id: str) -> str:
     return f"train/{parts[1]}"
 
 
-def choose(engine: Any, home: Path, workflow_id: str, activity: str | None, attempt: int | None) -> tuple[AttemptLogs, str | None]:
+def choose(engine: Backend, home: Path, workflow_id: str, activity: str | None, attempt: int | None) -> tuple[AttemptLogs, str | None]:
     """The attempt whose output to print, and the workflow that ran it (None: not one of the run's)."""
     base = _base(workflow_id)
     name = base.split("/", 1)[1]
@@ -158,7 +158,7 @@ class Printer:
         out.flush()
 
 
-def _ended(engine: Any, workflow_id: str, logs: AttemptLogs) -> str | None:
+def _ended(engine: Backend, workflow_id: str, logs: AttemptLogs) -> str | None:
     """Why a followed attempt is over, or None while it runs."""
     try:
         st = engine.status(workflow_id)
@@ -180,7 +180,7 @@ def _ended(engine: Any, workflow_id: str, logs: AttemptLogs) -> str | None:
     return None
 
 
-def _first(engine: Any, home: Path, workflow_id: str, activity: str | None, attempt: int | None,
+def _first(engine: Backend, home: Path, workflow_id: str, activity: str | None, attempt: int | None,
            follow: bool) -> tuple[AttemptLogs, str | None]:
     """``choose``; with ``follow``, waits while the run is running and has no output yet (a detached run
     waiting for its worker), as ``kubectl logs -f`` waits for its container."""
