@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from .backend import Backend, Unsupported
 from .errors import BadRequest, CtlError, DiskFull
-from .runs import (DEFAULT_SUITES, ENDED, OPERATIONAL, Started, check_run_writable, check_suites, db_path, disk_full_message,
-                   error_line, eval_request, exit_code, heartbeat_in_use, heartbeat_override, generation, latest_run,
-                   open_engine, outcome_json, permission_message, readable_workflows, recorded_input, resolve_home,
-                   resolve_id, run_generations, start_run, stopped, train_request, train_workflow_id)
+from .requests import DEFAULT_SUITES, TrainRequest, check_suites, eval_request, train_request
+from .runs import (ENDED, OPERATIONAL, Started, check_run_writable, db_path, disk_full_message, error_line, exit_code,
+                   generation, heartbeat_in_use, heartbeat_override, latest_run, open_engine, outcome_json,
+                   permission_message, readable_workflows, recorded_input, resolve_home, resolve_id, run_generations,
+                   start_run, stopped, train_workflow_id)
 
-__all__ = ["Backend", "Unsupported", "BadRequest", "CtlError", "DEFAULT_SUITES", "DiskFull", "ENDED", "OPERATIONAL", "Started",
+__all__ = ["Backend", "Unsupported", "TrainRequest", "BadRequest", "CtlError", "DEFAULT_SUITES", "DiskFull", "ENDED", "OPERATIONAL", "Started",
            "check_run_writable", "check_suites", "db_path", "disk_full_message", "error_line", "eval_request", "exit_code",
            "heartbeat_in_use", "heartbeat_override", "generation", "latest_run", "open_engine", "outcome_json",
            "permission_message", "readable_workflows", "recorded_input", "resolve_home", "resolve_id",

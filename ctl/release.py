@@ -18,6 +18,7 @@ import click
 
 import workflows
 from tinyllm.eval_figures import resolve_figure, suite_figures
+from tinyllm.trainer_spec import has_trainer
 
 import app
 from . import presence
@@ -140,7 +141,7 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
         digest = checkpoint_digest(home_dir, ckpt)
         name = str(st.result["name"])
         app.check_suites(list(suites), name)
-        if not spec.get("trainer"):  # tinyllm's suites: their figures are known (a trainer's own suites: not)
+        if not has_trainer(spec):  # tinyllm's suites: their figures are known (a trainer's own suites: not)
             check_gate_figures(parsed)
         inp = workflows.ModelReleaseInput(name=name, select=select, checkpoint=ckpt, step=step, digest=digest,
                                           suites=list(suites), gates=parsed, spec=spec,

@@ -71,7 +71,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         (home / "demo.json").write_text(json.dumps(SPEC))
-        inp = app.train_request(str(home / "demo.json"), ["ppl"], eval_max_items=8)
+        inp = app.train_request(str(home / "demo.json"), ["ppl"], eval_max_items=8).input
         engine = app.open_engine(home, create=True)
         try:
             wid = app.start_run(engine, "TrainRun", "train/demo", inp).workflow_id

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine import ActivityError, Canceled, NonRetryableError, RetryPolicy, Runtime, StepOptions, is_canceled
 from tinyllm import faults
 from tinyllm.fsio import atomic_write, fsync_dir, write_synced
+from tinyllm.trainer_spec import trainer_of
 
 from .evaluation import eval_suite
 from .models import EvalSubject, EvalSuiteInput, EvalSuiteResult
@@ -179,7 +180,7 @@ async def model_release(rt: Runtime, input: ModelReleaseInput) -> ModelReleaseRe
     request = EvalSuiteInput(name=input.name, tag=f"r{input.digest[:12]}", suites=list(input.suites),
                              subjects=[EvalSubject(id=f"{input.name}-r{input.digest[:12]}", model=input.checkpoint)],
                              seed=input.eval_seed, corpus=input.corpus, max_items=input.eval_max_items,
-                             trainer=input.spec.get("trainer"))
+                             trainer=trainer_of(input.spec))
     try:
         evals = await eval_suite(rt, request)
         figures = figures_of(evals)

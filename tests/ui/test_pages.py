@@ -28,7 +28,7 @@ def home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ui(home: Path):
-    backends.choose(backends.Backend())  # the embedded engine (an earlier test in this process may have chosen Temporal)
+    backends.choose(backends.Choice())  # the embedded engine (an earlier test in this process may have chosen Temporal)
     engine = app.open_engine(home, create=False, readonly=True)
     yield server.App(engine, home)
     engine.close()
