@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import workflows
 from engine import Event, WorkflowStatus
-from tinyllm import tracing
+from tinyllm.sinks import tracing
 from workflows.models import TraceContext
 
 from . import backends, runsinks
