@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from contracts import exits
+
 from . import _proctree as proctree
 from ._output import AttemptOutput
 from ._errors import Canceled, NonRetryableError, Preempted
@@ -45,11 +47,10 @@ from ._errors import Canceled, NonRetryableError, Preempted
 log = logging.getLogger("engine")
 
 PR_SET_PDEATHSIG = 1
-EXIT_BAD_INPUT = 2
-EXIT_DISK_FULL = 74  # the trainer found no space (contracts/subprocess-activity.md): non-retryable DiskFull
-EXIT_LOCKED = 75
-EXIT_CANCELED = 130
-EXIT_PREEMPTED = 143  # ctl's exit after a polite stop it saved (128 + SIGTERM): schedulers read it as "come back"
+# the trainer contract's exit codes (contracts/exits.py): 74 = no space, a non-retryable DiskFull; 143 = ctl's
+# exit after a polite stop it saved
+EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_LOCKED, EXIT_CANCELED, EXIT_PREEMPTED = (
+    exits.EXIT_BAD_INPUT, exits.EXIT_DISK_FULL, exits.EXIT_LOCKED, exits.EXIT_CANCELED, exits.EXIT_PREEMPTED)
 STOP_SIGNAL_ENV = "DURABLE_STOP_SIGNAL"  # a signal name the trainer treats as SIGTERM (ctl --stop-signal)
 
 try:

@@ -57,6 +57,8 @@ from pathlib import Path
 
 from dataclasses import dataclass
 
+from contracts.exits import EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_FAILED, EXIT_LOCKED
+
 from .errors import STOP, stop_signals
 from .runlock import pid_running
 from .spec import SpecError, TrainSpec
@@ -64,8 +66,7 @@ from .spec import SpecError, TrainSpec
 RANK_STATUS_ENV = "TINYLLM_DDP_STATUS"
 NNODES_ENV, NODE_RANK_ENV = "TINYLLM_NNODES", "TINYLLM_NODE_RANK"
 RDZV_ENDPOINT_ENV, RDZV_ID_ENV = "TINYLLM_RDZV_ENDPOINT", "TINYLLM_RDZV_ID"
-EXIT_FAILED = 1
-REPORTED_CODES = (2, 74, 75)  # a rank's own verdict the launcher passes on (bad input, disk full, locked)
+REPORTED_CODES = (EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_LOCKED)  # a rank's own verdict the launcher passes on (bad input, disk full, locked)
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.1
 RANK_EXIT_WAIT_S = 30.0  # after torchrun ended: how long its ranks may take to disappear

@@ -62,6 +62,8 @@ from typing import Any, Iterable, Iterator, Mapping, NoReturn
 
 import torch
 
+from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED  # the trainer contract's exit codes
+
 from . import checkpoint as ckpt
 from . import faults, runlock, runtime_env, stopping
 from .digest import state_digest
@@ -78,9 +80,6 @@ from .metrics import JsonlSink
 from .fsio import rel, resolve_home
 from .names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys
 
-EXIT_BAD_INPUT = 2
-EXIT_LOCKED = 75
-EXIT_CANCELED = 130
 # Spec keys that may change between a checkpoint and its resume (the rest is the trajectory).
 # "threads" stays a trajectory key here: a user's own loop is not thread-invariant as tinyllm's model is.
 NON_TRAJECTORY_KEYS = frozenset({"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every",
