@@ -34,7 +34,7 @@ from typing import Any
 
 from engine import Canceled, NonRetryableError, Preempted
 
-from workflows.activities import choose_resume
+from contracts.resume import resume_argument as choose_resume
 
 from .ledger import Ledger
 from .release import COMPLETE, checkpoint_digest, reused_outputs
