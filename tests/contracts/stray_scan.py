@@ -1,6 +1,6 @@
 """Find strays: the run home's layout, its exit codes and its activity-id grammar spelled outside contracts/.
 
-Static (ast; nothing is imported). A stray is, outside docstrings:
+Static (ast; nothing is imported). A stray is, outside docstrings and a CLI option's ``help=`` text:
 
 - a layout name joined as a path (``x / "ckpt"``, ``/ "runs" /``) or the literal ``"ckpt"``, ``"LATEST"``,
   ``"manifest.json"``, ``"checkpoint_artifacts"``; a string with a ``/ckpt/`` or ``runs/`` path in it;
@@ -49,7 +49,8 @@ def strays_in(path: Path) -> list[tuple[int, str]]:
     """(line, what) of each stray in one file."""
     text = path.read_text()
     tree = ast.parse(text, str(path))
-    skip = _docstrings(tree)
+    skip = _docstrings(tree) | {id(k.value) for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords
+                                if k.arg == "help" and isinstance(k.value, ast.Constant)}  # a CLI's help: docs
     in_fstring = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
     out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
