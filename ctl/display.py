@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from contracts.activity_ids import is_eval
+from contracts.layout import RunHome
 from contracts.layout import parse_step_dir as checkpoint_step
 from contracts.resume import expected_resume
 from engine import read_events
@@ -114,7 +116,7 @@ class LiveDisplay:
         self._read_events()
         view = self._view()
         if view.name:
-            self.tail = MetricsTail(self.home / "runs" / view.name / "metrics.jsonl")
+            self.tail = MetricsTail(RunHome(self.home).run(view.name).metrics)
             # the file as the last attempt left it (its last step is what a resume redoes); its warnings were shown then
             self._warned.update(t for f in self.tail.poll() if (t := warning_text(f)))
         self._emit(self._opening_line(view))
@@ -245,7 +247,7 @@ class LiveDisplay:
         if self.tail is None and self.events:
             name = self._view().name
             if name:
-                self.tail = MetricsTail(self.home / "runs" / name / "metrics.jsonl")
+                self.tail = MetricsTail(RunHome(self.home).run(name).metrics)
         if self.tail is not None:
             for frame in self.tail.poll():
                 text = warning_text(frame)
@@ -281,7 +283,7 @@ class LiveDisplay:
             ev = next((x for x in view.evals() if x.activity_id == aid), None)
             if ev is not None:
                 return f"[green]{headline(ev.suite, ev.metrics)}[/] at step {ev.step}  ({ev.suite}: {figures_text(ev.metrics)})"
-            if aid.startswith("eval-"):  # an EvalSuite workflow's suite
+            if is_eval(aid):  # an EvalSuite workflow's suite
                 r = a.get("result") if isinstance(a.get("result"), dict) else {}
                 metrics = first_subject_metrics(r)
                 return f"[green]{headline(str(r.get('suite', aid)), metrics)}[/]  ({aid}: {figures_text(metrics)})"

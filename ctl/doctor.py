@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from contracts.layout import CKPT, LATEST, RunHome
+from contracts.layout import CKPT, LATEST, METRICS, RunHome
 from contracts.manifest import CheckpointError, verify_checkpoint
 from contracts.resume import DAMAGED_LATEST, list_step_dirs, read_latest
 from engine import BadInput, DamagedRecord, Engine, Store, damage_report, owner_dead
@@ -268,7 +268,7 @@ def _corpus(home: Path, cdir: Path) -> list[Finding]:
 def _sinks(home: Path, run_dir: Path) -> list[Finding]:
     """An MLflow sink that fell behind metrics.jsonl (tinyllm/mlflow_sink.py); the server is not contacted."""
     state = mlflow_sink.read_state(run_dir)
-    frames = run_dir / "metrics.jsonl"
+    frames = run_dir / METRICS
     last = None
     try:
         tail = frames.read_text(encoding="utf-8").splitlines()[-1:] if frames.is_file() else []
