@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("engine", "workflows", "ctl", "tinyllm", "simulator")
 PATH_NAMES = {"runs", "ckpt", "LATEST", "manifest.json", "checkpoint_artifacts", "metrics.jsonl", "corpora",
               "releases", "evals", ".ctl", "activity", "engine.db"}
-LITERALS = {"ckpt", "LATEST", "manifest.json", "checkpoint_artifacts"}
+LITERALS = {"LATEST", "manifest.json", "checkpoint_artifacts"}  # "ckpt" is also a ledger kind: as a path only
 PATH_IN_TEXT = re.compile(r"(^|/)ckpt/|^runs/|/runs/")
 EXIT_CODES = {2, 74, 75, 130, 143}
 EXIT_WORDS = re.compile(r"returncode|exit|\brc\b|code")
@@ -81,6 +81,12 @@ def strays_in(path: Path) -> list[tuple[int, str]]:
             fn = ast.unparse(node.func)
             if fn in ("sys.exit", "os._exit", "exit", "SystemExit"):
                 out.append((node.lineno, f"{fn}({_int(node.args[0])})"))
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("Path", "os.path.join", "PurePath") and any(
+                isinstance(a, ast.Constant) and a.value in PATH_NAMES for a in node.args):
+            out.append((node.lineno, f"path built with {ast.unparse(node.func)}(...) of layout names"))
+        elif isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value in PATH_NAMES
+                                                   for c in node.comparators) and ast.unparse(node.left).endswith(".name"):
+            out.append((node.lineno, "a folder's name compared with a layout name"))
         elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             nums = [_int(s) for s in sides] + [_int(e) for s in sides if isinstance(s, (ast.Tuple, ast.Set, ast.List))
