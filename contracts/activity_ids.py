@@ -14,7 +14,6 @@ EVAL_PREFIX = "eval-"
 CORPUS_PREFIX = "corpus-"
 PUBLISH_PREFIX = "publish"
 _TRAIN = re.compile(r"^train-(\d+)$")
-_EVAL_TAGGED = re.compile(r"^eval-(\d{6,})-(.+)$")
 
 
 def step_tag(step: int) -> str:
@@ -49,13 +48,16 @@ class ActivityId:
 
 
 def parse_activity_id(aid: str) -> ActivityId:
+    """``train-000500`` -> train at 500; ``eval-000500-ppl`` -> eval at 500 of ``ppl``; ``eval-ppl`` (no tag)
+    -> eval of ``ppl``; the step is the first ``-``-separated part of digits after the prefix."""
     aid = str(aid)
     if aid.startswith(TRAIN_PREFIX):
-        m = _TRAIN.match(aid)
-        return ActivityId("train", int(m.group(1)) if m else None)
+        head = aid.split("-")[1]
+        return ActivityId("train", int(head) if head.isdigit() else None)
     if aid.startswith(EVAL_PREFIX):
-        m = _EVAL_TAGGED.match(aid)
-        return ActivityId("eval", int(m.group(1)), m.group(2)) if m else ActivityId("eval", None, aid[len(EVAL_PREFIX):])
+        rest = aid[len(EVAL_PREFIX):]
+        head, _, tail = rest.partition("-")
+        return ActivityId("eval", int(head) if head.isdigit() else None, tail if head.isdigit() and tail else rest)
     if aid.startswith(CORPUS_PREFIX):
         return ActivityId("corpus", None, aid[len(CORPUS_PREFIX):])
     if aid.startswith(PUBLISH_PREFIX):
