@@ -27,6 +27,8 @@ import random
 import re
 from pathlib import Path
 
+from contracts.layout import RunHome
+
 _STEP = re.compile(r"step-(\d+)$")
 _TRAIN = re.compile(r"train-(\d+)$")
 
@@ -51,17 +53,17 @@ def fault_points(rng: random.Random, n: int, steps: int, checkpoint_every: int, 
 def latest_step(home: Path, name: str) -> int:
     """The step of the run's newest checkpoint (LATEST), 0 when it has none."""
     try:
-        return int(_STEP.search((home / "runs" / name / "ckpt" / "LATEST").read_text(encoding="utf-8").strip()).group(1))
+        return int(_STEP.search(RunHome(home).run(name).latest.read_text(encoding="utf-8").strip()).group(1))
     except (OSError, AttributeError, ValueError):
         return 0
 
 
 def progress_step(home: Path, name: str) -> int:
     """How far the run's trainer has got: the newest of metrics.jsonl's last frame and LATEST's step."""
-    run = home / "runs" / name
+    run = RunHome(home).run(name)
     best = latest_step(home, name)
     try:
-        with open(run / "metrics.jsonl", "rb") as f:
+        with open(run.metrics, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 8192))
             tail = f.read().split(b"\n")
