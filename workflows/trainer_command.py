@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_DISK_FULL, EXIT_LOCKED
 from contracts.layout import LATEST, MANIFEST, RunHome
+from contracts.progress import int_step, is_liveness
 from engine import NonRetryableError
 
 PYTHON_WORDS = ("python", "python3")  # as a command's first word: the interpreter running the worker
@@ -145,12 +146,11 @@ def check_progress(path: Path, *, home: Path) -> None:
         except ValueError:
             raise contract_violation("progress lines", f"line {number} of {path.name} is not JSON: "
                                                        f"{raw[:80].decode('utf-8', 'replace')!r}") from None
-        if isinstance(line, dict) and "event" in line and "step" not in line:
-            continue  # a liveness line (contracts/subprocess-activity.md)
+        if isinstance(line, dict) and is_liveness(line) and "step" not in line:
+            continue  # a liveness line (contracts/progress.py)
         if not isinstance(line, dict):
             raise contract_violation("progress lines", f"line {number} of {path.name} is not a JSON object")
-        step = line.get("step")
-        if ("step" in line or "event" not in line) and (not isinstance(step, int) or isinstance(step, bool)):
+        if ("step" in line or not is_liveness(line)) and int_step(line) is None:
             raise contract_violation("progress lines", f"line {number} of {path.name} has no integer 'step' "
                                                        "(only a liveness line with an 'event' may omit it)")
         if line.get("checkpoint"):
