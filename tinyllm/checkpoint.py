@@ -51,7 +51,6 @@ from contracts.manifest import (FORMAT, FULL_COMPONENTS, build_manifest, canonic
                                 is_sidecar_name, manifest_digest, read_manifest, read_sidecar, read_verified,
                                 verify_checkpoint, verify_sidecars)
 from contracts.resume import Refusal, ResumeChoice, choose_resume, list_step_dirs, read_latest
-from contracts.resume import _step_of  # noqa: F401  (tests read steps the trainer's way)
 
 from .errors import CheckpointError
 from .diskfull import writing
