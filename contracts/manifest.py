@@ -56,7 +56,7 @@ def file_entry(data: bytes) -> dict[str, Any]:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def read_manifest(path: Path) -> dict:
+def read_manifest(path: Path) -> dict[str, Any]:
     path = Path(path)
     try:
         manifest = json.loads((path / MANIFEST).read_text())
@@ -133,7 +133,7 @@ def verify_sidecars(path: Path) -> None:
             read_sidecar(path, p.name)
 
 
-def verify_checkpoint(path: Path) -> dict:
+def verify_checkpoint(path: Path) -> dict[str, Any]:
     """Re-hash every file against the manifest and every sidecar against its seal; return the
     manifest or raise ``CheckpointError``."""
     path = Path(path)
@@ -146,7 +146,7 @@ def verify_checkpoint(path: Path) -> dict:
     return manifest
 
 
-def check_resumable(path: Path) -> dict:
+def check_resumable(path: Path) -> dict[str, Any]:
     """``verify_checkpoint``, and the manifest says it holds every component a resume needs."""
     manifest = verify_checkpoint(path)
     if not manifest.get("resumable"):

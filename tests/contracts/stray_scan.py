@@ -15,6 +15,7 @@ Run this file directly to print every stray found.
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 import sys
 from collections import Counter
@@ -67,7 +68,7 @@ def strays_in(path: Path) -> list[tuple[int, str]]:
                 out.append((node.lineno, f"activity-id prefix {node.value!r}"))
         elif isinstance(node, ast.JoinedStr):
             parts = node.values
-            for a, b in zip(parts, parts[1:]):
+            for a, b in itertools.pairwise(parts):
                 if isinstance(a, ast.Constant) and str(a.value).endswith("step-") and isinstance(b, ast.FormattedValue):
                     out.append((node.lineno, "step directory name formatted by hand"))
             if parts and isinstance(parts[0], ast.Constant) and str(parts[0].value).startswith(ID_PREFIXES) \

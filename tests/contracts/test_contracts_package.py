@@ -11,8 +11,19 @@ import pytest
 
 import contracts
 from contracts import activity_ids, exits, layout, progress
-from contracts.manifest import (CheckpointError, build_manifest, file_entry, read_sidecar, verify_checkpoint)
-from contracts.resume import choose_resume, expected_resume, read_latest, resume_argument
+from contracts.manifest import (
+    CheckpointError,
+    build_manifest,
+    file_entry,
+    read_sidecar,
+    verify_checkpoint,
+)
+from contracts.resume import (
+    choose_resume,
+    expected_resume,
+    read_latest,
+    resume_argument,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
