@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from contracts.layout import RunHome
 import workflows
 from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, TrainSpec, format_validation_error,
                           load_json_file, parse_corpus_spec)
@@ -70,7 +71,7 @@ BUILTIN_CORPORA = ("default",)
 
 def known_corpora(home: Path) -> list[str]:
     """The corpora already built in ``home`` (``corpora/<name>/meta.json``), sorted."""
-    root = home / "corpora"
+    root = RunHome(home).corpora
     return sorted(d.name for d in root.iterdir() if (d / "meta.json").is_file()) if root.is_dir() else []
 
 

@@ -18,6 +18,8 @@ import click
 
 from engine import STOP_SIGNAL_ENV
 
+from contracts.layout import RunHome
+
 import app
 from app import backends, errors, runsinks
 from app.errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, EXIT_PREEMPTED, BadRequest
@@ -555,7 +557,7 @@ def server(port: int, ip: str, db_filename: str | None, home: str | None) -> Non
         raise BadRequest(str(e)) from None
     if not 0 < port < 65536:
         raise BadRequest(f"--port {port}: expected 1-65535")
-    db = Path(db_filename) if db_filename else app.resolve_home(home) / ".ctl" / "temporal-dev.db"
+    db = Path(db_filename) if db_filename else RunHome(app.resolve_home(home)).ctl_dir / "temporal-dev.db"
     db.parent.mkdir(parents=True, exist_ok=True)
     click.echo(f"ctl server: Temporal dev server on {ip}:{port}, state in {db} (Ctrl-C to stop)", err=True)
     os.execv(binary, dev_server_argv(binary, port=port, db_filename=str(db), ip=ip))
