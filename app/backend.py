@@ -23,7 +23,8 @@ What one backend lacks is said explicitly, never by a missing attribute (no ``ha
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine import Event, StepOptions, StopRequest, Store, Unsupported, WorkflowStatus
 

@@ -15,10 +15,18 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from contracts.layout import RunHome
 import workflows
-from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, TrainSpec, format_validation_error,
-                          load_json_file, parse_corpus_spec)
+from contracts.layout import RunHome
+from engine import NonRetryableError
+from tinyllm.spec import (
+    IDENTIFIER_PATTERN,
+    EvalSpec,
+    SpecError,
+    TrainSpec,
+    format_validation_error,
+    load_json_file,
+    parse_corpus_spec,
+)
 from tinyllm.trainer_spec import RunSpec, has_trainer, parse_run_spec
 from workflows.models import EvalSubject, EvalSuiteInput, TrainRunInput
 
@@ -100,6 +108,7 @@ def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 
     except SpecError as e:
         raise BadRequest(str(e)) from None
     if has_trainer(raw):  # a user's trainer (app/trainers.py)
+        assert isinstance(raw, dict)  # has_trainer: a JSON object
         custom, inp = custom_train_request(raw, suites, eval_seed=eval_seed, eval_max_items=eval_max_items,
                                            corpus_file=corpus_file)
         return TrainRequest(custom, inp)
@@ -109,10 +118,10 @@ def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 
         spec = parse_run_spec(raw)
     except SpecError as e:
         raise BadRequest(str(e)) from None
-    assert isinstance(spec, TrainSpec)
+    assert isinstance(spec, TrainSpec) and isinstance(raw, dict)  # parsed: a JSON object, no trainer
     try:
         workflows.check_run_spec(spec)  # the workflow's own checks, before anything is started
-    except Exception as e:
+    except NonRetryableError as e:
         raise BadRequest(str(e)) from None
     if corpus_file is not None:
         try:

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import workflows
+from engine import NonRetryableError
 from tinyllm.spec import IDENTIFIER_PATTERN, SpecError, load_json_file
 from tinyllm.trainer_spec import CustomTrainSpec, has_trainer, parse_run_spec, remember_run_spec
 from workflows.models import TrainRunInput
@@ -64,7 +65,7 @@ def custom_train_request(raw: dict, suites: list[str] | None, *, eval_seed: int 
         raise BadRequest(f"--eval-max-items must be >= 1, got {eval_max_items}")
     try:
         workflows.check_run_spec(spec)
-    except Exception as e:
+    except NonRetryableError as e:
         raise BadRequest(str(e)) from None
     return spec, TrainRunInput(spec=spec_raw, corpus=None, eval_suites=suites, eval_seed=eval_seed,
                                eval_max_items=eval_max_items)

@@ -20,9 +20,10 @@ Operational flags (``TrainFlags``) change how the run is run here, never its ide
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import workflows
 from engine import Event, WorkflowStatus
@@ -33,7 +34,15 @@ from . import backends, runsinks
 from .backend import Backend
 from .errors import BadRequest
 from .requests import TrainRequest
-from .runs import Started, heartbeat_in_use, heartbeat_override, latest_run, open_engine, run_generations, start_run
+from .runs import (
+    Started,
+    heartbeat_in_use,
+    heartbeat_override,
+    latest_run,
+    open_engine,
+    run_generations,
+    start_run,
+)
 
 if TYPE_CHECKING:
     from .traces import RunTracer

@@ -60,7 +60,7 @@ def test_generations_of_the_embedded_engine(tmp_path: Path) -> None:
     generations of ``train/x``, and ``_`` in a base is no wildcard."""
     engine = Engine(tmp_path / "engine.db")
 
-    async def wf(rt, inp):  # noqa: ANN001, ANN202
+    async def wf(rt, inp):
         return None
 
     engine.register_workflow("W", wf)
