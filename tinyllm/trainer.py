@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from contracts.layout import RunDir, RunHome
+
 from . import checkpoint as ckpt
 from . import selection as sel
 from .checkpoint_writer import CheckpointWriter, Done, async_enabled, snapshot
@@ -115,9 +117,8 @@ class Trainer:
         self.progress_file = ProgressFile(progress)  # checkpoint lines, and liveness lines every few seconds
         self.hooks = hooks or TrainerHooks()
         self.log = log or sys.stderr
-        self.run_dir = self.home / "runs" / spec.name
-        cfg = spec.model
-        # Bad input is refused here, before anything is written.
+        self.run_dir = RunHome(self.home).run(spec.name).path
+        # Bad input is refused here (the spec itself was checked when parsed: tinyllm/spec.py), before anything is written.
         try:
             faults.arm_from_env()  # tests only: a misspelled TINYLLM_FAULT would run unarmed
         except faults.FaultError as e:
@@ -126,8 +127,6 @@ class Trainer:
             self.async_checkpoints = self._async_checkpoints()
         except ValueError as e:  # a bad $TINYLLM_ASYNC_CHECKPOINTS: one line, exit 2, nothing written
             raise SpecError(str(e)) from None
-        if cfg.n_embd % cfg.n_head:
-            raise SpecError(f"invalid train spec: model.n_embd ({cfg.n_embd}) is not a multiple of model.n_head ({cfg.n_head})")
         self.total_steps = spec.steps if total_steps is None else total_steps
         if self.total_steps < spec.steps:
             raise SpecError(f"--total-steps {self.total_steps} is below the spec's steps {spec.steps}")
@@ -313,8 +312,8 @@ class Trainer:
 
     def _checkpoint_path(self, step: int, components: dict[str, Any]) -> Path:
         if ckpt.FULL_COMPONENTS <= set(components):
-            return self.run_dir / "ckpt" / ckpt.step_dir_name(step)
-        return self.run_dir / "checkpoint_artifacts" / ckpt.artifact_dir_name(step)
+            return RunDir(self.run_dir, self.spec.name).step_dir(step)
+        return RunDir(self.run_dir, self.spec.name).artifact_dir(step)
 
     def _announce(self, done: Done | None) -> None:
         """A checkpoint became durable: it is the result's checkpoint now; its progress line; pruning."""
@@ -474,9 +473,9 @@ class Trainer:
         """``best_checkpoints`` / ``stopped_early`` of the result (tinyllm/selection.py); {} without selection."""
         if self.selection is None:
             return {}
-        root = self.run_dir / "ckpt"
-        return self.selection.summary(lambda s: self.rel(root / f"step-{s:06d}") if s is not None and
-                                      (root / f"step-{s:06d}").is_dir() else None)
+        run = RunDir(self.run_dir, self.spec.name)
+        return self.selection.summary(lambda s: self.rel(run.step_dir(s)) if s is not None and
+                                      run.step_dir(s).is_dir() else None)
 
     @property
     def stop_requested(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from contracts.activity_ids import step_tag  # (the grammar of activity ids is the contract's)
 from .activities import TinyllmActivities, tinyllm_activities
 from .continuation import collect_prior
 from .corpus import corpus_build
@@ -35,7 +36,7 @@ from .models import (
     TrainRunInput,
     TrainRunResult,
 )
-from .options import corpus_options, eval_options, step_tag, train_options
+from .options import corpus_options, eval_options, train_options
 from .release import (
     ACTIVITY_PUBLISH,
     WORKFLOW_MODEL_RELEASE,
@@ -48,7 +49,7 @@ from .release import (
     publish_activity,
     release_workflow_id,
 )
-from .training import MAX_SEGMENTS, segment_spec, segments, train_run, validate_spec
+from .training import MAX_SEGMENTS, check_run_spec, segment_spec, segments, train_run, validate_spec
 
 WORKFLOWS = {
     WORKFLOW_TRAIN_RUN: (train_run, TrainRunInput),
@@ -80,7 +81,7 @@ __all__ = [
     "EvalSuiteResult", "PriorWork", "Segment", "SuiteOutputs", "TinyllmActivities", "TrainActivityInput",
     "TrainActivityResult", "TrainRunInput", "TrainRunResult", "collect_prior", "corpus_build", "corpus_options",
     "MAX_SEGMENTS", "eval_options", "eval_suite", "marshal_spec", "register", "segment_spec", "segments", "step_tag",
-    "tinyllm_activities", "train_options", "train_run", "validate_spec",
+    "tinyllm_activities", "train_options", "train_run", "validate_spec", "check_run_spec",
     "ACTIVITY_PUBLISH", "WORKFLOW_MODEL_RELEASE", "ModelReleaseInput", "ModelReleaseResult", "list_releases",
     "model_release", "parse_gate", "pick_candidate", "publish_activity", "release_workflow_id",
 ]

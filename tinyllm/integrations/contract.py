@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn
 
+from contracts.layout import CKPT, METRICS
+
 from .. import checkpoint as ckpt
 from .. import faults, runlock
 from ..digest import state_digest
@@ -115,7 +117,7 @@ class FrameworkRun:
                 fail(str(e))
         self.last_saved = run.step if comps is not None else 0
         run.last_path = run.resumed_from
-        self.metrics = JsonlSink(run.run_dir / "metrics.jsonl", run.step if comps is not None else -1)
+        self.metrics = JsonlSink(run.run_dir / METRICS, run.step if comps is not None else -1)
         run.metrics = self.metrics
         self.resume_comps = comps
         return comps
@@ -236,7 +238,7 @@ class FrameworkRun:
         if not writer.asynchronous:
             self._announce(writer.wait())
         self.save_seconds.append(time.perf_counter() - t0)  # the training thread's share
-        return run.run_dir / "ckpt" / ckpt.step_dir_name(int(step))
+        return run.run_dir / CKPT / ckpt.step_dir_name(int(step))
 
     def _writer(self) -> CheckpointWriter:
         if self.writer is None:
@@ -273,7 +275,7 @@ class FrameworkRun:
         if not self.save_total_limit:
             return
         keep = max(2, int(self.save_total_limit))
-        for old in ckpt.list_step_dirs(self.run.run_dir / "ckpt")[keep:]:
+        for old in ckpt.list_step_dirs(self.run.run_dir / CKPT)[keep:]:
             shutil.rmtree(old, ignore_errors=True)
 
     # -- end -----------------------------------------------------------------------------------

@@ -10,11 +10,16 @@ contacted when the run has no MLflow sink or the sink's state already records th
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Callable
 
-import click
-
+from contracts.layout import RunHome
 from tinyllm.sinks import mlflow_sink
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def run_dir_of(home: Path, workflow_id: str) -> Path | None:
@@ -22,14 +27,15 @@ def run_dir_of(home: Path, workflow_id: str) -> Path | None:
     parts = workflow_id.split("/")
     if len(parts) < 2 or parts[0] != "train" or not parts[1]:
         return None
-    return Path(home) / "runs" / parts[1]
+    return RunHome(home).run(parts[1]).path
 
 
-def workflow_state(home: Path, workflow_id: str, state: str) -> None:
-    """The workflow ``workflow_id`` is now ``state``: tell the run's MLflow run (one warning line on failure)."""
+def workflow_state(home: Path, workflow_id: str, state: str, warn: Callable[[str], None] = _stderr) -> None:
+    """The workflow ``workflow_id`` is now ``state``: tell the run's MLflow run (one warning line to ``warn``,
+    stderr by default, on failure)."""
     run_dir = run_dir_of(home, workflow_id)
     if run_dir is None:
         return
     why = mlflow_sink.set_run_status(run_dir, state)
     if why:
-        click.echo(f"ctl: warning: {why}", err=True)
+        warn(f"ctl: warning: {why}")
