@@ -298,7 +298,7 @@ def recover_from_snapshot(
         home = pool.take(live["fakes"])
     else:
         home = new_home()
-        link_tree(os.fspath(src_home), os.fspath(home), unread=unread_of(scn))
+        link_tree(os.fspath(src_home), os.fspath(home), unread=unread_of(scn.release))
     copied = copy_committed(src_home / ".ctl" / "engine.db", home / ".ctl" / "engine.db", scn.workflow_id)
     if timing is not None:  # (``timing``: a Counter of CPU seconds by part, the sweep's)
         timing["cpu: snapshots (files, database copy)"] += time.process_time() - c0
