@@ -13,7 +13,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from engine import _history as h  # the simulator's hook into the engine's event kinds (internal, not public)
+from engine import testing as h  # the engine's testing door: the event kinds the oracle reads
 
 from .fakes import FakeState, reference_state
 from .ledger import Ledger

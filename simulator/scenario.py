@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine import Engine, Event, NotFound, VirtualClock, read_events
-from engine import _leases as leases  # the simulator's hook: it marks lease owners dead or live (internal)
+from engine import testing as leases  # the engine's testing door: lease owners marked dead or live
 import workflows
 from workflows.models import ACTIVITY_CORPUS, ACTIVITY_EVAL, ACTIVITY_TRAIN, WORKFLOW_TRAIN_RUN, TrainRunInput
 
@@ -324,7 +324,7 @@ def recover_from_snapshot(
                 pool.returned(rlive["fakes"])
             eng = rlive["engine"]
             try:
-                with eng.store._lock:
+                with leases.store_lock(eng):
                     events = read_events(eng.store.conn, scn.workflow_id, copied)
             finally:
                 _crash_cleanup(eng)

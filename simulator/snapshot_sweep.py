@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 
-from engine import VirtualClock, read_events
+from engine import VirtualClock, read_events, testing
 from workflows.models import WORKFLOW_TRAIN_RUN
 
 from .checks import compare_with, final_files_lines
@@ -128,7 +128,7 @@ class SnapshotSweep:
             if dedup and kind == CONVERGENCE_KIND:
                 conv_at[0] = n
                 found.clear()
-                with live["engine"].store._lock:
+                with testing.store_lock(live["engine"]):
                     src_history.catch_up(live["engine"].store.conn)
                 if self.ctx.share_replay:
                     self._refresh_prefix(prefix, live["engine"], src_history.last_seq.get(self.ctx.scn.workflow_id, 0))
@@ -397,20 +397,20 @@ class SnapshotSweep:
             if target is not None and target.run is not None:
                 conv[0] = ("key", key, None)
                 if not lean and target is self.ctx.targets.get(key):  # at the uninterrupted run's own point
-                    r = rlive["engine"]._worker.cache.get(self.ctx.scn.workflow_id)
+                    r = testing.cached_replayer(rlive["engine"], self.ctx.scn.workflow_id)
                     if r is not None:  # its code, fed the same visible history: a replay to share (``_admit``)
                         self._donations.append((target.events_at, r, history.digest.get(self.ctx.scn.workflow_id)))
                 raise Converged(target)
             near = self.ctx.near.get(without_history(key))
             if near is not None and key not in found:  # the same state as the uninterrupted run's but for the history
                 eng = rlive["engine"]
-                with eng.store._lock:
+                with testing.store_lock(eng):
                     new = read_events(eng.store.conn, self.ctx.scn.workflow_id, rlive["copied_events"])
                 # (the worker's cache: a hook, engine/_worker.py)
-                mine_replayer = eng._worker.cache.get(self.ctx.scn.workflow_id) if live_splice else None
+                mine_replayer = testing.cached_replayer(eng, self.ctx.scn.workflow_id) if live_splice else None
                 own = JoinedEvents(self.ctx.reference().events, rlive["copied_events"], new)
                 c0 = time.process_time()
-                result, spent = splice_replay(eng._workflows[WORKFLOW_TRAIN_RUN], self.ctx.scn.workflow_id, own, near,
+                result, spent = splice_replay(testing.registration(eng, WORKFLOW_TRAIN_RUN), self.ctx.scn.workflow_id, own, near,
                                               live=mine_replayer)
                 self.ctx.timing["cpu: checked splices' dry runs"] += time.process_time() - c0
                 self.ctx.stats["checked splices" if result is not NO_SPLICE else "refused splices"] += 1

@@ -275,7 +275,7 @@ def test_in_a_sweep_each_positions_piecewise_ledger_lines_are_the_whole_ledgers(
 
 def _break_events(events: list, rng: random.Random) -> list:
     """A recovery's own events broken: one dropped or repeated, a time moved, a timer's fire time moved."""
-    from engine import _history as h
+    from engine import testing as h
 
     out = list(events)
     if not out:
