@@ -34,7 +34,7 @@ from . import presence
 from .evalprogress import EvalCounts, EvalFollower
 from .runview import (MetricsTail, RunView, figures_text, fmt_duration, local_time, run_view, spec_of,
                       stopped_early_text)
-from .verify_record import verdict_line, verdict_of
+from simulator.proving.record import verdict_line, verdict_of
 
 OVERDUE_S = 15.0  # due work nobody took for this long: no worker is running the home folder
 
@@ -150,7 +150,7 @@ def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
                              "reason": f"stopped by {out['preempted']['signal']} (preempted)"}
     if st.workflow == "TrainRun":
         view = run_view(st.workflow_id, events, st.state)
-        if (proof := verdict_of(home, spec_of(events)[0])) is not None:  # a spec's own trainer (ctl/verify_record.py)
+        if (proof := verdict_of(home, spec_of(events)[0])) is not None:  # a spec's own trainer (simulator/proving/record.py)
             out["resume_proof"] = proof
         tail = MetricsTail(home / "runs" / view.name / "metrics.jsonl") if view.name else None
         if tail is not None:

@@ -9,7 +9,8 @@
   ``snapshot_sweep`` (kills recovered from snapshots, convergence, shared replays),
   ``random_sweeps`` (random kills, cancels), ``report`` (``Mismatch``, ``Report``);
 - ``mutants``: TrainRun with the seed's pitfalls planted, which the simulator must catch;
-- ``kill_loop``: SIGKILL the real ``ctl train`` and compare bit for bit.
+- ``proving``: the real-process proofs over one kill-and-compare core: ``ctl verify-resume``, the
+  real kill loop (SIGKILL the real ``ctl train`` and compare bit for bit), the fault campaign.
 
 Run ``python -m simulator --help``.
 """

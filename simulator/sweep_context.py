@@ -6,7 +6,7 @@ fresh home (``run``), the uninterrupted run with its positions and convergence p
 ``spliced_state_lines``), what becomes of a checked run's home (``finish``, ``drop_home``), the
 settings of the shared replays (``share_*``) and the counters (``stats``, ``timing``).
 ``simulator.sweep.Simulator`` is one, with the sweeps' entry points on top; it hands itself down to
-its parts (``snapshot_sweep.SnapshotSweep``, ``random_sweeps.RandomSweeps``, ``stops``) as this
+its parts (``snapshot_sweep.SnapshotSweep``, ``random_sweeps.RandomSweeps``) as this
 context, so they import this module and never the simulator (no circle, no reach into its privates).
 The snapshot sweep that runs sets ``pool`` (its snapshot folder), which ``check`` and ``drop_home``
 leave in place.

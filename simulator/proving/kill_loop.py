@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from . import procs
+from .core import compare_results
 
 POLL_S = 0.05
 
@@ -104,20 +105,6 @@ def kill_once(spec: Path, home: Path, rng: random.Random, deadline: float) -> st
     return f"SIGKILL after {progress_lines(home) - lines_before} new checkpoint lines (+{extra_s:.2f}s)"
 
 
-def compare(got: dict, want: dict) -> list[str]:
-    bad = []
-    for key in ("steps", "final_loss_hex", "digest", "checkpoint"):
-        if got.get(key) != want.get(key):
-            bad.append(f"{key}: {got.get(key)} != uninterrupted {want.get(key)}")
-    for a, b in zip(got.get("segments") or [], want.get("segments") or []):
-        for key in ("final_loss_hex", "digest"):
-            if a["train"].get(key) != b["train"].get(key):
-                bad.append(f"segment {a['until']} {key}: {a['train'].get(key)} != {b['train'].get(key)}")
-    if len(got.get("segments") or []) != len(want.get("segments") or []):
-        bad.append("a different number of segments")
-    return bad
-
-
 def kill_loop(spec: str, *, kills: int, seed: int, home: str | None = None, timeout_s: float = 900.0) -> int:
     """The command ``python -m simulator kill-loop``: 0 when bitwise equal after at least one kill, 1 on a
     mismatch, 3 when no kill landed (not tested)."""
@@ -142,7 +129,7 @@ def kill_loop(spec: str, *, kills: int, seed: int, home: str | None = None, time
         want = outcome(ref, max(1.0, deadline - time.monotonic()))
         print(f"uninterrupted: {want['steps']} steps, final_loss_hex {want['final_loss_hex']} "
               f"digest {want['digest'][:16]}")
-        bad = compare(got, want)
+        bad = compare_results(got, want)
         print(f"after {landed} kill(s): final_loss_hex {got['final_loss_hex']} digest {got['digest'][:16]}")
         if bad:
             print(f"MISMATCH (seed {seed}; rerun: python -m simulator kill-loop --spec {spec} "
@@ -152,8 +139,8 @@ def kill_loop(spec: str, *, kills: int, seed: int, home: str | None = None, time
             home = str(kill_home)  # keep it
             return 1
         if not landed:  # every run finished before its kill: nothing resumed, nothing proven
-            print(f"kill-loop: no kill landed: a resume after a kill is not tested (every ctl train finished "
-                  f"first; a longer run or another --seed)")
+            print("kill-loop: no kill landed: a resume after a kill is not tested (every ctl train finished "
+                  "first; a longer run or another --seed)")
             return 3
         print(f"kill-loop: {landed} kill(s), final loss and digest bitwise equal to the uninterrupted run")
         return 0
