@@ -56,7 +56,7 @@ def outcome(p: subprocess.Popen, timeout_s: float) -> dict:
     return out["result"]
 
 
-def progress_lines(home: Path) -> int:
+def checkpoint_lines(home: Path) -> int:
     """Checkpoint lines written so far by every trainer attempt of this home."""
     n = 0
     for f in home.glob("runs/*/activity/*/progress-*.jsonl"):
@@ -75,7 +75,7 @@ def trainers_of(home: Path) -> list[int]:
 
 def kill_once(spec: Path, home: Path, rng: random.Random, deadline: float) -> str:
     """Start ``ctl train``, SIGKILL its process group at a seeded moment; what happened, in words."""
-    lines_before = progress_lines(home)
+    lines_before = checkpoint_lines(home)
     wait_lines = rng.randint(1, 3)
     extra_s = rng.random() * 0.1  # a fraction of a checkpoint interval: kills land between checkpoints
     p = subprocess.Popen(_ctl(spec, home), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -84,7 +84,7 @@ def kill_once(spec: Path, home: Path, rng: random.Random, deadline: float) -> st
         while time.monotonic() < deadline:
             if p.poll() is not None:
                 return f"finished on its own (exit {p.returncode}) before the kill"
-            if progress_lines(home) >= lines_before + wait_lines:
+            if checkpoint_lines(home) >= lines_before + wait_lines:
                 break
             time.sleep(POLL_S)
         time.sleep(extra_s)
@@ -102,7 +102,7 @@ def kill_once(spec: Path, home: Path, rng: random.Random, deadline: float) -> st
     left = trainers_of(home)
     if left:
         raise RuntimeError(f"trainer processes {left} outlived their killed worker")
-    return f"SIGKILL after {progress_lines(home) - lines_before} new checkpoint lines (+{extra_s:.2f}s)"
+    return f"SIGKILL after {checkpoint_lines(home) - lines_before} new checkpoint lines (+{extra_s:.2f}s)"
 
 
 def kill_loop(spec: str, *, kills: int, seed: int, home: str | None = None, timeout_s: float = 900.0) -> int:
