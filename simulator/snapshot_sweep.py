@@ -43,7 +43,7 @@ from .scenario import START_TIME, Outcome, recover_from_snapshot, run_scenario
 from .snapshot_home import SnapshotHome, new_home, remove_home, unread_of
 from .sweep_context import SweepContext
 
-def _state_key(live: dict, clock: VirtualClock) -> tuple:
+def position_key(live: dict, clock: VirtualClock) -> tuple:
     """What a kill here leaves, within one uninterrupted run: its committed transactions, the
     files written, the time, the faults still to come (the same key: byte-identical files)."""
     fakes = live["fakes"]
@@ -138,7 +138,7 @@ class SnapshotSweep:
             if n not in todo:
                 return
             where = f"{kind} {label}"
-            key = _state_key(live, clock)
+            key = position_key(live, clock)
             if dedup and last[0] == key:
                 rep, state_lines, (own, tail) = last[1]
                 if tail is not None and tail[0] is None:

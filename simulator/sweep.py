@@ -27,7 +27,7 @@ from .faults import FaultPlan
 from .random_sweeps import RandomSweeps
 from .report import Mismatch, Report
 from .scenario import START_TIME, Scenario, new_home, remove_home, run_scenario
-from .snapshot_sweep import SnapshotSweep, _state_key
+from .snapshot_sweep import SnapshotSweep, position_key
 from .sweep_context import SweepContext
 
 
@@ -145,7 +145,7 @@ class Simulator(SweepContext):
         keys: set[tuple] = set()
         home, clock, live = new_home(), VirtualClock(START_TIME), {}
         try:
-            run_scenario(self.scn, home, FaultPlan(observer=lambda n, kind, label: keys.add(_state_key(live, clock))),
+            run_scenario(self.scn, home, FaultPlan(observer=lambda n, kind, label: keys.add(position_key(live, clock))),
                          workflow_fn=self.workflow_fn, clock=clock, live=live)
         finally:
             remove_home(home)
