@@ -9,9 +9,9 @@ are the lazy ones, counted by the ``with-in-function-imports`` cases) of module 
 behind it is still a circle); ``from p import n`` is an edge to ``p.n`` when that is a module, else to
 ``p`` (its ``__init__``). A circle is a strongly connected component of more than one module (or a
 module importing itself). An import runs back up when the files and subfolders of one folder, each
-taken whole, import each other in a circle (``tinyllm/spec.py`` importing ``tinyllm/objectives/config.py``
-while ``tinyllm/objectives/common.py`` imports ``tinyllm/spec.py``: no circle of files, but the folder
-``objectives/`` stands both above and below ``spec.py``). Run this file directly to print both.
+taken whole, import each other in a circle (as ``tinyllm/spec.py`` once imported ``tinyllm/objectives/config.py``
+while ``tinyllm/objectives/common.py`` imported ``tinyllm/spec.py``: no circle of files, but the folder
+``objectives/`` stood both above and below ``spec.py``). Run this file directly to print both.
 """
 from __future__ import annotations
 
