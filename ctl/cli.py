@@ -20,7 +20,7 @@ from engine import STOP_SIGNAL_ENV
 from simulator.proving.core import BadInput as ProofBadInput, ProofError
 from simulator.proving.record import unverified_notice
 from simulator.proving.verify import check_options as check_verify_options, verify_resume as run_verify_resume
-from tinyllm import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
+from tinyllm.sinks import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
 import workflows
 from workflows.models import TraceContext
 
