@@ -25,7 +25,7 @@ from typing import Any
 import click
 
 from engine import OUTPUT_STREAMS as STREAMS, NotFound, output_log_path as log_path, read_kept_output as read_kept
-from workflows.activities import activity_dir
+from workflows.plan import activity_dir
 
 from . import app, runstatus
 from .cli_common import edge, home_option

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import owner_dead
-from workflows.activities import checkpoint_step
+from workflows.plan import checkpoint_step
 
 from . import presence
 from .evalprogress import EvalCounts, EvalFollower

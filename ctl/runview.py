@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workflows import segments as segment_ends
-from workflows.activities import checkpoint_step
+from workflows.plan import checkpoint_step, segments as segment_ends
 
 MAX_FRAMES_KEPT = 512  # the rate window and the smoothing only need the recent frames
 SMOOTHING = 0.9  # exponential moving average of the training loss (as TensorBoard's slider)

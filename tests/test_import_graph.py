@@ -201,8 +201,20 @@ LAZY_FOR = ("torch", "numpy", "temporalio", "mlflow", "tensorboard", "matplotlib
             "transformers", "lightning", "selenium", "engine.temporal")  # the last: the optional Temporal backend
 
 
+# Our own modules that are costly to import, kept out of the processes that only read a home (ctl status, list,
+# history, show: tests/ctl/test_ctl_imports.py pins it; bench/cli.py measures it): a function may import them (or
+# a module loading them) lazily. Measured as process CPU over `import engine, workflows, pydantic` on 2 loaded cores.
+SLOW_TO_IMPORT = {
+    "workflows.models": "the workflows' pydantic model classes: ~60 ms",
+    "workflows.release": "ModelRelease's pydantic models",
+    "tinyllm.spec": "the spec's pydantic model classes (objectives, validation, selection): ~100 ms",
+    "engine._engine": "the engine's running side (worker loop, replay, attempts): ~20 ms",
+    "engine._subprocess_runner": "the activity runner (subprocess, tempfile, process trees)",
+}
+
+
 def _heavy_name(name: str) -> bool:
-    return any(name == h or name.startswith(h + ".") for h in LAZY_FOR)
+    return any(name == h or name.startswith(h + ".") for h in LAZY_FOR) or name in SLOW_TO_IMPORT
 LAZY_MEASURED = {
     ("ctl.cli", "ctl.display"): "rich costs ~0.2 s of every ctl start; only a followed run's display needs it",
 }

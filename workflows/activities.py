@@ -50,10 +50,8 @@ from .trainer_command import (
     rejected_arguments,
 )
 from .release import ACTIVITY_PUBLISH, publish_activity
+from .plan import activity_dir, checkpoint_step, progress_path  # noqa: F401 (re-exported)
 from .repeats import check_repeat
-
-_STEP_DIR = re.compile(r"^step-(\d{6,})$")
-
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file, fsync and rename (never a torn file)."""
@@ -64,16 +62,6 @@ def atomic_write_text(path: Path, text: str) -> None:
         if e.errno in DISK_FULL_ERRNOS:
             raise NonRetryableError(f"disk full writing {path}", type="DiskFull") from None
         raise
-
-
-def activity_dir(home: Path, name: str, activity_id: str) -> Path:
-    """Where an activity of run ``name`` keeps its spec and its attempts' progress files."""
-    return home / "runs" / name / "activity" / activity_id
-
-
-def progress_path(home: Path, name: str, activity_id: str, attempt: int) -> Path:
-    """The progress file of one attempt (``ctl`` reads it to show how far an evaluation is)."""
-    return activity_dir(home, name, activity_id) / f"progress-{attempt}.jsonl"
 
 
 def workflow_generation(workflow_id: str) -> int:
@@ -92,12 +80,6 @@ def output_dir(work: Path, workflow_id: str, attempt: int) -> Path:
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     return path
-
-
-def checkpoint_step(path: str | Path) -> int | None:
-    """The step a ``.../step-NNNNNN`` checkpoint path names, or None."""
-    m = _STEP_DIR.match(Path(path).name)
-    return int(m.group(1)) if m else None
 
 
 def failure_point(home: Path, name: str, until: int) -> int | None:

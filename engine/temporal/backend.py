@@ -31,7 +31,7 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from .._engine import WorkflowStatus
+from .._reader import WorkflowStatus
 from .._errors import BadInput, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
 from .._history import Event, to_jsonable
 from .._ids import check_id
