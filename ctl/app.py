@@ -19,21 +19,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
 
 import workflows
-from engine import BadInput, Engine, NotFound, StopRequest, Store, check_id
+from engine import BadInput, NotFound, Reader, StopRequest, Store, check_id
 from tinyllm import fsio
-from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, format_validation_error, load_json_file,
-                          parse_corpus_spec, parse_train_spec)
-from tinyllm.trainer_spec import has_trainer
-from workflows.models import EvalSubject, EvalSuiteInput, TrainRunInput
+from tinyllm.names import IDENTIFIER_PATTERN
 
 from . import backends
 from .errors import (EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_DISK_FULL, EXIT_FAILED, EXIT_OK,  # noqa: F401 (re-exported)
                      BadRequest, CtlError, DiskFull)
 from .homecheck import check_home_writable, refuse_lost_history
-from .trainers import check_suite_names, custom_train_request
+
+if TYPE_CHECKING:
+    from workflows.models import EvalSuiteInput, TrainRunInput
+
+# The requests (train_request, eval_request, start_run) are pydantic models checked against the spec's models:
+# their modules (~0.2 s of start-up) are imported where a request is built, never by a command that only reads.
 
 ENDED = ("completed", "failed", "canceled")
 DEFAULT_SUITES = ("ppl",)  # what `ctl train` evaluates each checkpoint with unless told otherwise
@@ -66,8 +68,9 @@ def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env
 
     ``create=False`` (read-only commands) refuses a home without a database, so that
     ``ctl status`` in the wrong folder writes nothing.
-    ``readonly=True`` (status, list, history) opens the database so that it can never be
-    written, which also works in a read-only home.
+    ``readonly=True`` (status, list, history, show, logs, ui) opens the database so that it can never be
+    written, which also works in a read-only home; on the embedded engine that is an ``engine.Reader``
+    (status, history, every workflow: nothing registered, nothing of the engine's running side imported).
     ``attempt_env``: ``fn(ctx) -> dict`` added to each attempt's environment (a traced run's TRACEPARENT).
     """
     if backends.chosen().name == backends.TEMPORAL:  # the run's files stay in home; the state on the cluster
@@ -82,8 +85,12 @@ def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env
         if create:
             refuse_lost_history(home, path)
     try:
+        if readonly and not engine_kwargs and attempt_env is None:
+            return Reader(Store(path, readonly=True))
         if readonly:
             engine_kwargs = {"store": Store(path, readonly=True), **engine_kwargs}
+        from engine import Engine  # the running side: only where workflows run (ctl train, eval, worker...)
+
         engine = Engine(path, **engine_kwargs)
     except BadInput as e:
         raise BadRequest(str(e)) from None
@@ -102,6 +109,9 @@ def _identifier(value: str, what: str) -> str:
 
 def _check_suites(suites: list[str], name: str) -> None:
     """Each suite must make a valid tinyllm eval spec (names the suite kinds tinyllm knows)."""
+    from tinyllm.spec import EvalSpec
+    from workflows.models import EvalSubject, EvalSuiteInput
+
     probe = EvalSuiteInput(name=name, suites=suites, subjects=[EvalSubject(id="probe", model="probe")])
     for suite in suites:
         _identifier(suite, "suite")
@@ -143,6 +153,12 @@ def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 
     a corpus named without ``--corpus-spec`` must already be built unless it is a built-in one
     (``check_corpus_name``); None skips that check.
     """
+    from tinyllm.spec import SpecError, load_json_file, parse_corpus_spec, parse_train_spec
+    from tinyllm.trainer_spec import has_trainer
+    from workflows.models import TrainRunInput
+
+    from .trainers import custom_train_request
+
     try:
         raw = load_json_file(spec_file, "train spec")
     except SpecError as e:
@@ -191,6 +207,13 @@ def eval_request(name: str, suites: list[str], subjects: list[str], *, tag: str 
     ``trainer``: a spec's own trainer (ctl/trainers.py ``eval_trainer``), whose ``eval_command`` runs
     each suite; the suites are then its own names, not tinyllm's.
     """
+    from pydantic import ValidationError
+
+    from tinyllm.spec import EvalSpec, format_validation_error
+    from workflows.models import EvalSubject, EvalSuiteInput
+
+    from .trainers import check_suite_names
+
     if not suites:
         raise BadRequest("give at least one --suite")
     if not subjects:
@@ -349,6 +372,8 @@ def start_run(engine: Any, workflow: str, base: str, inp: Any, *, restart: int |
     ``restart`` (``ctl train --restart``, after ctl/restart.py ended the newest workflow and moved the run's
     files aside): a fresh workflow with the next id, from scratch, recording that restart count.
     """
+    from workflows.models import TrainRunInput
+
     current = latest_run(engine, base)
     if restart is not None:
         gen = (_generation(current.workflow_id, base) or 1) if current is not None else 0

@@ -10,16 +10,13 @@ import os
 import signal
 import sys
 import threading
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
-from engine import STOP_SIGNAL_ENV
 from tinyllm import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
 import workflows
-from workflows.models import TraceContext
 
 from . import app, backends, cli_inspect, errors, presence, runsinks
 from .ui import command as ui_command
@@ -31,13 +28,13 @@ from .cli_common import (CtlGroup, describe_train, edge, home_option, json_optio
 from .logs import logs as logs_command
 from .release import release as release_command
 from .restart import refuse_moved_aside, restart_run
-from .trainers import eval_trainer
-from .verify import verify_resume as run_verify_resume
 from .verify_record import unverified_notice
 
 
 def _versions() -> str:
     """durable-train's and torch's versions from the installed metadata (torch is not imported)."""
+    from importlib.metadata import PackageNotFoundError, version  # ~15 ms: only --version reads it
+
     def of(dist: str) -> str:
         try:
             return version(dist)
@@ -258,6 +255,8 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
             histories = lambda: [(st.workflow_id, engine.history(st.workflow_id))  # noqa: E731
                                  for st in app.run_generations(engine, base)]
             trace = tracer.context(histories, os.environ)
+            from workflows.models import TraceContext  # pydantic: the request (inp) loaded it already
+
             inp = inp.model_copy(update={"trace": TraceContext(**trace)})
         restarted = restart_run(engine, home_dir, name) if restart else None
         started = app.start_run(engine, "TrainRun", app.train_workflow_id(name), inp,
@@ -320,6 +319,8 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
 def _polite_stop(what: str, grace_s: float, stop_signal: Any, keeps: str = "its checkpoints") -> Interrupt:
     """The command's polite-stop handler (ctl/interrupt.py), installed; the chosen preemption signal is
     passed on to every trainer (``$DURABLE_STOP_SIGNAL``, which the runner copies into their environment)."""
+    from engine import STOP_SIGNAL_ENV  # the subprocess runner's: loaded by a command that runs workflows
+
     if stop_signal is not None:
         os.environ[STOP_SIGNAL_ENV] = stop_signal.name
     return Interrupt(what, keeps, grace_s=grace_s, stop_signal=stop_signal).install()
@@ -393,6 +394,8 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
       ctl verify-resume --spec examples/specs/durable.json
       ctl verify-resume --spec specs/tiny.json --kills 5 --seed 1 --signal kill --json
     """
+    from .verify import verify_resume as run_verify_resume  # the spec's models and the runner: only here
+
     _interrupt_on_signals()
     try:
         report = run_verify_resume(spec_file, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
@@ -452,6 +455,8 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
     home_dir = app.resolve_home(home)
     trainer = None
     if spec_file is not None:
+        from .trainers import eval_trainer  # the spec's pydantic models: only for a spec's own trainer
+
         trainer = eval_trainer(spec_file)
     inp = app.eval_request(name, list(suites), list(subjects), tag=tag, seed=seed, corpus=corpus, max_items=max_items,
                            trainer=trainer).model_copy(update={"heartbeat_timeout_s": heartbeat_timeout_s})

@@ -14,10 +14,7 @@ from typing import Any, Callable
 
 import click
 from click import exceptions as click_errors
-from pydantic import ValidationError
-
 from engine import BadInput as EngineBadInput
-from tinyllm.spec import format_validation_error
 
 from . import app
 from .errors import BadRequest, CtlError
@@ -90,15 +87,26 @@ def edge(fn: Callable) -> Callable:
             exit_with(e)
         except EngineBadInput as e:  # a damaged record met while running: nothing was written
             exit_with(BadRequest(str(e)))
-        except ValidationError as e:  # a request model refused a value a check before it missed: still one line
-            exit_with(BadRequest(format_validation_error(e, "request")))
         except (sqlite3.Error, OSError) as e:
             home = kwargs.get("home")
             err = as_ctl_error(e, app.resolve_home(home) if "home" in kwargs else None)
             if err is None:
                 raise
             exit_with(err)
+        except ValueError as e:  # a request model refused a value a check before it missed: still one line
+            if not _validation_error(e):
+                raise
+            from tinyllm.spec import format_validation_error  # loaded already: a pydantic model raised it
+
+            exit_with(BadRequest(format_validation_error(e, "request")))
     return wrapper
+
+
+def _validation_error(e: BaseException) -> bool:
+    """``e`` is pydantic's ValidationError (a ValueError). Only a loaded pydantic can have raised one, so a command
+    that built no model (``ctl status``) never imports pydantic for this check."""
+    core = sys.modules.get("pydantic_core")
+    return core is not None and isinstance(e, core.ValidationError)
 
 
 def exit_with(e: CtlError) -> None:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from engine import BadInput, DamagedRecord, Engine, Store, damage_report, owner_dead
+from engine import BadInput, DamagedRecord, Reader, Store, damage_report, owner_dead
 from tinyllm import mlflow_sink
 from tinyllm.runlock import pid_running
 
@@ -135,7 +135,7 @@ def _database(home: Path, checked: dict) -> list[Finding]:
         for problem in damage_report(store.conn, limit=20):
             findings.append(Finding("damaged", rel, f"SQLite integrity check: {problem}",
                                     "some records may not be readable; see the records named below"))
-        engine = Engine(store=store)
+        engine = Reader(store)
         rows, bad = engine.list_readable()
         for e in bad:
             findings.append(Finding("damaged", rel, _short(e), _means_for(e.workflow_id)))

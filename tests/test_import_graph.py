@@ -210,6 +210,8 @@ SLOW_TO_IMPORT = {
     "tinyllm.spec": "the spec's pydantic model classes (objectives, validation, selection): ~100 ms",
     "engine._engine": "the engine's running side (worker loop, replay, attempts): ~20 ms",
     "engine._subprocess_runner": "the activity runner (subprocess, tempfile, process trees)",
+    "pydantic": "pydantic_core and the plugin loader: ~15 ms before any model is built",
+    "importlib.metadata": "the standard library's (email, zipfile, csv): ~15 ms; only --version and MLflow need it",
 }
 
 
@@ -217,6 +219,9 @@ def _heavy_name(name: str) -> bool:
     return any(name == h or name.startswith(h + ".") for h in LAZY_FOR) or name in SLOW_TO_IMPORT
 LAZY_MEASURED = {
     ("ctl.cli", "ctl.display"): "rich costs ~0.2 s of every ctl start; only a followed run's display needs it",
+    # engine's front door loads its running side on first use of these names (engine/__init__.py's _LAZY)
+    ("ctl.app", "engine"): "engine.Engine (worker loop, replay: ~20 ms); a read-only command gets an engine.Reader",
+    ("ctl.cli", "engine"): "engine.STOP_SIGNAL_ENV loads the subprocess runner; only a command that runs workflows",
 }
 
 

@@ -59,7 +59,6 @@ import subprocess
 import sys
 import threading
 import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +133,8 @@ def code_version() -> str:
             return proc.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
+    from importlib.metadata import PackageNotFoundError, version  # ~15 ms: not for readers (ctl show, doctor)
+
     try:
         return version("durable-train")
     except PackageNotFoundError:

@@ -12,7 +12,15 @@ import importlib
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .plan import (
+    ACTIVITY_CORPUS,
+    ACTIVITY_EVAL,
+    ACTIVITY_PUBLISH,
+    ACTIVITY_TRAIN,
     MAX_SEGMENTS,
+    WORKFLOW_CORPUS_BUILD,
+    WORKFLOW_EVAL_SUITE,
+    WORKFLOW_MODEL_RELEASE,
+    WORKFLOW_TRAIN_RUN,
     activity_dir,
     check_segment_count,
     checkpoint_step,
@@ -27,12 +35,6 @@ if TYPE_CHECKING:  # loaded on first use (``__getattr__`` below); the names as t
     from .corpus import corpus_build
     from .evaluation import eval_suite, marshal_spec
     from .models import (
-        ACTIVITY_CORPUS,
-        ACTIVITY_EVAL,
-        ACTIVITY_TRAIN,
-        WORKFLOW_CORPUS_BUILD,
-        WORKFLOW_EVAL_SUITE,
-        WORKFLOW_TRAIN_RUN,
         CorpusBuildInput,
         CorpusBuildResult,
         EvalActivityInput,
@@ -49,8 +51,6 @@ if TYPE_CHECKING:  # loaded on first use (``__getattr__`` below); the names as t
     )
     from .options import corpus_options, eval_options, step_tag, train_options
     from .release import (
-        ACTIVITY_PUBLISH,
-        WORKFLOW_MODEL_RELEASE,
         ModelReleaseInput,
         ModelReleaseResult,
         model_release,
@@ -69,12 +69,11 @@ _LAZY = {
     "collect_prior": "continuation", "corpus_build": "corpus",
     **dict.fromkeys(("eval_suite", "marshal_spec"), "evaluation"),
     **dict.fromkeys((
-        "ACTIVITY_CORPUS", "ACTIVITY_EVAL", "ACTIVITY_TRAIN", "WORKFLOW_CORPUS_BUILD", "WORKFLOW_EVAL_SUITE",
-        "WORKFLOW_TRAIN_RUN", "CorpusBuildInput", "CorpusBuildResult", "EvalActivityInput", "EvalSubject",
+        "CorpusBuildInput", "CorpusBuildResult", "EvalActivityInput", "EvalSubject",
         "EvalSuiteInput", "EvalSuiteResult", "PriorWork", "Segment", "SuiteOutputs", "TrainActivityInput",
         "TrainActivityResult", "TrainRunInput", "TrainRunResult"), "models"),
     **dict.fromkeys(("corpus_options", "eval_options", "step_tag", "train_options"), "options"),
-    **dict.fromkeys(("ACTIVITY_PUBLISH", "WORKFLOW_MODEL_RELEASE", "ModelReleaseInput", "ModelReleaseResult",
+    **dict.fromkeys(("ModelReleaseInput", "ModelReleaseResult",
                      "model_release", "parse_gate", "pick_candidate", "publish_activity", "release_workflow_id"),
                     "release"),
     **dict.fromkeys(("segment_spec", "train_run", "validate_spec"), "training"),
@@ -97,9 +96,8 @@ def _workflows() -> dict[str, tuple[Any, Any]]:
     """name -> (workflow function, its input model): ``WORKFLOWS``."""
     from .corpus import corpus_build
     from .evaluation import eval_suite
-    from .models import (WORKFLOW_CORPUS_BUILD, WORKFLOW_EVAL_SUITE, WORKFLOW_TRAIN_RUN, CorpusBuildInput,
-                         EvalSuiteInput, TrainRunInput)
-    from .release import WORKFLOW_MODEL_RELEASE, ModelReleaseInput, model_release
+    from .models import CorpusBuildInput, EvalSuiteInput, TrainRunInput
+    from .release import ModelReleaseInput, model_release
     from .training import train_run
 
     return {
@@ -116,9 +114,6 @@ def register(engine: Any, *, activities: Mapping[str, Callable[[Any, Any], Any]]
     ``activities`` is explicit on purpose: ``tinyllm_activities(home)`` for real runs, fakes
     in tests and in the simulator. Names other than train/eval/corpus are refused.
     """
-    from .models import ACTIVITY_CORPUS, ACTIVITY_EVAL, ACTIVITY_TRAIN
-    from .release import ACTIVITY_PUBLISH
-
     unknown = set(activities) - {ACTIVITY_TRAIN, ACTIVITY_EVAL, ACTIVITY_CORPUS, ACTIVITY_PUBLISH}
     if unknown:
         raise ValueError(f"unknown activity names: {sorted(unknown)}")

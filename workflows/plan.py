@@ -10,6 +10,16 @@ import json
 import re
 from pathlib import Path
 
+ACTIVITY_TRAIN = "train"
+ACTIVITY_EVAL = "eval"
+ACTIVITY_CORPUS = "corpus"
+
+WORKFLOW_TRAIN_RUN = "TrainRun"
+WORKFLOW_EVAL_SUITE = "EvalSuite"
+WORKFLOW_CORPUS_BUILD = "CorpusBuild"
+WORKFLOW_MODEL_RELEASE = "ModelRelease"
+ACTIVITY_PUBLISH = "publish"
+
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
 

@@ -37,10 +37,8 @@ from tinyllm.fsio import atomic_write, fsync_dir, write_synced
 
 from .evaluation import eval_suite
 from .models import EvalSubject, EvalSuiteInput, EvalSuiteResult
-from .plan import list_releases  # noqa: F401 (re-exported)
+from .plan import ACTIVITY_PUBLISH, WORKFLOW_MODEL_RELEASE, list_releases  # noqa: F401 (re-exported)
 
-WORKFLOW_MODEL_RELEASE = "ModelRelease"
-ACTIVITY_PUBLISH = "publish"
 
 _GATE = re.compile(r"^(?P<suite>[A-Za-z0-9_.-]+)/(?P<figure>[A-Za-z0-9_./-]+?)\s*(?P<op><=|>=|<|>|==)\s*"
                    r"(?P<value>[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?)$")
