@@ -186,7 +186,7 @@ def show(workflow_id: str, as_json: bool, home: str | None) -> None:
     try:
         st, events = _train_run(engine, workflow_id)
         view = run_view(st.workflow_id, events, st.state)
-        recorded = app.recorded_input(engine, st.workflow_id)
+        recorded = events[0].attrs.get("input") if events else {}  # its input: the history read once, above
         lines, data = show_run(view, home_dir, recorded.get("spec") or {}, recorded.get("trace"))
         if as_json:
             print_json(data)
