@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import click
 
-from tinyllm import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
+from tinyllm.sinks import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
 import workflows
 
 from . import app, backends, cli_inspect, errors, presence, runsinks
