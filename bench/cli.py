@@ -156,7 +156,7 @@ def main() -> None:
             trees = {args.rev: extract(args.rev, scratch / "rev"), "now": REPO}
         load = os.getloadavg()[0]
         print(f"# python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {load:.2f}; best of {args.reps}")
-        print(f"# trees: " + ", ".join(f"{k} = {v}" for k, v in trees.items()))
+        print("# trees: " + ", ".join(f"{k} = {v}" for k, v in trees.items()))
         results: dict[tuple[str, str], Timing] = {(c, t): Timing() for c in chosen for t in trees}
         for c in chosen:  # once unmeasured: every module compiled and cached first (PYTHONPYCACHEPREFIX)
             for tree in trees.values():

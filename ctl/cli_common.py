@@ -10,7 +10,7 @@ import math
 import re
 import sqlite3
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeGuard
 
 import click
 from click import exceptions as click_errors
@@ -21,6 +21,9 @@ from .errors import BadRequest, CtlError
 from .homecheck import as_ctl_error
 from .interrupt import DEFAULT_GRACE_S, GRACE_ENV, SIGNAL_ENV, signal_number
 from .runview import figures_text, first_subject_metrics, stopped_early_text
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
                            help="Home folder (default: $CTL_HOME, else the current directory).")
@@ -102,7 +105,7 @@ def edge(fn: Callable) -> Callable:
     return wrapper
 
 
-def _validation_error(e: BaseException) -> bool:
+def _validation_error(e: BaseException) -> TypeGuard["ValidationError"]:
     """``e`` is pydantic's ValidationError (a ValueError). Only a loaded pydantic can have raised one, so a command
     that built no model (``ctl status``) never imports pydantic for this check."""
     core = sys.modules.get("pydantic_core")

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 from engine import BadInput, DamagedRecord, Reader, Store, damage_report, owner_dead
 from tinyllm.sinks import mlflow_sink
+from tinyllm.corpus_meta import read_meta
 from tinyllm.runlock import pid_running
 
 from .app import db_path
@@ -235,8 +236,6 @@ def _checkpoints(home: Path, run_dir: Path, checked: dict) -> list[Finding]:
 
 
 def _corpus(home: Path, cdir: Path) -> list[Finding]:
-    from tinyllm.corpus import read_meta  # lazy: it imports numpy, which ctl's start-up otherwise avoids
-
     meta = read_meta(cdir)
     if meta is None:
         return [Finding("damaged", _rel(home, cdir / "meta.json"), "missing or not valid JSON",
