@@ -2,7 +2,7 @@
 ``--reps``) on a prepared home, and its import time (``python -X importtime``), for this tree and, with
 ``--rev REV``, for that git revision beside it (before/after in one run, alternated rep by rep).
 
-    python bench/cli.py [--rev main] [--reps 5] [--top 8] [--home DIR] [--only status,show]
+    python bench/cli.py [--rev main] [--reps 5] [--top 8] [--home DIR] [--only status,show] [--as-is]
 
 The home is made once by this tree's real ``ctl train`` of a tiny spec (one run ``train/bench`` of 12
 steps: 6 checkpoints, 2 segments, each evaluated with ppl) under ``--home`` (kept, reused when it already
@@ -52,8 +52,8 @@ PYCACHE: Path | None = None  # where compiled modules are kept (set in main): by
 
 
 def _env(tree: Path) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CTL_HOME", "CTL_BACKEND", "PYTHONPROFILEIMPORTTIME", "PYTHONDONTWRITEBYTECODE")}
+    drop = ("CTL_HOME", "CTL_BACKEND", "PYTHONPROFILEIMPORTTIME") + (("PYTHONDONTWRITEBYTECODE",) if PYCACHE else ())
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env["PYTHONPATH"] = str(tree)
     env["OMP_NUM_THREADS"] = "1"
     if PYCACHE is not None:  # each tree's bytecode once, outside the trees (a checkout's own may be unwritable)
@@ -143,19 +143,23 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="Runs per command and tree; the best is printed.")
     ap.add_argument("--top", type=int, default=8, help="Top-level imports listed per command.")
     ap.add_argument("--home", default=None, help="The prepared home (made when it holds no run yet).")
+    ap.add_argument("--as-is", action="store_true",
+                    help="Keep the environment's bytecode setting (PYTHONDONTWRITEBYTECODE: every module compiled at "
+                         "each start, as this machine runs ctl) instead of a bytecode cache.")
     ap.add_argument("--only", default=None, help="Comma-separated commands (of: " + ", ".join(COMMANDS) + ").")
     args = ap.parse_args()
     chosen = [c for c in COMMANDS if args.only is None or c in args.only.split(",")]
     scratch = Path(tempfile.mkdtemp(prefix="bench-cli-"))
     global PYCACHE
-    PYCACHE = scratch / "pycache"
+    PYCACHE = None if args.as_is else scratch / "pycache"
     try:
         home = prepare_home(Path(args.home).resolve() if args.home else scratch / "home")
         trees = {"now": REPO}
         if args.rev:
             trees = {args.rev: extract(args.rev, scratch / "rev"), "now": REPO}
         load = os.getloadavg()[0]
-        print(f"# python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {load:.2f}; best of {args.reps}")
+        cache = "bytecode as the environment has it" if PYCACHE is None else "bytecode cached"
+        print(f"# python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {load:.2f}; best of {args.reps}; {cache}")
         print("# trees: " + ", ".join(f"{k} = {v}" for k, v in trees.items()))
         results: dict[tuple[str, str], Timing] = {(c, t): Timing() for c in chosen for t in trees}
         for c in chosen:  # once unmeasured: every module compiled and cached first (PYTHONPYCACHEPREFIX)

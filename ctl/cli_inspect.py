@@ -14,7 +14,6 @@ from typing import Any
 import click
 
 from . import app, errors, historyview, runstatus
-from . import doctor as doc
 from . import plot as plotting
 from .errors import BadRequest, CtlError
 from .homecheck import as_ctl_error
@@ -272,6 +271,8 @@ def doctor(fix: bool, as_json: bool, home: str | None) -> None:
     home_dir = app.resolve_home(home)
     if not home_dir.is_dir():
         raise BadRequest(f"home {home_dir} does not exist")
+    from . import doctor as doc  # the MLflow sink's state, run locks, manifests: only ctl doctor reads them
+
     report = doc.examine(home_dir)
     removed = doc.fix(home_dir, report) if fix else []
     left = [f for f in report.findings if f.path not in removed]

@@ -17,7 +17,6 @@ from typing import Any
 import click
 
 import workflows
-from tinyllm.eval_figures import resolve_figure, suite_figures
 
 from . import app, presence
 from .cli_common import edge, home_option, json_option, preempted_line, print_json, stop_options
@@ -47,6 +46,8 @@ def checkpoint_digest(home: Path, checkpoint: str) -> str:
 def check_gate_figures(gates: list[Any]) -> None:
     """BadRequest (nothing started) for a gate on a figure its suite does not produce, or one that names
     several (``zoo/acc``: a metric of every multiple-choice task), naming the figures the suite has."""
+    from tinyllm.eval_figures import resolve_figure, suite_figures  # importlib.resources: only a release's gates
+
     for g in gates:
         figures = suite_figures(g.suite)
         if figures is None or resolve_figure(g.figure, figures) is not None:

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinyllm import runlock
 
 from . import app, runstatus
 from .errors import BadRequest
@@ -81,6 +80,8 @@ def _check_not_live(engine: Any, home: Path, name: str, st: Any) -> None:
 
 def _check_no_trainer(home: Path, name: str, st: Any) -> None:
     run_dir = home / "runs" / name
+    from tinyllm import runlock  # tinyllm.errors -> stopping (multiprocessing): only a --restart asks
+
     if run_dir.is_dir() and runlock.is_locked(run_dir):
         raise BadRequest(f"cannot restart train/{name}: a live trainer holds {run_dir / runlock.LOCK_NAME}; stop "
                          f"its ctl train (Ctrl-C) or `ctl cancel {st.workflow_id if st else 'train/' + name}` first")

@@ -222,6 +222,12 @@ LAZY_MEASURED = {
     # engine's front door loads its running side on first use of these names (engine/__init__.py's _LAZY)
     ("ctl.app", "engine"): "engine.Engine (worker loop, replay: ~20 ms); a read-only command gets an engine.Reader",
     ("ctl.cli", "engine"): "engine.STOP_SIGNAL_ENV loads the subprocess runner; only a command that runs workflows",
+    ("ctl.cli_inspect", "ctl.doctor"): "~9 ms (MLflow sink state: logging, subprocess; run locks: multiprocessing); "
+                                       "only ctl doctor, not status/list/history/show",
+    ("tinyllm.sinks.mlflow_sink", "tinyllm.errors"): "~5 ms (tinyllm.stopping: multiprocessing); the trainer's stop "
+                                                      "flag, not for ctl show/doctor reading the sink's state",
+    ("ctl.restart", "tinyllm.runlock"): "~5 ms (tinyllm.errors -> stopping: multiprocessing); only ctl train --restart",
+    ("ctl.release", "tinyllm.eval_figures"): "~5 ms (importlib.resources); only a release's gates",
 }
 
 

@@ -62,7 +62,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import STOP
 from ..fsio import atomic_write
 
 STATE_FILE = "mlflow.json"
@@ -271,6 +270,8 @@ class MlflowSink:
             pass  # it has exited already
         # a polite stop (SIGTERM, the preemption signal) has a grace to keep: the frames not delivered by then
         # wait in metrics.jsonl for the next attempt, which catches up (issue 39: a stop is never killed for them)
+        from ..errors import STOP  # tinyllm.stopping (multiprocessing): the trainer's, not a reader's (ctl show)
+
         wait_s = min(self.flush_timeout_s, STOP_FLUSH_S) if STOP["requested"] else self.flush_timeout_s
         try:
             self.proc.wait(wait_s)
