@@ -26,7 +26,7 @@ NOT_FOR_READERS = (
     "torch", "numpy", "rich", "pydantic", "pydantic_core", "temporalio", "mlflow", "opentelemetry",
     "transformers", "lightning", "jinja2", "matplotlib",
     "workflows.models", "workflows.release", "tinyllm.spec", "engine._engine", "engine._worker",
-    "engine._subprocess_runner", "importlib.metadata",
+    "engine._subprocess_runner", "importlib.metadata", "multiprocessing", "ctl.doctor",
 )
 """Packages and modules no read command may load (a name and everything under it)."""
 
