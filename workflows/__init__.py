@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from contracts.activity_ids import step_tag  # (the grammar of activity ids is the contract's)
+
 from .plan import (
     ACTIVITY_CORPUS,
     ACTIVITY_EVAL,
@@ -49,7 +51,7 @@ if TYPE_CHECKING:  # loaded on first use (``__getattr__`` below); the names as t
         TrainRunInput,
         TrainRunResult,
     )
-    from .options import corpus_options, eval_options, step_tag, train_options
+    from .options import corpus_options, eval_options, train_options
     from .release import (
         ModelReleaseInput,
         ModelReleaseResult,
@@ -72,7 +74,7 @@ _LAZY = {
         "CorpusBuildInput", "CorpusBuildResult", "EvalActivityInput", "EvalSubject",
         "EvalSuiteInput", "EvalSuiteResult", "PriorWork", "Segment", "SuiteOutputs", "TrainActivityInput",
         "TrainActivityResult", "TrainRunInput", "TrainRunResult"), "models"),
-    **dict.fromkeys(("corpus_options", "eval_options", "step_tag", "train_options"), "options"),
+    **dict.fromkeys(("corpus_options", "eval_options", "train_options"), "options"),
     **dict.fromkeys(("ModelReleaseInput", "ModelReleaseResult",
                      "model_release", "parse_gate", "pick_candidate", "publish_activity", "release_workflow_id"),
                     "release"),

@@ -1,14 +1,16 @@
 """A run's plan and where its files are (activities, releases): plain functions over numbers and paths.
 
-Standard library only (no pydantic model, no engine): the readers of a home (``ctl status``, ``ctl show``,
+The standard library and contracts/ only (no pydantic model, no engine): the readers of a home (``ctl status``, ``ctl show``,
 the live display, ``ctl ui``) import this module and not the workflows' models, whose pydantic classes
 cost ~0.1 s of start-up. ``workflows.training`` and ``workflows.activities`` re-export these names.
 """
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
+
+from contracts.layout import MANIFEST, RunHome
+from contracts.layout import parse_step_dir as checkpoint_step  # noqa: F401 (re-exported)
 
 ACTIVITY_TRAIN = "train"
 ACTIVITY_EVAL = "eval"
@@ -19,9 +21,6 @@ WORKFLOW_EVAL_SUITE = "EvalSuite"
 WORKFLOW_CORPUS_BUILD = "CorpusBuild"
 WORKFLOW_MODEL_RELEASE = "ModelRelease"
 ACTIVITY_PUBLISH = "publish"
-
-_STEP_DIR = re.compile(r"^step-(\d{6,})$")
-
 
 MAX_SEGMENTS = 10_000
 """At most this many segments per run: each is a train activity, its evaluations and a timer in
@@ -52,24 +51,18 @@ def segments(steps: int, eval_every: int) -> list[int]:
 
 def activity_dir(home: Path, name: str, activity_id: str) -> Path:
     """Where an activity of run ``name`` keeps its spec and its attempts' progress files."""
-    return home / "runs" / name / "activity" / activity_id
+    return RunHome(home).run(name).activity_dir(activity_id)
 
 
 def progress_path(home: Path, name: str, activity_id: str, attempt: int) -> Path:
     """The progress file of one attempt (``ctl`` reads it to show how far an evaluation is)."""
-    return activity_dir(home, name, activity_id) / f"progress-{attempt}.jsonl"
-
-
-def checkpoint_step(path: str | Path) -> int | None:
-    """The step a ``.../step-NNNNNN`` checkpoint path names, or None."""
-    m = _STEP_DIR.match(Path(path).name)
-    return int(m.group(1)) if m else None
+    return RunHome(home).run(name).progress_file(activity_id, attempt)
 
 
 def list_releases(home: Path, name: str | None = None) -> list[dict]:
     """Every published release of the home (or of run ``name``): manifest fields and CURRENT."""
     out = []
-    root = Path(home) / "releases"
+    root = RunHome(home).releases
     for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
         if name is not None and run_dir.name != name:
             continue
@@ -79,7 +72,7 @@ def list_releases(home: Path, name: str | None = None) -> list[dict]:
             current = None
         for v in sorted(run_dir.glob("v[0-9]*")):
             try:
-                m = json.loads((v / "manifest.json").read_text(encoding="utf-8"))
+                m = json.loads((v / MANIFEST).read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
             m = m if isinstance(m, dict) else {}  # damaged: the version is listed, without its fields
