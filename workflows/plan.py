@@ -76,7 +76,8 @@ def list_releases(home: Path, name: str | None = None) -> list[dict]:
             except (OSError, ValueError):
                 continue
             m = m if isinstance(m, dict) else {}  # damaged: the version is listed, without its fields
-            figures = m.get("figures") if isinstance(m.get("figures"), dict) else {}
+            given = m.get("figures")
+            figures: dict = given if isinstance(given, dict) else {}
             out.append({"run": run_dir.name, "version": v.name, "path": f"releases/{run_dir.name}/{v.name}",
                         "current": v.name == current, "checkpoint": m.get("checkpoint"), "step": m.get("step"),
                         "digest": m.get("checkpoint_digest"),
