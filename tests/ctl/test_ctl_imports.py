@@ -5,10 +5,9 @@ optional SDK (temporalio, mlflow, opentelemetry, transformers, lightning), and n
 this pins what is imported, which does not depend on the machine's load.
 
 How: a fresh interpreter (only a new process shows what a command path imports: this one has imported
-everything already) runs the commands in-process through ``ctl.cli.main`` and prints ``sys.modules``. The
-fast test's home is an engine database made here with the engine itself (one finished workflow: no trainer
-is run, which is not the point); the slow one reads the finished real run of tests/ctl/conftest.py,
-``show`` included.
+everything already) runs the commands in-process through ``ctl.cli.main`` and prints ``sys.modules``; one
+process for all of them keeps it in the fast lane (~1 s). The home is a synthetic TrainRun history written
+in the engine's own schema (tests/ui/synth.py): no trainer is run, which is not the point here.
 """
 from __future__ import annotations
 
@@ -17,8 +16,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,39 +61,28 @@ def forbidden(modules: list[str], allowed: tuple[str, ...] = ()) -> list[str]:
                                             if n not in allowed))
 
 
-async def _count(rt, n):  # noqa: ANN001, ANN202 - a workflow of the engine's seam
-    return n + 1
-
-
-def test_status_list_history_and_version_import_nothing_heavy(tmp_path: Path) -> None:
-    from engine import Engine
-
+def test_read_commands_import_nothing_heavy(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "ui"))
+    try:
+        import synth  # the UI tests' synthetic homes: a TrainRun history in the engine's own schema
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "ui"))
     home = tmp_path / "home"
-    (home / ".ctl").mkdir(parents=True)
-    with Engine(home / ".ctl" / "engine.db") as engine:
-        engine.register_workflow("Count", _count)
-        engine.start("Count", "count/1", 1)
-        engine.run_until_complete("count/1")
+    w = synth.Writer(home)
+    try:
+        wid = synth.train_run(w, "small", segments=3)
+    finally:
+        w.close()
     h = ["--home", str(home)]
-    commands = [["status", *h], ["status", "count/1", *h], ["status", "count/1", "--json", *h],
-                ["list", *h], ["list", "--json", *h], ["history", "count/1", *h], ["history", "count/1", "--json", *h],
+    commands = [["status", *h], ["status", wid, "--json", *h], ["list", *h], ["list", "--json", *h],
+                ["history", wid, *h], ["history", wid, "--json", *h], ["show", wid, *h], ["show", wid, "--json", *h],
                 ["status", "nope/1", *h]]
     codes, modules = loaded_by(commands)
-    assert {k: v[0] for k, v in codes.items()} == {**{" ".join(c): 0 for c in commands}, f"status nope/1 {h[0]} {h[1]}": 2}
-    assert "count/1 (Count): completed" in codes[f"status count/1 {h[0]} {h[1]}"][1]
+    nope = " ".join(commands[-1])
+    assert {k: v[0] for k, v in codes.items()} == {**{" ".join(c): 0 for c in commands}, nope: 2}, codes
+    assert "train/small: completed; 30 steps in 3 segment(s)" in codes[" ".join(commands[6])][1]
     assert "engine._reader" in modules  # the commands did read the database
     assert forbidden(modules) == []
     codes, modules = loaded_by([["--version"]])  # the installed metadata: importlib.metadata, nothing else
     assert codes["--version"][0] == 0 and "ctl (durable-train)" in codes["--version"][1], codes
     assert forbidden(modules, allowed=("importlib.metadata",)) == []
-
-
-@pytest.mark.slow
-def test_show_and_status_of_a_real_run_import_nothing_heavy(finished_home: Path) -> None:
-    h = ["--home", str(finished_home)]
-    commands = [["show", "train/mini", *h], ["show", "train/mini", "--json", *h], ["status", "train/mini", *h],
-                ["status", "train/mini", "--json", *h], ["history", "train/mini", *h], ["status", *h]]
-    codes, modules = loaded_by(commands)
-    assert {k: v[0] for k, v in codes.items()} == {" ".join(c): 0 for c in commands}, codes
-    assert "train/mini" in codes[f"show train/mini {h[0]} {h[1]}"][1]
-    assert forbidden(modules) == []
