@@ -77,7 +77,14 @@ class Engine(Reader):
 
     It owns its ``Worker`` (``_worker``, engine/_worker.py), which owns the attempts and runners;
     the loops below drive it.
+
+    It is one of the two backends of ``app.backend.Backend`` (the other: engine/temporal's
+    ``TemporalEngine``); the class attributes below are that protocol's capability flags.
     """
+
+    backend = "embedded"
+    polite_stop = True  # request_stop, stop, preempted, stop_grace_s (engine/_stop.py)
+    attempt_overrides = True  # attempt_options applies to the attempts this engine starts
 
     def __init__(
         self,

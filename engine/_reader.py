@@ -50,7 +50,14 @@ class ActivityInfo:
 
 
 class Reader:
-    """Reads workflows of one engine database (``store``); writes nothing."""
+    """Reads workflows of one engine database (``store``); writes nothing. Of ``app.backend.Backend`` it has
+    the read side; the capability flags below say it runs nothing (``Engine`` sets its own)."""
+
+    backend = "embedded"
+    polite_stop = False
+    attempt_overrides = False
+    owner: dict[str, Any] | None = None  # a reader holds no lease
+    stop = None  # no polite stop ends a reader's work
 
     def __init__(self, store: Store):
         self.store = store
@@ -122,7 +129,7 @@ class Reader:
         return "workflow task"
 
     def history(self, workflow_id: str, after_seq: int = 0) -> list[Event]:
-        """The workflow's events (only those after ``after_seq``: a reader that follows it, ctl/traces.py)."""
+        """The workflow's events (only those after ``after_seq``: a reader that follows it, app/traces.py)."""
         self._row(workflow_id)
         with self.store._lock:
             events = read_events(self.store.conn, workflow_id, after_seq)
@@ -131,6 +138,30 @@ class Reader:
             if not events or events[0].type != h.WORKFLOW_STARTED:  # started and its event are one transaction
                 raise damaged(self.store.conn, workflow_id, "event 1", "missing: no workflow_started event")
             return events
+
+    def describe(self) -> str:
+        """Where this engine keeps its state, for a log line: the database file."""
+        return self.store.path
+
+    def generations(self, base: str) -> list[WorkflowStatus]:
+        """The workflows of a run continued by fresh workflows: ``base``, ``base/2``, ``base/3``... that exist,
+        oldest first (app/runs.py names them). A damaged row is left out (``list_readable`` reports it)."""
+        try:
+            rows = self.store.query("SELECT CAST(id AS BLOB) FROM workflows WHERE id = ? OR substr(id, 1, ?) = ?",
+                                    (base, len(base) + 1, base + "/"))
+        except sqlite3.DatabaseError as e:
+            with self.store._lock:
+                raise damaged(self.store.conn, "(all)", "the workflow table", f"SQLite: {e}") from None
+        found = []
+        for (raw,) in rows:
+            try:
+                wid = bytes(raw).decode("utf-8")
+                rest = wid[len(base) + 1:]
+                if wid == base or rest.isdigit():
+                    found.append((1 if wid == base else int(rest), self.status(wid)))
+            except (UnicodeDecodeError, BadInput, sqlite3.DatabaseError):
+                continue
+        return [st for _, st in sorted(found, key=lambda x: x[0])]
 
     def list_workflows(self) -> list[WorkflowStatus]:
         rows = self.store.query("SELECT id FROM workflows ORDER BY created_at, id")

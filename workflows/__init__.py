@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # loaded on first use (``__getattr__`` below); the names as t
         publish_activity,
         release_workflow_id,
     )
-    from .training import segment_spec, train_run, validate_spec
+    from .training import check_run_spec, segment_spec, train_run, validate_spec
 
 # The workflows' models are pydantic classes (~0.1 s to build at import) and the activities pull in the
 # engine's running side: a reader of a home (``ctl status``, ``ctl show``) needs neither, only ``.plan``.
@@ -78,7 +78,7 @@ _LAZY = {
     **dict.fromkeys(("ModelReleaseInput", "ModelReleaseResult",
                      "model_release", "parse_gate", "pick_candidate", "publish_activity", "release_workflow_id"),
                     "release"),
-    **dict.fromkeys(("segment_spec", "train_run", "validate_spec"), "training"),
+    **dict.fromkeys(("check_run_spec", "segment_spec", "train_run", "validate_spec"), "training"),
 }
 
 
@@ -132,7 +132,7 @@ __all__ = [
     "EvalSuiteResult", "PriorWork", "Segment", "SuiteOutputs", "TinyllmActivities", "TrainActivityInput",
     "TrainActivityResult", "TrainRunInput", "TrainRunResult", "collect_prior", "corpus_build", "corpus_options",
     "MAX_SEGMENTS", "activity_dir", "check_segment_count", "checkpoint_step", "progress_path", "eval_options", "eval_suite", "marshal_spec", "register", "segment_spec", "segments", "step_tag",
-    "tinyllm_activities", "train_options", "train_run", "validate_spec",
+    "tinyllm_activities", "train_options", "train_run", "validate_spec", "check_run_spec",
     "ACTIVITY_PUBLISH", "WORKFLOW_MODEL_RELEASE", "ModelReleaseInput", "ModelReleaseResult", "list_releases",
     "model_release", "parse_gate", "pick_candidate", "publish_activity", "release_workflow_id",
 ]
