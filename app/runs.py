@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from contracts.layout import RunHome
 import workflows
@@ -76,7 +76,8 @@ def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env
             refuse_lost_history(home, path)
     try:
         if readonly and not engine_kwargs and attempt_env is None:
-            return Reader(Store(path, readonly=True))  # status, history, show, logs, ui: nothing registered
+            # status, history, show, logs, ui: nothing registered; the read side of a Backend only
+            return cast(Backend, Reader(Store(path, readonly=True)))
         if readonly:
             engine_kwargs = {"store": Store(path, readonly=True), **engine_kwargs}
         from engine import Engine  # the running side: only where workflows run (ctl train, eval, worker...)

@@ -51,13 +51,12 @@ class ActivityInfo:
 
 class Reader:
     """Reads workflows of one engine database (``store``); writes nothing. Of ``app.backend.Backend`` it has
-    the read side; the capability flags below say it runs nothing (``Engine`` sets its own)."""
+    the read side; the capability flags below say it runs nothing (``Engine`` sets its own); it has no ``owner``, ``stop``,
+    ``start`` or ``run_until_complete``: a read-only command calls none."""
 
     backend = "embedded"
     polite_stop = False
     attempt_overrides = False
-    owner: dict[str, Any] | None = None  # a reader holds no lease
-    stop = None  # no polite stop ends a reader's work
 
     def __init__(self, store: Store):
         self.store = store
