@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
+from simulator.proving.core import BadInput as ProofBadInput, ProofError
+from simulator.proving.record import unverified_notice
+
 from contracts.layout import RunHome
 
 import app
@@ -30,7 +33,6 @@ from .cli_common import (CtlGroup, describe_train, edge, home_option, json_optio
 from .logs import logs as logs_command
 from .release import release as release_command
 from .restart import refuse_moved_aside, restart_run
-from .verify_record import unverified_notice
 
 if TYPE_CHECKING:
     from app.training import TrainStart
@@ -358,12 +360,19 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
       ctl verify-resume --spec specs/tiny.json --kills 5 --seed 1 --signal kill --json
     """
     _interrupt_on_signals()
-    try:
-        from .verify import verify_resume as run_verify_resume  # the spec's models and the runner: only here
+    try:  # the proof itself is simulator/proving/verify.py; here: the spec read, its errors as ctl's exits
+        from app.trainers import load_run_spec  # the spec's pydantic models: only here
+        from simulator.proving.verify import check_options as check_verify_options, verify_resume as run_verify_resume
 
-        report = run_verify_resume(spec_file, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
-                     timeout_s=timeout_s, heartbeat_s=heartbeat_timeout_s, segments=segments)
-    except KeyboardInterrupt:  # the trainer's process group was killed on the way out (verify._run_attempt)
+        check_verify_options(kills, signal_mode)
+        raw = load_run_spec(spec_file)
+        report = run_verify_resume(raw, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
+                                   timeout_s=timeout_s, heartbeat_s=heartbeat_timeout_s, segments=segments)
+    except ProofBadInput as e:
+        raise BadRequest(str(e)) from None
+    except ProofError as e:  # a run failed in a way that is no planned interruption
+        raise errors.CtlError(str(e)) from None
+    except KeyboardInterrupt:  # the trainer's process group was killed on the way out (proving.verify._run_attempt)
         click.echo("ctl verify-resume: interrupted; nothing was compared (its scratch runs are under "
                    "<home>/.ctl/verify/)", err=True)
         sys.exit(errors.EXIT_CANCELED)

@@ -38,7 +38,7 @@ from . import checkpoint as ckpt
 from . import selection as sel
 from . import faults, retention, runlock, runtime_env, tokenizer
 from .corpus import open_corpus
-from .distributed.launch import check_world_size
+from .world_size import check_world_size
 from .data import TokenStream
 from . import stopping
 from .errors import STOP, request_stop, signal_name, stop_signals
