@@ -13,15 +13,11 @@ This front door re-exports what ``ctl`` calls most.
 """
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .backend import Backend, Unsupported
 from .errors import BadRequest, CtlError, DiskFull
-from .requests import (
-                   DEFAULT_SUITES,
-                   TrainRequest,
-                   check_suites,
-                   eval_request,
-                   train_request,
-)
 from .runs import (
                    ENDED,
                    OPERATIONAL,
@@ -47,6 +43,24 @@ from .runs import (
                    stopped,
                    train_workflow_id,
 )
+
+if TYPE_CHECKING:  # loaded on first use (``__getattr__`` below)
+    from .requests import DEFAULT_SUITES, TrainRequest, check_suites, eval_request, train_request
+
+# The requests are pydantic models checked against the spec's (~0.2 s of imports): loaded where a request is
+# built (ctl train, eval, release), never by a command that only reads (ctl status, list, history, show).
+_LAZY = {name: "requests" for name in ("DEFAULT_SUITES", "TrainRequest", "check_suites", "eval_request",
+                                        "train_request")}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of ``_LAZY`` imported from its module on first use (PEP 562)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'app' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
                    "DEFAULT_SUITES",

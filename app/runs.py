@@ -16,13 +16,12 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from contracts.layout import RunHome
 import workflows
-from engine import BadInput, Engine, NotFound, Store, WorkflowStatus, check_id
+from engine import BadInput, NotFound, Reader, Store, WorkflowStatus, check_id
 from tinyllm import fsio
-from workflows.models import TrainRunInput
 
 from . import backends
 from .backend import Backend
@@ -76,8 +75,13 @@ def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env
         if create:
             refuse_lost_history(home, path)
     try:
+        if readonly and not engine_kwargs and attempt_env is None:
+            # status, history, show, logs, ui: nothing registered; the read side of a Backend only
+            return cast(Backend, Reader(Store(path, readonly=True)))
         if readonly:
             engine_kwargs = {"store": Store(path, readonly=True), **engine_kwargs}
+        from engine import Engine  # the running side: only where workflows run (ctl train, eval, worker...)
+
         engine = Engine(path, **engine_kwargs)
     except BadInput as e:
         raise BadRequest(str(e)) from None
@@ -202,6 +206,8 @@ def start_run(engine: Backend, workflow: str, base: str, inp: Any, *, restart: i
     ``restart`` (``ctl train --restart``, after ctl/restart.py ended the newest workflow and moved the run's
     files aside): a fresh workflow with the next id, from scratch, recording that restart count.
     """
+    from workflows.models import TrainRunInput  # pydantic: the request (inp) loaded it already
+
     current = latest_run(engine, base)
     if restart is not None:
         gen = (generation(current.workflow_id, base) or 1) if current is not None else 0

@@ -21,8 +21,7 @@ from typing import Any
 
 from contracts.activity_ids import CORPUS_PREFIX, eval_id, is_eval, is_train, parse_activity_id, step_tag, train_id
 from contracts.layout import step_dir_name
-from workflows import segments as segment_ends
-from workflows.activities import checkpoint_step
+from workflows.plan import checkpoint_step, segments as segment_ends
 
 MAX_FRAMES_KEPT = 512  # the rate window and the smoothing only need the recent frames
 SMOOTHING = 0.9  # exponential moving average of the training loss (as TensorBoard's slider)

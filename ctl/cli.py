@@ -10,24 +10,19 @@ import os
 import signal
 import sys
 import threading
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from engine import STOP_SIGNAL_ENV
 from simulator.proving.core import BadInput as ProofBadInput, ProofError
 from simulator.proving.record import unverified_notice
-from simulator.proving.verify import check_options as check_verify_options, verify_resume as run_verify_resume
 
 from contracts.layout import RunHome
 
 import app
 from app import backends, errors, runsinks
 from app.errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, EXIT_PREEMPTED, BadRequest
-from app.trainers import eval_trainer, load_run_spec
-from app.training import TrainFlags, TrainSession, TrainStart
 
 from . import cli_inspect, presence
 from .ui import command as ui_command
@@ -39,9 +34,14 @@ from .logs import logs as logs_command
 from .release import release as release_command
 from .restart import refuse_moved_aside, restart_run
 
+if TYPE_CHECKING:
+    from app.training import TrainStart
+
 
 def _versions() -> str:
     """durable-train's and torch's versions from the installed metadata (torch is not imported)."""
+    from importlib.metadata import PackageNotFoundError, version  # ~15 ms: only --version reads it
+
     def of(dist: str) -> str:
         try:
             return version(dist)
@@ -248,6 +248,8 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     app.check_run_writable(home_dir, name)
     refuse_moved_aside(home_dir, name)
     notice = unverified_notice(home_dir, request.input.spec, spec_file) if not quiet else None
+    from app.training import TrainFlags, TrainSession  # the workflows' models: the request loaded them already
+
     session = TrainSession(home_dir, request, TrainFlags(heartbeat_timeout_s, eval_heartbeat_timeout_s, trace_file),
                            warn=_warn)
     try:
@@ -303,6 +305,8 @@ def _say_started(begun: TrainStart, base: str, home: Path, notice: str | None, *
 def _polite_stop(what: str, grace_s: float, stop_signal: Any, keeps: str = "its checkpoints") -> Interrupt:
     """The command's polite-stop handler (ctl/interrupt.py), installed; the chosen preemption signal is
     passed on to every trainer (``$DURABLE_STOP_SIGNAL``, which the runner copies into their environment)."""
+    from engine import STOP_SIGNAL_ENV  # the subprocess runner's: loaded by a command that runs workflows
+
     if stop_signal is not None:
         os.environ[STOP_SIGNAL_ENV] = stop_signal.name
     return Interrupt(what, keeps, grace_s=grace_s, stop_signal=stop_signal).install()
@@ -357,6 +361,9 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
     """
     _interrupt_on_signals()
     try:  # the proof itself is simulator/proving/verify.py; here: the spec read, its errors as ctl's exits
+        from app.trainers import load_run_spec  # the spec's pydantic models: only here
+        from simulator.proving.verify import check_options as check_verify_options, verify_resume as run_verify_resume
+
         check_verify_options(kills, signal_mode)
         raw = load_run_spec(spec_file)
         report = run_verify_resume(raw, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
@@ -420,6 +427,8 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
     home_dir = app.resolve_home(home)
     trainer = None
     if spec_file is not None:
+        from app.trainers import eval_trainer  # the spec's pydantic models: only for a spec's own trainer
+
         trainer = eval_trainer(spec_file)
     inp = app.eval_request(name, list(suites), list(subjects), tag=tag, seed=seed, corpus=corpus, max_items=max_items,
                            trainer=trainer).model_copy(update={"heartbeat_timeout_s": heartbeat_timeout_s})

@@ -10,14 +10,11 @@ import math
 import re
 import sqlite3
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeGuard
 
 import click
 from click import exceptions as click_errors
-from pydantic import ValidationError
-
 from engine import BadInput as EngineBadInput
-from tinyllm.spec import format_validation_error
 
 from contracts.activity_ids import is_train
 
@@ -26,6 +23,9 @@ from app.errors import BadRequest, CtlError
 from app.homecheck import as_ctl_error
 from .interrupt import DEFAULT_GRACE_S, GRACE_ENV, SIGNAL_ENV, signal_number
 from app.runview import figures_text, first_subject_metrics, stopped_early_text
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
                            help="Home folder (default: $CTL_HOME, else the current directory).")
@@ -92,15 +92,26 @@ def edge(fn: Callable) -> Callable:
             exit_with(e)
         except EngineBadInput as e:  # a damaged record met while running: nothing was written
             exit_with(BadRequest(str(e)))
-        except ValidationError as e:  # a request model refused a value a check before it missed: still one line
-            exit_with(BadRequest(format_validation_error(e, "request")))
         except (sqlite3.Error, OSError) as e:
             home = kwargs.get("home")
             err = as_ctl_error(e, app.resolve_home(home) if "home" in kwargs else None)
             if err is None:
                 raise
             exit_with(err)
+        except ValueError as e:  # a request model refused a value a check before it missed: still one line
+            if not _validation_error(e):
+                raise
+            from tinyllm.spec import format_validation_error  # loaded already: a pydantic model raised it
+
+            exit_with(BadRequest(format_validation_error(e, "request")))
     return wrapper
+
+
+def _validation_error(e: BaseException) -> TypeGuard["ValidationError"]:
+    """``e`` is pydantic's ValidationError (a ValueError). Only a loaded pydantic can have raised one, so a command
+    that built no model (``ctl status``) never imports pydantic for this check."""
+    core = sys.modules.get("pydantic_core")
+    return core is not None and isinstance(e, core.ValidationError)
 
 
 def exit_with(e: CtlError) -> None:

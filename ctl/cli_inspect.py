@@ -17,7 +17,6 @@ import app
 from app import Backend, errors
 
 from . import historyview, runstatus
-from . import doctor as doc
 from . import plot as plotting
 from app.errors import BadRequest, CtlError
 from app.homecheck import as_ctl_error
@@ -189,7 +188,7 @@ def show(workflow_id: str, as_json: bool, home: str | None) -> None:
     try:
         st, events = _train_run(engine, workflow_id)
         view = run_view(st.workflow_id, events, st.state)
-        recorded = app.recorded_input(engine, st.workflow_id)
+        recorded = events[0].attrs.get("input") if events else {}  # its input: the history read once, above
         lines, data = show_run(view, home_dir, recorded.get("spec") or {}, recorded.get("trace"))
         if as_json:
             print_json(data)
@@ -275,6 +274,8 @@ def doctor(fix: bool, as_json: bool, home: str | None) -> None:
     home_dir = app.resolve_home(home)
     if not home_dir.is_dir():
         raise BadRequest(f"home {home_dir} does not exist")
+    from . import doctor as doc  # the MLflow sink's state, run locks, manifests: only ctl doctor reads them
+
     report = doc.examine(home_dir)
     removed = doc.fix(home_dir, report) if fix else []
     left = [f for f in report.findings if f.path not in removed]

@@ -26,8 +26,9 @@ from typing import Iterator
 from contracts.layout import CKPT, LATEST, METRICS, RunHome
 from contracts.manifest import CheckpointError, verify_checkpoint
 from contracts.resume import DAMAGED_LATEST, list_step_dirs, read_latest
-from engine import BadInput, DamagedRecord, Engine, Store, damage_report, owner_dead
+from engine import BadInput, DamagedRecord, Reader, Store, damage_report, owner_dead
 from tinyllm.sinks import mlflow_sink
+from tinyllm.corpus_meta import read_meta
 from tinyllm.runlock import pid_running
 
 from app import Backend, db_path
@@ -139,7 +140,7 @@ def _database(home: Path, checked: dict) -> list[Finding]:
         for problem in damage_report(store.conn, limit=20):
             findings.append(Finding("damaged", rel, f"SQLite integrity check: {problem}",
                                     "some records may not be readable; see the records named below"))
-        engine = Engine(store=store)
+        engine = Reader(store)
         rows, bad = engine.list_readable()
         for e in bad:
             findings.append(Finding("damaged", rel, _short(e), _means_for(e.workflow_id)))
@@ -237,8 +238,6 @@ def _checkpoints(home: Path, run_dir: Path, checked: dict) -> list[Finding]:
 
 
 def _corpus(home: Path, cdir: Path) -> list[Finding]:
-    from tinyllm.corpus import read_meta  # lazy: it imports numpy, which ctl's start-up otherwise avoids
-
     meta = read_meta(cdir)
     if meta is None:
         return [Finding("damaged", _rel(home, cdir / "meta.json"), "missing or not valid JSON",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workflows.activities import progress_path
+from workflows.plan import progress_path
 
 from app.runview import JsonlTail, RunView, fmt_duration
 

@@ -25,7 +25,7 @@ import click
 
 from contracts.layout import RunHome
 from engine import OUTPUT_STREAMS as STREAMS, NotFound, output_log_path as log_path, read_kept_output as read_kept
-from workflows.activities import activity_dir
+from workflows.plan import activity_dir
 
 import app
 from app import Backend

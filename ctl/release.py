@@ -18,8 +18,6 @@ import click
 
 from contracts.layout import MANIFEST
 import workflows
-from tinyllm.eval_figures import resolve_figure, suite_figures
-from tinyllm.trainer_spec import has_trainer
 
 import app
 from . import presence
@@ -50,6 +48,8 @@ def checkpoint_digest(home: Path, checkpoint: str) -> str:
 def check_gate_figures(gates: list[Any]) -> None:
     """BadRequest (nothing started) for a gate on a figure its suite does not produce, or one that names
     several (``zoo/acc``: a metric of every multiple-choice task), naming the figures the suite has."""
+    from tinyllm.eval_figures import resolve_figure, suite_figures  # importlib.resources: only a release's gates
+
     for g in gates:
         figures = suite_figures(g.suite)
         if figures is None or resolve_figure(g.figure, figures) is not None:
@@ -142,6 +142,8 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
         digest = checkpoint_digest(home_dir, ckpt)
         name = str(st.result["name"])
         app.check_suites(list(suites), name)
+        from tinyllm.trainer_spec import has_trainer  # the spec's pydantic models: a release builds its request
+
         if not has_trainer(spec):  # tinyllm's suites: their figures are known (a trainer's own suites: not)
             check_gate_figures(parsed)
         inp = workflows.ModelReleaseInput(name=name, select=select, checkpoint=ckpt, step=step, digest=digest,

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from contracts.layout import STEP_PREFIX, RunHome
-from tinyllm import runlock
 
 import app
 from app import Backend
@@ -84,6 +83,8 @@ def _check_not_live(engine: Backend, home: Path, name: str, st: Any) -> None:
 
 def _check_no_trainer(home: Path, name: str, st: Any) -> None:
     run_dir = RunHome(home).run(name).path
+    from tinyllm import runlock  # tinyllm.errors -> stopping (multiprocessing): only a --restart asks
+
     if run_dir.is_dir() and runlock.is_locked(run_dir):
         raise BadRequest(f"cannot restart train/{name}: a live trainer holds {run_dir / runlock.LOCK_NAME}; stop "
                          f"its ctl train (Ctrl-C) or `ctl cancel {st.workflow_id if st else 'train/' + name}` first")

@@ -27,8 +27,10 @@ through one of two other doors:
   hook, engine/_store.py), passed as ``Engine(store=...)``.
 - ``engine.temporal``: a separate optional subpackage (imported lazily, needs the ``temporal`` extra).
 """
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._clock import SystemClock, VirtualClock
-from ._engine import ActivityInfo, Engine, ReplayResult, WorkflowStatus, replay_history
 from ._errors import (
     ActivityError,
     BadInput,
@@ -50,12 +52,44 @@ from ._history import Event, read_events
 from ._ids import check_id
 from ._leases import owner_dead
 from ._options import RetryPolicy, StepOptions
-from ._output import STREAMS as OUTPUT_STREAMS, log_path as output_log_path, read_kept as read_kept_output
-from ._proctree import ENV_TAG as ATTEMPT_ENV, attempt_tag, kill_attempt, scope_of
+from ._reader import ActivityInfo, Reader, WorkflowStatus
 from ._seam import ActivityContext, Runtime
 from ._stop import StopRequest, stop_request
 from ._store import Store, damage_report
-from ._subprocess_runner import EXIT_PREEMPTED, STOP_SIGNAL_ENV, SubprocessFailed, dies_with_parent, run_subprocess
+
+if TYPE_CHECKING:  # loaded on first use (``__getattr__`` below); the names as they are, for type checkers
+    from ._engine import Engine, ReplayResult, replay_history
+    from ._output import STREAMS as OUTPUT_STREAMS, log_path as output_log_path, read_kept as read_kept_output
+    from ._proctree import ENV_TAG as ATTEMPT_ENV, attempt_tag, kill_attempt, scope_of
+    from ._subprocess_runner import EXIT_PREEMPTED, STOP_SIGNAL_ENV, SubprocessFailed, dies_with_parent, run_subprocess
+
+# The running side (the worker loop, replay, the subprocess runner: ~20 ms of imports on an idle core) is loaded
+# when first used, so that a process that only reads a home (``ctl status``, ``ctl history``: ``Reader``) does
+# not pay for it. name -> (private module, its name there).
+_LAZY = {
+    "Engine": ("_engine", "Engine"), "ReplayResult": ("_engine", "ReplayResult"),
+    "replay_history": ("_engine", "replay_history"),
+    "OUTPUT_STREAMS": ("_output", "STREAMS"), "output_log_path": ("_output", "log_path"),
+    "read_kept_output": ("_output", "read_kept"),
+    "ATTEMPT_ENV": ("_proctree", "ENV_TAG"), "attempt_tag": ("_proctree", "attempt_tag"),
+    "kill_attempt": ("_proctree", "kill_attempt"), "scope_of": ("_proctree", "scope_of"),
+    "EXIT_PREEMPTED": ("_subprocess_runner", "EXIT_PREEMPTED"),
+    "STOP_SIGNAL_ENV": ("_subprocess_runner", "STOP_SIGNAL_ENV"),
+    "SubprocessFailed": ("_subprocess_runner", "SubprocessFailed"),
+    "dies_with_parent": ("_subprocess_runner", "dies_with_parent"),
+    "run_subprocess": ("_subprocess_runner", "run_subprocess"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """``engine.Engine`` and the other running-side names of ``_LAZY``, imported on first use (PEP 562)."""
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{where[0]}"), where[1])
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ActivityContext", "ActivityError", "ActivityInfo", "BadInput", "Canceled", "DamagedRecord", "Engine",
@@ -65,5 +99,5 @@ __all__ = [
     "read_events", "replay_history", "run_subprocess", "SubprocessFailed", "dies_with_parent",
     "ATTEMPT_ENV", "attempt_tag", "kill_attempt", "scope_of", "Preempted", "StopRequest", "stop_request", "Unsupported",
     "EXIT_PREEMPTED", "STOP_SIGNAL_ENV",
-    "OUTPUT_STREAMS", "output_log_path", "read_kept_output",
+    "OUTPUT_STREAMS", "output_log_path", "read_kept_output", "Reader",
 ]

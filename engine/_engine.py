@@ -8,13 +8,13 @@
     eng.result("count/1")
 
 The engine owns a ``Worker`` (engine/_worker.py: the transactions and the loop's steps) and adds the
-public API; engine/_replay.py replays.
+public API; engine/_replay.py replays. Reading (status, history, every workflow, activities) is its base
+class ``Reader``'s (engine/_reader.py), which a process that only reads uses alone.
 """
 from __future__ import annotations
 
 import inspect
 import json
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,45 +23,15 @@ from typing import Any, Callable
 from . import _history as h
 from . import _leases as leases
 from ._clock import SystemClock
-from ._errors import BadInput, DamagedRecord, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
-from ._history import Event, append_event, damaged, decode_json, dumps, normalized, read_events, to_jsonable
+from ._errors import BadInput, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
+from ._history import Event, append_event, dumps, normalized, to_jsonable
 from ._ids import check_id
 from ._options import StepOptions
+from ._reader import TERMINAL, ActivityInfo, Reader, WorkflowStatus
 from ._replay import Command, DrySink, Replayer
 from ._stop import StopRequest, stop_request
 from ._store import Store
 from ._worker import Worker
-
-TERMINAL = ("completed", "failed", "canceled")
-
-
-@dataclass
-class WorkflowStatus:
-    workflow_id: str
-    workflow: str
-    state: str  # running | completed | failed | canceled
-    created_at: float
-    updated_at: float
-    cancel_requested: bool
-    error: dict | None = None
-    result: Any = None
-    waiting_on: str | None = None
-    """What a running workflow waits for, e.g. ``activity train-000500 (running, attempt 2)``."""
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
-class ActivityInfo:
-    activity_id: str
-    name: str
-    state: str  # scheduled | running | completed | failed | canceled
-    attempt: int
-    due_at: float
-    heartbeat_deadline: float | None
-    last_heartbeat_details: Any
-
 
 @dataclass
 class ReplayResult:
@@ -97,7 +67,7 @@ def replay_history(fn: Callable, events: list[Event], *, workflow_id: str = "rep
     return ReplayResult(list(r.issued), r.done, r.outcome, sink.new)
 
 
-class Engine:
+class Engine(Reader):
     """A durable workflow engine over one SQLite file; also an in-process worker.
 
     ``inline_activities=True`` runs activities one at a time on the calling
@@ -132,7 +102,7 @@ class Engine:
             if db_path is None:
                 raise BadInput("Engine needs a database path (or a store)")
             store = Store(db_path)
-        self.store = store
+        super().__init__(store)
         self.clock = clock if clock is not None else SystemClock()
         self.owner = leases.new_owner()
         if worker_id:
@@ -259,72 +229,6 @@ class Engine:
                                cached=Replayer(workflow_id, reg.fn, value, None))
         return workflow_id
 
-    def _row(self, workflow_id: str) -> tuple:
-        check_id(workflow_id)
-        row = self.store.query_one(
-            "SELECT id, CAST(name AS BLOB), CAST(state AS BLOB), created_at, updated_at, cancel_requested, "
-            "CAST(error AS BLOB), CAST(result AS BLOB) FROM workflows WHERE id=?",
-            (workflow_id,),
-        )
-        if row is None:
-            raise NotFound(f"no workflow with id {workflow_id!r}")
-        out = list(row)
-        out[4] = self._updated_at(workflow_id, out[4])
-        for i, column in ((1, "name"), (2, "state"), (6, "error"), (7, "result")):
-            if out[i] is not None:
-                try:
-                    out[i] = bytes(out[i]).decode("utf-8")
-                except UnicodeDecodeError:
-                    with self.store._lock:
-                        raise damaged(self.store.conn, workflow_id, f"its {column}", "not UTF-8 text") from None
-        return tuple(out)
-
-    def _updated_at(self, workflow_id: str, row_time: Any) -> Any:
-        """When the workflow last changed: the later of its row's time and its last event's (a task
-        that only appends events leaves the row as it is: one page less to write per activity). A
-        damaged history is reported where it is read, not here."""
-        try:
-            last = self.store.query_one(
-                "SELECT time FROM events WHERE workflow_id=? ORDER BY seq DESC LIMIT 1", (workflow_id,))
-        except sqlite3.DatabaseError:
-            return row_time
-        if last and isinstance(last[0], (int, float)) and isinstance(row_time, (int, float)):
-            return max(row_time, last[0])
-        return row_time
-
-    def status(self, workflow_id: str) -> WorkflowStatus:
-        wid, name, state, created, updated, cancel, error, result = self._row(workflow_id)
-        with self.store._lock:
-            db = self.store.conn
-            if state not in ("running", *TERMINAL) or not isinstance(name, str):
-                raise damaged(db, workflow_id, "its workflow row", f"unknown state {state!r}")
-            st = WorkflowStatus(
-                wid, name, state, created, updated, bool(cancel),
-                decode_json(db, error, workflow_id=wid, record="its error") if error else None,
-                decode_json(db, result, workflow_id=wid, record="its result") if result else None,
-            )
-        if state == "running":
-            st.waiting_on = self._waiting_on(workflow_id)
-        return st
-
-    def _waiting_on(self, workflow_id: str) -> str | None:
-        row = self.store.query_one(
-            "SELECT activity_id, state, attempt, due_at FROM activities WHERE workflow_id=? "
-            "AND state IN ('scheduled', 'running') ORDER BY cmd DESC LIMIT 1",
-            (workflow_id,),
-        )
-        if row:
-            aid, state, attempt, due = row
-            if state == "running":
-                return f"activity {aid} (running, attempt {attempt})"
-            return f"activity {aid} (scheduled, attempt {attempt + 1} due at {due:.3f})"
-        row = self.store.query_one(
-            "SELECT fire_at FROM timers WHERE workflow_id=? AND state='pending'", (workflow_id,)
-        )
-        if row:
-            return f"timer (fires at {row[0]:.3f})"
-        return "workflow task"
-
     def result(self, workflow_id: str) -> Any:
         """The recorded result; raises ``WorkflowFailed``, ``WorkflowCanceled`` or ``WorkflowRunning``."""
         return self._result_of(self.status(workflow_id))
@@ -358,103 +262,6 @@ class Engine:
             db.execute("UPDATE workflows SET cancel_requested=1, task_pending=1, updated_at=? WHERE id=?",
                        (self.clock.now(), workflow_id))
         return True
-
-    def history(self, workflow_id: str, after_seq: int = 0) -> list[Event]:
-        """The workflow's events (only those after ``after_seq``: a reader that follows it, app/traces.py)."""
-        self._row(workflow_id)
-        with self.store._lock:
-            events = read_events(self.store.conn, workflow_id, after_seq)
-            if after_seq > 0:
-                return events
-            if not events or events[0].type != h.WORKFLOW_STARTED:  # started and its event are one transaction
-                raise damaged(self.store.conn, workflow_id, "event 1", "missing: no workflow_started event")
-            return events
-
-    def describe(self) -> str:
-        """Where this engine keeps its state, for a log line: the database file."""
-        return self.store.path
-
-    def generations(self, base: str) -> list[WorkflowStatus]:
-        """The workflows of a run continued by fresh workflows: ``base``, ``base/2``, ``base/3``... that exist,
-        oldest first (app/runs.py names them). A damaged row is left out (``list_readable`` reports it)."""
-        try:
-            rows = self.store.query("SELECT CAST(id AS BLOB) FROM workflows WHERE id = ? OR substr(id, 1, ?) = ?",
-                                    (base, len(base) + 1, base + "/"))
-        except sqlite3.DatabaseError as e:
-            with self.store._lock:
-                raise damaged(self.store.conn, "(all)", "the workflow table", f"SQLite: {e}") from None
-        found = []
-        for (raw,) in rows:
-            try:
-                wid = bytes(raw).decode("utf-8")
-                rest = wid[len(base) + 1:]
-                if wid == base or rest.isdigit():
-                    found.append((1 if wid == base else int(rest), self.status(wid)))
-            except (UnicodeDecodeError, BadInput, sqlite3.DatabaseError):
-                continue
-        return [st for _, st in sorted(found, key=lambda x: x[0])]
-
-    def list_workflows(self) -> list[WorkflowStatus]:
-        rows = self.store.query("SELECT id FROM workflows ORDER BY created_at, id")
-        return [self.status(r[0]) for r in rows]
-
-    def list_readable(self) -> tuple[list[WorkflowStatus], list[DamagedRecord]]:
-        """Every workflow whose row can be read, and the damage found in the others."""
-
-        try:
-            rows = self.store.query("SELECT CAST(id AS BLOB) FROM workflows ORDER BY created_at, id")
-        except sqlite3.DatabaseError as e:
-            with self.store._lock:
-                raise damaged(self.store.conn, "(all)", "the workflow table", f"SQLite: {e}") from None
-        good, bad = [], []
-        for (raw,) in rows:
-            try:
-                wid = bytes(raw).decode("utf-8")
-                check_id(wid)
-                good.append(self.status(wid))
-            except (UnicodeDecodeError, BadInput, sqlite3.DatabaseError) as e:
-                if not isinstance(e, DamagedRecord):
-                    with self.store._lock:
-                        e = damaged(self.store.conn, repr(bytes(raw))[2:-1], "its workflow row", str(e))
-                bad.append(e)
-        return good, bad
-
-    def activities(self, workflow_id: str) -> list[ActivityInfo]:
-        """Every activity the workflow scheduled, in command order: an open one (scheduled or running)
-        as its row says, a closed one (its row deleted) as its history says."""
-        infos: dict[str, ActivityInfo] = {}
-        for e in self.history(workflow_id):
-            a = e.attrs
-            info = infos.get(a.get("activity_id"))  # type: ignore[arg-type]
-            if e.type == h.ACTIVITY_SCHEDULED:
-                infos[a["activity_id"]] = ActivityInfo(a["activity_id"], a["name"], "scheduled", 0, e.time, None, None)
-            elif info is None:
-                continue
-            elif e.type == h.ACTIVITY_STARTED:
-                info.state, info.attempt = "running", a["attempt"]
-            elif e.type == h.ACTIVITY_HEARTBEAT and a.get("details") is not None:
-                info.last_heartbeat_details = a["details"]
-            elif e.type == h.ACTIVITY_COMPLETED:
-                info.state = "completed"
-            elif e.type == h.ACTIVITY_CANCELED:
-                info.state = "canceled"
-            elif e.type in (h.ACTIVITY_FAILED, h.ACTIVITY_TIMED_OUT):
-                info.state = "failed" if a.get("final") else "scheduled"
-                info.due_at = a.get("retry_at", info.due_at)
-        rows = self.store.query(
-            "SELECT activity_id, state, attempt, due_at, hb_deadline, details FROM activities WHERE workflow_id=?",
-            (workflow_id,),
-        )
-        open_rows = {r[0]: r for r in rows}
-        for aid, info in infos.items():
-            row = open_rows.get(aid)
-            if row is not None:
-                _, info.state, info.attempt, info.due_at, info.heartbeat_deadline, det = row
-                if det:
-                    info.last_heartbeat_details = json.loads(det)
-            elif info.state in ("scheduled", "running"):
-                info.state = "canceled"  # closed when its workflow ended (no event of its own)
-        return list(infos.values())
 
     def replay(self, workflow_id: str, events: list[Event] | None = None) -> ReplayResult:
         """Re-run the workflow's code over its history (or ``events``) without recording anything."""

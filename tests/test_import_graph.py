@@ -294,10 +294,33 @@ LAZY_FOR = ("torch", "numpy", "temporalio", "mlflow", "tensorboard", "matplotlib
             "transformers", "lightning", "selenium", "engine.temporal")  # the last: the optional Temporal backend
 
 
+# Our own modules that are costly to import, kept out of the processes that only read a home (ctl status, list,
+# history, show: tests/ctl/test_ctl_imports.py pins it; bench/cli.py measures it): a function may import them (or
+# a module loading them) lazily. Measured as process CPU over `import engine, workflows, pydantic` on 2 loaded cores.
+SLOW_TO_IMPORT = {
+    "workflows.models": "the workflows' pydantic model classes: ~60 ms",
+    "workflows.release": "ModelRelease's pydantic models",
+    "tinyllm.spec": "the spec's pydantic model classes (objectives, validation, selection): ~100 ms",
+    "engine._engine": "the engine's running side (worker loop, replay, attempts): ~20 ms",
+    "engine._subprocess_runner": "the activity runner (subprocess, tempfile, process trees)",
+    "pydantic": "pydantic_core and the plugin loader: ~15 ms before any model is built",
+    "importlib.metadata": "the standard library's (email, zipfile, csv): ~15 ms; only --version and MLflow need it",
+}
+
+
 def _heavy_name(name: str) -> bool:
-    return any(name == h or name.startswith(h + ".") for h in LAZY_FOR)
+    return any(name == h or name.startswith(h + ".") for h in LAZY_FOR) or name in SLOW_TO_IMPORT
 LAZY_MEASURED = {
     ("ctl.cli", "ctl.display"): "rich costs ~0.2 s of every ctl start; only a followed run's display needs it",
+    # engine's front door loads its running side on first use of these names (engine/__init__.py's _LAZY)
+    ("app.runs", "engine"): "engine.Engine (worker loop, replay: ~20 ms); a read-only command gets an engine.Reader",
+    ("ctl.cli", "engine"): "engine.STOP_SIGNAL_ENV loads the subprocess runner; only a command that runs workflows",
+    ("ctl.cli_inspect", "ctl.doctor"): "~9 ms (MLflow sink state: logging, subprocess; run locks: multiprocessing); "
+                                       "only ctl doctor, not status/list/history/show",
+    ("tinyllm.sinks.mlflow_sink", "tinyllm.errors"): "~5 ms (tinyllm.stopping: multiprocessing); the trainer's stop "
+                                                      "flag, not for ctl show/doctor reading the sink's state",
+    ("ctl.restart", "tinyllm.runlock"): "~5 ms (tinyllm.errors -> stopping: multiprocessing); only ctl train --restart",
+    ("ctl.release", "tinyllm.eval_figures"): "~5 ms (importlib.resources); only a release's gates",
 }
 
 

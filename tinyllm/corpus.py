@@ -25,6 +25,7 @@ from contracts.layout import RunHome
 
 from . import faults, tokenizer
 from .builtin_text import builtin_text
+from .corpus_meta import read_meta
 from .diskfull import writing
 from .errors import STOP, StopRequested, signal_name
 from .fsio import fsync_dir, write_synced
@@ -179,14 +180,6 @@ def _char_tokens(spec: CorpusSpec, train_bytes: bytes, held_bytes: bytes, heldou
                         f"{tokenizer.MAX_CHAR_VOCAB} (use the byte tokenizer)")
     vocab = tokenizer.build_vocab(train_text + held_text)
     return vocab.encode(train_text).astype("<u2"), vocab.encode(held_text).astype("<u2"), vocab, heldout
-
-
-def read_meta(path: Path) -> dict | None:
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-        return meta if isinstance(meta, dict) else None
-    except (OSError, ValueError):
-        return None
 
 
 def _intact(path: Path, meta: dict) -> bool:

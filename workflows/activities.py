@@ -53,6 +53,7 @@ from .trainer_command import (
     rejected_arguments,
 )
 from .release import ACTIVITY_PUBLISH, publish_activity
+from .plan import activity_dir, progress_path  # noqa: F401 (re-exported)
 from .repeats import check_repeat
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -64,16 +65,6 @@ def atomic_write_text(path: Path, text: str) -> None:
         if e.errno in DISK_FULL_ERRNOS:
             raise NonRetryableError(f"disk full writing {path}", type="DiskFull") from None
         raise
-
-
-def activity_dir(home: Path, name: str, activity_id: str) -> Path:
-    """Where an activity of run ``name`` keeps its spec and its attempts' progress files."""
-    return RunHome(home).run(name).activity_dir(activity_id)
-
-
-def progress_path(home: Path, name: str, activity_id: str, attempt: int) -> Path:
-    """The progress file of one attempt (``ctl`` reads it to show how far an evaluation is)."""
-    return RunHome(home).run(name).progress_file(activity_id, attempt)
 
 
 def workflow_generation(workflow_id: str) -> int:

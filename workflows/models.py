@@ -10,13 +10,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-ACTIVITY_TRAIN = "train"
-ACTIVITY_EVAL = "eval"
-ACTIVITY_CORPUS = "corpus"
-
-WORKFLOW_TRAIN_RUN = "TrainRun"
-WORKFLOW_EVAL_SUITE = "EvalSuite"
-WORKFLOW_CORPUS_BUILD = "CorpusBuild"
+from .plan import (  # noqa: F401 (re-exported): the names, pydantic-free in .plan
+    ACTIVITY_CORPUS,
+    ACTIVITY_EVAL,
+    ACTIVITY_TRAIN,
+    WORKFLOW_CORPUS_BUILD,
+    WORKFLOW_EVAL_SUITE,
+    WORKFLOW_TRAIN_RUN,
+)
 
 
 class _Model(BaseModel):

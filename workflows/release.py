@@ -39,9 +39,8 @@ from tinyllm.trainer_spec import trainer_of
 
 from .evaluation import eval_suite
 from .models import EvalSubject, EvalSuiteInput, EvalSuiteResult
+from .plan import ACTIVITY_PUBLISH, WORKFLOW_MODEL_RELEASE, list_releases  # noqa: F401 (re-exported)
 
-WORKFLOW_MODEL_RELEASE = "ModelRelease"
-ACTIVITY_PUBLISH = "publish"
 
 _GATE = re.compile(r"^(?P<suite>[A-Za-z0-9_.-]+)/(?P<figure>[A-Za-z0-9_./-]+?)\s*(?P<op><=|>=|<|>|==)\s*"
                    r"(?P<value>[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?)$")
@@ -204,32 +203,6 @@ async def model_release(rt: Runtime, input: ModelReleaseInput) -> ModelReleaseRe
 
 
 # --- the publish activity (plain files; no torch) ---------------------------------------------
-
-
-def list_releases(home: Path, name: str | None = None) -> list[dict]:
-    """Every published release of the home (or of run ``name``): manifest fields and CURRENT."""
-    out = []
-    root = RunHome(home).releases
-    for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
-        if name is not None and run_dir.name != name:
-            continue
-        try:
-            current = (run_dir / "CURRENT").read_text(encoding="utf-8").strip()
-        except OSError:
-            current = None
-        for v in sorted(run_dir.glob("v[0-9]*")):
-            try:
-                m = json.loads((v / MANIFEST).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            m = m if isinstance(m, dict) else {}  # damaged: the version is listed, without its fields
-            figures = m.get("figures") if isinstance(m.get("figures"), dict) else {}
-            out.append({"run": run_dir.name, "version": v.name, "path": f"releases/{run_dir.name}/{v.name}",
-                        "current": v.name == current, "checkpoint": m.get("checkpoint"), "step": m.get("step"),
-                        "digest": m.get("checkpoint_digest"),
-                        "figures": {k: x for k, x in figures.items()
-                                    if isinstance(x, (int, float)) and not isinstance(x, bool)}})
-    return out
 
 
 def _code_version() -> str:

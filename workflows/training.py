@@ -34,33 +34,7 @@ from .models import (
     TrainRunResult,
 )
 from .options import eval_options, train_options
-
-
-MAX_SEGMENTS = 10_000
-"""At most this many segments per run: each is a train activity, its evaluations and a timer in
-one history that every replay walks, so the count is bounded before any work (issue 9, defect 8)."""
-
-
-def check_segment_count(steps: int, eval_every: int) -> int:
-    """How many segments ``segments(steps, eval_every)`` makes (not building them); ValueError over the bound."""
-    n = 1 if eval_every <= 0 or eval_every >= steps else -(-steps // eval_every)
-    if n > MAX_SEGMENTS:
-        raise ValueError(f"steps {steps} with eval_every {eval_every} make {n} segments; at most {MAX_SEGMENTS} "
-                         f"are allowed (raise eval_every to at least {-(-steps // MAX_SEGMENTS)})")
-    return n
-
-
-def segments(steps: int, eval_every: int) -> list[int]:
-    """End steps ``[e, 2e, ..., N]``, ending exactly at N; ``e = 0`` or ``e >= N`` is one segment."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    if eval_every < 0:
-        raise ValueError(f"eval_every must be >= 0, got {eval_every}")
-    check_segment_count(steps, eval_every)
-    if eval_every == 0 or eval_every >= steps:
-        return [steps]
-    ends = list(range(eval_every, steps, eval_every))
-    return ends + [steps]
+from .plan import MAX_SEGMENTS, check_segment_count, segments  # noqa: F401 (re-exported)
 
 
 def bad_input(message: str) -> NonRetryableError:

@@ -31,8 +31,8 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from .._engine import WorkflowStatus
 from .._errors import BadInput, EngineError, NotFound, Unsupported, WorkflowCanceled, WorkflowFailed, WorkflowRunning
+from .._reader import WorkflowStatus
 from .._history import Event, to_jsonable
 from .._ids import check_id
 from .activity import seam_activity

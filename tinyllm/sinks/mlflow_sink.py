@@ -59,13 +59,11 @@ import subprocess
 import sys
 import threading
 import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from contracts.layout import step_dir_name
 
-from ..errors import STOP
 from ..fsio import atomic_write
 
 STATE_FILE = "mlflow.json"
@@ -136,6 +134,8 @@ def code_version() -> str:
             return proc.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
+    from importlib.metadata import PackageNotFoundError, version  # ~15 ms: not for readers (ctl show, doctor)
+
     try:
         return version("durable-train")
     except PackageNotFoundError:
@@ -272,6 +272,8 @@ class MlflowSink:
             pass  # it has exited already
         # a polite stop (SIGTERM, the preemption signal) has a grace to keep: the frames not delivered by then
         # wait in metrics.jsonl for the next attempt, which catches up (issue 39: a stop is never killed for them)
+        from ..errors import STOP  # tinyllm.stopping (multiprocessing): the trainer's, not a reader's (ctl show)
+
         wait_s = min(self.flush_timeout_s, STOP_FLUSH_S) if STOP["requested"] else self.flush_timeout_s
         try:
             self.proc.wait(wait_s)
