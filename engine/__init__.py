@@ -55,10 +55,12 @@ from ._proctree import ENV_TAG as ATTEMPT_ENV, attempt_tag, kill_attempt, scope_
 from ._seam import ActivityContext, Runtime
 from ._stop import StopRequest, stop_request
 from ._store import Store, damage_report
+from ._forkserver import ForkServer
 from ._subprocess_runner import EXIT_PREEMPTED, STOP_SIGNAL_ENV, SubprocessFailed, dies_with_parent, run_subprocess
 
 __all__ = [
-    "ActivityContext", "ActivityError", "ActivityInfo", "BadInput", "Canceled", "DamagedRecord", "Engine",
+    "ActivityContext", "ActivityError",
+    "ForkServer", "ActivityInfo", "BadInput", "Canceled", "DamagedRecord", "Engine",
     "EngineError", "Event", "LeaseLost", "NondeterminismError", "NonRetryableError", "NotFound", "ReplayResult",
     "RetryPolicy", "Runtime", "StepOptions", "Store", "SystemClock", "VirtualClock", "WorkflowCanceled",
     "WorkflowFailed", "WorkflowRunning", "WorkflowStatus", "check_id", "damage_report", "is_canceled", "owner_dead",
