@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from .activities import TinyllmActivities, tinyllm_activities
+from .activities import TinyllmActivities, tinyllm_activities, warm_fits
 from .continuation import collect_prior
 from .corpus import corpus_build
 from .evaluation import eval_suite, marshal_spec
@@ -80,7 +80,7 @@ __all__ = [
     "EvalSuiteResult", "PriorWork", "Segment", "SuiteOutputs", "TinyllmActivities", "TrainActivityInput",
     "TrainActivityResult", "TrainRunInput", "TrainRunResult", "collect_prior", "corpus_build", "corpus_options",
     "MAX_SEGMENTS", "eval_options", "eval_suite", "marshal_spec", "register", "segment_spec", "segments", "step_tag",
-    "tinyllm_activities", "train_options", "train_run", "validate_spec",
+    "tinyllm_activities", "train_options", "warm_fits", "train_run", "validate_spec",
     "ACTIVITY_PUBLISH", "WORKFLOW_MODEL_RELEASE", "ModelReleaseInput", "ModelReleaseResult", "list_releases",
     "model_release", "parse_gate", "pick_candidate", "publish_activity", "release_workflow_id",
 ]

@@ -12,6 +12,14 @@ heartbeated checkpoint when its attempt is a redelivery.
 A spec that names its own ``trainer`` runs that command instead of tinyllm's (same arguments, same
 contract; workflows/trainer_command.py builds the command line and checks the contract's rules).
 
+Warm starts (``warm``): a segment's ``tinyllm train`` is forked by a server that has torch and the
+trainer imported (engine/_forkserver.py, preloading tinyllm/warm.py) instead of starting a fresh
+interpreter; each attempt is still a fresh process. Only a first attempt of tinyllm's own command of a
+single-process spec goes warm; a redelivered attempt, a spec's own trainer, a distributed spec, and
+anything the server declines (another environment, a crashed server) start cold. ``warm``: ``"eager"``
+starts the server now (ctl train: its imports overlap the engine's start), ``"lazy"`` at the first train
+attempt, ``"off"`` never; ``CTL_WARM_START=0`` turns it off whatever the caller asked (docs/durability.md).
+
 ``attempt_env`` (optional): ``fn(ctx) -> dict`` of variables added to each attempt's environment;
 ``ctl train`` of a traced run passes ``TRACEPARENT`` (the attempt's span) this way (ctl/traces.py).
 
@@ -20,6 +28,7 @@ mapping of activity name to ``fn(ctx, input)``; ``tinyllm_activities(home)`` bui
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -27,8 +36,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from engine import ActivityContext, NonRetryableError, SubprocessFailed, run_subprocess
+from engine import ActivityContext, ForkServer, NonRetryableError, SubprocessFailed, run_subprocess
 from tinyllm.fsio import DISK_FULL_ERRNOS, atomic_write  # standard library only: no torch in the worker
+from tinyllm.warm import MODULES as WARM_MODULES, PRELOAD as WARM_PRELOAD  # names only: no torch either
 
 from .models import (
     ACTIVITY_CORPUS,
@@ -53,6 +63,25 @@ from .release import ACTIVITY_PUBLISH, publish_activity
 from .repeats import check_repeat
 
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
+WARM_ENV = "CTL_WARM_START"  # 0/off/no/false: every trainer starts cold (the documented switch)
+WARM_CHOICES = ("eager", "lazy", "off")
+
+
+def warm_choice(asked: str | bool | None) -> str:
+    """The warm-start mode after ``$CTL_WARM_START`` (which can only turn it off)."""
+    if os.environ.get(WARM_ENV, "").strip().lower() in ("0", "off", "no", "false"):
+        return "off"
+    mode = "lazy" if asked is True or asked is None else "off" if asked is False else str(asked)
+    if mode not in WARM_CHOICES:
+        raise ValueError(f"warm must be one of {WARM_CHOICES}, got {asked!r}")
+    return mode
+
+
+def warm_fits(spec: dict) -> bool:
+    """A spec whose train attempts may start warm: tinyllm's own single-process trainer."""
+    dist = spec.get("distributed")
+    world = dist.get("world_size", 1) if isinstance(dist, dict) else 1
+    return not spec.get("trainer") and (dist is None or world == 1)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -149,11 +178,31 @@ class TinyllmActivities:
     """``train``, ``eval`` and ``corpus`` over ``tinyllm`` subprocesses in one home folder."""
 
     def __init__(self, home: str | Path, *, python: str = sys.executable, env: dict[str, str] | None = None,
-                 attempt_env: Callable[[ActivityContext], dict[str, str]] | None = None):
+                 attempt_env: Callable[[ActivityContext], dict[str, str]] | None = None,
+                 warm: str | bool | None = "lazy"):
         self.home = Path(home).resolve()
         self.python = python
         self.env = env
         self.attempt_env = attempt_env
+        self.warm = warm_choice(warm)
+        self._server: ForkServer | None = None
+        if self.warm == "eager":
+            self.warm_server()
+
+    def warm_server(self) -> ForkServer | None:
+        """The fork server of this home's trainers (started on first call), or None when warm starts are off."""
+        if self.warm == "off":
+            return None
+        if self._server is None:
+            self._server = ForkServer(WARM_PRELOAD, WARM_MODULES, cwd=self.home, python=self.python, env=self.env).start()
+            atexit.register(self._server.close)
+        return self._server
+
+    def close(self) -> None:
+        """End the fork server (if any); later attempts start it again when they need it."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
 
     def _argv(self, command: str, spec_path: Path, *extra: str) -> list[str]:
         return [self.python, "-m", "tinyllm.cli", command, "--spec", str(spec_path), "--home", str(self.home), *extra]
@@ -162,7 +211,7 @@ class TinyllmActivities:
         return activity_dir(self.home, name, activity_id)
 
     def _run(self, ctx: ActivityContext, argv: list[str], progress_path: Path, how: Invocation | None = None,
-             logs_in: Path | None = None) -> Any:
+             logs_in: Path | None = None, launcher: ForkServer | None = None) -> Any:
         """Run one attempt; its output is kept under ``logs_in`` (default: the progress file's folder)."""
         progress_path.unlink(missing_ok=True)  # an attempt's heartbeats come from its own lines
         cwd, env = (how.cwd, how.env) if how is not None else (str(self.home), self.env)
@@ -170,7 +219,8 @@ class TinyllmActivities:
         if extra:
             env = {**(env if env is not None else os.environ), **extra}
         done = run_subprocess(ctx, argv, progress_path=str(progress_path), cwd=cwd, env=env,
-                              output_dir=output_dir(logs_in or progress_path.parent, ctx.workflow_id, ctx.attempt))
+                              output_dir=output_dir(logs_in or progress_path.parent, ctx.workflow_id, ctx.attempt),
+                              launcher=launcher)
         if how is not None and how.custom:  # a spec's own trainer: the contract's rules, named when broken
             return done.result
         if not isinstance(done.result, dict):
@@ -200,8 +250,9 @@ class TinyllmActivities:
         argv, how = self._invocation(inp.spec, "train", spec_path, *extra, run_steps=inp.total_steps)
         if not how.custom and inp.total_steps is not None and inp.total_steps != until:
             argv = [*argv, "--total-steps", str(inp.total_steps)]  # tinyllm's; not in the public contract
+        warm = not how.custom and ctx.attempt == 1 and warm_fits(inp.spec)  # any doubt: a cold start
         try:
-            out = self._run(ctx, argv, progress, how)
+            out = self._run(ctx, argv, progress, how, launcher=self.warm_server() if warm else None)
         except SubprocessFailed as e:
             bad = how.custom and e.type != "ProgressTimeout" and rejected_arguments(
                 ctx.attempt, e.returncode, progress, argv[len(how.argv):], e.details.get("stderr_tail", ""))
