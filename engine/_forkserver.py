@@ -205,15 +205,16 @@ class ForkServer:
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
+        self.error = self.error or "closed"
         if sock is not None:
-            sock.close()  # the server exits when its client goes
+            sock.close()  # a server that serves exits when its client goes; one still preloading is killed
         proc = self._proc
         if proc is not None and proc.poll() is None:
             try:
-                proc.wait(timeout=5)
+                proc.wait(timeout=0.5 if sock is not None else 0)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        self.error = self.error or "closed"
+                proc.wait()
 
     # -- commands ----------------------------------------------------------------------------------
 
@@ -441,8 +442,24 @@ def _serve(ctl: socket.socket, entry: tuple[int, int]) -> dict | None:
         _send(reply, {"pid": pid})
 
 
-def _become(request: dict, entry: tuple[int, int], server_pid: int) -> None:
-    """In the forked child, before the command runs: own session, parent-death signal, tag, stdio, cwd, env."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _stop_signals() -> set[int]:
+    """The signals a polite stop may send (and ``$DURABLE_STOP_SIGNAL``'s): the server blocks them."""
+    out = set(STOP_SIGNALS)
+    name = os.environ.get("DURABLE_STOP_SIGNAL", "").strip().upper()
+    if name:
+        sig = getattr(signal.Signals, name if name.startswith("SIG") else f"SIG{name}", None)
+        if sig is not None and sig not in (signal.SIGKILL, signal.SIGSTOP):
+            out.add(sig)
+    return out
+
+
+def _become(request: dict, entry: tuple[int, int], server_pid: int, mask: set[int]) -> None:
+    """In the forked child, before the command runs: own session, parent-death signal, tag, stdio, cwd, env,
+    then the signal mask the server started with (a stop signal sent since the fork was held pending, not
+    lost: it acts now, as on a cold start before its handlers)."""
     os.setsid()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -461,6 +478,7 @@ def _become(request: dict, entry: tuple[int, int], server_pid: int) -> None:
     argv = list(request["argv"])
     sys.argv = [argv[2], *argv[3:]]
     sys.path[0] = os.getcwd()  # as `python -m` sets it
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -468,6 +486,9 @@ def main(argv: Sequence[str]) -> int:
     ctl = socket.socket(fileno=int(argv[0]))
     server_pid = os.getpid()
     hooks = list(argv[1:argv.index("--")] if "--" in argv else argv[1:])
+    # a polite stop that reaches every process of a job (Slurm) must not end the server under its trainers:
+    # blocked here (pending, never acted on), restored in each child
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _stop_signals())
     try:
         entry = _find_tag_entry()
         _check_tag_rewrite(entry)
@@ -490,7 +511,7 @@ def main(argv: Sequence[str]) -> int:
     request = _serve(ctl, entry)
     if request is None:
         return 0
-    _become(request, entry, server_pid)
+    _become(request, entry, server_pid, mask)
     _write_argv(area, request["argv"])
     # the module was preloaded: running it again as __main__ is what `python -m` does, minus the import
     warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package", category=RuntimeWarning)

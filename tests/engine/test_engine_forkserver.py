@@ -77,7 +77,8 @@ def test_a_warm_child_is_a_fresh_tagged_process_in_its_own_session(tmp_path, ser
 
 @pytest.mark.slow
 def test_a_stop_reaches_the_warm_child_which_exits_130(tmp_path, server, db) -> None:
-    """The runner's SIGTERM goes to the warm child's pid; it exits 130 (its "checkpoint"): Canceled."""
+    """The runner's SIGTERM goes to the warm child's pid; it exits 130 (its "checkpoint"): Canceled. A stop signal
+    to every process of the job (Slurm's) does not end the server under it: the server blocks them."""
     pidfile = str(tmp_path / "child.pid")
     eng = make_engine(db, SystemClock(), workflows=[("w", one)],
                       activities=[("run", activity(tmp_path, server, lambda ctx: ["term", pidfile]))],
@@ -87,9 +88,12 @@ def test_a_stop_reaches_the_warm_child_which_exits_130(tmp_path, server, db) -> 
     t = threading.Thread(target=lambda: out.setdefault("st", eng.run_until_complete("w", timeout_s=60)))
     t.start()
     pid = int(wait_for(lambda: _read(pidfile), what="the child to start"))
-    assert os.getppid() != server._proc.pid and _ppid(pid) == server._proc.pid
+    assert _ppid(pid) == server._proc.pid
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        os.kill(server._proc.pid, sig)
     make_engine(db, SystemClock(), workflows=[("w", one)]).cancel("w")
     t.join(60)
+    assert server._proc.poll() is None
     assert out["st"].state == "canceled"
     assert [e.attrs["error"]["type"] for e in eng.history("w") if e.type == "activity_canceled"] == ["Canceled"]
     assert not alive(pid)
