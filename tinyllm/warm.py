@@ -1,4 +1,5 @@
-"""What a warm trainer server (engine/_forkserver.py) loads once, before it forks each ``tinyllm train``.
+"""What a warm trainer server (engine/_forkserver.py) loads once, before it forks each ``tinyllm train`` (and
+each ``tinyllm eval`` of a run's evaluations).
 
 ``preload()`` runs in the server process only, in the order a cold ``tinyllm train`` does it:
 ``runtime_env.prepare()`` (MKL_CBWR, the OpenMP wait policy chosen by the load at the server's start,
@@ -29,6 +30,6 @@ def preload() -> None:
     runtime_env.PRELOADED.update(runtime_env.status().get("omp", {}))
     import torch  # noqa: F401
 
-    from . import checkpoint, cli, model, trainer  # noqa: F401
+    from . import checkpoint, cli, evals, model, trainer  # noqa: F401
     from .objectives import data as _data  # noqa: F401
     from .validation import runner  # noqa: F401

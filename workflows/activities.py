@@ -14,8 +14,8 @@ contract; workflows/trainer_command.py builds the command line and checks the co
 
 Warm starts (``warm``): a segment's ``tinyllm train`` is forked by a server that has torch and the
 trainer imported (engine/_forkserver.py, preloading tinyllm/warm.py) instead of starting a fresh
-interpreter; each attempt is still a fresh process. Only a first attempt of tinyllm's own command of a
-single-process spec goes warm; a redelivered attempt, a spec's own trainer, a distributed spec, and
+interpreter, and so is an evaluation's ``tinyllm eval``; each attempt is still a fresh process. Only a
+first attempt of tinyllm's own command (of a single-process spec, for train) goes warm; a redelivered attempt, a spec's own trainer, a distributed spec, and
 anything the server declines (another environment, a crashed server) start cold. ``warm``: ``"eager"``
 starts the server now (ctl train: its imports overlap the engine's start), ``"lazy"`` at the first train
 attempt, ``"off"`` never; ``CTL_WARM_START=0`` turns it off whatever the caller asked (docs/durability.md).
@@ -275,7 +275,8 @@ class TinyllmActivities:
         atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
         progress = progress_path(self.home, str(inp.spec["name"]), ctx.activity_id, ctx.attempt)
         argv, how = self._invocation(inp.spec, "eval", spec_path, "--progress", str(progress))
-        out = self._run(ctx, argv, progress, how)
+        warm = not how.custom and ctx.attempt == 1  # tinyllm eval: one process, as train's
+        out = self._run(ctx, argv, progress, how, launcher=self.warm_server() if warm else None)
         if how.custom:
             out = check_eval_result(out)
         return SuiteOutputs.model_validate(out)

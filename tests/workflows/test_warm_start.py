@@ -1,7 +1,7 @@
 """Warm segment starts (workflows/activities.py, engine/_forkserver.py, tinyllm/warm.py) with real ``ctl train``
 runs: a run whose segments are forked by the warm server gives the same bits as one whose segments each start a
-fresh interpreter (every checkpoint's loss, the final loss and the model digest), and nothing of either is left
-running afterwards (no trainer, no server)."""
+fresh interpreter (every checkpoint's loss, the final loss and the model digest; each segment's evaluation, also
+forked warm, byte for byte), and nothing of either is left running afterwards (no trainer, no server)."""
 from __future__ import annotations
 
 import json
@@ -27,8 +27,8 @@ def _train(tmp: Path, kind: str, **env: str) -> tuple[dict, Path]:
     home = tmp / kind
     spec = tmp / "warm.json"
     spec.write_text(json.dumps(SPEC))
-    p = subprocess.run([*procs.CTL, "train", "--spec", str(spec), "--no-eval", "--json", "--home", str(home)],
-                       capture_output=True, text=True, timeout=600, env={**procs.env(), **env})
+    p = subprocess.run([*procs.CTL, "train", "--spec", str(spec), "--suite", "ppl", "--json", "--home", str(home)],
+                       check=False, capture_output=True, text=True, timeout=600, env={**procs.env(), **env})
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout)["result"], home
 
@@ -70,4 +70,8 @@ def test_warm_segments_give_the_bits_of_cold_ones_and_leave_nothing_running(tmp_
 
     assert saved(warm_segs) == saved(cold_segs) and len(saved(cold_segs)) >= 6
     assert (warm["final_loss_hex"], warm["digest"]) == (cold["final_loss_hex"], cold["digest"])
+    summaries = sorted((cold_home / "evals" / "ppl").glob("*/summary.json"))
+    assert len(summaries) == 3
+    for path in summaries:
+        assert (warm_home / path.relative_to(cold_home)).read_bytes() == path.read_bytes()
     assert _left_in(warm_home) == [] and _left_in(cold_home) == []
