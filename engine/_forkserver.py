@@ -58,7 +58,7 @@ PER_ATTEMPT_ENV = frozenset({proctree.ENV_TAG, "DURABLE_STOP_SIGNAL", "TRACEPARE
 """Variables that may differ between the server's environment and a command's (read at run time, never
 at import); any other difference runs the command the ordinary way."""
 PR_SET_PDEATHSIG = 1
-READY_TIMEOUT_S = 300.0  # the server's imports on a loaded host; past it, commands run the ordinary way
+READY_TIMEOUT_S = 120.0  # the server's imports on a loaded host; past it, commands run the ordinary way
 ANSWER_TIMEOUT_S = 30.0  # a fork answers in milliseconds; a server silent this long is taken for dead
 MSG_BYTES = 1 << 20
 
