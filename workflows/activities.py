@@ -14,11 +14,13 @@ contract; workflows/trainer_command.py builds the command line and checks the co
 
 Warm starts (``warm``): a segment's ``tinyllm train`` is forked by a server that has torch and the
 trainer imported (engine/_forkserver.py, preloading tinyllm/warm.py) instead of starting a fresh
-interpreter, and so is an evaluation's ``tinyllm eval``; each attempt is still a fresh process. Only a
-first attempt of tinyllm's own command (of a single-process spec, for train) goes warm; a redelivered attempt, a spec's own trainer, a distributed spec, and
-anything the server declines (another environment, a crashed server) start cold. ``warm``: ``"eager"``
+interpreter, and so is an evaluation's ``tinyllm eval``; each attempt is still a fresh process. Only
+tinyllm's own command (of a single-process spec, for train) goes warm, and only the first attempt of an
+activity that this process offers its server (a redelivery after a restart is one: the attempt before it
+ran under the worker that died); a retry after an attempt this server started, a spec's own trainer, a
+distributed spec, and anything the server declines (another environment, a crashed server) start cold. ``warm``: ``"eager"``
 starts the server now (ctl train: its imports overlap the engine's start), ``"lazy"`` at the first train
-attempt, ``"off"`` never; ``CTL_WARM_START=0`` turns it off whatever the caller asked (docs/durability.md).
+attempt, ``"off"`` never; ``CTL_WARM_START=0`` turns it off whatever the caller asked (docs/ctl.md, "Warm segment starts").
 
 ``attempt_env`` (optional): ``fn(ctx) -> dict`` of variables added to each attempt's environment;
 ``ctl train`` of a traced run passes ``TRACEPARENT`` (the attempt's span) this way (ctl/traces.py).
@@ -78,10 +80,9 @@ def warm_choice(asked: str | bool | None) -> str:
 
 
 def warm_fits(spec: dict) -> bool:
-    """A spec whose train attempts may start warm: tinyllm's own single-process trainer."""
-    dist = spec.get("distributed")
-    world = dist.get("world_size", 1) if isinstance(dist, dict) else 1
-    return not spec.get("trainer") and (dist is None or world == 1)
+    """A spec whose train attempts may start warm: tinyllm's own trainer without ``distributed`` (which
+    launches torchrun ranks, even one)."""
+    return not spec.get("trainer") and spec.get("distributed") is None
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -186,8 +187,22 @@ class TinyllmActivities:
         self.attempt_env = attempt_env
         self.warm = warm_choice(warm)
         self._server: ForkServer | None = None
+        self._warm_tried: set[tuple[str, str]] = set()  # (workflow, activity) attempts offered to this process's server
         if self.warm == "eager":
             self.warm_server()
+
+    def _launcher(self, ctx: ActivityContext, fits: bool) -> ForkServer | None:
+        """The fork server for this attempt, or None (cold). A redelivered attempt goes warm only when no
+        earlier attempt of its activity was offered to this process's server: the earlier one ran under a
+        worker that is gone (a restart after a kill, the usual redelivery); a retry after an attempt this
+        server started (a crash, a hang, a stop) starts cold, whatever ended it."""
+        key = (str(ctx.workflow_id), str(ctx.activity_id))
+        if not fits or key in self._warm_tried:
+            return None
+        server = self.warm_server()
+        if server is not None:
+            self._warm_tried.add(key)
+        return server
 
     def warm_server(self) -> ForkServer | None:
         """The fork server of this home's trainers (started on first call), or None when warm starts are off."""
@@ -250,9 +265,9 @@ class TinyllmActivities:
         argv, how = self._invocation(inp.spec, "train", spec_path, *extra, run_steps=inp.total_steps)
         if not how.custom and inp.total_steps is not None and inp.total_steps != until:
             argv = [*argv, "--total-steps", str(inp.total_steps)]  # tinyllm's; not in the public contract
-        warm = not how.custom and ctx.attempt == 1 and warm_fits(inp.spec)  # any doubt: a cold start
+        launcher = self._launcher(ctx, not how.custom and warm_fits(inp.spec))  # any doubt: a cold start
         try:
-            out = self._run(ctx, argv, progress, how, launcher=self.warm_server() if warm else None)
+            out = self._run(ctx, argv, progress, how, launcher=launcher)
         except SubprocessFailed as e:
             bad = how.custom and e.type != "ProgressTimeout" and rejected_arguments(
                 ctx.attempt, e.returncode, progress, argv[len(how.argv):], e.details.get("stderr_tail", ""))
@@ -275,8 +290,7 @@ class TinyllmActivities:
         atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
         progress = progress_path(self.home, str(inp.spec["name"]), ctx.activity_id, ctx.attempt)
         argv, how = self._invocation(inp.spec, "eval", spec_path, "--progress", str(progress))
-        warm = not how.custom and ctx.attempt == 1  # tinyllm eval: one process, as train's
-        out = self._run(ctx, argv, progress, how, launcher=self.warm_server() if warm else None)
+        out = self._run(ctx, argv, progress, how, launcher=self._launcher(ctx, not how.custom))  # tinyllm eval
         if how.custom:
             out = check_eval_result(out)
         return SuiteOutputs.model_validate(out)
