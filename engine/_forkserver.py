@@ -447,7 +447,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, si
 
 def _stop_signals() -> set[int]:
     """The signals a polite stop may send (and ``$DURABLE_STOP_SIGNAL``'s): the server blocks them."""
-    out = set(STOP_SIGNALS)
+    out: set[int] = set(STOP_SIGNALS)
     name = os.environ.get("DURABLE_STOP_SIGNAL", "").strip().upper()
     if name:
         sig = getattr(signal.Signals, name if name.startswith("SIG") else f"SIG{name}", None)
