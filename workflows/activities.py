@@ -15,10 +15,9 @@ contract; workflows/trainer_command.py builds the command line and checks the co
 Warm starts (``warm``): a segment's ``tinyllm train`` is forked by a server that has torch and the
 trainer imported (engine/_forkserver.py, preloading tinyllm/warm.py) instead of starting a fresh
 interpreter, and so is an evaluation's ``tinyllm eval``; each attempt is still a fresh process. Only
-tinyllm's own command (of a single-process spec, for train) goes warm, and only the first attempt of an
-activity that this process offers its server (a redelivery after a restart is one: the attempt before it
-ran under the worker that died); a retry after an attempt this server started, a spec's own trainer, a
-distributed spec, and anything the server declines (another environment, a crashed server) start cold. ``warm``: ``"eager"``
+tinyllm's own command (of a single-process spec, for train) goes warm, and only an activity's first
+attempt; a redelivered attempt, a spec's own trainer, a distributed spec, and anything the server
+declines (another environment, a crashed server) start cold. ``warm``: ``"eager"``
 starts the server now (ctl train: its imports overlap the engine's start), ``"lazy"`` at the first train
 attempt, ``"off"`` never; ``CTL_WARM_START=0`` turns it off whatever the caller asked (docs/ctl.md, "Warm segment starts").
 
@@ -149,22 +148,15 @@ class TinyllmActivities:
         self.attempt_env = attempt_env
         self.warm = warm_choice(warm)
         self._server: ForkServer | None = None
-        self._warm_tried: set[tuple[str, str]] = set()  # (workflow, activity) attempts offered to this process's server
         if self.warm == "eager":
             self.warm_server()
 
     def _launcher(self, ctx: ActivityContext, fits: bool) -> ForkServer | None:
-        """The fork server for this attempt, or None (cold). A redelivered attempt goes warm only when no
-        earlier attempt of its activity was offered to this process's server: the earlier one ran under a
-        worker that is gone (a restart after a kill, the usual redelivery); a retry after an attempt this
-        server started (a crash, a hang, a stop) starts cold, whatever ended it."""
-        key = (str(ctx.workflow_id), str(ctx.activity_id))
-        if not fits or key in self._warm_tried:
-            return None
-        server = self.warm_server()
-        if server is not None:
-            self._warm_tried.add(key)
-        return server
+        """The fork server for this attempt, or None (cold): only a first attempt goes warm. A redelivery
+        (after a crash, a hang, a stop, or a restart after a kill) starts cold: whatever ended the attempt
+        before it, the retry does not depend on the server (and after a restart the server, started with
+        ctl, would not be ready sooner than a cold trainer: docs/ctl.md, "Warm segment starts")."""
+        return self.warm_server() if fits and ctx.attempt == 1 else None
 
     def warm_server(self) -> ForkServer | None:
         """The fork server of this home's trainers (started on first call), or None when warm starts are off."""
