@@ -248,8 +248,7 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     refuse_moved_aside(home_dir, name)
     notice = unverified_notice(home_dir, inp.spec, spec_file) if not quiet else None
     tracer = _run_tracer(home_dir, app.train_workflow_id(name), trace_file)
-    engine = app.open_engine(home_dir, create=True, attempt_env=tracer.attempt_env if tracer else None,
-                             warm="eager" if not detach and workflows.warm_fits(inp.spec) else "lazy")
+    engine = app.open_engine(home_dir, create=True, attempt_env=tracer.attempt_env if tracer else None)
     interrupt.engine = engine
     try:
         current = app.latest_run(engine, app.train_workflow_id(name))

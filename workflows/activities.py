@@ -17,9 +17,10 @@ trainer imported (engine/_forkserver.py, preloading tinyllm/warm.py) instead of 
 interpreter, and so is an evaluation's ``tinyllm eval``; each attempt is still a fresh process. Only
 tinyllm's own command (of a single-process spec, for train) goes warm, and only an activity's first
 attempt; a redelivered attempt, a spec's own trainer, a distributed spec, and anything the server
-declines (another environment, a crashed server) start cold. ``warm``: ``"eager"``
-starts the server now (ctl train: its imports overlap the engine's start), ``"lazy"`` at the first train
-attempt, ``"off"`` never; ``CTL_WARM_START=0`` turns it off whatever the caller asked (docs/ctl.md, "Warm segment starts").
+declines (another environment, a crashed server) start cold. ``warm``: ``"lazy"``
+(the default) starts the server at the first attempt that may go warm, ``"eager"`` now, ``"off"`` never
+(an eager server's imports compete for the CPUs with a restart's cold redelivered trainer: measured
+slower on 2 CPUs, docs/ctl.md); ``CTL_WARM_START=0`` turns it off whatever the caller asked (docs/ctl.md, "Warm segment starts").
 
 ``attempt_env`` (optional): ``fn(ctx) -> dict`` of variables added to each attempt's environment;
 ``ctl train`` of a traced run passes ``TRACEPARENT`` (the attempt's span) this way (ctl/traces.py).
