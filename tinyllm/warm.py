@@ -31,5 +31,4 @@ def preload() -> None:
     import torch  # noqa: F401
 
     from . import checkpoint, cli, evals, model, trainer  # noqa: F401
-    from .objectives import data as _data  # noqa: F401
     from .validation import runner  # noqa: F401

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator import procs
+from simulator.proving import procs
 
 pytestmark = pytest.mark.slow  # two real ctl train runs of a tiny model
 
@@ -42,6 +42,11 @@ def _segments(home: Path) -> dict[str, list[dict]]:
     return out
 
 
+def _logs(home: Path) -> str:
+    """The kept stderr of every attempt (why a segment was not warm, when it was not)."""
+    return "\n".join(f"{p}: {p.read_text(errors='replace')[-300:]}" for p in sorted(home.glob("runs/*/activity/*/logs/*/stderr.log")))
+
+
 def _left_in(home: Path) -> list[int]:
     """Live processes started for ``home``: its command line names it, or it runs in it (the server)."""
     left = [pid for pid, _ in procs.processes_in(home)]
@@ -62,7 +67,7 @@ def test_warm_segments_give_the_bits_of_cold_ones_and_leave_nothing_running(tmp_
     for name, lines in warm_segs.items():  # every segment really went warm, and every cold one cold
         [ready] = [x for x in lines if x.get("event") == "ready"]
         [cold_ready] = [x for x in cold_segs[name] if x.get("event") == "ready"]
-        assert ready["omp"]["reason"].startswith(WARM_REASON), ready
+        assert ready["omp"]["reason"].startswith(WARM_REASON), (name, ready, _logs(warm_home))
         assert not cold_ready["omp"]["reason"].startswith(WARM_REASON), cold_ready
 
     def saved(segs: dict[str, list[dict]]) -> list[tuple[int, str]]:
