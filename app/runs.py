@@ -54,7 +54,7 @@ def stopped(engine: Backend) -> bool:
 
 
 def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env: Any = None,
-                **engine_kwargs: Any) -> Backend:
+                warm: str = "lazy", **engine_kwargs: Any) -> Backend:
     """The engine of ``home`` with the workflows and the real activities registered.
 
     ``create=False`` (read-only commands) refuses a home without a database, so that
@@ -62,6 +62,7 @@ def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env
     ``readonly=True`` (status, list, history) opens the database so that it can never be
     written, which also works in a read-only home.
     ``attempt_env``: ``fn(ctx) -> dict`` added to each attempt's environment (a traced run's TRACEPARENT).
+    ``warm``: when the trainers' fork server starts (workflows/activities.py): ``eager`` (now), ``lazy``, ``off``.
     """
     if backends.chosen().name == backends.TEMPORAL:  # the run's files stay in home; the state on the cluster
         if not readonly:
@@ -85,7 +86,8 @@ def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env
         engine = Engine(path, **engine_kwargs)
     except BadInput as e:
         raise BadRequest(str(e)) from None
-    workflows.register(engine, activities=workflows.tinyllm_activities(home, attempt_env=attempt_env))
+    workflows.register(engine, activities=workflows.tinyllm_activities(
+        home, attempt_env=attempt_env, warm="off" if readonly else warm))
     return engine
 
 

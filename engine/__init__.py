@@ -59,6 +59,7 @@ from ._store import Store, damage_report
 
 if TYPE_CHECKING:  # loaded on first use (``__getattr__`` below); the names as they are, for type checkers
     from ._engine import Engine, ReplayResult, replay_history
+    from ._forkserver import ForkServer
     from ._output import STREAMS as OUTPUT_STREAMS, log_path as output_log_path, read_kept as read_kept_output
     from ._proctree import ENV_TAG as ATTEMPT_ENV, attempt_tag, kill_attempt, scope_of
     from ._subprocess_runner import EXIT_PREEMPTED, STOP_SIGNAL_ENV, SubprocessFailed, dies_with_parent, run_subprocess
@@ -78,6 +79,7 @@ _LAZY = {
     "SubprocessFailed": ("_subprocess_runner", "SubprocessFailed"),
     "dies_with_parent": ("_subprocess_runner", "dies_with_parent"),
     "run_subprocess": ("_subprocess_runner", "run_subprocess"),
+    "ForkServer": ("_forkserver", "ForkServer"),
 }
 
 
@@ -92,7 +94,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "ActivityContext", "ActivityError", "ActivityInfo", "BadInput", "Canceled", "DamagedRecord", "Engine",
+    "ActivityContext", "ActivityError",
+    "ForkServer", "ActivityInfo", "BadInput", "Canceled", "DamagedRecord", "Engine",
     "EngineError", "Event", "LeaseLost", "NondeterminismError", "NonRetryableError", "NotFound", "ReplayResult",
     "RetryPolicy", "Runtime", "StepOptions", "Store", "SystemClock", "VirtualClock", "WorkflowCanceled",
     "WorkflowFailed", "WorkflowRunning", "WorkflowStatus", "check_id", "damage_report", "is_canceled", "owner_dead",

@@ -208,6 +208,7 @@ def run_subprocess(
     heartbeat_timeout_s: float | None = None,
     tail_bytes: int = 8192,
     output_dir: str | os.PathLike | None = None,
+    launcher: Any = None,
 ) -> SubprocessResult:
     """Run ``argv`` to its end under ``ctx`` (see the module docstring); returns or raises by exit code.
 
@@ -215,6 +216,9 @@ def run_subprocess(
     line before the runner presumes it hung (0: never; the lease still expires without progress).
     ``output_dir``: the child's stdout and stderr go to ``stdout.log`` and ``stderr.log`` there, bounded and
     kept after the attempt (engine/_output.py); None: temporary files, gone with the attempt.
+    ``launcher``: a fork server (engine/_forkserver.py) that may start ``argv`` warm; where it declines
+    (any doubt), the child is started the ordinary way. Either way it is a fresh process in its own
+    session, tagged, with a parent-death signal, and everything below treats it alike.
     """
     tag = _attempt_tag(ctx)
     silence_s = heartbeat_timeout_s if heartbeat_timeout_s is not None else _heartbeat_timeout_s(ctx)
@@ -235,11 +239,15 @@ def run_subprocess(
     child_env[proctree.ENV_TAG] = tag
     if os.environ.get(STOP_SIGNAL_ENV) and STOP_SIGNAL_ENV not in child_env:  # ctl --stop-signal: the trainer's too
         child_env[STOP_SIGNAL_ENV] = os.environ[STOP_SIGNAL_ENV]
+    proc: Any = None
+    if launcher is not None:
+        proc = launcher.spawn(argv, cwd=cwd, env=child_env, stdout=out, stderr=err, on_wait=ctx.heartbeat)
     try:
-        proc = subprocess.Popen(
-            list(argv), cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-            start_new_session=True, preexec_fn=_preexec(os.getpid()),
-        )
+        if proc is None:
+            proc = subprocess.Popen(
+                list(argv), cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                start_new_session=True, preexec_fn=_preexec(os.getpid()),
+            )
     except (FileNotFoundError, NotADirectoryError, PermissionError) as e:  # the same argv fails the same way again
         out.close()
         err.close()

@@ -58,6 +58,7 @@ CBWR_ENV, CBWR = "MKL_CBWR", "AUTO,STRICT"
 _MKL_STRICT = 0x10000  # MKL_CBWR_STRICT, in what mkl_cbwr_get(MKL_CBWR_ALL) returns
 _STATE: dict = {}
 _WARNED = [False]
+PRELOADED: dict = {}  # a warm trainer server's choice (tinyllm/warm.py): made when it loaded torch
 
 
 def busy_tasks(samples: int = 5, gap_s: float = 0.002) -> float | None:
@@ -123,7 +124,13 @@ def prepare(threads: int | None = None, adapt: bool = True, keep_heap: bool = Tr
     if not adapt:
         got = {k: v for k, v in got.items() if not k.startswith("threads")}
     user = {k: env[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if env.get(k)}
-    if "torch" in modules:
+    if "torch" in modules and PRELOADED.get("wait_policy"):  # forked by a warm server: its choice holds
+        got.update(wait_policy=PRELOADED["wait_policy"],
+                   reason=f"chosen when the warm trainer server loaded torch: {PRELOADED.get('reason')}")
+        if PRELOADED.get("spin_count"):
+            env["GOMP_SPINCOUNT"] = PRELOADED["spin_count"]
+        env["OMP_WAIT_POLICY"] = PRELOADED["wait_policy"]  # what its own children inherit, as a cold start's
+    elif "torch" in modules:
         got.update(wait_policy=env.get("OMP_WAIT_POLICY") or "(libgomp's default)",
                    reason="torch was loaded before the run started")
     elif user:

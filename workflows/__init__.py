@@ -32,7 +32,7 @@ from .plan import (
 )
 
 if TYPE_CHECKING:  # loaded on first use (``__getattr__`` below); the names as they are, for type checkers
-    from .activities import TinyllmActivities, tinyllm_activities
+    from .activities import TinyllmActivities, tinyllm_activities, warm_fits
     from .continuation import collect_prior
     from .corpus import corpus_build
     from .evaluation import eval_suite, marshal_spec
@@ -67,7 +67,7 @@ if TYPE_CHECKING:  # loaded on first use (``__getattr__`` below); the names as t
 # engine's running side: a reader of a home (``ctl status``, ``ctl show``) needs neither, only ``.plan``.
 # So every other name is imported from its module on first use (PEP 562). name -> module.
 _LAZY = {
-    **dict.fromkeys(("TinyllmActivities", "tinyllm_activities"), "activities"),
+    **dict.fromkeys(("TinyllmActivities", "tinyllm_activities", "warm_fits"), "activities"),
     "collect_prior": "continuation", "corpus_build": "corpus",
     **dict.fromkeys(("eval_suite", "marshal_spec"), "evaluation"),
     **dict.fromkeys((
@@ -132,7 +132,7 @@ __all__ = [
     "EvalSuiteResult", "PriorWork", "Segment", "SuiteOutputs", "TinyllmActivities", "TrainActivityInput",
     "TrainActivityResult", "TrainRunInput", "TrainRunResult", "collect_prior", "corpus_build", "corpus_options",
     "MAX_SEGMENTS", "activity_dir", "check_segment_count", "checkpoint_step", "progress_path", "eval_options", "eval_suite", "marshal_spec", "register", "segment_spec", "segments", "step_tag",
-    "tinyllm_activities", "train_options", "train_run", "validate_spec", "check_run_spec",
+    "tinyllm_activities", "train_options", "train_run", "warm_fits", "validate_spec", "check_run_spec",
     "ACTIVITY_PUBLISH", "WORKFLOW_MODEL_RELEASE", "ModelReleaseInput", "ModelReleaseResult", "list_releases",
     "model_release", "parse_gate", "pick_candidate", "publish_activity", "release_workflow_id",
 ]

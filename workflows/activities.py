@@ -12,6 +12,16 @@ heartbeated checkpoint when its attempt is a redelivery.
 A spec that names its own ``trainer`` runs that command instead of tinyllm's (same arguments, same
 contract; workflows/trainer_command.py builds the command line and checks the contract's rules).
 
+Warm starts (``warm``): a segment's ``tinyllm train`` is forked by a server that has torch and the
+trainer imported (engine/_forkserver.py, preloading tinyllm/warm.py) instead of starting a fresh
+interpreter, and so is an evaluation's ``tinyllm eval``; each attempt is still a fresh process. Only
+tinyllm's own command (of a single-process spec, for train) goes warm, and only an activity's first
+attempt; a redelivered attempt, a spec's own trainer, a distributed spec, and anything the server
+declines (another environment, a crashed server) start cold. ``warm``: ``"lazy"``
+(the default) starts the server at the first attempt that may go warm, ``"eager"`` now, ``"off"`` never
+(an eager server's imports compete for the CPUs with a restart's cold redelivered trainer: measured
+slower on 2 CPUs, docs/ctl.md); ``CTL_WARM_START=0`` turns it off whatever the caller asked (docs/ctl.md, "Warm segment starts").
+
 ``attempt_env`` (optional): ``fn(ctx) -> dict`` of variables added to each attempt's environment;
 ``ctl train`` of a traced run passes ``TRACEPARENT`` (the attempt's span) this way (app/traces.py).
 
@@ -20,6 +30,7 @@ mapping of activity name to ``fn(ctx, input)``; ``tinyllm_activities(home)`` bui
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -30,8 +41,9 @@ from contracts.layout import RunHome, progress_name
 from contracts.layout import parse_step_dir as checkpoint_step
 from contracts.resume import resume_argument
 from contracts.resume import resume_argument as choose_resume  # noqa: F401  (the name callers knew)
-from engine import ActivityContext, NonRetryableError, SubprocessFailed, run_subprocess
+from engine import ActivityContext, ForkServer, NonRetryableError, SubprocessFailed, run_subprocess
 from tinyllm.fsio import DISK_FULL_ERRNOS, atomic_write  # standard library only: no torch in the worker
+from tinyllm.warm import MODULES as WARM_MODULES, PRELOAD as WARM_PRELOAD  # names only: no torch either
 
 from .models import (
     ACTIVITY_CORPUS,
@@ -55,6 +67,26 @@ from .trainer_command import (
 from .release import ACTIVITY_PUBLISH, publish_activity
 from .plan import activity_dir, progress_path  # noqa: F401 (re-exported)
 from .repeats import check_repeat
+
+WARM_ENV = "CTL_WARM_START"  # 0/off/no/false: every trainer starts cold (the documented switch)
+WARM_CHOICES = ("eager", "lazy", "off")
+
+
+def warm_choice(asked: str | bool | None) -> str:
+    """The warm-start mode after ``$CTL_WARM_START`` (which can only turn it off)."""
+    if os.environ.get(WARM_ENV, "").strip().lower() in ("0", "off", "no", "false"):
+        return "off"
+    mode = "lazy" if asked is True or asked is None else "off" if asked is False else str(asked)
+    if mode not in WARM_CHOICES:
+        raise ValueError(f"warm must be one of {WARM_CHOICES}, got {asked!r}")
+    return mode
+
+
+def warm_fits(spec: dict) -> bool:
+    """A spec whose train attempts may start warm: tinyllm's own trainer without ``distributed`` (which
+    launches torchrun ranks, even one)."""
+    return not spec.get("trainer") and spec.get("distributed") is None
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file, fsync and rename (never a torn file)."""
@@ -100,11 +132,38 @@ class TinyllmActivities:
     """``train``, ``eval`` and ``corpus`` over ``tinyllm`` subprocesses in one home folder."""
 
     def __init__(self, home: str | Path, *, python: str = sys.executable, env: dict[str, str] | None = None,
-                 attempt_env: Callable[[ActivityContext], dict[str, str]] | None = None):
+                 attempt_env: Callable[[ActivityContext], dict[str, str]] | None = None,
+                 warm: str | bool | None = "lazy"):
         self.home = Path(home).resolve()
         self.python = python
         self.env = env
         self.attempt_env = attempt_env
+        self.warm = warm_choice(warm)
+        self._server: ForkServer | None = None
+        if self.warm == "eager":
+            self.warm_server()
+
+    def _launcher(self, ctx: ActivityContext, fits: bool) -> ForkServer | None:
+        """The fork server for this attempt, or None (cold): only a first attempt goes warm. A redelivery
+        (after a crash, a hang, a stop, or a restart after a kill) starts cold: whatever ended the attempt
+        before it, the retry does not depend on the server (and after a restart the server, started with
+        ctl, would not be ready sooner than a cold trainer: docs/ctl.md, "Warm segment starts")."""
+        return self.warm_server() if fits and ctx.attempt == 1 else None
+
+    def warm_server(self) -> ForkServer | None:
+        """The fork server of this home's trainers (started on first call), or None when warm starts are off."""
+        if self.warm == "off":
+            return None
+        if self._server is None:
+            self._server = ForkServer(WARM_PRELOAD, WARM_MODULES, cwd=self.home, python=self.python, env=self.env).start()
+            atexit.register(self._server.close)
+        return self._server
+
+    def close(self) -> None:
+        """End the fork server (if any); later attempts start it again when they need it."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
 
     def _argv(self, command: str, spec_path: Path, *extra: str) -> list[str]:
         return [self.python, "-m", "tinyllm.cli", command, "--spec", str(spec_path), "--home", str(self.home), *extra]
@@ -113,7 +172,7 @@ class TinyllmActivities:
         return activity_dir(self.home, name, activity_id)
 
     def _run(self, ctx: ActivityContext, argv: list[str], progress_path: Path, how: Invocation | None = None,
-             logs_in: Path | None = None) -> Any:
+             logs_in: Path | None = None, launcher: ForkServer | None = None) -> Any:
         """Run one attempt; its output is kept under ``logs_in`` (default: the progress file's folder)."""
         progress_path.unlink(missing_ok=True)  # an attempt's heartbeats come from its own lines
         cwd, env = (how.cwd, how.env) if how is not None else (str(self.home), self.env)
@@ -121,7 +180,8 @@ class TinyllmActivities:
         if extra:
             env = {**(env if env is not None else os.environ), **extra}
         done = run_subprocess(ctx, argv, progress_path=str(progress_path), cwd=cwd, env=env,
-                              output_dir=output_dir(logs_in or progress_path.parent, ctx.workflow_id, ctx.attempt))
+                              output_dir=output_dir(logs_in or progress_path.parent, ctx.workflow_id, ctx.attempt),
+                              launcher=launcher)
         if how is not None and how.custom:  # a spec's own trainer: the contract's rules, named when broken
             return done.result
         if not isinstance(done.result, dict):
@@ -151,8 +211,9 @@ class TinyllmActivities:
         argv, how = self._invocation(inp.spec, "train", spec_path, *extra, run_steps=inp.total_steps)
         if not how.custom and inp.total_steps is not None and inp.total_steps != until:
             argv = [*argv, "--total-steps", str(inp.total_steps)]  # tinyllm's; not in the public contract
+        launcher = self._launcher(ctx, not how.custom and warm_fits(inp.spec))  # any doubt: a cold start
         try:
-            out = self._run(ctx, argv, progress, how)
+            out = self._run(ctx, argv, progress, how, launcher=launcher)
         except SubprocessFailed as e:
             bad = how.custom and e.type != "ProgressTimeout" and rejected_arguments(
                 ctx.attempt, e.returncode, progress, argv[len(how.argv):], e.details.get("stderr_tail", ""))
@@ -175,7 +236,7 @@ class TinyllmActivities:
         atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
         progress = progress_path(self.home, str(inp.spec["name"]), ctx.activity_id, ctx.attempt)
         argv, how = self._invocation(inp.spec, "eval", spec_path, "--progress", str(progress))
-        out = self._run(ctx, argv, progress, how)
+        out = self._run(ctx, argv, progress, how, launcher=self._launcher(ctx, not how.custom))  # tinyllm eval
         if how.custom:
             out = check_eval_result(out)
         return SuiteOutputs.model_validate(out)

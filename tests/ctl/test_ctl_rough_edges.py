@@ -98,7 +98,9 @@ def test_sigint_to_the_process_group_is_one_interrupt(tmp_path: Path, golden: di
     evals = EVAL if moment == "evaluating" else NO_EVAL
     # mid-segment for sure: after the checkpoint at step 5 the trainer holds at step 7 until it is asked to stop
     # (20 tiny steps end in well under a second: on a loaded machine the signal landed after the last one)
-    hold = {"TINYLLM_FAULT": "trainer.hold@7"} if moment == "checkpoint" else {}
+    # and an evaluation holds after its first window (a warm-started one ends four windows before the signal lands)
+    hold = ({"TINYLLM_FAULT": "trainer.hold@7"} if moment == "checkpoint"
+            else {"TINYLLM_FAULT": "eval.hold@1"} if moment == "evaluating" else {})
     p = subprocess.Popen([*prefix, *_train_argv(home, evals=evals)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True, env={**procs.env(), "CTL_PROGRESS_EVERY_S": "0.2", **hold})
     try:

@@ -1,5 +1,6 @@
 """A small trainer-like child for the subprocess-runner tests (no tinyllm needed).
 
+    python eng_child.py whoami                           a result line: pid, ppid, session, command line, tags, cwd
     python eng_child.py progress <progress-file> <n>   n progress lines, then a JSON result line
     python eng_child.py badinput                        one line on stderr, exit 2
     python eng_child.py crash                           exit 3 with a message
@@ -60,6 +61,15 @@ def rank(out, pidfile):
 
 def main():
     mode = sys.argv[1]
+    if mode == "whoami":  # who started this process, as a result line (the fork server's tests)
+        with open("/proc/self/environ", "rb") as f:
+            tags = [x for x in f.read().split(b"\0") if x.startswith(b"DURABLE_ATTEMPT=")]
+        with open("/proc/self/cmdline", "rb") as f:
+            cmdline = [x.decode() for x in f.read().split(b"\0") if x]
+        print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0), "cmdline": cmdline,
+                          "proc_tag": tags[0].decode().partition("=")[2] if tags else None,
+                          "env_tag": os.environ.get("DURABLE_ATTEMPT"), "cwd": os.getcwd()}))
+        return 0
     if mode == "progress":
         path, n = sys.argv[2], int(sys.argv[3])
         for i in range(1, n + 1):

@@ -75,3 +75,28 @@ def test_register_takes_explicit_activities() -> None:
 def test_real_activities_are_named() -> None:
     acts = workflows.tinyllm_activities("/nonexistent-home")
     assert set(acts) == {"train", "eval", "corpus", "publish"}  # publish: ModelRelease (workflows/release.py)
+
+
+def test_which_attempts_go_warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only an activity's first attempt of tinyllm's own single-process command is offered the fork server; a
+    redelivered attempt, a spec's own trainer and ranks start cold; CTL_WARM_START=0 turns it off. The server is
+    a stand-in: which attempt is offered one is the point, not the fork (tests/engine/test_engine_forkserver.py)."""
+    from types import SimpleNamespace
+
+    from workflows.activities import TinyllmActivities, warm_fits
+
+    server = object()
+    monkeypatch.setattr(TinyllmActivities, "warm_server", lambda self: server)
+    acts = TinyllmActivities(tmp_path, warm="lazy")
+
+    def ctx(activity: str, attempt: int) -> SimpleNamespace:
+        return SimpleNamespace(workflow_id="train/x", activity_id=activity, attempt=attempt)
+
+    assert acts._launcher(ctx("train-000010", 1), True) is server
+    assert acts._launcher(ctx("train-000010", 2), True) is None  # a redelivery: cold
+    assert acts._launcher(ctx("train-000030", 1), False) is None
+    assert not warm_fits({"trainer": {"command": ["python", "t.py"]}})
+    assert not warm_fits({"distributed": {"world_size": 2}}) and not warm_fits({"distributed": {"world_size": 1}})
+    assert warm_fits({"name": "x"})
+    monkeypatch.setenv("CTL_WARM_START", "0")
+    assert TinyllmActivities(tmp_path, warm="eager").warm == "off"
