@@ -169,7 +169,7 @@ class Monitor:
                     bad.append(f"checkpoint step {ln['step']} written by {steps[ln['step']]} and again by {who}")
                 steps.setdefault(ln["step"], who)
         spans.sort()
-        for (a0, a1, wa), (b0, b1, wb) in zip(spans, spans[1:]):
+        for (_a0, a1, wa), (b0, _b1, wb) in zip(spans, spans[1:]):
             if b0 < a1:
                 bad.append(f"two trainers at once: {wa} wrote checkpoints until {a1:.3f}, {wb} from {b0:.3f}")
         return bad

@@ -340,8 +340,8 @@ class FakeActivities:
             stop = min(steps, (k // every + 1) * every, k + poll - (k - start) % poll)
             n = 0 if oom and any(oom.get(s, 0) > 0 for s in range(k + 1, stop + 1)) else free(stop - k)
             if n:  # no kill among these positions: take them in bulk
-                first = k + 1
-                for k in range(first, k + n + 1):
+                first, last = k + 1, k + n
+                for k in range(first, last + 1):
                     loss = loss * a[k] + b[k]
                 record("steps", wf=wf, run=name, activity=aid, first=first, last=k)
             else:  # one position, one step

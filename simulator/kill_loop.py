@@ -152,8 +152,8 @@ def kill_loop(spec: str, *, kills: int, seed: int, home: str | None = None, time
             home = str(kill_home)  # keep it
             return 1
         if not landed:  # every run finished before its kill: nothing resumed, nothing proven
-            print(f"kill-loop: no kill landed: a resume after a kill is not tested (every ctl train finished "
-                  f"first; a longer run or another --seed)")
+            print("kill-loop: no kill landed: a resume after a kill is not tested (every ctl train finished "
+                  "first; a longer run or another --seed)")
             return 3
         print(f"kill-loop: {landed} kill(s), final loss and digest bitwise equal to the uninterrupted run")
         return 0

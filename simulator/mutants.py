@@ -115,7 +115,7 @@ class _WallClockRuntime(_Proxy):
     """Pitfall 11: the cadence waits on the wall clock (scaled down), not on a durable timer."""
 
     async def sleep(self, seconds: float) -> None:
-        time.sleep(seconds * 1e-6)
+        time.sleep(seconds * 1e-6)  # noqa: ASYNC251 - the pitfall itself: a blocking wall-clock wait
 
 
 def _segments_last_dropped(steps: int, every: int) -> list[int]:

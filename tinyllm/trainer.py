@@ -38,7 +38,6 @@ from . import faults, retention, runlock, runtime_env, tokenizer
 from .corpus import open_corpus
 from .ddp_launch import check_world_size
 from .data import TokenStream
-from . import stopping
 from .errors import STOP, request_stop, signal_name, stop_signals
 from .fsio import rel
 from .metrics import Reporter, default_reporter

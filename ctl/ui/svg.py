@@ -215,7 +215,7 @@ def chart(c: Chart) -> str:
     if c.y_label:
         parts.append(f'<text x="12" y="{pad_t + h / 2:.1f}" text-anchor="middle" class="axisname" '
                      f'transform="rotate(-90 12 {pad_t + h / 2:.1f})">{escape(c.y_label)}</text>')
-    for i, (name, points) in enumerate(lines.items()):
+    for i, points in enumerate(lines.values()):
         colour = COLOURS[i % len(COLOURS)]
         if len(points) == 1:
             x, y = points[0]

@@ -356,7 +356,8 @@ class TemporalEngine:
         stop = stop_event or threading.Event()
 
         async def stopped() -> None:
-            while not stop.is_set():
+            # stop is a threading.Event set from another thread: an asyncio.Event could not be set from there
+            while not stop.is_set():  # noqa: ASYNC110
                 await asyncio.sleep(0.2)
 
         self._call(self._serve(stopped))
