@@ -278,7 +278,7 @@ class TemporalEngine:
             rows: list[WorkflowStatus] = []
             async for w in self.client.list_workflows(limit=MAX_LISTED):
                 rows.append(WorkflowStatus(
-                    w.id, w.workflow_type, _STATES.get(w.status, "running"), w.start_time.timestamp(),
+                    w.id, w.workflow_type, _STATES.get(w.status, "running") if w.status else "running", w.start_time.timestamp(),
                     (w.close_time or w.start_time).timestamp(), False))
             return sorted(rows, key=lambda s: (s.created_at, s.workflow_id))
 
