@@ -221,7 +221,7 @@ def list_releases(home: Path, name: str | None = None) -> list[dict]:
             except (OSError, ValueError):
                 continue
             m = m if isinstance(m, dict) else {}  # damaged: the version is listed, without its fields
-            figures = m.get("figures") if isinstance(m.get("figures"), dict) else {}
+            figures = f if isinstance(f := m.get("figures"), dict) else {}
             out.append({"run": run_dir.name, "version": v.name, "path": f"releases/{run_dir.name}/{v.name}",
                         "current": v.name == current, "checkpoint": m.get("checkpoint"), "step": m.get("step"),
                         "digest": m.get("checkpoint_digest"),
@@ -321,8 +321,8 @@ def serving_files(src: Path) -> list[tuple[str, bytes]]:
         raise NonRetryableError(f"release candidate {src}: model.pt fails its sha256 checksum (corrupt)",
                                 type="BadInput")
     out = [("model.pt", data)]
-    meta = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
-    trajectory = meta.get("trajectory") if isinstance(meta.get("trajectory"), dict) else {}
+    meta = m if isinstance(m := manifest.get("meta"), dict) else {}
+    trajectory = t if isinstance(t := meta.get("trajectory"), dict) else {}
     for name, value in (("config.json", trajectory.get("model")), ("tokenizer.json", meta.get("tokenizer"))):
         if value is not None:
             out.append((name, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()))
