@@ -87,9 +87,9 @@ def steps_lost(attrs: dict, reached: int | None) -> tuple[int, int | None, int]:
     the attempt set up: None otherwise); saved = its checkpoint's step; lost = done - saved, or the event's own
     ``steps_lost`` (what ctl's runner saw in the progress lines) when larger."""
     done = [s for s in (attrs.get("stopping_step"), reached) if isinstance(s, int)]
-    saved = attrs.get("step") if isinstance(attrs.get("step"), int) else 0
+    saved = s if isinstance(s := attrs.get("step"), int) else 0
     top = max(done) if done else None
-    said = attrs.get("steps_lost") if isinstance(attrs.get("steps_lost"), int) else 0
+    said = n if isinstance(n := attrs.get("steps_lost"), int) else 0
     return max(said, 0 if top is None else top - saved), top, saved
 
 

@@ -51,8 +51,9 @@ def fault_points(rng: random.Random, n: int, steps: int, checkpoint_every: int, 
 def latest_step(home: Path, name: str) -> int:
     """The step of the run's newest checkpoint (LATEST), 0 when it has none."""
     try:
-        return int(_STEP.search((home / "runs" / name / "ckpt" / "LATEST").read_text(encoding="utf-8").strip()).group(1))
-    except (OSError, AttributeError, ValueError):
+        m = _STEP.search((home / "runs" / name / "ckpt" / "LATEST").read_text(encoding="utf-8").strip())
+        return int(m.group(1)) if m else 0
+    except (OSError, ValueError):
         return 0
 
 

@@ -46,7 +46,8 @@ class FilesOverlay:
     (``base``, read, never written: a forked recovery touches no more of it than it reads), then its own."""
 
     def __init__(self, base: dict[str, int], base_sum: int):
-        self.base, self.base_sum, self.own = base, base_sum, {}
+        self.base, self.base_sum = base, base_sum
+        self.own: dict[str, int] = {}
         self._added = 0  # own paths not in base
 
     def get(self, rel: str, default: Any = None) -> Any:
@@ -232,7 +233,7 @@ class FakeActivities:
         oom_at: dict[int, int] | None = None,
         fail_corpus: bool = False,
         cancel_poll_steps: int = 50,
-        files: dict[str, int] | None = None,
+        files: dict[str, int] | FilesOverlay | None = None,
         stop_at: int = 0,
     ):
         self.home = Path(home)
@@ -248,6 +249,7 @@ class FakeActivities:
         # every file written under home (relative path -> hash of path and bytes), and their sum: an
         # order-independent digest of the files (simulator/convergence.py); a recovery inherits the
         # dict of the run whose files it copied
+        self.files: dict[str, int] | FilesOverlay
         if isinstance(files, FilesOverlay):
             self.files, self._files_sum = files, files.base_sum
         else:

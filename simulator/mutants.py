@@ -239,6 +239,7 @@ def catch_release_mutant(name: str) -> list[str]:
     m = sim.check_reference()
     if m is not None:
         return [f"two release requests, uninterrupted: {line}" for line in m.lines]
+    assert sim.release_from is not None  # (the reference run reached its release workflows)
     report = sim.kill_every_position(positions=range(sim.release_from, len(sim.trace)), stop_at_first=True,
                                      mode="snapshot")
     if report.mismatches:

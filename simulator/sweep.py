@@ -86,7 +86,7 @@ def _map(fn: Callable, items: list, jobs: int):
 class Simulator:
     """Runs one scenario (and one workflow function: the real one, or a mutant) many times."""
 
-    def __init__(self, scn: Scenario, *, workflow_fn: Callable | None = None, mutant: str | None = None,
+    def __init__(self, scn: Scenario, *, workflow_fn: Callable | dict[str, Callable] | None = None, mutant: str | None = None,
                  keep_failed: bool = False):
         self.scn = scn
         self.workflow_fn = workflow_fn
