@@ -65,7 +65,7 @@ def artifact_dir_name(step: int) -> str:
 
 def make_dirs(path: Path) -> None:
     """``mkdir -p path``, each directory it creates fsynced into its parent (a crash keeps it)."""
-    missing = []
+    missing: list[Path] = []
     p = Path(path)
     while not p.exists() and len(missing) < 64:  # bounded: a path has finitely many ancestors
         missing.append(p)
@@ -257,7 +257,7 @@ def list_step_dirs(ckpt_root: Path) -> list[Path]:
     if not ckpt_root.is_dir():
         return []
     dirs = [p for p in ckpt_root.iterdir() if p.is_dir() and _step_of(p) is not None]
-    return sorted(dirs, key=lambda p: _step_of(p), reverse=True)
+    return sorted(dirs, key=lambda p: _step_of(p) or 0, reverse=True)  # (each has a step: filtered above)
 
 
 _TEMPORARY = (".tmp-", ".replaced-", ".LATEST.tmp-")
@@ -352,7 +352,7 @@ def choose_resume(run_dir: Path, explicit: Path | None = None, max_step: int | N
     # only a LATEST target that exists bounds the fallbacks: a damaged LATEST naming a step that is
     # not there (e.g. truncated to "step-0") must not hide the valid checkpoints
     bound = _step_of(latest) if latest is not None and latest.is_dir() else None
-    fallbacks = ([latest] if latest is not None else []) + [d for d in dirs if bound is None or _step_of(d) < bound]
+    fallbacks = ([latest] if latest is not None else []) + [d for d in dirs if bound is None or (_step_of(d) or 0) < bound]
     choice = ResumeChoice(None)
     tried: set[Path] = set()
     for i, candidate in enumerate([first, *fallbacks]):
