@@ -32,10 +32,10 @@ from typing import IO, Any, Callable, Mapping, NoReturn
 from .. import checkpoint as ckpt
 from .. import faults, runlock
 from ..digest import state_digest
-from ..durable import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED, DurableError, DurableRun, _FaultOnSave, checked_state, trajectory
-from ..durable_state import learning_rates
+from ..durable.run import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED, DurableError, DurableRun, _FaultOnSave, checked_state, trajectory
+from ..durable.state import learning_rates
 from ..errors import RunLocked
-from ..metrics import JsonlSink
+from ..sinks.metrics import JsonlSink
 
 PIECES = ("model", "optimizer", "training_state")
 

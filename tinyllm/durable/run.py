@@ -62,10 +62,10 @@ from typing import IO, Any, Iterable, Iterator, Mapping, NoReturn, SupportsIndex
 
 import torch
 
-from . import checkpoint as ckpt
-from . import faults, runlock, runtime_env, stopping
-from .digest import state_digest
-from .durable_state import (
+from .. import checkpoint as ckpt
+from .. import faults, runlock, runtime_env, stopping
+from ..digest import state_digest
+from .state import (
     capture_rng,
     check_generators,
     digest,
@@ -73,10 +73,10 @@ from .durable_state import (
     optimizer_entries,
     restore_rng,
 )
-from .errors import RunLocked
-from .metrics import JsonlSink
-from .fsio import rel, resolve_home
-from .names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys
+from ..errors import RunLocked
+from ..sinks.metrics import JsonlSink
+from ..fsio import rel, resolve_home
+from ..names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys
 
 EXIT_BAD_INPUT = 2
 EXIT_LOCKED = 75
@@ -143,7 +143,7 @@ def load_spec(path: str | Path) -> dict:
 def seed_everything(seed: int) -> None:
     """Seed Python ``random``, NumPy's global generator and torch (CPU and CUDA) with ``seed``."""
     random.seed(seed)
-    try:  # numpy is optional for the helper (tinyllm/durable_state.py)
+    try:  # numpy is optional for the helper (tinyllm/durable/state.py)
         import numpy as np
 
         np.random.seed(seed % 2**32)
