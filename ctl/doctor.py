@@ -126,8 +126,8 @@ def _database(home: Path, checked: dict) -> list[Finding]:
         return []
     try:
         store = Store(path, readonly=True)
-    except BadInput as e:
-        return [Finding("damaged", rel, str(e),
+    except BadInput as err:
+        return [Finding("damaged", rel, str(err),
                         "no command can read any run's history; restore the file from a backup (checkpoints "
                         "and corpora are checked below; ctl train cannot continue on this file)")]
     findings = []

@@ -214,10 +214,10 @@ def prune(run_dir: Path, home: Path, keep: KeepCheckpoints | None, *, step: int,
         faults.point("retention.after_delete", step, i)
     entry = {"time": time.time(), "step": step, "pruned": doomed, "kept": dict(sorted(why.items())),
              "keep_checkpoints": keep.model_dump()}
-    with open(ckpt_root / LOG_NAME, "a", encoding="utf-8") as log:
-        log.write(json.dumps(entry, sort_keys=True) + "\n")
-        log.flush()
-        os.fsync(log.fileno())
+    with open(ckpt_root / LOG_NAME, "a", encoding="utf-8") as log_file:
+        log_file.write(json.dumps(entry, sort_keys=True) + "\n")
+        log_file.flush()
+        os.fsync(log_file.fileno())
     print(f"tinyllm: pruned {len(doomed)} checkpoint(s) ({', '.join(doomed)}); keep_checkpoints last "
           f"{keep.last}{'' if keep.boundaries else ', boundaries not kept'}", file=log or sys.stderr, flush=True)
     return doomed

@@ -7,7 +7,7 @@ A spec without ``trainer`` is a tinyllm ``TrainSpec``.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from pydantic import Field, field_validator
 
@@ -65,7 +65,7 @@ class CustomTrainSpec(_Strict):
 RunSpec = TrainSpec | CustomTrainSpec
 
 
-def has_trainer(raw: object) -> bool:
+def has_trainer(raw: object) -> TypeGuard[dict]:
     return isinstance(raw, dict) and "trainer" in raw
 
 
