@@ -41,6 +41,7 @@ from ._errors import (
     NonRetryableError,
     NotFound,
     Preempted,
+    Unsupported,
     WorkflowCanceled,
     WorkflowFailed,
     WorkflowRunning,
@@ -63,7 +64,7 @@ __all__ = [
     "RetryPolicy", "Runtime", "StepOptions", "Store", "SystemClock", "VirtualClock", "WorkflowCanceled",
     "WorkflowFailed", "WorkflowRunning", "WorkflowStatus", "check_id", "damage_report", "is_canceled", "owner_dead",
     "read_events", "replay_history", "run_subprocess", "SubprocessFailed", "dies_with_parent",
-    "ATTEMPT_ENV", "attempt_tag", "kill_attempt", "scope_of", "Preempted", "StopRequest", "stop_request",
+    "ATTEMPT_ENV", "attempt_tag", "kill_attempt", "scope_of", "Preempted", "StopRequest", "stop_request", "Unsupported",
     "EXIT_PREEMPTED", "STOP_SIGNAL_ENV",
     "OUTPUT_STREAMS", "output_log_path", "read_kept_output",
 ]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinyllm.trainer_spec import SpecError, has_trainer, parse_run_spec
+from tinyllm.trainer_spec import SpecError, parse_run_spec, trainer_of
 
 NAME = "camp"
 ROOT = Path(__file__).resolve().parents[1]  # the project; examples/ lives here
@@ -68,8 +68,8 @@ TINYLLM = Target("tinyllm", TINYLLM_SPEC, ("--eval-max-items", "2", "--json"), F
 def user_target(spec: dict[str, Any], *, label: str, base_dir: Path, cli: str, suite: str = "acc") -> Target:
     """A campaign over ``spec``'s own trainer: renamed ``camp``, its cwd made absolute (relative to
     ``base_dir``), the armed checkpoint-write fault added to its env; evaluated when it has an eval_command."""
-    trainer = spec.get("trainer")
-    if not has_trainer(spec) or not isinstance(trainer, dict) or not trainer.get("command"):
+    trainer = trainer_of(spec)
+    if trainer is None or not trainer.get("command"):
         raise TargetError(f"{label}: the spec names no trainer command (\"trainer\": {{\"command\": [...]}})")
     try:
         parse_run_spec(spec)  # what ctl train would refuse, refused before anything starts

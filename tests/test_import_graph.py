@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("contracts", "engine", "workflows", "ctl", "simulator", "tinyllm")
+PACKAGES = ("contracts", "engine", "workflows", "app", "ctl", "simulator", "tinyllm")
 
 
 def _modules() -> dict[str, Path]:
@@ -118,13 +118,28 @@ def cycles_touching(package: str, lazy: bool = False) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["top-level", "with-in-function-imports"])
-@pytest.mark.parametrize("package", ["contracts", "ctl", "engine", "workflows", "simulator", "tinyllm"])
+@pytest.mark.parametrize("package", ["contracts", "app", "ctl", "engine", "workflows", "simulator", "tinyllm"])
 def test_no_import_cycles(package: str, lazy: bool) -> None:
     """No circle, also counting imports inside functions (a lazy import must not hide one)."""
     found = cycles_touching(package, lazy)
     for c in found:
         print(f"{package}: import circle: {' <-> '.join(c)}")
     assert not found, f"{package}: {len(found)} import circle(s): {found}"
+
+
+def test_the_application_layer_sits_under_ctl() -> None:
+    """``ctl -> app -> workflows -> engine``: ``app`` imports nothing of ``ctl``, and no click or rich (the
+    terminal is ctl's), also inside functions; ``workflows`` and ``engine`` import nothing of ``app``."""
+    mods = _modules()
+    bad = []
+    for mod, path in mods.items():
+        top = mod.split(".")[0]
+        for node in _top_level_imports(ast.parse(path.read_text(), str(path)), lazy=True):
+            for t in _resolve(mod, path.name == "__init__.py", node, mods):
+                root = t.split(".")[0]
+                if top == "app" and root in ("ctl", "click", "rich") or top in ("workflows", "engine") and root == "app":
+                    bad.append(f"{mod} -> {t}")
+    assert not bad, f"imports against ctl -> app -> workflows -> engine: {sorted(set(bad))}"
 
 
 # (importing module, private engine module): why. The simulator's hooks into engine internals

@@ -119,14 +119,11 @@ class Trainer:
         self.hooks = hooks or TrainerHooks()
         self.log = log or sys.stderr
         self.run_dir = RunHome(self.home).run(spec.name).path
-        cfg = spec.model
-        # Bad input is refused here, before anything is written.
+        # Bad input is refused here (the spec itself was checked when parsed: tinyllm/spec.py), before anything is written.
         try:
             faults.arm_from_env()  # tests only: a misspelled TINYLLM_FAULT would run unarmed
         except faults.FaultError as e:
             raise SpecError(str(e)) from None
-        if cfg.n_embd % cfg.n_head:
-            raise SpecError(f"invalid train spec: model.n_embd ({cfg.n_embd}) is not a multiple of model.n_head ({cfg.n_head})")
         self.total_steps = spec.steps if total_steps is None else total_steps
         if self.total_steps < spec.steps:
             raise SpecError(f"--total-steps {self.total_steps} is below the spec's steps {spec.steps}")

@@ -127,7 +127,7 @@ def test_ctl_train_of_a_run_in_segments_says_when_the_exact_verdict_had_none(tmp
 def test_a_metrics_file_with_bytes_that_are_not_utf8_is_read_without_them(tmp_path) -> None:
     """A damaged metrics.jsonl (a byte that is no UTF-8): ctl plot and ctl show died in read_text with a
     UnicodeDecodeError traceback; the damaged line is skipped like a torn one."""
-    from ctl.runview import read_frames
+    from app.runview import read_frames
 
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"step": 1, "train/loss": 2.0}\n\xff\xfe{"step": 2}\n{"step": 3, "train/loss": 1.5}\n')
