@@ -73,6 +73,17 @@ def custom_train_request(raw: dict, suites: list[str] | None, *, eval_seed: int 
 
 
 
+def load_run_spec(spec_file: str) -> dict:
+    """A train spec file as loaded (tinyllm's or one naming its own trainer, then with ``trainer.cwd``
+    absolute): what ``ctl verify-resume`` proves; ``BadRequest`` when it is unreadable or bad."""
+    try:
+        raw = load_json_file(spec_file, "train spec")
+        parse_run_spec(raw)
+    except SpecError as e:
+        raise BadRequest(str(e)) from None
+    return resolved_spec(raw)[0] if has_trainer(raw) else raw
+
+
 def eval_trainer(spec_file: str) -> dict:
     """``ctl eval --spec FILE``: the spec's trainer (cwd made absolute), which must have an ``eval_command``."""
     try:

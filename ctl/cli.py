@@ -17,13 +17,16 @@ from typing import Any, Callable
 import click
 
 from engine import STOP_SIGNAL_ENV
+from simulator.proving.core import BadInput as ProofBadInput, ProofError
+from simulator.proving.record import unverified_notice
+from simulator.proving.verify import check_options as check_verify_options, verify_resume as run_verify_resume
 
 from contracts.layout import RunHome
 
 import app
 from app import backends, errors, runsinks
 from app.errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, EXIT_PREEMPTED, BadRequest
-from app.trainers import eval_trainer
+from app.trainers import eval_trainer, load_run_spec
 from app.training import TrainFlags, TrainSession, TrainStart
 
 from . import cli_inspect, presence
@@ -35,8 +38,6 @@ from .cli_common import (CtlGroup, describe_train, edge, home_option, json_optio
 from .logs import logs as logs_command
 from .release import release as release_command
 from .restart import refuse_moved_aside, restart_run
-from .verify import verify_resume as run_verify_resume
-from .verify_record import unverified_notice
 
 
 def _versions() -> str:
@@ -355,10 +356,16 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
       ctl verify-resume --spec specs/tiny.json --kills 5 --seed 1 --signal kill --json
     """
     _interrupt_on_signals()
-    try:
-        report = run_verify_resume(spec_file, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
-                     timeout_s=timeout_s, heartbeat_s=heartbeat_timeout_s, segments=segments)
-    except KeyboardInterrupt:  # the trainer's process group was killed on the way out (verify._run_attempt)
+    try:  # the proof itself is simulator/proving/verify.py; here: the spec read, its errors as ctl's exits
+        check_verify_options(kills, signal_mode)
+        raw = load_run_spec(spec_file)
+        report = run_verify_resume(raw, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
+                                   timeout_s=timeout_s, heartbeat_s=heartbeat_timeout_s, segments=segments)
+    except ProofBadInput as e:
+        raise BadRequest(str(e)) from None
+    except ProofError as e:  # a run failed in a way that is no planned interruption
+        raise errors.CtlError(str(e)) from None
+    except KeyboardInterrupt:  # the trainer's process group was killed on the way out (proving.verify._run_attempt)
         click.echo("ctl verify-resume: interrupted; nothing was compared (its scratch runs are under "
                    "<home>/.ctl/verify/)", err=True)
         sys.exit(errors.EXIT_CANCELED)

@@ -34,10 +34,10 @@ from contracts.activity_ids import CORPUS_PREFIX, EVAL_PREFIX, PUBLISH_PREFIX, T
 from contracts.layout import RunHome, ckpt_ref
 from contracts.layout import parse_step_dir as checkpoint_step
 from engine import Event, Store, owner_dead
+from simulator.proving.record import verdict_line, verdict_of
 
 from . import presence
 from .evalprogress import EvalCounts, EvalFollower
-from .verify_record import verdict_line, verdict_of
 
 OVERDUE_S = 15.0  # due work nobody took for this long: no worker is running the home folder
 
@@ -156,7 +156,7 @@ def describe(engine: Backend, home: Path, st: Any, now: float, *, events: list[E
                              "reason": f"stopped by {out['preempted']['signal']} (preempted)"}
     if st.workflow == "TrainRun":
         view = run_view(st.workflow_id, events, st.state)
-        if (proof := verdict_of(home, spec_of(events)[0])) is not None:  # a spec's own trainer (ctl/verify_record.py)
+        if (proof := verdict_of(home, spec_of(events)[0])) is not None:  # a spec's own trainer (simulator/proving/record.py)
             out["resume_proof"] = proof
         tail = MetricsTail(RunHome(home).run(view.name).metrics) if view.name else None
         if tail is not None:

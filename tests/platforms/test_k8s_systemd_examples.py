@@ -30,7 +30,7 @@ import pytest
 
 from app import errors
 from preempt_run import BOUND_S, SPEC, STEPS, attempts, final_result, furthest_step, history, steps_lost
-from simulator import procs
+from simulator.proving import procs
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_YAML = ROOT / "examples" / "k8s" / "job.yaml"

@@ -22,7 +22,7 @@ from typing import Any
 from tinyllm.trainer_spec import SpecError, parse_run_spec, trainer_of
 
 NAME = "camp"
-ROOT = Path(__file__).resolve().parents[1]  # the project; examples/ lives here
+ROOT = Path(__file__).resolve().parents[2]  # the project (simulator/proving/ is two below it); examples/ lives here
 ARMED = "campaign-fault-armed"  # relative to a run's home: its presence arms a kill inside a checkpoint write
 FAULT_ENV = {"TINYLLM_FAULT": f"durable.checkpoint_write@armed:{ARMED}"}  # tinyllm/faults.py
 
@@ -32,7 +32,7 @@ TINYLLM_SPEC = {  # two segments of a tiny model; a checkpoint every 2 steps; a 
     "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16, "dropout": 0.0},
 }
 BASE_FAULTS = ("readers", "cancel", "kill-ctl", "kill-trainer", "stop-trainer", "second-train")
-PREEMPT_FAULTS = ("preempt", "preempt-group")  # graceful preemption (simulator/campaign_preempt.py)
+PREEMPT_FAULTS = ("preempt", "preempt-group")  # graceful preemption (simulator/proving/campaign_preempt.py)
 FAULTS = (*BASE_FAULTS, *PREEMPT_FAULTS)  # tinyllm's campaign draws them all
 # a user's trainer: the preemptions only with --kinds (so that the seeds of the framework campaigns, whose
 # tests name what each draws, keep their plans); e.g. --kinds kill-trainer,preempt,preempt-group
