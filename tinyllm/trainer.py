@@ -32,16 +32,18 @@ from typing import Any
 
 import torch
 
+from contracts.layout import RunDir, RunHome
+
 from . import checkpoint as ckpt
 from . import selection as sel
 from . import faults, retention, runlock, runtime_env, tokenizer
 from .corpus import open_corpus
-from .ddp_launch import check_world_size
+from .world_size import check_world_size
 from .data import TokenStream
 from . import stopping
 from .errors import STOP, request_stop, signal_name, stop_signals
 from .fsio import rel
-from .metrics import Reporter, default_reporter
+from .sinks.metrics import Reporter, default_reporter
 from .model import GPT, state_digest
 from .objectives import build_objective
 from .progress import ProgressFile
@@ -114,7 +116,7 @@ class Trainer:
         self.progress_file = ProgressFile(progress)  # checkpoint lines, and liveness lines every few seconds
         self.hooks = hooks or TrainerHooks()
         self.log = log or sys.stderr
-        self.run_dir = self.home / "runs" / spec.name
+        self.run_dir = RunHome(self.home).run(spec.name).path
         cfg = spec.model
         # Bad input is refused here, before anything is written.
         try:
@@ -267,7 +269,7 @@ class Trainer:
                 "optim/lr": lr, "optim/grad_norm": grad_norm, "timer/step_s": dt, "timer/tokens_per_s": tokens / dt}
 
     def shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This process's rows of a global batch (all of them; tinyllm/distributed.py splits by rank)."""
+        """This process's rows of a global batch (all of them; tinyllm/distributed/trainer.py splits by rank)."""
         return x, y
 
     def reduce_gradients(self, loss_sum: float) -> float:
@@ -429,9 +431,9 @@ class Trainer:
         """``best_checkpoints`` / ``stopped_early`` of the result (tinyllm/selection.py); {} without selection."""
         if self.selection is None:
             return {}
-        root = self.run_dir / "ckpt"
-        return self.selection.summary(lambda s: self.rel(root / f"step-{s:06d}") if s is not None and
-                                      (root / f"step-{s:06d}").is_dir() else None)
+        run = RunDir(self.run_dir, self.spec.name)
+        return self.selection.summary(lambda s: self.rel(run.step_dir(s)) if s is not None and
+                                      run.step_dir(s).is_dir() else None)
 
     @property
     def stop_requested(self) -> bool:

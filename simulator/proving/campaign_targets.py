@@ -22,7 +22,7 @@ from typing import Any
 from tinyllm.trainer_spec import SpecError, has_trainer, parse_run_spec
 
 NAME = "camp"
-ROOT = Path(__file__).resolve().parents[1]  # the project; examples/ lives here
+ROOT = Path(__file__).resolve().parents[2]  # the project (simulator/proving/ is two below it); examples/ lives here
 ARMED = "campaign-fault-armed"  # relative to a run's home: its presence arms a kill inside a checkpoint write
 FAULT_ENV = {"TINYLLM_FAULT": f"durable.checkpoint_write@armed:{ARMED}"}  # tinyllm/faults.py
 

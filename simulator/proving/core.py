@@ -25,8 +25,10 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from contracts.layout import STEP_PREFIX, RunHome
+
 RESULT_KEYS = ("final_loss_hex", "digest")  # what a trainer's result line proves bit for bit
-_STEP = re.compile(r"step-(\d+)$")
+_STEP = re.compile(rf"{STEP_PREFIX}(\d+)$")
 
 
 class ProofError(Exception):
@@ -48,9 +50,9 @@ def latest_step(home: Path, name: str) -> int:
     """The step of the run's newest checkpoint (LATEST: ``step-NNNNNN``, or a path ending so), 0 when it has
     none or names none."""
     try:
-        text = (home / "runs" / name / "ckpt" / "LATEST").read_text(encoding="utf-8").strip()
+        text = RunHome(home).run(name).latest.read_text(encoding="utf-8").strip()
         m = _STEP.search(text)
-        return int(m.group(1)) if m else int(text.removeprefix("step-"))
+        return int(m.group(1)) if m else int(text.removeprefix(STEP_PREFIX))
     except (OSError, ValueError):
         return 0
 

@@ -29,13 +29,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn
 
+from contracts.layout import CKPT, METRICS
+
 from .. import checkpoint as ckpt
 from .. import faults, runlock
 from ..digest import state_digest
-from ..durable import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED, DurableError, DurableRun, _FaultOnSave, checked_state, trajectory
-from ..durable_state import learning_rates
+from ..durable.run import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED, DurableError, DurableRun, _FaultOnSave, checked_state, trajectory
+from ..durable.state import learning_rates
 from ..errors import RunLocked
-from ..metrics import JsonlSink
+from ..sinks.metrics import JsonlSink
 
 PIECES = ("model", "optimizer", "training_state")
 
@@ -113,7 +115,7 @@ class FrameworkRun:
                 fail(str(e))
         self.last_saved = run.step if comps is not None else 0
         run.last_path = run.resumed_from
-        self.metrics = JsonlSink(run.run_dir / "metrics.jsonl", run.step if comps is not None else -1)
+        self.metrics = JsonlSink(run.run_dir / METRICS, run.step if comps is not None else -1)
         run.metrics = self.metrics
         self.resume_comps = comps
         return comps
@@ -233,7 +235,7 @@ class FrameworkRun:
         if not self.save_total_limit:
             return
         keep = max(2, int(self.save_total_limit))
-        for old in ckpt.list_step_dirs(self.run.run_dir / "ckpt")[keep:]:
+        for old in ckpt.list_step_dirs(self.run.run_dir / CKPT)[keep:]:
             shutil.rmtree(old, ignore_errors=True)
 
     # -- end -----------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .. import faults, stopping
 from ..durable import DurableRun
-from ..durable_state import capture_generators, capture_rng, check_generators, digest, restore_generators, restore_rng
+from ..durable.state import capture_generators, capture_rng, check_generators, digest, restore_generators, restore_rng
 
 FORMAT = "durable-hf/1"
 # schedules whose shape does not depend on the number of training steps

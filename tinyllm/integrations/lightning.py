@@ -51,7 +51,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from .. import faults, stopping
 from ..durable import DurableRun, DurableSampler
-from ..durable_state import capture_rng, check_generators, digest, restore_rng
+from ..durable.state import capture_rng, check_generators, digest, restore_rng
 
 FORMAT = "durable-lightning/1"
 CKPT_NAME = "lightning.ckpt"

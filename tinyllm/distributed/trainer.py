@@ -1,4 +1,4 @@
-"""Data-parallel training on torch.distributed: the rank side (the launcher is tinyllm/ddp_launch.py).
+"""Data-parallel training on torch.distributed: the rank side (the launcher is tinyllm/distributed/launch.py).
 
 ``DistributedTrainer`` is ``Trainer`` with these changes, each rank running the same loop:
 
@@ -48,12 +48,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import checkpoint as ckpt
-from .errors import STOP, CheckpointError, PeerLost
-from .metrics import Reporter
-from .model import state_digest
-from .spec import SpecError, TrainSpec
-from .trainer import Trainer, TrainerHooks
+from contracts.layout import RunDir
+
+from .. import checkpoint as ckpt
+from ..errors import STOP, CheckpointError, PeerLost
+from ..sinks.metrics import Reporter
+from ..model import state_digest
+from ..spec import SpecError, TrainSpec
+from ..trainer import Trainer, TrainerHooks
 
 COLLECTIVE_TIMEOUT_S = 600.0  # a hung peer: the engine's heartbeat rule notices it long before this
 RANKS_COMPONENT = "ranks"
@@ -108,8 +110,8 @@ class DistributedTrainer(Trainer):
         super().__init__(spec, home, progress if lead else None, resume, hooks=_RankHooks(),
                          log=None if lead else _NullLog(), **kwargs)
         self.per_rank = spec.batch_size // self.world_size
-        if self.validator is not None:  # every rank evaluates its shard; rank 0 records (distributed_validation.py)
-            from .distributed_validation import RankValidator
+        if self.validator is not None:  # every rank evaluates its shard; rank 0 records (validation.py)
+            from .validation import RankValidator
 
             self.validator = RankValidator(self.validator, self.rank, self.world_size)
         self.allreduce_s = 0.0  # wall time of the last step's all-reduces (gradients and loss): timer/allreduce_s
@@ -188,9 +190,9 @@ class DistributedTrainer(Trainer):
         if self.rank == 0:
             path = super()._write_checkpoint(components)
         elif ckpt.FULL_COMPONENTS <= set(components):
-            path = self.run_dir / "ckpt" / ckpt.step_dir_name(self.step)
+            path = RunDir(self.run_dir, self.spec.name).step_dir(self.step)
         else:  # a validation plan's partial, non-resumable artifact
-            path = self.run_dir / "checkpoint_artifacts" / ckpt.artifact_dir_name(self.step)
+            path = RunDir(self.run_dir, self.spec.name).artifact_dir(self.step)
         dist.barrier()  # the checkpoint is committed (LATEST moved) before any rank goes on or exits
         return path
 

@@ -4,10 +4,10 @@ The process the train activity starts (``python -m tinyllm.cli train ...``, the 
 for a one-process spec) becomes the *launcher*: it refuses a resume at another world size before
 anything starts, then runs::
 
-    python -m tinyllm.ddp_agent --standalone --nproc-per-node N --max-restarts 0 \\
+    python -m tinyllm.distributed.agent --standalone --nproc-per-node N --max-restarts 0 \\
         --signals-to-handle SIGHUP,SIGQUIT -m tinyllm.cli train <the same arguments>
 
-``tinyllm.ddp_agent`` is torchrun (``torch.distributed.run``) that passes a stop signal on to its ranks
+``tinyllm.distributed.agent`` is torchrun (``torch.distributed.run``) that passes a stop signal on to its ranks
 (below). On several nodes (``TINYLLM_NNODES`` > 1, see ``Nodes``), each node's launcher runs its
 share of the ranks with ``--nnodes K --node-rank R --rdzv-backend c10d --rdzv-endpoint HOST:PORT``
 instead of ``--standalone``.
@@ -33,7 +33,7 @@ each rank's environment) reaches the ranks too. Either way every rank stops at t
   blocked too: a stop signal that reaches a rank before its handler is in place stays pending until
   the rank unblocks it (tinyllm/cli.py), never lost and never fatal.
 - A rank that received a stop signal (from anyone: one rank only is enough) stops the others: at each
-  step boundary the ranks all-reduce their stop flags (tinyllm/distributed.py), so all stop after the
+  step boundary the ranks all-reduce their stop flags (tinyllm/distributed/trainer.py), so all stop after the
   same step, rank 0 writes the ``stopping`` progress line at it, they write one checkpoint together
   and exit 130.
 - Each rank has a parent-death SIGKILL too: SIGKILL of the launcher kills torchrun, which kills the
@@ -57,15 +57,18 @@ from pathlib import Path
 
 from dataclasses import dataclass
 
-from .errors import STOP, stop_signals
-from .runlock import pid_running
-from .spec import SpecError, TrainSpec
+from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_DISK_FULL, EXIT_FAILED, EXIT_LOCKED
+from contracts.layout import LATEST, MANIFEST, STEP_PREFIX, RunHome
+
+from ..errors import STOP, stop_signals
+from ..runlock import pid_running
+from ..spec import SpecError, TrainSpec
+from ..world_size import check_world_size
 
 RANK_STATUS_ENV = "TINYLLM_DDP_STATUS"
 NNODES_ENV, NODE_RANK_ENV = "TINYLLM_NNODES", "TINYLLM_NODE_RANK"
 RDZV_ENDPOINT_ENV, RDZV_ID_ENV = "TINYLLM_RDZV_ENDPOINT", "TINYLLM_RDZV_ID"
-EXIT_FAILED = 1
-REPORTED_CODES = (2, 74, 75)  # a rank's own verdict the launcher passes on (bad input, disk full, locked)
+REPORTED_CODES = (EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_LOCKED)  # a rank's own verdict the launcher passes on (bad input, disk full, locked)
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.1
 RANK_EXIT_WAIT_S = 30.0  # after torchrun ended: how long its ranks may take to disappear
@@ -76,42 +79,19 @@ def in_rank() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"))
 
 
-def world_size_of(trajectory: dict | None) -> int | None:
-    """The world size a checkpoint was trained at (None: a one-process run)."""
-    d = (trajectory or {}).get("distributed")
-    return int(d["world_size"]) if isinstance(d, dict) and "world_size" in d else None
-
-
-def check_world_size(saved: dict | None, spec: TrainSpec, path: Path | str | None) -> None:
-    """Refuse resuming ``path`` (trajectory ``saved``) at a world size other than its own."""
-    if saved is None:
-        return
-    was, now = world_size_of(saved), spec.distributed.world_size if spec.distributed else None
-    if was == now:
-        return
-
-    def words(n: int | None) -> str:
-        return "one process (no distributed)" if n is None else f"world_size {n}"
-
-    raise SpecError(f"checkpoint {path} was trained at {words(was)}, this spec asks for {words(now)}: resuming at "
-                    f"another world size is refused (the batch shards, the gradient all-reduce and the ranks' "
-                    f"RNG streams would change, so the run would not be bitwise the same); use {words(was)} "
-                    f"or a new run name")
-
-
 def _resume_candidate(home: Path, spec: TrainSpec, resume: Path | None) -> Path | None:
     """The checkpoint the ranks will most likely resume from (the trainer's own choice verifies it)."""
     if resume is not None:
         return resume
-    root = home / "runs" / spec.name / "ckpt"
+    root = RunHome(home).run(spec.name).ckpt_root
     try:
-        name = (root / "LATEST").read_text(encoding="utf-8").strip()
+        name = (root / LATEST).read_text(encoding="utf-8").strip()
         if name and "/" not in name and (root / name).is_dir():
             return root / name
     except (OSError, UnicodeDecodeError):
         pass
     try:
-        dirs = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+        dirs = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX))
     except OSError:
         return None
     return dirs[-1] if dirs else None
@@ -132,7 +112,7 @@ def check_resume_world_size(spec: TrainSpec, home: Path, resume: Path | None) ->
     if candidate is None:
         return
     try:
-        manifest = json.loads((candidate / "manifest.json").read_text(encoding="utf-8"))
+        manifest = json.loads((candidate / MANIFEST).read_text(encoding="utf-8"))
         saved = manifest["meta"]["trajectory"]
     except (OSError, ValueError, KeyError, TypeError):
         return  # unreadable: the ranks refuse it and choose another (tinyllm/checkpoint.py)
@@ -252,7 +232,7 @@ def torchrun_argv(world_size: int, rank_args: list[str], nodes: Nodes = Nodes())
         where = ["--nnodes", str(nodes.nnodes), "--node-rank", str(nodes.node_rank),
                  "--nproc-per-node", str(nodes.per_node(world_size)), "--rdzv-backend", "c10d",
                  "--rdzv-endpoint", nodes.endpoint, "--rdzv-id", nodes.rdzv_id]
-    return [sys.executable, "-m", "tinyllm.ddp_agent", *where,
+    return [sys.executable, "-m", "tinyllm.distributed.agent", *where,
             "--max-restarts", "0",  # the engine owns retries: a failed rank ends the attempt
             "--signals-to-handle", "SIGHUP,SIGQUIT",  # the stop signals are the agent's own (see above)
             "-m", "tinyllm.cli", "train", *rank_args]
@@ -345,8 +325,8 @@ def verdict(world_size: int, ended: dict[int, dict], torchrun_rc: int, local: li
     complete = len(local) == per_node and set(codes) == set(local)
     if complete and set(codes.values()) == {0} and isinstance(result, dict):
         return 0, result, None
-    if complete and set(codes.values()) == {130} and isinstance(result, dict):
-        return 130, result, None
+    if complete and set(codes.values()) == {EXIT_CANCELED} and isinstance(result, dict):
+        return EXIT_CANCELED, result, None
     for r in sorted(codes):
         if codes[r] in REPORTED_CODES:
             return int(codes[r]), None, ended[r].get("message") or f"rank {r} exited {codes[r]}"
@@ -356,7 +336,7 @@ def verdict(world_size: int, ended: dict[int, dict], torchrun_rc: int, local: li
     for r in local:
         if r not in ended:
             parts.append(f"rank {r} ended without a verdict (killed, or lost a peer)")
-        elif codes[r] not in (0, 130):
+        elif codes[r] not in (0, EXIT_CANCELED):
             parts.append(f"rank {r} exited {codes[r]}" + (f": {ended[r]['message']}" if ended[r].get("message") else ""))
     if not parts:
         parts.append(f"the ranks disagree ({', '.join(f'rank {r}: {c}' for r, c in sorted(codes.items()))})")

@@ -62,10 +62,13 @@ from typing import Any, Iterable, Iterator, Mapping, NoReturn
 
 import torch
 
-from . import checkpoint as ckpt
-from . import faults, runlock, runtime_env, stopping
-from .digest import state_digest
-from .durable_state import (
+from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED  # the trainer contract's exit codes
+from contracts.layout import METRICS, RunHome
+
+from .. import checkpoint as ckpt
+from .. import faults, runlock, runtime_env, stopping
+from ..digest import state_digest
+from .state import (
     capture_rng,
     check_generators,
     digest,
@@ -73,14 +76,11 @@ from .durable_state import (
     optimizer_entries,
     restore_rng,
 )
-from .errors import RunLocked
-from .metrics import JsonlSink
-from .fsio import rel, resolve_home
-from .names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys
+from ..errors import RunLocked
+from ..sinks.metrics import JsonlSink
+from ..fsio import rel, resolve_home
+from ..names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys
 
-EXIT_BAD_INPUT = 2
-EXIT_LOCKED = 75
-EXIT_CANCELED = 130
 # Spec keys that may change between a checkpoint and its resume (the rest is the trajectory).
 # "threads" stays a trajectory key here: a user's own loop is not thread-invariant as tinyllm's model is.
 NON_TRAJECTORY_KEYS = frozenset({"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every",
@@ -143,7 +143,7 @@ def load_spec(path: str | Path) -> dict:
 def seed_everything(seed: int) -> None:
     """Seed Python ``random``, NumPy's global generator and torch (CPU and CUDA) with ``seed``."""
     random.seed(seed)
-    try:  # numpy is optional for the helper (tinyllm/durable_state.py)
+    try:  # numpy is optional for the helper (tinyllm/durable/state.py)
         import numpy as np
 
         np.random.seed(seed % 2**32)
@@ -241,7 +241,7 @@ class DurableRun:
         self.seed: int = int(self.spec.get("seed", 0))
         self.config: dict = dict(self.spec.get("config", {}))
         self.home = resolve_home(home)
-        self.run_dir = self.home / "runs" / self.name
+        self.run_dir = RunHome(self.home).run(self.name).path
         self.progress = Path(progress).absolute() if progress else None
         self.resume_arg = None
         if resume is not None:
@@ -428,7 +428,7 @@ class DurableRun:
                 _fail(str(e), EXIT_BAD_INPUT)
             self.last_saved = self.step if self.resumed_from is not None else 0
             self.last_path = self.resumed_from
-            self.metrics = JsonlSink(self.run_dir / "metrics.jsonl", self.step if self.resumed_from else -1)
+            self.metrics = JsonlSink(self.run_dir / METRICS, self.step if self.resumed_from else -1)
             self._last_line = time.monotonic()
             self._emit({"event": "resume" if self.resumed_from else "start", "state": self.fingerprint(),
                         "resumed_from": self.rel(self.resumed_from), "refused": self.refused})

@@ -1,6 +1,6 @@
-"""The MLflow sink's delivery process: ``python -m tinyllm.mlflow_delivery <trainer pid>``.
+"""The MLflow sink's delivery process: ``python -m tinyllm.sinks.mlflow_delivery <trainer pid>``.
 
-Started by ``MlflowSink`` (tinyllm/mlflow_sink.py) in the trainer, one per attempt; it is the only process
+Started by ``MlflowSink`` (tinyllm/sinks/mlflow_sink.py) in the trainer, one per attempt; it is the only process
 that imports ``mlflow``. Why a process and not a thread: with a local ``sqlite:///`` store, MLflow's
 SQLAlchemy store runs in the caller's process and holds the GIL the training loop needs between torch
 ops (a delivery thread cost nanoGPT's CPU recipe +6.9% CPU and ~+36% wall per step: docs/benchmarks.md).
@@ -33,8 +33,10 @@ import threading
 import time
 from pathlib import Path
 
+from contracts.layout import METRICS
+
 from . import mlflow_sink as ms
-from .errors import SpecError, stop_signals
+from ..errors import SpecError, stop_signals
 
 POLL_S = 0.1  # how often metrics.jsonl is read for new frames (and how soon a stop is noticed)
 PR_SET_PDEATHSIG = 1
@@ -89,7 +91,7 @@ class Delivery:
     def __init__(self, cfg: dict, stop: threading.Event):
         self.cfg, self.stop = cfg, stop
         self.run_dir = Path(cfg["run_dir"])
-        self.tail = Tail(self.run_dir / "metrics.jsonl")
+        self.tail = Tail(self.run_dir / METRICS)
         self.state = {"tracking_uri": cfg["tracking_uri"], "experiment": cfg["experiment"],
                       "workflow_id": cfg["workflow_id"], "run_id": None, "delivered_step": None,
                       "last_step": cfg["resumed_step"], "error": None, "run_status": None,
