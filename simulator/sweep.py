@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from engine import VirtualClock
 
@@ -35,6 +35,7 @@ _WORKER_FN: Callable | None = None
 
 
 def _call(item):
+    assert _WORKER_FN is not None  # (set in the pool's processes before any item)
     return _WORKER_FN(item)
 
 
@@ -143,7 +144,7 @@ class Simulator(SweepContext):
     def count_states(self) -> int:
         """How many distinct durable states the positions of the uninterrupted run leave (dedup's runs)."""
         keys: set[tuple] = set()
-        home, clock, live = new_home(), VirtualClock(START_TIME), {}
+        home, clock, live = new_home(), VirtualClock(START_TIME), dict[str, Any]()
         try:
             run_scenario(self.scn, home, FaultPlan(observer=lambda n, kind, label: keys.add(position_key(live, clock))),
                          workflow_fn=self.workflow_fn, clock=clock, live=live)
