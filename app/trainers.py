@@ -81,6 +81,7 @@ def load_run_spec(spec_file: str) -> dict:
         parse_run_spec(raw)
     except SpecError as e:
         raise BadRequest(str(e)) from None
+    assert isinstance(raw, dict)  # (parse_run_spec accepted it: a JSON object)
     return resolved_spec(raw)[0] if has_trainer(raw) else raw
 
 

@@ -143,7 +143,7 @@ def build_prefix(eng, workflow_id: str, workflow_name: str) -> ReplayPrefix | No
           and r.terminal is None and k is not None and k < len(r.commands) and k not in r.resolutions)
     if not ok or crcs is None:
         return None
-    r.sink = None
+    r.sink = DrySink()  # detached: whoever next drives the prefix's replayer hands it its sink
     return ReplayPrefix(workflow_id, r.last_seq, crcs, row[0], r)
 
 

@@ -299,7 +299,7 @@ def recover_from_snapshot(
         home = pool.take(live["fakes"])
     else:
         home = new_home()
-        link_tree(os.fspath(src_home), os.fspath(home), unread=unread_of(scn.release))
+        link_tree(os.fspath(src_home), os.fspath(home), unread=unread_of(bool(scn.release)))
     copied = copy_committed(RunHome(src_home).engine_db, RunHome(home).engine_db, scn.workflow_id)
     if timing is not None:  # (``timing``: a Counter of CPU seconds by part, the sweep's)
         timing["cpu: snapshots (files, database copy)"] += time.process_time() - c0

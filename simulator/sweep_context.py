@@ -58,7 +58,7 @@ def quiet_engine_logs() -> None:
 class SweepContext:
     """One scenario (and one workflow function: the real one, or a mutant): its runs and their checks."""
 
-    def __init__(self, scn: Scenario, *, workflow_fn: Callable | None = None, mutant: str | None = None,
+    def __init__(self, scn: Scenario, *, workflow_fn: Callable | dict[str, Callable] | None = None, mutant: str | None = None,
                  keep_failed: bool = False):
         self.scn = scn
         self.workflow_fn = workflow_fn

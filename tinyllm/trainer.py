@@ -338,6 +338,7 @@ class Trainer:
     def _checkpoint_line(self, path: Path, step: int | None = None, loss: float | None = None) -> None:
         """The fsynced progress line of the checkpoint ``path`` (at ``step``, default ``self.step``)."""
         step, loss = (self.step, self.loss) if step is None else (step, loss)
+        assert loss is not None  # (a checkpoint's line has its loss: callers pass a step with its loss)
         self.progress_file.write({"step": step, "loss": loss, "loss_hex": float(loss).hex(),
                                   "checkpoint": self.rel(path)}, durable=True)
         self.line_after_stop = getattr(self, "stop_noticed", False)
