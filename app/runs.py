@@ -146,7 +146,7 @@ def _exists(engine: Backend, workflow_id: str) -> bool:
 
 def recorded_input(engine: Backend, workflow_id: str) -> dict:
     events = engine.history(workflow_id)
-    return events[0].attrs.get("input") if events else {}
+    return (events[0].attrs.get("input") or {}) if events else {}  # (a workflow without input: {})
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:

@@ -197,7 +197,7 @@ class RunView:
             return 0.0
         finished = [s for s in self.segments if s.state == "done" and not s.reused and s.duration_s]
         prev_end = {s.index: (self.segments[s.index - 2].until if s.index > 1 else 0) for s in self.segments}
-        seg_rate = (sum(s.until - prev_end[s.index] for s in finished) / sum(s.duration_s for s in finished)
+        seg_rate = (sum(s.until - prev_end[s.index] for s in finished) / sum(s.duration_s or 0.0 for s in finished)
                     if finished else None)
         total = 0.0
         for s in self.segments:
@@ -211,7 +211,7 @@ class RunView:
                 left = s.until - prev_end[s.index]
             if left and not rate:
                 return None
-            total += left / rate if left else 0.0
+            total += left / rate if left and rate else 0.0  # (left without a rate returned above)
         durations = [e.duration_s for e in self.evals() if e.duration_s is not None and not e.reused]
         mean_eval = sum(durations) / len(durations) if durations else 0.0
         left_evals = [e for e in self.evals() if e.state in ("pending", "running")]
@@ -498,8 +498,8 @@ class MetricsTail(JsonlTail):
         if dt <= 0:
             return None, None
         steps = (frames[-1]["step"] - frames[0]["step"]) / dt
-        tok = frames[-1].get("train/tokens"), frames[0].get("train/tokens")
-        tokens = (tok[0] - tok[1]) / dt if all(isinstance(x, (int, float)) for x in tok) else None
+        t1, t0 = frames[-1].get("train/tokens"), frames[0].get("train/tokens")
+        tokens = (t1 - t0) / dt if isinstance(t1, (int, float)) and isinstance(t0, (int, float)) else None
         return steps, tokens
 
 

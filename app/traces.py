@@ -183,6 +183,7 @@ class HistorySpans:
         scheduled, open_attempts, timers = w.scheduled, w.attempts, w.timers
         a = e.attrs if isinstance(e.attrs, dict) else {}
         aid = str(a.get("activity_id", ""))
+        att: _Attempt | None
         if e.type == "activity_scheduled":
             scheduled[aid] = (str(a.get("name", "")), a.get("input"))
         elif e.type == "activity_started":
@@ -196,7 +197,7 @@ class HistorySpans:
             if a.get("attempt") != att.attempt:
                 return
             att.last = e.time
-            d = a.get("details") if isinstance(a.get("details"), dict) else {}
+            d = x if isinstance(x := a.get("details"), dict) else {}
             if d.get("event") == "resume":
                 att.resume, att.resumed = d.get("resumed_from"), True
             elif d.get("checkpoint") and "event" not in d:
@@ -249,10 +250,11 @@ class HistorySpans:
             why = f"{err.get('type', 'error')}: {err.get('message', '')}" if err and state == "failed" else None
             out.append(SpanRecord(wf_key, f"workflow {wid}", "run", w.start, e.time, (wid, e.seq), attrs, why))
             if state == "completed":  # the run's root: sent once, when the run completes
-                res = a.get("result") if isinstance(a.get("result"), dict) else {}
+                res = x if isinstance(x := a.get("result"), dict) else {}
                 root = {"durable.run_id": self.run_id, "durable.workflow_ids": list(self.workflows)}
                 for k in ("name", "steps", "final_loss_hex", "digest", "checkpoint"):
                     _flat(f"train.{k}", res.get(k), root)
+                assert self.first_start is not None  # (set at the run's first workflow_started)
                 out.append(SpanRecord("run", f"TrainRun {self.run_id}", None, self.first_start, e.time, (wid, e.seq),
                                       root))
 
@@ -402,7 +404,7 @@ class RunTracer:
         if self.builder is None or not (wid == self.run_id or wid.startswith(self.run_id + "/")):
             return {}
         env = {tracing.TRACEPARENT: tracing.traceparent(
-            self.trace_id, self.builder.span_id(tracing.attempt_key(wid, ctx.activity_id, ctx.attempt)))}
+            self.builder.trace_id, self.builder.span_id(tracing.attempt_key(wid, ctx.activity_id, ctx.attempt)))}
         kind, _, target = self.where.partition(":")
         if kind == "file":
             env[tracing.TRACE_FILE_ENV] = target

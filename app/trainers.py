@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any, Mapping
 
 import workflows
 from engine import NonRetryableError
@@ -20,7 +21,7 @@ from workflows.models import TrainRunInput
 from .errors import BadRequest
 
 
-def resolved_spec(raw: dict, base: Path | None = None) -> tuple[dict, CustomTrainSpec]:
+def resolved_spec(raw: Mapping[str, Any], base: Path | None = None) -> tuple[dict, CustomTrainSpec]:
     """The spec with ``trainer.cwd`` absolute, and its parsed model; ``BadRequest`` when it is bad."""
     try:
         spec = parse_run_spec(raw)
@@ -80,6 +81,7 @@ def load_run_spec(spec_file: str) -> dict:
         parse_run_spec(raw)
     except SpecError as e:
         raise BadRequest(str(e)) from None
+    assert isinstance(raw, dict)  # (parse_run_spec accepted it: a JSON object)
     return resolved_spec(raw)[0] if has_trainer(raw) else raw
 
 

@@ -196,7 +196,7 @@ def med(rows: list[dict], key: str) -> float:
 
 def report(name: str, got: dict) -> None:
     print(f"\n{name} (runnable tasks when each round began: {got['procs_running']})")
-    for (kind, base_key, unit, label) in (("restart", "s", "s to the first resumed step", "cpu"),
+    for (kind, base_key, unit, _label) in (("restart", "s", "s to the first resumed step", "cpu"),
                                           ("dynamo", "s", "s for the first optimizer step", None),
                                           ("steps", "ms", "ms per step", "faults")):
         rows = [(k[1], v) for k, v in got.items() if isinstance(k, tuple) and k[0] == kind]

@@ -47,7 +47,7 @@ def train(home: Path, name: str, validation: dict | None) -> tuple[float, dict, 
     t0 = time.perf_counter()
     result = Trainer(spec, home, log=io.StringIO()).run()
     wall = time.perf_counter() - t0
-    frames = [json.loads(l) for l in (home / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+    frames = [json.loads(line) for line in (home / "runs" / name / "metrics.jsonl").read_text().splitlines()]
     return wall, result, frames
 
 

@@ -540,9 +540,9 @@ def worker(stop_grace_s: float, stop_signal: Any, home: str | None) -> None:
     finally:
         presence.withdraw(here)
         log.stop()
-        sig = f" by {interrupt.signal_name}" if interrupt.signal_name else ""
+        by = f" by {interrupt.signal_name}" if interrupt.signal_name else ""
         what = f"; {len(stopped)} attempt(s) preempted, resumable (exit {EXIT_PREEMPTED})" if code else ""
-        click.echo(f"ctl worker: stopped{sig}{what}", err=True)
+        click.echo(f"ctl worker: stopped{by}{what}", err=True)
         engine.close()
     sys.exit(code)
 

@@ -285,7 +285,7 @@ class LiveDisplay:
             if ev is not None:
                 return f"[green]{headline(ev.suite, ev.metrics)}[/] at step {ev.step}  ({ev.suite}: {figures_text(ev.metrics)})"
             if is_eval(aid):  # an EvalSuite workflow's suite
-                r = a.get("result") if isinstance(a.get("result"), dict) else {}
+                r = res if isinstance(res := a.get("result"), dict) else {}
                 metrics = first_subject_metrics(r)
                 return f"[green]{headline(str(r.get('suite', aid)), metrics)}[/]  ({aid}: {figures_text(metrics)})"
         elif e.type in ("activity_failed", "activity_timed_out"):

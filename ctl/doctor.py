@@ -131,8 +131,8 @@ def _database(home: Path, checked: dict) -> list[Finding]:
         return []
     try:
         store = Store(path, readonly=True)
-    except BadInput as e:
-        return [Finding("damaged", rel, str(e),
+    except BadInput as err:
+        return [Finding("damaged", rel, str(err),
                         "no command can read any run's history; restore the file from a backup (checkpoints "
                         "and corpora are checked below; ctl train cannot continue on this file)")]
     findings = []
@@ -168,6 +168,7 @@ def _means_for(workflow_id: str | None) -> str:
 
 
 def _activities(engine: Backend, rel: str, workflow_id: str) -> list[Finding]:
+    assert engine.store is not None  # (doctor opens the home's own database)
     out = []
     try:
         rows = engine.store.query(

@@ -114,7 +114,7 @@ def figure(s: Series) -> Any:
                    label="evaluation (held-out loss)")
         for st, v, label in marked:
             ax.annotate(f"{label} at {st}", (st, v), textcoords="offset points", xytext=(4, 8), fontsize=8)
-    for st, _, label in s.evals:
+    for st, _, _label in s.evals:
         ax.axvline(st, color="#bbbbbb", linewidth=0.8, linestyle=":")
     if s.stopped_early is not None and isinstance(s.stopped_early.get("step"), int):
         ax.axvline(s.stopped_early["step"], color="#cb181d", linewidth=1.2, linestyle="--",

@@ -185,5 +185,5 @@ def _finish(st: Any, as_json: bool) -> None:
     else:
         click.echo(f"ctl: {st.workflow_id} {st.state}: {app.error_line(st.error)}", err=True)
     if st.state == "completed":
-        raise SystemExit(0 if result.get("published") else EXIT_FAILED)
+        raise SystemExit(0 if result and result.get("published") else EXIT_FAILED)
     raise SystemExit(app.exit_code(st.state))

@@ -64,7 +64,7 @@ def worker_info(engine: Backend, workflow_id: str, now: float, started_at: dict[
         return {"live": None, "activity_id": None, "attempt": None, "pid": None, "host": None,
                 "lease_age_s": None, "heartbeat_age_s": None, "reason": "not known on this backend"}
     rows = _activity_rows(engine.store, workflow_id)
-    for aid, state, attempt, due_at, hb_deadline, last_hb_at, owner_json in rows:
+    for aid, state, attempt, _due_at, hb_deadline, last_hb_at, owner_json in rows:
         if state != "running":
             continue
         owner = json.loads(owner_json) if owner_json else None

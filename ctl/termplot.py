@@ -83,6 +83,6 @@ def chart(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, width:
     legend = "   ".join((f"{COLOURS[k % len(COLOURS)]}⣿{RESET} " if color else "") + f"{label}"
                        for k, (label, _) in enumerate(series))
     lines.append(" " * (label_w + 1) + legend + (f"   {ylabel}" if ylabel else ""))
-    for x, y, label in marks:
+    for x, _y, label in marks:
         lines.append(" " * (label_w + 1) + f"◆ {label} at step {_fmt(x)}")
     return "\n".join(lines)

@@ -66,6 +66,7 @@ class WorkerLog:
 
     def _poll(self, initial: bool = False) -> None:
         store = self.engine.store
+        assert store is not None  # (start() polls only a backend with a local store)
         ids = [r[0] for r in store.query("SELECT id FROM workflows WHERE state='running'")]
         ids += [w for w in self._touched if w not in ids]
         for wid in sorted(ids):

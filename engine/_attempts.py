@@ -214,7 +214,7 @@ class Attempts:
                 continue
             if dead:  # outside the transaction (it waits for the kills); the dead owner cannot renew the lease
                 (child_json,) = self.store.query_one(
-                    "SELECT child FROM activities WHERE workflow_id=? AND activity_id=?", (wf, aid))
+                    "SELECT child FROM activities WHERE workflow_id=? AND activity_id=?", (wf, aid)) or (None,)
                 self._kill_dead_attempt(wf, aid, attempt, child_json)
             with self.tx("expire") as (db, after):
                 row = db.execute(

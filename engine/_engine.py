@@ -226,7 +226,7 @@ class Engine(Reader):
                 self._worker.run_task(db, after, workflow_id, fresh=Event(1, h.WORKFLOW_STARTED, now, attrs),
                                wf_row=(workflow_name, input_text, "running", 0),
                                fresh_row=h.event_row(workflow_id, 1, h.WORKFLOW_STARTED, now, text),
-                               cached=Replayer(workflow_id, reg.fn, value, None))
+                               cached=Replayer(workflow_id, reg.fn, value, DrySink()))  # (run_task gives it its sink)
         return workflow_id
 
     def result(self, workflow_id: str) -> Any:

@@ -57,7 +57,8 @@ _SCALARS = (int, str, bool, type(None))
 _encode_str = json.encoder.encode_basestring_ascii  # what _ENCODER.encode does with a str (ensure_ascii)
 try:  # the C encoder behind _ENCODER, made once (JSONEncoder.encode makes one per call): no circular-reference
     # markers, so a cycle is a RecursionError, reported as the ValueError json gives
-    from json.encoder import c_make_encoder as _c_make_encoder
+    # (the C accelerator json.encoder imports when it can; typeshed leaves it out)
+    from json.encoder import c_make_encoder as _c_make_encoder  # type: ignore[attr-defined]
 
     _C_ENCODE = _c_make_encoder(None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ":", ",",
                                 True, False, False) if _c_make_encoder is not None else None

@@ -64,6 +64,7 @@ class StepOptions:
         retry = r.__dict__.get("_text")  # kept on the (frozen) policy itself, else per equal policy
         if retry is None:
             # keyed with the types: 1 == 1.0 == True, but their texts differ
+            key: tuple | None
             key = (r.max_attempts, r.initial_interval_s, r.backoff, r.max_interval_s, r.non_retryable,
                    type(r.max_attempts), type(r.initial_interval_s), type(r.backoff), type(r.max_interval_s),
                    tuple(map(type, r.non_retryable)) if type(r.non_retryable) is tuple else None)

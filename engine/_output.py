@@ -28,6 +28,7 @@ SLACK_BYTES = 1024 * 1024  # cut only this much beyond the bound, not at every p
 STREAMS = ("stdout", "stderr")
 _PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 
+_fallocate: ctypes._NamedFuncPointer | None
 try:
     _fallocate = ctypes.CDLL(None, use_errno=True).fallocate
     _fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
@@ -77,7 +78,7 @@ class AttemptOutput:
                 end = (st.st_size - self.tail_bytes) // block * block
                 if end <= start:
                     continue
-                if self._punch and _fallocate(f.fileno(), _PUNCH, start, end - start) == 0:
+                if self._punch and _fallocate is not None and _fallocate(f.fileno(), _PUNCH, start, end - start) == 0:
                     self._cut_to[stream] = end
                     continue
                 if self._punch and ctypes.get_errno() not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import traceback
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, Coroutine, NamedTuple, Protocol
 
 from . import _history as h
 from ._errors import ActivityError, BadInput, Canceled, NondeterminismError, NonRetryableError, is_canceled
@@ -152,7 +152,7 @@ class Replayer:
         self.start_event: Event | None = None
         self.terminal: Event | None = None
         self.now: float = 0.0
-        self.coro = None
+        self.coro: Coroutine[Any, Any, Any] | None = None
         self.started = False
         self.done = False
         self.next_cmd = 0
@@ -233,9 +233,11 @@ class Replayer:
     def _step(self, outcome: tuple[bool, Any] | None) -> None:
         """Resume the coroutine with a command's outcome, until it blocks or ends."""
         value, exc = outcome, None
+        coro = self.coro
+        assert coro is not None  # (advance started it)
         while True:
             try:
-                req = self.coro.throw(exc) if exc is not None else self.coro.send(value)
+                req = coro.throw(exc) if exc is not None else coro.send(value)
             except StopIteration as stop:
                 self._finish_ok(stop.value)
                 return
@@ -294,6 +296,7 @@ class Replayer:
         self.issued.append(cmd)
         self.blocked_on = k
         if cmd.kind == "activity":
+            assert cmd.activity_id is not None  # (an activity's command has its id)
             self.activity_ids.add(cmd.activity_id)
         self.sink.new_command(self, k, cmd, req.payload)
         return None
@@ -307,6 +310,7 @@ class Replayer:
             return True, None
         if e.type == h.TIMER_CANCELED:
             return False, Canceled(f"timer canceled: workflow {self.workflow_id!r} was canceled")
+        assert cmd.activity_id is not None and cmd.name is not None  # the other events are an activity's
         if e.type == h.ACTIVITY_CANCELED:
             err = ActivityError(
                 f"activity {cmd.activity_id!r} canceled",
@@ -317,17 +321,17 @@ class Replayer:
             )
             err.__cause__ = Canceled(f"workflow {self.workflow_id!r} was canceled")
             return False, err
-        err = a.get("error") or {}
+        failure = a.get("error") or {}
         kind = "timed out" if e.type == h.ACTIVITY_TIMED_OUT else "failed"
         return False, ActivityError(
             f"activity {cmd.activity_id!r} {kind} (attempt {a.get('attempt')}): "
-            f"{err.get('type', 'Error')}: {err.get('message', '')}",
+            f"{failure.get('type', 'Error')}: {failure.get('message', '')}",
             activity_id=cmd.activity_id,
             activity_name=cmd.name,
             attempt=a.get("attempt", 0),
-            type=err.get("type", "ActivityError"),
-            non_retryable=bool(err.get("non_retryable")),
-            details=err.get("details"),
+            type=failure.get("type", "ActivityError"),
+            non_retryable=bool(failure.get("non_retryable")),
+            details=failure.get("details"),
         )
 
     # ---- the end -------------------------------------------------------------------------------
@@ -350,7 +354,8 @@ class Replayer:
 
     def _nondeterminism(self, err: NondeterminismError) -> None:
         try:
-            self.coro.close()
+            if self.coro is not None:
+                self.coro.close()
         except BaseException:  # noqa: BLE001 - the code is being abandoned; a crash here is not its
             pass
         self.done = True

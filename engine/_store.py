@@ -27,6 +27,7 @@ import sqlite3
 import threading
 import urllib.parse
 from collections import Counter
+from typing import Literal
 
 from . import _schema as schema
 from ._errors import BadInput
@@ -180,7 +181,7 @@ class _Transaction:
             st._lock.release()
             raise
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         st = self.store
         try:
             if self.member:

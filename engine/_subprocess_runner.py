@@ -54,6 +54,7 @@ EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_LOCKED, EXIT_CANCELED, EXIT_PREEMPTED = (
     exits.EXIT_BAD_INPUT, exits.EXIT_DISK_FULL, exits.EXIT_LOCKED, exits.EXIT_CANCELED, exits.EXIT_PREEMPTED)
 STOP_SIGNAL_ENV = "DURABLE_STOP_SIGNAL"  # a signal name the trainer treats as SIGTERM (ctl --stop-signal)
 
+_prctl: ctypes._NamedFuncPointer | None
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
     _prctl = _libc.prctl
@@ -298,7 +299,7 @@ def run_subprocess(
     finally:
         # however the attempt ends (done, cancel, hung, lease lost, a crash): nothing of it is left; what a
         # wrapper left behind when a stop's SIGTERM ended it gets the rest of the grace to end too
-        ended_by_signal = proc.poll() is not None and proc.returncode < 0 and stopping in ("cancel", "preempt")
+        ended_by_signal = (proc.poll() or 0) < 0 and stopping in ("cancel", "preempt")
         grace_s = term_grace_s if proc.poll() is None else 0
         if ended_by_signal and not killed_at_grace:
             grace_s = term_grace_s if stop_by is None else max(0.0, stop_by - time.monotonic())
@@ -310,7 +311,7 @@ def run_subprocess(
         proc.wait()
         if left:
             log.error("processes %s of attempt %s could not be killed", sorted(left), tag)
-    rc = proc.returncode
+    rc = proc.wait()  # (it has ended, above): its exit status
     stdout_tail, stderr_tail = _tail(out, tail_bytes), _tail(err, tail_bytes)
     out.close()
     err.close()

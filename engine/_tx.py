@@ -8,8 +8,9 @@ share for this (engine/_worker.py builds it).
 from __future__ import annotations
 
 import threading
+from typing import Callable, Literal
 
-from ._store import Store
+from ._store import Store, _Transaction
 
 
 class Transactions:
@@ -29,6 +30,8 @@ class _Tx:
     """``Transactions``' context manager (a class: cheaper than a generator-based one)."""
 
     __slots__ = ("t", "label", "group", "after", "tx", "member")
+    after: list[Callable[[], object]]
+    tx: _Transaction | None
 
     def __init__(self, t: Transactions, label: str, group: bool):
         self.t, self.label, self.after = t, label, []
@@ -49,8 +52,9 @@ class _Tx:
                 t.group_after = None
             raise
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         t = self.t
+        assert self.tx is not None  # (__enter__ made it)
         try:
             self.tx.__exit__(exc_type, exc, tb)
         finally:
@@ -58,6 +62,7 @@ class _Tx:
                 t.group_after = None
         if exc_type is None:
             if self.member:
+                assert t.group_after is not None  # (a member: this thread's group is open)
                 t.group_after[1].extend(self.after)  # held until the group is durable
             else:
                 for f in self.after:

@@ -178,6 +178,7 @@ class Worker:
         inserted yet) and its started event, at the replayer's end, go to ``rows`` (the sink's events, inserted
         together by its flush)."""
         if known is not None:
+            assert rows is not None  # (the sink's rows come with what it knows)
             r, cmd, input_raw, opts, now, sched_row, sched_hb = known
             worker = self.worker_name
             attrs = {"cmd": cmd, "activity_id": activity_id, "attempt": 1, "worker": worker}
@@ -429,13 +430,14 @@ class Worker:
         """The earliest time at which something becomes runnable without new events."""
         names = list(self.activities) or [""]
         marks = ",".join("?" * len(names))
+        # (an aggregate always gives its one row)
         (a,) = self.store.query_one(
             f"SELECT MIN(due_at) FROM activities WHERE state='scheduled' AND name IN ({marks})", tuple(names)
-        )
-        (t,) = self.store.query_one("SELECT MIN(fire_at) FROM timers WHERE state='pending'")
+        ) or (None,)
+        (t,) = self.store.query_one("SELECT MIN(fire_at) FROM timers WHERE state='pending'") or (None,)
         hb, close = self.store.query_one(
             "SELECT MIN(hb_deadline), MIN(close_deadline) FROM activities WHERE state='running'"
-        )
+        ) or (None, None)
         # a deadline expires strictly after it passes
         cands = [x for x in (a, t) if x is not None] + [x + 1e-6 for x in (hb, close) if x is not None]
         return min(cands) if cands else None

@@ -227,7 +227,7 @@ def cmd_kill_at(a: argparse.Namespace) -> int:
 
 def cmd_mutants(a: argparse.Namespace) -> int:
     missed = 0
-    for name, (pitfall, what) in MUTANTS.items():
+    for name, (pitfall, _what) in MUTANTS.items():
         found = catch_mutant(name)
         status = f"caught: {found[0]}" if found else "NOT CAUGHT"
         missed += not found

@@ -198,7 +198,9 @@ class Target:
 def splice_ledger(own: Ledger, target: Target) -> Ledger:
     """This run's ledger up to the point, then the target's entries after its point (renumbered; made
     when read: the sweep checks the pieces, simulator/ledger_folds.py)."""
-    return SplicedLedger(own.entries, [(target.run.ledger, target.ledger_at, len(target.run.ledger))])
+    run = target.run
+    assert run is not None  # (a target splices once its run has ended)
+    return SplicedLedger(own.entries, [(run.ledger, target.ledger_at, len(run.ledger))])
 
 
 # --- a splice checked by replaying the workflow code ------------------------------------------------
@@ -341,6 +343,7 @@ def splice_replay(reg, workflow_id: str, own, near: Target, live=None) -> tuple[
     """``checked_splice``'s check: the result the code returns over ``near``'s future, or ``NO_SPLICE``;
     and whether ``live`` was spent. ``own``: a sequence of the run's events (``JoinedEvents``)."""
     run = near.run
+    assert run is not None  # (a target splices once its run has ended)
     suffix = run.events[near.events_at:]
     if run.state != "completed" or not suffix or suffix[-1].type != h.WORKFLOW_COMPLETED:
         return NO_SPLICE, False
@@ -354,7 +357,7 @@ def splice_replay(reg, workflow_id: str, own, near: Target, live=None) -> tuple[
     want = [_command_view(e) for e in body if e.type in (h.ACTIVITY_SCHEDULED, h.TIMER_STARTED)]
     spent = False
     if live is not None and not live.done and live.blocked_on is not None and 0 < live.last_seq <= base:
-        r, calls, spent = live, [], True
+        r, calls, spent = live, list[Any](), True
         go_on_dry(r, calls)
         r.feed(own[r.last_seq:])  # what its own engine wrote since its last task (as its next task would)
         if r.next_cmd != len(r.commands):  # the code asked for something not in its history: no match
@@ -380,6 +383,7 @@ def splice_target(own: list, near: Target, ledger_entries: list[dict], result: A
     """The target ``checked_splice`` makes of a run whose ``splice_replay`` gave ``result``: its own events
     and ledger, then ``near``'s future (renumbered), ending completed with ``result``."""
     run = near.run
+    assert run is not None  # (a target splices once its run has ended)
     suffix = run.events[near.events_at:]
     body, base = suffix[:-1], len(own)
     end = h.Event(base + len(body) + 1, h.WORKFLOW_COMPLETED, suffix[-1].time, {"result": result})

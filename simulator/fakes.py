@@ -45,7 +45,8 @@ class FilesOverlay:
     (``base``, read, never written: a forked recovery touches no more of it than it reads), then its own."""
 
     def __init__(self, base: dict[str, int], base_sum: int):
-        self.base, self.base_sum, self.own = base, base_sum, {}
+        self.base, self.base_sum = base, base_sum
+        self.own: dict[str, int] = {}
         self._added = 0  # own paths not in base
 
     def get(self, rel: str, default: Any = None) -> Any:
@@ -231,7 +232,7 @@ class FakeActivities:
         oom_at: dict[int, int] | None = None,
         fail_corpus: bool = False,
         cancel_poll_steps: int = 50,
-        files: dict[str, int] | None = None,
+        files: dict[str, int] | FilesOverlay | None = None,
         stop_at: int = 0,
     ):
         self.home = Path(home)
@@ -247,6 +248,7 @@ class FakeActivities:
         # every file written under home (relative path -> hash of path and bytes), and their sum: an
         # order-independent digest of the files (simulator/convergence.py); a recovery inherits the
         # dict of the run whose files it copied
+        self.files: dict[str, int] | FilesOverlay
         if isinstance(files, FilesOverlay):
             self.files, self._files_sum = files, files.base_sum
         else:
@@ -340,8 +342,8 @@ class FakeActivities:
             stop = min(steps, (k // every + 1) * every, k + poll - (k - start) % poll)
             n = 0 if oom and any(oom.get(s, 0) > 0 for s in range(k + 1, stop + 1)) else free(stop - k)
             if n:  # no kill among these positions: take them in bulk
-                first = k + 1
-                for k in range(first, k + n + 1):
+                first, last = k + 1, k + n
+                for k in range(first, last + 1):
                     loss = loss * a[k] + b[k]
                 record("steps", wf=wf, run=name, activity=aid, first=first, last=k)
             else:  # one position, one step

@@ -53,7 +53,7 @@ class SplicedLedger(Ledger):
         self._entries: list[dict[str, Any]] | None = None
 
     @property
-    def entries(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def entries(self) -> list[dict[str, Any]]:
         if self._entries is None:
             out = list(self.head)
             for entries, start, stop in self.pieces:
@@ -73,12 +73,12 @@ class TailLedger(Ledger):
     entries a forked recovery would otherwise touch (copy) page by page. ``entries`` is made when read."""
 
     def __init__(self, head: list[dict[str, Any]]) -> None:
-        self.head, self.own = head, []
+        self.head, self.own = head, list[dict[str, Any]]()
         self._n = len(head)
         self._entries: list[dict[str, Any]] | None = None
 
     @property
-    def entries(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def entries(self) -> list[dict[str, Any]]:
         if self._entries is None or len(self._entries) != self._n + len(self.own):
             self._entries = self.head[:self._n] + self.own
         return self._entries

@@ -160,7 +160,7 @@ class StepsFold:
         return out
 
     def feed(self, e: dict) -> None:
-        kind, run = e["kind"], e.get("run")
+        kind, run = e["kind"], e.get("run", "")
         if kind == "train-start":
             self.pending_start[run] = e
         elif kind == "steps":

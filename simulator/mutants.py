@@ -115,7 +115,7 @@ class _WallClockRuntime(_Proxy):
     """Pitfall 11: the cadence waits on the wall clock (scaled down), not on a durable timer."""
 
     async def sleep(self, seconds: float) -> None:
-        time.sleep(seconds * 1e-6)
+        time.sleep(seconds * 1e-6)  # noqa: ASYNC251 - the pitfall itself: a blocking wall-clock wait
 
 
 def _segments_last_dropped(steps: int, every: int) -> list[int]:
@@ -239,6 +239,7 @@ def catch_release_mutant(name: str) -> list[str]:
     m = sim.check_reference()
     if m is not None:
         return [f"two release requests, uninterrupted: {line}" for line in m.lines]
+    assert sim.release_from is not None  # (the reference run reached its release workflows)
     report = sim.kill_every_position(positions=range(sim.release_from, len(sim.trace)), stop_at_first=True,
                                      mode="snapshot")
     if report.mismatches:

@@ -143,7 +143,7 @@ def build_prefix(eng, workflow_id: str, workflow_name: str) -> ReplayPrefix | No
           and r.terminal is None and k is not None and k < len(r.commands) and k not in r.resolutions)
     if not ok or crcs is None:
         return None
-    r.sink = None
+    r.sink = DrySink()  # detached: whoever next drives the prefix's replayer hands it its sink
     return ReplayPrefix(workflow_id, r.last_seq, crcs, row[0], r)
 
 
@@ -176,7 +176,7 @@ def advance_prefix(eng, prefix: ReplayPrefix, workflow_name: str) -> bool:
         r.feed(new)
         r.advance()
     finally:
-        r.sink = None
+        r.sink = DrySink()  # detached: the index's replayer gets its sink from whoever next drives it
     k = r.blocked_on
     ok = (not r.done and not sink.new and not sink.canceled and not sink.finished and r.cancel_event is None
           and r.terminal is None and k is not None and k < len(r.commands) and k not in r.resolutions)
@@ -206,7 +206,7 @@ class NotingRuntime(WorkflowRuntime):
     @property
     def is_replaying(self) -> bool:
         self.read_replaying = True
-        return WorkflowRuntime.is_replaying.fget(self)  # the engine's own answer
+        return super().is_replaying  # the engine's own answer
 
 
 def use_prefix(eng, prefix: ReplayPrefix | None, index: ReplayPrefix | None = None) -> None:
@@ -261,7 +261,7 @@ def adopt_donor(spine: ReplayPrefix, r: Replayer) -> ReplayPrefix | None:
             or [c.command for c in r.commands] != [c.command for c in s.commands]
             or r.input_value != s.input_value):
         return None
-    out = Replayer(s.workflow_id, s.fn, r.input_value, None)
+    out = Replayer(s.workflow_id, s.fn, r.input_value, DrySink())  # (its driver hands it its sink)
     out.rt, rt._r = rt, out  # the code's seam now answers for the new replayer
     out.last_seq, out.commands, out.resolutions = s.last_seq, list(s.commands), dict(s.resolutions)
     out.activity_ids, out.start_event = set(s.activity_ids), s.start_event

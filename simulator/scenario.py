@@ -158,7 +158,7 @@ def run_scenario(
     home: Path,
     plan: FaultPlan,
     *,
-    workflow_fn: Callable | None = None,
+    workflow_fn: Callable | dict[str, Callable] | None = None,
     cancel_at: int | None = None,
     stop_at: int | None = None,
     workflow_id: str | None = None,
@@ -166,7 +166,7 @@ def run_scenario(
     clock: VirtualClock | None = None,
     oom_left: dict[int, int] | None = None,
     live: dict | None = None,
-    files: dict[str, int] | None = None,
+    files: dict[str, int] | FilesOverlay | None = None,
     prefix=None,
     noting: bool = False,
     index=None,
@@ -279,7 +279,7 @@ def _owner_dead(owner: dict):
 
 def recover_from_snapshot(
     scn: Scenario, src_home: Path, position: int, where: str, live: dict, ledger: Ledger, clock: VirtualClock,
-    *, workflow_fn: Callable | None = None, watch: Callable | None = None, prefix=None,
+    *, workflow_fn: Callable | dict[str, Callable] | None = None, watch: Callable | None = None, prefix=None,
     pool: SnapshotHome | None = None, index=None, timing=None,
 ) -> Outcome:
     """The worker of ``src_home`` dies at ``position``: a new worker recovers from a copy of its files.
@@ -299,7 +299,7 @@ def recover_from_snapshot(
         home = pool.take(live["fakes"])
     else:
         home = new_home()
-        link_tree(os.fspath(src_home), os.fspath(home), unread=unread_of(scn.release))
+        link_tree(os.fspath(src_home), os.fspath(home), unread=unread_of(bool(scn.release)))
     copied = copy_committed(RunHome(src_home).engine_db, RunHome(home).engine_db, scn.workflow_id)
     if timing is not None:  # (``timing``: a Counter of CPU seconds by part, the sweep's)
         timing["cpu: snapshots (files, database copy)"] += time.process_time() - c0

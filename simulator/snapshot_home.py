@@ -99,7 +99,7 @@ def link_tree(src: str, dst: str, depth: int = 0, unread: tuple[str, ...] = UNRE
 
 def _listing(root: str, unread: tuple[str, ...] = UNREAD) -> list[tuple[str, bytes | None]]:
     """Every folder and file under ``root`` but the database and ``unread``, with the files' bytes."""
-    out = []
+    out: list[tuple[str, bytes | None]] = []
     for path, dirs, files in os.walk(root):
         rel = os.path.relpath(path, root)
         if rel == ".":

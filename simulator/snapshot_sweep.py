@@ -15,6 +15,7 @@ import resource
 import time
 from collections import Counter
 from dataclasses import replace
+from typing import Any
 
 from engine import VirtualClock, read_events, testing
 from workflows.models import WORKFLOW_TRAIN_RUN
@@ -93,7 +94,7 @@ class SnapshotSweep:
         """
         self.ctx.reference()
         todo, out = set(positions), []
-        home, ledger, clock, live = new_home(), Ledger(), VirtualClock(START_TIME), {}
+        home, ledger, clock, live = new_home(), Ledger(), VirtualClock(START_TIME), dict[str, Any]()
         last: list = [None, None]  # the previous recovery: its start key, and (outcome, state_lines, ledger suffix)
         found: dict[tuple, Target] = {}  # convergence points of recoveries that ran on
         src_history = HistoryDigest()  # the uninterrupted run's, brought up to date at its convergence points
@@ -225,7 +226,7 @@ class SnapshotSweep:
                 todo.clear()
 
         if self.ctx.reuse_snapshot_home:
-            self.ctx.pool = SnapshotHome(home, unread_of(self.ctx.scn.release))
+            self.ctx.pool = SnapshotHome(home, unread_of(bool(self.ctx.scn.release)))
             self.ctx.pool.verify = self.ctx.verify_snapshots
         try:
             src = run_scenario(self.ctx.scn, home, FaultPlan(observer=observe), workflow_fn=self.ctx.workflow_fn,
@@ -306,6 +307,7 @@ class SnapshotSweep:
         if found is None:
             return recover_from_snapshot(self.ctx.scn, home, n, where, live, ledger, clock,
                                          workflow_fn=self.ctx.workflow_fn, pool=self.ctx.pool)
+        assert history is not None  # (comes with found)
         args = (n, where, home, live, ledger, clock, found, history, prefix)
         raw = self._run_forked(args) if fork else self._run_twice(*args, lean=False)
         c0 = time.process_time()
@@ -323,6 +325,7 @@ class SnapshotSweep:
             self.ctx.stats["recoveries made again"] += 1
             raw = self._recover_run(n, where, home, live, ledger, clock, found, history, prefix,
                                     live_splice=False, lean=lean)
+            assert raw is not None  # (None only where the live splice spent the replayer)
         return raw
 
     def _run_forked(self, args: tuple) -> tuple:
@@ -396,10 +399,11 @@ class SnapshotSweep:
             target = self.ctx.targets.get(key) or found.get(key)
             if target is not None and target.run is not None:
                 conv[0] = ("key", key, None)
+                at = target.events_at
                 if not lean and target is self.ctx.targets.get(key):  # at the uninterrupted run's own point
                     r = testing.cached_replayer(rlive["engine"], self.ctx.scn.workflow_id)
                     if r is not None:  # its code, fed the same visible history: a replay to share (``_admit``)
-                        self._donations.append((target.events_at, r, history.digest.get(self.ctx.scn.workflow_id)))
+                        self._donations.append((at, r, history.digest.get(self.ctx.scn.workflow_id)))
                 raise Converged(target)
             near = self.ctx.near.get(without_history(key))
             if near is not None and key not in found:  # the same state as the uninterrupted run's but for the history
@@ -442,6 +446,7 @@ class SnapshotSweep:
     def _recover_finish(self, o: Outcome, mine: dict, target: Target | None, conv) -> Outcome:
         """A recovery run (``_recover_run``) made an outcome: spliced to its target's future where it
         converged, its passed points verified with it, its outcome checks made (``state_lines``)."""
+        run: Verified | None
         if target is None:  # ran to the end
             files = final_files_lines(o) if o.state == "completed" else []
             state_lines = None if self.ctx.scn.fail_suites else self.ctx.state_lines(o, file_lines=files)
@@ -450,6 +455,7 @@ class SnapshotSweep:
             self.ctx.stats["converged"] += 1
             copied = o.extra.pop("copied_events")
             t = target.run
+            assert t is not None  # (converged to a target whose run has ended)
             own = o.events
             o = replace(o, state=t.state, result=t.result, error=t.error,
                         events=self.ctx.reference().events[:copied] + own + t.events[target.events_at:],

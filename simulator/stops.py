@@ -66,14 +66,14 @@ def stop_lines(o: Outcome) -> list[str]:
             bad.append(f"{a['activity_id']} attempt {a.get('attempt')} preempted with {a.get('steps_lost')} step(s) lost "
                        f"(stopped at {a.get('stopping_step')}, checkpoint {a.get('step')})")
     # 0 steps lost: the attempt after a trainer's stop resumes from the very step it stopped at
-    for i, e in enumerate(entries):
-        if e["kind"] != "train-preempted":
+    for i, ent in enumerate(entries):
+        if ent["kind"] != "train-preempted":
             continue
-        nxt = next((x for x in entries[i + 1:] if x["kind"] == "train-start" and x["run"] == e["run"]), None)
-        if nxt is not None and e["step"] > 0 and nxt["from_step"] != e["step"]:
-            bad.append(f"{e['activity']} stopped politely at step {e['step']}, its next attempt ({nxt['activity']} "
+        nxt = next((x for x in entries[i + 1:] if x["kind"] == "train-start" and x["run"] == ent["run"]), None)
+        if nxt is not None and ent["step"] > 0 and nxt["from_step"] != ent["step"]:
+            bad.append(f"{ent['activity']} stopped politely at step {ent['step']}, its next attempt ({nxt['activity']} "
                        f"attempt {nxt['attempt']}) resumed from step {nxt['from_step']}: "
-                       f"{e['step'] - nxt['from_step']} step(s) lost")
+                       f"{ent['step'] - nxt['from_step']} step(s) lost")
     if not o.scenario.oom_at and not o.scenario.fail_suites:
         bad += [f"{e.type} of {e.attrs.get('activity_id')} attempt {e.attrs.get('attempt')}: a stop counted as a failure"
                 for e in events if e.type == ACTIVITY_FAILED]

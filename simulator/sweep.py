@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from engine import VirtualClock
 
@@ -35,6 +35,7 @@ _WORKER_FN: Callable | None = None
 
 
 def _call(item):
+    assert _WORKER_FN is not None  # (set in the pool's processes before any item)
     return _WORKER_FN(item)
 
 
@@ -57,7 +58,7 @@ class Simulator(SweepContext):
     Its runs and checks are its ``SweepContext`` (simulator/sweep_context.py), which it hands down to the
     sweeps it owns: ``SnapshotSweep`` (snapshot_kills) and ``RandomSweeps`` (random_kills, cancels)."""
 
-    def __init__(self, scn: Scenario, *, workflow_fn: Callable | None = None, mutant: str | None = None,
+    def __init__(self, scn: Scenario, *, workflow_fn: Callable | dict[str, Callable] | None = None, mutant: str | None = None,
                  keep_failed: bool = False):
         super().__init__(scn, workflow_fn=workflow_fn, mutant=mutant, keep_failed=keep_failed)
         self._snapshots = SnapshotSweep(self)  # snapshot_kills and its recoveries (simulator/snapshot_sweep.py)
@@ -143,7 +144,7 @@ class Simulator(SweepContext):
     def count_states(self) -> int:
         """How many distinct durable states the positions of the uninterrupted run leave (dedup's runs)."""
         keys: set[tuple] = set()
-        home, clock, live = new_home(), VirtualClock(START_TIME), {}
+        home, clock, live = new_home(), VirtualClock(START_TIME), dict[str, Any]()
         try:
             run_scenario(self.scn, home, FaultPlan(observer=lambda n, kind, label: keys.add(position_key(live, clock))),
                          workflow_fn=self.workflow_fn, clock=clock, live=live)

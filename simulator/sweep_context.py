@@ -58,7 +58,7 @@ def quiet_engine_logs() -> None:
 class SweepContext:
     """One scenario (and one workflow function: the real one, or a mutant): its runs and their checks."""
 
-    def __init__(self, scn: Scenario, *, workflow_fn: Callable | None = None, mutant: str | None = None,
+    def __init__(self, scn: Scenario, *, workflow_fn: Callable | dict[str, Callable] | None = None, mutant: str | None = None,
                  keep_failed: bool = False):
         self.scn = scn
         self.workflow_fn = workflow_fn
@@ -71,7 +71,8 @@ class SweepContext:
         self.trace: list[tuple[str, str]] = []
         self.release_from: int | None = None  # the reference's first position after its TrainRun (``--release``)
         self.stats: Counter[str] = Counter()  # how runs ended, and how many kills they took
-        self.timing: Counter[str] = Counter()  # seconds spent in recoveries
+        # seconds spent in recoveries: a Counter for its adding update(); typeshed's Counter holds ints only
+        self.timing: Any = Counter()
         self.on_outcome: Callable[[str, list[int], Outcome], None] | None = None  # sees every checked run
         self._checked_results: dict[int, tuple[Any, list[str]]] = {}  # see result_lines
         self._kept_index: dict[int, tuple[list, list[int], list]] = {}  # see _kept
@@ -111,7 +112,8 @@ class SweepContext:
         """The uninterrupted run (once), with its positions and its convergence points recorded (``trace``,
         ``targets``, ``near``)."""
         if self._ref is None:
-            home, ledger, clock, live, history = new_home(), Ledger(), VirtualClock(START_TIME), {}, HistoryDigest()
+            home, ledger, clock, live, history = (new_home(), Ledger(), VirtualClock(START_TIME), dict[str, Any](),
+                                                  HistoryDigest())
             points: list[tuple[tuple, int, int]] = []
 
             def watch(n: int, kind: str, label: str) -> None:
@@ -196,6 +198,7 @@ class SweepContext:
         equal the target's own (compared from the first event where either differs from the reference's:
         O(what differs)), its lines are the target's, made once; else they are made on those events."""
         t = target.run
+        assert t is not None and self._ref is not None  # (a target splices once its run has ended; after the reference)
         m = min(copied, self._shared_with_ref(t.events))
         mine = self._kept(self._ref.events, m, copied) + (
             kept_events(own) if copied == 0 else [e for e in own if e.type in CHECKED_EVENTS])
@@ -216,6 +219,7 @@ class SweepContext:
 
     def _shared_with_ref(self, events: list) -> int:
         """How many first events of ``events`` are the reference's very objects (made once per list)."""
+        assert self._ref is not None  # (made by reference() first)
         ref = self._ref.events
         if events is ref:
             return len(ref)

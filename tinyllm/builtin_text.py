@@ -108,7 +108,7 @@ def zoo_items() -> dict[str, list[dict]]:
         for key in sorted(table):
             gold_value = table[key]
             others = [v for v in values if v != gold_value]
-            distractors = []
+            distractors: list[str] = []
             while len(distractors) < 3:
                 v = r.choice(others)
                 if v not in distractors:

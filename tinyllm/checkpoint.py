@@ -65,7 +65,7 @@ __all__ = ["FORMAT", "FULL_COMPONENTS", "MANIFEST", "CheckpointError", "Refusal"
 
 def make_dirs(path: Path) -> None:
     """``mkdir -p path``, each directory it creates fsynced into its parent (a crash keeps it)."""
-    missing = []
+    missing: list[Path] = []
     p = Path(path)
     while not p.exists() and len(missing) < 64:  # bounded: a path has finitely many ancestors
         missing.append(p)

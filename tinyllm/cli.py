@@ -189,13 +189,16 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
         if spec.distributed is not None and _RANK is None:
             _launch_distributed(spec, resume_path, progress, total_steps, home_dir, spec_path)  # each rank prepares
         runtime_env.prepare(spec.threads)  # before torch: MKL_CBWR, threads and wait policy, heap (its docstring)
+        from .trainer import Trainer
+
+        trainer_cls: type[Trainer] = Trainer
         if _RANK is not None:
-            from .distributed.trainer import DistributedTrainer as Trainer
-        else:
-            from .trainer import Trainer
+            from .distributed.trainer import DistributedTrainer
+
+            trainer_cls = DistributedTrainer
 
         liveness.event("imported")
-        trainer = Trainer(spec, home_dir, Path(progress).absolute() if progress else None, resume_path,
+        trainer = trainer_cls(spec, home_dir, Path(progress).absolute() if progress else None, resume_path,
                           total_steps=total_steps)
         result = trainer.run()
     except SpecError as e:

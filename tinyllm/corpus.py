@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -81,7 +82,7 @@ def plan_corpus(spec: CorpusSpec, home: Path) -> tuple[np.ndarray, np.ndarray, d
     if spec.sources:
         train_files = _expand(home, spec.sources, "source")
         train_bytes, train_desc = _read(home, train_files)
-        source = {"kind": "files", "description": f"{len(train_files)} user file(s)", "files": train_desc}
+        source: dict[str, Any] = {"kind": "files", "description": f"{len(train_files)} user file(s)", "files": train_desc}
     else:
         train_bytes = builtin_text().encode("utf-8")
         source = {"kind": "builtin", "description": "tinyllm built-in text: data/classics.txt + generated simple English",
@@ -93,7 +94,7 @@ def plan_corpus(spec: CorpusSpec, home: Path) -> tuple[np.ndarray, np.ndarray, d
             raise SpecError(f"corpus held-out files overlap its sources: {sorted(str(p) for p in overlap)[0]}")
         held_bytes, held_desc = _read(home, held_files)
         source["heldout_files"] = held_desc
-        heldout = {"kind": "files", "files": [d["path"] for d in held_desc]}
+        heldout: dict[str, Any] = {"kind": "files", "files": [d["path"] for d in held_desc]}
     elif spec.heldout_split == "interleaved":
         every = interleave_every(spec.heldout_fraction)
         held_bytes = b""  # char: cut in characters (_char_tokens)
@@ -204,7 +205,7 @@ def build_corpus(spec: CorpusSpec, home: Path) -> dict:
     except faults.FaultError as e:
         raise SpecError(str(e)) from None
     tokens, held, meta = plan_corpus(spec, home)
-    hold = lambda n: faults.hold_at("corpus.hold", n, RunHome(home).corpora, lambda: STOP["requested"])  # noqa: E731
+    hold = lambda n: faults.hold_at("corpus.hold", n, RunHome(home).corpora, lambda: bool(STOP["requested"]))  # noqa: E731
     final = corpus_dir(home, spec.name)
     built = True
     existing = read_meta(final) if final.exists() else None

@@ -72,7 +72,8 @@ def load_subject(home: Path, subject: EvalSubject) -> tuple[GPT, int]:
     model = GPT(cfg)
     model.load_state_dict(components["model"])
     model.eval()
-    model.tok = tok  # the vocabulary every text of this subject is encoded with
+    # the vocabulary every text of this subject is encoded with
+    model.tok = tok  # type: ignore[assignment]  # torch's stub types Module attributes Tensor | Module; any value is legal
     return model, int(manifest["step"])
 
 
@@ -112,7 +113,7 @@ class Count:
         self.done = min(self.of, self.done + n)
         progress.tick(done=self.done, of=self.of, unit=self.unit)
         if self.hold_folder is not None:  # tests only (TINYLLM_FAULT=eval.hold@N): a signal lands here
-            faults.hold_at("eval.hold", self.done, self.hold_folder, lambda: STOP["requested"])
+            faults.hold_at("eval.hold", self.done, self.hold_folder, lambda: bool(STOP["requested"]))
         check_stop(f"after {self.done} of {self.of} {self.unit}")
 
     def subject_done(self) -> None:

@@ -164,6 +164,7 @@ class GPT(nn.Module):
         if cfg.vocab_size is None:  # no corpus named the vocabulary: byte-level (the trainer fills it in)
             cfg = cfg.model_copy(update={"vocab_size": 256})
         self.cfg = cfg
+        assert cfg.vocab_size is not None  # (filled in above)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)  # token embedding (V, C)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)  # position embedding (T, C)
         self.drop = nn.Dropout(cfg.dropout)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def read_jsonl(path_text: str, home: Path, what: str, columns: dict[str, bool]) 
     raw, text = read_utf8(path, what, SpecError)
     rows = []
     for n, row in jsonl_objects(text, f"{what} file {path}", SpecError):
-        out = {}
+        out: dict[str, Any] = {}
         for col, required in columns.items():
             v = row.get(col)
             if v is None and not required:

@@ -159,7 +159,7 @@ def plan(*, names: list[str], keep: KeepCheckpoints, step: int, eval_every: int,
     {name: why} of the checkpoints model selection keeps (the best k, early stopping's best)."""
     steps = {n: s for n in names if (s := _step(n)) is not None}
     why: dict[str, str] = {n: w for n, w in (selected or {}).items() if n in steps}
-    for n in sorted(steps, key=steps.get, reverse=True)[: keep.last]:
+    for n in sorted(steps, key=steps.__getitem__, reverse=True)[: keep.last]:
         why.setdefault(n, f"last {keep.last}")
     for n, s in steps.items():
         if n in why:
@@ -174,7 +174,7 @@ def plan(*, names: list[str], keep: KeepCheckpoints, step: int, eval_every: int,
             why[n] = "beyond the current step"
         elif keep.boundaries and (s == final_step or (eval_every > 0 and s % eval_every == 0)):
             why[n] = "segment boundary"
-    prune = sorted((n for n in steps if n not in why), key=steps.get)
+    prune = sorted((n for n in steps if n not in why), key=steps.__getitem__)
     return prune, why
 
 
@@ -216,10 +216,10 @@ def prune(run_dir: Path, home: Path, keep: KeepCheckpoints | None, *, step: int,
         faults.point("retention.after_delete", step, i)
     entry = {"time": time.time(), "step": step, "pruned": doomed, "kept": dict(sorted(why.items())),
              "keep_checkpoints": keep.model_dump()}
-    with open(ckpt_root / LOG_NAME, "a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    with open(ckpt_root / LOG_NAME, "a", encoding="utf-8") as log_file:
+        log_file.write(json.dumps(entry, sort_keys=True) + "\n")
+        log_file.flush()
+        os.fsync(log_file.fileno())
     print(f"tinyllm: pruned {len(doomed)} checkpoint(s) ({', '.join(doomed)}); keep_checkpoints last "
           f"{keep.last}{'' if keep.boundaries else ', boundaries not kept'}", file=log or sys.stderr, flush=True)
     return doomed

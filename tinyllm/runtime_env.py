@@ -269,7 +269,7 @@ def _until_dynamo_loads(fn):
             return real(*args, **kwargs)
         return fn(*args, **kwargs)
 
-    call.tinyllm_deferred = True
+    call.tinyllm_deferred = True  # type: ignore[attr-defined]  # a mark on the function object
     return call
 
 
@@ -290,7 +290,7 @@ def _raw_step(cls):
     outer = getattr(cls, "step", None)
     inner = getattr(outer, "__wrapped__", None)
     raw = getattr(inner, "__wrapped__", None)
-    if codes is None or raw is None or (outer.__code__, inner.__code__) != codes:
+    if codes is None or outer is None or inner is None or raw is None or (outer.__code__, inner.__code__) != codes:
         return None
     return raw
 

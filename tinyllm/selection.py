@@ -141,9 +141,10 @@ class Tracker:
 
     def kept_steps(self) -> dict[int, str]:
         """Steps retention never prunes for selection, and why: the best k, and early stopping's best."""
-        out = {s: f"best {self.best.k} by {self.best.metric}" for s in self.best_steps()}
+        best = self.best
+        out = {s: f"best {best.k} by {best.metric}" for s in self.best_steps()} if best is not None else {}
         d = self.decision()
-        if d is not None and d.best_step is not None:
+        if d is not None and d.best_step is not None and self.early is not None:  # (a decision: early stopping's)
             out.setdefault(d.best_step, f"early stopping best by {self.early.metric}")
         return out
 
@@ -155,7 +156,7 @@ class Tracker:
             out["best_checkpoints"] = [{"step": s, "checkpoint": checkpoint_of(s), "metric": self.best.metric,
                                         "value": h[s], "value_hex": float(h[s]).hex()} for s in self.best_steps()]
         d = self.decision()
-        if d is not None and d.stopped:
+        if d is not None and d.stopped and self.early is not None:  # (a decision: early stopping's)
             h = self.history[self.early.metric]
             out["stopped_early"] = {
                 "step": d.step, "best_step": d.best_step, "best_checkpoint": checkpoint_of(d.best_step),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from .names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys  # shared with the torch-only helper (tinyllm.durable)
 from .objective_config import DPOConfig, RefConfig, RLConfig, check_train_spec, effective_validation_reward
@@ -260,7 +261,7 @@ _TYPE_WORDS = {
 }
 
 
-def _problem(e: dict, model: type[BaseModel] | None) -> tuple[bool, str]:
+def _problem(e: ErrorDetails, model: type[BaseModel] | None) -> tuple[bool, str]:
     """(is an unknown field, one phrase) for one pydantic error."""
     loc = [p for p in e.get("loc", ()) if not (isinstance(p, str) and p.startswith(("function-", "lax-", "strict-")))]
     where = ".".join(str(p) for p in loc) or "(top level)"

@@ -23,7 +23,7 @@ import multiprocessing
 import multiprocessing.context
 import os
 import signal
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 STOP_SIGNAL_ENV = "DURABLE_STOP_SIGNAL"
 UNCATCHABLE = frozenset({"SIGKILL", "SIGSTOP"})
@@ -105,7 +105,14 @@ def blocked(signals: tuple[int, ...]):
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-class _QuietProcess:
+# (the mixin's base for the type checker: at run time the concrete classes below bring the process class)
+if TYPE_CHECKING:
+    _ProcessBase = multiprocessing.process.BaseProcess
+else:
+    _ProcessBase = object
+
+
+class _QuietProcess(_ProcessBase):
     """Mixin: ``start()`` with the stop signals blocked, so the child is born with them blocked."""
 
     def start(self) -> None:
@@ -145,7 +152,7 @@ def quiet_context(base: Any = None) -> multiprocessing.context.BaseContext:
     """A multiprocessing context like ``base`` (a context, a start-method name, or None: the default)
     whose processes start with the stop signals blocked (see ``quiet_workers``); ``base`` itself when it
     is of a start method this does not know."""
-    if isinstance(base, tuple(_QUIET.values())):
+    if isinstance(base, (QuietForkContext, QuietSpawnContext, QuietForkServerContext)):  # (_QUIET's)
         return base
     ctx = multiprocessing.get_context(base) if base is None or isinstance(base, str) else base
     quiet = _QUIET.get(ctx.get_start_method())

@@ -47,7 +47,7 @@ def shown(ch: str) -> str:
 class Tokenizer:
     kind: str  # "byte" | "char"
     chars: str = ""  # char: the vocabulary, sorted by code point, each once
-    _points: np.ndarray = field(default=None, repr=False, compare=False)  # char: code points, ascending
+    _points: np.ndarray | None = field(default=None, repr=False, compare=False)  # char: code points, ascending
 
     @property
     def vocab_size(self) -> int:
@@ -67,13 +67,14 @@ class Tokenizer:
     def describe(self) -> str:
         if self.kind == "byte":
             return "byte tokenizer (vocab 256)"
-        return f"char tokenizer ({self.vocab_size} characters, vocabulary sha256 {self.sha256[:12]})"
+        return f"char tokenizer ({self.vocab_size} characters, vocabulary sha256 {(self.sha256 or '')[:12]})"
 
     def unknown(self, text: str) -> str | None:
         """The first character of ``text`` outside the vocabulary, or None (bytes: always None)."""
         if self.kind == "byte" or not text:
             return None
         pts = _codepoints(text)
+        assert self._points is not None  # (a char tokenizer's, made with it)
         idx = np.minimum(np.searchsorted(self._points, pts), len(self._points) - 1)
         bad = np.nonzero(self._points[idx] != pts)[0]
         return text[int(bad[0])] if len(bad) else None
@@ -90,6 +91,7 @@ class Tokenizer:
         if self.kind == "byte":
             return encode(text)
         self.check(text, what)
+        assert self._points is not None  # (a char tokenizer's, made with it)
         return np.searchsorted(self._points, _codepoints(text)).astype(np.uint16)
 
     def decode(self, ids) -> str:

@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -41,7 +41,6 @@ from . import faults, retention, runlock, runtime_env, tokenizer
 from .corpus import open_corpus
 from .world_size import check_world_size
 from .data import TokenStream
-from . import stopping
 from .errors import STOP, request_stop, signal_name, stop_signals
 from .fsio import rel
 from .sinks.metrics import Reporter, default_reporter
@@ -108,6 +107,9 @@ class TrainerHooks:
 
 
 class Trainer:
+    last_path: Path | None  # the newest checkpoint this run wrote or resumed from
+    lock_file: IO[str] | None  # the run directory's lock (tinyllm/runlock.py) while held
+
     def __init__(self, spec: TrainSpec, home: Path, progress: Path | None = None, resume: Path | None = None,
                  hooks: TrainerHooks | None = None, log=None, total_steps: int | None = None):
         """``spec.steps`` is where this invocation stops; ``total_steps`` (default: the same) is the
@@ -336,6 +338,7 @@ class Trainer:
     def _checkpoint_line(self, path: Path, step: int | None = None, loss: float | None = None) -> None:
         """The fsynced progress line of the checkpoint ``path`` (at ``step``, default ``self.step``)."""
         step, loss = (self.step, self.loss) if step is None else (step, loss)
+        assert loss is not None  # (a checkpoint's line has its loss: callers pass a step with its loss)
         self.progress_file.write({"step": step, "loss": loss, "loss_hex": float(loss).hex(),
                                   "checkpoint": self.rel(path)}, durable=True)
         self.line_after_stop = getattr(self, "stop_noticed", False)
@@ -378,7 +381,7 @@ class Trainer:
         """A liveness line (tinyllm/progress.py): ``event`` now, else a timed ``progress`` line."""
         if event is None and not self.progress_file.due():
             return  # called every step: its fields (two path resolutions) only when a line is written
-        fields = {"step": self.step, "loss": None if math.isnan(self.loss) else self.loss,
+        fields: dict[str, Any] = {"step": self.step, "loss": None if math.isnan(self.loss) else self.loss,
                   "last_checkpoint": self.rel(self.last_path)}
         if event == "ready":  # threads, wait policy, MKL mode, heap: what this process runs with (tinyllm/runtime_env.py)
             fields.update(runtime_env.status())
@@ -392,6 +395,7 @@ class Trainer:
 
     def _validation_at_start(self) -> None:
         """Fresh: the before-training pass at step 0 if due. Resumed: the resume rules at this step."""
+        assert self.validator is not None  # (called only with validation enabled)
         if self.resumed_from is None:
             if self.validator.due(0):
                 self._validation_step({}, regular_due=False)
@@ -416,6 +420,7 @@ class Trainer:
         self.selection.record(step, metrics)
         decision = self.selection.decision()
         if decision is not None and decision.stopped and not self.stopped_early:
+            assert self.spec.early_stopping is not None  # (a stop decision is early stopping's)
             self.stopped_early = True
             print(f"tinyllm: early stopping at step {decision.step}: {self.spec.early_stopping.metric} has not "
                   f"improved for {decision.wait} check(s); best step {decision.best_step}", file=self.log, flush=True)
@@ -423,6 +428,7 @@ class Trainer:
     def _validation_step(self, frame: dict, regular_due: bool) -> bool:
         """Validate at ``self.step`` (an optimizer boundary) per its checkpoint plan; the step's
         frame is reported with the val/* metrics. False: stop (termination at this boundary)."""
+        assert self.validator is not None  # (called only with validation enabled)
         step = self.step
         if any(p.grad is not None for p in self.model.parameters()):
             raise RuntimeError(f"validation at step {step} with gradients in flight (inside gradient accumulation)")
@@ -464,6 +470,7 @@ class Trainer:
         checkpoint is the full one at this step with the validation pending, so the resume evaluates
         it once, before the next update; a fresh run's before-training pass writes nothing (rerun)."""
         self._stopping()
+        assert self.validator is not None  # (a stop during validation: it is enabled)
         if not saved and step > 0:
             self.save(extra={"validation": self.validator.marker(step, self.model, frame)}, wait=True)
         self.validation_pending_exit = True
@@ -524,7 +531,7 @@ class Trainer:
             self.validation_pending_exit = False
             self.stop_noticed = self.line_after_stop = False
             if self.validator is not None:
-                self.validator.should_abandon = lambda: STOP["requested"]  # this process's flag, no collective
+                self.validator.should_abandon = lambda: bool(STOP["requested"])  # this process's flag, no collective
                 self._validation_at_start()
             self.model.train()
             while self.step < self.spec.steps and not self.stopped_early and not self.validation_pending_exit:
@@ -571,6 +578,7 @@ class Trainer:
                 print(f"tinyllm: the checkpoint in flight failed too: {error}", file=self.log, flush=True)
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            if getattr(self, "lock_file", None) is not None:
-                self.lock_file.close()  # releases the flock (in-process callers run several trainers)
+            lock = getattr(self, "lock_file", None)
+            if lock is not None:
+                lock.close()  # releases the flock (in-process callers run several trainers)
                 self.lock_file = None

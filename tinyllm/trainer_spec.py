@@ -8,7 +8,7 @@ A spec without ``trainer`` is a tinyllm ``TrainSpec``.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeGuard
 
 from pydantic import Field, field_validator
 
@@ -66,7 +66,7 @@ class CustomTrainSpec(_Strict):
 RunSpec = TrainSpec | CustomTrainSpec
 
 
-def has_trainer(raw: object) -> bool:
+def has_trainer(raw: object) -> TypeGuard[Mapping[str, Any]]:
     """Does this spec name its own trainer? The one answer (a ``trainer`` key: ``CustomTrainSpec``), which
     ctl, the workflows and the simulator ask; ``trainer_of`` gives the trainer itself."""
     return isinstance(raw, Mapping) and "trainer" in raw
@@ -77,7 +77,7 @@ def trainer_of(raw: object) -> dict[str, Any] | None:
     spec (``has_trainer`` False) or one whose ``trainer`` is not an object (which ``parse_run_spec`` refuses)."""
     if not has_trainer(raw):
         return None
-    trainer = raw["trainer"]  # type: ignore[index]
+    trainer = raw["trainer"]
     return dict(trainer) if isinstance(trainer, Mapping) else None
 
 

@@ -216,7 +216,7 @@ class TinyllmActivities:
             out = self._run(ctx, argv, progress, how, launcher=launcher)
         except SubprocessFailed as e:
             bad = how.custom and e.type != "ProgressTimeout" and rejected_arguments(
-                ctx.attempt, e.returncode, progress, argv[len(how.argv):], e.details.get("stderr_tail", ""))
+                ctx.attempt, e.returncode, progress, argv[len(how.argv):], str(e.details.get("stderr_tail", "")))
             if bad:
                 raise bad from None
             repeated = None if e.type == "ProgressTimeout" else check_repeat(

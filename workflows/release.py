@@ -296,8 +296,8 @@ def serving_files(src: Path) -> list[tuple[str, bytes]]:
         raise NonRetryableError(f"release candidate {src}: model.pt fails its sha256 checksum (corrupt)",
                                 type="BadInput")
     out = [("model.pt", data)]
-    meta = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
-    trajectory = meta.get("trajectory") if isinstance(meta.get("trajectory"), dict) else {}
+    meta = m if isinstance(m := manifest.get("meta"), dict) else {}
+    trajectory = t if isinstance(t := meta.get("trajectory"), dict) else {}
     for name, value in (("config.json", trajectory.get("model")), ("tokenizer.json", meta.get("tokenizer"))):
         if value is not None:
             out.append((name, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()))

@@ -56,7 +56,8 @@ def ui(port: int, host: str, home: str | None) -> None:
             click.echo(f"ctl ui: warning: listening on {host}, not loopback: anyone who can reach this machine can "
                        "read these runs (specs, errors, paths); there is no login", err=True)
         bound_host, bound_port = httpd.server_address[:2]
-        shown = f"[{bound_host}]" if ":" in str(bound_host) else bound_host
+        host_text = bound_host.decode() if isinstance(bound_host, bytes) else str(bound_host)  # (bytes: AF_UNIX only)
+        shown = f"[{host_text}]" if ":" in host_text else host_text
         click.echo(f"ctl ui: serving {home_dir} read-only at http://{shown}:{bound_port}/ "
                    f"(ready in {time.monotonic() - t0:.2f} s; Ctrl-C to stop)", err=True)
         sys.stderr.flush()

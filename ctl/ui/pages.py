@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,7 @@ def _attempts(events: list[Any]) -> dict[str, dict[int, Attempt]]:
     out: dict[str, dict[int, Attempt]] = {}
     last_ckpt: dict[str, str] = {}
     max_step: dict[str, int] = {}
+    att: Attempt | None
     for e in events:
         a = e.attrs if isinstance(e.attrs, dict) else {}
         aid = a.get("activity_id")
@@ -260,8 +262,8 @@ def timeline(view: RunView | None, events: list[Any], now: float, output: Any = 
     """The run's history as rows in the order things began (see the module docstring); ``output(activity_id,
     attempt)``: where that attempt's output is kept ("" none)."""
     attempts = _attempts(events)
-    for aid, per in attempts.items() if output is not None else ():
-        for n, att in per.items():
+    for aid, by_number in attempts.items() if output is not None else ():
+        for n, att in by_number.items():
             att.output = output(aid, n)
     segments = {s.activity_id: s for s in view.segments} if view else {}
     evals = {e.activity_id: e for e in view.evals()} if view else {}
@@ -355,7 +357,7 @@ def eval_series(view: RunView) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def checkpoints(view: RunView, home: Path, events: list[Any] = (), released: list[Release] = ()) -> list[Checkpoint]:
+def checkpoints(view: RunView, home: Path, events: Sequence[Any] = (), released: Sequence[Release] = ()) -> list[Checkpoint]:
     """The run's checkpoints: on disk, named by its history, or pruned (retention.log), with their status:
     ``best`` as the run's selection named it (``best_checkpoints``), ``released vN`` by its published releases."""
     root = RunHome(home).run(view.name).ckpt_root
@@ -409,7 +411,7 @@ def checkpoints(view: RunView, home: Path, events: list[Any] = (), released: lis
         present = name in on_disk
         if not present:
             flags.append("pruned" if name in pruned else "not on disk")
-        figures = [headline(ev.suite, ev.metrics) for ev in by_step.get(step, [])]
+        figures = [headline(ev.suite, ev.metrics) for ev in (by_step.get(step, []) if step is not None else [])]
         figures += [f"{b.get('metric')} {b['value']:.4g}" for b in best_checkpoints(view)
                     if Path(str(b["checkpoint"])).name == name and _num(b.get("value")) is not None]
         out.append(Checkpoint(name, step, present, flags, "; ".join(figures)))
@@ -443,8 +445,8 @@ def run(engine: Backend, home: Path, workflow_id: str, now: float, *, kind: str 
     try:
         st = engine.status(workflow_id)
         events = engine.history(workflow_id)
-    except (NotFound, BadInput, KeyError) as e:
-        raise UnknownRun(workflow_id) from e
+    except (NotFound, BadInput, KeyError) as err:
+        raise UnknownRun(workflow_id) from err
     row = _row(engine, home, st, now, events=events)
     view = run_view(st.workflow_id, events, st.state) if st.workflow == "TrainRun" else None
     inp = events[0].attrs.get("input") if events and isinstance(events[0].attrs, dict) else {}

@@ -58,7 +58,8 @@ class Release:
             fig = g.get("figure")
             value = "no such figure" if g.get("passed") is False and fig is None else (
                 f"{fig:.6g}" if _num(fig) is not None else "")
-            verdict = {True: "passed", False: "failed"}.get(g.get("passed"), "pending")
+            verdicts: dict[Any, str] = {True: "passed", False: "failed"}
+            verdict = verdicts.get(g.get("passed"), "pending")
             out.append(f"{g.get('gate')} {verdict}" + (f" ({value})" if value else ""))
         return out
 

@@ -14,6 +14,7 @@ bucket's min and max kept, so a spike stays visible). Every label is escaped her
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
@@ -32,7 +33,7 @@ class Chart:
     """What one chart shows (plain data: pages.py builds these, tests read them)."""
 
     title: str
-    lines: dict[str, list[Point]]
+    lines: Mapping[str, Sequence[Point]]
     x_range: tuple[float, float] | None = None  # the planned steps (always shown, the data may extend it)
     marks: list[tuple[float, float, str]] = field(default_factory=list)  # labelled points (evaluations)
     stars: list[tuple[float, float, str]] = field(default_factory=list)  # the best checkpoint's figure
@@ -42,7 +43,7 @@ class Chart:
     marks_name: str = "evaluation"  # the legend's name of the labelled points
 
 
-def _finite(points: list[Point]) -> list[Point]:
+def _finite(points: Sequence[Point]) -> list[Point]:
     return [(x, y) for x, y in points if isinstance(y, (int, float)) and math.isfinite(y)]
 
 
@@ -215,7 +216,7 @@ def chart(c: Chart) -> str:
     if c.y_label:
         parts.append(f'<text x="12" y="{pad_t + h / 2:.1f}" text-anchor="middle" class="axisname" '
                      f'transform="rotate(-90 12 {pad_t + h / 2:.1f})">{escape(c.y_label)}</text>')
-    for i, (name, points) in enumerate(lines.items()):
+    for i, points in enumerate(lines.values()):
         colour = COLOURS[i % len(COLOURS)]
         if len(points) == 1:
             x, y = points[0]
@@ -227,7 +228,7 @@ def chart(c: Chart) -> str:
                 parts.extend(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{colour}"/>' for x, y in points)
     taken: list[tuple[float, float, float, float]] = []  # boxes of the labels placed so far (x0, y0, x1, y1)
 
-    def place(candidates: list[tuple[float, float, str]], text: str, must: bool = True
+    def place(candidates: Sequence[tuple[float, float, str]], text: str, must: bool = True
               ) -> tuple[float, float, str] | None:
         """The first (x, baseline, anchor) whose box stays inside the plot and overlaps no placed label;
         when none does: the first, kept inside (``must``), else None (the label is left out)."""

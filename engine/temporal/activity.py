@@ -45,6 +45,7 @@ class TemporalActivityContext:
 
     @property
     def workflow_id(self) -> str:
+        assert self._info.workflow_id is not None  # (an activity of a workflow, never a standalone one)
         return self._info.workflow_id
 
     @property

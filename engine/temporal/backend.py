@@ -326,7 +326,7 @@ class TemporalEngine:
             rows: list[WorkflowStatus] = []
             async for w in self.client.list_workflows(limit=MAX_LISTED):
                 rows.append(WorkflowStatus(
-                    w.id, w.workflow_type, _STATES.get(w.status, "running"), w.start_time.timestamp(),
+                    w.id, w.workflow_type, _STATES.get(w.status, "running") if w.status else "running", w.start_time.timestamp(),
                     (w.close_time or w.start_time).timestamp(), False))
             return sorted(rows, key=lambda s: (s.created_at, s.workflow_id))
 
@@ -404,7 +404,8 @@ class TemporalEngine:
         stop = stop_event or threading.Event()
 
         async def stopped() -> None:
-            while not stop.is_set():
+            # stop is a threading.Event set from another thread: an asyncio.Event could not be set from there
+            while not stop.is_set():  # noqa: ASYNC110
                 await asyncio.sleep(0.2)
 
         self._call(self._serve(stopped))

@@ -87,7 +87,7 @@ class DevServer:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          start_new_session=True)
         finally:
-            if log is not subprocess.DEVNULL:
+            if not isinstance(log, int):  # a file we opened, not subprocess.DEVNULL
                 log.close()
         deadline = time.monotonic() + timeout_s
         while not _listening(self.ip, self.port):

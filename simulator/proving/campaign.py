@@ -62,6 +62,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from contracts.activity_ids import TRAIN_PREFIX, is_eval, is_train
 from contracts.exits import EXIT_CANCELED
@@ -101,7 +102,7 @@ class Monitor:
         self.progress: dict[tuple[str, float], list[dict]] = {}  # (file, first line's time) -> its lines
         self.outputs: dict[str, tuple] = {}  # eval output -> (inode, mtime_ns, size, sha, complete) when first seen
         self.rewritten: list[str] = []
-        self.resumes: dict[tuple[str, object], int] = {}  # a trainer's resume from a checkpoint -> its step
+        self.resumes: dict[tuple[str, object], int | None] = {}  # a trainer's resume from a checkpoint -> its step
         self.segment_ends: set[int] = {0}  # from the train activities' ids (train-000020: a segment ends at 20)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="campaign-monitor", daemon=True)
@@ -164,7 +165,8 @@ class Monitor:
     def violations(self) -> list[str]:
         bad = [f"eval output rewritten after it first appeared: {p}" for p in self.rewritten]
         bad += [f"ctl process {pid} commits into a deleted file: {', '.join(files)}" for pid, files in self.deleted.items()]
-        spans, steps = [], {}
+        spans: list[tuple[float, float, str]] = []
+        steps: dict[int, str] = {}
         for (path, t0), lines in sorted(self.progress.items()):
             who = f"{Path(path).parent.name}/{Path(path).name}@{t0:.3f}"
             spans.append((lines[0]["time"], lines[-1]["time"], who))
@@ -173,7 +175,7 @@ class Monitor:
                     bad.append(f"checkpoint step {ln['step']} written by {steps[ln['step']]} and again by {who}")
                 steps.setdefault(ln["step"], who)
         spans.sort()
-        for (a0, a1, wa), (b0, b1, wb) in zip(spans, spans[1:]):
+        for (_a0, a1, wa), (b0, _b1, wb) in zip(spans, spans[1:]):
             if b0 < a1:
                 bad.append(f"two trainers at once: {wa} wrote checkpoints until {a1:.3f}, {wb} from {b0:.3f}")
         return bad
@@ -201,7 +203,7 @@ class Run:
     result: dict | None = None
     mid_resumes: int = 0  # trainer attempts that resumed from a checkpoint inside a segment (engine history)
     unasked: int = 0  # exits of ctl train / ctl worker that no fault asked for
-    reference_failed: object = lambda: None  # the uninterrupted run's failure, once it failed (Reference.failed)
+    reference_failed: Callable[[], str | None] = lambda: None  # the uninterrupted run's failure, once it failed (Reference.failed)
     preempted: list[dict] = field(default_factory=list)  # the training attempts a preemption fault stopped
 
     def __post_init__(self) -> None:
@@ -322,7 +324,7 @@ class Run:
             return f"{kind}: missed, no checkpoint within {ARM_TIMEOUT_S:.0f} s"
         armed = self.home / ARMED
         armed.write_text("")
-        fired = []
+        fired: list[Path] = []
         while not fired and time.monotonic() < deadline:
             seen.update(self.children())
             fired = list(self.home.glob(f"{ARMED}.fired-*"))
@@ -420,6 +422,7 @@ class Run:
 
     def finish(self) -> None:
         deadline = time.monotonic() + RUN_TIMEOUT_S
+        assert self.primary is not None  # (start() made it, and each restart a new one)
         while time.monotonic() < deadline:
             if self.gave_up():
                 break

@@ -91,9 +91,9 @@ def steps_lost(attrs: dict, reached: int | None) -> tuple[int, int | None, int]:
     furthest of its ``stopping`` line (``stopping_step``) and ``reached`` (the run's last per-step record, when
     the attempt set up: None otherwise); saved = its checkpoint's step; lost = done - saved (core.steps_lost),
     or the event's own ``steps_lost`` (what ctl's runner saw in the progress lines) when larger."""
-    saved = attrs.get("step") if isinstance(attrs.get("step"), int) else 0
+    saved = s if isinstance(s := attrs.get("step"), int) else 0
     lost, top = lost_since((attrs.get("stopping_step"), reached), saved)
-    said = attrs.get("steps_lost") if isinstance(attrs.get("steps_lost"), int) else 0
+    said = n if isinstance(n := attrs.get("steps_lost"), int) else 0
     return max(said, lost or 0), top, saved
 
 

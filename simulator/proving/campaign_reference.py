@@ -33,6 +33,7 @@ class Reference:
     def result(self) -> dict:
         with self._lock:
             if self.want is None:
+                assert self.proc is not None  # (started when there was no result to want)
                 out, err = self.proc.communicate(timeout=REFERENCE_TIMEOUT_S)
                 res = json.loads(out or "{}")
                 if res.get("state") != "completed":

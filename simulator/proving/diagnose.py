@@ -119,10 +119,10 @@ def diagnose(ref: dict[int, dict], got: dict[int, dict], resumes: list[tuple[int
             if "optimizer/entries" in differing and r_state.get("optimizer/entries") == 0:
                 detail = " (the resumed optimizer has no state at all: a fresh optimizer)"
             untracked = [k for k in suspects if tracked is not None and k not in tracked and not k.startswith("rng/")]
-            hint = f"; not tracked by the helper: {', '.join(untracked)}" if untracked else ""
+            not_tracked = f"; not tracked by the helper: {', '.join(untracked)}" if untracked else ""
             return step, (f"{head}: not restored: {', '.join(_explain(k) for k in suspects)}{detail} -- right after "
                           f"the resume these differ from the uninterrupted run's at step {r_step}: "
-                          f"{', '.join(differing)}{hint}"), suspects
+                          f"{', '.join(differing)}{not_tracked}"), suspects
         facts.append(f"all the helper sees was equal at the resume: {', '.join(sorted(ref_state))}")
         if "data" in ref_state:
             data_equal = True

@@ -49,7 +49,7 @@ def history(home: Path, workflow_id: str) -> list[dict] | None:
 
 def db_files(pid: int) -> list[str]:
     """The engine.db* files process ``pid`` holds open (one connection: engine.db once, its -wal, -shm)."""
-    out = []
+    out: list[str] = []
     try:
         fds = list(Path(f"/proc/{pid}/fd").iterdir())
     except OSError:

@@ -41,7 +41,7 @@ def _file_digest(path: Path) -> str | None:
 
 def spec_key(spec: Mapping[str, Any]) -> str:
     """The digest of ``spec``'s trajectory and its trainer's code (the module docstring)."""
-    trainer = spec.get("trainer") if isinstance(spec.get("trainer"), Mapping) else {}
+    trainer = t if isinstance(t := spec.get("trainer"), Mapping) else {}
     words = [str(w) for w in trainer.get("command") or []]
     cwd = Path(str(trainer.get("cwd") or "."))
     files = {w: d for w in words if (d := _file_digest(Path(w) if Path(w).is_absolute() else cwd / w))}

@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeGuard
 
 from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED
 from contracts.layout import RunHome
@@ -206,7 +206,7 @@ def _stderr_last(home: Path, stem: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -270,7 +270,7 @@ def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: in
         kill_attempt(tag)  # nor a process of it that left the group
     lines = progress_lines(progress)
     resume_state = next((ln.get("state") for ln in lines if ln.get("event") in ("resume", "start")), None)
-    stopping = [ln.get("step") for ln in lines if ln.get("event") == "stopping" and _is_int(ln.get("step"))]
+    stopping = [s for ln in lines if ln.get("event") == "stopping" and _is_int(s := ln.get("step"))]
     said = next((0 if ln.get("event") == "start" else ln.get("step") for ln in lines
                  if ln.get("event") in ("resume", "start") and (ln.get("event") == "start" or _is_int(ln.get("step")))),
                 None)
@@ -495,7 +495,7 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
     if not ref_steps:
         text = text or f"no per-step records in runs/{name}/metrics.jsonl: only the final loss and digest compared"
         exact = loss_equal and digest_equal
-    interruptions = []
+    interruptions: list[dict[str, Any]] = []
     for prev, nxt in zip(attempts, attempts[1:]):
         if prev.mode != "final" and prev.returncode != 0:
             lost, done, resumed = steps_lost(prev, nxt)

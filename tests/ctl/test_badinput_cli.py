@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bi_helpers import (SPEC, Tmpfs, copy_home, ctl, db_of, event_offsets, nth, one_line_error, poke, snapshot,
+from bi_helpers import (SPEC, Tmpfs, copy_home, ctl, db_of, event_offsets, one_line_error, poke, snapshot,
                         tinyllm, write_json)
 
 pytestmark = pytest.mark.slow  # every row runs the real ctl/tinyllm as subprocesses

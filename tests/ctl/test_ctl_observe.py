@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from obs_helpers import SPEC, ctl, write_spec
+from obs_helpers import ctl, write_spec
 
 pytestmark = pytest.mark.slow  # reads a run made by the real ctl train (module fixture); ctl as subprocesses
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 from engine import (
-    ActivityError,
     Event,
     Preempted,
     RetryPolicy,

@@ -18,7 +18,10 @@ NAMES = [f"step-{s:06d}" for s in (10, 20, 30, 40, 50, 60)]
 TINY = dict(batch_size=4, model={"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.1})
 
 
-def _plan(keep=KeepCheckpoints(last=1), step=60, eval_every=0, final_step=60, latest="step-000060", resumed=None,
+LAST_ONE = KeepCheckpoints(last=1)
+
+
+def _plan(keep=LAST_ONE, step=60, eval_every=0, final_step=60, latest="step-000060", resumed=None,
           protected=frozenset()):
     return plan(names=NAMES, keep=keep, step=step, eval_every=eval_every, final_step=final_step, latest=latest,
                 resumed_from=resumed, protected=set(protected))

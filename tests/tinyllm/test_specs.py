@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinyllm.schemas import MODELS, render, stale
-from tinyllm.spec import (CorpusSpec, EvalSpec, SpecError, TrainSpec, parse_corpus_spec, parse_eval_spec,
+from tinyllm.spec import (EvalSpec, SpecError, TrainSpec, parse_corpus_spec, parse_eval_spec,
                           parse_train_spec)
 
 from jsonschema_lite import errors as schema_errors

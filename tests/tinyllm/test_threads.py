@@ -82,7 +82,7 @@ def _train(home, spec, threads: int) -> dict:
                                       str(home / "progress.jsonl")),
                           capture_output=True, text=True, timeout=120, cwd=home, env=env)
     assert proc.returncode == 0, proc.stderr
-    ready = [json.loads(l) for l in (home / "progress.jsonl").read_text().splitlines() if '"ready"' in l]
+    ready = [json.loads(ln) for ln in (home / "progress.jsonl").read_text().splitlines() if '"ready"' in ln]
     assert ready and ready[-1]["omp"]["threads"] == threads, ready  # the count in use is recorded
     return last_json(proc.stdout)
 

@@ -180,8 +180,8 @@ def test_partial_artifact_archive_is_best_effort_full_one_strict(home):
 
 def test_console_prints_every_validation_frame(home, capsys):
     train_inprocess(home, spec_dict({**LM, "every_steps": 2}, steps=4, log_every=1000))
-    lines = [l for l in capsys.readouterr().err.splitlines() if "val/loss" in l]
-    assert [l.split("|")[0].split()[1] for l in lines] == ["2/4", "4/4"]
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "val/loss" in ln]
+    assert [ln.split("|")[0].split()[1] for ln in lines] == ["2/4", "4/4"]
 
 
 def test_sigterm_during_an_ephemeral_validation_abandons_it_and_the_resume_runs_it_once(home, monkeypatch):

@@ -60,7 +60,7 @@ def tinyllm_popen(home: Path, spec: dict, env: dict | None = None) -> subprocess
 
 def frames(home: Path, name: str = "v") -> list[dict]:
     p = home / "runs" / name / "metrics.jsonl"
-    return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
+    return [json.loads(ln) for ln in p.read_text().splitlines()] if p.exists() else []
 
 
 def val_frames(home: Path, name: str = "v") -> dict[int, dict]:

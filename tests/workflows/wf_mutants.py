@@ -121,7 +121,7 @@ def s12_train_options_no_heartbeat(until: int, **kw) -> StepOptions:
 
 async def s13_wall_clock_wait(rt, seconds: float) -> None:
     """s13: a wall-clock sleep (scaled to nothing here) instead of the durable timer."""
-    time.sleep(0)
+    time.sleep(0)  # noqa: ASYNC251 - the mutant's pitfall: a blocking wall-clock wait
 
 
 async def s07_cancel_moves_on(rt, input):

@@ -140,7 +140,8 @@ class RankStatus:
     """What one rank tells the launcher: written once when it ends (``finish``)."""
 
     def __init__(self, folder: Path | None, rank: int):
-        self.folder, self.rank, self.result, self.done = folder, rank, None, False
+        self.folder, self.rank, self.done = folder, rank, False
+        self.result: dict | None = None
 
     def _write(self, name: str, body: dict) -> None:
         if self.folder is None:
@@ -208,6 +209,7 @@ def nodes_from_env(spec: TrainSpec) -> Nodes:
     """This launcher's ``Nodes``; a bad value or one that does not fit the spec is one ``SpecError`` line."""
     nnodes = _env_int(NNODES_ENV, 1, 1)
     node_rank = _env_int(NODE_RANK_ENV, 0, 0)
+    assert spec.distributed is not None  # (a distributed spec: the caller launched ranks for it)
     ws = spec.distributed.world_size
     if nnodes == 1:
         if node_rank != 0:
@@ -229,6 +231,7 @@ def torchrun_argv(world_size: int, rank_args: list[str], nodes: Nodes = Nodes())
     if nodes.nnodes == 1:
         where = ["--standalone", "--nproc-per-node", str(world_size)]
     else:
+        assert nodes.endpoint is not None and nodes.rdzv_id is not None  # (nodes_from_env: set for K > 1)
         where = ["--nnodes", str(nodes.nnodes), "--node-rank", str(nodes.node_rank),
                  "--nproc-per-node", str(nodes.per_node(world_size)), "--rdzv-backend", "c10d",
                  "--rdzv-endpoint", nodes.endpoint, "--rdzv-id", nodes.rdzv_id]
@@ -276,6 +279,7 @@ def launch(spec: TrainSpec, home: Path, rank_args: list[str], resume: Path | Non
     precheck(spec, home, resume)  # SpecError: nothing started
     nodes = nodes_from_env(spec)
     stops = stop_signals()
+    assert spec.distributed is not None  # (a distributed spec: the caller launched ranks for it)
     ws = spec.distributed.world_size
     folder = Path(tempfile.mkdtemp(prefix="tinyllm-ddp-"))
     stop = {"signal": (STOP["signal"] or signal.SIGTERM) if STOP["requested"] else 0}  # one before this point too
@@ -328,8 +332,8 @@ def verdict(world_size: int, ended: dict[int, dict], torchrun_rc: int, local: li
     if complete and set(codes.values()) == {EXIT_CANCELED} and isinstance(result, dict):
         return EXIT_CANCELED, result, None
     for r in sorted(codes):
-        if codes[r] in REPORTED_CODES:
-            return int(codes[r]), None, ended[r].get("message") or f"rank {r} exited {codes[r]}"
+        if (code := codes[r]) is not None and code in REPORTED_CODES:
+            return int(code), None, ended[r].get("message") or f"rank {r} exited {codes[r]}"
     parts = []
     if len(local) < per_node:
         parts.append(f"{per_node - len(local)} rank(s) of this node never started")

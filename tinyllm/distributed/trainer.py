@@ -43,7 +43,7 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -77,11 +77,13 @@ def rank_seed(seed: int, rank: int) -> int:
 class _RankHooks(TrainerHooks):
     """The ``ranks`` checkpoint component: every rank's RNG state, gathered; restored per rank."""
 
-    def checkpoint_components(self, trainer: "DistributedTrainer", step: int) -> dict[str, Any]:
+    def checkpoint_components(self, trainer: Trainer, step: int) -> dict[str, Any]:
+        assert isinstance(trainer, DistributedTrainer)  # (the hooks of DistributedTrainer only)
         states = trainer.gather_rng_states()
         return {RANKS_COMPONENT: {"world_size": trainer.world_size, "torch_rng": states}}
 
-    def on_resume(self, trainer: "DistributedTrainer", components: dict[str, Any]) -> None:
+    def on_resume(self, trainer: Trainer, components: dict[str, Any]) -> None:
+        assert isinstance(trainer, DistributedTrainer)  # (the hooks of DistributedTrainer only)
         ranks = components.get(RANKS_COMPONENT)
         if not isinstance(ranks, dict) or len(ranks.get("torch_rng", ())) != ranks.get("world_size"):
             raise CheckpointError(f"{trainer.resumed_from}: no valid '{RANKS_COMPONENT}' component "
@@ -91,7 +93,8 @@ class _RankHooks(TrainerHooks):
                             f"this run has {trainer.world_size}")
         torch.set_rng_state(ranks["torch_rng"][trainer.rank])
 
-    def after_step(self, trainer: "DistributedTrainer", step: int, frame: dict) -> None:
+    def after_step(self, trainer: Trainer, step: int, frame: dict) -> None:
+        assert isinstance(trainer, DistributedTrainer)  # (the hooks of DistributedTrainer only)
         frame["timer/allreduce_s"] = trainer.allreduce_s
 
 
@@ -111,9 +114,11 @@ class DistributedTrainer(Trainer):
                          log=None if lead else _NullLog(), **kwargs)
         self.per_rank = spec.batch_size // self.world_size
         if self.validator is not None:  # every rank evaluates its shard; rank 0 records (validation.py)
+            from ..validation.runner import Validator
             from .validation import RankValidator
 
-            self.validator = RankValidator(self.validator, self.rank, self.world_size)
+            # (a proxy: what it does not define is the wrapped Validator's)
+            self.validator = cast(Validator, RankValidator(self.validator, self.rank, self.world_size))
         self.allreduce_s = 0.0  # wall time of the last step's all-reduces (gradients and loss): timer/allreduce_s
         dist.init_process_group(spec.distributed.backend,
                                 timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))

@@ -44,7 +44,8 @@ class RankValidator:
 
     def __init__(self, inner: Validator, rank: int, world_size: int):
         self.inner, self.rank, self.world_size = inner, rank, world_size
-        inner._evaluate = self._evaluate  # rank 0's own passes evaluate collectively too
+        # rank 0's own passes evaluate collectively too (this instance's method replaced)
+        inner._evaluate = self._evaluate  # type: ignore[method-assign]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -72,7 +73,7 @@ class RankValidator:
         return self._evaluate(step, model)  # nothing recorded or published here
 
     def resume(self, step: int, ckpt_dir: Path, marker: dict | None, model: torch.nn.Module, publish, frame=None):
-        action = [None]
+        action: list[str | None] = [None]
         if self.rank == 0:  # read before rank 0's own resume writes anything
             journal = read_journal(ckpt_dir, marker)
             action[0] = resume_action(journal, ckpt_step=step, due=self.inner.due(step))

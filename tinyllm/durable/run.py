@@ -58,7 +58,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, NoReturn
+from typing import IO, Any, Iterable, Iterator, Mapping, NoReturn, SupportsIndex
 
 import torch
 
@@ -200,7 +200,7 @@ class DurableSampler(torch.utils.data.Sampler):
 class _FaultOnSave:
     """Test-only: pickling this object (while a checkpoint is being written) SIGKILLs the process."""
 
-    def __reduce_ex__(self, protocol: int):
+    def __reduce_ex__(self, protocol: SupportsIndex):
         os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError("unreachable")  # pragma: no cover
 
@@ -210,7 +210,7 @@ def _run_steps(steps: int) -> int:
     return int(value) if value.isdigit() and int(value) >= steps else steps
 
 
-def checked_state(run: "DurableRun", comps: dict, manifest: dict, where: str, *, fmt: str, writer: str) -> dict:
+def checked_state(run: "DurableRun", comps: dict, manifest: dict, where: str | None, *, fmt: str, writer: str) -> dict:
     """The training state of a loaded checkpoint, checked for ``run``: written by ``writer`` (its
     ``format`` ``fmt``), not beyond the spec's steps, and of the same trajectory (``DurableError`` else).
     Shared by the helper and the framework integrations (tinyllm/integrations/contract.py)."""
@@ -227,6 +227,12 @@ def checked_state(run: "DurableRun", comps: dict, manifest: dict, where: str, *,
 
 
 class DurableRun:
+    # set when the steps start (_start)
+    metrics: JsonlSink
+    last_saved: int
+    lock_file: IO[str]
+    _last_line: float
+    _logged: float | None  # the loss log() was given this step, if any
     """One run of a user's training loop under the trainer contract (see the module docstring)."""
 
     def __init__(self, spec: Mapping[str, Any], *, home: str | Path | None = None, progress: str | Path | None = None,
@@ -252,7 +258,11 @@ class DurableRun:
         self.progress_interval_s = float(progress_interval_s)
         self.console = console or sys.stderr
         self.step, self.cursor, self.loss = 0, 0, float("nan")
-        self.model = self.optimizer = self.scheduler = self.scaler = self.data = None
+        self.model: torch.nn.Module | None = None  # what track() registers (the others: anything with state_dict)
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self.scaler: Any = None
+        self.data: Any = None
         self.generators: dict[str, Any] = {}
         self.resumed_from: Path | None = None
         self.refused: list[dict] = []  # checkpoints choose_resume refused, and why
@@ -286,7 +296,7 @@ class DurableRun:
         Installs the stop handler at once (SIGTERM, SIGINT and ``$DURABLE_STOP_SIGNAL``'s signal), so a
         stop during setup still ends in a clean 130; a bad ``$DURABLE_STOP_SIGNAL`` exits 2 (one line).
         """
-        run_stop = {"requested": False, "signal": None}
+        run_stop: dict[str, Any] = {"requested": False, "signal": None}
 
         def early(signum: int, frame: Any) -> None:
             run_stop["signal"] = run_stop["signal"] or stopping.signal_name(signum)
@@ -384,6 +394,11 @@ class DurableRun:
         self.generators = dict(generators or {})
         return self
 
+    def _model(self) -> torch.nn.Module:
+        if self.model is None:
+            raise RuntimeError("track(model, ...) must be called before steps()")
+        return self.model
+
     # -- the loop ----------------------------------------------------------------------------
 
     def batches(self, loader: Iterable) -> Iterator[Any]:
@@ -391,20 +406,20 @@ class DurableRun:
         global torch RNG as it was (a DataLoader draws a seed from it), so a resume mid-epoch and an
         uninterrupted run see the same random numbers."""
         stopping.quiet_workers(loader)  # worker processes ignore stop signals: the stop is this process's
-        sampler = getattr(loader, "sampler", None)
-        ahead = (getattr(loader, "num_workers", 0) > 0 and isinstance(sampler, DurableSampler)
-                 and getattr(loader, "batch_size", None) is not None)
+        sampler = s if isinstance(s := getattr(loader, "sampler", None), DurableSampler) else None
+        batch_size = getattr(loader, "batch_size", None)
+        ahead = getattr(loader, "num_workers", 0) > 0 and sampler is not None and batch_size is not None
         empty = 0
         while empty < 2:
             state = torch.get_rng_state()
-            first = sampler.position if ahead and sampler.position < sampler.n else 0
+            first = sampler.position if ahead and sampler is not None and sampler.position < sampler.n else 0
             it = iter(loader)  # with workers, this already hands the next batches' indices to them
             torch.set_rng_state(state)
             got = False
             for taken, batch in enumerate(it, start=1):
                 got = True
                 if ahead:  # the position a checkpoint saves: what the steps took, not what workers read ahead
-                    self._ahead = (sampler, int(loader.batch_size), first, taken)
+                    self._ahead = (sampler, int(batch_size or 0), first, taken)
                 yield batch
             empty = 0 if got else empty + 1
         raise RuntimeError("the data loader yields no batches")
@@ -499,7 +514,7 @@ class DurableRun:
         loss = None if math.isnan(self.loss) else self.loss
         result = {"name": self.name, "steps": self.step, "checkpoint": self.rel(self.last_path),
                   "final_loss": loss, "final_loss_hex": None if loss is None else loss.hex(),
-                  "digest": state_digest(self.model.state_dict()), "resumed_from": self.rel(self.resumed_from),
+                  "digest": state_digest(self._model().state_dict()), "resumed_from": self.rel(self.resumed_from),
                   "refused_checkpoints": self.refused, "canceled": canceled}
         sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
         sys.stdout.flush()
@@ -523,7 +538,7 @@ class DurableRun:
         state = {"format": "durable/1", "step": self.step, "loss": self.loss, "loss_hex": float(self.loss).hex(),
                  "cursor": int(self.cursor), "rng": capture_rng(self.generators),
                  "data": None if self.data is None else self._data_state()}
-        comps: dict[str, Any] = {"model": self.model.state_dict(),
+        comps: dict[str, Any] = {"model": self._model().state_dict(),
                                  "optimizer": {} if self.optimizer is None else self.optimizer.state_dict(),
                                  "training_state": state}
         if self.scheduler is not None:
@@ -626,7 +641,7 @@ class DurableRun:
         if self.data is None and state.get("data") is not None:
             print(f"durable: warning: checkpoint {where} has a data position but no data is tracked: not restored",
                   file=self.console, flush=True)
-        self.model.load_state_dict(comps["model"])
+        self._model().load_state_dict(comps["model"])
         if self.optimizer is not None:
             if not comps["optimizer"]:
                 raise DurableError(f"checkpoint {where} has no optimizer state, but an optimizer is tracked now")
@@ -649,7 +664,7 @@ class DurableRun:
     def fingerprint(self) -> dict[str, Any]:
         """Short digests of every piece of state the helper can see now (tracked or reachable)."""
         opt = self._optimizer_seen()
-        return fingerprint_of(self.model.state_dict(), self.cursor, None if opt is None else opt.state_dict(),
+        return fingerprint_of(self._model().state_dict(), self.cursor, None if opt is None else opt.state_dict(),
                               scheduler=None if self.scheduler is None else self.scheduler.state_dict(),
                               scaler=None if self.scaler is None else self.scaler.state_dict(),
                               data=None if self.data is None else self._data_state(), rng=capture_rng(self.generators))

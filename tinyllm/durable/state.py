@@ -14,12 +14,16 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from types import ModuleType
 from typing import Any, Mapping
 
 import torch
 
+np: ModuleType | None
 try:  # numpy is optional for the helper
-    import numpy as np
+    import numpy as _numpy
+
+    np = _numpy
 except ImportError:  # pragma: no cover - numpy ships with this project
     np = None
 
@@ -44,6 +48,7 @@ def _to_json(obj: Any) -> Any:
 def _from_json(obj: Any) -> Any:
     if isinstance(obj, dict):
         if "__ndarray__" in obj:
+            assert np is not None  # (an array's record: numpy, a dependency of this project, is there)
             return np.array(obj["__ndarray__"], dtype=obj["dtype"])
         if "__tuple__" in obj:
             return tuple(_from_json(x) for x in obj["__tuple__"])

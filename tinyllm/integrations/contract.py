@@ -27,7 +27,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, NoReturn
+from typing import IO, Any, Callable, Mapping, NoReturn
 
 from contracts.layout import CKPT, METRICS
 
@@ -82,9 +82,10 @@ class FrameworkRun:
     def __init__(self, run: DurableRun, *, fmt: str, trainer: str, save_total_limit: int | None = None):
         self.run, self.fmt, self.trainer = run, fmt, trainer
         self.save_total_limit = save_total_limit
-        self.lock_file = None
+        self.lock_file: IO[str] | None = None
         self.metrics: JsonlSink | None = None
         self.resume_comps: dict | None = None
+        self.resuming_eval = False  # (the HF integration: the evaluation pending at resume is being replayed)
         self.started_line = False
         self.last_saved = 0
         self.save_seconds: list[float] = []  # each mirror's time on the training thread (bench/integrations.py)
@@ -172,6 +173,7 @@ class FrameworkRun:
             frame["data/batch"] = batch
         if run.fingerprint_every_step:
             frame["state"] = run.fingerprint()
+        assert self.metrics is not None  # (begin() opened it)
         self.metrics.write(run.step, frame)
         if run.step % run.log_every == 0 or run.step == run.total_steps:
             lr = f" | lr {frame['optim/lr']:.3e}" if lrs else ""

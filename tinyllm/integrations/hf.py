@@ -36,7 +36,7 @@ from .contract import FrameworkRun, fail, require, schedule_overrun
 require("transformers", "hf")  # the [hf] extra; without it, MissingExtra: one line naming the extra
 
 import torch
-from transformers import Trainer, TrainerCallback
+from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .. import faults, stopping
@@ -131,7 +131,7 @@ class DurableTrainer(Trainer):
         for printer in (PrinterCallback, ProgressCallback):  # they print to stdout, after the result line too
             self.remove_callback(printer)
         self.add_callback(_ContractCallback(self))
-        self._durable_loss = None
+        self._durable_loss: torch.Tensor | None = None
         self._durable_batches: list[str] = []
         self._durable_eval_batches = 0
         self._durable_eval_done = False
@@ -197,7 +197,8 @@ class DurableTrainer(Trainer):
         self._durable_batches.append(digest(inputs))
         return loss
 
-    def train(self, resume_from_checkpoint: Any = None, **kwargs: Any) -> Any:
+    def train(self, resume_from_checkpoint: Any = None, trial: Any = None,
+              ignore_keys_for_eval: list[str] | None = None) -> Any:
         """HF's ``train()``, resumed from the contract's checkpoint; ends with the contract's result line."""
         if resume_from_checkpoint not in (None, False):
             fail("DurableTrainer.train() resumes from the contract's checkpoint (--resume, else LATEST): "
@@ -216,13 +217,16 @@ class DurableTrainer(Trainer):
                 self._restore_generators(resume)
         if resume is not None and run.step >= run.total_steps:  # resumed at the end (a kill after the last save):
             # nothing to train; HF's train() would take one more step from a checkpoint at max_steps
-            self.model = self.model.__class__.from_pretrained(str(resume)).to(self.model.device)
+            assert isinstance(self.model, PreTrainedModel)  # (HF's checkpoint folders are save_pretrained's)
+            # (typeshed's functools.wraps type does not bind as a method: the wrapped PreTrainedModel.to looks unbound)
+            self.model = self.model.__class__.from_pretrained(str(resume)).to(self.model.device)  # type: ignore[arg-type]
             run.model = self.model
             shutil.rmtree(self.staging, ignore_errors=True)
             self.durable.finish(self.model.state_dict())
             return None
         try:
-            out = super().train(resume_from_checkpoint=str(resume) if resume else None, **kwargs)
+            out = super().train(resume_from_checkpoint=str(resume) if resume else None, trial=trial,
+                                ignore_keys_for_eval=ignore_keys_for_eval)
         except _StoppedAtResume:  # the pending evaluation abandoned again: the checkpoint resumed from stays
             out = None
             self.durable.notice_stop()
@@ -236,6 +240,7 @@ class DurableTrainer(Trainer):
         if self.durable.last_saved != run.step:  # e.g. resumed at the end: nothing left to train
             self._mirror(run.step)
         shutil.rmtree(self.staging, ignore_errors=True)
+        assert self.model is not None  # (HF's Trainer holds the model it trained)
         self.durable.finish(self.model.state_dict())
         return out
 
@@ -254,6 +259,7 @@ class DurableTrainer(Trainer):
     def _mirror(self, step: int) -> None:
         source = self.staging / f"checkpoint-{step}"
         if not source.is_dir():
+            assert self.model is not None  # (HF's Trainer holds the model it trains)
             self._save_checkpoint(self.model, trial=None)
         if self.durable_generators:
             buffer = io.BytesIO()

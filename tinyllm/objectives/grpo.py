@@ -83,14 +83,14 @@ class GRPOObjective(Objective):
 
     def identity(self) -> dict:
         return {"objective": self.name, "init_digest": self.init.digest if self.init else None,
-                "ref_digest": self.init.digest if self.build_ref else None,
+                "ref_digest": self.init.digest if self.build_ref and self.init else None,
                 "tokenizer": {"kind": "byte", "vocab_size": self.spec.model.vocab_size},
                 "prompts": self.prompts.identity(), "sampling": self.sampling}
 
     def attach(self, trainer) -> None:
         if self.init is not None:
             load_weights(trainer.model, self.init)
-        self.ref = self.init.frozen_model() if self.build_ref else None
+        self.ref = self.init.frozen_model() if self.build_ref and self.init is not None else None
         self.rollout = RolloutModule(trainer.model, version=0)
         self.watch = NoSignalWatch(trainer.total_steps) if self.watches_signal else None
 

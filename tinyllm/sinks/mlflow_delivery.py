@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from contracts.layout import METRICS
 
@@ -58,7 +59,8 @@ class Tail:
     """The whole lines of metrics.jsonl, read on from where the last read ended."""
 
     def __init__(self, path: Path):
-        self.path, self.file = path, None
+        self.path = path
+        self.file: BinaryIO | None = None
 
     def frames(self, limit: int, final: bool = False) -> tuple[list[tuple[int, dict]], bool]:
         """Up to ``limit`` frames ``(step, frame)``, and whether the file's end was reached. A last line
@@ -96,7 +98,8 @@ class Delivery:
                       "workflow_id": cfg["workflow_id"], "run_id": None, "delivered_step": None,
                       "last_step": cfg["resumed_step"], "error": None, "run_status": None,
                       "pid": os.getpid(), "trainer_pid": cfg["trainer_pid"]}
-        self._state_at, self._written = 0.0, None
+        self._state_at = 0.0
+        self._written: dict[str, Any] | None = None
 
     def run(self) -> None:
         try:

@@ -232,6 +232,7 @@ class MlflowSink:
             if stderr == subprocess.PIPE:
                 self._relay = threading.Thread(target=self._relay_warnings, name="mlflow-sink-stderr", daemon=True)
                 self._relay.start()
+            assert self.proc.stdin is not None  # (stdin=PIPE)
             self.proc.stdin.write((json.dumps(cfg) + "\n").encode())
             self.proc.stdin.flush()
         except OSError as e:  # no process to start (out of memory, no descriptors): off, training goes on
@@ -266,6 +267,7 @@ class MlflowSink:
         if self.proc is None:
             return
         try:
+            assert self.proc.stdin is not None  # (stdin=PIPE)
             self.proc.stdin.write(b"stop\n")
             self.proc.stdin.close()
         except OSError:
@@ -287,7 +289,7 @@ class MlflowSink:
         self._end()
 
     def _end(self) -> None:
-        if self.proc is not None and not self.proc.stdin.closed:
+        if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
             try:
                 self.proc.stdin.close()  # stdin's end: a delivery process still running exits at once
             except OSError:
@@ -296,6 +298,7 @@ class MlflowSink:
             self._relay.join(10)  # the pipe ends with the process: every line it wrote is relayed
 
     def _relay_warnings(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None  # (started with stderr=PIPE)
         for line in self.proc.stderr:
             print(line.decode(errors="replace"), end="", file=self.warn_stream, flush=True)
 

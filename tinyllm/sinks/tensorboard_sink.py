@@ -104,7 +104,8 @@ class TensorBoardSink:
     def __init__(self, log_dir: Path, resumed_step: int = -1):
         if importlib.util.find_spec("tensorboard") is None:  # the cheap check; imported when first used
             raise ImportError(f"the tensorboard sink needs tensorboard ({INSTALL_HINT})")
-        self.log_dir, self.resumed_step, self.writer = Path(log_dir), resumed_step, None
+        self.log_dir, self.resumed_step = Path(log_dir), resumed_step
+        self.writer: EventFile | None = None
 
     def _cut_back(self) -> None:
         if self.log_dir.is_dir():

@@ -53,6 +53,7 @@ def hex_id(value: int, width: int) -> str:
 def span_json(span: ReadableSpan) -> dict[str, Any]:
     """One span as a JSON object (a line of a ``--trace-file``)."""
     ctx = span.get_span_context()
+    assert ctx is not None  # (a span the SDK made has its context)
     parent = span.parent
     return {
         "name": span.name,

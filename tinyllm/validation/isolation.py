@@ -26,7 +26,7 @@ def isolated(model: torch.nn.Module):
     grad_enabled = torch.is_grad_enabled()
     model.eval()
     for m, _ in caches:
-        m.kv_cache = None
+        m.kv_cache = None  # type: ignore[assignment]  # torch's stub types Module attributes Tensor | Module; any value is legal
     try:
         with torch.inference_mode():
             yield model

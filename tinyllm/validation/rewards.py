@@ -42,7 +42,7 @@ def nonempty(completion: str, reference: str | None) -> float:
     return float(bool(completion.strip()))
 
 
-REWARD_FUNCTIONS: dict[str, Callable[[str, str | None], float]] = {
+REWARD_FUNCTIONS: dict[str, Callable[[str, str], float]] = {
     "exact_match": exact_match,
     "prefix_match": prefix_match,
     "contains": contains,
@@ -54,7 +54,7 @@ REWARD_FUNCTIONS: dict[str, Callable[[str, str | None], float]] = {
 def score(names: list[str], completion: str, reference: str | None) -> dict[str, float]:
     """The present reward components of one rollout (answer rewards absent without a reference)."""
     return {
-        n: REWARD_FUNCTIONS[n](completion, reference)
+        n: REWARD_FUNCTIONS[n](completion, reference if reference is not None else "")  # (None: nonempty only)
         for n in names
         if reference is not None or n not in ANSWER_REWARDS
     }

@@ -160,7 +160,7 @@ class Validator:
     def _publish(self, tx: ValidationTransaction, publish: Publish) -> dict:
         """Archive (strict for durable full checkpoints), record completion, emit the frame once."""
         archive = None
-        if tx.durable and self.cfg.checkpoint.archive_dir:
+        if tx.ckpt_dir is not None and self.cfg.checkpoint.archive_dir:  # (tx.durable)
             archive = self._archive(tx.ckpt_dir, strict=True)
         tx.completed(archive)
         self.completed = tx.journal
@@ -192,6 +192,7 @@ class Validator:
             return None
 
     def _archive(self, src: Path, strict: bool) -> str:
+        assert self.cfg.checkpoint.archive_dir is not None  # (the callers check it is set)
         root = resolve_path(self.cfg.checkpoint.archive_dir, self.home) / self.spec.name
         dest = root / src.name
         tmp = root / f".tmp-{src.name}"
@@ -217,6 +218,7 @@ class Validator:
         if action == "none":
             return None
         if action == "publish":
+            assert journal is not None  # (only a journal's phase says publish)
             check_identity(journal.identity, self.identity(model), step)
             tx = ValidationTransaction(step, journal.identity, ckpt_dir, journal=journal)
             tx.resume_publication()

@@ -55,7 +55,7 @@ def load_source(cfg: ValidationConfig, home: str | Path, block_size: int = 1 << 
         return HeldOutSource(path, sha, len(raw), text=text)
     if cfg.objective == "dpo":  # the training pairs' format (tinyllm.posttrain_data)
         try:
-            pairs = load_pairs(str(path), home, block_size, "validation data").rows
+            pairs = load_pairs(str(path), Path(home), block_size, "validation data").rows
         except SpecError as e:
             raise ValidationDataError(str(e)) from None
         return HeldOutSource(path, sha, len(raw), pairs=pairs)
@@ -63,6 +63,7 @@ def load_source(cfg: ValidationConfig, home: str | Path, block_size: int = 1 << 
 
 
 def _parse_prompts(cfg: ValidationConfig, path: Path, text: str) -> list[dict]:
+    assert cfg.data is not None  # (load_source's)
     pcol, rcol = cfg.data.prompt_column, cfg.data.response_column
     out = []
     for n, row in jsonl_objects(text, f"validation data {path}", ValidationDataError):

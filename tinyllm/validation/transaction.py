@@ -110,7 +110,9 @@ def resume_action(journal: Journal | None, *, ckpt_step: int | None, due: bool, 
     if journal is not None:
         if journal.step != ckpt_step:
             raise ValidationIdentityError(f"checkpoint at step {ckpt_step} holds a validation journal for step {journal.step}")
-        return {"completed": "none", "pending_evaluation": "evaluate", "publication_pending": "publish"}[journal.phase]
+        actions: dict[str, ResumeAction] = {"completed": "none", "pending_evaluation": "evaluate",
+                                            "publication_pending": "publish"}
+        return actions[journal.phase]
     # a full checkpoint at a due step without a marker (validation enabled after it was written):
     # the step's validation never ran; run it before the next update (rule 4's spirit).
     return "evaluate" if due else "none"
@@ -131,6 +133,7 @@ class ValidationTransaction:
         return self.ckpt_dir is not None
 
     def _persist(self) -> None:
+        assert self.ckpt_dir is not None and self.journal is not None  # (only a durable transaction persists)
         write_sidecar(self.ckpt_dir, PHASE_FILE, self.journal.model_dump(mode="json"))
 
     def marker(self) -> dict:
