@@ -31,7 +31,7 @@ from tinyllm.sinks import mlflow_sink
 from tinyllm.corpus_meta import read_meta
 from tinyllm.runlock import pid_running
 
-from app import Backend, db_path
+from app import db_path
 
 MAX_ENTRIES = 200_000  # bound on the walk for temporaries
 _TEMP = re.compile(r"^\.(?:tmp|replaced)-.+-(\d+)$|^.+\.tmp-(\d+)$")  # .tmp-step-000100-PID, x.tmp-PID
@@ -167,7 +167,7 @@ def _means_for(workflow_id: str | None) -> str:
         else "restore the database from a backup"
 
 
-def _activities(engine: Backend, rel: str, workflow_id: str) -> list[Finding]:
+def _activities(engine: Reader, rel: str, workflow_id: str) -> list[Finding]:
     assert engine.store is not None  # (doctor opens the home's own database)
     out = []
     try:
