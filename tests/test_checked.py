@@ -54,8 +54,8 @@ def test_mypy_checks_every_package() -> None:
     assert packages == checked, f"[tool.mypy] files {sorted(checked)} != the packages {sorted(packages)}"
 
 
-def test_mypy_finds_no_type_error() -> None:
+def test_mypy_finds_no_type_error(mypy_result: tuple[int, str]) -> None:
     """The packages under mypy's settings in [tool.mypy] (check_untyped_defs: the bodies of unannotated
     functions too). A finding is printed with its file, line and error code."""
-    done = _run("mypy")
-    assert done.returncode == 0, f"mypy reported:\n{done.stdout}{done.stderr}"
+    returncode, output = mypy_result  # started in the background at collection (tests/conftest.py)
+    assert returncode == 0, f"mypy reported:\n{output}"
