@@ -33,9 +33,8 @@ from .. import checkpoint as ckpt
 from .. import faults, runlock
 from ..digest import state_digest
 from ..durable import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED, DurableError, DurableRun, _FaultOnSave, checked_state, trajectory
-from ..durable_state import learning_rates
 from ..errors import RunLocked
-from ..metrics import JsonlSink
+from ..framewriter import FrameWriter
 
 PIECES = ("model", "optimizer", "training_state")
 
@@ -80,7 +79,7 @@ class FrameworkRun:
         self.run, self.fmt, self.trainer = run, fmt, trainer
         self.save_total_limit = save_total_limit
         self.lock_file = None
-        self.metrics: JsonlSink | None = None
+        self.metrics: FrameWriter | None = None
         self.resume_comps: dict | None = None
         self.started_line = False
         self.last_saved = 0
@@ -113,7 +112,8 @@ class FrameworkRun:
                 fail(str(e))
         self.last_saved = run.step if comps is not None else 0
         run.last_path = run.resumed_from
-        self.metrics = JsonlSink(run.run_dir / "metrics.jsonl", run.step if comps is not None else -1)
+        self.metrics = FrameWriter(run.run_dir / "metrics.jsonl", run.step if comps is not None else -1,
+                                   name=run.name, total_steps=run.total_steps, console=run.console)
         run.metrics = self.metrics
         self.resume_comps = comps
         return comps
@@ -155,26 +155,23 @@ class FrameworkRun:
 
     # -- steps ---------------------------------------------------------------------------------
 
-    def step_end(self, step: int, loss: float, batch: str | None = None) -> None:
+    def step_end(self, step: int, loss: float, batch: str | Callable[[], str] | None = None) -> None:
+        """The step's frame (queued: tinyllm/framewriter.py; ``batch`` is its digest, or a callable the writer
+        calls for it: the digest of snapshots taken at the step), the console line, liveness."""
         run = self.run
         self.start_line()
         run.step, run.loss = int(step), float(loss)
-        frame: dict[str, Any] = {"train/loss": run.loss, "train/loss_hex": run.loss.hex()}
-        lrs = learning_rates(run.optimizer)
-        if lrs:
-            frame["optim/lr"] = float.fromhex(lrs[0])
-            frame["optim/lr_hex"] = lrs
-        if batch is not None:
-            frame["data/batch"] = batch
-        if run.fingerprint_every_step:
-            frame["state"] = run.fingerprint()
-        self.metrics.write(run.step, frame)
-        if run.step % run.log_every == 0 or run.step == run.total_steps:
-            lr = f" | lr {frame['optim/lr']:.3e}" if lrs else ""
-            print(f"{run.name}: step {run.step:>6}/{run.total_steps} | loss {run.loss:.4f}{lr}", file=run.console,
-                  flush=True)
+        opt = run.optimizer
+        lrs = None if opt is None else [float(g["lr"]) for g in opt.param_groups]  # now: a tensor lr changes in place
+        self.metrics.put(run.step, run.loss, lrs, batch,
+                         {"state": run.fingerprint()} if run.fingerprint_every_step else None,
+                         run.step % run.log_every == 0 or run.step == run.total_steps)  # and its console line
         run.heartbeat()
-        faults.hold(run.step, lambda: run.stop_requested, run.heartbeat)  # tests only (TINYLLM_FAULT=trainer.hold@S)
+        faults.hold(run.step, lambda: run.stop_requested, self._hold_alive)  # tests only (TINYLLM_FAULT=trainer.hold@S)
+
+    def _hold_alive(self) -> None:
+        self.run.flush_frames()  # the poller that holds this trainer waits for this step's frame
+        self.run.heartbeat()
 
     def should_save(self, step: int) -> bool:
         """Checkpoint after this step: every ``checkpoint_every``, at the end, and when a stop signal asked
@@ -203,6 +200,7 @@ class FrameworkRun:
         ``step-NNNNNN``; ``classify(relative name)`` says which piece each file belongs to."""
         run = self.run
         t0 = time.perf_counter()
+        run.flush_frames()  # every frame up to this step is in metrics.jsonl before LATEST can name it
         comps: dict[str, Any] = {"model": {}, "optimizer": {}, "training_state": {
             "format": self.fmt, "step": int(step), "loss": float(run.loss), "loss_hex": float(run.loss).hex(),
             "files": {}}}
@@ -242,6 +240,7 @@ class FrameworkRun:
         """The result line (last on stdout; later prints go to stderr), then exit 130 after SIGTERM."""
         run = self.run
         self.start_line()
+        run.flush_frames()  # every step's frame in the file before the result line
         canceled = run.stop_requested and run.step < run.total_steps
         if canceled:
             self.notice_stop()
