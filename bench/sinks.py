@@ -9,11 +9,11 @@ flush, is printed apart as fixed seconds), its ratio to none, the process's CPU 
 same steps (every thread: training and the sinks' own delivery threads; on a machine other processes
 load, the figure their load changes least; the MLflow delivery process is not in it, see below) and its ratio, the time
 the training thread spends in the sink's ``write`` per step (MLflow's records the step only: delivery
-runs in a child process that tails metrics.jsonl, tinyllm/mlflow_delivery.py), the CPU seconds of the
+runs in a child process that tails metrics.jsonl, tinyllm/sinks/mlflow_delivery.py), the CPU seconds of the
 attempt's child processes (the MLflow delivery process: its mlflow import, its store, every request;
 ``getrusage(RUSAGE_CHILDREN)``, reaped by the sink's close), and whether the final loss and digest are bit-identical to none's.
 The MLflow store is a local SQLite file (``sqlite:///``), the same store type the tests use.
-Traces (tinyllm/trace_export.py, the ``[trace]`` extra): the trainer's ``train.step`` spans as ``ctl train``
+Traces (tinyllm/sinks/trace_export.py, the ``[trace]`` extra): the trainer's ``train.step`` spans as ``ctl train``
 of a traced run makes them (``TRACEPARENT`` + ``CTL_TRACE_FILE``: a JSON-lines file, exported in batches
 on the SDK's thread), sampled every 10 steps (nanoGPT's log_interval: ``trace/10``) and, the worst case,
 every step (``trace/1``). ctl's own spans (from the history, once a second) are not on the trainer's path.
@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tinyllm import metrics  # noqa: E402
+from tinyllm.sinks import metrics  # noqa: E402
 from tinyllm.corpus import build_corpus  # noqa: E402
 from tinyllm.spec import CorpusSpec, parse_train_spec  # noqa: E402
 from tinyllm.trainer import Trainer  # noqa: E402

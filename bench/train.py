@@ -154,7 +154,7 @@ def child_plain(args) -> Stamps:
 
 def child_tinyllm(args) -> Stamps:
     """tinyllm's real Trainer (metrics sinks on, liveness, hooks); timed between frames."""
-    from tinyllm.metrics import Reporter, default_reporter
+    from tinyllm.sinks.metrics import Reporter, default_reporter
     from tinyllm.trainer import Trainer
 
     spec = _spec(args).model_copy(update={"name": f"bench-{os.getpid()}"})
@@ -369,7 +369,7 @@ def phases(args, home: Path) -> None:
 
 def checkpointing_and_startup(args, home: Path) -> None:
     import tinyllm  # noqa: F401
-    from tinyllm.metrics import default_reporter
+    from tinyllm.sinks.metrics import default_reporter
     from tinyllm.model import GPT
     from tinyllm.spec import load_train_spec
     from tinyllm.trainer import Trainer

@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from train import RECIPE, WARMUP_STEPS  # noqa: E402  (bench/train.py)
-from tinyllm.metrics import default_reporter  # noqa: E402
+from tinyllm.sinks.metrics import default_reporter  # noqa: E402
 from tinyllm.spec import parse_train_spec  # noqa: E402
 from tinyllm.runtime_env import optimizer_step  # noqa: E402
 from tinyllm.trainer import Trainer, lr_at  # noqa: E402

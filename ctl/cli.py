@@ -17,7 +17,7 @@ from typing import Any, Callable
 import click
 
 from engine import STOP_SIGNAL_ENV
-from tinyllm import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
+from tinyllm.sinks import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
 import workflows
 from workflows.models import TraceContext
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from engine import BadInput, DamagedRecord, Engine, Store, damage_report, owner_dead
-from tinyllm import mlflow_sink
+from tinyllm.sinks import mlflow_sink
 from tinyllm.runlock import pid_running
 
 from .app import db_path
@@ -264,7 +264,7 @@ def _corpus(home: Path, cdir: Path) -> list[Finding]:
 
 
 def _sinks(home: Path, run_dir: Path) -> list[Finding]:
-    """An MLflow sink that fell behind metrics.jsonl (tinyllm/mlflow_sink.py); the server is not contacted."""
+    """An MLflow sink that fell behind metrics.jsonl (tinyllm/sinks/mlflow_sink.py); the server is not contacted."""
     state = mlflow_sink.read_state(run_dir)
     frames = run_dir / "metrics.jsonl"
     last = None

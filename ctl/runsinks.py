@@ -3,7 +3,7 @@
 A segment's trainer does not know whether it is the run's last (its evaluations follow, early stopping
 or a failure may end the run), so the MLflow run's status follows the TrainRun's *workflow*: once it
 ended, ``ctl train`` (and ``ctl worker``, for the runs it finishes) sets it (completed -> FINISHED, failed
--> FAILED, canceled -> KILLED; tinyllm/mlflow_sink.py ``set_run_status``). Every later ``ctl train`` of the
+-> FAILED, canceled -> KILLED; tinyllm/sinks/mlflow_sink.py ``set_run_status``). Every later ``ctl train`` of the
 run sets it again from the recorded end, so a kill between the workflow's end and the status is caught
 up; a continuation (``/2``) sets it back to RUNNING when it starts. Nothing is imported and nothing
 contacted when the run has no MLflow sink or the sink's state already records the status.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from tinyllm import mlflow_sink
+from tinyllm.sinks import mlflow_sink
 
 
 def run_dir_of(home: Path, workflow_id: str) -> Path | None:

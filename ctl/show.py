@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import workflows
-from tinyllm import mlflow_sink, tracing
+from tinyllm.sinks import mlflow_sink, tracing
 from tinyllm.objectives.no_signal import warning_text
 
 from .logs import run_logs

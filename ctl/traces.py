@@ -1,7 +1,7 @@
 """OpenTelemetry traces of a TrainRun, built from the engine's durable history (the ``[trace]`` extra).
 
 Imported by ``ctl train`` only when tracing is on (``--trace-file FILE``, or
-``$OTEL_EXPORTER_OTLP_ENDPOINT``; tinyllm/tracing.py). One trace per run (``train/<name>`` and its
+``$OTEL_EXPORTER_OTLP_ENDPOINT``; tinyllm/sinks/tracing.py). One trace per run (``train/<name>`` and its
 continuations ``/2``, ``/3``); its spans:
 
     TrainRun train/tiny                      the run, first start to completion (sent when it completes)
@@ -17,7 +17,7 @@ Every span but ``train.step`` is made here from the history, with the recorded t
 that ends it is in the history: an attempt at its completed / failed / timed-out event (a worker killed
 mid-attempt: the recovering ``ctl train`` records "worker lost", and the attempt's span ends at the last
 event it recorded), a workflow at its end. Span ids are hashes of the trace id and what the span stands
-for (tinyllm/tracing.py ``span_id``), so the same history always gives the same spans, and each
+for (tinyllm/sinks/tracing.py ``span_id``), so the same history always gives the same spans, and each
 trainer, given ``TRACEPARENT`` = its attempt's span, joins the tree with no other message.
 
 Delivery: a thread reads the events the history gained since its last poll every ``POLL_S`` (and once
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from tinyllm import tracing
+from tinyllm.sinks import tracing
 from tinyllm.fsio import atomic_write
 
 try:
@@ -51,7 +51,7 @@ try:
     from opentelemetry.sdk.trace.id_generator import IdGenerator
     from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
-    from tinyllm import trace_export
+    from tinyllm.sinks import trace_export
 except ImportError:  # pragma: no cover - the message names the extra
     raise ImportError(f"traces need the trace extra: {tracing.EXTRA_HINT}") from None
 

@@ -21,7 +21,7 @@ import click
 
 from . import runtime_env, stopping
 from .corpus import build_corpus
-from .ddp_launch import check_resume_world_size, enter_rank, in_rank, launch, rank_argv
+from .distributed.launch import check_resume_world_size, enter_rank, in_rank, launch, rank_argv
 from .diskfull import is_disk_full, remove_own_temporaries
 from .errors import CheckpointError, PeerLost, RunLocked, StopRequested, request_stop, stop_signals
 from .fsio import resolve_home
@@ -39,7 +39,7 @@ EXIT_LOCKED = 75
 EXIT_CANCELED = 130
 
 
-_RANK = None  # a torchrun rank's RankStatus (tinyllm/ddp_launch.py): its verdict goes to the launcher
+_RANK = None  # a torchrun rank's RankStatus (tinyllm/distributed/launch.py): its verdict goes to the launcher
 
 
 def _fail(message: str, code: int) -> None:
@@ -101,7 +101,7 @@ def _emit(result: dict) -> None:
 
 def _launch_distributed(spec, resume: Path | None, progress: str | None, total_steps: int | None, home_dir: Path,
                         spec_path: str) -> None:
-    """This process is the launcher of a distributed spec: torchrun runs the ranks (tinyllm/ddp_launch.py)."""
+    """This process is the launcher of a distributed spec: torchrun runs the ranks (tinyllm/distributed/launch.py)."""
     code, result, message = launch(spec, home_dir, rank_argv(spec_path, home_dir, progress, resume, total_steps),
                                    resume)
     if result is not None:
@@ -157,7 +157,7 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
     """Train the spec's model to its `steps`, resuming where possible.
 
     A spec with `distributed` ({"world_size": N}) runs N data-parallel ranks under torchrun
-    (gloo on CPU); this process launches them and reports for all of them (tinyllm/ddp_launch.py).
+    (gloo on CPU); this process launches them and reports for all of them (tinyllm/distributed/launch.py).
 
     \b
     Speed: the spec's `threads` is the most torch threads training uses; at
@@ -176,7 +176,7 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
         _fail(str(e), EXIT_BAD_INPUT)
     for sig in stops:  # a stop before the loop starts still exits 130
         signal.signal(sig, request_stop)
-    # a torchrun rank starts with them blocked (tinyllm/ddp_agent.py): one sent before now arrives here
+    # a torchrun rank starts with them blocked (tinyllm/distributed/agent.py): one sent before now arrives here
     signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
     home_dir = resolve_home(home)
     _RANK = enter_rank() if in_rank() else None
@@ -191,7 +191,7 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
             _launch_distributed(spec, resume_path, progress, total_steps, home_dir, spec_path)  # each rank prepares
         runtime_env.prepare(spec.threads)  # before torch: MKL_CBWR, threads and wait policy, heap (its docstring)
         if _RANK is not None:
-            from .distributed import DistributedTrainer as Trainer
+            from .distributed.trainer import DistributedTrainer as Trainer
         else:
             from .trainer import Trainer
 

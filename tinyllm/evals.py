@@ -36,7 +36,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import faults, mlflow_sink, progress, tokenizer
+from . import faults, progress, tokenizer
+from .sinks import mlflow_sink
 from .checkpoint import CheckpointError, load_checkpoint, write_text_atomic
 from .corpus import open_corpus
 from .errors import STOP, StopRequested, signal_name
@@ -323,7 +324,7 @@ def finished_before(spec: EvalSpec, home: Path) -> dict | None:
 
 def deliver_to_trackers(spec: EvalSpec, home: Path, metrics: dict[str, dict[str, float]]) -> None:
     """Each subject that is a checkpoint of a run with an MLflow sink gets its figures logged there, at the
-    checkpoint's step, once (tinyllm/mlflow_sink.py). Called after the files are complete, and again when an
+    checkpoint's step, once (tinyllm/sinks/mlflow_sink.py). Called after the files are complete, and again when an
     earlier complete run is reused (a kill may have come between the files and the delivery)."""
     for subject in spec.subjects:
         path = Path(subject.model) if os.path.isabs(subject.model) else home / subject.model

@@ -24,7 +24,7 @@ campaign arms it). Points:
   (publication-pending recorded with the metrics, archive/frame not yet done), ``before_frame``
   (completion recorded, the frame not yet emitted: the at-most-once window for metric delivery),
   ``after_publication`` (completion recorded and the frame emitted) -- tinyllm/validation;
-- ``durable.checkpoint_write@N|armed:FILE``: the helper (tinyllm/durable.py) dies in the middle of
+- ``durable.checkpoint_write@N|armed:FILE``: the helper (tinyllm/durable/run.py) dies in the middle of
   that checkpoint write (some files written, no manifest yet);
 - ``trainer.hold@S``, the one point that is not a kill: the training loop holds at model step S
   (after that step's checkpoint, if one was due), still writing its liveness lines, until a stop

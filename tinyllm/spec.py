@@ -48,7 +48,7 @@ class ModelConfig(_Strict):
 
 
 class DistributedConfig(_Strict):
-    """Data-parallel training on torch.distributed, launched by ``torchrun`` (tinyllm/distributed.py).
+    """Data-parallel training on torch.distributed, launched by ``torchrun`` (tinyllm/distributed/trainer.py).
 
     Each of ``world_size`` ranks reads a disjoint shard of every global batch (the single-process
     run's ``batch_size`` rows, split by rank); gradients are averaged by all-reduce; rank 0 writes
@@ -60,7 +60,7 @@ class DistributedConfig(_Strict):
 
 
 class MlflowSinkConfig(_Strict):
-    """``sinks.mlflow`` of a train spec (tinyllm/mlflow_sink.py; the ``[mlflow]`` extra)."""
+    """``sinks.mlflow`` of a train spec (tinyllm/sinks/mlflow_sink.py; the ``[mlflow]`` extra)."""
 
     tracking_uri: str | None = Field(None, min_length=1)  # e.g. sqlite:///mlruns.db, http://127.0.0.1:5000; None: $MLFLOW_TRACKING_URI
     experiment: str | None = Field(None, min_length=1)  # None: the run's name
@@ -102,7 +102,7 @@ class TrainSpec(_Strict):
     validation: ValidationConfig | None = None  # held-out validation during training (opt-in)
     keep_checkpoints: KeepCheckpoints | None = None  # prune older checkpoints (tinyllm/retention.py); None: keep all
     early_stopping: EarlyStopping | None = None  # stop when a val/* figure stops improving (tinyllm/selection.py)
-    sinks: SinksConfig | None = None  # extra metric sinks: {"mlflow": {...}} (tinyllm/mlflow_sink.py)
+    sinks: SinksConfig | None = None  # extra metric sinks: {"mlflow": {...}} (tinyllm/sinks/mlflow_sink.py)
     # post-training (tinyllm/objectives): lm = pre-training; dpo, grpo, opd start from init_from
     objective: Literal["lm", "dpo", "grpo", "opd"] = "lm"
     init_from: str | None = Field(None, min_length=1)  # <run>@<step> or a checkpoint dir: weights of step 0
@@ -110,7 +110,7 @@ class TrainSpec(_Strict):
     teacher: str | None = Field(None, min_length=1)  # opd: the frozen teacher checkpoint (<run>@<step> or a dir)
     dpo: DPOConfig | None = None
     rl: RLConfig | None = None  # grpo and opd: prompts, rewards, rollout sampling, n_mini
-    distributed: DistributedConfig | None = None  # data-parallel on torchrun (tinyllm/distributed.py); None: one process
+    distributed: DistributedConfig | None = None  # data-parallel on torchrun (tinyllm/distributed/trainer.py); None: one process
 
     @model_validator(mode="after")
     def _objective_fields(self) -> "TrainSpec":

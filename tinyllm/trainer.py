@@ -36,12 +36,12 @@ from . import checkpoint as ckpt
 from . import selection as sel
 from . import faults, retention, runlock, runtime_env, tokenizer
 from .corpus import open_corpus
-from .ddp_launch import check_world_size
+from .distributed.launch import check_world_size
 from .data import TokenStream
 from . import stopping
 from .errors import STOP, request_stop, signal_name, stop_signals
 from .fsio import rel
-from .metrics import Reporter, default_reporter
+from .sinks.metrics import Reporter, default_reporter
 from .model import GPT, state_digest
 from .objectives import build_objective
 from .progress import ProgressFile
@@ -267,7 +267,7 @@ class Trainer:
                 "optim/lr": lr, "optim/grad_norm": grad_norm, "timer/step_s": dt, "timer/tokens_per_s": tokens / dt}
 
     def shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This process's rows of a global batch (all of them; tinyllm/distributed.py splits by rank)."""
+        """This process's rows of a global batch (all of them; tinyllm/distributed/trainer.py splits by rank)."""
         return x, y
 
     def reduce_gradients(self, loss_sum: float) -> float:

@@ -96,7 +96,7 @@ def test_injected_enospc_removes_own_temporaries_and_names_the_file(tmp_path, mo
 
     from tinyllm import checkpoint
     from tinyllm.diskfull import DiskFull, remove_own_temporaries
-    from tinyllm.metrics import JsonlSink
+    from tinyllm.sinks.metrics import JsonlSink
 
     run = tmp_path / "runs" / "x"
     (run / "ckpt").mkdir(parents=True)

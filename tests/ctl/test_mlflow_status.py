@@ -1,4 +1,4 @@
-"""The MLflow run's status follows the TrainRun's workflow (ctl/runsinks.py, tinyllm/mlflow_sink.py
+"""The MLflow run's status follows the TrainRun's workflow (ctl/runsinks.py, tinyllm/sinks/mlflow_sink.py
 ``set_run_status``), against the real mlflow package and a local SQLite tracking store.
 
 Checked: completed -> FINISHED, failed -> FAILED, canceled -> KILLED; a continuation that trains sets it
@@ -23,9 +23,9 @@ from types import SimpleNamespace
 import pytest
 
 from ctl import runsinks
-from tinyllm import mlflow_sink
+from tinyllm.sinks import mlflow_sink
 from tinyllm.fsio import atomic_write
-from tinyllm.metrics import JsonlSink
+from tinyllm.sinks.metrics import JsonlSink
 
 # found, not imported: mlflow's import takes seconds, and the everyday lane collects this module
 if importlib.util.find_spec("mlflow") is None:

@@ -1,4 +1,4 @@
-"""Where a distributed run's ranks run (``TINYLLM_NNODES`` & co., tinyllm/ddp_launch.py) and which signals
+"""Where a distributed run's ranks run (``TINYLLM_NNODES`` & co., tinyllm/distributed/launch.py) and which signals
 stop it (``$DURABLE_STOP_SIGNAL``, tinyllm/errors.py): the torchrun command line each node gets, and bad
 values as one line, exit 2, before any process starts. The real multi-node stop is in test_ddp_stop.py."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tinyllm.ddp_launch import Nodes, nodes_from_env, torchrun_argv, verdict
+from tinyllm.distributed.launch import Nodes, nodes_from_env, torchrun_argv, verdict
 from tinyllm.errors import SpecError, stop_signals
 from tinyllm.spec import parse_train_spec
 
@@ -32,7 +32,7 @@ def test_one_node_keeps_standalone_and_two_nodes_get_the_c10d_rendezvous(env) ->
     spec = parse_train_spec(SPEC)
     assert nodes_from_env(spec) == Nodes()
     one = torchrun_argv(4, ["--spec", "s.json"])
-    assert one[1:] == ["-m", "tinyllm.ddp_agent", "--standalone", "--nproc-per-node", "4", "--max-restarts", "0",
+    assert one[1:] == ["-m", "tinyllm.distributed.agent", "--standalone", "--nproc-per-node", "4", "--max-restarts", "0",
                        "--signals-to-handle", "SIGHUP,SIGQUIT", "-m", "tinyllm.cli", "train", "--spec", "s.json"]
     env.setenv("TINYLLM_NNODES", "2")
     env.setenv("TINYLLM_NODE_RANK", "1")

@@ -1,7 +1,7 @@
 """A polite stop of a torchrun run loses no step, wherever the signal lands (issue 39 item 4).
 
 Real processes and real signals: ``tinyllm train`` of a 2-rank gloo spec (the launcher, the torchrun
-agent ``tinyllm.ddp_agent``, two ranks). One run is stopped in turn by SIGTERM to rank 1 alone, to the
+agent ``tinyllm.distributed.agent``, two ranks). One run is stopped in turn by SIGTERM to rank 1 alone, to the
 torchrun agent alone, to the launcher's whole process group (what a terminal and ``kill -- -PGID``
 do; torchrun's ranks sit in sessions of their own, so only the launcher and the agent get it), by
 ``DURABLE_STOP_SIGNAL=SIGUSR1`` sent to rank 1 alone, by SIGUSR1 to the whole group, by SIGTERM
@@ -112,7 +112,7 @@ def children(pid: int) -> list[int]:
 
 def agent_of(launcher: int) -> int:
     [agent] = children(launcher)
-    assert b"tinyllm.ddp_agent" in Path(f"/proc/{agent}/cmdline").read_bytes()
+    assert b"tinyllm.distributed.agent" in Path(f"/proc/{agent}/cmdline").read_bytes()
     return agent
 
 
@@ -281,7 +281,7 @@ def test_two_nodes_one_agent_sigtermed_stop_at_one_step_and_resume_bitwise(tmp_p
 def test_rank_0_slow_to_close_its_sinks_after_a_stop_is_not_killed_by_torchrun(tmp_path, started) -> None:
     """Rank 0's MLflow delivery hangs on a tracking server that never answers (a listening socket that
     accepts nothing), so closing the sink after the stop's checkpoint waits its whole flush_timeout_s
-    (35 s). Rank 1 waits for rank 0 at a last barrier (tinyllm/distributed.py): a rank that exits 130 first
+    (35 s). Rank 1 waits for rank 0 at a last barrier (tinyllm/distributed/trainer.py): a rank that exits 130 first
     makes torchrun SIGKILL the others 30 s later, and the stop would read as a failure (exit 1, rank 0
     without a verdict). Seen red with the barrier removed and the result's stop flag no longer a
     collective (today the result's all-reduce of the stop flag also holds rank 1 back)."""

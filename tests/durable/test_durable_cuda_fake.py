@@ -22,7 +22,7 @@ import torch
 
 from tinyllm import checkpoint as ckpt
 from tinyllm.durable import DurableRun
-from tinyllm.durable_state import capture_rng, restore_rng
+from tinyllm.durable.state import capture_rng, restore_rng
 
 torch.set_num_threads(1)
 

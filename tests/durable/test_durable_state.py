@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tinyllm import checkpoint as ckpt
 from tinyllm import faults
 from tinyllm.durable import DurableRun, DurableSampler
-from tinyllm.durable_state import capture_rng, restore_rng
+from tinyllm.durable.state import capture_rng, restore_rng
 
 torch.set_num_threads(1)
 

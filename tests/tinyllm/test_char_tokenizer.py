@@ -102,7 +102,7 @@ def _json(path: Path, **data) -> Path:
 # -- training ----------------------------------------------------------------------------------
 
 def test_vocab_size_follows_the_corpus_and_a_too_small_one_is_refused(chome, tmp_path):
-    from tinyllm.metrics import Reporter
+    from tinyllm.sinks.metrics import Reporter
     from tinyllm.spec import load_train_spec
     from tinyllm.trainer import Trainer
 
@@ -234,7 +234,7 @@ def test_validation_text_outside_the_vocabulary_is_refused_at_start(chome, tmp_p
 
 def test_validation_of_a_char_run_uses_its_vocabulary(chome, tmp_path):
     from tinyllm import tokenizer
-    from tinyllm.metrics import Reporter
+    from tinyllm.sinks.metrics import Reporter
     from tinyllm.spec import load_train_spec
     from tinyllm.trainer import Trainer
     from tinyllm.validation.lm import evaluate_lm

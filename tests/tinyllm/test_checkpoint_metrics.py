@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tinyllm import checkpoint as ckpt
-from tinyllm.metrics import JsonlSink, Reporter
+from tinyllm.sinks.metrics import JsonlSink, Reporter
 
 
 def _full(step: int) -> dict:

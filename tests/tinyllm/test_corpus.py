@@ -131,7 +131,7 @@ def test_training_never_reads_the_heldout_part(home, tmp_path):
     """With heldout.bin made unreadable, training still runs: the trainer reads only tokens.bin."""
     from tl_helpers import write_spec
 
-    from tinyllm.metrics import Reporter
+    from tinyllm.sinks.metrics import Reporter
     from tinyllm.spec import load_train_spec
     from tinyllm.trainer import Trainer
 

@@ -21,7 +21,7 @@ def trained(tmp_path_factory, built_corpus):
     """A home with two checkpoints (steps 10 and 20) of the small spec, trained in-process."""
     import shutil
 
-    from tinyllm.metrics import Reporter
+    from tinyllm.sinks.metrics import Reporter
     from tinyllm.spec import load_train_spec
     from tinyllm.trainer import Trainer
 

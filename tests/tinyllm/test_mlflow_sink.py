@@ -1,4 +1,4 @@
-"""The MLflow sink (tinyllm/mlflow_sink.py) against the real mlflow package: a local SQLite tracking
+"""The MLflow sink (tinyllm/sinks/mlflow_sink.py) against the real mlflow package: a local SQLite tracking
 store, and a real ``mlflow server`` on loopback that is killed mid-run and started again.
 
 What is checked: one MLflow run per TrainRun (found again by its workflow id, never created anew);
@@ -23,8 +23,8 @@ from types import SimpleNamespace
 import pytest
 
 from mlflow_check import history_vs_jsonl
-from tinyllm import mlflow_sink
-from tinyllm.metrics import JsonlSink
+from tinyllm.sinks import mlflow_sink
+from tinyllm.sinks.metrics import JsonlSink
 from tl_helpers import SMALL_SPEC, last_json, run_tinyllm, start_tinyllm, wait_for_progress
 
 # found, not imported: mlflow's import takes seconds, and the everyday lane collects this module
@@ -45,7 +45,7 @@ def test_behind_says_how_far():
 
 
 def _attempt(run_dir: Path, uri: str, resumed_step: int, steps: range) -> str:
-    """One trainer attempt as tinyllm.metrics runs it: JSONL (cut back to the resume) and MLflow sinks."""
+    """One trainer attempt as tinyllm.sinks.metrics runs it: JSONL (cut back to the resume) and MLflow sinks."""
     err = io.StringIO()
     jsonl = JsonlSink(run_dir / "metrics.jsonl", resumed_step)
     sink = mlflow_sink.MlflowSink(SimpleNamespace(tracking_uri=uri, experiment="t", flush_timeout_s=600), run_dir=run_dir,
@@ -97,7 +97,7 @@ def test_redone_steps_are_not_delivered_twice_and_a_dead_server_is_caught_up(tmp
 
 def test_the_delivery_process_waits_for_a_torn_last_line(tmp_path):
     """metrics.jsonl read on from where the last read ended: a line still being written waits until whole."""
-    from tinyllm.mlflow_delivery import Tail
+    from tinyllm.sinks.mlflow_delivery import Tail
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "a": 1}\n{"step": 2, "a"')
@@ -113,8 +113,8 @@ TRAINER = """
 import json, os, sys, time
 from pathlib import Path
 from types import SimpleNamespace
-from tinyllm import mlflow_sink
-from tinyllm.metrics import JsonlSink
+from tinyllm.sinks import mlflow_sink
+from tinyllm.sinks.metrics import JsonlSink
 run_dir, uri, n, hold = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4] == "hold"
 jsonl = JsonlSink(run_dir / "metrics.jsonl", -1)
 sink = mlflow_sink.MlflowSink(SimpleNamespace(tracking_uri=uri, experiment="t", flush_timeout_s=600), run_dir=run_dir,

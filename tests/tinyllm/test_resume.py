@@ -74,7 +74,7 @@ def test_sigterm_exits_130_with_a_loadable_checkpoint_and_resumes_exactly(home, 
 
 
 def _train_in_process(home: Path, spec_path: Path, log=None) -> dict:
-    from tinyllm.metrics import Reporter
+    from tinyllm.sinks.metrics import Reporter
     from tinyllm.spec import load_train_spec
     from tinyllm.trainer import Trainer
 

@@ -138,7 +138,7 @@ from pathlib import Path
 from tinyllm import runtime_env
 if sys.argv[2] == "keep":
     runtime_env.prepare(1)
-from tinyllm.metrics import Reporter
+from tinyllm.sinks.metrics import Reporter
 from tinyllm.spec import parse_train_spec
 from tinyllm.trainer import Trainer
 spec = parse_train_spec({"name": "heap", "steps": 20, "corpus": "default", "seed": 7, "batch_size": 12, "threads": 1,

@@ -48,7 +48,7 @@ def files(folder: Path) -> dict[str, bytes]:
 
 @pytest.fixture
 def trained(home: Path) -> Path:
-    from tinyllm.metrics import Reporter
+    from tinyllm.sinks.metrics import Reporter
     from tinyllm.spec import load_train_spec
     from tinyllm.trainer import Trainer
 

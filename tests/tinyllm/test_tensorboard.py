@@ -15,7 +15,7 @@ pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader  # noqa: E402
 from tensorboard.compat.proto.event_pb2 import Event  # noqa: E402
 
-from tinyllm.tensorboard_sink import event_files  # noqa: E402
+from tinyllm.sinks.tensorboard_sink import event_files  # noqa: E402
 from tl_helpers import run_tinyllm, write_spec  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real tinyllm train runs

@@ -32,9 +32,9 @@ from typing import Any, Callable, Mapping, NoReturn
 from .. import checkpoint as ckpt
 from .. import faults, runlock
 from ..digest import state_digest
-from ..durable import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED, DurableError, DurableRun, _FaultOnSave, checked_state, trajectory
+from ..durable.frames import FrameWriter
+from ..durable.run import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED, DurableError, DurableRun, _FaultOnSave, checked_state, trajectory
 from ..errors import RunLocked
-from ..framewriter import FrameWriter
 
 PIECES = ("model", "optimizer", "training_state")
 
@@ -156,7 +156,7 @@ class FrameworkRun:
     # -- steps ---------------------------------------------------------------------------------
 
     def step_end(self, step: int, loss: float, batch: str | Callable[[], str] | None = None) -> None:
-        """The step's frame (queued: tinyllm/framewriter.py; ``batch`` is its digest, or a callable the writer
+        """The step's frame (queued: tinyllm/durable/frames.py; ``batch`` is its digest, or a callable the writer
         calls for it: the digest of snapshots taken at the step), the console line, liveness."""
         run = self.run
         self.start_line()

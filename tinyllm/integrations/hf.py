@@ -41,7 +41,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .. import faults, stopping
 from ..durable import DurableRun
-from ..durable_state import (
+from ..durable.state import (
     capture_generators,
     capture_rng,
     check_generators,

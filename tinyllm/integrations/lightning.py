@@ -51,7 +51,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from .. import faults, stopping
 from ..durable import DurableRun, DurableSampler
-from ..durable_state import (
+from ..durable.state import (
     capture_rng,
     capture_rng_raw,
     check_generators,

@@ -2,7 +2,7 @@
 
 Armed by the train spec's ``"sinks": {"mlflow": {...}}`` (``tracking_uri``, else ``$MLFLOW_TRACKING_URI``;
 ``experiment``, else the run's name). Delivery runs in a child process of the trainer, the *delivery
-process* (tinyllm/mlflow_delivery.py), the only one that imports ``mlflow`` (the ``[mlflow]`` extra): the
+process* (tinyllm/sinks/mlflow_delivery.py), the only one that imports ``mlflow`` (the ``[mlflow]`` extra): the
 trainer never does. Not a thread: with a local ``sqlite:///`` store MLflow's SQLAlchemy store runs in the
 caller's process and holds the GIL the training loop needs between torch ops (a delivery thread cost
 nanoGPT's CPU recipe +6.9% CPU and ~+36% wall per step: docs/benchmarks.md). The trainer's ``write``
@@ -63,8 +63,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from .errors import STOP
-from .fsio import atomic_write
+from ..errors import STOP
+from ..fsio import atomic_write
 
 STATE_FILE = "mlflow.json"
 BATCH_FRAMES = 100  # frames per log_batch (MLflow takes at most 1000 metrics a request; a frame has ~10), and
@@ -191,8 +191,8 @@ def write_state(run_dir: Path, state: dict) -> None:
 
 
 class MlflowSink:
-    """A metrics sink (tinyllm/metrics.py) whose frames reach MLflow from a delivery process
-    (tinyllm/mlflow_delivery.py) that reads them from metrics.jsonl: ``write`` only records the step."""
+    """A metrics sink (tinyllm/sinks/metrics.py) whose frames reach MLflow from a delivery process
+    (tinyllm/sinks/mlflow_delivery.py) that reads them from metrics.jsonl: ``write`` only records the step."""
 
     name = "mlflow"
 
@@ -225,7 +225,7 @@ class MlflowSink:
         self.proc: subprocess.Popen | None = None
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tinyllm.mlflow_delivery", str(os.getpid())], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "tinyllm.sinks.mlflow_delivery", str(os.getpid())], stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, stderr=stderr, env=env)
             if stderr == subprocess.PIPE:
                 self._relay = threading.Thread(target=self._relay_warnings, name="mlflow-sink-stderr", daemon=True)

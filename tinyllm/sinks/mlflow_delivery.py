@@ -1,6 +1,6 @@
-"""The MLflow sink's delivery process: ``python -m tinyllm.mlflow_delivery <trainer pid>``.
+"""The MLflow sink's delivery process: ``python -m tinyllm.sinks.mlflow_delivery <trainer pid>``.
 
-Started by ``MlflowSink`` (tinyllm/mlflow_sink.py) in the trainer, one per attempt; it is the only process
+Started by ``MlflowSink`` (tinyllm/sinks/mlflow_sink.py) in the trainer, one per attempt; it is the only process
 that imports ``mlflow``. Why a process and not a thread: with a local ``sqlite:///`` store, MLflow's
 SQLAlchemy store runs in the caller's process and holds the GIL the training loop needs between torch
 ops (a delivery thread cost nanoGPT's CPU recipe +6.9% CPU and ~+36% wall per step: docs/benchmarks.md).
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from . import mlflow_sink as ms
-from .errors import SpecError, stop_signals
+from ..errors import SpecError, stop_signals
 
 POLL_S = 0.1  # how often metrics.jsonl is read for new frames (and how soon a stop is noticed)
 PR_SET_PDEATHSIG = 1

@@ -1,4 +1,4 @@
-"""Data-parallel training on torch.distributed: the rank side (the launcher is tinyllm/ddp_launch.py).
+"""Data-parallel training on torch.distributed: the rank side (the launcher is tinyllm/distributed/launch.py).
 
 ``DistributedTrainer`` is ``Trainer`` with these changes, each rank running the same loop:
 
@@ -48,12 +48,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import checkpoint as ckpt
-from .errors import STOP, CheckpointError, PeerLost
-from .metrics import Reporter
-from .model import state_digest
-from .spec import SpecError, TrainSpec
-from .trainer import Trainer, TrainerHooks
+from .. import checkpoint as ckpt
+from ..errors import STOP, CheckpointError, PeerLost
+from ..sinks.metrics import Reporter
+from ..model import state_digest
+from ..spec import SpecError, TrainSpec
+from ..trainer import Trainer, TrainerHooks
 
 COLLECTIVE_TIMEOUT_S = 600.0  # a hung peer: the engine's heartbeat rule notices it long before this
 RANKS_COMPONENT = "ranks"
@@ -108,8 +108,8 @@ class DistributedTrainer(Trainer):
         super().__init__(spec, home, progress if lead else None, resume, hooks=_RankHooks(),
                          log=None if lead else _NullLog(), **kwargs)
         self.per_rank = spec.batch_size // self.world_size
-        if self.validator is not None:  # every rank evaluates its shard; rank 0 records (distributed_validation.py)
-            from .distributed_validation import RankValidator
+        if self.validator is not None:  # every rank evaluates its shard; rank 0 records (validation.py)
+            from .validation import RankValidator
 
             self.validator = RankValidator(self.validator, self.rank, self.world_size)
         self.allreduce_s = 0.0  # wall time of the last step's all-reduces (gradients and loss): timer/allreduce_s

@@ -4,10 +4,10 @@ The process the train activity starts (``python -m tinyllm.cli train ...``, the 
 for a one-process spec) becomes the *launcher*: it refuses a resume at another world size before
 anything starts, then runs::
 
-    python -m tinyllm.ddp_agent --standalone --nproc-per-node N --max-restarts 0 \\
+    python -m tinyllm.distributed.agent --standalone --nproc-per-node N --max-restarts 0 \\
         --signals-to-handle SIGHUP,SIGQUIT -m tinyllm.cli train <the same arguments>
 
-``tinyllm.ddp_agent`` is torchrun (``torch.distributed.run``) that passes a stop signal on to its ranks
+``tinyllm.distributed.agent`` is torchrun (``torch.distributed.run``) that passes a stop signal on to its ranks
 (below). On several nodes (``TINYLLM_NNODES`` > 1, see ``Nodes``), each node's launcher runs its
 share of the ranks with ``--nnodes K --node-rank R --rdzv-backend c10d --rdzv-endpoint HOST:PORT``
 instead of ``--standalone``.
@@ -33,7 +33,7 @@ each rank's environment) reaches the ranks too. Either way every rank stops at t
   blocked too: a stop signal that reaches a rank before its handler is in place stays pending until
   the rank unblocks it (tinyllm/cli.py), never lost and never fatal.
 - A rank that received a stop signal (from anyone: one rank only is enough) stops the others: at each
-  step boundary the ranks all-reduce their stop flags (tinyllm/distributed.py), so all stop after the
+  step boundary the ranks all-reduce their stop flags (tinyllm/distributed/trainer.py), so all stop after the
   same step, rank 0 writes the ``stopping`` progress line at it, they write one checkpoint together
   and exit 130.
 - Each rank has a parent-death SIGKILL too: SIGKILL of the launcher kills torchrun, which kills the
@@ -57,9 +57,9 @@ from pathlib import Path
 
 from dataclasses import dataclass
 
-from .errors import STOP, stop_signals
-from .runlock import pid_running
-from .spec import SpecError, TrainSpec
+from ..errors import STOP, stop_signals
+from ..runlock import pid_running
+from ..spec import SpecError, TrainSpec
 
 RANK_STATUS_ENV = "TINYLLM_DDP_STATUS"
 NNODES_ENV, NODE_RANK_ENV = "TINYLLM_NNODES", "TINYLLM_NODE_RANK"
@@ -252,7 +252,7 @@ def torchrun_argv(world_size: int, rank_args: list[str], nodes: Nodes = Nodes())
         where = ["--nnodes", str(nodes.nnodes), "--node-rank", str(nodes.node_rank),
                  "--nproc-per-node", str(nodes.per_node(world_size)), "--rdzv-backend", "c10d",
                  "--rdzv-endpoint", nodes.endpoint, "--rdzv-id", nodes.rdzv_id]
-    return [sys.executable, "-m", "tinyllm.ddp_agent", *where,
+    return [sys.executable, "-m", "tinyllm.distributed.agent", *where,
             "--max-restarts", "0",  # the engine owns retries: a failed rank ends the attempt
             "--signals-to-handle", "SIGHUP,SIGQUIT",  # the stop signals are the agent's own (see above)
             "-m", "tinyllm.cli", "train", *rank_args]

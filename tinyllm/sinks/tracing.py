@@ -7,7 +7,7 @@ the ``[trace]`` extra), unless ``$OTEL_SDK_DISABLED`` is true or ``$OTEL_TRACES_
 span (ctl sets it to the activity attempt's span; ``$CTL_TRACE_FILE`` carries ctl's ``--trace-file``).
 
 Nothing here imports OpenTelemetry: this module only decides, and names ids. The spans are made by
-``tinyllm/trace_export.py`` (the trainer's sampled ``train.step`` spans, the exporters) and
+``tinyllm/sinks/trace_export.py`` (the trainer's sampled ``train.step`` spans, the exporters) and
 ``ctl/traces.py`` (the run's spans, from the engine's history), which are imported only when tracing
 is on.
 

@@ -1,6 +1,6 @@
 """OpenTelemetry's side of tracing (the ``[trace]`` extra): exporters, and the trainer's ``train.step`` spans.
 
-Imported only when tracing is on (``tinyllm/tracing.py`` decides; nothing imports this module
+Imported only when tracing is on (``tinyllm/sinks/tracing.py`` decides; nothing imports this module
 otherwise, so ``opentelemetry`` is never loaded by a run without tracing).
 
 - ``exporter(destination)``: ``file:PATH`` -> ``JsonLinesSpanExporter`` (one span a line, appended with
@@ -8,7 +8,7 @@ otherwise, so ``opentelemetry`` is never loaded by a run without tracing).
   SDK's OTLP/HTTP exporter, configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables. Either is
   wrapped in ``WarnOnce``: the first failure prints one warning line and turns exporting off for this
   process; training never waits on it beyond the exporter's own timeout and never fails for it.
-- ``StepSpanSink``: a metrics sink (tinyllm/metrics.py) of a trainer whose ``$TRACEPARENT`` names its
+- ``StepSpanSink``: a metrics sink (tinyllm/sinks/metrics.py) of a trainer whose ``$TRACEPARENT`` names its
   activity attempt's span: every ``log_every`` steps (and the last one, and every validation frame) a
   ``train.step`` span, child of that span, lasting the step (``timer/step_s``), with the frame's
   figures as attributes (``train.loss``, ``timer.tokens_per_s``, ``optim.lr``, ``val.*``). Spans go out
@@ -131,7 +131,7 @@ class WarnOnce(SpanExporter):
 
 
 def exporter(where: str) -> SpanExporter:
-    """The exporter of a destination (``tinyllm.tracing.destination``)."""
+    """The exporter of a destination (``tinyllm.sinks.tracing.destination``)."""
     kind, _, target = where.partition(":")
     if kind == "file":
         return JsonLinesSpanExporter(target)

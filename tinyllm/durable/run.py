@@ -62,10 +62,10 @@ from typing import Any, Iterable, Iterator, Mapping, NoReturn
 
 import torch
 
-from . import checkpoint as ckpt
-from . import faults, runlock, runtime_env, stopping
-from .digest import state_digest
-from .durable_state import (
+from .. import checkpoint as ckpt
+from .. import faults, runlock, runtime_env, stopping
+from ..digest import state_digest
+from .state import (
     capture_rng,
     check_generators,
     digest,
@@ -74,10 +74,10 @@ from .durable_state import (
     restore_rng,
     snapshot,
 )
-from .errors import RunLocked
-from .framewriter import FrameWriter
-from .fsio import rel, resolve_home
-from .names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys
+from ..errors import RunLocked
+from .frames import FrameWriter
+from ..fsio import rel, resolve_home
+from ..names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys
 
 EXIT_BAD_INPUT = 2
 EXIT_LOCKED = 75
@@ -144,7 +144,7 @@ def load_spec(path: str | Path) -> dict:
 def seed_everything(seed: int) -> None:
     """Seed Python ``random``, NumPy's global generator and torch (CPU and CUDA) with ``seed``."""
     random.seed(seed)
-    try:  # numpy is optional for the helper (tinyllm/durable_state.py)
+    try:  # numpy is optional for the helper (tinyllm/durable/state.py)
         import numpy as np
 
         np.random.seed(seed % 2**32)
@@ -412,7 +412,7 @@ class DurableRun:
 
     def log(self, loss: Any, *, batch: Any = None) -> None:
         """Record this step's loss (a float or a 0-d tensor) and, optionally, its batch's digest (of a
-        snapshot taken now, hashed off the training thread: tinyllm/framewriter.py)."""
+        snapshot taken now, hashed off the training thread: tinyllm/durable/frames.py)."""
         value = float(loss.detach().item() if isinstance(loss, torch.Tensor) else loss)
         self._logged = value
         self._batch = None if batch is None else snapshot(batch)

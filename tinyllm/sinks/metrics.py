@@ -9,12 +9,12 @@ disabled alone with one warning on stderr and training goes on.
 Sinks: console (a progress line on stderr every ``every`` steps and at the last step), JSONL
 (``runs/<name>/metrics.jsonl``, one object per frame with ``step`` and wall ``time``; on resume,
 frames after the resumed step are dropped so the file reads as one run), TensorBoard
-(``tinyllm/tensorboard_sink.py``: ``runs/<name>/tensorboard/``, the same names, one event per
+(``tinyllm/sinks/tensorboard_sink.py``: ``runs/<name>/tensorboard/``, the same names, one event per
 frame, cut back to the resumed step likewise; only when the ``[tensorboard]`` extra is installed),
-MLflow (``tinyllm/mlflow_sink.py``: when the spec's ``sinks.mlflow`` asks; one MLflow run per TrainRun,
+MLflow (``tinyllm/sinks/mlflow_sink.py``: when the spec's ``sinks.mlflow`` asks; one MLflow run per TrainRun,
 each step delivered once across resumes, by a child process that reads metrics.jsonl: built after
 the JSONL sink, which cuts the file back first; mlflow is imported only there), traces
-(``tinyllm/trace_export.py``: sampled ``train.step`` spans, when ``$TRACEPARENT`` and a trace destination
+(``tinyllm/sinks/trace_export.py``: sampled ``train.step`` spans, when ``$TRACEPARENT`` and a trace destination
 are set, as ``ctl train`` sets them for a traced run; OpenTelemetry is imported only then).
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from .diskfull import writing
+from ..diskfull import writing
 from .mlflow_sink import MlflowSink
 from .tensorboard_sink import TensorBoardSink
 from .tracing import trainer_tracing
@@ -133,7 +133,7 @@ class Reporter:
 
 def default_reporter(run_dir: Path, resumed_step: int, total_steps: int, log_every: int, *, sinks=None,
                      spec=None, home: Path | None = None, corpus_checksum: str | None = None) -> Reporter:
-    """Console, JSONL, TensorBoard (when installed), and the spec's ``sinks`` (MLflow: tinyllm/mlflow_sink.py)."""
+    """Console, JSONL, TensorBoard (when installed), and the spec's ``sinks`` (MLflow: tinyllm/sinks/mlflow_sink.py)."""
     out: list = [ConsoleSink(log_every, total_steps), JsonlSink(run_dir / "metrics.jsonl", resumed_step)]
     try:
         out.append(TensorBoardSink(run_dir / "tensorboard", resumed_step))

@@ -23,12 +23,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import faults
-from .validation.isolation import isolated
-from .validation.lm import IGNORE, lm_metrics, loss_sums, windows
-from .validation.runner import Validator
-from .validation.source import load_source
-from .validation.transaction import read_journal, resume_action
+from .. import faults
+from ..validation.isolation import isolated
+from ..validation.lm import IGNORE, lm_metrics, loss_sums, windows
+from ..validation.runner import Validator
+from ..validation.source import load_source
+from ..validation.transaction import read_journal, resume_action
 
 
 def shard_windows(wins: list, rank: int, world_size: int, block_size: int) -> list:

@@ -1,9 +1,9 @@
-"""torchrun's agent for tinyllm's ranks: ``python -m tinyllm.ddp_agent <torchrun's arguments>``.
+"""torchrun's agent for tinyllm's ranks: ``python -m tinyllm.distributed.agent <torchrun's arguments>``.
 
 This is ``torch.distributed.run`` (torchrun) itself, with one change: a stop signal (SIGTERM, SIGINT,
 ``$DURABLE_STOP_SIGNAL``; tinyllm/errors.py) that reaches the agent is passed on, the same signal, to
 every rank of this node, and the agent goes on supervising them: the ranks agree on a step, write one
-checkpoint and exit 130 (tinyllm/distributed.py), and the launcher reports (tinyllm/ddp_launch.py).
+checkpoint and exit 130 (tinyllm/distributed/trainer.py), and the launcher reports (tinyllm/distributed/launch.py).
 
 Why not torchrun's own handling: on SIGTERM or SIGINT torchrun sends the signal to its ranks and
 SIGKILLs them 30 s later (its shutdown timeout), whether their checkpoint is written or not, and a
@@ -11,7 +11,7 @@ second signal meanwhile makes it exit at once; a stop signal it does not handle 
 usual warning) kills it, and its ranks die with it (their parent-death SIGKILL). So the launcher
 runs torchrun with ``--signals-to-handle SIGHUP,SIGQUIT`` and the stop signals left to this module.
 
-How: the launcher starts the agent with the stop signals blocked (tinyllm/ddp_launch.py), and they
+How: the launcher starts the agent with the stop signals blocked (tinyllm/distributed/launch.py), and they
 stay blocked in every thread of the agent; one thread takes them with ``sigtimedwait``. Ranks inherit
 the blocked mask across exec, so a stop signal that reaches a rank before its handler is installed
 stays pending until tinyllm/cli.py unblocks it, right after installing the handler: never lost, never
@@ -27,8 +27,8 @@ import sys
 import threading
 from pathlib import Path
 
-from .ddp_launch import POLL_S, RANK_STATUS_ENV, forward_stop
-from .errors import stop_signals
+from .launch import POLL_S, RANK_STATUS_ENV, forward_stop
+from ..errors import stop_signals
 
 
 def _pass_on(stops: tuple[int, ...], folder: Path) -> None:

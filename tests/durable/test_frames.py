@@ -1,4 +1,4 @@
-"""Per-step frames written off the training thread (tinyllm/framewriter.py), in-process and fast.
+"""Per-step frames written off the training thread (tinyllm/durable/frames.py), in-process and fast.
 
 What must hold for the proofs to stay as strong as when each frame was written at its step: frames in
 step order and byte-identical in content; every frame up to a checkpoint's step in metrics.jsonl before
@@ -23,8 +23,8 @@ import torch
 from tinyllm import checkpoint as ckpt
 from tinyllm import faults
 from tinyllm.durable import DurableRun
-from tinyllm.durable_state import digest, digest_of_snapshots, snapshot
-from tinyllm.framewriter import FrameWriter, frame_line
+from tinyllm.durable.frames import FrameWriter, frame_line
+from tinyllm.durable.state import digest, digest_of_snapshots, snapshot
 
 torch.set_num_threads(1)
 

@@ -15,7 +15,7 @@ The file reads exactly as when each frame was written at its step, and nothing a
 - the end: ``close()`` writes what is left (the loop's end, a stop's exit 130; ``atexit`` for a script
   that dies of an exception before the loop could close it); ``trainer.hold`` (verify-resume holds a
   trainer at a step until its signal) flushes first, so the poller sees that step's frame;
-- the batch digest: the training thread takes a snapshot of the batch (``durable_state.snapshot``:
+- the batch digest: the training thread takes a snapshot of the batch (``tinyllm/durable/state.py``'s ``snapshot``:
   tensors cloned on their device, no device sync) and the writer hashes the snapshot: the digest of the
   batch as it was at the step, even for a loop that refills one buffer in place;
 - bounded: more than ``max_pending`` frames waiting (a writer that falls behind) are written by the
@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from .metrics import JsonlSink
+from ..sinks.metrics import JsonlSink
 
 INTERVAL_S = 0.2  # the writer's batch: at most this late in the file (checkpoints and holds flush at once)
 MAX_PENDING = 256  # frames waiting before the training thread writes them itself
