@@ -15,7 +15,11 @@ due (``checkpoint_every`` past the end: bookkeeping only), it measures
 side by side. Each process prints nothing but its JSON; the durable runs' stderr goes to a pipe the parent
 drains, as under ``ctl``.
 
-Usage: python bench/integrations.py [--steps 40] [--rounds 3] [--only helper,hf,lightning] [--before main]
+``--profile``: instead, one run of each trainer (this checkout, the first size, ``log_every`` 1) under
+cProfile; prints the training thread's time in each of our functions per step (cProfile's own overhead
+included: read the shares, not the sums).
+
+Usage: python bench/integrations.py [--steps 40] [--rounds 3] [--only helper,hf,lightning] [--before main] [--profile]
 """
 from __future__ import annotations
 
@@ -287,6 +291,33 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps(out), file=sys.__stdout__)
 
 
+def profile(args: argparse.Namespace) -> None:
+    import cProfile
+    import pstats
+
+    import torch
+
+    torch.set_num_threads(1)
+    size = args.sizes.split(",")[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.only.split(","):
+            RUNS[name](size, 8, 1, Path(tmp) / f"warm-{name}")  # imports and first-time costs out of the profile
+            prof = cProfile.Profile(time.thread_time)  # this thread's CPU time: preemptions by a loaded machine do not count
+            prof.enable()
+            RUNS[name](size, args.steps, 1, Path(tmp) / name)
+            prof.disable()
+            stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+            rows = sorted(((tt, cc, f"{Path(fn).name}:{line}({func})") for (fn, line, func), (cc, _, tt, _, _)
+                           in stats.items() if "/tinyllm/" in fn), reverse=True)  # cc: calls, not recursions
+            steady = [r for r in rows if r[1] >= args.steps]  # called every step (or more)
+            once = sum(r[0] for r in rows if r[1] < args.steps)  # start line, resume, the final checkpoint
+            print(f"{name} ({size}, log_every 1, {args.steps} steps): our functions called every step, own time "
+                  f"per step (us); the rest (set-up, start line, final checkpoint): {once * 1e3:.1f} ms in all")
+            for tt, nc, where in steady[:10]:
+                print(f"  {tt / args.steps * 1e6:>8.1f}  {nc:>6} calls  {where}")
+            print(f"  {sum(r[0] for r in steady) / args.steps * 1e6:>8.1f}  in all", flush=True)
+
+
 # -- the parent: before and after, one table --------------------------------------------------------
 
 
@@ -313,10 +344,14 @@ def main() -> None:
     p.add_argument("--only", default="helper,hf,lightning")
     p.add_argument("--sizes", default="8ms,50ms")
     p.add_argument("--before", default="main", help="git ref measured as 'before' (none: skip)")
+    p.add_argument("--profile", action="store_true", help="cProfile our functions (this checkout) instead")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker(args)
+        return
+    if args.profile:
+        profile(args)
         return
     trees = {"after": ROOT}
     with tempfile.TemporaryDirectory() as tmp:
