@@ -83,6 +83,17 @@ def test_a_snapshot_digest_is_the_batch_as_it_was_even_if_refilled_in_place() ->
     assert digest_of_snapshots([snap, snapshot(batch)]) == digest([want, digest(batch)])
 
 
+@pytest.mark.parametrize("t", [torch.randint(0, 256, (8, 32)), torch.randn(4, 5).t(), torch.randn(3, requires_grad=True),
+                               torch.zeros(0, 3), torch.randn(2, 3, dtype=torch.bfloat16), torch.tensor([True, False]),
+                               torch.randn(2, dtype=torch.complex64), torch.randn(4, dtype=torch.float16)[::2],
+                               torch.tensor(3.5), torch.arange(6, dtype=torch.uint8).reshape(2, 3)[:, 1:]],
+                         ids=["int64", "transposed", "requires_grad", "empty", "bfloat16", "bool", "complex",
+                              "strided_half", "scalar", "sliced_uint8"])
+def test_a_snapshot_digest_equals_the_tensors_digest_for_every_kind(t: torch.Tensor) -> None:
+    assert digest(snapshot(t)) == digest(t)
+    assert digest(snapshot({"a": [t, (t, 1.5)], "b": "x"})) == digest({"a": [t, (t, 1.5)], "b": "x"})
+
+
 def test_the_writer_error_is_raised_on_the_training_thread(tmp_path: Path) -> None:
     w = FrameWriter(tmp_path / "m.jsonl", -1, interval_s=0.001)
     w.sink.file.close()  # every later write fails (as a full disk would)

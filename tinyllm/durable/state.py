@@ -200,6 +200,9 @@ def _feed(h: "hashlib._Hash", obj: Any) -> None:
         h.update(f"A{obj.dtype}{obj.shape}".encode() + obj.tobytes())
     elif isinstance(obj, _Repr):
         h.update(obj.text)
+    elif isinstance(obj, _TensorBytes):  # a CPU tensor's snapshot: hashed as the tensor was
+        h.update(f"T{obj.dtype}{obj.shape}".encode())
+        h.update(obj.data)
     else:
         h.update(repr(obj).encode())
 
@@ -213,7 +216,25 @@ class _Repr:
         self.text = repr(obj).encode()
 
 
+class _TensorBytes:
+    """A CPU tensor's dtype, shape and bytes (C order), taken at the snapshot: a tenth of a clone's time."""
+
+    __slots__ = ("data", "dtype", "shape")
+
+    def __init__(self, dtype: torch.dtype, shape: tuple, data: bytes):
+        self.dtype, self.shape, self.data = dtype, shape, data
+
+
 _IMMUTABLE = (int, str, bytes, bool, type(None))
+
+
+def _tensor_snapshot(t: torch.Tensor) -> Any:
+    if t.device.type == "cpu":
+        try:  # numpy's bytes in C order are the bytes _feed hashes (contiguous, viewed as uint8)
+            return _TensorBytes(t.dtype, tuple(t.shape), (t.detach() if t.requires_grad else t).numpy().tobytes())
+        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16), a conjugate view, ...
+            pass
+    return t.detach().clone()  # on its device: no sync here, the writer copies it to the CPU
 
 
 def snapshot(obj: Any) -> Any:
@@ -221,7 +242,7 @@ def snapshot(obj: Any) -> Any:
     detached and cloned on their device (no device sync: the copy is hashed later, off the training
     thread), containers copied, floats and immutable values kept, anything else by its repr now."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
+        return _tensor_snapshot(obj)
     if isinstance(obj, Mapping):
         return {k: snapshot(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
