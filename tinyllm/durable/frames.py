@@ -36,6 +36,7 @@ import atexit
 import collections
 import contextlib
 import json
+import os
 import sys
 import threading
 import time
@@ -86,6 +87,7 @@ class FrameWriter:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self.written = 0  # frames in the file so far
+        self._pid = os.getpid()  # a forked child (a loader worker) inherits the atexit hook: not its frames
         atexit.register(self._at_exit)
 
     # -- the training thread -----------------------------------------------------------------
@@ -176,5 +178,7 @@ class FrameWriter:
                     return
 
     def _at_exit(self) -> None:
+        if os.getpid() != self._pid:
+            return
         with contextlib.suppress(BaseException):  # at exit there is nobody left to tell
             self.close()
