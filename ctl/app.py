@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from contracts.layout import RunHome
 import workflows
 from engine import BadInput, Engine, NotFound, StopRequest, Store, check_id
 from tinyllm import fsio
@@ -51,7 +52,7 @@ def resolve_home(home: str | None) -> Path:
 
 
 def db_path(home: Path) -> Path:
-    return home / ".ctl" / "engine.db"
+    return RunHome(home).engine_db
 
 
 def stopped(engine: Any) -> bool:
@@ -120,7 +121,7 @@ BUILTIN_CORPORA = ("default",)
 
 def known_corpora(home: Path) -> list[str]:
     """The corpora already built in ``home`` (``corpora/<name>/meta.json``), sorted."""
-    root = home / "corpora"
+    root = RunHome(home).corpora
     return sorted(d.name for d in root.iterdir() if (d / "meta.json").is_file()) if root.is_dir() else []
 
 
@@ -474,8 +475,8 @@ def check_run_writable(home: Path, name: str) -> None:
     """``BadRequest`` (nothing started) when a folder of run ``name`` exists but this user may not write it:
     every attempt would fail on it, and a retry cannot help. A read-only home says so first (its own message)."""
     check_home_writable(home)
-    for path in (home / "runs", home / "runs" / name, home / "runs" / name / "ckpt", home / "runs" / name / "activity",
-                 home / "corpora"):
+    run = RunHome(home).run(name)
+    for path in (RunHome(home).runs, run.path, run.ckpt_root, run.activity_root, RunHome(home).corpora):
         if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
             raise BadRequest(f"{path} is not writable by this user (uid {os.getuid()}): make it writable (e.g. "
                              f"`chmod u+w {path}`, or run as its owner) and run the same command again; nothing "

@@ -21,6 +21,8 @@ from tinyllm.sinks import tracing  # standard library only: whether and where to
 import workflows
 from workflows.models import TraceContext
 
+from contracts.layout import RunHome
+
 from . import app, backends, cli_inspect, errors, presence, runsinks
 from .ui import command as ui_command
 from .workerlog import WorkerLog
@@ -597,7 +599,7 @@ def server(port: int, ip: str, db_filename: str | None, home: str | None) -> Non
         raise BadRequest(str(e)) from None
     if not 0 < port < 65536:
         raise BadRequest(f"--port {port}: expected 1-65535")
-    db = Path(db_filename) if db_filename else app.resolve_home(home) / ".ctl" / "temporal-dev.db"
+    db = Path(db_filename) if db_filename else RunHome(app.resolve_home(home)).ctl_dir / "temporal-dev.db"
     db.parent.mkdir(parents=True, exist_ok=True)
     click.echo(f"ctl server: Temporal dev server on {ip}:{port}, state in {db} (Ctrl-C to stop)", err=True)
     os.execv(binary, dev_server_argv(binary, port=port, db_filename=str(db), ip=ip))

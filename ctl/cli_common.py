@@ -19,6 +19,8 @@ from pydantic import ValidationError
 from engine import BadInput as EngineBadInput
 from tinyllm.spec import format_validation_error
 
+from contracts.activity_ids import is_train
+
 from . import app
 from .errors import BadRequest, CtlError
 from .homecheck import as_ctl_error
@@ -67,7 +69,7 @@ def preempted_line(engine: Any, workflow_id: str, signal_name: str | None) -> st
         if str(p.get("message", "")).startswith("not started"):
             continue
         step, lost = p.get("step"), p.get("steps_lost")
-        if not str(p.get("activity_id", "")).startswith("train-") and step is None:  # an evaluation, a corpus build
+        if not is_train(p.get("activity_id", "")) and step is None:  # an evaluation, a corpus build
             parts.append(f"{p.get('activity_id')} attempt {p.get('attempt')} stopped (it runs again when resumed; "
                          f"nothing of it was recorded)")
             continue

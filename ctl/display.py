@@ -22,19 +22,20 @@ never a second Engine, never an open() of engine.db) and follows ``runs/<name>/m
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from contracts.activity_ids import is_eval
+from contracts.layout import RunHome
+from contracts.layout import parse_step_dir as checkpoint_step
+from contracts.resume import expected_resume
 from engine import read_events
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from tinyllm.objectives.no_signal import warning_text
-from workflows.activities import checkpoint_step, choose_resume
 
 from .evalprogress import EvalCounts, EvalFollower, run_name
 from .runstatus import worker_info
@@ -73,52 +74,6 @@ def resume_lines(details: dict) -> list[str]:
         at = f" at step {details['step']}" if isinstance(details.get("step"), int) else ""
         lines.append(f"  resumed from {used}{at} instead")
     return lines
-
-
-def _verifies(path: Path) -> bool:
-    """The checkpoint's files match its manifest (sizes, sha256) and it is resumable: what the trainer checks
-    before it resumes from it (tinyllm/checkpoint.py, not imported here: it imports torch)."""
-    try:
-        manifest = json.loads((path / "manifest.json").read_text())
-        files = manifest["files"]
-        for name, entry in files.items():
-            h, size = hashlib.sha256(), 0
-            with open(path / name, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    h.update(chunk)
-                    size += len(chunk)
-            if size != entry.get("bytes") or h.hexdigest() != entry.get("sha256"):
-                return False
-        body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
-        if "manifest_sha256" in manifest and manifest["manifest_sha256"] != hashlib.sha256(
-                json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest():
-            return False
-        return bool(manifest.get("resumable"))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-
-
-def _valid_resume(home: Path, name: str, ckpt: str | None) -> str | None:
-    """The checkpoint the trainer will really resume from: ``ckpt`` when it verifies, else the newest older one
-    that does (the trainer refuses a corrupt one and falls back likewise), else None (from the start)."""
-    if not ckpt:
-        return None
-    return ckpt if _verifies(home / ckpt) else _older_valid(home, name, ckpt)
-
-
-def _older_valid(home: Path, name: str, ckpt: str | None) -> str | None:
-    limit = checkpoint_step(ckpt) if ckpt else None
-    root = home / "runs" / name / "ckpt"
-    try:
-        steps = sorted((s for p in root.iterdir() if p.is_dir() and (s := checkpoint_step(p)) is not None
-                        and (limit is None or s < limit)), reverse=True)
-    except OSError:
-        return None
-    for s in steps:
-        rel = f"runs/{name}/ckpt/step-{s:06d}"
-        if _verifies(home / rel):
-            return rel
-    return None
 
 
 class LiveDisplay:
@@ -161,7 +116,7 @@ class LiveDisplay:
         self._read_events()
         view = self._view()
         if view.name:
-            self.tail = MetricsTail(self.home / "runs" / view.name / "metrics.jsonl")
+            self.tail = MetricsTail(RunHome(self.home).run(view.name).metrics)
             # the file as the last attempt left it (its last step is what a resume redoes); its warnings were shown then
             self._warned.update(t for f in self.tail.poll() if (t := warning_text(f)))
         self._emit(self._opening_line(view))
@@ -246,13 +201,8 @@ class LiveDisplay:
         details = next((e.attrs.get("details") for e in reversed(self.events)
                         if e.type == "activity_heartbeat" and e.attrs.get("activity_id") == activity_id), None)
         until = seg.until if seg else view.total_steps
-        ckpt = choose_resume(self.home, view.name, until, (seg.attempts if seg else 1) + 1, details)
-        if ckpt is None:
-            try:
-                ckpt = f"runs/{view.name}/ckpt/" + (self.home / "runs" / view.name / "ckpt" / "LATEST").read_text().strip()
-            except OSError:
-                ckpt = None
-        ckpt = _valid_resume(self.home, view.name, ckpt)
+        # what the trainer will really resume from: the workflow's --resume, then the trainer's own choice
+        ckpt = expected_resume(self.home, view.name, until, (seg.attempts if seg else 1) + 1, details)
         from_step = checkpoint_step(ckpt) if ckpt else None
         last = self.tail.step if self.tail is not None else None
         if from_step is None:
@@ -297,7 +247,7 @@ class LiveDisplay:
         if self.tail is None and self.events:
             name = self._view().name
             if name:
-                self.tail = MetricsTail(self.home / "runs" / name / "metrics.jsonl")
+                self.tail = MetricsTail(RunHome(self.home).run(name).metrics)
         if self.tail is not None:
             for frame in self.tail.poll():
                 text = warning_text(frame)
@@ -333,7 +283,7 @@ class LiveDisplay:
             ev = next((x for x in view.evals() if x.activity_id == aid), None)
             if ev is not None:
                 return f"[green]{headline(ev.suite, ev.metrics)}[/] at step {ev.step}  ({ev.suite}: {figures_text(ev.metrics)})"
-            if aid.startswith("eval-"):  # an EvalSuite workflow's suite
+            if is_eval(aid):  # an EvalSuite workflow's suite
                 r = a.get("result") if isinstance(a.get("result"), dict) else {}
                 metrics = first_subject_metrics(r)
                 return f"[green]{headline(str(r.get('suite', aid)), metrics)}[/]  ({aid}: {figures_text(metrics)})"

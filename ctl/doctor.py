@@ -23,6 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from contracts.layout import CKPT, LATEST, METRICS, RunHome
+from contracts.manifest import CheckpointError, verify_checkpoint
+from contracts.resume import DAMAGED_LATEST, list_step_dirs, read_latest
 from engine import BadInput, DamagedRecord, Engine, Store, damage_report, owner_dead
 from tinyllm.sinks import mlflow_sink
 from tinyllm.runlock import pid_running
@@ -70,12 +73,12 @@ def examine(home: Path) -> Report:
     findings: list[Finding] = []
     checked = {"workflows": 0, "events": 0, "checkpoints": 0, "corpora": 0, "runs": 0}
     findings += _database(home, checked)
-    runs = home / "runs"
+    runs = RunHome(home).runs
     for run_dir in sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []:
         checked["runs"] += 1
         findings += _checkpoints(home, run_dir, checked)
         findings += _sinks(home, run_dir)
-    corpora = home / "corpora"
+    corpora = RunHome(home).corpora
     for cdir in sorted(p for p in corpora.iterdir() if p.is_dir() and not p.name.startswith(".")) \
             if corpora.is_dir() else []:
         checked["corpora"] += 1
@@ -117,7 +120,8 @@ def _rel(home: Path, p: Path) -> str:
 def _database(home: Path, checked: dict) -> list[Finding]:
     path = db_path(home)
     rel = _rel(home, path)
-    has_runs = (home / "runs").is_dir() and any(p.is_dir() for p in (home / "runs").iterdir())
+    runs = RunHome(home).runs
+    has_runs = runs.is_dir() and any(p.is_dir() for p in runs.iterdir())
     if not path.exists():
         if has_runs:
             return [Finding("missing", rel, "no database, yet runs/ holds runs",
@@ -195,11 +199,9 @@ def _activities(engine: Any, rel: str, workflow_id: str) -> list[Finding]:
 
 
 def _checkpoints(home: Path, run_dir: Path, checked: dict) -> list[Finding]:
-    # lazy: tinyllm.checkpoint imports torch (seconds of start-up for every ctl command otherwise)
-    from tinyllm.checkpoint import CheckpointError, list_step_dirs, read_latest, verify_checkpoint
-
+    # the contract's verification (sha256 against the manifest): no torch, as the trainer checks before it loads
     name = run_dir.name
-    root = run_dir / "ckpt"
+    root = run_dir / CKPT
     out: list[Finding] = []
     good: list[Path] = []
     for d in list_step_dirs(root):
@@ -214,12 +216,12 @@ def _checkpoints(home: Path, run_dir: Path, checked: dict) -> list[Finding]:
                 else f"train/{name} has no valid checkpoint left and would train from step 0")
     for f in out:
         f.means = f"refused on resume (never loaded); {fallback}; evaluations already recorded stand"
-    latest = root / "LATEST"
+    latest = root / LATEST
     if latest.exists():
         target = read_latest(latest)
         tdir = root / target
-        if target == "(damaged LATEST)" or not tdir.is_dir():
-            what = "is damaged (not a checkpoint name)" if target == "(damaged LATEST)" else \
+        if target == DAMAGED_LATEST or not tdir.is_dir():
+            what = "is damaged (not a checkpoint name)" if target == DAMAGED_LATEST else \
                 f"points at {target!r}, which is not a checkpoint"
             out.append(Finding("damaged", _rel(home, latest), what, f"ignored on resume; {fallback}"))
         elif tdir not in good:
@@ -266,7 +268,7 @@ def _corpus(home: Path, cdir: Path) -> list[Finding]:
 def _sinks(home: Path, run_dir: Path) -> list[Finding]:
     """An MLflow sink that fell behind metrics.jsonl (tinyllm/sinks/mlflow_sink.py); the server is not contacted."""
     state = mlflow_sink.read_state(run_dir)
-    frames = run_dir / "metrics.jsonl"
+    frames = run_dir / METRICS
     last = None
     try:
         tail = frames.read_text(encoding="utf-8").splitlines()[-1:] if frames.is_file() else []

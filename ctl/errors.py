@@ -5,15 +5,19 @@ these, so they live below all of them (``ctl.app`` re-exports them for older cal
 """
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_NOT_PROVEN = 3  # ctl verify-resume: no interruption resumed from a mid-run checkpoint
-EXIT_DISK_FULL = 74  # sysexits' EX_IOERR: a write failed for lack of space; free some, run the same command
-EXIT_CANCELED = 130
-EXIT_PREEMPTED = 143  # a polite stop (SIGTERM, SIGINT, the preemption signal) saved the step it was at: the same
-# command resumes; 128 + SIGTERM, non-zero, so Kubernetes (OnFailure), systemd (on-failure) and Slurm restart it
-EXIT_CONTRACT_BROKEN = 4  # ctl verify-resume: the trainer broke a rule of the trainer contract (no verdict)
+# The codes are the contract's (contracts/exits.py). 74: a write failed for lack of space; free some, run the same
+# command. 143: a polite stop (SIGTERM, SIGINT, the preemption signal) saved the step it was at: the same command
+# resumes; 128 + SIGTERM, non-zero, so Kubernetes (OnFailure), systemd (on-failure) and Slurm restart it.
+from contracts.exits import (  # noqa: F401  # noqa: F401
+    EXIT_BAD_INPUT,
+    EXIT_CANCELED,
+    EXIT_CONTRACT_BROKEN,
+    EXIT_DISK_FULL,
+    EXIT_FAILED,
+    EXIT_NOT_PROVEN,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+)
 
 
 class CtlError(Exception):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from contracts.activity_ids import CORPUS_PREFIX, is_eval, is_train
+
 from .runview import figures_text, first_subject_metrics, local_time
 from .tables import align
 
@@ -59,14 +61,14 @@ def details(e: Any) -> str:
         r = a.get("result")
         if not isinstance(r, dict):
             return ""
-        if aid.startswith("train-"):
+        if is_train(aid):
             resumed = f" (resumed from {r['resumed_from']})" if r.get("resumed_from") else ""
             refused = "".join(f"; refused checkpoint {x.get('checkpoint')}: {x.get('reason')}"
                               for x in r.get("refused_checkpoints") or [] if isinstance(x, dict))
             return f"step {r.get('steps')} {_loss(r.get('final_loss'))} checkpoint {r.get('checkpoint')}{resumed}{refused}"
-        if aid.startswith("eval-"):
+        if is_eval(aid):
             return f"{r.get('suite', '')}: {figures_text(first_subject_metrics(r)) or 'done'}"
-        if aid.startswith("corpus-"):
+        if aid.startswith(CORPUS_PREFIX):
             return f"corpus {r.get('name', '')}: {r.get('tokens', '?')} tokens"
         return ""
     if t in ("activity_failed", "activity_timed_out"):

@@ -12,6 +12,7 @@ import os
 import sqlite3
 from pathlib import Path
 
+from contracts.layout import RunHome
 from tinyllm.fsio import DISK_FULL_ERRNOS
 
 from .errors import BadRequest, CtlError, DiskFull
@@ -38,7 +39,7 @@ def check_home_writable(home: Path) -> None:
     probe = home
     while not probe.exists() and probe.parent != probe:
         probe = probe.parent
-    if _is_read_only(probe) or ((home / ".ctl").is_dir() and _is_read_only(home / ".ctl")):
+    if _is_read_only(probe) or (RunHome(home).ctl_dir.is_dir() and _is_read_only(RunHome(home).ctl_dir)):
         raise BadRequest(_read_only_message(home))
 
 
@@ -48,7 +49,8 @@ def refuse_lost_history(home: Path, db: Path) -> None:
         size = db.stat().st_size
     except FileNotFoundError:
         return
-    runs = sorted(p.name for p in (home / "runs").glob("*") if p.is_dir()) if (home / "runs").is_dir() else []
+    runs_dir = RunHome(home).runs
+    runs = sorted(p.name for p in runs_dir.glob("*") if p.is_dir()) if runs_dir.is_dir() else []
     if size == 0 and runs:
         shown = ", ".join(runs[:5]) + (" ..." if len(runs) > 5 else "")
         raise BadRequest(

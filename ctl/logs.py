@@ -24,6 +24,7 @@ from typing import Any
 
 import click
 
+from contracts.layout import RunHome
 from engine import OUTPUT_STREAMS as STREAMS, NotFound, output_log_path as log_path, read_kept_output as read_kept
 from workflows.activities import activity_dir
 
@@ -62,7 +63,7 @@ def attempt_dirs(home: Path, name: str, activity_id: str) -> list[AttemptLogs]:
 
 def run_logs(home: Path, name: str) -> list[AttemptLogs]:
     """Every kept attempt output of run ``name`` (for ``ctl show`` and the UI), by activity folder."""
-    root = home / "runs" / name / "activity"
+    root = RunHome(home).run(name).activity_root
     out = []
     for p in sorted(root.iterdir()) if root.is_dir() else []:
         out += attempt_dirs(home, name, p.name)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.layout import RunHome
+
 from .runview import SMOOTHING, RunView, headline, read_frames, stopped_early_text
 from .termplot import chart
 
@@ -63,7 +65,7 @@ class Series:
 
 
 def series(view: RunView, home: Path) -> Series:
-    frames = read_frames(home / "runs" / view.name / "metrics.jsonl")
+    frames = read_frames(RunHome(home).run(view.name).metrics)
     out = Series(title=f"{view.workflow_id} ({view.state})", stopped_early=view.stopped_early)
     ema = None
     for f in frames:

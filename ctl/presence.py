@@ -16,12 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from contracts.layout import RunHome
 from engine import owner_dead
 from tinyllm.fsio import atomic_write
 
 
 def _folder(home: Path) -> Path:
-    return home / ".ctl" / "workers"
+    return RunHome(home).ctl_dir / "workers"
 
 
 def announce(home: Path, engine: Any, workflow_id: str | None) -> Path | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from contracts.layout import MANIFEST
 import workflows
 from tinyllm.eval_figures import resolve_figure, suite_figures
 
@@ -35,7 +36,7 @@ def candidate(result: dict, select: str, workflow_id: str) -> tuple[str, int]:
 
 def checkpoint_digest(home: Path, checkpoint: str) -> str:
     try:
-        manifest = json.loads((home / checkpoint / "manifest.json").read_text(encoding="utf-8"))
+        manifest = json.loads((home / checkpoint / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise BadRequest(f"checkpoint {checkpoint} is missing or has no readable manifest.json") from None
     digest = manifest.get("manifest_sha256") if isinstance(manifest, dict) else None

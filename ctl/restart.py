@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.layout import STEP_PREFIX, RunHome
 from tinyllm import runlock
 
 from . import app, runstatus
@@ -48,17 +49,17 @@ class Restarted:
 
 def refuse_moved_aside(home: Path, name: str) -> None:
     """``runs/<name>`` is a restarted run's folder moved aside (it holds ``RESTARTED.json``): not a run's."""
-    marker = home / "runs" / name / MARKER
+    marker = RunHome(home).run(name).path / MARKER
     if marker.is_file():
-        raise BadRequest(f"runs/{name} holds the folder of a restarted run moved aside ({marker.name}): it is "
+        raise BadRequest(f"{marker.parent.relative_to(home)} holds the folder of a restarted run moved aside ({marker.name}): it is "
                          f"kept as it is; give the run another name")
 
 
 def _aside(home: Path, name: str) -> tuple[int, Path]:
     n = 1
-    while (home / "runs" / f"{name}.restart-{n}").exists():
+    while (RunHome(home).runs / f"{name}.restart-{n}").exists():
         n += 1
-    return n, home / "runs" / f"{name}.restart-{n}"
+    return n, RunHome(home).runs / f"{name}.restart-{n}"
 
 
 def _check_not_live(engine: Any, home: Path, name: str, st: Any) -> None:
@@ -80,7 +81,7 @@ def _check_not_live(engine: Any, home: Path, name: str, st: Any) -> None:
 
 
 def _check_no_trainer(home: Path, name: str, st: Any) -> None:
-    run_dir = home / "runs" / name
+    run_dir = RunHome(home).run(name).path
     if run_dir.is_dir() and runlock.is_locked(run_dir):
         raise BadRequest(f"cannot restart train/{name}: a live trainer holds {run_dir / runlock.LOCK_NAME}; stop "
                          f"its ctl train (Ctrl-C) or `ctl cancel {st.workflow_id if st else 'train/' + name}` first")
@@ -103,7 +104,7 @@ def _eval_dirs(home: Path, name: str) -> list[Path]:
     """The run's own checkpoint evaluations: ``evals/<suite>/<name>-<step>`` (release evaluations, named by a
     checkpoint digest, are keyed by what was trained and stay)."""
     pattern = re.compile(rf"^{re.escape(name)}-\d{{6,}}$")
-    root = home / "evals"
+    root = RunHome(home).evals
     return sorted(d for s in (root.iterdir() if root.is_dir() else []) if s.is_dir()
                   for d in s.iterdir() if d.is_dir() and pattern.match(d.name))
 
@@ -116,18 +117,19 @@ def restart_run(engine: Any, home: Path, name: str) -> Restarted:
     _check_not_live(engine, home, name, current)
     was = _end(engine, current) if current is not None else None
     epoch = (int((app.recorded_input(engine, current.workflow_id) or {}).get("restart") or 0) + 1) if current else 1
-    run_dir = home / "runs" / name
+    run = RunHome(home).run(name)
+    run_dir = run.path
     evals = _eval_dirs(home, name)
     what = []
     if run_dir.exists() or evals:
         n, aside = _aside(home, name)
         if run_dir.exists():
-            ckpts = len([p for p in (run_dir / "ckpt").glob("step-*") if p.is_dir()])
+            ckpts = len([p for p in run.ckpt_root.glob(f"{STEP_PREFIX}*") if p.is_dir()])
             os.rename(run_dir, aside)
-            what.append(f"moved runs/{name} to {aside.relative_to(home)} ({ckpts} checkpoint(s))")
+            what.append(f"moved {run_dir.relative_to(home)} to {aside.relative_to(home)} ({ckpts} checkpoint(s))")
         aside.mkdir(parents=True, exist_ok=True)
         for d in evals:
-            target = aside / "evals" / d.parent.name / d.name
+            target = RunHome(aside).eval_dir(d.parent.name, d.name)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.rename(d, target)
         if evals:

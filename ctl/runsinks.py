@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from contracts.layout import RunHome
 from tinyllm.sinks import mlflow_sink
 
 
@@ -22,7 +23,7 @@ def run_dir_of(home: Path, workflow_id: str) -> Path | None:
     parts = workflow_id.split("/")
     if len(parts) < 2 or parts[0] != "train" or not parts[1]:
         return None
-    return Path(home) / "runs" / parts[1]
+    return RunHome(home).run(parts[1]).path
 
 
 def workflow_state(home: Path, workflow_id: str, state: str) -> None:

@@ -27,8 +27,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from contracts.activity_ids import CORPUS_PREFIX, EVAL_PREFIX, PUBLISH_PREFIX, TRAIN_PREFIX
+from contracts.layout import RunHome, ckpt_ref
+from contracts.layout import parse_step_dir as checkpoint_step
 from engine import owner_dead
-from workflows.activities import checkpoint_step
 
 from . import presence
 from .evalprogress import EvalCounts, EvalFollower
@@ -95,7 +97,8 @@ def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str,
             "lease_age_s": None, "heartbeat_age_s": None, "reason": "nothing in flight"}
 
 
-KINDS = (("train-", "training"), ("eval-", "evaluation"), ("corpus-", "corpus build"), ("publish", "publication"))
+KINDS = ((TRAIN_PREFIX, "training"), (EVAL_PREFIX, "evaluation"), (CORPUS_PREFIX, "corpus build"),
+         (PUBLISH_PREFIX, "publication"))
 
 
 def waiting_for(activity_id: str, attempt: int, heartbeat_age_s: float | None, timeout_s: float | None) -> str:
@@ -152,7 +155,7 @@ def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
         view = run_view(st.workflow_id, events, st.state)
         if (proof := verdict_of(home, spec_of(events)[0])) is not None:  # a spec's own trainer (ctl/verify_record.py)
             out["resume_proof"] = proof
-        tail = MetricsTail(home / "runs" / view.name / "metrics.jsonl") if view.name else None
+        tail = MetricsTail(RunHome(home).run(view.name).metrics) if view.name else None
         if tail is not None:
             tail.poll()
             counts = EvalFollower(home).counts(view, view.name, now) if st.state == "running" else None
@@ -183,13 +186,13 @@ def _newer_latest(progress: dict, home: Path, name: str) -> None:
     """``LATEST`` names a newer checkpoint than the history's last heartbeat (a kill between the trainer's
     write and the runner's heartbeat): that one is the last checkpoint, as the next attempt resumes from it."""
     try:
-        latest = (home / "runs" / name / "ckpt" / "LATEST").read_text().strip()
+        run = RunHome(home).run(name)
+        latest = run.latest.read_text().strip()
     except (OSError, UnicodeDecodeError):
         return
     step = checkpoint_step(latest)
-    if step is not None and step > (progress.get("last_checkpoint_step") or -1) and \
-            (home / "runs" / name / "ckpt" / latest).is_dir():
-        progress["last_checkpoint"], progress["last_checkpoint_step"] = f"runs/{name}/ckpt/{latest}", step
+    if step is not None and step > (progress.get("last_checkpoint_step") or -1) and (run.ckpt_root / latest).is_dir():
+        progress["last_checkpoint"], progress["last_checkpoint_step"] = ckpt_ref(name, latest), step
 
 
 def status_lines(st: Any, extra: dict, now: float) -> list[str]:

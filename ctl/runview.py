@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.activity_ids import CORPUS_PREFIX, eval_id, is_eval, is_train, parse_activity_id, step_tag, train_id
+from contracts.layout import step_dir_name
 from workflows import segments as segment_ends
 from workflows.activities import checkpoint_step
 
@@ -29,19 +31,14 @@ MAX_READ_BYTES = 1 << 20  # per poll: a huge backlog is skipped to its tail
 
 def step_of(activity_id: str) -> int | None:
     """``train-000500`` / ``eval-000500-ppl`` -> 500; None for other ids."""
-    parts = activity_id.split("-")
-    if len(parts) >= 2 and parts[0] in ("train", "eval") and parts[1].isdigit():
-        return int(parts[1])
-    return None
+    parsed = parse_activity_id(activity_id)
+    return parsed.step if parsed.kind in ("train", "eval") else None
 
 
 def suite_of(activity_id: str) -> str:
     """``eval-000500-ppl`` -> ``ppl``; ``eval-ppl`` (no tag) -> ``ppl``."""
-    if not activity_id.startswith("eval-"):
-        return ""
-    rest = activity_id[len("eval-"):]
-    head, _, tail = rest.partition("-")
-    return tail if head.isdigit() and tail else rest
+    parsed = parse_activity_id(activity_id)
+    return parsed.rest or "" if parsed.kind == "eval" else ""
 
 
 def first_subject_metrics(result: Any) -> dict[str, float]:
@@ -250,9 +247,9 @@ def run_view(workflow_id: str, events: list[Any], state: str = "running") -> Run
     except (TypeError, ValueError):
         ends = []
     suites = [str(s) for s in inp.get("eval_suites") or inp.get("suites") or []]
-    segs = [SegmentView(i + 1, until, f"train-{until:06d}") for i, until in enumerate(ends)]
+    segs = [SegmentView(i + 1, until, train_id(until)) for i, until in enumerate(ends)]
     for seg in segs:
-        seg.evals = [EvalView(f"eval-{seg.until:06d}-{s}", s, seg.until) for s in suites]
+        seg.evals = [EvalView(eval_id(step_tag(seg.until), s), s, seg.until) for s in suites]
     view = RunView(workflow_id, name, steps, suites, segs, Phase("starting", "starting"), state=state,
                    interval_s=float(spec.get("eval_interval_seconds", 0) or 0))
     by_id: dict[str, Any] = {s.activity_id: s for s in segs}
@@ -371,19 +368,19 @@ def _apply(view: RunView, by_id: dict[str, Any], e: Any) -> None:
 
 
 def _phase_of(view: RunView, aid: str, attempt: int, t: float, seg: SegmentView | None = None) -> Phase:
-    if aid.startswith("train-"):  # seg: the segment of aid, looked up by the caller (a scan is quadratic)
+    if is_train(aid):  # seg: the segment of aid, looked up by the caller (a scan is quadratic)
         k = seg.index if seg else None
         text = f"training segment {k}/{len(view.segments)}" if k else f"training {aid}"
         return Phase("training", text, segment=k, activity_id=aid, attempt=attempt, since=t)
-    if aid.startswith("eval-"):
-        known = [x for x in view.suites if aid == f"eval-{x}" or aid.endswith(f"-{x}")]
+    if is_eval(aid):
+        known = [x for x in view.suites if aid == eval_id("", x) or aid.endswith(f"-{x}")]
         suite, step = (known[0] if known else suite_of(aid)), step_of(aid)
         idx = view.suites.index(suite) + 1 if suite in view.suites else None
-        of = f" of step-{step:06d}" if step is not None else ""
+        of = f" of {step_dir_name(step)}" if step is not None else ""
         text = f"evaluating {suite}" + (f" ({idx}/{len(view.suites)})" if idx else "") + of
         return Phase("evaluating", text, activity_id=aid, attempt=attempt, since=t, suite_index=idx,
                      suites=len(view.suites))
-    if aid.startswith("corpus-"):
+    if aid.startswith(CORPUS_PREFIX):
         return Phase("corpus", f"building corpus ({aid})", activity_id=aid, attempt=attempt, since=t)
     return Phase("running", aid, activity_id=aid, attempt=attempt, since=t)
 

@@ -17,6 +17,8 @@ import workflows
 from tinyllm.sinks import mlflow_sink, tracing
 from tinyllm.objectives.no_signal import warning_text
 
+from contracts.layout import RunHome
+
 from .logs import run_logs
 from .runview import RunView, fmt_duration, headline, local_time, read_frames, stopped_early_text
 from .tables import align
@@ -53,7 +55,7 @@ def validation_table(frames: list[dict]) -> list[str]:
 
 def show(view: RunView, home: Path, spec: dict[str, Any], trace: dict | None = None) -> tuple[list[str], dict]:
     """(lines, json) of ``ctl show`` for a run (``trace``: the one its history records, if any)."""
-    frames = read_frames(home / "runs" / view.name / "metrics.jsonl")
+    frames = read_frames(RunHome(home).run(view.name).metrics)
     lines = [f"{view.workflow_id}: {view.state}; {view.total_steps} steps in {len(view.segments)} segment(s); "
              f"suites {', '.join(view.suites) or 'none'}", *segment_table(view)]
     lines += selection_lines(view)
@@ -86,7 +88,7 @@ def show(view: RunView, home: Path, spec: dict[str, Any], trace: dict | None = N
         data["resume_proof"] = proof
     data.update({k: v for k, v in (("stopped_early", view.stopped_early), ("best_checkpoints", view.best_checkpoints))
                  if v is not None})
-    sink = mlflow_sink.read_state(home / "runs" / view.name)
+    sink = mlflow_sink.read_state(RunHome(home).run(view.name).path)
     if sink is not None:  # the spec's sinks.mlflow: where its run is, and whether it fell behind
         last = frames[-1]["step"] if frames else None
         lines += ["", f"mlflow: run {sink.get('run_id')} in experiment {sink.get('experiment')!r} at "
@@ -102,7 +104,7 @@ def show(view: RunView, home: Path, spec: dict[str, Any], trace: dict | None = N
                       f"{newest.directory.relative_to(home)}/ (`ctl logs train/{view.name}`; --activity ID --attempt N)"]
         data["logs"] = [{"activity_id": a.activity_id, "generation": a.generation, "attempt": a.attempt,
                          "path": str(a.directory.relative_to(home))} for a in kept]
-    if (traced := trace_info(trace, home / "runs" / view.name)) is not None:
+    if (traced := trace_info(trace, RunHome(home).run(view.name).path)) is not None:
         lines += ["", f"trace: {traced['trace_id']} (spans sent to {', '.join(traced['sent_to']) or 'nowhere yet'})"]
         data["trace"] = traced
     return lines, data

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from contracts.layout import RunHome
 from tinyllm.sinks import tracing
 from tinyllm.fsio import atomic_write
 
@@ -415,7 +416,7 @@ class RunTracer:
             closed = [r for wid, events in self.new_events(self.spans.seen()) for r in self.spans.feed(wid, events)]
             if not closed:
                 return 0  # nothing new closed: no file read, no export (the mark need not move)
-            data = tracing.read_mark(self.home / "runs" / self.name)
+            data = tracing.read_mark(RunHome(self.home).run(self.name).path)
             marks = (data.get("destinations") or {}).get(self.where) or {}
             fresh = [r for r in closed if r.closed_at[1] > int(marks.get(r.closed_at[0], 0))]
             if not fresh:
@@ -428,7 +429,7 @@ class RunTracer:
     def _write_mark(self, data: dict, marks: dict[str, int]) -> None:
         data = {**data, "trace_id": self.trace_id, "run_id": self.run_id}
         data["destinations"] = {**(data.get("destinations") or {}), self.where: marks}
-        path = tracing.mark_path(self.home / "runs" / self.name)
+        path = tracing.mark_path(RunHome(self.home).run(self.name).path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, (json.dumps(data, sort_keys=True, indent=1) + "\n").encode("utf-8"))

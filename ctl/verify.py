@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED
+from contracts.layout import STEP_PREFIX, RunHome
 from engine import ATTEMPT_ENV, attempt_tag, dies_with_parent, kill_attempt, scope_of
 from tinyllm.spec import SpecError, load_json_file
 from tinyllm.trainer_spec import has_trainer, parse_run_spec
@@ -182,8 +184,8 @@ class Trainer:
 
 def _latest_step(home: Path, name: str) -> int:
     try:
-        latest = (home / "runs" / name / "ckpt" / "LATEST").read_text(encoding="utf-8").strip()
-        return int(latest.removeprefix("step-"))
+        latest = RunHome(home).run(name).latest.read_text(encoding="utf-8").strip()
+        return int(latest.removeprefix(STEP_PREFIX))
     except (OSError, ValueError):
         return 0
 
@@ -283,7 +285,7 @@ def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: in
     tag = attempt_tag(scope_of(home), "verify-resume", home.name, index)
     env[ATTEMPT_ENV] = tag
     proc = trainer.start(home, progress, env)
-    metrics = home / "runs" / trainer.name / "metrics.jsonl"
+    metrics = RunHome(home).run(trainer.name).metrics
     deadline = time.monotonic() + timeout_s
     signaled: int | None = None
     size, changed = _size(progress), time.monotonic()
@@ -360,7 +362,7 @@ def _prepare_home(home: Path, user_home: Path, spec: Any, custom: bool, python: 
     if custom:
         return
     corpus = spec.corpus
-    source = user_home / "corpora" / corpus
+    source = RunHome(user_home).corpus(corpus)
     if not source.is_dir():  # tinyllm's built-in text under that name, as ctl train would build it
         corpus_spec = home.parent / "corpus.json"
         corpus_spec.write_text(json.dumps({"name": corpus}), encoding="utf-8")
@@ -368,8 +370,8 @@ def _prepare_home(home: Path, user_home: Path, spec: Any, custom: bool, python: 
                                str(corpus_spec)], capture_output=True)
         if done.returncode != 0:
             raise BadRequest(f"cannot build corpus {corpus!r}: {done.stderr.decode(errors='replace').strip()[-300:]}")
-    (home / "corpora").mkdir()
-    os.symlink(source, home / "corpora" / corpus)
+    RunHome(home).corpora.mkdir()
+    os.symlink(source, RunHome(home).corpus(corpus))
 
 
 def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int = 0, signal_mode: str = "both",
@@ -391,7 +393,7 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
         raw, spec = resolved_spec(raw)
     name = spec.name
     ends = segment_ends(spec.steps, int(raw.get("eval_every") or 0), segments)
-    workdir = user_home / ".ctl" / "verify" / name
+    workdir = RunHome(user_home).ctl_dir / "verify" / name
     try:
         if workdir.exists():
             shutil.rmtree(workdir)
@@ -458,8 +460,8 @@ def _compare_segments(report: Report, trainer: Trainer, raw: dict, steps: int, r
         report.exact, report.verdict, report.suspects = False, "not_exact", ["segments"]
         report.diagnosis = diagnose_failed_segment(index, ends, rc, error, kind)
         return
-    ref_steps = step_records(ref_home / "runs" / name / "metrics.jsonl")
-    seg_steps = step_records(seg_home / "runs" / name / "metrics.jsonl")
+    ref_steps = step_records(RunHome(ref_home).run(name).metrics)
+    seg_steps = step_records(RunHome(seg_home).run(name).metrics)
     ref_result, seg_result = _result(ref_home, "attempt-0") or {}, _result(seg_home, f"attempt-{len(ends)}") or {}
     step, what = first_difference(ref_steps, seg_steps) if ref_steps else (None, [])
     equal = step is None and all(ref_result.get(k) == seg_result.get(k) for k in ("final_loss_hex", "digest"))
@@ -481,7 +483,7 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
     ref = _run_attempt(trainer, ref_home, 0, "ref", None, timeout_s, True, log, heartbeat_s)
     if ref.returncode != 0:
         why = _stderr_last(ref_home, "attempt-0")
-        err = BadRequest if ref.returncode == 2 else VerifyFailed
+        err = BadRequest if ref.returncode == EXIT_BAD_INPUT else VerifyFailed
         raise err(f"the uninterrupted run failed (exit {ref.returncode}): {why}")
     _check_attempt(trainer, ref_home, 0, ref, spec.steps)
     ref_result = _result(ref_home, "attempt-0") or {}
@@ -499,7 +501,7 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
         _check_attempt(trainer, kill_home, i, a, spec.steps)
         if a.returncode == 0 and _latest_step(kill_home, name) >= end:
             break  # finished before this interruption landed
-        if a.returncode not in (0, 130, -signal.SIGKILL, -signal.SIGTERM):
+        if a.returncode not in (0, EXIT_CANCELED, -signal.SIGKILL, -signal.SIGTERM):
             raise VerifyFailed(f"attempt {i} failed (exit {a.returncode}): {_stderr_last(kill_home, f'attempt-{i}')}")
     if not attempts or _latest_step(kill_home, name) < end or attempts[-1].returncode != 0:
         final = _run_attempt(trainer, kill_home, len(attempts) + 1, "final", None, timeout_s, False, log, heartbeat_s)
@@ -511,8 +513,8 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
     got_result = _result(kill_home, f"attempt-{len(attempts)}") or {}
     landed = sum(1 for a in attempts if a.mode != "final" and a.returncode != 0)
 
-    ref_steps = step_records(ref_home / "runs" / name / "metrics.jsonl")
-    got_steps = step_records(kill_home / "runs" / name / "metrics.jsonl")
+    ref_steps = step_records(RunHome(ref_home).run(name).metrics)
+    got_steps = step_records(RunHome(kill_home).run(name).metrics)
     ref_states = {s: r["state"] for s, r in ref_steps.items() if "state" in r}
     start = next((ln.get("state") for ln in ref_lines if ln.get("event") == "start"), None)
     if start is not None:

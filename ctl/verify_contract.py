@@ -23,7 +23,7 @@ from pathlib import Path
 from engine import NonRetryableError
 from workflows.trainer_command import check_progress, check_train_result
 
-from .errors import EXIT_CONTRACT_BROKEN, CtlError
+from .errors import EXIT_CANCELED, EXIT_CONTRACT_BROKEN, CtlError
 
 RESULT_KEYS = ("final_loss_hex", "digest")  # an object with these is a result line wherever it sits
 
@@ -112,7 +112,7 @@ def check_sigterm(stdout: Path, *, rc: int, signaled_step: int | None, latest: i
         except ContractBroken:
             pass  # named below, as an exit 0 that did not answer the SIGTERM
     at = f" at step {signaled_step}" if signaled_step is not None else ""
-    if rc != 130:
+    if rc != EXIT_CANCELED:
         how = f"killed by signal {-rc}" if rc < 0 else f"exit {rc}"
         raise ContractBroken("SIGTERM", f"SIGTERM{at} was answered with {how}, not a checkpoint and exit 130 (finish "
                                         "the step, checkpoint, print the result line with \"canceled\": true)")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from contracts.layout import RunHome
 from tinyllm.fsio import atomic_write
 
 NOT_TRAJECTORY = frozenset({"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every",
@@ -50,7 +51,7 @@ def spec_key(spec: Mapping[str, Any]) -> str:
 
 
 def _path(home: Path, key: str) -> Path:
-    return home / ".ctl" / "verified" / f"{key[:32]}.json"
+    return RunHome(home).ctl_dir / "verified" / f"{key[:32]}.json"
 
 
 def record(home: Path, spec: Mapping[str, Any], verdict: str, **facts: Any) -> Path:

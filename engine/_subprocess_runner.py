@@ -38,6 +38,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from contracts import exits
+from contracts import progress as progress_lines
+
 from . import _proctree as proctree
 from ._output import AttemptOutput
 from ._errors import Canceled, NonRetryableError, Preempted
@@ -45,11 +48,10 @@ from ._errors import Canceled, NonRetryableError, Preempted
 log = logging.getLogger("engine")
 
 PR_SET_PDEATHSIG = 1
-EXIT_BAD_INPUT = 2
-EXIT_DISK_FULL = 74  # the trainer found no space (contracts/subprocess-activity.md): non-retryable DiskFull
-EXIT_LOCKED = 75
-EXIT_CANCELED = 130
-EXIT_PREEMPTED = 143  # ctl's exit after a polite stop it saved (128 + SIGTERM): schedulers read it as "come back"
+# the trainer contract's exit codes (contracts/exits.py): 74 = no space, a non-retryable DiskFull; 143 = ctl's
+# exit after a polite stop it saved
+EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_LOCKED, EXIT_CANCELED, EXIT_PREEMPTED = (
+    exits.EXIT_BAD_INPUT, exits.EXIT_DISK_FULL, exits.EXIT_LOCKED, exits.EXIT_CANCELED, exits.EXIT_PREEMPTED)
 STOP_SIGNAL_ENV = "DURABLE_STOP_SIGNAL"  # a signal name the trainer treats as SIGTERM (ctl --stop-signal)
 
 try:
@@ -109,17 +111,6 @@ def _tail(f, limit: int) -> str:
     return f.read().decode("utf-8", errors="replace")
 
 
-def _finite(text: str) -> float:
-    value = float(text)
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"non-finite number {text}")
-    return value
-
-
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")
-
-
 class _Progress:
     """Reads complete new lines of the progress file (starting at its size when the run began)."""
 
@@ -139,13 +130,11 @@ class _Progress:
         *lines, self.buf = (self.buf + data).split(b"\n")
         out = []
         for line in lines:
-            if line.strip():
-                try:
-                    value = json.loads(line, parse_float=_finite, parse_constant=_no_constant)
-                except (ValueError, RecursionError):
-                    continue  # a malformed progress line is not worth failing the run for
-                if isinstance(value, dict):  # a damaged line that is still JSON is not a heartbeat
-                    out.append(value)
+            # a malformed progress line is not worth failing the run for; a damaged line that is still JSON
+            # (not an object, or a non-finite number) is no heartbeat either (contracts/progress.py)
+            value = progress_lines.parse_line(line)
+            if value is not None:
+                out.append(value)
         return out
 
 
@@ -188,13 +177,13 @@ class _Steps:
         self.signal: str | None = None
 
     def see(self, line: dict) -> None:
-        step = line.get("step")
-        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        step = progress_lines.int_step(line)
         event = line.get("event")
-        if event in (None, "checkpoint") and isinstance(line.get("checkpoint"), str) and step is not None:
+        saved = progress_lines.saved_checkpoint(line)
+        if saved is not None:
             # a checkpoint line: tinyllm's have no event, the helper's and the integrations' say "checkpoint"
             # (their other lines carry the newest checkpoint too, at another step: not a save at that step)
-            self.saved, self.checkpoint = step, line["checkpoint"]
+            self.saved, self.checkpoint = step, saved
         elif event == "resume" and step is not None and self.saved is None:
             self.saved = step
             if isinstance(line.get("checkpoint"), str):

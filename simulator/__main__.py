@@ -21,6 +21,8 @@ import random
 import signal
 import sys
 
+from contracts.exits import EXIT_BAD_INPUT
+
 from .campaign import campaign
 from .campaign_targets import PREEMPT_FAULTS, USER_FAULTS, TargetError, choose
 from .kill_loop import kill_loop
@@ -103,7 +105,7 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
 def _bad(message: str) -> None:
     """Bad input: one line on stderr, exit 2, nothing run."""
     print(f"simulator: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(EXIT_BAD_INPUT)
 
 
 def _scenario(a: argparse.Namespace) -> Scenario:

@@ -63,6 +63,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contracts.activity_ids import TRAIN_PREFIX, is_eval, is_train
+from contracts.exits import EXIT_CANCELED
+from contracts.layout import RunHome
+
 from . import campaign_preempt, procs
 from .campaign_reference import Reference, ReferenceFailed
 from .campaign_progress import fault_points, history_resumes, latest_step, progress_step
@@ -120,7 +124,7 @@ class Monitor:
             gone = procs.deleted_db_files(pid)
             if gone and pid not in self.deleted:
                 self.deleted[pid] = gone
-        for f in self.home.glob(f"runs/{NAME}/activity/train-*/progress-*.jsonl"):
+        for f in RunHome(self.home).run(NAME).activity_root.glob(f"{TRAIN_PREFIX}*/progress-*.jsonl"):
             try:
                 lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip().endswith("}")]
             except (OSError, ValueError):
@@ -241,7 +245,7 @@ class Run:
         if kind == "readers":
             for args in (("status", WID), ("list",), ("status",)):
                 p = procs.run(self.home, *args)
-                if p.returncode not in (0, 130) and "no workflow" not in p.stderr and "no ctl database" not in p.stderr:
+                if p.returncode not in (0, EXIT_CANCELED) and "no workflow" not in p.stderr and "no ctl database" not in p.stderr:
                     self.problems.append(f"ctl {' '.join(args)} exited {p.returncode}: {p.stderr.strip()[-300:]}")
             p = procs.run(self.home, "history", WID, "--json")
             if p.returncode == 0:
@@ -308,10 +312,10 @@ class Run:
         inside that write (tinyllm.durable, ``TINYLLM_FAULT=durable.checkpoint_write@armed:FILE``)."""
         kind = "kill-in-checkpoint-write"
         seen = dict(self.children())  # (a train child not yet started claims it too)
-        if any(self.child_kills.get(aid, 0) >= MAX_CHILD_KILLS for aid in seen.values() if aid.startswith("train-")):
+        if any(self.child_kills.get(aid, 0) >= MAX_CHILD_KILLS for aid in seen.values() if is_train(aid)):
             return f"{kind} (no child in flight that may be killed again)"
         deadline = time.monotonic() + ARM_TIMEOUT_S
-        latest = self.home / "runs" / NAME / "ckpt" / "LATEST"
+        latest = RunHome(self.home).run(NAME).latest
         while not latest.exists() and time.monotonic() < deadline:  # so that the killed write is not the first:
             time.sleep(POLL_S)  # its retry resumes from a checkpoint (the partial one cleaned up)
         if not latest.exists():
@@ -352,7 +356,7 @@ class Run:
             except subprocess.TimeoutExpired:
                 self.problems.append("ctl train did not exit after a recorded cancel")
                 return
-            if self.primary.returncode not in (130, 0):
+            if self.primary.returncode not in (EXIT_CANCELED, 0):
                 self.problems.append(f"ctl train exited {self.primary.returncode} after a cancel (expected 130)")
         else:
             deadline = time.monotonic() + RUN_TIMEOUT_S / 3
@@ -445,7 +449,7 @@ class Run:
             except subprocess.TimeoutExpired:
                 self.problems.append("a second ctl train did not end after the run completed")
                 continue
-            if p.returncode not in (0, 130):
+            if p.returncode not in (0, EXIT_CANCELED):
                 self.problems.append(f"a second ctl train exited {p.returncode}: {err.strip()[-300:]}")
         st = procs.run(self.home, "status", WID, "--json")
         out = json.loads(st.stdout or "{}")
@@ -480,7 +484,7 @@ class Run:
         for events in histories.values():
             for e in events:
                 aid = e["attrs"].get("activity_id", "")
-                if e["type"] == "activity_completed" and aid.startswith("eval-"):
+                if e["type"] == "activity_completed" and is_eval(aid):
                     evals[aid] = evals.get(aid, 0) + 1
         bad += [f"{aid} completed {n} times" for aid, n in sorted(evals.items()) if n != 1]
         bad += monitor.violations()

@@ -31,6 +31,10 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from contracts.activity_ids import is_train
+from contracts.exits import EXIT_PREEMPTED
+from contracts.layout import RunHome
+
 from . import procs
 from .campaign_progress import progress_step
 from .campaign_targets import PREEMPT_FAULTS
@@ -69,7 +73,7 @@ def _ready(home: Path, name: str, activity: str, attempt: int) -> bool:
     """Did that attempt's trainer get as far as setting up (its ``ready`` line: metrics.jsonl cut back to its
     resume, so the file's last record is its own)?"""
     try:
-        raw = (home / "runs" / name / "activity" / activity / f"progress-{attempt}.jsonl").read_bytes()
+        raw = RunHome(home).run(name).progress_file(activity, attempt).read_bytes()
     except OSError:
         return False
     for line in raw.splitlines():
@@ -117,7 +121,7 @@ def preempt(run: Run, kind: str, name: str, wid: str) -> str:
         procs.killpg(p)
         err = ""
     rc = p.returncode
-    if rc not in (143, 0):
+    if rc not in (EXIT_PREEMPTED, 0):
         run.problems.append(f"{kind}: {what} exited {rc} after SIGTERM, not 143 (preempted, resumable): "
                             f"{(err or '').strip()[-300:]}")
     run._wait_gone(f"{kind} ({what} exited {rc})")
@@ -127,7 +131,7 @@ def preempt(run: Run, kind: str, name: str, wid: str) -> str:
             continue
         a = e.get("attrs") or {}
         aid = str(a.get("activity_id", ""))
-        if e.get("type") != "activity_preempted" or not aid.startswith("train-"):
+        if e.get("type") != "activity_preempted" or not is_train(aid):
             continue
         reached = progress_step(run.home, name) if _ready(run.home, name, aid, int(a.get("attempt", 0))) else None
         n, done, saved = steps_lost(a, reached)
@@ -155,7 +159,7 @@ def resume_violations(histories: dict[str, list[dict]]) -> list[str]:
         for i, e in enumerate(events):
             a = e.get("attrs") or {}
             aid = str(a.get("activity_id", ""))
-            if e.get("type") != "activity_preempted" or not aid.startswith("train-") or not isinstance(a.get("step"), int):
+            if e.get("type") != "activity_preempted" or not is_train(aid) or not isinstance(a.get("step"), int):
                 continue
             nxt = a.get("attempt", 0) + 1
             for f in events[i + 1:]:

@@ -27,8 +27,10 @@ import random
 import re
 from pathlib import Path
 
+from contracts.activity_ids import train_step
+from contracts.layout import RunHome
+
 _STEP = re.compile(r"step-(\d+)$")
-_TRAIN = re.compile(r"train-(\d+)$")
 
 
 def fault_points(rng: random.Random, n: int, steps: int, checkpoint_every: int, eval_every: int) -> list[tuple[str, int]]:
@@ -51,17 +53,17 @@ def fault_points(rng: random.Random, n: int, steps: int, checkpoint_every: int, 
 def latest_step(home: Path, name: str) -> int:
     """The step of the run's newest checkpoint (LATEST), 0 when it has none."""
     try:
-        return int(_STEP.search((home / "runs" / name / "ckpt" / "LATEST").read_text(encoding="utf-8").strip()).group(1))
+        return int(_STEP.search(RunHome(home).run(name).latest.read_text(encoding="utf-8").strip()).group(1))
     except (OSError, AttributeError, ValueError):
         return 0
 
 
 def progress_step(home: Path, name: str) -> int:
     """How far the run's trainer has got: the newest of metrics.jsonl's last frame and LATEST's step."""
-    run = home / "runs" / name
+    run = RunHome(home).run(name)
     best = latest_step(home, name)
     try:
-        with open(run / "metrics.jsonl", "rb") as f:
+        with open(run.metrics, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 8192))
             tail = f.read().split(b"\n")
@@ -79,7 +81,7 @@ def history_resumes(histories: dict[str, list[dict]]) -> list[tuple[str, int, in
     """``(activity id, attempt, step)`` of each train attempt that resumed from a checkpoint inside a
     segment, from the events of all the run's workflows (in time order)."""
     events = sorted((e for evs in histories.values() for e in evs), key=lambda e: (e.get("time", 0), e.get("seq", 0)))
-    ends = {0} | {int(m.group(1)) for e in events if (m := _TRAIN.match(str(e.get("attrs", {}).get("activity_id", ""))))}
+    ends = {0} | {s for e in events if (s := train_step(e.get("attrs", {}).get("activity_id", ""))) is not None}
     said: dict[int, int] = {}  # id(activity_started event) -> what that attempt's trainer said it resumed from
     for evs in histories.values():  # (per workflow: a continuation /2 has its own train-E attempt 1)
         started: dict[tuple[str, int], dict] = {}
@@ -98,7 +100,7 @@ def history_resumes(histories: dict[str, list[dict]]) -> list[tuple[str, int, in
     for e in events:
         attrs = e.get("attrs") or {}
         aid = str(attrs.get("activity_id", ""))
-        if not _TRAIN.match(aid):
+        if train_step(aid) is None:
             continue
         if e.get("type") == "activity_heartbeat":
             details = attrs.get("details")

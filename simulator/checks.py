@@ -13,6 +13,8 @@ import json
 from collections import defaultdict
 from typing import Any
 
+from contracts.activity_ids import corpus_id, eval_id, step_tag, train_id
+from contracts.layout import STEP_PREFIX, RunHome, checkpoint_ref, parse_step_dir, step_dir_name
 from engine import _history as h  # the simulator's hook into the engine's event kinds (internal, not public)
 
 from .fakes import FakeState, reference_state
@@ -26,11 +28,11 @@ from .scenario import Outcome, Scenario
 
 def expected_commands(scn: Scenario) -> list[str]:
     """Section 3's command list: corpus?, then per segment train, evals, and a timer but after the last."""
-    out = ["corpus-default"] if scn.corpus else []
+    out = [corpus_id("default")] if scn.corpus else []
     ends = scn.ends()
     for i, b in enumerate(ends):
-        out.append(f"train-{b:06d}")
-        out.extend(f"eval-{b:06d}-{s}" for s in scn.suites)
+        out.append(train_id(b))
+        out.extend(eval_id(step_tag(b), s) for s in scn.suites)
         if scn.eval_interval_s > 0 and i < len(ends) - 1:
             out.append(f"timer {scn.eval_interval_s:g}s")
     return out
@@ -165,7 +167,7 @@ def check_result(scn: Scenario, result: Any) -> list[str]:
         if train.get("steps") != end or train.get("final_loss_hex") != want.loss.hex():
             bad.append(f"segment {until}: trainer ended at step {train.get('steps')} "
                        f"loss {train.get('final_loss_hex')}, expected step {end} loss {want.loss.hex()}")
-        if seg.get("checkpoint") != f"runs/{scn.name}/ckpt/step-{end:06d}":
+        if seg.get("checkpoint") != checkpoint_ref(scn.name, end):
             bad.append(f"segment {until}: checkpoint {seg.get('checkpoint')}")
         suites = [s.get("suite") for s in ((seg.get("evals") or {}).get("suites") or [])]
         if suites != list(scn.suites) and (scn.suites or seg.get("evals")):
@@ -225,19 +227,20 @@ def check_steps(ledger: Ledger) -> list[str]:
 def _check_files(o: Outcome, *, final_step: int | None) -> list[str]:
     """Every checkpoint on disk holds exactly the uninterrupted trainer's state at its step; LATEST is valid."""
     scn = o.scenario
-    ckpt_dir = o.home / "runs" / scn.name / "ckpt"
+    run = RunHome(o.home).run(scn.name)
+    ckpt_dir = run.ckpt_root
     bad = []
-    if not (ckpt_dir / "LATEST").exists():
-        return [] if final_step is None else [f"{ckpt_dir}/LATEST is missing"]
-    latest = (ckpt_dir / "LATEST").read_text().strip()
+    if not run.latest.exists():
+        return [] if final_step is None else [f"{run.latest} is missing"]
+    latest = run.latest.read_text().strip()
     if not (ckpt_dir / latest / "state.json").exists():
         bad.append(f"LATEST names {latest}, which does not exist")
-    if final_step is not None and latest != f"step-{final_step:06d}":
-        bad.append(f"LATEST is {latest}, expected step-{final_step:06d}")
-    for d in sorted(ckpt_dir.glob("step-*")):
+    if final_step is not None and latest != step_dir_name(final_step):
+        bad.append(f"LATEST is {latest}, expected {step_dir_name(final_step)}")
+    for d in sorted(ckpt_dir.glob(f"{STEP_PREFIX}*")):
         state = FakeState.from_json(json.loads((d / "state.json").read_text()))
         want = reference_state(scn.spec(), state.step)
-        if d.name != f"step-{state.step:06d}" or state.loss.hex() != want.loss.hex():
+        if d.name != step_dir_name(state.step) or state.loss.hex() != want.loss.hex():
             bad.append(f"checkpoint {d.name} holds step {state.step} loss {state.loss.hex()}, "
                        f"expected {want.loss.hex()}")
     return bad
@@ -316,7 +319,7 @@ def check_canceled(o: Outcome, *, poll_steps: int) -> list[str]:
     bad += check_steps(o.ledger)
     bad += _check_files(o, final_step=None)
     written = {e["step"] for e in o.ledger.entries if e["kind"] == "ckpt" and e["wf"] == o.workflow_id}
-    on_disk = {int(p.name[5:]) for p in (o.home / "runs" / o.scenario.name / "ckpt").glob("step-*")}
+    on_disk = {parse_step_dir(p) for p in RunHome(o.home).run(o.scenario.name).ckpt_root.glob(f"{STEP_PREFIX}*")}
     if written - on_disk:
         bad.append(f"checkpoints deleted: {sorted(written - on_disk)}")
     return bad
@@ -330,9 +333,9 @@ def check_failed_suite(o: Outcome) -> list[str]:
         bad.append(f"workflow ended {o.state} though suite {scn.fail_suites[0]} failed for good, expected failed")
     first = scn.ends()[0]
     failing = next(s for s in scn.suites if s in scn.fail_suites)
-    want = (["corpus-default"] if scn.corpus else []) + [f"train-{first:06d}"]
+    want = ([corpus_id("default")] if scn.corpus else []) + [train_id(first)]
     for s in scn.suites:
-        want.append(f"eval-{first:06d}-{s}")
+        want.append(eval_id(step_tag(first), s))
         if s == failing:
             break
     got = recorded_commands(o.events)

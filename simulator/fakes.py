@@ -7,7 +7,7 @@ They take and return the same shapes as the real activities (``workflows/models.
 written to a temporary name then renamed, ``LATEST`` replaced atomically, one heartbeat per
 checkpoint whose details are the progress line (``checkpoint`` relative to the home). The fake
 trainer resumes from the checkpoint the real train activity would pass as ``--resume``
-(``workflows.activities.choose_resume``: the newer of LATEST and the last heartbeat's), else LATEST,
+(``contracts.resume.resume_argument``: the newer of LATEST and the last heartbeat's), else LATEST,
 else fresh, exactly as ``tinyllm train`` does.
 
 The fake trainer's "model" is (step, loss, h): ``loss`` follows a float recurrence seeded by
@@ -32,13 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.layout import LATEST, RunHome, checkpoint_ref, ckpt_ref, step_dir_name
+from contracts.resume import resume_argument
 from engine import Canceled, NonRetryableError, Preempted
-
-from workflows.activities import choose_resume
 
 from .ledger import Ledger
 from .release import COMPLETE, checkpoint_digest, reused_outputs
-
 
 
 class FilesOverlay:
@@ -278,10 +277,11 @@ class FakeActivities:
     def _checkpoint(self, name: str, state: FakeState, trajectory: list) -> str:
         """``runs/<name>/ckpt/step-NNNNNN/state.json`` via a temporary directory, then LATEST."""
         self.writes += 1
-        rel_dir = f"runs/{name}/ckpt"
-        ckpt_dir = os.path.join(self.home, rel_dir)
+        run = RunHome(self.home).run(name)
+        rel_dir = str(run.ckpt_root.relative_to(self.home))
+        ckpt_dir = str(run.ckpt_root)
         os.makedirs(ckpt_dir, exist_ok=True)
-        base = f"step-{state.step:06d}"
+        base = step_dir_name(state.step)
         final, tmp = os.path.join(ckpt_dir, base), os.path.join(ckpt_dir, f".tmp-{base}")
         os.makedirs(tmp, exist_ok=True)
         text = json.dumps({**state.to_json(), "trajectory": trajectory}, sort_keys=True)
@@ -294,8 +294,8 @@ class FakeActivities:
         latest_tmp = os.path.join(ckpt_dir, ".LATEST.tmp")
         with open(latest_tmp, "w") as f:
             f.write(base)
-        os.replace(latest_tmp, os.path.join(ckpt_dir, "LATEST"))
-        self._wrote(f"{rel_dir}/LATEST", base.encode())
+        os.replace(latest_tmp, run.latest)
+        self._wrote(f"{rel_dir}/{LATEST}", base.encode())
         return f"{rel_dir}/{base}"
 
     def train(self, ctx: Any, input: Any) -> dict[str, Any]:
@@ -306,10 +306,10 @@ class FakeActivities:
         seed = int(spec.get("seed", 0))
         wf, aid = ctx.workflow_id, ctx.activity_id
         # the real activity's choice of --resume (workflows.activities), then tinyllm's own rule
-        resume = choose_resume(self.home, name, steps, ctx.attempt, ctx.last_heartbeat_details)
-        latest = self.home / "runs" / name / "ckpt" / "LATEST"
+        resume = resume_argument(self.home, name, steps, ctx.attempt, ctx.last_heartbeat_details)
+        latest = RunHome(self.home).run(name).latest
         if resume is None and latest.exists():
-            resume = f"runs/{name}/ckpt/{latest.read_text().strip()}"
+            resume = ckpt_ref(name, latest.read_text().strip())
         self._trajectory = FakeState.trajectory(spec)
         state = self._load(resume, self._trajectory) if resume else FakeState.fresh(seed)
         if state.step > steps:  # as tinyllm: a spec below its checkpoint is bad input (exit 2)
@@ -364,7 +364,7 @@ class FakeActivities:
             record("train-stopped-early", wf=wf, run=name, activity=aid, step=k)
             best = max(every, k - 2 * every)
             stopped = {"step": k, "metric": "val/loss", "mode": "min", "patience": 2, "best_step": best,
-                       "best_checkpoint": f"runs/{name}/ckpt/step-{best:06d}"}
+                       "best_checkpoint": checkpoint_ref(name, best)}
         return {
             "name": name,
             "steps": state.step,
@@ -437,7 +437,7 @@ class FakeActivities:
                 "step": state.step, "task": "heldout" if suite == "ppl" else "fake",
                 "metric": metric, "value": value, "value_hex": value.hex(), "n": 1,
             })
-        out_dir = self.home / "evals" / suite / run
+        out_dir = RunHome(self.home).eval_dir(suite, run)
         out_dir.mkdir(parents=True, exist_ok=True)
         self.writes += 1
         rel = f"evals/{suite}/{run}"
@@ -471,7 +471,7 @@ class FakeActivities:
         self.ledger.record("corpus", wf=ctx.workflow_id, name=name, activity=ctx.activity_id, attempt=ctx.attempt)
         if self.fail_corpus:
             raise NonRetryableError(f"simulated failure of corpus {name}", type="CorpusFailed")
-        out = self.home / "corpora" / name
+        out = RunHome(self.home).corpus(name)
         out.mkdir(parents=True, exist_ok=True)
         tokens = bytes(range(256)) * 4
         checksum = hashlib.sha256(tokens).hexdigest()

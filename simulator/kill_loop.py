@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from contracts.layout import ACTIVITY, RunHome
+
 from . import procs
 
 POLL_S = 0.05
@@ -58,7 +60,7 @@ def outcome(p: subprocess.Popen, timeout_s: float) -> dict:
 def progress_lines(home: Path) -> int:
     """Checkpoint lines written so far by every trainer attempt of this home."""
     n = 0
-    for f in home.glob("runs/*/activity/*/progress-*.jsonl"):
+    for f in RunHome(home).runs.glob(f"*/{ACTIVITY}/*/progress-*.jsonl"):
         try:
             # liveness lines ({"event": ...}, tinyllm/progress.py) carry no "checkpoint" key
             n += sum(b'"checkpoint"' in line for line in f.read_bytes().splitlines())

@@ -30,6 +30,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from contracts.layout import RunHome
 import workflows
 from workflows.release import Gate, ModelReleaseInput, PublishResult, publish_activity
 
@@ -84,7 +85,7 @@ def checkpoint_digest(home: Path, checkpoint: str) -> str:
 
 def reused_outputs(home: Path, suite: str, run: str, spec: dict) -> dict | None:
     """The outputs of an earlier complete evaluation of the same spec, as the activity returns them."""
-    out = os.path.join(home, "evals", suite, run)
+    out = str(RunHome(home).eval_dir(suite, run))
     try:
         with open(os.path.join(out, COMPLETE)) as f:
             if json.load(f) != spec:
@@ -106,7 +107,7 @@ def publish_fake(fakes: Any, publish_fn: Callable[..., PublishResult] | None = N
     home = fakes.home
 
     def log_releases() -> None:
-        root = home / "releases"
+        root = RunHome(home).releases
         for path, _dirs, files in os.walk(root):
             for name in sorted(files):
                 full = os.path.join(path, name)

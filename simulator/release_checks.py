@@ -12,6 +12,7 @@ import json
 import math
 from typing import Any
 
+from contracts.layout import MANIFEST, RunHome, checkpoint_ref
 import workflows
 
 from .checks import first_difference
@@ -45,7 +46,7 @@ def check_releases(o: Any) -> list[str]:
     if len(rels) != len(scn.release):
         return [f"{len(rels)} release workflows ran, expected {len(scn.release)}"]
     step = expected_candidate(scn)
-    ckpt = f"runs/{scn.name}/ckpt/step-{step:06d}"
+    ckpt = checkpoint_ref(scn.name, step)
     digest = checkpoint_digest(o.home, ckpt) if (o.home / ckpt / "state.json").exists() else None
     figures = dict(_figure(scn, s, step) for s in release_suites(scn))
     for outcome, rel in zip(scn.release, rels):
@@ -73,7 +74,7 @@ def check_releases(o: Any) -> list[str]:
 
 def _check_release_files(o: Any, digest: str | None) -> list[str]:
     scn = o.scenario
-    root = o.home / "releases" / scn.name
+    root = RunHome(o.home).release_dir(scn.name)
     versions = sorted(p.name for p in root.glob("v*")) if root.is_dir() else []
     leftovers = sorted(p.name for p in root.glob(".tmp-*")) if root.is_dir() else []
     bad = [f"a publication left {leftovers[0]}"] if leftovers else []
@@ -88,14 +89,14 @@ def _check_release_files(o: Any, digest: str | None) -> list[str]:
     name = current.read_text().strip()
     v = root / name
     try:
-        manifest = json.loads((v / "manifest.json").read_text())
+        manifest = json.loads((v / MANIFEST).read_text())
     except (OSError, ValueError):
         return bad + [f"CURRENT names {name}, which has no readable manifest"]
     if name != versions[0] or manifest.get("checkpoint_digest") != digest or manifest.get("version") != name:
         bad.append(f"CURRENT names {name} (manifest digest {str(manifest.get('checkpoint_digest'))[:12]}), "
                    f"expected {versions[0]} of digest {str(digest)[:12]}")
     model = v / "model" / "state.json"
-    src = o.home / f"runs/{scn.name}/ckpt/step-{expected_candidate(scn):06d}" / "state.json"
+    src = RunHome(o.home).checkpoint(scn.name, expected_candidate(scn)) / "state.json"
     if not model.is_file() or not src.is_file() or model.read_bytes() != src.read_bytes():
         bad.append(f"{name}/model is not the candidate checkpoint's files")
     return bad

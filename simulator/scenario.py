@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from contracts.layout import RunHome
 from engine import Engine, Event, NotFound, VirtualClock, read_events
 from engine import _leases as leases  # the simulator's hook: it marks lease owners dead or live (internal)
 import workflows
@@ -189,7 +190,7 @@ def run_scenario(
     ledger = ledger if ledger is not None else Ledger()
     clock = clock if clock is not None else VirtualClock(START_TIME)
     wid = workflow_id or scn.workflow_id
-    db = home / ".ctl" / "engine.db"
+    db = RunHome(home).engine_db
     fakes = FakeActivities(home, ledger, plan, fail_suites=scn.fail_suites,
                            oom_at=dict(scn.oom_at) if oom_left is None else oom_left, files=files,
                            stop_at=scn.stop_at)
@@ -299,7 +300,7 @@ def recover_from_snapshot(
     else:
         home = new_home()
         link_tree(os.fspath(src_home), os.fspath(home), unread=unread_of(scn))
-    copied = copy_committed(src_home / ".ctl" / "engine.db", home / ".ctl" / "engine.db", scn.workflow_id)
+    copied = copy_committed(RunHome(src_home).engine_db, RunHome(home).engine_db, scn.workflow_id)
     if timing is not None:  # (``timing``: a Counter of CPU seconds by part, the sweep's)
         timing["cpu: snapshots (files, database copy)"] += time.process_time() - c0
     led = TailLedger(ledger.entries)  # (the uninterrupted run is paused: its entries do not change meanwhile)

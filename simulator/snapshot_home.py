@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from contracts.layout import RunHome
+
 if TYPE_CHECKING:
     from .fakes import FakeActivities
     from .scenario import Scenario
@@ -142,7 +144,7 @@ class SnapshotHome:
             link_tree(self.src, os.fspath(self.home), unread=self.unread)
         else:
             home = os.fspath(self.home)
-            ctl = os.path.join(home, ".ctl")
+            ctl = os.fspath(RunHome(home).ctl_dir)
             if os.path.isdir(ctl):
                 for name in os.listdir(ctl):
                     os.unlink(os.path.join(ctl, name))

@@ -28,6 +28,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Iterable
 
+from contracts.activity_ids import is_train
+
 from .report import Mismatch, Report
 from .scenario import Outcome
 
@@ -60,7 +62,7 @@ def stop_lines(o: Outcome) -> list[str]:
                    "no activity_preempted, no preempted event")
     for e in preempted:
         a = e.attrs
-        if str(a.get("activity_id", "")).startswith("train-") and a.get("steps_lost") not in (0, None):
+        if is_train(a.get("activity_id", "")) and a.get("steps_lost") not in (0, None):
             bad.append(f"{a['activity_id']} attempt {a.get('attempt')} preempted with {a.get('steps_lost')} step(s) lost "
                        f"(stopped at {a.get('stopping_step')}, checkpoint {a.get('step')})")
     # 0 steps lost: the attempt after a trainer's stop resumes from the very step it stopped at

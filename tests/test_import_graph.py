@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("engine", "workflows", "ctl", "simulator", "tinyllm")
+PACKAGES = ("contracts", "engine", "workflows", "ctl", "simulator", "tinyllm")
 
 
 def _modules() -> dict[str, Path]:
@@ -118,7 +118,7 @@ def cycles_touching(package: str, lazy: bool = False) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["top-level", "with-in-function-imports"])
-@pytest.mark.parametrize("package", ["ctl", "engine", "workflows", "simulator", "tinyllm"])
+@pytest.mark.parametrize("package", ["contracts", "ctl", "engine", "workflows", "simulator", "tinyllm"])
 def test_no_import_cycles(package: str, lazy: bool) -> None:
     """No circle, also counting imports inside functions (a lazy import must not hide one)."""
     found = cycles_touching(package, lazy)
@@ -159,6 +159,17 @@ def unresolved_imports() -> list[tuple[str, str]]:
                          else f"{base}.{a.name}" for a in node.names]
             out += [(mod, n) for n in names if n.split(".")[0] in PACKAGES and n not in mods]
     return sorted(set(out))
+
+
+def test_contracts_is_below_everything_and_engine_asks_only_it() -> None:
+    """contracts/ (the run home's contract) imports none of the packages; engine imports, of them, only contracts."""
+    graph = import_graph(lazy=True)
+    up = sorted((m, t) for m, ts in graph.items() if m.split(".")[0] == "contracts" for t in ts
+                if t.split(".")[0] != "contracts")
+    assert not up, f"contracts/ imports the project: {up}"
+    engine_out = sorted((m, t) for m, ts in graph.items() if m.split(".")[0] == "engine" for t in ts
+                        if t.split(".")[0] not in ("engine", "contracts"))
+    assert not engine_out, f"engine imports a package above it: {engine_out}"
 
 
 def test_every_import_of_these_packages_names_a_module_that_exists() -> None:

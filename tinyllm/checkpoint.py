@@ -36,31 +36,31 @@ to ``runs/<name>/checkpoint_artifacts/iter_NNNNNN/`` and never moves ``LATEST``.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
 import shutil
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
+from contracts.layout import ARTIFACTS, CKPT, LATEST, MANIFEST, artifact_dir_name, step_dir_name
+from contracts.manifest import (FORMAT, FULL_COMPONENTS, build_manifest, canonical_sha256, file_entry,
+                                is_sidecar_name, manifest_digest, read_manifest, read_sidecar, read_verified,
+                                verify_checkpoint, verify_sidecars)
+from contracts.resume import Refusal, ResumeChoice, choose_resume, list_step_dirs, read_latest
+
 from .errors import CheckpointError
 from .diskfull import writing
 from . import faults
 from .fsio import atomic_write, fsync_dir, write_synced
-from .names import step_dir_name
 
-FULL_COMPONENTS = frozenset({"model", "optimizer", "training_state"})
-FORMAT = 1
-MANIFEST = "manifest.json"
-
-
-def artifact_dir_name(step: int) -> str:
-    return f"iter_{step:06d}"
+__all__ = ["FORMAT", "FULL_COMPONENTS", "MANIFEST", "CheckpointError", "Refusal", "ResumeChoice", "artifact_dir_name",
+           "choose_resume", "describe_choice", "list_step_dirs", "load_checkpoint", "manifest_digest",
+           "publish_latest", "read_latest", "read_manifest", "read_sidecar", "recover_interrupted_writes",
+           "save_checkpoint", "step_dir_name", "verify_checkpoint", "write_checkpoint_dir", "write_sidecar"]
 
 
 def make_dirs(path: Path) -> None:
@@ -100,18 +100,10 @@ def write_checkpoint_dir(final: Path, step: int, components: Mapping[str, Any], 
     for name in sorted(components):
         data = _serialize(components[name])
         _write_file(tmp / f"{name}.pt", data)
-        files[f"{name}.pt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        files[f"{name}.pt"] = file_entry(data)
         if len(files) == 1:
             faults.hold_write(step, final.parent)  # tests only: a signal lands in the middle of this write
-    manifest = {
-        "format": FORMAT,
-        "step": step,
-        "components": sorted(components),
-        "resumable": FULL_COMPONENTS <= set(components),
-        "files": files,
-        "meta": dict(meta or {}),
-    }
-    manifest["manifest_sha256"] = manifest_digest(manifest)
+    manifest = build_manifest(step, list(components), files, meta)
     _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     fsync_dir(tmp)
     replaced = None
@@ -138,43 +130,14 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def publish_latest(ckpt_root: Path, dir_name: str) -> None:
     """Point ``ckpt_root/LATEST`` at ``dir_name``, atomically."""
-    write_text_atomic(ckpt_root / "LATEST", dir_name + "\n")
-
-
-def _seal(body: Any) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    write_text_atomic(ckpt_root / LATEST, dir_name + "\n")
 
 
 def write_sidecar(ckpt_dir: Path, name: str, body: Any) -> None:
     """Add or replace the sealed JSON sidecar ``name`` of a committed checkpoint, atomically."""
-    assert name.endswith(".json") and name != MANIFEST and "/" not in name and not name.startswith("."), name
-    write_text_atomic(Path(ckpt_dir) / name, json.dumps({"sha256": _seal(body), "body": body}, indent=1, sort_keys=True))
-
-
-def read_sidecar(ckpt_dir: Path, name: str) -> Any | None:
-    """The body of sidecar ``name`` (None when absent); ``CheckpointError`` when it fails its seal."""
-    path = Path(ckpt_dir) / name
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{ckpt_dir}: cannot read {name}: {e}") from None
-    try:
-        sealed = json.loads(text)
-    except ValueError:
-        raise CheckpointError(f"{ckpt_dir}: {name} is not valid JSON (torn or corrupt)") from None
-    if not isinstance(sealed, dict) or set(sealed) != {"sha256", "body"}:
-        raise CheckpointError(f"{ckpt_dir}: {name} has no checksum seal (corrupt)")
-    if _seal(sealed["body"]) != sealed["sha256"]:
-        raise CheckpointError(f"{ckpt_dir}: {name} fails its sha256 checksum (corrupt)")
-    return sealed["body"]
-
-
-def _verify_sidecars(path: Path) -> None:
-    for p in sorted(path.iterdir()):
-        if p.name.endswith(".json") and p.name != MANIFEST and not p.name.startswith("."):
-            read_sidecar(path, p.name)
+    assert is_sidecar_name(name), name
+    write_text_atomic(Path(ckpt_dir) / name, json.dumps({"sha256": canonical_sha256(body), "body": body}, indent=1,
+                                                        sort_keys=True))
 
 
 def save_checkpoint(run_dir: Path, step: int, components: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> Path:
@@ -184,57 +147,11 @@ def save_checkpoint(run_dir: Path, step: int, components: Mapping[str, Any], met
     ``LATEST``; a proper subset is a non-resumable artifact under ``checkpoint_artifacts/iter_NNNNNN``.
     """
     if FULL_COMPONENTS <= set(components):
-        root = run_dir / "ckpt"
+        root = run_dir / CKPT
         path = write_checkpoint_dir(root / step_dir_name(step), step, components, meta)
         publish_latest(root, path.name)
         return path
-    return write_checkpoint_dir(run_dir / "checkpoint_artifacts" / artifact_dir_name(step), step, components, meta)
-
-
-def read_manifest(path: Path) -> dict:
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no manifest.json (not a checkpoint, or torn)") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: unreadable manifest.json: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
-        raise CheckpointError(f"{path}: manifest.json has an unknown format")
-    if "manifest_sha256" in manifest and manifest["manifest_sha256"] != manifest_digest(manifest):
-        raise CheckpointError(f"{path}: manifest.json fails its own checksum (corrupt)")
-    return manifest
-
-
-def manifest_digest(manifest: Mapping[str, Any]) -> str:
-    """sha256 of the manifest's canonical JSON without its own digest: a damaged step, meta or
-    ``resumable`` flag is refused like a damaged file (manifests without it are still read)."""
-    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def _read_verified(path: Path, name: str, entry: Mapping[str, Any]) -> bytes:
-    try:
-        data = (path / name).read_bytes()
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read {name}: {e.strerror}") from None
-    if len(data) != entry.get("bytes"):
-        raise CheckpointError(f"{path}: {name} has {len(data)} bytes, manifest says {entry.get('bytes')} (truncated?)")
-    if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
-        raise CheckpointError(f"{path}: {name} fails its sha256 checksum (corrupt)")
-    return data
-
-
-def verify_checkpoint(path: Path) -> dict:
-    """Re-hash every file against the manifest and every sidecar against its seal; return the
-    manifest or raise ``CheckpointError``."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: no such checkpoint directory")
-    manifest = read_manifest(path)
-    for name, entry in manifest["files"].items():
-        _read_verified(path, name, entry)
-    _verify_sidecars(path)
-    return manifest
+    return write_checkpoint_dir(run_dir / ARTIFACTS / artifact_dir_name(step), step, components, meta)
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, Any], dict]:
@@ -243,21 +160,13 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Any], dict]:
     manifest = read_manifest(path)
     components = {}
     for name, entry in sorted(manifest["files"].items()):
-        data = _read_verified(path, name, entry)
+        data = read_verified(path, name, entry)
         try:
             components[name.removesuffix(".pt")] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as e:  # checksums matched, yet torch cannot read it: still refuse
             raise CheckpointError(f"{path}: {name} cannot be loaded: {e}") from None
-    _verify_sidecars(path)
+    verify_sidecars(path)
     return components, manifest
-
-
-def list_step_dirs(ckpt_root: Path) -> list[Path]:
-    """Checkpoint directories of a run, newest step first (temporary and swapped-out ones excluded)."""
-    if not ckpt_root.is_dir():
-        return []
-    dirs = [p for p in ckpt_root.iterdir() if p.is_dir() and _step_of(p) is not None]
-    return sorted(dirs, key=lambda p: _step_of(p), reverse=True)
 
 
 _TEMPORARY = (".tmp-", ".replaced-", ".LATEST.tmp-")
@@ -278,7 +187,7 @@ def recover_interrupted_writes(run_dir: Path, log=None) -> list[Path]:
     """
     log = log or sys.stderr
     restored: list[Path] = []
-    for root in (run_dir / "ckpt", run_dir / "checkpoint_artifacts"):
+    for root in (run_dir / CKPT, run_dir / ARTIFACTS):
         if not root.is_dir():
             continue
         for replaced in sorted(p for p in root.iterdir() if p.name.startswith(".replaced-")):
@@ -306,78 +215,6 @@ def recover_interrupted_writes(run_dir: Path, log=None) -> list[Path]:
     return restored
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """A checkpoint the trainer would have used and did not: where, and why."""
-
-    checkpoint: Path
-    reason: str
-
-
-@dataclass
-class ResumeChoice:
-    path: Path | None  # None: start fresh
-    refused: list[Refusal] = field(default_factory=list)
-
-
-def _latest_target(ckpt_root: Path) -> Path | None:
-    latest = ckpt_root / "LATEST"
-    if not latest.exists():
-        return None
-    name = read_latest(latest)
-    return latest if name == "(damaged LATEST)" else ckpt_root / name  # damaged: refused below
-
-
-def _check_resumable(path: Path) -> None:
-    manifest = verify_checkpoint(path)
-    if not manifest.get("resumable"):
-        raise CheckpointError(f"{path}: not a resumable checkpoint (components {manifest.get('components')})")
-
-
-def choose_resume(run_dir: Path, explicit: Path | None = None, max_step: int | None = None) -> ResumeChoice:
-    """The checkpoint to resume from, and every candidate refused on the way.
-
-    The first candidate is ``explicit``, else ``LATEST``'s target, else the newest step directory.
-    When it fails verification (or is not resumable) the fallbacks are, in order: ``LATEST``'s
-    target (so a corrupt ``--resume`` gives way to a newer valid LATEST), then every step
-    directory older than LATEST (any, without LATEST), newest first. Fallbacks beyond
-    ``max_step`` (the invocation's end) are skipped; none valid: start fresh.
-    """
-    ckpt_root = run_dir / "ckpt"
-    latest = _latest_target(ckpt_root)
-    dirs = list_step_dirs(ckpt_root)
-    first = explicit or latest or (dirs[0] if dirs else None)
-    if first is None:
-        return ResumeChoice(None)
-    # only a LATEST target that exists bounds the fallbacks: a damaged LATEST naming a step that is
-    # not there (e.g. truncated to "step-0") must not hide the valid checkpoints
-    bound = _step_of(latest) if latest is not None and latest.is_dir() else None
-    fallbacks = ([latest] if latest is not None else []) + [d for d in dirs if bound is None or _step_of(d) < bound]
-    choice = ResumeChoice(None)
-    tried: set[Path] = set()
-    for i, candidate in enumerate([first, *fallbacks]):
-        key = Path(os.path.abspath(candidate))
-        if key in tried:
-            continue
-        tried.add(key)
-        step = _step_of(candidate)
-        if i > 0 and max_step is not None and step is not None and step > max_step:
-            continue
-        try:
-            _check_resumable(candidate)
-        except CheckpointError as e:
-            reason = str(e).removeprefix(f"{candidate}: ")
-            if candidate.name == "LATEST":
-                reason = "LATEST is unreadable or names no checkpoint directory"
-            elif candidate == latest and not candidate.exists():
-                reason = f"LATEST names {candidate.name}, which does not exist"
-            choice.refused.append(Refusal(candidate, reason))
-            continue
-        choice.path = candidate
-        return choice
-    return choice
-
-
 def describe_choice(choice: ResumeChoice, rel=str) -> list[str]:
     """The stderr lines of a choice with refusals: each refused checkpoint and why, then what is used."""
     lines = [f"tinyllm: refused checkpoint {rel(r.checkpoint)}: {r.reason}" for r in choice.refused]
@@ -385,20 +222,3 @@ def describe_choice(choice: ResumeChoice, rel=str) -> list[str]:
         lines.append(f"tinyllm: resuming from {rel(choice.path)} instead" if choice.path is not None
                      else "tinyllm: no valid checkpoint left; starting fresh")
     return lines
-
-
-def read_latest(latest: Path) -> str:
-    """The directory name ``LATEST`` points at; a damaged pointer reads as ``"(damaged LATEST)"``,
-    a name that fails verification, so the newest valid checkpoint is used instead."""
-    try:
-        name = latest.read_bytes().decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        return "(damaged LATEST)"
-    if not name or "/" in name or "\x00" in name or name in (".", ".."):
-        return "(damaged LATEST)"
-    return name
-
-
-def _step_of(path: Path | None) -> int | None:
-    name = Path(path).name if path is not None else ""
-    return int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else None

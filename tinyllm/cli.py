@@ -19,6 +19,8 @@ from pathlib import Path
 
 import click
 
+from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_DISK_FULL, EXIT_LOCKED  # the trainer contract's exit codes
+
 from . import runtime_env, stopping
 from .corpus import build_corpus
 from .distributed.launch import check_resume_world_size, enter_rank, in_rank, launch, rank_argv
@@ -32,11 +34,6 @@ from .validation.errors import ArchiveError
 # The trainer and the evals (they load torch) are imported inside the commands that need them, after
 # the spec is read (a bad spec fails fast) and after tinyllm.runtime_env.prepare() set what libgomp
 # and MKL read when torch loads: an order, not a start-up trick. Everything above loads no torch.
-
-EXIT_BAD_INPUT = 2
-EXIT_DISK_FULL = 74  # tinyllm.diskfull: a write found no space; own temporaries removed, resumable
-EXIT_LOCKED = 75
-EXIT_CANCELED = 130
 
 
 _RANK = None  # a torchrun rank's RankStatus (tinyllm/distributed/launch.py): its verdict goes to the launcher

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from contracts.layout import RunHome
+
 from . import faults, tokenizer
 from .builtin_text import builtin_text
 from .diskfull import writing
@@ -33,7 +35,7 @@ DOC_SEPARATOR = b"\n\n"
 
 
 def corpus_dir(home: Path, name: str) -> Path:
-    return home / "corpora" / name
+    return RunHome(home).corpus(name)
 
 
 def _expand(home: Path, patterns: list[str], what: str) -> list[Path]:
@@ -209,7 +211,7 @@ def build_corpus(spec: CorpusSpec, home: Path) -> dict:
     except faults.FaultError as e:
         raise SpecError(str(e)) from None
     tokens, held, meta = plan_corpus(spec, home)
-    hold = lambda n: faults.hold_at("corpus.hold", n, home / "corpora", lambda: STOP["requested"])  # noqa: E731
+    hold = lambda n: faults.hold_at("corpus.hold", n, RunHome(home).corpora, lambda: STOP["requested"])  # noqa: E731
     final = corpus_dir(home, spec.name)
     built = True
     existing = read_meta(final) if final.exists() else None

@@ -16,7 +16,6 @@ from typing import Iterator
 
 from .fsio import DISK_FULL_ERRNOS
 
-EXIT_DISK_FULL = 74
 MAX_ENTRIES = 200_000  # bound on the clean-up walk
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import signal
 
+import contracts.manifest
+
 from . import stopping
 
 
@@ -14,8 +16,7 @@ class SpecError(ValueError):
     """A spec that cannot be used; the message is one line naming the problem."""
 
 
-class CheckpointError(Exception):
-    """A checkpoint that must not be loaded (missing, torn, corrupt); the message names why."""
+CheckpointError = contracts.manifest.CheckpointError  # the contract's (contracts/manifest.py): ctl verifies too
 
 
 class RunLocked(Exception):

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from contracts.layout import CKPT, MANIFEST, RunHome
+
 from . import faults, progress, tokenizer
 from .sinks import mlflow_sink
 from .checkpoint import CheckpointError, load_checkpoint, write_text_atomic
@@ -309,7 +311,7 @@ def finished_before(spec: EvalSpec, home: Path) -> dict | None:
     An evaluation killed after writing its files but before its result was recorded is then
     not run again, and its outputs are never rewritten (each checkpoint is evaluated once).
     """
-    out = home / "evals" / spec.suite / spec.run
+    out = RunHome(home).eval_dir(spec.suite, spec.run)
     try:
         done = json.loads((out / COMPLETE).read_text(encoding="utf-8"))
         if done != spec.model_dump(mode="json"):
@@ -329,10 +331,10 @@ def deliver_to_trackers(spec: EvalSpec, home: Path, metrics: dict[str, dict[str,
     for subject in spec.subjects:
         path = Path(subject.model) if os.path.isabs(subject.model) else home / subject.model
         run_dir = path.parent.parent
-        if path.parent.name != "ckpt" or not mlflow_sink.state_path(run_dir).is_file():
+        if path.parent.name != CKPT or not mlflow_sink.state_path(run_dir).is_file():
             continue  # no MLflow sink on that run: mlflow is not imported
         try:
-            manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+            manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
             step = int(manifest["step"])
             digest = manifest["files"]["model.pt"]["sha256"]
         except (OSError, ValueError, KeyError, TypeError):
@@ -351,7 +353,7 @@ def run_eval(spec: EvalSpec, home: Path) -> dict:
         faults.arm_from_env()  # tests only: a misspelled TINYLLM_FAULT would run unarmed
     except faults.FaultError as e:
         raise SpecError(str(e)) from None
-    Count.hold_folder = home / "evals" / spec.suite
+    Count.hold_folder = RunHome(home).evals / spec.suite
     torch.set_num_threads(spec.threads)
     use_deterministic_algorithms()
     if spec.suite == "ppl":
@@ -364,7 +366,7 @@ def run_eval(spec: EvalSpec, home: Path) -> dict:
         metrics.setdefault(r.subject, {})[f"{r.task}/{r.metric}"] = r.value
     summary = EvalSummary(suite=spec.suite, run=spec.run, name=spec.name, tag=spec.tag, seed=spec.seed,
                           results=rows, metrics=metrics)
-    out = home / "evals" / spec.suite / spec.run
+    out = RunHome(home).eval_dir(spec.suite, spec.run)
     check_stop("before writing its files")  # from here on the files are written to the end (a signal waits)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "results.jsonl", "".join(json.dumps(r.model_dump(mode="json"), sort_keys=True) + "\n" for r in rows))

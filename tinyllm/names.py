@@ -2,24 +2,18 @@
 a folder name."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from contracts.layout import RunHome, step_dir_name
+
+__all__ = ["IDENTIFIER_PATTERN", "DuplicateKeyError", "refuse_duplicate_keys", "resolve_checkpoint", "step_dir_name"]
+
 IDENTIFIER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-_RUN_AT_STEP = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)@(\d+)$")
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:06d}"
 
 
 def resolve_checkpoint(ref: str, home: Path) -> Path:
     """The checkpoint folder ``ref`` names: ``<run>@<step>`` (in the home's runs) or a path (relative: to the home)."""
-    m = _RUN_AT_STEP.match(ref)
-    if m:
-        return Path(home) / "runs" / m.group(1) / "ckpt" / step_dir_name(int(m.group(2)))
-    p = Path(ref)
-    return p if p.is_absolute() else Path(home) / p
+    return RunHome(home).resolve_checkpoint(ref)
 
 
 class DuplicateKeyError(ValueError):

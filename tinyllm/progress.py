@@ -1,4 +1,5 @@
-"""The ``--progress`` file: JSON lines the engine's runner turns into heartbeats (no torch here).
+"""The ``--progress`` file: JSON lines the engine's runner turns into heartbeats (no torch here; the line format
+is the contract's, contracts/progress.py).
 
 Two kinds of line (contracts/subprocess-activity.md):
 
@@ -12,11 +13,12 @@ Two kinds of line (contracts/subprocess-activity.md):
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from contracts.progress import format_line
 
 from .diskfull import writing
 
@@ -38,7 +40,7 @@ class ProgressFile:
         with writing(self.path):  # a full disk: DiskFull naming this file (exit 74)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({**line, "time": time.time()}) + "\n")
+                f.write(format_line(line, time.time()))
                 f.flush()
                 if durable:
                     os.fsync(f.fileno())

@@ -40,6 +40,8 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.layout import ACTIVITY, CKPT, LATEST, MANIFEST, RUNS
+
 from . import faults
 from .fsio import fsync_dir
 from .names import resolve_checkpoint, step_dir_name
@@ -116,7 +118,7 @@ def init_from_named(home: Path, ckpt_root: Path) -> set[str]:
     """Checkpoints a train spec of the home (``runs/*/activity/*/spec.json``, as ctl runs them)
     starts from or learns from: ``init_from`` and ``teacher`` (``<run>@<step>`` or a path)."""
     paths = []
-    for f in home.glob("runs/*/activity/*/spec.json"):
+    for f in home.glob(f"{RUNS}/*/{ACTIVITY}/*/spec.json"):
         try:
             spec = json.loads(f.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -133,7 +135,7 @@ def validation_pending(ckpt_root: Path, names: Iterable[str]) -> set[str]:
     for name in names:
         d = ckpt_root / name
         try:
-            manifest = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
+            manifest = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             out.add(name)  # unreadable: not ours to judge, keep it
             continue
@@ -163,7 +165,7 @@ def plan(*, names: list[str], keep: KeepCheckpoints, step: int, eval_every: int,
         if n in why:
             continue
         if n == latest:
-            why[n] = "LATEST"
+            why[n] = LATEST
         elif n == resumed_from:
             why[n] = "resumed from"
         elif n in protected:
@@ -186,13 +188,13 @@ def remove_leftovers(ckpt_root: Path) -> None:
 def prune(run_dir: Path, home: Path, keep: KeepCheckpoints | None, *, step: int, eval_every: int, final_step: int,
           resumed_from: Path | None = None, log=None, selected: dict[int, str] | None = None) -> list[str]:
     """Apply ``keep`` to ``run_dir/ckpt`` (call under the run lock); returns the pruned names."""
-    ckpt_root = run_dir / "ckpt"
+    ckpt_root = run_dir / CKPT
     if keep is None or not ckpt_root.is_dir():
         return []
     remove_leftovers(ckpt_root)
     names = sorted(p.name for p in ckpt_root.iterdir() if p.is_dir() and _step(p.name) is not None)
     try:
-        latest = (ckpt_root / "LATEST").read_text(encoding="utf-8").strip() or None
+        latest = (ckpt_root / LATEST).read_text(encoding="utf-8").strip() or None
     except OSError:
         latest = None
     protected = evaluated(home, ckpt_root) | init_from_named(home, ckpt_root) | validation_pending(ckpt_root, names)

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from contracts.layout import RunDir, RunHome
+
 from . import checkpoint as ckpt
 from . import selection as sel
 from . import faults, retention, runlock, runtime_env, tokenizer
@@ -114,7 +116,7 @@ class Trainer:
         self.progress_file = ProgressFile(progress)  # checkpoint lines, and liveness lines every few seconds
         self.hooks = hooks or TrainerHooks()
         self.log = log or sys.stderr
-        self.run_dir = self.home / "runs" / spec.name
+        self.run_dir = RunHome(self.home).run(spec.name).path
         cfg = spec.model
         # Bad input is refused here, before anything is written.
         try:
@@ -429,9 +431,9 @@ class Trainer:
         """``best_checkpoints`` / ``stopped_early`` of the result (tinyllm/selection.py); {} without selection."""
         if self.selection is None:
             return {}
-        root = self.run_dir / "ckpt"
-        return self.selection.summary(lambda s: self.rel(root / f"step-{s:06d}") if s is not None and
-                                      (root / f"step-{s:06d}").is_dir() else None)
+        run = RunDir(self.run_dir, self.spec.name)
+        return self.selection.summary(lambda s: self.rel(run.step_dir(s)) if s is not None and
+                                      run.step_dir(s).is_dir() else None)
 
     @property
     def stop_requested(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from contracts.activity_ids import step_tag  # (the grammar of activity ids is the contract's)
 from .activities import TinyllmActivities, tinyllm_activities
 from .continuation import collect_prior
 from .corpus import corpus_build
@@ -35,7 +36,7 @@ from .models import (
     TrainRunInput,
     TrainRunResult,
 )
-from .options import corpus_options, eval_options, step_tag, train_options
+from .options import corpus_options, eval_options, train_options
 from .release import (
     ACTIVITY_PUBLISH,
     WORKFLOW_MODEL_RELEASE,

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from contracts.layout import RunHome, progress_name
+from contracts.layout import parse_step_dir as checkpoint_step
+from contracts.resume import resume_argument
+from contracts.resume import resume_argument as choose_resume  # noqa: F401  (the name callers knew)
 from engine import ActivityContext, NonRetryableError, SubprocessFailed, run_subprocess
 from tinyllm.fsio import DISK_FULL_ERRNOS, atomic_write  # standard library only: no torch in the worker
 
@@ -52,9 +55,6 @@ from .trainer_command import (
 from .release import ACTIVITY_PUBLISH, publish_activity
 from .repeats import check_repeat
 
-_STEP_DIR = re.compile(r"^step-(\d{6,})$")
-
-
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file, fsync and rename (never a torn file)."""
     try:
@@ -68,12 +68,12 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def activity_dir(home: Path, name: str, activity_id: str) -> Path:
     """Where an activity of run ``name`` keeps its spec and its attempts' progress files."""
-    return home / "runs" / name / "activity" / activity_id
+    return RunHome(home).run(name).activity_dir(activity_id)
 
 
 def progress_path(home: Path, name: str, activity_id: str, attempt: int) -> Path:
     """The progress file of one attempt (``ctl`` reads it to show how far an evaluation is)."""
-    return activity_dir(home, name, activity_id) / f"progress-{attempt}.jsonl"
+    return RunHome(home).run(name).progress_file(activity_id, attempt)
 
 
 def workflow_generation(workflow_id: str) -> int:
@@ -94,55 +94,15 @@ def output_dir(work: Path, workflow_id: str, attempt: int) -> Path:
     return path
 
 
-def checkpoint_step(path: str | Path) -> int | None:
-    """The step a ``.../step-NNNNNN`` checkpoint path names, or None."""
-    m = _STEP_DIR.match(Path(path).name)
-    return int(m.group(1)) if m else None
-
-
 def failure_point(home: Path, name: str, until: int) -> int | None:
     """The step of the newest checkpoint of run ``name`` at or before ``until`` (None: none yet): where a failed
     attempt's successor resumes (workflows/repeats.py compares two failures' points)."""
     try:
-        steps = [s for p in (home / "runs" / name / "ckpt").iterdir()
+        steps = [s for p in RunHome(home).run(name).ckpt_root.iterdir()
                  if p.is_dir() and (s := checkpoint_step(p)) is not None and s <= until]
     except OSError:
         return None
     return max(steps) if steps else None
-
-
-def choose_resume(home: Path, name: str, until: int, attempt: int, details: Any) -> str | None:
-    """The checkpoint a segment ending at ``until`` resumes from (None: tinyllm's own LATEST).
-
-    Candidates are the last heartbeated checkpoint (a redelivered attempt) and LATEST; the newer
-    one at or before ``until`` wins, so a kill between a checkpoint's write and its heartbeat
-    redoes no steps. LATEST beyond ``until`` (a canceled earlier run went further) gives way to
-    the newest checkpoint at or before ``until``, so that the segment still ends at its step.
-    tinyllm verifies whichever it gets and falls back to an older valid one if it is corrupt.
-    """
-    heartbeated: str | None = None
-    if attempt > 1 and isinstance(details, dict) and details.get("checkpoint"):
-        ckpt = str(details["checkpoint"])
-        step = checkpoint_step(ckpt)
-        if (home / ckpt).is_dir() and (step is None or step <= until):
-            heartbeated = ckpt
-    ckpt_dir = home / "runs" / name / "ckpt"
-    try:
-        latest = (ckpt_dir / "LATEST").read_bytes().decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError):  # none, or damaged: tinyllm finds the newest valid one
-        return heartbeated
-    latest_step = checkpoint_step(latest)
-    if latest_step is None or latest_step <= until:
-        hb_step = checkpoint_step(heartbeated) if heartbeated else None
-        if heartbeated and (latest_step is None or (hb_step is not None and hb_step >= latest_step)):
-            return heartbeated
-        return None  # LATEST is the newest usable checkpoint
-    if heartbeated:
-        return heartbeated
-    steps = sorted(
-        s for p in ckpt_dir.iterdir() if p.is_dir() and (s := checkpoint_step(p)) is not None and s <= until
-    )
-    return f"runs/{name}/ckpt/step-{steps[-1]:06d}" if steps else None
 
 
 class TinyllmActivities:
@@ -192,7 +152,7 @@ class TinyllmActivities:
         work = self._workdir(name, ctx.activity_id)
         spec_path = work / "spec.json"
         atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
-        resume = choose_resume(self.home, name, until, ctx.attempt, ctx.last_heartbeat_details)
+        resume = resume_argument(self.home, name, until, ctx.attempt, ctx.last_heartbeat_details)
         progress = progress_path(self.home, name, ctx.activity_id, ctx.attempt)
         extra = ["--progress", str(progress)]
         if resume:
@@ -231,12 +191,12 @@ class TinyllmActivities:
 
     def corpus(self, ctx: ActivityContext, input: Any) -> CorpusBuildResult:
         inp = CorpusBuildInput.model_validate(input)
-        work = self.home / ".ctl" / "activity" / ctx.activity_id
+        work = RunHome(self.home).ctl_activity_dir(ctx.activity_id)
         spec_path = work / "spec.json"
         atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
         run = str(ctx.workflow_id).split("/")
         logs_in = activity_dir(self.home, run[1], ctx.activity_id) if len(run) >= 2 and run[0] == "train" else None
-        out = self._run(ctx, self._argv("corpus", spec_path), work / f"progress-{ctx.attempt}.jsonl",
+        out = self._run(ctx, self._argv("corpus", spec_path), work / progress_name(ctx.attempt),
                         logs_in=logs_in)  # its output: in the run's home, beside the run's other activities
         return CorpusBuildResult.model_validate(out)
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from contracts.activity_ids import is_eval, is_train
+
 from .models import PriorWork, SuiteOutputs, TrainActivityResult
 
 __all__ = ["PriorWork", "collect_prior"]
@@ -36,9 +38,9 @@ def collect_prior(histories: Iterable[Iterable[Any]]) -> PriorWork:
             if e.type == "activity_scheduled" and aid not in scheduled:
                 scheduled.append(aid)
             elif e.type == "activity_completed":
-                if aid.startswith("train-") and aid not in train:
+                if is_train(aid) and aid not in train:
                     train[aid] = TrainActivityResult.model_validate(e.attrs.get("result"))
-                elif aid.startswith("eval-") and aid not in evals:
+                elif is_eval(aid) and aid not in evals:
                     evals[aid] = SuiteOutputs.model_validate(e.attrs.get("result"))
     return PriorWork(train=train, evals=evals, scheduled=sorted(scheduled))
 

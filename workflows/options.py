@@ -5,6 +5,7 @@ Ids name what they do (pitfall 2): ``train-000500`` is the segment ending at ste
 """
 from __future__ import annotations
 
+from contracts.activity_ids import corpus_id, eval_id, train_id
 from engine import RetryPolicy, StepOptions
 
 # A command that writes no progress line for its heartbeat timeout is presumed hung: its process tree is
@@ -22,19 +23,12 @@ CORPUS_START_TO_CLOSE_S = 6 * 3600.0  # tinyllm corpus writes no progress lines:
 NON_RETRYABLE = ("BadInput",)
 
 
-def step_tag(step: int) -> str:
-    """The zero-padded end step that names a segment (``000500``)."""
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    return f"{step:06d}"
-
-
 def train_options(
     until: int, *, heartbeat_timeout_s: float = TRAIN_HEARTBEAT_TIMEOUT_S, max_attempts: int = 5
 ) -> StepOptions:
     """Options of the segment that trains up to step ``until``: retried, heartbeat-watched."""
     return StepOptions(
-        id=f"train-{step_tag(until)}",
+        id=train_id(until),
         start_to_close_timeout_s=TRAIN_START_TO_CLOSE_S,
         heartbeat_timeout_s=heartbeat_timeout_s,
         retry=RetryPolicy(
@@ -51,7 +45,7 @@ def eval_options(tag: str, suite: str, heartbeat_timeout_s: float = EVAL_HEARTBE
     """Options of one suite's evaluation: ``eval-<tag>-<suite>``, or ``eval-<suite>`` untagged; an evaluation
     silent (no progress line) for ``heartbeat_timeout_s`` is stopped and retried."""
     return StepOptions(
-        id=f"eval-{tag}-{suite}" if tag else f"eval-{suite}",
+        id=eval_id(tag, suite),
         start_to_close_timeout_s=EVAL_START_TO_CLOSE_S,
         heartbeat_timeout_s=heartbeat_timeout_s,
         retry=RetryPolicy(max_attempts=3, initial_interval_s=1.0, non_retryable=NON_RETRYABLE),
@@ -61,7 +55,7 @@ def eval_options(tag: str, suite: str, heartbeat_timeout_s: float = EVAL_HEARTBE
 def corpus_options(name: str) -> StepOptions:
     """Options of the corpus build of ``name``."""
     return StepOptions(
-        id=f"corpus-{name}",
+        id=corpus_id(name),
         start_to_close_timeout_s=CORPUS_START_TO_CLOSE_S,
         heartbeat_timeout_s=None,
         retry=RetryPolicy(max_attempts=3, initial_interval_s=1.0, non_retryable=NON_RETRYABLE),

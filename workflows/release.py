@@ -31,6 +31,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.layout import MANIFEST, RunHome
 from engine import ActivityError, Canceled, NonRetryableError, RetryPolicy, Runtime, StepOptions, is_canceled
 from tinyllm import faults
 from tinyllm.fsio import atomic_write, fsync_dir, write_synced
@@ -207,7 +208,7 @@ async def model_release(rt: Runtime, input: ModelReleaseInput) -> ModelReleaseRe
 def list_releases(home: Path, name: str | None = None) -> list[dict]:
     """Every published release of the home (or of run ``name``): manifest fields and CURRENT."""
     out = []
-    root = Path(home) / "releases"
+    root = RunHome(home).releases
     for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
         if name is not None and run_dir.name != name:
             continue
@@ -217,7 +218,7 @@ def list_releases(home: Path, name: str | None = None) -> list[dict]:
             current = None
         for v in sorted(run_dir.glob("v[0-9]*")):
             try:
-                m = json.loads((v / "manifest.json").read_text(encoding="utf-8"))
+                m = json.loads((v / MANIFEST).read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
             m = m if isinstance(m, dict) else {}  # damaged: the version is listed, without its fields
@@ -253,7 +254,7 @@ def publish(home: Path, inp: PublishInput, *, point: Callable[[str, int], None] 
             raise NonRetryableError(str(e)) from None
         point = faults.point
     r = inp.release
-    root = Path(home) / "releases" / r.name
+    root = RunHome(home).release_dir(r.name)
     root.mkdir(parents=True, exist_ok=True)
     for p in root.glob(".tmp-*"):  # a publication killed before its rename
         shutil.rmtree(p, ignore_errors=True)
@@ -283,7 +284,7 @@ def publish(home: Path, inp: PublishInput, *, point: Callable[[str, int], None] 
                     "files": {f"model/{k}": v for k, v in files.items()},
                     "figures": inp.figures, "gates": [g.model_dump() for g in inp.gates],
                     "code_version": _code_version()}
-        write_synced(tmp / "manifest.json", (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+        write_synced(tmp / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
         fsync_dir(tmp)
         point("release.after_copy", int(version_name[1:]))  # tests only (tinyllm/faults.py; the simulator)
         os.rename(tmp, root / version_name)
@@ -294,7 +295,7 @@ def publish(home: Path, inp: PublishInput, *, point: Callable[[str, int], None] 
 
 
 TRAINING_ONLY = frozenset({"optimizer.pt", "training_state.pt", "scheduler.pt", "scaler.pt", "data.pt",
-                           "manifest.json"})
+                           MANIFEST})
 """Checkpoint files a release never holds, when the checkpoint has no ``model.pt`` to pick (a foreign layout):
 the resume state stays with the run."""
 
@@ -308,7 +309,7 @@ def serving_files(src: Path) -> list[tuple[str, bytes]]:
     byte-level), when the manifest has them. Any other layout: its files but ``TRAINING_ONLY``.
     NonRetryableError (BadInput) when the checkpoint cannot be read or is damaged."""
     try:
-        manifest = json.loads((src / "manifest.json").read_text(encoding="utf-8"))
+        manifest = json.loads((src / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
         manifest = None
     except (OSError, ValueError) as e:
@@ -331,7 +332,7 @@ def serving_files(src: Path) -> list[tuple[str, bytes]]:
 
 def _corpus_meta(home: Path, corpus: str) -> dict:
     try:
-        return json.loads((home / "corpora" / corpus / "meta.json").read_text(encoding="utf-8"))
+        return json.loads((RunHome(home).corpus(corpus) / "meta.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
 

@@ -20,10 +20,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from contracts.exits import EXIT_LOCKED
 from engine import NonRetryableError
 
 RECORD = "failure-{attempt}.json"
-TRANSIENT_EXITS = (75,)  # tinyllm's "run directory locked by another live trainer": retried, whatever repeats
+TRANSIENT_EXITS = (EXIT_LOCKED,)  # tinyllm's "run directory locked by another live trainer": retried, whatever repeats
 
 
 def _read(path: Path) -> dict | None:

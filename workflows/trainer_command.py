@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_DISK_FULL, EXIT_LOCKED
+from contracts.layout import LATEST, MANIFEST, RunHome
+from contracts.progress import int_step, is_liveness
 from engine import NonRetryableError
 
 PYTHON_WORDS = ("python", "python3")  # as a command's first word: the interpreter running the worker
@@ -67,7 +70,7 @@ def rejected_arguments(attempt: int, returncode: int, progress: Path, args: list
     """A spec's own trainer that, on its first attempt, exits non-zero (not killed by a signal) before writing
     any progress line has most likely refused the contract's arguments (an own argument parser, nanoGPT's
     configurator.py): retrying cannot mend it, so it is the ``arguments`` rule, named once, not retried."""
-    if attempt != 1 or returncode <= 0 or returncode in (2, 74, 75, 130):
+    if attempt != 1 or returncode <= 0 or returncode in (EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_LOCKED, EXIT_CANCELED):
         return None
     try:
         if progress.exists() and progress.read_bytes().strip():
@@ -102,19 +105,21 @@ def check_train_result(result: Any, *, home: Path, name: str) -> dict:
     if result["name"] != name:
         raise contract_violation("result line", f"name {result['name']!r} is not the spec's name {name!r}")
     ckpt = home / result["checkpoint"]
-    if not (ckpt / "manifest.json").is_file():
+    if not (ckpt / MANIFEST).is_file():
         raise contract_violation("checkpoint layout", f"the result's checkpoint {result['checkpoint']} is not there "
-                                                      "(no manifest.json)")
-    if Path(result["checkpoint"]).parent != Path("runs", name, "ckpt"):
+                                                      f"(no {MANIFEST})")
+    run = RunHome(home).run(name)
+    ckpt_root = run.ckpt_root.relative_to(home)
+    if Path(result["checkpoint"]).parent != ckpt_root:
         raise contract_violation("checkpoint layout", f"the result's checkpoint {result['checkpoint']} is not under "
-                                                      f"runs/{name}/ckpt/")
+                                                      f"{ckpt_root}/")
+    latest_ref = run.latest.relative_to(home)
     try:
-        latest = (home / "runs" / name / "ckpt" / "LATEST").read_text(encoding="utf-8").strip()
+        latest = run.latest.read_text(encoding="utf-8").strip()
     except OSError:
-        raise contract_violation("LATEST", f"runs/{name}/ckpt/LATEST is missing") from None
+        raise contract_violation(LATEST, f"{latest_ref} is missing") from None
     if latest != ckpt.name:
-        raise contract_violation("LATEST", f"runs/{name}/ckpt/LATEST names {latest!r}, not the final checkpoint "
-                                           f"{ckpt.name!r}")
+        raise contract_violation(LATEST, f"{latest_ref} names {latest!r}, not the final checkpoint {ckpt.name!r}")
     return result
 
 
@@ -141,12 +146,11 @@ def check_progress(path: Path, *, home: Path) -> None:
         except ValueError:
             raise contract_violation("progress lines", f"line {number} of {path.name} is not JSON: "
                                                        f"{raw[:80].decode('utf-8', 'replace')!r}") from None
-        if isinstance(line, dict) and "event" in line and "step" not in line:
-            continue  # a liveness line (contracts/subprocess-activity.md)
+        if isinstance(line, dict) and is_liveness(line) and "step" not in line:
+            continue  # a liveness line (contracts/progress.py)
         if not isinstance(line, dict):
             raise contract_violation("progress lines", f"line {number} of {path.name} is not a JSON object")
-        step = line.get("step")
-        if ("step" in line or "event" not in line) and (not isinstance(step, int) or isinstance(step, bool)):
+        if ("step" in line or not is_liveness(line)) and int_step(line) is None:
             raise contract_violation("progress lines", f"line {number} of {path.name} has no integer 'step' "
                                                        "(only a liveness line with an 'event' may omit it)")
         if line.get("checkpoint"):

@@ -17,6 +17,7 @@ from engine import ActivityError, Canceled, NonRetryableError, Runtime, is_cance
 from tinyllm.spec import SpecError
 from tinyllm.trainer_spec import RunSpec, parse_run_spec
 
+from contracts.activity_ids import step_tag, train_id
 from .corpus import corpus_build
 from .evaluation import eval_suite
 from .models import (
@@ -32,7 +33,7 @@ from .models import (
     TrainRunInput,
     TrainRunResult,
 )
-from .options import eval_options, step_tag, train_options
+from .options import eval_options, train_options
 
 
 MAX_SEGMENTS = 10_000
@@ -137,7 +138,7 @@ async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
             # evaluations must see the checkpoint of their boundary (an early stop's checkpoint is the run's last)
             if trained.steps != until and stopped is None:
                 raise NonRetryableError(
-                    f"segment train-{step_tag(until)} ended at step {trained.steps}, not {until}", type="BadResult"
+                    f"segment {train_id(until)} ended at step {trained.steps}, not {until}", type="BadResult"
                 )
             evals = None
             if input.eval_suites:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from contracts.layout import step_dir_name
+
 from ..plot import Series
 from ..runview import SMOOTHING, RunView, best_checkpoints
 from .svg import Chart
@@ -74,7 +76,7 @@ def charts(view: RunView, s: Series, ev_series: dict[str, list[tuple[int, float]
         out.append(Chart("validation counts", counts, x_range, vlines=vstop, shade=shade, y_label="count"))
     for name, points in ev_series.items():
         if len(points) == 1:
-            cards.append((f"evaluation {name}", points[0][1], f"of step-{points[0][0]:06d}"))
+            cards.append((f"evaluation {name}", points[0][1], f"of {step_dir_name(points[0][0])}"))
         elif points:
             out.append(Chart(f"evaluation {name}", {name: points}, x_range, vlines=vstop, shade=shade))
     return out, cards

@@ -26,8 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.activity_ids import CORPUS_PREFIX
+from contracts.layout import LATEST, RunHome, step_dir_name
+from contracts.layout import parse_step_dir as checkpoint_step
 from engine import BadInput, NotFound
-from workflows.activities import checkpoint_step, workflow_generation
+from workflows.activities import workflow_generation
 
 from .. import app, historyview, runstatus
 from ..logs import attempt_dirs
@@ -296,12 +299,12 @@ def timeline(view: RunView | None, events: list[Any], now: float, output: Any = 
                                   detail, per))
             elif aid in evals:
                 ev = evals[aid]
-                items.append(Item("evaluation", f"{ev.suite} of step-{ev.step:06d}", ev.state, start, end,
+                items.append(Item("evaluation", f"{ev.suite} of {step_dir_name(ev.step)}", ev.state, start, end,
                                   headline(ev.suite, ev.metrics) + " · " + _figures(ev.metrics) if ev.metrics else "",
                                   per))
             else:
                 state = per[-1].outcome if per else "scheduled"
-                items.append(Item("corpus" if aid.startswith("corpus-") else "activity", aid, state, start, end,
+                items.append(Item("corpus" if aid.startswith(CORPUS_PREFIX) else "activity", aid, state, start, end,
                                   str(a.get("name", "")), per))
         elif e.type == "timer_started":
             fire = _num(a.get("fire_at"))
@@ -340,7 +343,7 @@ def _early_stop(view: RunView, items: list[Item]) -> None:
         if seg.state == "skipped":
             rows.append(Item("segment", f"segment {seg.index}/{len(view.segments)} ({seg.activity_id})", "skipped",
                              detail=f"steps to {seg.until}: not run, the run stopped early at step {stop.get('step')}"))
-            rows += [Item("evaluation", f"{ev.suite} of step-{ev.step:06d}", "skipped", detail="not run: stopped early")
+            rows += [Item("evaluation", f"{ev.suite} of {step_dir_name(ev.step)}", "skipped", detail="not run: stopped early")
                      for ev in seg.evals if ev.state == "skipped"]
     items[at:at] = rows
 
@@ -362,13 +365,13 @@ def eval_series(view: RunView) -> dict[str, list[tuple[int, float]]]:
 def checkpoints(view: RunView, home: Path, events: list[Any] = (), released: list[Release] = ()) -> list[Checkpoint]:
     """The run's checkpoints: on disk, named by its history, or pruned (retention.log), with their status:
     ``best`` as the run's selection named it (``best_checkpoints``), ``released vN`` by its published releases."""
-    root = home / "runs" / view.name / "ckpt"
+    root = RunHome(home).run(view.name).ckpt_root
     try:
         on_disk = {p for p in os.listdir(root) if p.startswith("step-") and checkpoint_step(p) is not None}
     except OSError:
         on_disk = set()
     try:
-        latest = Path((root / "LATEST").read_text(encoding="utf-8").strip()).name
+        latest = Path((root / LATEST).read_text(encoding="utf-8").strip()).name
     except (OSError, UnicodeDecodeError):
         latest = ""
     pruned: set[str] = set()
@@ -404,7 +407,7 @@ def checkpoints(view: RunView, home: Path, events: list[Any] = (), released: lis
         step = checkpoint_step(name)
         flags = []
         if name == latest:
-            flags.append("LATEST")
+            flags.append(LATEST)
         if step in by_step:
             flags.append("evaluated")
         if name in best:

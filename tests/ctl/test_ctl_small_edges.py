@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from contracts.resume import expected_resume
 from ctl import app, display, interrupt, runstatus
 from ctl.runview import run_view
 
@@ -82,10 +83,14 @@ def test_the_resume_line_names_a_checkpoint_that_verifies(tmp_path: Path) -> Non
     _checkpoint(root, 5)
     _checkpoint(root, 10)
     _checkpoint(root, 15, corrupt=True)  # the trainer refuses it and resumes from 10
-    assert display._valid_resume(tmp_path, "w", "runs/w/ckpt/step-000015") == "runs/w/ckpt/step-000010"
-    assert display._valid_resume(tmp_path, "w", "runs/w/ckpt/step-000010") == "runs/w/ckpt/step-000010"
+
+    def expected(ckpt: str) -> str | None:  # a redelivered attempt (2) whose last heartbeat named ckpt
+        return expected_resume(tmp_path, "w", 20, 2, {"checkpoint": ckpt})
+
+    assert expected("runs/w/ckpt/step-000015") == "runs/w/ckpt/step-000010"
+    assert expected("runs/w/ckpt/step-000010") == "runs/w/ckpt/step-000010"
     (root / "step-000010" / "model.pt").write_bytes(b"torn")
-    assert display._valid_resume(tmp_path, "w", "runs/w/ckpt/step-000015") == "runs/w/ckpt/step-000005"
+    assert expected("runs/w/ckpt/step-000015") == "runs/w/ckpt/step-000005"
 
 
 def test_status_takes_a_newer_latest_and_no_eta_without_a_live_worker(tmp_path: Path) -> None:

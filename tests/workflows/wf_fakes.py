@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine import Canceled, NonRetryableError
-from workflows.activities import choose_resume
+from contracts.resume import resume_argument as choose_resume
 from workflows.models import (
     CorpusBuildInput,
     CorpusBuildResult,

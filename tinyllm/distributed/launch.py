@@ -57,6 +57,9 @@ from pathlib import Path
 
 from dataclasses import dataclass
 
+from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_DISK_FULL, EXIT_FAILED, EXIT_LOCKED
+from contracts.layout import LATEST, MANIFEST, STEP_PREFIX, RunHome
+
 from ..errors import STOP, stop_signals
 from ..runlock import pid_running
 from ..spec import SpecError, TrainSpec
@@ -64,8 +67,7 @@ from ..spec import SpecError, TrainSpec
 RANK_STATUS_ENV = "TINYLLM_DDP_STATUS"
 NNODES_ENV, NODE_RANK_ENV = "TINYLLM_NNODES", "TINYLLM_NODE_RANK"
 RDZV_ENDPOINT_ENV, RDZV_ID_ENV = "TINYLLM_RDZV_ENDPOINT", "TINYLLM_RDZV_ID"
-EXIT_FAILED = 1
-REPORTED_CODES = (2, 74, 75)  # a rank's own verdict the launcher passes on (bad input, disk full, locked)
+REPORTED_CODES = (EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_LOCKED)  # a rank's own verdict the launcher passes on (bad input, disk full, locked)
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.1
 RANK_EXIT_WAIT_S = 30.0  # after torchrun ended: how long its ranks may take to disappear
@@ -103,15 +105,15 @@ def _resume_candidate(home: Path, spec: TrainSpec, resume: Path | None) -> Path 
     """The checkpoint the ranks will most likely resume from (the trainer's own choice verifies it)."""
     if resume is not None:
         return resume
-    root = home / "runs" / spec.name / "ckpt"
+    root = RunHome(home).run(spec.name).ckpt_root
     try:
-        name = (root / "LATEST").read_text(encoding="utf-8").strip()
+        name = (root / LATEST).read_text(encoding="utf-8").strip()
         if name and "/" not in name and (root / name).is_dir():
             return root / name
     except (OSError, UnicodeDecodeError):
         pass
     try:
-        dirs = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+        dirs = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX))
     except OSError:
         return None
     return dirs[-1] if dirs else None
@@ -132,7 +134,7 @@ def check_resume_world_size(spec: TrainSpec, home: Path, resume: Path | None) ->
     if candidate is None:
         return
     try:
-        manifest = json.loads((candidate / "manifest.json").read_text(encoding="utf-8"))
+        manifest = json.loads((candidate / MANIFEST).read_text(encoding="utf-8"))
         saved = manifest["meta"]["trajectory"]
     except (OSError, ValueError, KeyError, TypeError):
         return  # unreadable: the ranks refuse it and choose another (tinyllm/checkpoint.py)
@@ -345,8 +347,8 @@ def verdict(world_size: int, ended: dict[int, dict], torchrun_rc: int, local: li
     complete = len(local) == per_node and set(codes) == set(local)
     if complete and set(codes.values()) == {0} and isinstance(result, dict):
         return 0, result, None
-    if complete and set(codes.values()) == {130} and isinstance(result, dict):
-        return 130, result, None
+    if complete and set(codes.values()) == {EXIT_CANCELED} and isinstance(result, dict):
+        return EXIT_CANCELED, result, None
     for r in sorted(codes):
         if codes[r] in REPORTED_CODES:
             return int(codes[r]), None, ended[r].get("message") or f"rank {r} exited {codes[r]}"
@@ -356,7 +358,7 @@ def verdict(world_size: int, ended: dict[int, dict], torchrun_rc: int, local: li
     for r in local:
         if r not in ended:
             parts.append(f"rank {r} ended without a verdict (killed, or lost a peer)")
-        elif codes[r] not in (0, 130):
+        elif codes[r] not in (0, EXIT_CANCELED):
             parts.append(f"rank {r} exited {codes[r]}" + (f": {ended[r]['message']}" if ended[r].get("message") else ""))
     if not parts:
         parts.append(f"the ranks disagree ({', '.join(f'rank {r}: {c}' for r, c in sorted(codes.items()))})")

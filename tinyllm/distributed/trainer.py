@@ -48,6 +48,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from contracts.layout import RunDir
+
 from .. import checkpoint as ckpt
 from ..errors import STOP, CheckpointError, PeerLost
 from ..sinks.metrics import Reporter
@@ -188,9 +190,9 @@ class DistributedTrainer(Trainer):
         if self.rank == 0:
             path = super()._write_checkpoint(components)
         elif ckpt.FULL_COMPONENTS <= set(components):
-            path = self.run_dir / "ckpt" / ckpt.step_dir_name(self.step)
+            path = RunDir(self.run_dir, self.spec.name).step_dir(self.step)
         else:  # a validation plan's partial, non-resumable artifact
-            path = self.run_dir / "checkpoint_artifacts" / ckpt.artifact_dir_name(self.step)
+            path = RunDir(self.run_dir, self.spec.name).artifact_dir(self.step)
         dist.barrier()  # the checkpoint is committed (LATEST moved) before any rank goes on or exits
         return path
 

@@ -62,6 +62,9 @@ from typing import Any, Iterable, Iterator, Mapping, NoReturn
 
 import torch
 
+from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED  # the trainer contract's exit codes
+from contracts.layout import METRICS, RunHome
+
 from .. import checkpoint as ckpt
 from .. import faults, runlock, runtime_env, stopping
 from ..digest import state_digest
@@ -79,9 +82,6 @@ from .frames import FrameWriter
 from ..fsio import rel, resolve_home
 from ..names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys
 
-EXIT_BAD_INPUT = 2
-EXIT_LOCKED = 75
-EXIT_CANCELED = 130
 # Spec keys that may change between a checkpoint and its resume (the rest is the trajectory).
 # "threads" stays a trajectory key here: a user's own loop is not thread-invariant as tinyllm's model is.
 NON_TRAJECTORY_KEYS = frozenset({"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every",
@@ -242,7 +242,7 @@ class DurableRun:
         self.seed: int = int(self.spec.get("seed", 0))
         self.config: dict = dict(self.spec.get("config", {}))
         self.home = resolve_home(home)
-        self.run_dir = self.home / "runs" / self.name
+        self.run_dir = RunHome(self.home).run(self.name).path
         self.progress = Path(progress).absolute() if progress else None
         self.resume_arg = None
         if resume is not None:
@@ -437,7 +437,7 @@ class DurableRun:
                 _fail(str(e), EXIT_BAD_INPUT)
             self.last_saved = self.step if self.resumed_from is not None else 0
             self.last_path = self.resumed_from
-            self.metrics = FrameWriter(self.run_dir / "metrics.jsonl", self.step if self.resumed_from else -1,
+            self.metrics = FrameWriter(self.run_dir / METRICS, self.step if self.resumed_from else -1,
                                        name=self.name, total_steps=self.total_steps, console=self.console)
             self._last_line = time.monotonic()
             self._emit({"event": "resume" if self.resumed_from else "start", "state": self.fingerprint(),

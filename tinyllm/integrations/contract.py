@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn
 
+from contracts.layout import CKPT, METRICS
+
 from .. import checkpoint as ckpt
 from .. import faults, runlock
 from ..digest import state_digest
@@ -112,7 +114,7 @@ class FrameworkRun:
                 fail(str(e))
         self.last_saved = run.step if comps is not None else 0
         run.last_path = run.resumed_from
-        self.metrics = FrameWriter(run.run_dir / "metrics.jsonl", run.step if comps is not None else -1,
+        self.metrics = FrameWriter(run.run_dir / METRICS, run.step if comps is not None else -1,
                                    name=run.name, total_steps=run.total_steps, console=run.console)
         run.metrics = self.metrics
         self.resume_comps = comps
@@ -231,7 +233,7 @@ class FrameworkRun:
         if not self.save_total_limit:
             return
         keep = max(2, int(self.save_total_limit))
-        for old in ckpt.list_step_dirs(self.run.run_dir / "ckpt")[keep:]:
+        for old in ckpt.list_step_dirs(self.run.run_dir / CKPT)[keep:]:
             shutil.rmtree(old, ignore_errors=True)
 
     # -- end -----------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from contracts.layout import METRICS
+
 from ..diskfull import writing
 from .mlflow_sink import MlflowSink
 from .tensorboard_sink import TensorBoardSink
@@ -134,7 +136,7 @@ class Reporter:
 def default_reporter(run_dir: Path, resumed_step: int, total_steps: int, log_every: int, *, sinks=None,
                      spec=None, home: Path | None = None, corpus_checksum: str | None = None) -> Reporter:
     """Console, JSONL, TensorBoard (when installed), and the spec's ``sinks`` (MLflow: tinyllm/sinks/mlflow_sink.py)."""
-    out: list = [ConsoleSink(log_every, total_steps), JsonlSink(run_dir / "metrics.jsonl", resumed_step)]
+    out: list = [ConsoleSink(log_every, total_steps), JsonlSink(run_dir / METRICS, resumed_step)]
     try:
         out.append(TensorBoardSink(run_dir / "tensorboard", resumed_step))
     except ImportError:

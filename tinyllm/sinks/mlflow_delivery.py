@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from contracts.layout import METRICS
+
 from . import mlflow_sink as ms
 from ..errors import SpecError, stop_signals
 
@@ -89,7 +91,7 @@ class Delivery:
     def __init__(self, cfg: dict, stop: threading.Event):
         self.cfg, self.stop = cfg, stop
         self.run_dir = Path(cfg["run_dir"])
-        self.tail = Tail(self.run_dir / "metrics.jsonl")
+        self.tail = Tail(self.run_dir / METRICS)
         self.state = {"tracking_uri": cfg["tracking_uri"], "experiment": cfg["experiment"],
                       "workflow_id": cfg["workflow_id"], "run_id": None, "delivered_step": None,
                       "last_step": cfg["resumed_step"], "error": None, "run_status": None,

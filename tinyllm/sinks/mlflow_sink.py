@@ -63,6 +63,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from contracts.layout import step_dir_name
+
 from ..errors import STOP
 from ..fsio import atomic_write
 
@@ -360,8 +362,8 @@ def log_evaluation(run_dir: Path, step: int, suite: str, figures: dict[str, floa
                 continue
             metrics.append(Metric(name, float(value), now_ms, step))
         run = client.get_run(run_id)
-        params = [Param(k, v) for k, v in ((f"eval.{suite}.step-{step:06d}.checkpoint", checkpoint),
-                                             (f"eval.{suite}.step-{step:06d}.digest", digest or ""))
+        params = [Param(k, v) for k, v in ((f"eval.{suite}.{step_dir_name(step)}.checkpoint", checkpoint),
+                                             (f"eval.{suite}.{step_dir_name(step)}.digest", digest or ""))
                   if k not in run.data.params]
         if metrics or params:
             client.log_batch(run_id, metrics=metrics, params=params)
