@@ -322,9 +322,10 @@ def profile(args: argparse.Namespace) -> None:
 
 
 def measure(tree: Path, args: argparse.Namespace) -> dict:
+    """One round of every configuration in a process whose ``tinyllm`` is ``tree``'s."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--steps", str(args.steps),
-           "--rounds", str(args.rounds), "--only", args.only, "--sizes", args.sizes]
+           "--rounds", "1", "--only", args.only, "--sizes", args.sizes]
     proc = subprocess.run(cmd, check=False, env=env, cwd=str(tree), capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"bench worker for {tree} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -357,26 +358,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.before != "none":
             trees = {"before": checkout(args.before, Path(tmp)), "after": ROOT}
-        results = {label: measure(tree, args) for label, tree in trees.items()}
-    print(f"steps {args.steps} a run (warm-up {WARMUP}), rounds {args.rounds}, torch threads 1; median over rounds.\n"
+        results: dict[str, dict] = {label: {} for label in trees}
+        for _ in range(args.rounds):  # before and after alternate, round by round: a load that comes and goes hits both
+            for label, tree in trees.items():
+                for key, row in measure(tree, args).items():
+                    got = results[label].setdefault(key, {"step_s": [], "cpu_s": [], "ours_s": []})
+                    for k in got:
+                        got[k].extend(row[k])
+    print(f"steps {args.steps} a run (warm-up {WARMUP}), rounds {args.rounds} (before and after alternating), torch "
+          "threads 1; median over rounds.\n"
           "ratio: with us / without us per step, wall clock (cpu: the process's CPU time, all threads: steadier on\n"
           "a loaded machine); ours: the training thread's CPU time in our code per step, in microseconds")
-    head = f"{'trainer':<9} {'step':>4} {'log':>3} {'bare ms':>8}"
+    head = f"{'trainer':<9} {'step':>4} {'log':>3}"
     for label in trees:
-        head += f" | {label:<6} {'ms':>7} {'ratio':>6} {'cpu':>6} {'ours us':>8}"
+        head += f" | {label:<6} {'bare ms':>7} {'ms':>7} {'ratio':>6} {'cpu':>6} {'ours us':>8}"
     print(head)
     first = results[next(iter(trees))]
     for key in first:
         name, size, log_every = key.split("|")
         if log_every == "None":
             continue
-        bare = statistics.median(first[f"{name}|{size}|None"]["step_s"])
-        line = f"{name:<9} {size:>4} {log_every:>3} {bare * 1e3:>8.2f}"
+        line = f"{name:<9} {size:>4} {log_every:>3}"
         for label in trees:
             r, base = results[label], results[label][f"{name}|{size}|None"]
             ratio = statistics.median(d / b for d, b in zip(r[key]["step_s"], base["step_s"]))
             cpu = statistics.median(d / b for d, b in zip(r[key]["cpu_s"], base["cpu_s"]))
-            line += (f" | {'':<6} {statistics.median(r[key]['step_s']) * 1e3:>7.2f} {ratio:>6.3f} {cpu:>6.3f}"
+            line += (f" | {'':<6} {statistics.median(base['step_s']) * 1e3:>7.2f}"
+                     f" {statistics.median(r[key]['step_s']) * 1e3:>7.2f} {ratio:>6.3f} {cpu:>6.3f}"
                      f" {statistics.median(r[key]['ours_s']) * 1e6:>8.1f}")
         print(line)
 
