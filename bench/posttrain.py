@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from tinyllm.corpus import build_corpus  # noqa: E402
 from tinyllm.spec import load_corpus_spec, parse_train_spec  # noqa: E402
 from tinyllm.trainer import Trainer  # noqa: E402
-from tinyllm.objectives.data import load_prompts  # noqa: E402
+from tinyllm.posttrain_data import load_prompts  # noqa: E402
 from tinyllm.objectives.init import load_frozen  # noqa: E402
 from tinyllm.validation.generation import evaluate_generation  # noqa: E402
 

@@ -23,7 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "ui")]  # the project and the sy
 
 import synth  # noqa: E402
 from browser import Ui  # noqa: E402
-from ctl import app  # noqa: E402
+import app  # noqa: E402
 from ctl.ui import server  # noqa: E402
 
 

@@ -28,7 +28,7 @@ from tinyllm.corpus import build_corpus  # noqa: E402
 from tinyllm.model import GPT  # noqa: E402
 from tinyllm.spec import CorpusSpec, parse_train_spec  # noqa: E402
 from tinyllm.trainer import Trainer  # noqa: E402
-from tinyllm.validation.config import ValidationConfig  # noqa: E402
+from tinyllm.validation_config import ValidationConfig  # noqa: E402
 from tinyllm.validation.generation import evaluate_generation  # noqa: E402
 from tinyllm.validation.isolation import isolated  # noqa: E402
 from tinyllm.validation.lm import evaluate_lm  # noqa: E402

@@ -1,4 +1,4 @@
-"""``ctl``: start, follow, cancel and inspect durable training runs (a thin click layer over ctl.app).
+"""``ctl``: start, follow, cancel and inspect durable training runs (a thin click layer over the application layer, app/).
 
 Exit codes: 0 completed, 130 canceled (or interrupted), 2 bad input (one message, nothing
 started or written), 1 failed, 74 disk full (resumable); see the README's table (in full: docs/ctl.md).
@@ -17,25 +17,27 @@ from typing import Any, Callable
 import click
 
 from engine import STOP_SIGNAL_ENV
-from tinyllm.sinks import tracing  # standard library only: whether and where to trace (ctl/traces.py does it)
-import workflows
-from workflows.models import TraceContext
+from simulator.proving.core import BadInput as ProofBadInput, ProofError
+from simulator.proving.record import unverified_notice
+from simulator.proving.verify import check_options as check_verify_options, verify_resume as run_verify_resume
 
 from contracts.layout import RunHome
 
-from . import app, backends, cli_inspect, errors, presence, runsinks
+import app
+from app import backends, errors, runsinks
+from app.errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, EXIT_PREEMPTED, BadRequest
+from app.trainers import eval_trainer, load_run_spec
+from app.training import TrainFlags, TrainSession, TrainStart
+
+from . import cli_inspect, presence
 from .ui import command as ui_command
 from .workerlog import WorkerLog
-from .errors import EXIT_FAILED, EXIT_NOT_PROVEN, EXIT_OK, EXIT_PREEMPTED, BadRequest
 from .interrupt import Interrupt
 from .cli_common import (CtlGroup, describe_train, edge, home_option, json_option, preempted_line, print_json,
                          resolved, stop_options)
 from .logs import logs as logs_command
 from .release import release as release_command
 from .restart import refuse_moved_aside, restart_run
-from .trainers import eval_trainer
-from .verify import verify_resume as run_verify_resume
-from .verify_record import unverified_notice
 
 
 def _versions() -> str:
@@ -101,7 +103,7 @@ def main(backend: str, address: str | None, namespace: str | None, task_queue: s
     """
     options = (("address", address), ("namespace", namespace), ("task_queue", task_queue), ("tls_cert", tls_cert),
                ("tls_key", tls_key), ("tls_ca", tls_ca), ("tls", tls))
-    backends.choose(backends.Backend(backend, options))
+    backends.choose(backends.Choice(backend, options))
 
 
 def _interrupted(signum: int, frame: Any) -> None:
@@ -116,7 +118,7 @@ def _interrupt_on_signals() -> None:
         signal.signal(sig, _interrupted)
 
 
-def _follow(home: Path, engine: Any, workflow_id: str, *, quiet: bool, interrupt: Interrupt) -> Any:
+def _follow(home: Path, engine: app.Backend, workflow_id: str, *, quiet: bool, interrupt: Interrupt) -> Any:
     """Run a worker in this process until ``workflow_id`` ends; show its progress on stderr.
 
     SIGINT/SIGTERM meanwhile: ``interrupt`` stops the display, kills the trainer and exits 130
@@ -239,60 +241,21 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     if no_eval and suites:
         raise BadRequest("--no-eval and --suite exclude each other")
     chosen = [] if no_eval else (list(suites) or None)  # None: the default (ppl; none for an own trainer)
-    inp = app.train_request(spec_file, chosen, eval_seed=eval_seed, eval_max_items=eval_max_items,
-                            corpus_file=corpus_file, home=home_dir).model_copy(
-        update={"train_heartbeat_timeout_s": heartbeat_timeout_s, "eval_heartbeat_timeout_s": eval_heartbeat_timeout_s})
-    name = inp.spec["name"]
-    interrupt.what = app.train_workflow_id(name)
+    request = app.train_request(spec_file, chosen, eval_seed=eval_seed, eval_max_items=eval_max_items,
+                                corpus_file=corpus_file, home=home_dir)
+    name = request.name
+    interrupt.what = request.workflow_id
     app.check_run_writable(home_dir, name)
     refuse_moved_aside(home_dir, name)
-    notice = unverified_notice(home_dir, inp.spec, spec_file) if not quiet else None
-    tracer = _run_tracer(home_dir, app.train_workflow_id(name), trace_file)
-    engine = app.open_engine(home_dir, create=True, attempt_env=tracer.attempt_env if tracer else None)
-    interrupt.engine = engine
+    notice = unverified_notice(home_dir, request.input.spec, spec_file) if not quiet else None
+    session = TrainSession(home_dir, request, TrainFlags(heartbeat_timeout_s, eval_heartbeat_timeout_s, trace_file),
+                           warn=_warn)
     try:
-        current = app.latest_run(engine, app.train_workflow_id(name))
-        was_s = app.heartbeat_in_use(engine, current.workflow_id) if current is not None else None
-        was_eval_s = app.heartbeat_in_use(engine, current.workflow_id, workflows.ACTIVITY_EVAL,
-                                          "eval_heartbeat_timeout_s") if current is not None else None
-        if tracer is not None:  # the run's trace: recorded in its history, read back by every later ctl train
-            base = app.train_workflow_id(name)
-            histories = lambda: [(st.workflow_id, engine.history(st.workflow_id))  # noqa: E731
-                                 for st in app.run_generations(engine, base)]
-            trace = tracer.context(histories, os.environ)
-            inp = inp.model_copy(update={"trace": TraceContext(**trace)})
-        restarted = restart_run(engine, home_dir, name) if restart else None
-        started = app.start_run(engine, "TrainRun", app.train_workflow_id(name), inp,
-                                restart=restarted.epoch if restarted else None)
-        if restarted is not None:
-            click.echo(f"ctl: restarted train/{name} as {started.workflow_id} from scratch: {restarted.line}", err=True)
-        if notice and started.new:
-            click.echo(notice, err=True)
-        wid = interrupt.workflow_id = started.workflow_id
-        if tracer is not None:  # each poll reads only the events since the last (the run's workflows are known now)
-            gens = [st.workflow_id for st in app.run_generations(engine, app.train_workflow_id(name))]
-            tracer.bind(histories, trace, lambda seen: [(w, engine.history(w, after_seq=seen.get(w, 0))) for w in gens])
-            tracer.start()
-            if not (as_json or quiet):
-                click.echo(f"ctl: trace {tracer.trace_id} -> {tracer.where}", err=True)
-        if hasattr(engine, "attempt_options"):  # an operational setting: this command's value from now on
-            engine.attempt_options = app.heartbeat_override(wid, heartbeat_timeout_s, eval_heartbeat_timeout_s)
-        if not (as_json or quiet):
-            verb = "started" if started.new else "attached to"
-            click.echo(f"ctl: {verb} {wid} (home {home_dir})", err=True)
-            if started.reused:
-                click.echo(f"ctl: continuing the run; done earlier, not run again: {', '.join(started.reused)}",
-                           err=True)
-        for flag, was, now_s in (("--heartbeat-timeout", was_s, heartbeat_timeout_s),
-                                 ("--eval-heartbeat-timeout", was_eval_s, eval_heartbeat_timeout_s)):
-            if was is None or was == now_s or as_json:
-                continue
-            if hasattr(engine, "attempt_options"):
-                click.echo(f"ctl: {flag} {now_s:g} s from now on (the run had {was:g} s)", err=True)
-            else:
-                click.echo(f"ctl: {flag} {now_s:g} s is not applied on this backend: {wid} keeps its {was:g} s",
-                           err=True)
-        st = engine.status(wid)
+        interrupt.engine = session.open()
+        begun = session.start(restart=(lambda engine: restart_run(engine, home_dir, name)) if restart else None)
+        _say_started(begun, request.workflow_id, home_dir, notice, quiet=quiet, as_json=as_json)
+        wid = interrupt.workflow_id = begun.workflow_id
+        st = session.status(wid)
         if detach and st.state == "running":
             if as_json:
                 print_json(app.outcome_json(st))
@@ -300,23 +263,41 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
                 click.echo(f"{wid} running; follow it with `ctl status {wid}`; run it with `ctl worker`")
             return
         if st.state == "running":
-            runsinks.workflow_state(home_dir, wid, "running")  # a continuation: a closed MLflow run reopens
-            st = _follow(home_dir, engine, wid, quiet=quiet, interrupt=interrupt)
-        if st.state == "running" and app.stopped(engine):  # a polite stop saved the step
-            runsinks.workflow_state(home_dir, wid, "preempted")
-            if tracer is not None:
-                tracer.close()
-                tracer = None
-            _exit_preempted(engine, wid, interrupt, as_json, st)
-        runsinks.workflow_state(home_dir, wid, st.state)  # the MLflow run's status (also after an earlier kill)
-        if tracer is not None:
-            tracer.close()  # what the end closed goes out before the result is printed
-            tracer = None
+            session.following(wid)  # a continuation: a closed MLflow run reopens
+            st = _follow(home_dir, session.engine, wid, quiet=quiet, interrupt=interrupt)
+        if st.state == "running" and app.stopped(session.engine):  # a polite stop saved the step
+            session.stopped(wid)
+            _exit_preempted(session.engine, wid, interrupt, as_json, st)
+        session.ended(st)  # the MLflow run's status (also after an earlier kill); the trace's last spans out
         _finish(st, as_json, describe_train)
     finally:
-        if tracer is not None:
-            tracer.close()
-        engine.close()
+        session.close()
+
+
+def _warn(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def _say_started(begun: TrainStart, base: str, home: Path, notice: str | None, *, quiet: bool, as_json: bool) -> None:
+    """What ``ctl train`` says on stderr once its workflow is started or attached to."""
+    started, wid = begun.started, begun.workflow_id
+    if begun.restarted is not None:
+        click.echo(f"ctl: restarted {base} as {wid} from scratch: {begun.restarted.line}", err=True)
+    if notice and started.new:
+        click.echo(notice, err=True)
+    if begun.trace is not None and not (as_json or quiet):
+        click.echo(f"ctl: trace {begun.trace[0]} -> {begun.trace[1]}", err=True)
+    if not (as_json or quiet):
+        verb = "started" if started.new else "attached to"
+        click.echo(f"ctl: {verb} {wid} (home {home})", err=True)
+        if started.reused:
+            click.echo(f"ctl: continuing the run; done earlier, not run again: {', '.join(started.reused)}", err=True)
+    for c in begun.heartbeat_changes if not as_json else []:
+        if c.applied:
+            click.echo(f"ctl: {c.flag} {c.now_s:g} s from now on (the run had {c.was_s:g} s)", err=True)
+        else:
+            click.echo(f"ctl: {c.flag} {c.now_s:g} s is not applied on this backend: {wid} keeps its {c.was_s:g} s",
+                       err=True)
 
 
 def _polite_stop(what: str, grace_s: float, stop_signal: Any, keeps: str = "its checkpoints") -> Interrupt:
@@ -327,9 +308,9 @@ def _polite_stop(what: str, grace_s: float, stop_signal: Any, keeps: str = "its 
     return Interrupt(what, keeps, grace_s=grace_s, stop_signal=stop_signal).install()
 
 
-def _exit_preempted(engine: Any, workflow_id: str, interrupt: Interrupt, as_json: bool, st: Any) -> None:
+def _exit_preempted(engine: app.Backend, workflow_id: str, interrupt: Interrupt, as_json: bool, st: Any) -> None:
     """After a polite stop: one line saying what was saved (or the --json outcome), exit 143."""
-    stop = getattr(engine, "stop", None)
+    stop = engine.stop
     name = interrupt.signal_name or (stop.signal if stop is not None else None)
     if as_json:
         print_json({**app.outcome_json(st), "state": "preempted", "signal": name,
@@ -337,27 +318,6 @@ def _exit_preempted(engine: Any, workflow_id: str, interrupt: Interrupt, as_json
     else:
         click.echo(preempted_line(engine, workflow_id, name), err=True)
     sys.exit(EXIT_PREEMPTED)  # (the command's finally closes the engine)
-
-
-def _run_tracer(home: Path, run_id: str, trace_file: str | None) -> Any:
-    """The run's tracer (ctl/traces.py) when tracing is on (--trace-file, $OTEL_EXPORTER_OTLP_ENDPOINT), else
-    None; nothing of OpenTelemetry is imported then. --trace-file without the trace extra is bad input (exit 2);
-    the environment's endpoint without it is one warning line, and the run goes on untraced."""
-    where = tracing.destination(os.environ, trace_file)
-    if where is None:
-        return None
-    if backends.chosen().name == backends.TEMPORAL:
-        click.echo("ctl: warning: traces are made from the embedded engine's history; not on --backend temporal",
-                   err=True)
-        return None
-    try:
-        from . import traces  # lazy: the optional [trace] extra
-        return traces.RunTracer(home, run_id, where)
-    except ImportError as e:
-        if trace_file:
-            raise BadRequest(f"--trace-file: {e}") from None
-        click.echo(f"ctl: warning: traces off: {e}", err=True)
-        return None
 
 
 @main.command(name="verify-resume")
@@ -396,10 +356,16 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
       ctl verify-resume --spec specs/tiny.json --kills 5 --seed 1 --signal kill --json
     """
     _interrupt_on_signals()
-    try:
-        report = run_verify_resume(spec_file, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
-                     timeout_s=timeout_s, heartbeat_s=heartbeat_timeout_s, segments=segments)
-    except KeyboardInterrupt:  # the trainer's process group was killed on the way out (verify._run_attempt)
+    try:  # the proof itself is simulator/proving/verify.py; here: the spec read, its errors as ctl's exits
+        check_verify_options(kills, signal_mode)
+        raw = load_run_spec(spec_file)
+        report = run_verify_resume(raw, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
+                                   timeout_s=timeout_s, heartbeat_s=heartbeat_timeout_s, segments=segments)
+    except ProofBadInput as e:
+        raise BadRequest(str(e)) from None
+    except ProofError as e:  # a run failed in a way that is no planned interruption
+        raise errors.CtlError(str(e)) from None
+    except KeyboardInterrupt:  # the trainer's process group was killed on the way out (proving.verify._run_attempt)
         click.echo("ctl verify-resume: interrupted; nothing was compared (its scratch runs are under "
                    "<home>/.ctl/verify/)", err=True)
         sys.exit(errors.EXIT_CANCELED)
@@ -466,7 +432,7 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
     try:
         started = app.start_run(engine, "EvalSuite", f"eval/{inp.name}", inp)
         interrupt.workflow_id = started.workflow_id
-        if hasattr(engine, "attempt_options"):  # an operational setting: this command's value from now on
+        if engine.attempt_overrides:  # an operational setting: this command's value from now on
             engine.attempt_options = app.heartbeat_override(started.workflow_id, None, heartbeat_timeout_s)
         st = engine.status(started.workflow_id)
         if st.state == "running":
@@ -536,7 +502,7 @@ def worker(stop_grace_s: float, stop_signal: Any, home: str | None) -> None:
     home_dir = app.resolve_home(home)
     engine = app.open_engine(home_dir, create=True)
     stop = threading.Event()
-    if not hasattr(engine, "request_stop"):  # another backend's worker: its loop ends on the event
+    if not engine.polite_stop:  # another backend's worker: its loop ends on the event
         interrupt.engine = None
 
         def on_signal(signum: int, frame: Any) -> None:
@@ -546,8 +512,7 @@ def worker(stop_grace_s: float, stop_signal: Any, home: str | None) -> None:
             signal.signal(sig, on_signal)
     else:
         interrupt.engine = engine
-    where = engine.config.describe() if getattr(engine, "backend", "") == "temporal" else app.db_path(home_dir)
-    click.echo(f"ctl worker: serving {where} as pid {os.getpid()} (SIGINT/SIGTERM to stop)", err=True)
+    click.echo(f"ctl worker: serving {engine.describe()} as pid {os.getpid()} (SIGINT/SIGTERM to stop)", err=True)
     handler = logging.StreamHandler(sys.stderr)  # the engine's own warnings (a lost worker redelivered...)
     handler.setFormatter(logging.Formatter("%(asctime)s engine: %(message)s", "%Y-%m-%dT%H:%M:%S"))
     logging.getLogger("engine").addHandler(handler)
@@ -558,7 +523,7 @@ def worker(stop_grace_s: float, stop_signal: Any, home: str | None) -> None:
     try:
         log.start()
         engine.run_forever(stop)
-        stopped = [p for p in getattr(engine, "preempted", []) if not str(p.get("message", "")).startswith("not started")]
+        stopped = [p for p in engine.preempted if not str(p.get("message", "")).startswith("not started")]
         if stopped:
             code = EXIT_PREEMPTED
             for p in stopped:

@@ -21,11 +21,11 @@ from tinyllm.spec import format_validation_error
 
 from contracts.activity_ids import is_train
 
-from . import app
-from .errors import BadRequest, CtlError
-from .homecheck import as_ctl_error
+import app
+from app.errors import BadRequest, CtlError
+from app.homecheck import as_ctl_error
 from .interrupt import DEFAULT_GRACE_S, GRACE_ENV, SIGNAL_ENV, signal_number
-from .runview import figures_text, first_subject_metrics, stopped_early_text
+from app.runview import figures_text, first_subject_metrics, stopped_early_text
 
 home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
                            help="Home folder (default: $CTL_HOME, else the current directory).")
@@ -57,9 +57,9 @@ def stop_options(fn: Callable) -> Callable:
     return fn
 
 
-def preempted_line(engine: Any, workflow_id: str, signal_name: str | None) -> str:
+def preempted_line(engine: app.Backend, workflow_id: str, signal_name: str | None) -> str:
     """The one line a politely stopped command prints: what the stop saved of ``workflow_id``."""
-    mine = [p for p in getattr(engine, "preempted", []) if p.get("workflow_id") == workflow_id and p.get("attempt")]
+    mine = [p for p in engine.preempted if p.get("workflow_id") == workflow_id and p.get("attempt")]
     sig = signal_name or "a signal"
     if not mine:
         return (f"ctl: stopped by {sig}: {workflow_id} had nothing running (a wait's remainder is waited when it "
@@ -146,7 +146,7 @@ def describe_train(result: dict) -> None:
     click.echo(f"final_loss_hex {result['final_loss_hex']}  digest {result['digest']}")
 
 
-def resolved(engine: Any, workflow_id: str) -> str:
+def resolved(engine: app.Backend, workflow_id: str) -> str:
     wid = app.resolve_id(engine, workflow_id)
     if wid != workflow_id:
         why = "the run's first workflow" if workflow_id == f"{wid}/1" else "its newest run; `ctl list` shows all"

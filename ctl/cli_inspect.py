@@ -13,13 +13,16 @@ from typing import Any
 
 import click
 
-from . import app, errors, historyview, runstatus
+import app
+from app import Backend, errors
+
+from . import historyview, runstatus
 from . import doctor as doc
 from . import plot as plotting
-from .errors import BadRequest, CtlError
-from .homecheck import as_ctl_error
+from app.errors import BadRequest, CtlError
+from app.homecheck import as_ctl_error
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved, when
-from .runview import release_outcome, run_view
+from app.runview import release_outcome, run_view
 from .show import show as show_run
 
 @click.command()
@@ -112,7 +115,7 @@ def list_(as_json: bool, home: str | None) -> None:
         engine.close()
 
 
-def _list_all(engine: Any, as_json: bool) -> None:
+def _list_all(engine: Backend, as_json: bool) -> None:
     """Every readable workflow; each damaged one as a line on stderr, then exit 2."""
     rows, damaged = engine.list_readable()
     if as_json:
@@ -156,7 +159,7 @@ def history(workflow_id: str, as_json: bool, home: str | None) -> None:
         engine.close()
 
 
-def _train_run(engine: Any, workflow_id: str) -> tuple[Any, list]:
+def _train_run(engine: Backend, workflow_id: str) -> tuple[Any, list]:
     """A TrainRun's status and history; BadRequest for another kind of workflow."""
     wid = resolved(engine, workflow_id)
     st = engine.status(wid)

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from app import Backend
 from contracts.activity_ids import is_eval
 from contracts.layout import RunHome
 from contracts.layout import parse_step_dir as checkpoint_step
@@ -39,7 +40,7 @@ from tinyllm.objectives.no_signal import warning_text
 
 from .evalprogress import EvalCounts, EvalFollower, run_name
 from .runstatus import worker_info
-from .runview import (MetricsTail, RunView, figures_text, first_subject_metrics, fmt_duration, headline, local_time,
+from app.runview import (MetricsTail, RunView, figures_text, first_subject_metrics, fmt_duration, headline, local_time,
                       run_view)
 
 DEFAULT_PLAIN_EVERY_S = 10.0
@@ -79,7 +80,7 @@ def resume_lines(details: dict) -> list[str]:
 class LiveDisplay:
     """Follows workflow ``workflow_id`` of ``engine`` from ``start()`` to ``stop()``."""
 
-    def __init__(self, home: Path, engine: Any, workflow_id: str, *, console: Console | None = None,
+    def __init__(self, home: Path, engine: Backend, workflow_id: str, *, console: Console | None = None,
                  poll_s: float = 0.5, clock: Callable[[], float] = time.time):
         self.home, self.engine, self.workflow_id, self.poll_s, self.clock = Path(home), engine, workflow_id, poll_s, clock
         self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
@@ -144,7 +145,7 @@ class LiveDisplay:
 
     def _read_events(self) -> list[Any]:
         after = self.events[-1].seq if self.events else 0
-        store = getattr(self.engine, "store", None)
+        store = self.engine.store
         if store is None:  # another backend (Temporal): its own history call
             new = [e for e in self.engine.history(self.workflow_id) if e.seq > after][:MAX_EVENTS_PER_POLL]
         else:

@@ -21,7 +21,7 @@ import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from contracts.layout import CKPT, LATEST, METRICS, RunHome
 from contracts.manifest import CheckpointError, verify_checkpoint
@@ -30,7 +30,7 @@ from engine import BadInput, DamagedRecord, Engine, Store, damage_report, owner_
 from tinyllm.sinks import mlflow_sink
 from tinyllm.runlock import pid_running
 
-from .app import db_path
+from app import Backend, db_path
 
 MAX_ENTRIES = 200_000  # bound on the walk for temporaries
 _TEMP = re.compile(r"^\.(?:tmp|replaced)-.+-(\d+)$|^.+\.tmp-(\d+)$")  # .tmp-step-000100-PID, x.tmp-PID
@@ -166,7 +166,7 @@ def _means_for(workflow_id: str | None) -> str:
         else "restore the database from a backup"
 
 
-def _activities(engine: Any, rel: str, workflow_id: str) -> list[Finding]:
+def _activities(engine: Backend, rel: str, workflow_id: str) -> list[Finding]:
     out = []
     try:
         rows = engine.store.query(

@@ -17,7 +17,7 @@ from typing import Any
 
 from workflows.activities import progress_path
 
-from .runview import JsonlTail, RunView, fmt_duration
+from app.runview import JsonlTail, RunView, fmt_duration
 
 MAX_UNIT_CHARS = 24
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from contracts.activity_ids import CORPUS_PREFIX, is_eval, is_train
 
-from .runview import figures_text, first_subject_metrics, local_time
+from app.runview import figures_text, first_subject_metrics, local_time
 from .tables import align
 
 

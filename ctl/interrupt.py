@@ -31,9 +31,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from .errors import EXIT_CANCELED, EXIT_PREEMPTED
+from app import Backend
+from app.errors import EXIT_CANCELED, EXIT_PREEMPTED
 
 KILL_WAIT_S = 10.0  # how long the killed descendants may take to disappear
 LOCK_WAIT_S = 10.0  # how long another thread may hold the store's lock (one short transaction)
@@ -104,6 +105,14 @@ def kill_descendants(pid: int, wait_s: float = KILL_WAIT_S) -> list[int]:
         time.sleep(0.02)
 
 
+class Display(Protocol):
+    """What a stop needs of the live display (ctl/display.py ``LiveDisplay``)."""
+
+    def stop(self, *, final: bool = True, wait_s: float = 5.0) -> None: ...
+
+    def stopping(self, signal_name: str) -> None: ...
+
+
 class Interrupt:
     """The polite-stop handler of one ctl command (see the module docstring).
 
@@ -116,21 +125,21 @@ class Interrupt:
         self.grace_s = grace_s
         self.stop_signal = stop_signal
         self.workflow_id: str | None = None
-        self.display: Any = None
-        self._engine: Any = None
+        self.display: Display | None = None
+        self._engine: Backend | None = None
         self.first_at: float | None = None  # time.monotonic() of the first signal
         self.signal_name: str | None = None  # its name, once one came
         self.fired = False  # the hard path ran
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Backend | None:
         return self._engine
 
     @engine.setter
-    def engine(self, engine: Any) -> None:
+    def engine(self, engine: Backend | None) -> None:
         """The engine this command runs; a stop that reaches it through a trainer gets this command's grace."""
         self._engine = engine
-        if engine is not None and hasattr(engine, "stop_grace_s"):
+        if engine is not None and engine.polite_stop:
             engine.stop_grace_s = max(0.0, self.grace_s - EXIT_MARGIN_S)
 
     @property
@@ -172,11 +181,11 @@ class Interrupt:
         if engine is None:
             self.hard()
             return
-        if hasattr(engine, "request_stop"):
+        if engine.polite_stop:
             engine.request_stop(self.signal_name, grace_s=max(0.0, self.grace_s - EXIT_MARGIN_S))
         else:  # another backend: the trainers below us checkpoint on their own SIGTERM
             threading.Thread(target=self._stop_children, name="ctl-stop", daemon=True).start()
-        if self.display is not None and hasattr(self.display, "stopping"):
+        if self.display is not None:
             self.display.stopping(self.signal_name)
         else:
             sys.stderr.write(f"ctl: {self.signal_name}: stopping {self.what} at the step it is at and "
@@ -219,9 +228,9 @@ class Interrupt:
         try:
             if self.display is not None:
                 self.display.stop(final=False, wait_s=DISPLAY_WAIT_S)
-            lock = getattr(getattr(self.engine, "store", None), "_lock", None)
-            if lock is not None:
-                lock.acquire(timeout=LOCK_WAIT_S)  # never released: this process writes nothing more
+            store = self.engine.store if self.engine is not None else None
+            if store is not None:
+                store._lock.acquire(timeout=LOCK_WAIT_S)  # never released: this process writes nothing more
             left = kill_descendants(os.getpid())
             if why and not quiet_kill:
                 sys.stderr.write(why + "\n")

@@ -20,7 +20,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -28,9 +27,11 @@ from contracts.layout import RunHome
 from engine import OUTPUT_STREAMS as STREAMS, NotFound, output_log_path as log_path, read_kept_output as read_kept
 from workflows.activities import activity_dir
 
-from . import app, runstatus
+import app
+from app import Backend
+from . import runstatus
 from .cli_common import edge, home_option
-from .errors import BadRequest
+from app.errors import BadRequest
 
 _DIR = re.compile(r"^g(\d+)-a(\d+)(?:-(\d+))?$")
 _NOT_AN_END = ("activity_scheduled", "activity_started", "activity_heartbeat")
@@ -70,7 +71,7 @@ def run_logs(home: Path, name: str) -> list[AttemptLogs]:
     return out
 
 
-def _started(engine: Any, base: str) -> list[tuple[str, str, int]]:
+def _started(engine: Backend, base: str) -> list[tuple[str, str, int]]:
     """(workflow id, activity id, attempt) of every attempt the run's workflows started, in order."""
     out = []
     for st in app.run_generations(engine, base):
@@ -87,14 +88,14 @@ def _base(workflow_id: str) -> str:
     return f"train/{parts[1]}"
 
 
-def choose(engine: Any, home: Path, workflow_id: str, activity: str | None, attempt: int | None) -> tuple[AttemptLogs, str | None]:
+def choose(engine: Backend, home: Path, workflow_id: str, activity: str | None, attempt: int | None) -> tuple[AttemptLogs, str | None]:
     """The attempt whose output to print, and the workflow that ran it (None: not one of the run's)."""
     base = _base(workflow_id)
     name = base.split("/", 1)[1]
-    gens = {(app._generation(st.workflow_id, base) or 1): st.workflow_id for st in app.run_generations(engine, base)}
+    gens = {(app.generation(st.workflow_id, base) or 1): st.workflow_id for st in app.run_generations(engine, base)}
     if not gens:
         raise BadRequest(f"no workflow {base!r} (see `ctl list`)")
-    only = app._generation(workflow_id, base) if workflow_id.rstrip("/") != base else None  # train/NAME/G: that one
+    only = app.generation(workflow_id, base) if workflow_id.rstrip("/") != base else None  # train/NAME/G: that one
     if workflow_id.rstrip("/") != base and only not in gens:
         raise BadRequest(f"no workflow {workflow_id!r} (workflows of this run: {', '.join(gens.values())})")
     started = [x for x in _started(engine, base) if only is None or x[0] == gens[only]]
@@ -114,7 +115,7 @@ def choose(engine: Any, home: Path, workflow_id: str, activity: str | None, atte
                              f"{', '.join(str(a) for a in sorted({a.attempt for a in kept}))})")
         chosen = picked[-1]
     else:
-        mine = [(app._generation(w, base) or 1, n) for w, aid, n in started if aid == activity]
+        mine = [(app.generation(w, base) or 1, n) for w, aid, n in started if aid == activity]
         chosen = next((a for a in reversed(kept) if mine and (a.generation, a.attempt) == mine[-1]), kept[-1])
     return chosen, gens.get(chosen.generation)
 
@@ -158,7 +159,7 @@ class Printer:
         out.flush()
 
 
-def _ended(engine: Any, workflow_id: str, logs: AttemptLogs) -> str | None:
+def _ended(engine: Backend, workflow_id: str, logs: AttemptLogs) -> str | None:
     """Why a followed attempt is over, or None while it runs."""
     try:
         st = engine.status(workflow_id)
@@ -180,7 +181,7 @@ def _ended(engine: Any, workflow_id: str, logs: AttemptLogs) -> str | None:
     return None
 
 
-def _first(engine: Any, home: Path, workflow_id: str, activity: str | None, attempt: int | None,
+def _first(engine: Backend, home: Path, workflow_id: str, activity: str | None, attempt: int | None,
            follow: bool) -> tuple[AttemptLogs, str | None]:
     """``choose``; with ``follow``, waits while the run is running and has no output yet (a detached run
     waiting for its worker), as ``kubectl logs -f`` waits for its container."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from contracts.layout import RunHome
 
-from .runview import SMOOTHING, RunView, headline, read_frames, stopped_early_text
+from app.runview import SMOOTHING, RunView, headline, read_frames, stopped_early_text
 from .termplot import chart
 
 INSTALL_HINT = "pip install 'durable-train[plot]'"

@@ -14,8 +14,8 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
 
+from app import Backend
 from contracts.layout import RunHome
 from engine import owner_dead
 from tinyllm.fsio import atomic_write
@@ -25,11 +25,11 @@ def _folder(home: Path) -> Path:
     return RunHome(home).ctl_dir / "workers"
 
 
-def announce(home: Path, engine: Any, workflow_id: str | None) -> Path | None:
+def announce(home: Path, engine: Backend, workflow_id: str | None) -> Path | None:
     """Record that this process runs ``workflow_id`` (None: all) of ``home``; the path to ``withdraw``.
     None where the engine has no lease owner (another backend) or the file cannot be written (never fatal)."""
-    owner = getattr(engine, "owner", None)
-    if not isinstance(owner, dict):
+    owner = engine.owner
+    if owner is None:
         return None
     folder = _folder(home)
     path = folder / f"{owner['pid']}-{str(owner.get('instance', ''))[:12]}.json"

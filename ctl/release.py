@@ -19,10 +19,12 @@ import click
 from contracts.layout import MANIFEST
 import workflows
 from tinyllm.eval_figures import resolve_figure, suite_figures
+from tinyllm.trainer_spec import has_trainer
 
-from . import app, presence
+import app
+from . import presence
 from .cli_common import edge, home_option, json_option, preempted_line, print_json, stop_options
-from .errors import EXIT_FAILED, EXIT_PREEMPTED, BadRequest
+from app.errors import EXIT_FAILED, EXIT_PREEMPTED, BadRequest
 from .interrupt import Interrupt
 
 
@@ -139,8 +141,8 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
         ckpt, step = candidate(st.result or {}, select, train_id)
         digest = checkpoint_digest(home_dir, ckpt)
         name = str(st.result["name"])
-        app._check_suites(list(suites), name)
-        if not spec.get("trainer"):  # tinyllm's suites: their figures are known (a trainer's own suites: not)
+        app.check_suites(list(suites), name)
+        if not has_trainer(spec):  # tinyllm's suites: their figures are known (a trainer's own suites: not)
             check_gate_figures(parsed)
         inp = workflows.ModelReleaseInput(name=name, select=select, checkpoint=ckpt, step=step, digest=digest,
                                           suites=list(suites), gates=parsed, spec=spec,

@@ -34,8 +34,10 @@ from typing import Any
 from contracts.layout import STEP_PREFIX, RunHome
 from tinyllm import runlock
 
-from . import app, runstatus
-from .errors import BadRequest
+import app
+from app import Backend
+from . import runstatus
+from app.errors import BadRequest
 
 MARKER = "RESTARTED.json"
 SETTLE_S = 120.0  # how long ending a dead workflow may take here (a dead attempt is canceled at once)
@@ -62,7 +64,7 @@ def _aside(home: Path, name: str) -> tuple[int, Path]:
     return n, RunHome(home).runs / f"{name}.restart-{n}"
 
 
-def _check_not_live(engine: Any, home: Path, name: str, st: Any) -> None:
+def _check_not_live(engine: Backend, home: Path, name: str, st: Any) -> None:
     if st is None or st.state != "running":
         _check_no_trainer(home, name, st)
         return
@@ -87,7 +89,7 @@ def _check_no_trainer(home: Path, name: str, st: Any) -> None:
                          f"its ctl train (Ctrl-C) or `ctl cancel {st.workflow_id if st else 'train/' + name}` first")
 
 
-def _end(engine: Any, st: Any) -> str:
+def _end(engine: Backend, st: Any) -> str:
     """End a running workflow nobody runs (cancel, settled here); its state word for the summary."""
     if st.state != "running":
         return st.state
@@ -109,7 +111,7 @@ def _eval_dirs(home: Path, name: str) -> list[Path]:
                   for d in s.iterdir() if d.is_dir() and pattern.match(d.name))
 
 
-def restart_run(engine: Any, home: Path, name: str) -> Restarted:
+def restart_run(engine: Backend, home: Path, name: str) -> Restarted:
     """Steps 1-3 of the module docstring; the caller starts the new workflow with ``restart=epoch``."""
     base = app.train_workflow_id(name)
     gens = app.run_generations(engine, base)

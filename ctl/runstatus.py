@@ -27,42 +27,43 @@ import re
 from pathlib import Path
 from typing import Any
 
+from app import Backend
+from app.runview import (MetricsTail, RunView, figures_text, fmt_duration, local_time, run_view, spec_of,
+                      stopped_early_text)
 from contracts.activity_ids import CORPUS_PREFIX, EVAL_PREFIX, PUBLISH_PREFIX, TRAIN_PREFIX
 from contracts.layout import RunHome, ckpt_ref
 from contracts.layout import parse_step_dir as checkpoint_step
-from engine import owner_dead
+from engine import Event, Store, owner_dead
+from simulator.proving.record import verdict_line, verdict_of
 
 from . import presence
 from .evalprogress import EvalCounts, EvalFollower
-from .runview import (MetricsTail, RunView, figures_text, fmt_duration, local_time, run_view, spec_of,
-                      stopped_early_text)
-from .verify_record import verdict_line, verdict_of
 
 OVERDUE_S = 15.0  # due work nobody took for this long: no worker is running the home folder
 
 
-def _activity_rows(engine: Any, workflow_id: str) -> list[tuple]:
-    return engine.store.query(
+def _activity_rows(store: Store, workflow_id: str) -> list[tuple]:
+    return store.query(
         "SELECT activity_id, state, attempt, due_at, hb_deadline, last_hb_at, owner FROM activities "
         "WHERE workflow_id=? AND state IN ('scheduled', 'running') ORDER BY cmd", (workflow_id,))
 
 
-def _timer_rows(engine: Any, workflow_id: str) -> list[float]:
-    if getattr(engine, "store", None) is None:  # another backend: no local timer table
+def _timer_rows(engine: Backend, workflow_id: str) -> list[float]:
+    if engine.store is None:  # another backend: no local timer table
         return []
     return [r[0] for r in engine.store.query(
         "SELECT fire_at FROM timers WHERE workflow_id=? AND state='pending' ORDER BY fire_at", (workflow_id,))]
 
 
-def worker_info(engine: Any, workflow_id: str, now: float, started_at: dict[str, float],
+def worker_info(engine: Backend, workflow_id: str, now: float, started_at: dict[str, float],
                 home: Path | None = None) -> dict:
     """Whether a live worker holds the workflow (see the module docstring). With ``home``, a workflow with
     nothing in flight (a durable wait, a workflow task) is live only while a ``ctl train``/``ctl eval``
     following it or a ``ctl worker`` still runs (ctl/presence.py): after a kill, "no live worker", no ETA."""
-    if getattr(engine, "store", None) is None:  # another backend: its server knows, not this table
+    if engine.store is None:  # another backend: its server knows, not this table
         return {"live": None, "activity_id": None, "attempt": None, "pid": None, "host": None,
                 "lease_age_s": None, "heartbeat_age_s": None, "reason": "not known on this backend"}
-    rows = _activity_rows(engine, workflow_id)
+    rows = _activity_rows(engine.store, workflow_id)
     for aid, state, attempt, due_at, hb_deadline, last_hb_at, owner_json in rows:
         if state != "running":
             continue
@@ -137,9 +138,11 @@ def progress_info(view: RunView, tail: MetricsTail, now: float, counts: EvalCoun
     }
 
 
-def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
-    """The extra ``--json`` fields of ``ctl status`` for workflow status ``st``."""
-    events = engine.history(st.workflow_id)
+def describe(engine: Backend, home: Path, st: Any, now: float, *, events: list[Event] | None = None) -> dict:
+    """The extra ``--json`` fields of ``ctl status`` for workflow status ``st`` (``events``: its history,
+    when the caller read it already)."""
+    if events is None:
+        events = engine.history(st.workflow_id)
     timers = [{"fire_at": t, "fire_at_local": local_time(t, date=True), "remaining_s": max(0.0, t - now)}
               for t in _timer_rows(engine, st.workflow_id)] if st.state == "running" else []
     out: dict[str, Any] = {"worker": None, "progress": None, "timers": timers}
@@ -153,7 +156,7 @@ def describe(engine: Any, home: Path, st: Any, now: float) -> dict:
                              "reason": f"stopped by {out['preempted']['signal']} (preempted)"}
     if st.workflow == "TrainRun":
         view = run_view(st.workflow_id, events, st.state)
-        if (proof := verdict_of(home, spec_of(events)[0])) is not None:  # a spec's own trainer (ctl/verify_record.py)
+        if (proof := verdict_of(home, spec_of(events)[0])) is not None:  # a spec's own trainer (simulator/proving/record.py)
             out["resume_proof"] = proof
         tail = MetricsTail(RunHome(home).run(view.name).metrics) if view.name else None
         if tail is not None:

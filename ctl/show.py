@@ -20,9 +20,9 @@ from tinyllm.objectives.no_signal import warning_text
 from contracts.layout import RunHome
 
 from .logs import run_logs
-from .runview import RunView, fmt_duration, headline, local_time, read_frames, stopped_early_text
+from app.runview import RunView, fmt_duration, headline, local_time, read_frames, stopped_early_text
 from .tables import align
-from .verify_record import verdict_line, verdict_of
+from simulator.proving.record import verdict_line, verdict_of
 
 
 def segment_table(view: RunView) -> list[str]:

@@ -10,28 +10,29 @@ connection per process) and prints, on stderr, one line per event that matters::
 
 Only attempts started by this process (``worker`` = host:pid in the started event) are logged
 as start/end; workflow ends are logged for every workflow this worker has worked on, and handed to
-``on_end`` for every workflow seen ending (ctl worker: the MLflow run's status, ctl/runsinks.py).
+``on_end`` for every workflow seen ending (ctl worker: the MLflow run's status, app/runsinks.py).
 """
 from __future__ import annotations
 
 import threading
 from typing import Any, Callable
 
+from app import Backend
 from engine import read_events
 
 from .historyview import details
-from .runview import fmt_duration, local_time
+from app.runview import fmt_duration, local_time
 
 POLL_S = 0.5
 MAX_EVENTS_PER_POLL = 10_000
 
 
 class WorkerLog:
-    def __init__(self, engine: Any, emit: Callable[[str], None], *, poll_s: float = POLL_S,
+    def __init__(self, engine: Backend, emit: Callable[[str], None], *, poll_s: float = POLL_S,
                  on_end: Callable[[str, str], None] | None = None):
         self.engine, self.emit, self.poll_s = engine, emit, poll_s
         self.on_end = on_end  # (workflow id, completed|failed|canceled) of each workflow seen ending
-        owner = getattr(engine, "owner", None)  # another backend has none (and no local store: start() skips)
+        owner = engine.owner  # another backend has none (and no local store: start() skips)
         self.me = f"{owner['host']}:{owner['pid']}" if owner else ""  # as the engine records its starts
         self._seen: dict[str, int] = {}
         self._started: dict[str, float] = {}  # "wf activity#attempt" -> start time (this worker's)
@@ -40,7 +41,7 @@ class WorkerLog:
         self._thread = threading.Thread(target=self._run, name="ctl-worker-log", daemon=True)
 
     def start(self) -> None:
-        if getattr(self.engine, "store", None) is None:  # another backend: its server keeps the log
+        if self.engine.store is None:  # another backend: its server keeps the log
             return
         self._poll(initial=True)
         self._thread.start()

@@ -24,9 +24,10 @@ from rich.console import Console
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ctl import app, plot  # noqa: E402
+import app  # noqa: E402
+from ctl import plot  # noqa: E402
 from ctl.display import LiveDisplay  # noqa: E402
-from ctl.runview import run_view  # noqa: E402
+from app.runview import run_view  # noqa: E402
 
 SPEC = {"name": "demo", "steps": 240, "seed": 7, "eval_every": 80, "eval_interval_seconds": 1, "checkpoint_every": 40,
         "batch_size": 8, "lr": 0.003, "warmup_steps": 10, "lr_decay_steps": 240, "threads": 1, "log_every": 1000,
@@ -70,7 +71,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         (home / "demo.json").write_text(json.dumps(SPEC))
-        inp = app.train_request(str(home / "demo.json"), ["ppl"], eval_max_items=8)
+        inp = app.train_request(str(home / "demo.json"), ["ppl"], eval_max_items=8).input
         engine = app.open_engine(home, create=True)
         try:
             wid = app.start_run(engine, "TrainRun", "train/demo", inp).workflow_id

@@ -17,16 +17,15 @@ owns ``_tx.Transactions``, ``_attempts.Attempts`` and ``_runners.Runners`` as ob
 ``_live_sink``, ``_activity``, ``_store``, ``_history``, ``_schema``, ``_leases``, ``_proctree``,
 ``_subprocess_runner``, ``_output``, ``_options``, ``_errors``, ``_ids``, ``_seam``, ``_clock``.
 
-Callers outside ``engine/`` import from here only (tests/test_import_graph.py enforces it), with
-two documented exceptions:
+Callers outside ``engine/`` import from here only (tests/test_import_graph.py enforces it), or
+through one of two other doors:
 
+- ``engine.testing``: the testing door (as ``temporalio.testing``), for the deterministic simulator and
+  the tests: the event kinds, replayers, an engine's worker cache and replayer factory, lease owners
+  marked dead or live, named one by one with why (engine/testing.py). Crash injection needs none of
+  it: it subclasses ``Store`` and overrides ``before_commit`` / ``after_commit`` (the documented fault
+  hook, engine/_store.py), passed as ``Engine(store=...)``.
 - ``engine.temporal``: a separate optional subpackage (imported lazily, needs the ``temporal`` extra).
-- The simulator's hooks, listed one by one in tests/test_import_graph.py's ``ENGINE_HOOKS``: it
-  imports ``engine._history`` (event kinds), ``engine._replay`` (dry replayers) and
-  ``engine._leases`` (lease owners marked dead), and reaches an engine's ``_worker`` (its
-  ``cache``, ``ready``, ``inflight`` and replaceable ``new_replayer``: engine/_worker.py). Its
-  crash injection needs none of that: it subclasses ``Store`` and overrides ``before_commit`` /
-  ``after_commit`` (the documented fault hook, engine/_store.py), passed as ``Engine(store=...)``.
 """
 from ._clock import SystemClock, VirtualClock
 from ._engine import ActivityInfo, Engine, ReplayResult, WorkflowStatus, replay_history
@@ -41,6 +40,7 @@ from ._errors import (
     NonRetryableError,
     NotFound,
     Preempted,
+    Unsupported,
     WorkflowCanceled,
     WorkflowFailed,
     WorkflowRunning,
@@ -63,7 +63,7 @@ __all__ = [
     "RetryPolicy", "Runtime", "StepOptions", "Store", "SystemClock", "VirtualClock", "WorkflowCanceled",
     "WorkflowFailed", "WorkflowRunning", "WorkflowStatus", "check_id", "damage_report", "is_canceled", "owner_dead",
     "read_events", "replay_history", "run_subprocess", "SubprocessFailed", "dies_with_parent",
-    "ATTEMPT_ENV", "attempt_tag", "kill_attempt", "scope_of", "Preempted", "StopRequest", "stop_request",
+    "ATTEMPT_ENV", "attempt_tag", "kill_attempt", "scope_of", "Preempted", "StopRequest", "stop_request", "Unsupported",
     "EXIT_PREEMPTED", "STOP_SIGNAL_ENV",
     "OUTPUT_STREAMS", "output_log_path", "read_kept_output",
 ]

@@ -107,7 +107,14 @@ class Engine:
 
     It owns its ``Worker`` (``_worker``, engine/_worker.py), which owns the attempts and runners;
     the loops below drive it.
+
+    It is one of the two backends of ``app.backend.Backend`` (the other: engine/temporal's
+    ``TemporalEngine``); the class attributes below are that protocol's capability flags.
     """
+
+    backend = "embedded"
+    polite_stop = True  # request_stop, stop, preempted, stop_grace_s (engine/_stop.py)
+    attempt_overrides = True  # attempt_options applies to the attempts this engine starts
 
     def __init__(
         self,
@@ -353,7 +360,7 @@ class Engine:
         return True
 
     def history(self, workflow_id: str, after_seq: int = 0) -> list[Event]:
-        """The workflow's events (only those after ``after_seq``: a reader that follows it, ctl/traces.py)."""
+        """The workflow's events (only those after ``after_seq``: a reader that follows it, app/traces.py)."""
         self._row(workflow_id)
         with self.store._lock:
             events = read_events(self.store.conn, workflow_id, after_seq)
@@ -362,6 +369,30 @@ class Engine:
             if not events or events[0].type != h.WORKFLOW_STARTED:  # started and its event are one transaction
                 raise damaged(self.store.conn, workflow_id, "event 1", "missing: no workflow_started event")
             return events
+
+    def describe(self) -> str:
+        """Where this engine keeps its state, for a log line: the database file."""
+        return self.store.path
+
+    def generations(self, base: str) -> list[WorkflowStatus]:
+        """The workflows of a run continued by fresh workflows: ``base``, ``base/2``, ``base/3``... that exist,
+        oldest first (app/runs.py names them). A damaged row is left out (``list_readable`` reports it)."""
+        try:
+            rows = self.store.query("SELECT CAST(id AS BLOB) FROM workflows WHERE id = ? OR substr(id, 1, ?) = ?",
+                                    (base, len(base) + 1, base + "/"))
+        except sqlite3.DatabaseError as e:
+            with self.store._lock:
+                raise damaged(self.store.conn, "(all)", "the workflow table", f"SQLite: {e}") from None
+        found = []
+        for (raw,) in rows:
+            try:
+                wid = bytes(raw).decode("utf-8")
+                rest = wid[len(base) + 1:]
+                if wid == base or rest.isdigit():
+                    found.append((1 if wid == base else int(rest), self.status(wid)))
+            except (UnicodeDecodeError, BadInput, sqlite3.DatabaseError):
+                continue
+        return [st for _, st in sorted(found, key=lambda x: x[0])]
 
     def list_workflows(self) -> list[WorkflowStatus]:
         rows = self.store.query("SELECT id FROM workflows ORDER BY created_at, id")

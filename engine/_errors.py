@@ -10,6 +10,13 @@ class EngineError(Exception):
     """Base of every error the engine raises on purpose."""
 
 
+class Unsupported(EngineError):
+    """This backend lacks the capability asked of it (``app.backend.Backend``: its ``polite_stop`` and
+    ``attempt_overrides`` flags say which it has). The Temporal adapter raises it for a polite stop
+    (``request_stop``, ``stop_grace_s``: its workers stop by cancelling activities) and for per-attempt
+    option overrides (``attempt_options``: the cluster schedules attempts with the recorded options)."""
+
+
 class Canceled(EngineError):
     """The workflow was canceled (the seed's ErrCanceled).
 

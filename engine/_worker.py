@@ -21,7 +21,8 @@ and ``Runners`` (engine/_runners.py: runner threads and group commit); a live si
 (engine/_live_sink.py) gets ``SinkHooks``.
 
 ``new_replayer`` is an attribute on purpose: the simulator (simulator/prefix.py) replaces it on one
-worker to start a replay from a shared prefix; it is the one documented hook into a worker.
+worker to start a replay from a shared prefix, through engine/testing.py (``set_replayer_factory``);
+it is the one documented hook into a worker.
 """
 from __future__ import annotations
 

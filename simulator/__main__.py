@@ -23,9 +23,9 @@ import sys
 
 from contracts.exits import EXIT_BAD_INPUT
 
-from .campaign import campaign
-from .campaign_targets import PREEMPT_FAULTS, USER_FAULTS, TargetError, choose
-from .kill_loop import kill_loop
+from .proving.campaign import campaign
+from .proving.campaign_targets import PREEMPT_FAULTS, USER_FAULTS, TargetError, choose
+from .proving.kill_loop import kill_loop
 from .mutants import MUTANTS, catch_mutant, make_mutant
 from .scenario import Scenario, remove_home
 from .stops import StopSweep

@@ -15,7 +15,7 @@ from typing import Any
 
 from contracts.activity_ids import corpus_id, eval_id, step_tag, train_id
 from contracts.layout import STEP_PREFIX, RunHome, checkpoint_ref, parse_step_dir, step_dir_name
-from engine import _history as h  # the simulator's hook into the engine's event kinds (internal, not public)
+from engine import testing as h  # the engine's testing door: the event kinds the oracle reads
 
 from .fakes import FakeState, reference_state
 from .ledger import Ledger

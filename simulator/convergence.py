@@ -81,8 +81,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from engine import _history as h  # the simulator's hook into the engine's event kinds (internal, not public)
-from engine._replay import DrySink, Replayer  # the simulator's documented hook into the replayer
+from engine import testing as h  # the engine's testing door: event kinds, attrs' JSON text, dry replayers
+from engine.testing import DrySink, Replayer
 
 from .ledger import Ledger, SplicedLedger
 
@@ -153,11 +153,10 @@ def _visible(typ: str, attrs_text: str) -> str | None:
 
 def state_key(label: str, eng, clock, fakes, history: HistoryDigest) -> tuple | None:
     """The key of the state at a convergence point (see the module docstring); None: not one."""
-    w = eng._worker  # the simulator's hook into the engine's worker (engine/_worker.py): its queues and cache
-    if w.ready or w.inflight:  # not idle: not a convergence point
+    if not h.worker_idle(eng):  # not idle: not a convergence point
         return None
     conn = eng.store.conn
-    with eng.store._lock:
+    with h.store_lock(eng):
         digest = history.catch_up(conn)
         workflows = tuple(conn.execute("SELECT * FROM workflows ORDER BY id").fetchall())
         live = tuple(conn.execute(
@@ -171,7 +170,7 @@ def state_key(label: str, eng, clock, fakes, history: HistoryDigest) -> tuple | 
         timers_ended = tuple(conn.execute(
             "SELECT workflow_id, state, COUNT(*) FROM timers WHERE state!='pending' "
             "GROUP BY workflow_id, state ORDER BY workflow_id, state").fetchall())
-    return (label, clock.now(), digest, tuple(sorted(w.cache)), getattr(eng, "_stalls", 0),
+    return (label, clock.now(), digest, h.cached_workflow_ids(eng), h.stalls(eng),
             workflows, live, ended, timers, timers_ended, fakes.files_digest(), tuple(sorted(fakes.oom_left.items())))
 
 

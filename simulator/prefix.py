@@ -70,13 +70,13 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engine import _leases as leases  # the simulator's hook: it marks lease owners dead or live (internal)
 from engine import read_events
 # the simulator's documented hook into the replayer (engine/__init__.py's docstring): not public API
-from engine._replay import _FINAL_ONLY, _RECORD, DrySink, Replayer, WorkflowRuntime
+from engine import testing  # the engine's testing door: replayers, the worker's replayer factory, lease owners
+from engine.testing import FINAL_ONLY, RECORD_KINDS, DrySink, Replayer, WorkflowRuntime
 
 MAX_REPLY_BYTES = 1 << 31  # a child's reply larger than this is a runaway
-_RESOLVES = {t for t, kind in _RECORD.items() if kind == 1}  # the events that resolve a command
+_RESOLVES = {t for t, kind in RECORD_KINDS.items() if kind == 1}  # the events that resolve a command
 
 
 @dataclass
@@ -120,16 +120,16 @@ def build_prefix(eng, workflow_id: str, workflow_name: str) -> ReplayPrefix | No
     """A fresh replay of the history of ``workflow_id`` in ``eng``'s database as it stands (the caller
     holds the engine idle, no transaction open); None where the history ends anywhere but with the
     code blocked on a recorded, unresolved command (see the module docstring, 3.)."""
-    reg = eng._workflows.get(workflow_name)
+    reg = testing.registration(eng, workflow_name)
     if reg is None:
         return None
     conn = eng.store.conn
-    with eng.store._lock:
+    with testing.store_lock(eng):
         row = conn.execute("SELECT input, state FROM workflows WHERE id=?", (workflow_id,)).fetchone()
         if row is None or row[1] != "running":
             return None
         sink = _PrefixSink(conn)
-        r = eng._worker.new_replayer(reg, workflow_id, row[0], sink)
+        r = testing.new_replayer(eng, reg, workflow_id, row[0], sink)
         if r.fn is not reg.fn:  # the input no longer validates: nothing to share
             return None
         events = read_events(conn, workflow_id, 0)
@@ -153,12 +153,12 @@ def advance_prefix(eng, prefix: ReplayPrefix, workflow_name: str) -> bool:
     its cut moves to the history's end. False (``prefix`` is then unusable: drop it) where the feed would
     not equal a fresh replay of the whole history (see the module docstring, 4.): an event resolving a
     command already resolved, or the code not left blocked on a recorded, unresolved command."""
-    reg = eng._workflows.get(workflow_name)
+    reg = testing.registration(eng, workflow_name)
     r = prefix.replayer
     if reg is None or r.fn is not reg.fn or prefix.used:
         return False
     conn = eng.store.conn
-    with eng.store._lock:
+    with testing.store_lock(eng):
         row = conn.execute("SELECT input, state FROM workflows WHERE id=?", (prefix.workflow_id,)).fetchone()
         if row is None or row[1] != "running" or row[0] != prefix.input_text:
             return False
@@ -189,7 +189,7 @@ def advance_prefix(eng, prefix: ReplayPrefix, workflow_name: str) -> bool:
 def _resolved_twice(events, resolved: set) -> bool:
     """Whether a command is resolved twice, by ``events`` or by them after ``resolved`` (commands)."""
     for e in events:
-        if e.type in _RESOLVES and (e.type not in _FINAL_ONLY or e.attrs.get("final")):
+        if e.type in _RESOLVES and (e.type not in FINAL_ONLY or e.attrs.get("final")):
             k = e.attrs.get("cmd")
             if k in resolved:
                 return True
@@ -215,7 +215,7 @@ def use_prefix(eng, prefix: ReplayPrefix | None, index: ReplayPrefix | None = No
     fresh replayer's seam notes reads of ``is_replaying`` (``NotingRuntime``; no prefix: only that).
     ``index``: a prefix (the spine) whose indexes a replay from scratch copies where its database holds
     the same input and events 1..``index.seq`` (see the module docstring, 6.); its code is not used."""
-    fresh = eng._worker.new_replayer  # the worker's documented hook (engine/_worker.py's docstring)
+    fresh = testing.replayer_factory(eng)  # the worker's documented hook (engine/_worker.py's docstring)
 
     def new_replayer(reg, workflow_id, input_json, sink):
         if (prefix is not None and not prefix.used and workflow_id == prefix.workflow_id
@@ -233,7 +233,7 @@ def use_prefix(eng, prefix: ReplayPrefix | None, index: ReplayPrefix | None = No
             index.indexed += 1
         return r
 
-    eng._worker.new_replayer = new_replayer
+    testing.set_replayer_factory(eng, new_replayer)
 
 
 def copy_indexes(src: Replayer, dst: Replayer) -> None:
@@ -271,25 +271,6 @@ def adopt_donor(spine: ReplayPrefix, r: Replayer) -> ReplayPrefix | None:
     return ReplayPrefix(spine.workflow_id, spine.seq, spine.crcs, spine.input_text, out)
 
 
-class _ParentPid:
-    """``os`` as ``engine.leases`` sees it in a forked child: the pid is the parent's.
-
-    A simulated worker is an ``Engine`` instance, not a process: a killed one is told dead by its
-    instance leaving the live set (``leases.mark_dead``), which the engine consults for owners of
-    *this* process. A recovery forked off the sweep is that same simulated process (its leases,
-    its events' ``worker`` name), so there it keeps the parent's pid.
-    """
-
-    def __init__(self, pid: int):
-        self._pid = pid
-
-    def getpid(self) -> int:
-        return self._pid
-
-    def __getattr__(self, name: str):
-        return getattr(os, name)
-
-
 def in_child(fn: Callable[[], Any]) -> Any:
     """``fn()`` run in a forked child process; its result (pickled) comes back, its side effects do not.
 
@@ -313,7 +294,7 @@ def in_child(fn: Callable[[], Any]) -> Any:
             gc.enable()
     if pid == 0:  # the child: never returns
         os.close(rfd)
-        leases.os = _ParentPid(parent)
+        testing.keep_parent_pid(parent)
         code = 0
         try:
             try:

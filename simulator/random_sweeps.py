@@ -4,38 +4,35 @@ from __future__ import annotations
 
 import random
 import time
-from typing import TYPE_CHECKING
 
 from .faults import random_kills
 from .report import Report
-
-if TYPE_CHECKING:
-    from .sweep import Simulator
+from .sweep_context import SweepContext
 
 
 class RandomSweeps:
-    """Seeded random kills and cancels. A ``Simulator`` (simulator/sweep.py) owns one and hands it
-    itself: the sweeps use its single runs and checks (``reference``, ``trace``, ``run``, ``check``,
-    ``_finish``)."""
+    """Seeded random kills and cancels. A ``Simulator`` (simulator/sweep.py) owns one and hands it its
+    ``SweepContext``: the sweeps use its single runs and checks (``reference``, ``trace``, ``run``,
+    ``check``, ``finish``)."""
 
-    def __init__(self, sim: "Simulator"):
-        self.sim = sim
+    def __init__(self, ctx: SweepContext):
+        self.ctx = ctx
 
     def random_kills(self, *, seed: int, runs: int, kills_per_run: int, stop_at_first: bool = False) -> Report:
         """``runs`` runs, each killed ``1..kills_per_run`` times at positions drawn by ``seed``."""
         t0 = time.perf_counter()
         report = Report("random-kills")
-        self.sim.reference()
-        report.positions = len(self.sim.trace)
+        self.ctx.reference()
+        report.positions = len(self.ctx.trace)
         rng = random.Random(seed)
         for _ in range(runs):
             run_seed = rng.randrange(2**31)
             n = random.Random(run_seed).randint(1, kills_per_run)
-            kills = random_kills(run_seed, len(self.sim.trace), n)
-            o = self.sim.run(kills)
-            m = self.sim.check(o, what="kills", kills=kills, seed=run_seed)
+            kills = random_kills(run_seed, len(self.ctx.trace), n)
+            o = self.ctx.run(kills)
+            m = self.ctx.check(o, what="kills", kills=kills, seed=run_seed)
             if report.record(m):
-                self.sim._finish(o, m)
+                self.ctx.finish(o, m)
                 if stop_at_first:
                     break
         report.elapsed_s = time.perf_counter() - t0
@@ -45,17 +42,17 @@ class RandomSweeps:
         """Cancel at a random position and kill at another (before or after it), then restart the spec."""
         t0 = time.perf_counter()
         report = Report("kills-during-cancel")
-        self.sim.reference()
-        n = len(self.sim.trace)
+        self.ctx.reference()
+        n = len(self.ctx.trace)
         report.positions = n
         rng = random.Random(seed)
         for _ in range(runs):
             cancel_at = rng.randrange(n)
             kills = sorted({rng.randrange(n) for _ in range(rng.randint(1, 2))})
-            o = self.sim.run(kills, cancel_at=cancel_at)
-            m = self.sim.check(o, what="cancel", kills=kills, cancel_at=cancel_at, seed=seed)
+            o = self.ctx.run(kills, cancel_at=cancel_at)
+            m = self.ctx.check(o, what="cancel", kills=kills, cancel_at=cancel_at, seed=seed)
             if report.record(m):
-                self.sim._finish(o, m)
+                self.ctx.finish(o, m)
                 if stop_at_first:
                     break
         report.elapsed_s = time.perf_counter() - t0

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from contracts.layout import RunHome
 from engine import Engine, Event, NotFound, VirtualClock, read_events
-from engine import _leases as leases  # the simulator's hook: it marks lease owners dead or live (internal)
+from engine import testing as leases  # the engine's testing door: lease owners marked dead or live
 import workflows
 from workflows.models import ACTIVITY_CORPUS, ACTIVITY_EVAL, ACTIVITY_TRAIN, WORKFLOW_TRAIN_RUN, TrainRunInput
 
@@ -299,7 +299,7 @@ def recover_from_snapshot(
         home = pool.take(live["fakes"])
     else:
         home = new_home()
-        link_tree(os.fspath(src_home), os.fspath(home), unread=unread_of(scn))
+        link_tree(os.fspath(src_home), os.fspath(home), unread=unread_of(scn.release))
     copied = copy_committed(RunHome(src_home).engine_db, RunHome(home).engine_db, scn.workflow_id)
     if timing is not None:  # (``timing``: a Counter of CPU seconds by part, the sweep's)
         timing["cpu: snapshots (files, database copy)"] += time.process_time() - c0
@@ -325,7 +325,7 @@ def recover_from_snapshot(
                 pool.returned(rlive["fakes"])
             eng = rlive["engine"]
             try:
-                with eng.store._lock:
+                with leases.store_lock(eng):
                     events = read_events(eng.store.conn, scn.workflow_id, copied)
             finally:
                 _crash_cleanup(eng)

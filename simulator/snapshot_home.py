@@ -18,7 +18,6 @@ from contracts.layout import RunHome
 
 if TYPE_CHECKING:
     from .fakes import FakeActivities
-    from .scenario import Scenario
 
 
 def new_home(prefix: str = "sim-") -> Path:
@@ -67,9 +66,9 @@ UNREAD = ("evals",)  # top-level folders the fakes only write and no check reads
 RESYNC = ("releases",)  # top-level folders a snapshot makes anew each time (publish deletes and renames there)
 
 
-def unread_of(scn: "Scenario") -> tuple[str, ...]:
-    """``UNREAD``, but none where a release reuses evaluation outputs (simulator/release.py)."""
-    return () if scn.release else UNREAD
+def unread_of(release: bool) -> tuple[str, ...]:
+    """``UNREAD``, but none where a scenario's ``release`` reuses evaluation outputs (simulator/release.py)."""
+    return () if release else UNREAD
 
 
 def link_tree(src: str, dst: str, depth: int = 0, unread: tuple[str, ...] = UNREAD) -> None:

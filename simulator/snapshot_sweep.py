@@ -5,8 +5,8 @@ where a fresh engine recovers and runs to the end (``_recover``). With dedup, po
 the same durable state share one recovery, and a recovery stops at convergence and is spliced to
 a verified run (simulator/convergence.py); recoveries after a long history start off a shared
 replay of it, forked or donated (simulator/prefix.py: ``_refresh_prefix``, ``_admit``,
-``_run_forked``). ``SnapshotSweep`` is an object a ``simulator.sweep.Simulator`` owns (its checks,
-reference run and caches are the simulator's).
+``_run_forked``). ``SnapshotSweep`` is an object a ``simulator.sweep.Simulator`` owns; it is handed
+the simulator's ``SweepContext`` (its checks, reference run and caches: simulator/sweep_context.py).
 """
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ import resource
 import time
 from collections import Counter
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-from engine import VirtualClock, read_events
+from engine import VirtualClock, read_events, testing
 from workflows.models import WORKFLOW_TRAIN_RUN
 
 from .checks import compare_with, final_files_lines
@@ -42,12 +41,9 @@ from .prefix import adopt_donor, advance_prefix, build_prefix, in_child
 from .report import Mismatch, rerun_command
 from .scenario import START_TIME, Outcome, recover_from_snapshot, run_scenario
 from .snapshot_home import SnapshotHome, new_home, remove_home, unread_of
+from .sweep_context import SweepContext
 
-if TYPE_CHECKING:
-    from .sweep import Simulator
-
-
-def _state_key(live: dict, clock: VirtualClock) -> tuple:
+def position_key(live: dict, clock: VirtualClock) -> tuple:
     """What a kill here leaves, within one uninterrupted run: its committed transactions, the
     files written, the time, the faults still to come (the same key: byte-identical files)."""
     fakes = live["fakes"]
@@ -67,23 +63,17 @@ def _children_cpu() -> float:
 class SnapshotSweep:
     """Kills recovered from snapshots of one uninterrupted run.
 
-    A ``Simulator`` (simulator/sweep.py) owns one and hands it itself: the sweep uses its scenario
-    and settings (``scn``, ``workflow_fn``, ``mutant``, ``share_*``, ``reuse_snapshot_home``,
-    ``verify_snapshots``), its reference run and checks (``reference``, ``check``, ``state_lines``,
-    ``_spliced_state_lines``, ``_finish``, ``_drop_home``, ``_ref``, ``_targets``, ``_near``) and its
-    counters (``stats``, ``timing``). The sweep's own state is the running sweep's snapshot folder
-    (``pool``) and its shared replays (``_index``, ``_donations``)."""
+    A ``Simulator`` (simulator/sweep.py) owns one and hands it its ``SweepContext``: the sweep uses its
+    scenario and settings (``scn``, ``workflow_fn``, ``mutant``, ``share_*``, ``reuse_snapshot_home``,
+    ``verify_snapshots``), its reference run and checks (``reference``, ``targets``, ``near``, ``check``,
+    ``state_lines``, ``spliced_state_lines``, ``finish``, ``drop_home``) and its counters (``stats``,
+    ``timing``); it sets the context's ``pool`` (the running sweep's snapshot folder) while it runs. The
+    sweep's own state is its shared replays (``_index``, ``_donations``)."""
 
-    def __init__(self, sim: "Simulator"):
-        self.sim = sim
-        self._pool: SnapshotHome | None = None  # the snapshot folder of the running sweep
+    def __init__(self, ctx: SweepContext):
+        self.ctx = ctx
         self._index = None  # the spine, for the running in-process recovery's replays from scratch
         self._donations: list = []  # (cut, replayer, digest) handed over by the running recovery
-
-    @property
-    def pool(self) -> "SnapshotHome | None":
-        """The snapshot folder of the running sweep (None between sweeps)."""
-        return self._pool
 
     def snapshot_kills(self, positions: list[int], *, stop_at_first: bool = False,
                        dedup: bool = True) -> list[Mismatch | None]:
@@ -101,15 +91,15 @@ class SnapshotSweep:
         or an earlier recovery that ran on (kept until the uninterrupted run's next
         convergence point, after which no later kill can reach its states).
         """
-        self.sim.reference()
+        self.ctx.reference()
         todo, out = set(positions), []
         home, ledger, clock, live = new_home(), Ledger(), VirtualClock(START_TIME), {}
         last: list = [None, None]  # the previous recovery: its start key, and (outcome, state_lines, ledger suffix)
         found: dict[tuple, Target] = {}  # convergence points of recoveries that ran on
         src_history = HistoryDigest()  # the uninterrupted run's, brought up to date at its convergence points
-        wf = self.sim.scn.workflow_id
-        folds = PrefixFold(ledger, self.sim.scn, wf)  # the ledger checks, piecewise
-        tails = TailCache(self.sim.scn, wf, ref=self.sim._ref.ledger.entries)
+        wf = self.ctx.scn.workflow_id
+        folds = PrefixFold(ledger, self.ctx.scn, wf)  # the ledger checks, piecewise
+        tails = TailCache(self.ctx.scn, wf, ref=self.ctx.reference().ledger.entries)
 
         def ledger_lines(state: str, head: list, own: list, tail) -> list[str] | None:
             """``check_completed_ledger`` of ``ledger[:p] + head[p:] + own pieces + tail``, p = len(ledger)."""
@@ -121,11 +111,11 @@ class SnapshotSweep:
             lines = position_lines(fold, own, len(head), tail, tails)
             folds.check(generation)
             return lines
-        if dedup and self.sim.share_replay:  # what children would each make again: made here once
-            compare_with(self.sim._ref, self.sim._ref)
-            self.sim._result_lines(self.sim._ref)
+        if dedup and self.ctx.share_replay:  # what children would each make again: made here once
+            compare_with(self.ctx.reference(), self.ctx.reference())
+            self.ctx.result_lines(self.ctx.reference())
         for name in ("recoveries", "converged", "ran on", "checked splices", "refused splices", "shared replays"):
-            self.sim.stats.setdefault(name, 0)
+            self.ctx.stats.setdefault(name, 0)
 
         prefix: list = [None]  # the current shared fresh replay of the uninterrupted run (simulator/prefix.py)
         donors: dict[int, list] = {}  # cut -> replayers of recoveries that stopped there (``_admit``)
@@ -138,21 +128,21 @@ class SnapshotSweep:
             if dedup and kind == CONVERGENCE_KIND:
                 conv_at[0] = n
                 found.clear()
-                with live["engine"].store._lock:
+                with testing.store_lock(live["engine"]):
                     src_history.catch_up(live["engine"].store.conn)
-                if self.sim.share_replay:
-                    self._refresh_prefix(prefix, live["engine"], src_history.last_seq.get(self.sim.scn.workflow_id, 0))
+                if self.ctx.share_replay:
+                    self._refresh_prefix(prefix, live["engine"], src_history.last_seq.get(self.ctx.scn.workflow_id, 0))
                     # (forked recoveries start from it)
-                    tails.get(self.sim._ref.ledger.entries).warm(len(ledger.entries))
+                    tails.get(self.ctx.reference().ledger.entries).warm(len(ledger.entries))
                     self._admit(prefix[0], src_history.digest.get(wf), donors, ready)
             if n not in todo:
                 return
             where = f"{kind} {label}"
-            key = _state_key(live, clock)
+            key = position_key(live, clock)
             if dedup and last[0] == key:
                 rep, state_lines, (own, tail) = last[1]
                 if tail is not None and tail[0] is None:
-                    tail = (self.sim._ref.ledger.entries, tail[1])
+                    tail = (self.ctx.reference().ledger.entries, tail[1])
                 head = Ledger()
                 head.entries = list(ledger.entries)
                 head.record("crash", position=n, where=where)
@@ -160,10 +150,10 @@ class SnapshotSweep:
                                                                             [(tail[0], tail[1], len(tail[0]))])))
                 lines = ledger_lines(o.state, head.entries, own, tail)
                 o.extra = {**o.extra, "ledger_lines": lines}
-                m = self.sim.check(o, what="kill", kills=[n], state_lines=state_lines, ledger_lines=lines)
+                m = self.ctx.check(o, what="kill", kills=[n], state_lines=state_lines, ledger_lines=lines)
                 if m is not None:
                     m.lines.insert(0, f"killed at position {n}: {where}")
-                    self.sim._finish(o, m)
+                    self.ctx.finish(o, m)
             else:
                 last[0] = last[1] = None
 
@@ -174,20 +164,20 @@ class SnapshotSweep:
                     except Exception as e:  # noqa: BLE001 - an engine error is a finding, not a crash of the sweep
                         return Mismatch("kill", [n], [f"killed at position {n}: {where}",
                                                       f"recovery raised {str(e)[-2000:] if isinstance(e, RuntimeError) else repr(e)}"],
-                                        rerun_command(self.sim.scn, [n], mutant=self.sim.mutant)), None
+                                        rerun_command(self.ctx.scn, [n], mutant=self.ctx.mutant)), None
                     state_lines = o.extra.pop("state_lines", None)
-                    if state_lines is None and not self.sim.scn.fail_suites:
-                        state_lines = self.sim.state_lines(o)
+                    if state_lines is None and not self.ctx.scn.fail_suites:
+                        state_lines = self.ctx.state_lines(o)
                     crash = len(ledger.entries)
                     tail = o.extra.pop("ledger_tail", None)
                     head = o.ledger.head if isinstance(o.ledger, SplicedLedger) else o.ledger.entries
                     lines = o.extra["ledger_lines"] = ledger_lines(o.state, head, [], tail)
-                    m = self.sim.check(o, what="kill", kills=[n], state_lines=state_lines, ledger_lines=lines)
+                    m = self.ctx.check(o, what="kill", kills=[n], state_lines=state_lines, ledger_lines=lines)
                     if m is not None:
                         m.lines.insert(0, f"killed at position {n}: {where}")
-                        self.sim._finish(o, m)
+                        self.ctx.finish(o, m)
                     own = head[crash + 1:]
-                    if tail is not None and tail[0] is self.sim._ref.ledger.entries:
+                    if tail is not None and tail[0] is self.ctx.reference().ledger.entries:
                         tail = (None, tail[1])  # (a forked recovery sends this back: not the reference's ledger)
                     return m, (replace(o, ledger=Ledger()), state_lines, ([(own, 0, len(own))], tail))
 
@@ -198,33 +188,33 @@ class SnapshotSweep:
                 # recovery that dies or raises: a mismatch.)
                 pre, fork = None, False
                 kind_here = (kind, _DIGITS.sub("#", label), n - conv_at[0])
-                long_enough = dedup and prefix[0] is not None and prefix[0].seq >= self.sim.share_min_events
+                long_enough = dedup and prefix[0] is not None and prefix[0].seq >= self.ctx.share_min_events
                 if long_enough and not gives_back.get(kind_here, True):
                     pre, fork = prefix[0], True
                 elif dedup and ready:
                     pre = ready.pop()
-                    self.sim.stats["recoveries from a donated replay"] += 1
+                    self.ctx.stats["recoveries from a donated replay"] += 1
                 elif long_enough:
                     pre, fork = prefix[0], True
-                self.sim.stats["forked recoveries"] += fork
+                self.ctx.stats["forked recoveries"] += fork
                 self._donations = []
-                self._index = prefix[0] if self.sim.share_indexes and not fork else None
+                self._index = prefix[0] if self.ctx.share_indexes and not fork else None
                 indexed = 0 if self._index is None else self._index.indexed
                 c0, k0 = time.process_time(), _children_cpu() if fork else 0.0
                 try:
                     m, payload = recover_and_check()
                 finally:
                     grew = 0 if self._index is None else self._index.indexed - indexed
-                    self.sim.stats["replays from scratch on the spine's indexes"] += grew
+                    self.ctx.stats["replays from scratch on the spine's indexes"] += grew
                     self._index = None
                     start = ("forked" if fork else "donated" if pre is not None
                              else "from scratch, indexes copied" if grew else "from scratch")
-                    self.sim.stats[f"recoveries started {start}"] += 1
-                    self.sim.timing[f"cpu: recoveries started {start}"] += (
+                    self.ctx.stats[f"recoveries started {start}"] += 1
+                    self.ctx.timing[f"cpu: recoveries started {start}"] += (
                         time.process_time() - c0 + (_children_cpu() - k0 if fork else 0.0))
                 if not fork:
                     gives_back[kind_here] = bool(self._donations)
-                if self.sim.share_donors:
+                if self.ctx.share_donors:
                     for cut, r, digest in self._donations:
                         donors.setdefault(cut, []).append((r, digest))
                 self._donations = []
@@ -234,25 +224,25 @@ class SnapshotSweep:
             if stop_at_first and m is not None:
                 todo.clear()
 
-        if self.sim.reuse_snapshot_home:
-            self._pool = SnapshotHome(home, unread_of(self.sim.scn))
-            self._pool.verify = self.sim.verify_snapshots
+        if self.ctx.reuse_snapshot_home:
+            self.ctx.pool = SnapshotHome(home, unread_of(self.ctx.scn.release))
+            self.ctx.pool.verify = self.ctx.verify_snapshots
         try:
-            src = run_scenario(self.sim.scn, home, FaultPlan(observer=observe), workflow_fn=self.sim.workflow_fn,
+            src = run_scenario(self.ctx.scn, home, FaultPlan(observer=observe), workflow_fn=self.ctx.workflow_fn,
                                ledger=ledger, clock=clock, live=live)
         finally:
-            if self._pool is not None:
-                self._pool.drop()
-                self._pool = None
+            if self.ctx.pool is not None:
+                self.ctx.pool.drop()
+                self.ctx.pool = None
             remove_home(home)
-        ref = self.sim.reference()
+        ref = self.ctx.reference()
         differs = compare_with(src, ref)
         if [(e.type, e.time) for e in src.events] != [(e.type, e.time) for e in ref.events]:
             differs.append("their histories differ")
         if differs:
             out.append(Mismatch("reference", [], ["two uninterrupted runs differ: the simulation is not "
                                                   "deterministic"] + differs,
-                                rerun_command(self.sim.scn, [], mutant=self.sim.mutant)))
+                                rerun_command(self.ctx.scn, [], mutant=self.ctx.mutant)))
         return out
 
     def _refresh_prefix(self, prefix: list, eng, events: int) -> None:
@@ -262,23 +252,23 @@ class SnapshotSweep:
         the spine, O(new events)); one the spine refuses is made fresh again. Recoveries fork off it only
         where the history has ``share_min_events`` events; it also checks donated replays (``_admit``)."""
         cur = prefix[0]
-        if cur is not None and events - cur.seq < self.sim.share_every:
+        if cur is not None and events - cur.seq < self.ctx.share_every:
             return
         t0 = time.perf_counter()
         new = None
         try:
-            if cur is not None and self.sim.share_spine and advance_prefix(eng, cur, WORKFLOW_TRAIN_RUN):
+            if cur is not None and self.ctx.share_spine and advance_prefix(eng, cur, WORKFLOW_TRAIN_RUN):
                 new = cur
-                self.sim.stats["spine cuts"] += 1
+                self.ctx.stats["spine cuts"] += 1
             else:
                 prefix[0] = None  # (a refused spine is unusable)
-                new = build_prefix(eng, self.sim.scn.workflow_id, WORKFLOW_TRAIN_RUN)
-                self.sim.stats["fresh shared replays"] += new is not None
+                new = build_prefix(eng, self.ctx.scn.workflow_id, WORKFLOW_TRAIN_RUN)
+                self.ctx.stats["fresh shared replays"] += new is not None
         except Exception:  # noqa: BLE001 - then each recovery replays from scratch, and meets it itself
             new = None
-        self.sim.timing["shared replays"] += time.perf_counter() - t0
+        self.ctx.timing["shared replays"] += time.perf_counter() - t0
         if new is not None:
-            self.sim.stats["shared replays"] += 1
+            self.ctx.stats["shared replays"] += 1
         prefix[0] = new
 
     def _admit(self, spine, digest, donors: dict, ready: list) -> None:
@@ -291,38 +281,38 @@ class SnapshotSweep:
             return
         for r, theirs in donors.pop(spine.seq, ()):
             p = adopt_donor(spine, r) if theirs == digest and digest is not None else None
-            self.sim.stats["donated replays" if p is not None else "refused donations"] += 1
+            self.ctx.stats["donated replays" if p is not None else "refused donations"] += 1
             if p is not None:
                 ready.append(p)
         for cut in [c for c in donors if c < spine.seq]:
             del donors[cut]
-        del ready[:-self.sim.share_ready_max]  # (older cuts are still good; the newest are used first)
+        del ready[:-self.ctx.share_ready_max]  # (older cuts are still good; the newest are used first)
 
     def _recover(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
                  found: dict | None, history: HistoryDigest | None, prefix=None, fork: bool = False) -> Outcome:
         """The recovery of a kill at ``n``; with ``found``, stopped at convergence and spliced; ``fork``: in a
         forked child, off the shared replay ``prefix``."""
-        self.sim.stats["recoveries"] += 1
-        t0, before = time.perf_counter(), self.sim.stats["converged"]
+        self.ctx.stats["recoveries"] += 1
+        t0, before = time.perf_counter(), self.ctx.stats["converged"]
         try:
             return self._recover_timed(n, where, home, live, ledger, clock, found, history, prefix, fork)
         finally:
-            kind = "converged" if self.sim.stats["converged"] > before else "ran on"
-            self.sim.stats[kind] += kind == "ran on"
-            self.sim.timing[kind] += time.perf_counter() - t0
+            kind = "converged" if self.ctx.stats["converged"] > before else "ran on"
+            self.ctx.stats[kind] += kind == "ran on"
+            self.ctx.timing[kind] += time.perf_counter() - t0
 
     def _recover_timed(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
                        found: dict | None, history: HistoryDigest | None, prefix, fork: bool) -> Outcome:
         if found is None:
-            return recover_from_snapshot(self.sim.scn, home, n, where, live, ledger, clock,
-                                         workflow_fn=self.sim.workflow_fn, pool=self._pool)
+            return recover_from_snapshot(self.ctx.scn, home, n, where, live, ledger, clock,
+                                         workflow_fn=self.ctx.workflow_fn, pool=self.ctx.pool)
         args = (n, where, home, live, ledger, clock, found, history, prefix)
         raw = self._run_forked(args) if fork else self._run_twice(*args, lean=False)
         c0 = time.process_time()
         try:
             return self._recover_finish(*raw)
         finally:
-            self.sim.timing["cpu: splicing and outcome checks"] += time.process_time() - c0
+            self.ctx.timing["cpu: splicing and outcome checks"] += time.process_time() - c0
 
     def _run_twice(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock, found: dict,
                    history: HistoryDigest, prefix, *, lean: bool) -> tuple:
@@ -330,7 +320,7 @@ class SnapshotSweep:
         raw = self._recover_run(n, where, home, live, ledger, clock, found, history.copy(), prefix,
                                 live_splice=True, lean=lean)
         if raw is None:  # a checked splice was refused after it spent the recovery's replayer: again, without it
-            self.sim.stats["recoveries made again"] += 1
+            self.ctx.stats["recoveries made again"] += 1
             raw = self._recover_run(n, where, home, live, ledger, clock, found, history, prefix,
                                     live_splice=False, lean=lean)
         return raw
@@ -348,31 +338,31 @@ class SnapshotSweep:
         p = len(ledger.entries)
 
         def child():
-            stats, timing = Counter(self.sim.stats), Counter(self.sim.timing)
+            stats, timing = Counter(self.ctx.stats), Counter(self.ctx.timing)
             o, mine, target, conv = self._run_twice(*args, lean=True)
             led = o.ledger  # (a TailLedger over ``ledger``: its own entries only, not the head's)
             tail = (led._n, led.own) if isinstance(led, TailLedger) else (p, led.entries[p:])
             light = replace(o, ledger=tail, plan=FaultPlan(count=o.plan.count), clock=None, scenario=None)
             light.plan.crashes = [None] * len(o.plan.crashes)
             return ((light, {k: (t.events_at, t.ledger_at) for k, t in mine.items()}, None if target is None
-                     else conv), {k: v - stats[k] for k, v in self.sim.stats.items() if v != stats[k]},
-                    {k: v - timing[k] for k, v in self.sim.timing.items() if v != timing[k]},
-                    self._pool.state() if self._pool is not None else None)
+                     else conv), {k: v - stats[k] for k, v in self.ctx.stats.items() if v != stats[k]},
+                    {k: v - timing[k] for k, v in self.ctx.timing.items() if v != timing[k]},
+                    self.ctx.pool.state() if self.ctx.pool is not None else None)
 
         try:
             (light, points, conv), stats, timing, pool = in_child(child)
         except BaseException:
-            if self._pool is not None:  # what the child left in the snapshot folder is unknown
-                self._pool.drop()
+            if self.ctx.pool is not None:  # what the child left in the snapshot folder is unknown
+                self.ctx.pool.drop()
             raise
-        if self._pool is not None:
-            self._pool.adopt(pool)
-        self.sim.stats.update(stats)
-        self.sim.timing.update(timing)
+        if self.ctx.pool is not None:
+            self.ctx.pool.adopt(pool)
+        self.ctx.stats.update(stats)
+        self.ctx.timing.update(timing)
         led = Ledger()
         kept, own_entries = light.ledger
         led.entries = ledger.entries[:kept] + own_entries
-        o = replace(light, scenario=self.sim.scn, ledger=led)
+        o = replace(light, scenario=self.ctx.scn, ledger=led)
         mine = {}
         for key, (ev, le) in points.items():
             found[key] = mine[key] = Target(None, ev, le)
@@ -380,11 +370,11 @@ class SnapshotSweep:
         if conv is not None:
             how, key, result = conv
             if how == "splice":  # made in the child from its own replayer: the same target, made here
-                own = self.sim._ref.events[:o.extra["copied_events"]] + o.events
-                target = splice_target(own, self.sim._near[without_history(key)], list(led.entries), result)
+                own = self.ctx.reference().events[:o.extra["copied_events"]] + o.events
+                target = splice_target(own, self.ctx.near[without_history(key)], list(led.entries), result)
                 found[key] = target
             else:
-                target = self.sim._targets.get(key) or found.get(key)
+                target = self.ctx.targets.get(key) or found.get(key)
                 if target is None or target.run is None:
                     raise RuntimeError("a forked recovery converged to a point the sweep does not know")
         return o, mine, target, conv
@@ -403,28 +393,28 @@ class SnapshotSweep:
             key = state_key(label, rlive["engine"], rclock, rlive["fakes"], history)
             if key is None:
                 return
-            target = self.sim._targets.get(key) or found.get(key)
+            target = self.ctx.targets.get(key) or found.get(key)
             if target is not None and target.run is not None:
                 conv[0] = ("key", key, None)
-                if not lean and target is self.sim._targets.get(key):  # at the uninterrupted run's own point
-                    r = rlive["engine"]._worker.cache.get(self.sim.scn.workflow_id)
+                if not lean and target is self.ctx.targets.get(key):  # at the uninterrupted run's own point
+                    r = testing.cached_replayer(rlive["engine"], self.ctx.scn.workflow_id)
                     if r is not None:  # its code, fed the same visible history: a replay to share (``_admit``)
-                        self._donations.append((target.events_at, r, history.digest.get(self.sim.scn.workflow_id)))
+                        self._donations.append((target.events_at, r, history.digest.get(self.ctx.scn.workflow_id)))
                 raise Converged(target)
-            near = self.sim._near.get(without_history(key))
+            near = self.ctx.near.get(without_history(key))
             if near is not None and key not in found:  # the same state as the uninterrupted run's but for the history
                 eng = rlive["engine"]
-                with eng.store._lock:
-                    new = read_events(eng.store.conn, self.sim.scn.workflow_id, rlive["copied_events"])
+                with testing.store_lock(eng):
+                    new = read_events(eng.store.conn, self.ctx.scn.workflow_id, rlive["copied_events"])
                 # (the worker's cache: a hook, engine/_worker.py)
-                mine_replayer = eng._worker.cache.get(self.sim.scn.workflow_id) if live_splice else None
-                own = JoinedEvents(self.sim._ref.events, rlive["copied_events"], new)
+                mine_replayer = testing.cached_replayer(eng, self.ctx.scn.workflow_id) if live_splice else None
+                own = JoinedEvents(self.ctx.reference().events, rlive["copied_events"], new)
                 c0 = time.process_time()
-                result, spent = splice_replay(eng._workflows[WORKFLOW_TRAIN_RUN], self.sim.scn.workflow_id, own, near,
+                result, spent = splice_replay(testing.registration(eng, WORKFLOW_TRAIN_RUN), self.ctx.scn.workflow_id, own, near,
                                               live=mine_replayer)
-                self.sim.timing["cpu: checked splices' dry runs"] += time.process_time() - c0
-                self.sim.stats["checked splices" if result is not NO_SPLICE else "refused splices"] += 1
-                self.sim.stats["splices on the recovery's own replayer"] += spent
+                self.ctx.timing["cpu: checked splices' dry runs"] += time.process_time() - c0
+                self.ctx.stats["checked splices" if result is not NO_SPLICE else "refused splices"] += 1
+                self.ctx.stats["splices on the recovery's own replayer"] += spent
                 if result is not NO_SPLICE:
                     entries = rlive["fakes"].ledger.entries
                     target = (Target(None, len(own), len(entries)) if lean
@@ -435,17 +425,17 @@ class SnapshotSweep:
                 if spent:
                     raise Converged(_SPENT)
             if key not in found:
-                found[key] = mine[key] = Target(None, history.last_seq.get(self.sim.scn.workflow_id, 0),
+                found[key] = mine[key] = Target(None, history.last_seq.get(self.ctx.scn.workflow_id, 0),
                                                 len(rlive["fakes"].ledger.entries))
 
-        o = recover_from_snapshot(self.sim.scn, home, n, where, live, ledger, clock, workflow_fn=self.sim.workflow_fn,
-                                  watch=watch, prefix=prefix, pool=self._pool, index=None if lean else self._index,
-                                  timing=self.sim.timing)
+        o = recover_from_snapshot(self.ctx.scn, home, n, where, live, ledger, clock, workflow_fn=self.ctx.workflow_fn,
+                                  watch=watch, prefix=prefix, pool=self.ctx.pool, index=None if lean else self._index,
+                                  timing=self.ctx.timing)
         target = o.extra.pop("converged", None)
         if target is _SPENT:
             for key in mine:  # never verified: gone, as if this try had not been made
                 del found[key]
-            self.sim._drop_home(o.home)
+            self.ctx.drop_home(o.home)
             return None
         return o, mine, target, conv[0]
 
@@ -454,20 +444,20 @@ class SnapshotSweep:
         converged, its passed points verified with it, its outcome checks made (``state_lines``)."""
         if target is None:  # ran to the end
             files = final_files_lines(o) if o.state == "completed" else []
-            state_lines = None if self.sim.scn.fail_suites else self.sim.state_lines(o, file_lines=files)
+            state_lines = None if self.ctx.scn.fail_suites else self.ctx.state_lines(o, file_lines=files)
             run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, files)
         else:  # its past, then the target's future
-            self.sim.stats["converged"] += 1
+            self.ctx.stats["converged"] += 1
             copied = o.extra.pop("copied_events")
             t = target.run
             own = o.events
             o = replace(o, state=t.state, result=t.result, error=t.error,
-                        events=self.sim._ref.events[:copied] + own + t.events[target.events_at:],
+                        events=self.ctx.reference().events[:copied] + own + t.events[target.events_at:],
                         ledger=splice_ledger(o.ledger, target))
             o.extra["ledger_tail"] = (t.ledger, target.ledger_at)  # its ledger checks: piecewise
-            state_lines = None if self.sim.scn.fail_suites else self.sim._spliced_state_lines(o, copied, own, target)
+            state_lines = None if self.ctx.scn.fail_suites else self.ctx.spliced_state_lines(o, copied, own, target)
             run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, t.file_lines) if mine else None
-            self.sim._drop_home(o.home)  # its files are the target's from here: checked with the target's
+            self.ctx.drop_home(o.home)  # its files are the target's from here: checked with the target's
         for point in mine.values():
             point.run = run
         o.extra["state_lines"] = state_lines

@@ -1,25 +1,32 @@
-"""No import circles: the module graph of the top-level imports (ast, nothing is imported); and
-the engine's one front door: outside ``engine/``, code imports ``engine`` (its ``__init__``) or the
-optional ``engine.temporal`` subpackage, never a private ``engine._*`` module, but for the
-simulator's documented hooks listed in ``ENGINE_HOOKS``.
+"""No import circles, and no import running back up: the module graph of the imports (ast, nothing is
+imported); and the engine's one front door: outside ``engine/``, code imports ``engine`` (its
+``__init__``), its documented testing door ``engine.testing`` (for the simulator and tests) or the
+optional ``engine.temporal`` subpackage, never a private ``engine._*`` module.
 
 An edge ``a -> b`` is an import statement in ``a``'s module body (not inside a function: those
-are the lazy ones) of module ``b``; ``from p import n`` is an edge to ``p.n`` when that is a
-module, else to ``p`` (its ``__init__``). A circle is a strongly connected component of more
-than one module (or a module importing itself). Run this file directly to print the circles.
+are the lazy ones, counted by the ``with-in-function-imports`` cases) of module ``b``, also one under
+``if TYPE_CHECKING:`` (it never runs, but it ties the two files as much as any import: a circle hidden
+behind it is still a circle); ``from p import n`` is an edge to ``p.n`` when that is a module, else to
+``p`` (its ``__init__``). A circle is a strongly connected component of more than one module (or a
+module importing itself). An import runs back up when the files and subfolders of one folder, each
+taken whole, import each other in a circle (as ``tinyllm/spec.py`` once imported ``tinyllm/objectives/config.py``
+while ``tinyllm/objectives/common.py`` imported ``tinyllm/spec.py``: no circle of files, but the folder
+``objectives/`` stood both above and below ``spec.py``). Run this file directly to print both.
 """
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("contracts", "engine", "workflows", "ctl", "simulator", "tinyllm")
+PACKAGES = ("contracts", "engine", "workflows", "app", "ctl", "simulator", "tinyllm")
 
 
+@functools.cache  # one parse per session: the graph is read by every test here (none changes it)
 def _modules() -> dict[str, Path]:
     out = {}
     for pkg in PACKAGES:
@@ -37,11 +44,12 @@ def _type_checking(node: ast.AST) -> bool:
                                          or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _top_level_imports(tree: ast.Module, lazy: bool = False) -> list[ast.Import | ast.ImportFrom]:
-    """Import statements of the module body, also under module-level if/try/with (not in defs, not
-    under ``if TYPE_CHECKING:``, which never runs); ``lazy``: also those in functions (a report)."""
+def _top_level_imports(tree: ast.Module, lazy: bool = False, typing: bool = True) -> list[ast.Import | ast.ImportFrom]:
+    """Import statements of the module body, also under module-level if/try/with (not in defs);
+    ``lazy``: also those in functions; ``typing``: also those under ``if TYPE_CHECKING:`` (counted in the
+    graph; left out where the question is what a module loads when it runs)."""
+    skip = set() if typing else {id(n) for t in ast.walk(tree) if _type_checking(t) for b in t.body for n in ast.walk(b)}
     if lazy:
-        skip = {id(n) for t in ast.walk(tree) if _type_checking(t) for b in t.body for n in ast.walk(b)}
         return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skip]
     found, todo = [], list(tree.body)
     while todo:
@@ -49,7 +57,7 @@ def _top_level_imports(tree: ast.Module, lazy: bool = False) -> list[ast.Import 
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
         elif _type_checking(node):
-            todo.extend(node.orelse)
+            todo.extend(node.orelse if not typing else [*node.body, *node.orelse])
         elif isinstance(node, (ast.If, ast.Try, ast.With)):
             for field in ("body", "orelse", "finalbody", "handlers"):
                 todo.extend(getattr(node, field, []) or [])
@@ -58,6 +66,7 @@ def _top_level_imports(tree: ast.Module, lazy: bool = False) -> list[ast.Import 
     return found
 
 
+@functools.cache
 def import_graph(lazy: bool = False) -> dict[str, set[str]]:
     mods = _modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
@@ -118,7 +127,7 @@ def cycles_touching(package: str, lazy: bool = False) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["top-level", "with-in-function-imports"])
-@pytest.mark.parametrize("package", ["contracts", "ctl", "engine", "workflows", "simulator", "tinyllm"])
+@pytest.mark.parametrize("package", ["contracts", "app", "ctl", "engine", "workflows", "simulator", "tinyllm"])
 def test_no_import_cycles(package: str, lazy: bool) -> None:
     """No circle, also counting imports inside functions (a lazy import must not hide one)."""
     found = cycles_touching(package, lazy)
@@ -127,16 +136,68 @@ def test_no_import_cycles(package: str, lazy: bool) -> None:
     assert not found, f"{package}: {len(found)} import circle(s): {found}"
 
 
-# (importing module, private engine module): why. The simulator's hooks into engine internals
-# (engine/__init__.py's docstring); nothing else outside engine/ may import a private module.
-ENGINE_HOOKS = {
-    ("simulator.checks", "engine._history"): "the event kinds the oracle reads",
-    ("simulator.convergence", "engine._history"): "the event kinds and JSON text of a state key",
-    ("simulator.convergence", "engine._replay"): "dry replayers of a recovery's own code",
-    ("simulator.prefix", "engine._replay"): "replayers shared among recoveries (a fork's prefix)",
-    ("simulator.prefix", "engine._leases"): "lease owners marked dead or live in a forked child",
-    ("simulator.scenario", "engine._leases"): "lease owners marked dead or live at a simulated kill",
-}
+def _folders() -> list[str]:
+    """Every package folder: the top level ('') and each folder of these packages that holds modules."""
+    mods = _modules()
+    return ["", *sorted({m if path.name == "__init__.py" else m.rsplit(".", 1)[0]
+                         for m, path in mods.items() if "." in m or path.name == "__init__.py"})]
+
+
+def _child(folder: str, mod: str) -> str | None:
+    """The file or subfolder of ``folder`` that holds ``mod`` (None: ``mod`` is outside it, or its
+    ``__init__``)."""
+    prefix = folder + "." if folder else ""
+    if not mod.startswith(prefix) or mod == folder:
+        return None
+    return prefix + mod[len(prefix):].split(".")[0]
+
+
+def runs_back_up(lazy: bool = True) -> dict[str, list[list[str]]]:
+    """Per folder, the circles among its files and subfolders (each taken whole): an import that runs back
+    up. Counts every import, those under ``if TYPE_CHECKING:`` and (``lazy``) those inside functions."""
+    graph, out = import_graph(lazy), {}
+    for folder in _folders():
+        children: dict[str, set[str]] = {}
+        for mod, targets in graph.items():
+            a = _child(folder, mod)
+            if a is None:
+                continue
+            children.setdefault(a, set())
+            for t in targets:
+                b = _child(folder, t)
+                if b is not None and b != a:
+                    children[a].add(b)
+                    children.setdefault(b, set())
+        found = cycles(children)
+        if found:
+            out[folder or "."] = found
+    return out
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["top-level", "with-in-function-imports"])
+def test_no_import_runs_back_up(lazy: bool) -> None:
+    """In every folder, its files and subfolders (each taken whole) import each other without a circle: a
+    subfolder is wholly above or wholly below each of its siblings."""
+    found = runs_back_up(lazy)
+    for folder, circles in found.items():
+        for c in circles:
+            print(f"{folder}: an import runs back up: {' <-> '.join(c)}")
+    assert not found, f"imports running back up (circles of a folder's files and subfolders): {found}"
+
+
+def test_the_application_layer_sits_under_ctl() -> None:
+    """``ctl -> app -> workflows -> engine``: ``app`` imports nothing of ``ctl``, and no click or rich (the
+    terminal is ctl's), also inside functions; ``workflows`` and ``engine`` import nothing of ``app``."""
+    mods = _modules()
+    bad = []
+    for mod, path in mods.items():
+        top = mod.split(".")[0]
+        for node in _top_level_imports(ast.parse(path.read_text(), str(path)), lazy=True):
+            for t in _resolve(mod, path.name == "__init__.py", node, mods):
+                root = t.split(".")[0]
+                if top == "app" and root in ("ctl", "click", "rich") or top in ("workflows", "engine") and root == "app":
+                    bad.append(f"{mod} -> {t}")
+    assert not bad, f"imports against ctl -> app -> workflows -> engine: {sorted(set(bad))}"
 
 
 def unresolved_imports() -> list[tuple[str, str]]:
@@ -184,22 +245,43 @@ def _engine_imports_outside() -> set[tuple[str, str]]:
             for t in targets if t == "engine" or t.startswith("engine.")}
 
 
+DOORS = ("engine", "engine.testing", "engine.temporal")  # the front door, the testing door, the optional backend
+
+
+def _door(target: str) -> bool:
+    return target in DOORS or target.startswith("engine.temporal.")
+
+
 def test_outside_engine_only_the_front_door_is_imported() -> None:
-    bad = sorted((m, t) for m, t in _engine_imports_outside()
-                 if t != "engine" and t != "engine.temporal" and not t.startswith("engine.temporal.")
-                 and (m, t) not in ENGINE_HOOKS)
-    assert not bad, f"import engine's front door (engine/__init__.py) instead: {bad}"
+    """The simulator reaches the engine's inside through ``engine.testing`` only (no private module)."""
+    bad = sorted((m, t) for m, t in _engine_imports_outside() if not _door(t))
+    assert not bad, f"import engine's front door (engine/__init__.py) or engine.testing instead: {bad}"
 
 
-def test_every_engine_hook_is_still_used() -> None:
-    """A hook listed but no longer imported is dropped from the list (it stays strict)."""
-    stale = sorted(set(ENGINE_HOOKS) - _engine_imports_outside())
-    assert not stale, f"ENGINE_HOOKS lists imports nobody makes: {stale}"
+def _private_engine_imports_of_tests() -> list[str]:
+    """``file:line: module`` of each import of a private ``engine._*`` module by a test outside tests/engine/
+    (the engine's own tests test its inside; every other test goes through a door)."""
+    out = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if (ROOT / "tests" / "engine") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{a.name}" if node.module == "engine" else node.module or "" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) and not node.level else [])
+            out += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
+                    if n.startswith("engine._")]
+    return sorted(set(out))
+
+
+def test_tests_outside_the_engine_use_its_doors() -> None:
+    bad = _private_engine_imports_of_tests()
+    assert not bad, f"tests reaching a private engine module (use engine or engine.testing): {bad}"
 
 
 def test_engine_modules_are_private() -> None:
-    """engine/'s modules but its front door (and the optional temporal subpackage) start with ``_``."""
-    public = sorted(m for m in _modules() if m.startswith("engine.") and not m.startswith("engine.temporal")
+    """engine/'s modules but its doors (front, testing; the optional temporal subpackage) start with ``_``."""
+    public = sorted(m for m in _modules() if m.startswith("engine.") and not _door(m)
                     and not m.rsplit(".", 1)[1].startswith("_"))
     assert not public, f"engine modules that look public: {public} (name them engine/_x.py, export from __init__)"
 
@@ -252,7 +334,7 @@ def _loads_heavy(target: str, mods: dict, cache: dict) -> bool:
     if target not in cache:
         cache[target] = False  # a circle ends here (there are none: test_no_import_cycles)
         path = mods[target]
-        nodes = _top_level_imports(ast.parse(path.read_text(), str(path)))
+        nodes = _top_level_imports(ast.parse(path.read_text(), str(path)), typing=False)
         cache[target] = any(_loads_heavy(t, mods, cache) for n in nodes for t in _resolve(target, path.name == "__init__.py", n, mods))
     return cache[target]
 
@@ -275,3 +357,6 @@ if __name__ == "__main__":  # --lazy: count the imports inside functions too
         print(f"{pkg}: {len(found)} circle(s)")
         for c in found:
             print("   ", " <-> ".join(c))
+    for folder, circles in runs_back_up(lazy="--lazy" in sys.argv).items():
+        for c in circles:
+            print(f"{folder}: an import runs back up: {' <-> '.join(c)}")

@@ -1,6 +1,6 @@
 """Data files named in specs (standard library only): where a path points, its UTF-8 text, JSONL rows.
 
-Shared by the post-training data (tinyllm.objectives.data) and the held-out source (tinyllm.validation.source).
+Shared by the post-training data (tinyllm.posttrain_data) and the held-out source (tinyllm.validation.source).
 """
 from __future__ import annotations
 

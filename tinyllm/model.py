@@ -111,7 +111,7 @@ def _dropout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: flo
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        assert cfg.n_embd % cfg.n_head == 0, "n_embd must be a multiple of n_head"
+        # n_embd is a multiple of n_head: ModelConfig checks it (tinyllm/spec.py), the one place that does
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v at once
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)

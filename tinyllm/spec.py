@@ -13,12 +13,11 @@ from typing import Annotated, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys  # shared with the torch-only helper (tinyllm.durable)
-from .objectives.config import DPOConfig, RefConfig, RLConfig, check_train_spec, effective_validation_reward
+from .objective_config import DPOConfig, RefConfig, RLConfig, check_train_spec, effective_validation_reward
 from .retention import KeepCheckpoints
 from .selection import EarlyStopping, check_metric, selection_metrics
 from .errors import SpecError
-from .validation.config import ValidationConfig
-from .validation.metric_schema import declared_schema
+from .validation_config import ValidationConfig, declared_schema
 
 Identifier = Annotated[str, Field(pattern=IDENTIFIER_PATTERN, max_length=128)]
 

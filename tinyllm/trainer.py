@@ -36,9 +36,10 @@ from contracts.layout import RunDir, RunHome
 
 from . import checkpoint as ckpt
 from . import selection as sel
+from .checkpoint_writer import CheckpointWriter, Done, async_enabled, snapshot
 from . import faults, retention, runlock, runtime_env, tokenizer
 from .corpus import open_corpus
-from .distributed.launch import check_world_size
+from .world_size import check_world_size
 from .data import TokenStream
 from . import stopping
 from .errors import STOP, request_stop, signal_name, stop_signals
@@ -117,14 +118,15 @@ class Trainer:
         self.hooks = hooks or TrainerHooks()
         self.log = log or sys.stderr
         self.run_dir = RunHome(self.home).run(spec.name).path
-        cfg = spec.model
-        # Bad input is refused here, before anything is written.
+        # Bad input is refused here (the spec itself was checked when parsed: tinyllm/spec.py), before anything is written.
         try:
             faults.arm_from_env()  # tests only: a misspelled TINYLLM_FAULT would run unarmed
         except faults.FaultError as e:
             raise SpecError(str(e)) from None
-        if cfg.n_embd % cfg.n_head:
-            raise SpecError(f"invalid train spec: model.n_embd ({cfg.n_embd}) is not a multiple of model.n_head ({cfg.n_head})")
+        try:
+            self.async_checkpoints = self._async_checkpoints()
+        except ValueError as e:  # a bad $TINYLLM_ASYNC_CHECKPOINTS: one line, exit 2, nothing written
+            raise SpecError(str(e)) from None
         self.total_steps = spec.steps if total_steps is None else total_steps
         if self.total_steps < spec.steps:
             raise SpecError(f"--total-steps {self.total_steps} is below the spec's steps {spec.steps}")
@@ -290,17 +292,51 @@ class Trainer:
             meta["posttrain"] = self.objective.identity()  # init/ref/teacher digests, sampling, tokenizer
         return meta
 
-    def save(self, extra: dict[str, Any] | None = None) -> Path:
-        path = self._write_checkpoint({**self.components(), **(extra or {})})
-        self.last_saved, self.last_path = self.step, path
-        self.hooks.on_checkpoint(self, self.step, path)
-        self._checkpoint_line(path)
-        self._prune()
-        return path
+    def save(self, extra: dict[str, Any] | None = None, wait: bool = False) -> Path:
+        """Checkpoint this step. Asynchronous (tinyllm/checkpoint_writer.py): the state is snapshotted
+        here, exactly at the step, and persisted on the writer thread while training goes on; the
+        checkpoint is announced (``last_path``, its progress line, pruning) once durable, by ``_poll``
+        at a step boundary. ``wait`` (or synchronous writes): returns when it is durable and announced.
+        Returns the checkpoint's directory (durable only once announced)."""
+        step, loss = self.step, self.loss
+        self._drain()  # at most one in flight: the one before is durable and announced (pruned) first
+        components = {**self.components(), **(extra or {})}
+        if self.writer.asynchronous:
+            components = snapshot(components)  # before the next optimizer step changes anything
+        meta = self.checkpoint_meta()
+        self.last_saved = step
+        self.writer.submit(lambda: self._write_checkpoint(components, step, meta), (step, loss))
+        if wait or not self.writer.asynchronous:
+            self._announce(self.writer.wait())
+        return self._checkpoint_path(step, components)
 
-    def _checkpoint_line(self, path: Path) -> None:
-        """The fsynced progress line of the checkpoint ``path`` (at ``self.step``)."""
-        self.progress_file.write({"step": self.step, "loss": self.loss, "loss_hex": float(self.loss).hex(),
+    def _checkpoint_path(self, step: int, components: dict[str, Any]) -> Path:
+        if ckpt.FULL_COMPONENTS <= set(components):
+            return RunDir(self.run_dir, self.spec.name).step_dir(step)
+        return RunDir(self.run_dir, self.spec.name).artifact_dir(step)
+
+    def _announce(self, done: Done | None) -> None:
+        """A checkpoint became durable: it is the result's checkpoint now; its progress line; pruning."""
+        if done is None:
+            return
+        (step, loss), path = done.tag, done.result
+        self.last_path = path
+        self.hooks.on_checkpoint(self, step, path)
+        self._checkpoint_line(path, step, loss)
+        self._prune(step)
+
+    def _poll(self) -> None:
+        """At a step boundary: announce the checkpoint the writer finished (or raise its error)."""
+        self._announce(self.writer.poll())
+
+    def _drain(self) -> None:
+        """Wait for the checkpoint in flight and announce it (before a stop's checkpoint, the end, validation)."""
+        self._announce(self.writer.wait())
+
+    def _checkpoint_line(self, path: Path, step: int | None = None, loss: float | None = None) -> None:
+        """The fsynced progress line of the checkpoint ``path`` (at ``step``, default ``self.step``)."""
+        step, loss = (self.step, self.loss) if step is None else (step, loss)
+        self.progress_file.write({"step": step, "loss": loss, "loss_hex": float(loss).hex(),
                                   "checkpoint": self.rel(path)}, durable=True)
         self.line_after_stop = getattr(self, "stop_noticed", False)
 
@@ -309,23 +345,28 @@ class Trainer:
         before the stop checkpoint (contracts/subprocess-activity.md). Written here, never in the handler."""
         if getattr(self, "stop_noticed", False):
             return
+        self._drain()  # the checkpoint in flight first: its line before `stopping`, so the one after is at S
         self.stop_noticed = True
         name = signal_name(getattr(self, "_agreed_signal", None) or STOP["signal"])  # (on ranks: the agreed one)
         self.progress_file.write({"event": "stopping", "step": self.step, "signal": name}, durable=True)
         print(f"tinyllm: stopping at step {self.step} ({name}): checkpointing this step",
               file=self.log, flush=True)
 
-    def _write_checkpoint(self, components: dict[str, Any]) -> Path:
-        return ckpt.save_checkpoint(self.run_dir, self.step, components, meta=self.checkpoint_meta())
+    def _write_checkpoint(self, components: dict[str, Any], step: int | None = None,
+                          meta: dict | None = None) -> Path:
+        """Persist ``components`` as the checkpoint of ``step`` (default: this step). On the writer
+        thread for asynchronous saves: it reads only its arguments."""
+        step = self.step if step is None else step
+        return ckpt.save_checkpoint(self.run_dir, step, components, meta=self.checkpoint_meta() if meta is None else meta)
 
     def _recover(self) -> None:
         """Undo what a kill mid-write left (under the run lock)."""
         ckpt.recover_interrupted_writes(self.run_dir, self.log)
 
-    def _prune(self) -> None:
+    def _prune(self, step: int | None = None) -> None:
         """keep_checkpoints (tinyllm/retention.py), after the new checkpoint's progress line; never fatal."""
         try:
-            retention.prune(self.run_dir, self.home, self.spec.keep_checkpoints, step=self.step,
+            retention.prune(self.run_dir, self.home, self.spec.keep_checkpoints, step=self.step if step is None else step,
                             eval_every=self.spec.eval_every, final_step=self.spec.steps,
                             resumed_from=self.resumed_from, log=self.log,
                             selected=self.selection.kept_steps() if self.selection is not None else None)
@@ -385,6 +426,7 @@ class Trainer:
         step = self.step
         if any(p.grad is not None for p in self.model.parameters()):
             raise RuntimeError(f"validation at step {step} with gradients in flight (inside gradient accumulation)")
+        self._drain()  # validation reads and seals checkpoints: none in flight meanwhile
         termination = self.stop_requested  # asked once (a collective on ranks)
         plan = self.validator.plan(step, regular_due=regular_due, fresh=self.resumed_from is None,
                                    termination_requested=termination)
@@ -393,7 +435,7 @@ class Trainer:
         publish = lambda f: self.reporter.report(step, f)  # noqa: E731
         if plan.kind == "full":  # the checkpoint, with the pending marker, before held-out data is read
             faults.point("validation.before_marker", step)
-            path = self.save(extra={"validation": self.validator.marker(step, self.model, frame)})
+            path = self.save(extra={"validation": self.validator.marker(step, self.model, frame)}, wait=True)
             if plan.exit_before_validation:
                 self.validation_pending_exit = True  # evaluated on resume, before the next update
                 return False
@@ -423,7 +465,7 @@ class Trainer:
         it once, before the next update; a fresh run's before-training pass writes nothing (rerun)."""
         self._stopping()
         if not saved and step > 0:
-            self.save(extra={"validation": self.validator.marker(step, self.model, frame)})
+            self.save(extra={"validation": self.validator.marker(step, self.model, frame)}, wait=True)
         self.validation_pending_exit = True
         return False
 
@@ -447,6 +489,15 @@ class Trainer:
         self._agreed_signal = signum  # the stopping line's (``_stopping``, written by the loop at this boundary)
         return True
 
+    def _held(self) -> None:
+        """``trainer.hold``'s liveness: the held step's checkpoint is announced as it becomes durable."""
+        self._poll()
+        self._liveness()
+
+    def _async_checkpoints(self) -> bool:
+        """Asynchronous checkpoints unless ``$TINYLLM_ASYNC_CHECKPOINTS`` is 0 (tinyllm/checkpoint_writer.py)."""
+        return async_enabled()
+
     def _stop_signal(self) -> int | None:
         """None: no stop asked for; else the stop signal's number (0: a stop asked for without one)."""
         return int(STOP["signal"] or 0) if STOP["requested"] else None
@@ -454,6 +505,7 @@ class Trainer:
     def run(self, reporter: Reporter | None = None) -> dict:
         """Train to ``spec.steps``; return the result object (``canceled`` when SIGTERM stopped it)."""
         previous = {s: signal.signal(s, request_stop) for s in stop_signals()}
+        self.writer = CheckpointWriter(asynchronous=self.async_checkpoints)
         try:
             self._lock()
             self._recover()
@@ -479,7 +531,8 @@ class Trainer:
                 if self.stop_requested:  # one check per step boundary (a collective on ranks)
                     self._stopping()
                     break
-                if faults.hold(self.step, lambda: self.stop_requested, self._liveness) and self.stop_requested:
+                self._poll()  # a checkpoint the writer finished: announced now (its line, pruning)
+                if faults.hold(self.step, lambda: self.stop_requested, self._held) and self.stop_requested:
                     self._stopping()
                     break  # tests only (trainer.hold); no extra stop check otherwise (a collective on ranks)
                 self._liveness()  # at most every few seconds: the loop itself says it is alive
@@ -495,8 +548,9 @@ class Trainer:
                 self.reporter.report(self.step, frame)
                 if regular_due:
                     self.save()
+            self._drain()  # the checkpoint in flight is durable (and its line written) before anything else
             if self.last_saved != self.step:  # stopped between checkpoints: the stop checkpoint, at this step
-                self.save(extra=self.validator.completed_component(self.step) if self.validator else None)
+                self.save(extra=self.validator.completed_component(self.step) if self.validator else None, wait=True)
             elif self.stop_noticed and not self.line_after_stop and self.last_path is not None:
                 self._checkpoint_line(self.last_path)  # saved at this step before the stop: its line again, after `stopping`
             self.hooks.on_end(self)
@@ -510,6 +564,11 @@ class Trainer:
                                  or self.validation_pending_exit),
                     **self._selection_summary()}
         finally:
+            # never release the run lock with a write in flight (a normal end has drained it already;
+            # here an exception is on its way out, and it wins over the write's own error, if any)
+            error = self.writer.close()
+            if error is not None:
+                print(f"tinyllm: the checkpoint in flight failed too: {error}", file=self.log, flush=True)
             for s, handler in previous.items():
                 signal.signal(s, handler)
             if getattr(self, "lock_file", None) is not None:

@@ -7,7 +7,8 @@ A spec without ``trainer`` is a tinyllm ``TrainSpec``.
 """
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Mapping
 
 from pydantic import Field, field_validator
 
@@ -66,14 +67,55 @@ RunSpec = TrainSpec | CustomTrainSpec
 
 
 def has_trainer(raw: object) -> bool:
-    return isinstance(raw, dict) and "trainer" in raw
+    """Does this spec name its own trainer? The one answer (a ``trainer`` key: ``CustomTrainSpec``), which
+    ctl, the workflows and the simulator ask; ``trainer_of`` gives the trainer itself."""
+    return isinstance(raw, Mapping) and "trainer" in raw
+
+
+def trainer_of(raw: object) -> dict[str, Any] | None:
+    """The spec's own trainer (its ``trainer`` object: command, cwd, env, eval_command), or None for a tinyllm
+    spec (``has_trainer`` False) or one whose ``trainer`` is not an object (which ``parse_run_spec`` refuses)."""
+    if not has_trainer(raw):
+        return None
+    trainer = raw["trainer"]  # type: ignore[index]
+    return dict(trainer) if isinstance(trainer, Mapping) else None
+
+
+_PARSED: dict[str, RunSpec] = {}
+_PARSED_MAX = 64  # distinct specs kept per process (a worker serving many runs); the oldest goes first
+
+
+def _key(raw: object) -> str | None:
+    try:
+        return json.dumps(raw, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+
+
+def remember_run_spec(raw: object, spec: RunSpec) -> None:
+    """``parse_run_spec(raw)`` is ``spec`` from now on in this process (the caller derived ``raw`` from a spec it
+    parsed: ctl makes a trainer's ``cwd`` absolute, app/trainers.py). The models are frozen: shared safely."""
+    key = _key(raw)
+    if key is None:
+        return
+    if len(_PARSED) >= _PARSED_MAX and key not in _PARSED:
+        _PARSED.pop(next(iter(_PARSED)))
+    _PARSED[key] = spec
 
 
 def parse_run_spec(raw: object) -> RunSpec:
-    """A tinyllm ``TrainSpec``, or a ``CustomTrainSpec`` when the spec names its ``trainer``."""
-    if has_trainer(raw):
-        return _parse(CustomTrainSpec, raw, "train spec")
-    return parse_train_spec(raw)
+    """A tinyllm ``TrainSpec``, or a ``CustomTrainSpec`` when the spec names its ``trainer``.
+
+    Parsed once per process: the same spec (equal JSON) gives the same frozen model again, so ctl's request,
+    the workflow run in ctl's process and each of its replays parse it once in all. A bad spec raises
+    ``SpecError`` every time (nothing is kept of it)."""
+    key = _key(raw)
+    if key is not None and key in _PARSED:
+        return _PARSED[key]
+    spec: RunSpec = _parse(CustomTrainSpec, raw, "train spec") if has_trainer(raw) else parse_train_spec(raw)
+    remember_run_spec(raw, spec)
+    return spec
 
 
-__all__ = ["CustomTrainSpec", "RunSpec", "SpecError", "TrainerCommand", "has_trainer", "parse_run_spec"]
+__all__ = ["CustomTrainSpec", "RunSpec", "SpecError", "TrainerCommand", "has_trainer", "parse_run_spec",
+           "remember_run_spec", "trainer_of"]

@@ -49,7 +49,7 @@ from .release import (
     publish_activity,
     release_workflow_id,
 )
-from .training import MAX_SEGMENTS, segment_spec, segments, train_run, validate_spec
+from .training import MAX_SEGMENTS, check_run_spec, segment_spec, segments, train_run, validate_spec
 
 WORKFLOWS = {
     WORKFLOW_TRAIN_RUN: (train_run, TrainRunInput),
@@ -81,7 +81,7 @@ __all__ = [
     "EvalSuiteResult", "PriorWork", "Segment", "SuiteOutputs", "TinyllmActivities", "TrainActivityInput",
     "TrainActivityResult", "TrainRunInput", "TrainRunResult", "collect_prior", "corpus_build", "corpus_options",
     "MAX_SEGMENTS", "eval_options", "eval_suite", "marshal_spec", "register", "segment_spec", "segments", "step_tag",
-    "tinyllm_activities", "train_options", "train_run", "validate_spec",
+    "tinyllm_activities", "train_options", "train_run", "validate_spec", "check_run_spec",
     "ACTIVITY_PUBLISH", "WORKFLOW_MODEL_RELEASE", "ModelReleaseInput", "ModelReleaseResult", "list_releases",
     "model_release", "parse_gate", "pick_candidate", "publish_activity", "release_workflow_id",
 ]

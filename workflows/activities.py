@@ -13,7 +13,7 @@ A spec that names its own ``trainer`` runs that command instead of tinyllm's (sa
 contract; workflows/trainer_command.py builds the command line and checks the contract's rules).
 
 ``attempt_env`` (optional): ``fn(ctx) -> dict`` of variables added to each attempt's environment;
-``ctl train`` of a traced run passes ``TRACEPARENT`` (the attempt's span) this way (ctl/traces.py).
+``ctl train`` of a traced run passes ``TRACEPARENT`` (the attempt's span) this way (app/traces.py).
 
 The implementations are pluggable: ``workflows.register(engine, activities=...)`` takes any
 mapping of activity name to ``fn(ctx, input)``; ``tinyllm_activities(home)`` builds this one.
@@ -77,7 +77,7 @@ def progress_path(home: Path, name: str, activity_id: str, attempt: int) -> Path
 
 
 def workflow_generation(workflow_id: str) -> int:
-    """1 for ``train/tiny``, 2 for ``train/tiny/2`` (a continued run's workflow; ctl/app.py)."""
+    """1 for ``train/tiny``, 2 for ``train/tiny/2`` (a continued run's workflow; app/runs.py)."""
     parts = str(workflow_id).split("/")
     return int(parts[-1]) if len(parts) >= 3 and parts[-1].isdigit() else 1
 

@@ -160,7 +160,7 @@ class TrainRunInput(_Model):
     eval_heartbeat_timeout_s: float = Field(120.0, gt=0)  # a silent evaluation is stopped and retried after this
     train_max_attempts: int = Field(5, ge=1)
     prior: PriorWork = Field(default_factory=PriorWork)  # a continued run: work already done
-    trace: TraceContext | None = None  # the run's trace, when it started traced (ctl/traces.py)
+    trace: TraceContext | None = None  # the run's trace, when it started traced (app/traces.py)
     # how many times the run was started over (`ctl train --restart`, ctl/restart.py): a continuation reuses only
     # the work of the workflows with its own count
     restart: int = Field(0, ge=0)

@@ -35,6 +35,7 @@ from contracts.layout import MANIFEST, RunHome
 from engine import ActivityError, Canceled, NonRetryableError, RetryPolicy, Runtime, StepOptions, is_canceled
 from tinyllm import faults
 from tinyllm.fsio import atomic_write, fsync_dir, write_synced
+from tinyllm.trainer_spec import trainer_of
 
 from .evaluation import eval_suite
 from .models import EvalSubject, EvalSuiteInput, EvalSuiteResult
@@ -83,7 +84,7 @@ class ModelReleaseInput(_Model):
     eval_max_items: int | None = None
     # how soon a publish attempt that stopped heartbeating (its worker died) is given to another worker: on
     # Temporal the only sign of a dead worker (the embedded engine also sees its process gone); an operational
-    # setting (ctl/app.py OPERATIONAL), not part of the request
+    # setting (app/runs.py OPERATIONAL), not part of the request
     heartbeat_timeout_s: float = Field(default=60.0, gt=0)
 
 
@@ -180,7 +181,7 @@ async def model_release(rt: Runtime, input: ModelReleaseInput) -> ModelReleaseRe
     request = EvalSuiteInput(name=input.name, tag=f"r{input.digest[:12]}", suites=list(input.suites),
                              subjects=[EvalSubject(id=f"{input.name}-r{input.digest[:12]}", model=input.checkpoint)],
                              seed=input.eval_seed, corpus=input.corpus, max_items=input.eval_max_items,
-                             trainer=input.spec.get("trainer"))
+                             trainer=trainer_of(input.spec))
     try:
         evals = await eval_suite(rt, request)
         figures = figures_of(evals)

@@ -19,6 +19,7 @@ from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_DISK_FULL, EXIT_
 from contracts.layout import LATEST, MANIFEST, RunHome
 from contracts.progress import int_step, is_liveness
 from engine import NonRetryableError
+from tinyllm.trainer_spec import trainer_of
 
 PYTHON_WORDS = ("python", "python3")  # as a command's first word: the interpreter running the worker
 
@@ -46,8 +47,8 @@ def invocation(spec: Mapping[str, Any], kind: str, *, home: Path, python: str, e
     """The command of ``kind`` (``train`` or ``eval``) for ``spec``: its trainer's, else ``default``. A spec's
     own trainer gets ``CTL_RUN_STEPS`` = ``run_steps`` (default: the spec's ``steps``): the run's last step,
     which a segment's spec (``steps`` = the segment's end) does not say."""
-    trainer = spec.get("trainer")
-    if not isinstance(trainer, Mapping):
+    trainer = trainer_of(spec)
+    if trainer is None:
         return Invocation(list(default), str(home), env, custom=False)
     words = trainer.get("command") if kind == "train" else trainer.get("eval_command")
     if not words:

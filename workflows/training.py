@@ -15,7 +15,7 @@ from typing import Any
 
 from engine import ActivityError, Canceled, NonRetryableError, Runtime, is_canceled
 from tinyllm.spec import SpecError
-from tinyllm.trainer_spec import RunSpec, parse_run_spec
+from tinyllm.trainer_spec import RunSpec, parse_run_spec, trainer_of
 
 from contracts.activity_ids import step_tag, train_id
 from .corpus import corpus_build
@@ -69,7 +69,9 @@ def bad_input(message: str) -> NonRetryableError:
 
 def validate_spec(raw: Any) -> RunSpec:
     """Parse and check a train spec (tinyllm's, or one naming its own ``trainer``); any problem is a
-    non-retryable ``BadInput`` (one line)."""
+    non-retryable ``BadInput`` (one line). The workflow's own check of what it receives: ``parse_run_spec``
+    parses a spec once per process (ctl's request parsed it already when the workflow runs in ctl's process),
+    then ``check_run_spec``."""
     if not isinstance(raw, dict):
         raise bad_input("invalid train spec: expected a JSON object")
     if not raw.get("name"):
@@ -84,6 +86,12 @@ def validate_spec(raw: Any) -> RunSpec:
         spec = parse_run_spec(raw)
     except SpecError as e:
         raise bad_input(str(e)) from None
+    return check_run_spec(spec)
+
+
+def check_run_spec(spec: RunSpec) -> RunSpec:
+    """The workflow's checks of a parsed spec, beyond its model's (cheap: no parse): the segment count is
+    bounded. ``BadInput`` (non-retryable) otherwise; ctl asks it before anything starts (app/requests.py)."""
     try:
         check_segment_count(spec.steps, spec.eval_every)
     except ValueError as e:
@@ -150,7 +158,7 @@ async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
                     seed=input.eval_seed,
                     corpus=spec.corpus or "default",
                     max_items=input.eval_max_items,
-                    trainer=input.spec.get("trainer"),  # its eval_command evaluates (None: tinyllm eval)
+                    trainer=trainer_of(input.spec),  # its eval_command evaluates (None: tinyllm eval)
                     heartbeat_timeout_s=input.eval_heartbeat_timeout_s,
                 )
                 done_before = {s: prior.evals.get(eval_options(request.tag, s).id) for s in request.suites}

@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from .. import app
+import app
 from ..cli_common import edge, home_option
-from ..errors import BadRequest
+from app.errors import BadRequest
 
 INSTALL_HINT = "pip install 'durable-train[ui]'"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

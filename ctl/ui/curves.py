@@ -18,7 +18,7 @@ from typing import Any
 from contracts.layout import step_dir_name
 
 from ..plot import Series
-from ..runview import SMOOTHING, RunView, best_checkpoints
+from app.runview import SMOOTHING, RunView, best_checkpoints
 from .svg import Chart
 
 Card = tuple[str, float, str]  # (title, value, note)

@@ -26,17 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import app
+from app import Backend
+from app.runview import (RunView, best_checkpoints, fmt_duration, headline, local_time, run_view,
+                       stopped_early_text)
 from contracts.activity_ids import CORPUS_PREFIX
 from contracts.layout import LATEST, RunHome, step_dir_name
 from contracts.layout import parse_step_dir as checkpoint_step
-from engine import BadInput, NotFound
+from engine import BadInput, Event, NotFound
 from workflows.activities import workflow_generation
 
-from .. import app, historyview, runstatus
+from .. import historyview, runstatus
 from ..logs import attempt_dirs
 from ..plot import Series, series
-from ..runview import (RunView, best_checkpoints, fmt_duration, headline, local_time, run_view,
-                       stopped_early_text)
 from ..show import final_of, selection_lines
 from .curves import charts
 from .releases import RELEASE, Release, current_versions, release_of, releases
@@ -105,31 +107,22 @@ class RunRow:
         return f"no activity in flight ({w.get('reason')})"
 
 
-class _Read:
-    """The engine, with one workflow's history already read (a page reads each history once)."""
-
-    def __init__(self, engine: Any, workflow_id: str, events: list[Any]):
-        self._engine, self._id, self._events = engine, workflow_id, events
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def history(self, workflow_id: str) -> list[Any]:
-        return self._events if workflow_id == self._id else self._engine.history(workflow_id)
-
-
-def _row(engine: Any, home: Path, st: Any, now: float, current: dict[str, str] | None = None) -> RunRow:
-    extra = runstatus.describe(engine, home, st, now)
+def _row(engine: Backend, home: Path, st: Any, now: float, current: dict[str, str] | None = None,
+         events: list[Event] | None = None) -> RunRow:
+    """``events``: the workflow's history when already read (a page reads each history once)."""
+    extra = runstatus.describe(engine, home, st, now, events=events)
     row = RunRow(st.workflow_id, st.workflow, st.state, bool(st.cancel_requested), st.created_at, st.updated_at,
                  extra.get("worker"), extra.get("progress"), extra.get("timers") or [],
                  app.error_line(st.error) if st.error else "")
     if st.workflow == RELEASE:
-        row.release = release_of(st, app.recorded_input(engine, st.workflow_id),
+        inp = (events[0].attrs.get("input") if events else None) if events is not None else \
+            app.recorded_input(engine, st.workflow_id)
+        row.release = release_of(st, inp,
                                  current_versions(home) if current is None else current)
     return row
 
 
-def runs(engine: Any, home: Path, now: float, state: str | None = None) -> list[RunRow]:
+def runs(engine: Backend, home: Path, now: float, state: str | None = None) -> list[RunRow]:
     """Every readable workflow, newest first; only those in ``state`` when given."""
     current = current_versions(home)
     rows = [_row(engine, home, st, now, current) for st in app.readable_workflows(engine)
@@ -444,7 +437,7 @@ def _stderr_tail(error: Any) -> str:
     return ""
 
 
-def run(engine: Any, home: Path, workflow_id: str, now: float, *, kind: str = "", attempt: int | None = None,
+def run(engine: Backend, home: Path, workflow_id: str, now: float, *, kind: str = "", attempt: int | None = None,
         limit: int | None = 500, timeline_limit: int | None = 300) -> RunPage:
     """One workflow's page (``UnknownRun`` when there is no such workflow)."""
     try:
@@ -452,7 +445,7 @@ def run(engine: Any, home: Path, workflow_id: str, now: float, *, kind: str = ""
         events = engine.history(workflow_id)
     except (NotFound, BadInput, KeyError) as e:
         raise UnknownRun(workflow_id) from e
-    row = _row(_Read(engine, workflow_id, events), home, st, now)
+    row = _row(engine, home, st, now, events=events)
     view = run_view(st.workflow_id, events, st.state) if st.workflow == "TrainRun" else None
     inp = events[0].attrs.get("input") if events and isinstance(events[0].attrs, dict) else {}
     spec = inp.get("spec") if isinstance(inp, dict) and isinstance(inp.get("spec"), dict) else inp

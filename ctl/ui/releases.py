@@ -13,7 +13,8 @@ from typing import Any
 
 import workflows
 
-from .. import app
+import app
+from app import Backend
 
 RELEASE = "ModelRelease"
 
@@ -100,7 +101,7 @@ def release_of(st: Any, inp: Any, current: dict[str, str]) -> Release:
     return out
 
 
-def releases(engine: Any, home: Path, name: str) -> list[Release]:
+def releases(engine: Backend, home: Path, name: str) -> list[Release]:
     """The releases (ModelRelease workflows) of run ``name``, oldest first."""
     current = current_versions(home)
     out = [release_of(st, app.recorded_input(engine, st.workflow_id), current)

@@ -30,7 +30,9 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from ..runview import fmt_duration, local_time
+from app import Backend
+from app.runview import fmt_duration, local_time
+
 from . import pages, svg
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -57,7 +59,7 @@ def _environment() -> jinja2.Environment:
 class App:
     """Pages of one home over one read-only engine (``render(path, query)`` is the whole app)."""
 
-    def __init__(self, engine: Any, home: Path):
+    def __init__(self, engine: Backend, home: Path):
         self.engine, self.home = engine, home
         self.env = _environment()
         self.lock = threading.Lock()

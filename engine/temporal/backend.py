@@ -32,7 +32,7 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from .._engine import WorkflowStatus
-from .._errors import BadInput, EngineError, NotFound, WorkflowCanceled, WorkflowFailed, WorkflowRunning
+from .._errors import BadInput, EngineError, NotFound, Unsupported, WorkflowCanceled, WorkflowFailed, WorkflowRunning
 from .._history import Event, to_jsonable
 from .._ids import check_id
 from .activity import seam_activity
@@ -76,9 +76,21 @@ def _tls(cfg: TemporalConfig) -> bool | TLSConfig:
 
 
 class TemporalEngine:
-    """The embedded engine's surface over a Temporal cluster (see the module docstring)."""
+    """The embedded engine's surface over a Temporal cluster (see the module docstring).
+
+    One of the two backends of ``app.backend.Backend``. What it lacks it says by its capability flags and
+    ``Unsupported``, never by a missing attribute: no local store and no lease owner (the cluster keeps the
+    state: ``store`` and ``owner`` are None), no polite stop of its own (``polite_stop`` False:
+    ``request_stop`` and setting ``stop_grace_s`` raise ``Unsupported``; ``stop`` is None, ``preempted``
+    empty), no per-attempt option overrides (``attempt_overrides`` False: setting ``attempt_options``
+    raises ``Unsupported``).
+    """
 
     backend = "temporal"
+    store = None  # the state lives on the cluster, not in a local SQLite file
+    owner = None  # no lease owner of this process (the cluster leases activities to workers)
+    polite_stop = False
+    attempt_overrides = False
 
     def __init__(
         self,
@@ -202,8 +214,44 @@ class TemporalEngine:
             raise
         return list(hist.events)
 
-    def history(self, workflow_id: str) -> list[Event]:
-        return convert_history(self._call(self._events(workflow_id)), self.client.data_converter.payload_converter)
+    def history(self, workflow_id: str, after_seq: int = 0) -> list[Event]:
+        """The workflow's events (only those after ``after_seq``, as the embedded engine's)."""
+        events = convert_history(self._call(self._events(workflow_id)), self.client.data_converter.payload_converter)
+        return [e for e in events if e.seq > after_seq] if after_seq else events
+
+    def describe(self) -> str:
+        """Where this backend keeps its state, for a log line: the cluster and its task queue."""
+        return self.config.describe()
+
+    # --- capabilities it lacks (app.backend.Backend; the class docstring) ----------------------------
+
+    @property
+    def attempt_options(self) -> None:
+        return None
+
+    @attempt_options.setter
+    def attempt_options(self, hook: Any) -> None:
+        if hook is not None:
+            raise Unsupported("per-attempt option overrides are not applied on the Temporal backend")
+
+    def request_stop(self, signal: str = "SIGTERM", *, grace_s: float | None = None) -> None:
+        raise Unsupported("the Temporal backend has no polite stop of its own (ctl/interrupt.py stops the trainers)")
+
+    @property
+    def stop_grace_s(self) -> float | None:
+        return None
+
+    @stop_grace_s.setter
+    def stop_grace_s(self, value: float | None) -> None:
+        raise Unsupported("the Temporal backend has no polite stop of its own")
+
+    @property
+    def stop(self) -> None:
+        return None
+
+    @property
+    def preempted(self) -> list[dict]:
+        return []
 
     def status(self, workflow_id: str) -> WorkflowStatus:
         desc = self._call(self._describe(workflow_id))

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCANNED = ("engine", "workflows", "ctl", "tinyllm", "simulator")
+SCANNED = ("engine", "workflows", "app", "ctl", "tinyllm", "simulator")
 PATH_NAMES = {"runs", "ckpt", "LATEST", "manifest.json", "checkpoint_artifacts", "metrics.jsonl", "corpora",
               "releases", "evals", ".ctl", "activity", "engine.db"}
 LITERALS = {"LATEST", "manifest.json", "checkpoint_artifacts"}  # "ckpt" is also a ledger kind: as a path only

@@ -88,7 +88,7 @@ def _one_line(message: str) -> None:
 @FUZZ
 @given(st.sampled_from(range(len(TRAIN_BASES))).flatmap(lambda i: mutated(TRAIN_BASES[i])))
 def test_mutated_train_specs_are_valid_or_one_clean_line(data):
-    from ctl.app import BadRequest, train_request
+    from app import BadRequest, train_request
     from tinyllm.spec import SpecError, parse_train_spec
 
     try:

@@ -121,7 +121,8 @@ def test_an_attempts_output_is_bounded_head_and_tail_kept(tmp_path: Path) -> Non
     """A child writing 2 MiB of numbered lines into the files the runner gives it, bounded while it writes
     (head 16 KiB, tail 64 KiB; as the runner's poll loop does): the disk holds about head + tail + slack, and
     what is read back is the first lines, one line saying how much was dropped, and the last lines, in order."""
-    from engine._output import AttemptOutput, read_kept
+    from engine import read_kept_output as read_kept
+    from engine.testing import AttemptOutput
 
     kept = AttemptOutput(tmp_path / "out", head_bytes=16384, tail_bytes=65536, slack_bytes=32768)
     child = subprocess.Popen([sys.executable, "-c", "import sys, time\n"

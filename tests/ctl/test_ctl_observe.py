@@ -170,7 +170,7 @@ def test_plot_series_are_the_run_files(finished) -> None:
 def test_plot_png_is_written_and_draws_the_run(finished, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from ctl import plot
-    from ctl.runview import run_view
+    from app.runview import run_view
     from engine import Engine
 
     home, _ = finished
@@ -206,13 +206,17 @@ def test_plot_to_a_path_that_cannot_be_written_is_one_line_exit_2(finished, tmp_
 
 
 class _Backend:
-    """The run's real history, cut where the test says (read as another backend's: engine.history)."""
+    """The run's real history, cut where the test says (read as another backend's: engine.history; a backend
+    with no local store, app.Backend's ``store`` None)."""
+
+    store = None
+    owner = None
 
     def __init__(self, events: list) -> None:
         self.events = events
 
-    def history(self, workflow_id: str) -> list:
-        return self.events
+    def history(self, workflow_id: str, after_seq: int = 0) -> list:
+        return [e for e in self.events if e.seq > after_seq]
 
 
 def _until_eval_started(home: Path) -> tuple[list, float]:

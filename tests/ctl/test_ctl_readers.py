@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator import procs
+from simulator.proving import procs
 
 pytestmark = pytest.mark.slow  # ctl readers in other processes (~20 s)
 

@@ -1,5 +1,5 @@
 """Issue 40 item 3 (ctl's part): a release whose gate failed reads as such later -- ``ctl status`` and ``ctl list``
-(and their ``--json``, through ``ctl/runview.py`` ``release_outcome``, which the UI reads too) show the gate's
+(and their ``--json``, through ``app/runview.py`` ``release_outcome``, which the UI reads too) show the gate's
 outcome, not just "completed"; a gate on a figure the suite does not produce (``ppl/nosuch<=2``) is bad input
 (exit 2) before any work, not a failed gate after a whole evaluation. Real ``ctl`` processes on the finished
 tiny run of conftest.py."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator import procs
+from simulator.proving import procs
 
 pytestmark = pytest.mark.slow  # real ctl/trainer processes and signals
 

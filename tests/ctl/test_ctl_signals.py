@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import workflows
-from simulator import procs
+from simulator.proving import procs
 
 pytestmark = pytest.mark.slow  # real ctl/worker processes and signals
 

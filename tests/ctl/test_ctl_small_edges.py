@@ -15,9 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
+import app
+from app.runview import run_view
 from contracts.resume import expected_resume
-from ctl import app, display, interrupt, runstatus
-from ctl.runview import run_view
+from ctl import display, interrupt, runstatus
 
 
 T0 = 1_800_000_000.0
@@ -141,7 +142,7 @@ def test_no_status_line_is_printed_after_the_final_line(tmp_path: Path) -> None:
         _ev(5, "workflow_completed", 5.0, result={}),
     ]
     out = io.StringIO()
-    engine = SimpleNamespace(history=lambda wid: events)
+    engine = SimpleNamespace(history=lambda wid, after_seq=0: events, store=None)  # a backend without a local store
     d = display.LiveDisplay(tmp_path, engine, "train/w", console=Console(file=out, force_terminal=False))
     d.plain_every_s = 0.0  # a status line at every poll
     d._poll()

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ctl import runsinks
+from app import runsinks
 from tinyllm.sinks import mlflow_sink
 from tinyllm.fsio import atomic_write
 from tinyllm.sinks.metrics import JsonlSink

@@ -1,4 +1,4 @@
-"""Traces of a TrainRun from its history (ctl/traces.py) and the trainer's train.step spans
+"""Traces of a TrainRun from its history (app/traces.py) and the trainer's train.step spans
 (tinyllm/sinks/trace_export.py), checked with the SDK's in-memory exporter: the span tree, the attributes,
 the ids (the same history gives the same spans; the trainer joins its attempt's span through
 TRACEPARENT), each span sent once across ctl runs (the mark), a failing exporter (one warning, the mark
@@ -19,7 +19,7 @@ pytest.importorskip("opentelemetry.sdk")
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
-from ctl import traces  # noqa: E402
+from app import traces  # noqa: E402
 from engine import Event  # noqa: E402
 from tinyllm.sinks import trace_export, tracing  # noqa: E402
 from workflows.models import TraceContext, TrainRunInput  # noqa: E402
@@ -323,7 +323,7 @@ def test_nothing_of_opentelemetry_is_imported_when_tracing_is_off(tmp_path: Path
         "import ctl.cli, ctl.show, tinyllm.sinks.metrics, workflows\n"
         "r = tinyllm.sinks.metrics.default_reporter(Path(sys.argv[1]), -1, 4, 1)\n"
         "r.close()\n"
-        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry') or m in ('ctl.traces', 'tinyllm.sinks.trace_export')))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry') or m in ('app.traces', 'tinyllm.sinks.trace_export')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
                          timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})

@@ -13,7 +13,7 @@ pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
-from ctl import traces  # noqa: E402
+from app import traces  # noqa: E402
 from test_traces import History, killed_run, tracer_for  # noqa: E402  (the same synthetic histories)
 
 

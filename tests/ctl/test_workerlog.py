@@ -1,5 +1,5 @@
 """ctl worker's log (ctl/workerlog.py) hands every workflow end it sees to ``on_end`` (ctl worker: the
-MLflow run's status, ctl/runsinks.py), also of a workflow another process worked on, and a failing
+MLflow run's status, app/runsinks.py), also of a workflow another process worked on, and a failing
 ``on_end`` is one log line, never the worker's failure. No process, no database: events fed directly."""
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 from helpers import EXAMPLES, ROOT, write_spec
 
-from ctl.verify import diagnose, plan_kills
+from simulator.proving.verify import diagnose, plan_kills
 
 pytestmark = pytest.mark.slow  # ctl verify-resume kills real trainers (~15-25 s each)
 

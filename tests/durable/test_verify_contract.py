@@ -55,7 +55,7 @@ def test_an_interruption_after_the_last_checkpoint_proves_nothing(tmp_path) -> N
 def test_the_recorded_verdict_counts_the_interruptions_that_landed_not_those_asked_for(tmp_path) -> None:
     """--kills 5 on a run with room for 3 (checkpoints at 3, 6, 9 of 12): ctl status/show's resume proof line
     said '5 interruption(s)', what was asked, not what was exercised."""
-    from ctl.verify_record import verdict_line
+    from simulator.proving.record import verdict_line
 
     rc, report, err = verify(tmp_path, "", "--signal", "kill", "--kills", "5", "--segments", "1")
     assert rc == 0 and report["kills_planned"] == 3 and report["kills_landed"] == 3, (rc, report, err[-2000:])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from simulator import procs
+from simulator.proving import procs
 
 NAME = "slq"
 STEPS = 500

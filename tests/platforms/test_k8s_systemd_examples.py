@@ -28,14 +28,14 @@ from pathlib import Path
 
 import pytest
 
-from ctl import errors
+from app import errors
 from preempt_run import BOUND_S, SPEC, STEPS, attempts, final_result, furthest_step, history, steps_lost
-from simulator import procs
+from simulator.proving import procs
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_YAML = ROOT / "examples" / "k8s" / "job.yaml"
 UNIT = ROOT / "examples" / "systemd" / "ctl-train.service"
-PREEMPTED = 143     # the contract's exit status of a polite stop (ctl.errors.EXIT_PREEMPTED, issue 39)
+PREEMPTED = 143     # the contract's exit status of a polite stop (app.errors.EXIT_PREEMPTED, issue 39)
 MARGIN_S = 5        # ctl needs a moment after its grace: kill the trainer's tree, record, exit
 
 
@@ -45,7 +45,7 @@ def _stop_grace(argv: list[str]) -> float:
 
 
 def test_the_preempted_exit_status_is_the_one_the_examples_name() -> None:
-    assert getattr(errors, "EXIT_PREEMPTED", None) == PREEMPTED, "ctl.errors.EXIT_PREEMPTED (issue 39's stop path)"
+    assert getattr(errors, "EXIT_PREEMPTED", None) == PREEMPTED, "app.errors.EXIT_PREEMPTED (issue 39's stop path)"
 
 
 # -- Kubernetes ------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from preempt_run import BOUND_S, SPEC, STEPS, attempts, final_result, furthest_step, history, steps_lost, trace_ids
-from simulator import procs
+from simulator.proving import procs
 
 pytestmark = pytest.mark.slow  # a real Slurm cluster, real ctl/trainer processes and signals
 

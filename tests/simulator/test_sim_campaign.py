@@ -22,12 +22,13 @@ import random
 
 import pytest
 
-from simulator import procs
-from simulator.campaign import Monitor, campaign
-from simulator.campaign_reference import uninterrupted
-from simulator.campaign_targets import FAULTS
-from simulator.campaign_progress import fault_points, history_resumes, latest_step, progress_step
-from simulator.campaign_targets import USER_FAULTS, examples_target
+from simulator.proving import procs
+from simulator.proving.campaign import Monitor, campaign
+from simulator.proving.campaign_reference import uninterrupted
+from simulator.proving.campaign_targets import FAULTS
+from simulator.proving.campaign_progress import fault_points, history_resumes, progress_step
+from simulator.proving.core import latest_step
+from simulator.proving.campaign_targets import USER_FAULTS, examples_target
 
 
 @pytest.fixture(scope="module")
@@ -225,8 +226,8 @@ def test_faults_due_at_a_checkpoint_wait_for_that_checkpoint_not_the_step_s_metr
 def test_a_fault_due_at_a_checkpoint_or_a_segment_boundary_waits_for_its_checkpoint(tmp_path, monkeypatch):
     """drive() waits for LATEST (the checkpoint exists) at checkpoints and segment boundaries, for the step's
     progress at plain steps; _reach(checkpointed=True) ignores a metrics frame that has no checkpoint yet."""
-    import simulator.campaign as c
-    from simulator.campaign_targets import Target
+    import simulator.proving.campaign as c
+    from simulator.proving.campaign_targets import Target
 
     target = Target("t", {"steps": 24, "checkpoint_every": 4}, ("--json",), ("readers",), custom=True)
     run = c.Run(0, 1, tmp_path, tmp_path / "s.json", random.Random(4), worker_mode=False, target=target)
@@ -256,7 +257,7 @@ def test_a_run_whose_ctl_keeps_failing_gives_up_instead_of_restarting_until_the_
     import sys
     import time
 
-    import simulator.campaign as c
+    import simulator.proving.campaign as c
 
     run = c.Run(0, 1, tmp_path, tmp_path / "s.json", random.Random(0), worker_mode=False)
     starts = []
@@ -280,7 +281,7 @@ def test_a_failed_uninterrupted_run_is_reported_while_the_run_is_driven(tmp_path
     import subprocess
     import sys
 
-    from simulator.campaign_reference import Reference
+    from simulator.proving.campaign_reference import Reference
 
     ref = Reference(tmp_path, tmp_path / "s.json", want={"x": 1})
     assert ref.failed() is None
@@ -332,7 +333,7 @@ def test_faults_of_an_untested_run_are_not_counted_as_survived(monkeypatch, tmp_
     """Issue 24: a run that proved no resume (UNTESTED) survived nothing proven; its faults are
     counted as 'in untested runs', and the campaign still exits 3 (seen red: survived said 2)."""
     import types
-    import simulator.campaign as c
+    import simulator.proving.campaign as c
 
     def fake_one_run(seed, i, base, spec, ref, faults_per_run, target):
         home = tmp_path / f"run-{i}"

@@ -1,4 +1,4 @@
-"""The campaign's graceful preemption faults (simulator/campaign_preempt.py; issue 39 item 7).
+"""The campaign's graceful preemption faults (simulator/proving/campaign_preempt.py; issue 39 item 7).
 
 ``preempt`` SIGTERMs ``ctl train`` (or the worker) alone, as Kubernetes, docker and systemd do;
 ``preempt-group`` every process of the job, ctl's group and the trainer, as Slurm does. The oracle
@@ -16,11 +16,11 @@ import random
 import pytest
 
 from simulator.__main__ import main
-from simulator.campaign import campaign
-from simulator.campaign_preempt import resume_violations, steps_lost
-from simulator.campaign_progress import fault_points
-from simulator.campaign_reference import uninterrupted
-from simulator.campaign_targets import FAULTS, PREEMPT_FAULTS, TINYLLM
+from simulator.proving.campaign import campaign
+from simulator.proving.campaign_preempt import resume_violations, steps_lost
+from simulator.proving.campaign_progress import fault_points
+from simulator.proving.campaign_reference import uninterrupted
+from simulator.proving.campaign_targets import FAULTS, PREEMPT_FAULTS, TINYLLM
 
 KINDS = "preempt,preempt-group"
 
@@ -30,8 +30,8 @@ def test_a_graceful_preemption_of_the_whole_job_at_step_5_loses_none_and_resumes
     """Seed 26 (ctl train): a SIGTERM of the whole job at step 5 (held there), then one of ctl alone at
     step 15. Both end with exit 143, the first saved step 5 (off the checkpoint cadence of 2: the stop's
     own checkpoint), the next attempts resumed from what was saved, and the bits equal the reference."""
-    import simulator.campaign_preempt as cp
-    from simulator import procs
+    import simulator.proving.campaign_preempt as cp
+    from simulator.proving import procs
 
     want = uninterrupted()  # (without the hold: the reference is never signalled)
     held = {"on": True}

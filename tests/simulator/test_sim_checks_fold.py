@@ -275,7 +275,7 @@ def test_in_a_sweep_each_positions_piecewise_ledger_lines_are_the_whole_ledgers(
 
 def _break_events(events: list, rng: random.Random) -> list:
     """A recovery's own events broken: one dropped or repeated, a time moved, a timer's fire time moved."""
-    from engine import _history as h
+    from engine import testing as h
 
     out = list(events)
     if not out:
@@ -303,19 +303,19 @@ def _break_events(events: list, rng: random.Random) -> list:
 
 @pytest.mark.slow
 def test_a_spliced_outcomes_event_checks_piecewise_give_the_whole_historys_lines(monkeypatch):
-    """``Simulator._spliced_state_lines`` (the target's lines where the events the checks read are the
+    """``SweepContext.spliced_state_lines`` (the target's lines where the events the checks read are the
     target's, compared only where they can differ) against ``state_lines`` on the whole spliced history:
     at every converged position of a sweep of the good workflow and of a mutant, and with each position's
     own events broken at random."""
     calls: list[tuple] = []
-    real = Simulator._spliced_state_lines
+    real = Simulator.spliced_state_lines
 
     def spy(self, o, copied, own, target):
         lines = real(self, o, copied, own, target)
         calls.append((self, o, copied, own, target, lines))
         return lines
 
-    monkeypatch.setattr(Simulator, "_spliced_state_lines", spy)
+    monkeypatch.setattr(Simulator, "spliced_state_lines", spy)
     scn = Scenario(steps=300, eval_every=60, checkpoint_every=30, suites=("ppl", "zoo"))
     for mutant in (None, "s04-boundary-repeated"):
         sim = Simulator(scn, mutant=mutant, workflow_fn=make_mutant(mutant) if mutant else None)
@@ -325,11 +325,11 @@ def test_a_spliced_outcomes_event_checks_piecewise_give_the_whole_historys_lines
     dirty = 0
     for sim, o, copied, own, target, lines in calls:
         t = target.run
-        whole = replace(o, events=sim._ref.events[:copied] + own + t.events[target.events_at:])
+        whole = replace(o, events=sim.reference().events[:copied] + own + t.events[target.events_at:])
         assert lines == sim.state_lines(whole, file_lines=t.file_lines)
         for _ in range(3):
             broken = _break_events(own, rng)
-            whole = replace(o, events=sim._ref.events[:copied] + broken + t.events[target.events_at:])
+            whole = replace(o, events=sim.reference().events[:copied] + broken + t.events[target.events_at:])
             want = sim.state_lines(whole, file_lines=t.file_lines)
             assert real(sim, whole, copied, broken, target) == want
             dirty += bool(want) and not sim.check_reference()
@@ -337,7 +337,7 @@ def test_a_spliced_outcomes_event_checks_piecewise_give_the_whole_historys_lines
             head = _break_events(t.events[1:copied], rng)
             other = Target(replace(t, events=t.events[:1] + head + t.events[copied:]),
                            target.events_at + len(head) - (copied - 1), target.ledger_at)
-            want = sim.state_lines(replace(o, events=sim._ref.events[:copied] + own + t.events[target.events_at:]),
+            want = sim.state_lines(replace(o, events=sim.reference().events[:copied] + own + t.events[target.events_at:]),
                                    file_lines=t.file_lines)
             assert real(sim, o, copied, own, other) == want
     assert dirty > 10

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.kill_loop import compare, kill_loop
+from simulator.proving.core import compare_results as compare
+from simulator.proving.kill_loop import kill_loop
 
 SPEC = Path(__file__).with_name("kill-loop-spec.json")
 

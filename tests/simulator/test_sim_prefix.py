@@ -10,7 +10,7 @@ import sqlite3
 
 from engine import Engine, StepOptions
 from engine import VirtualClock
-from engine._history import event_crc
+from engine.testing import event_crc
 from simulator.prefix import build_prefix, use_prefix
 
 

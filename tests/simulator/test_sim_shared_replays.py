@@ -70,7 +70,7 @@ def test_at_100_segments_donated_and_forked_replays_make_the_literal_runs(fork_f
 
 
 def _replayer(events, chunks=None, runtime=None):
-    from engine._replay import DrySink, Replayer
+    from engine.testing import DrySink, Replayer
     from workflows.models import TrainRunInput
     from workflows.training import train_run
 
@@ -88,8 +88,8 @@ def test_adopt_donor_takes_only_a_replayer_stopped_at_the_spines_point():
     """Unit: a donor fed the same history in other chunks is adopted, and fed on it ends as a fresh replay
     of the whole history does; a donor at another cut, one whose code read is_replaying, one without the
     noting seam, are refused."""
-    from engine import _history as h
-    from engine._replay import WorkflowRuntime
+    from engine import testing as h
+    from engine.testing import DrySink, WorkflowRuntime
 
     ref = Simulator(Scenario(steps=60, eval_every=10, checkpoint_every=10, eval_interval_s=5)).reference()
     ev = ref.events
@@ -105,7 +105,7 @@ def test_adopt_donor_takes_only_a_replayer_stopped_at_the_spines_point():
     took = prefix.adopt_donor(spine, donor)
     assert took is not None and took.seq == c1 and donor.done and donor.coro is None
     r = took.replayer
-    r.sink = __import__("engine._replay", fromlist=["DrySink"]).DrySink()
+    r.sink = DrySink()
     r.feed(ev[c1:-1])
     r.advance()
     fresh = _replayer(ev[:-1])
@@ -117,7 +117,7 @@ def test_a_donor_is_admitted_only_where_its_visible_history_is_the_uninterrupted
     """``Simulator._admit``: at the spine's cut, a donor whose history digest differs from the uninterrupted
     run's there is refused (its code saw other values: e.g. another ``resumed_from``), one of an earlier
     cut is dropped, one whose digest is the run's is adopted."""
-    from engine import _history as h
+    from engine import testing as h
 
     scn = Scenario(steps=60, eval_every=10, checkpoint_every=10, eval_interval_s=5)
     sim = Simulator(scn)
@@ -184,7 +184,7 @@ def test_a_workflow_that_reads_is_replaying_is_not_shared_and_the_guard_is_what_
 
 
 def test_the_spine_refuses_a_history_that_resolves_a_command_twice():
-    from engine import _history as h
+    from engine import testing as h
 
     ev = [h.Event(1, h.ACTIVITY_COMPLETED, 0.0, {"cmd": 0}), h.Event(2, h.TIMER_FIRED, 1.0, {"cmd": 1}),
           h.Event(3, h.ACTIVITY_FAILED, 2.0, {"cmd": 0, "final": False})]

@@ -15,7 +15,7 @@ import copy
 
 import pytest
 
-from engine import _history as h
+from engine import testing as h
 from simulator.__main__ import main
 from simulator.scenario import Scenario
 from simulator.stops import StopSweep, stop_lines

@@ -282,7 +282,7 @@ def test_the_outcome_checks_give_the_same_lines_on_the_kept_events_as_on_the_who
     reference and for histories broken in each way the checks look for, the lines are the same."""
     from dataclasses import replace
 
-    from engine import _history as h
+    from engine import testing as h
     from simulator.checks import kept_events
 
     sim = Simulator(Scenario(steps=60, eval_every=10, checkpoint_every=10, eval_interval_s=5))

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("temporalio", reason="the [temporal] extra is not installed: pip install -e '.[temporal]'")
 
 import workflows  # noqa: E402
-from engine import VirtualClock  # noqa: E402
+from engine import VirtualClock, testing  # noqa: E402
 from engine.temporal import TemporalEngine  # noqa: E402
 from no_leak import raw_history  # noqa: E402
 from wf_fakes import Fakes, reference_loss  # noqa: E402
@@ -77,7 +77,7 @@ def test_hand_example_same_as_embedded(temporal_config, tmp_path: Path) -> None:
     fakes = Fakes(home=tmp_path / "temporal")
     with temporal(temporal_config, fakes) as eng:
         assert eng.workflow_function("TrainRun") is workflows.train_run  # the same function objects
-        assert world.engine._workflows["TrainRun"].fn is workflows.train_run
+        assert testing.registration(world.engine, "TrainRun").fn is workflows.train_run
         eng.start("TrainRun", "train/tiny", inp)
         st = eng.run_until_complete("train/tiny", timeout_s=DEADLINE_S)
         assert st.state == "completed", st.error

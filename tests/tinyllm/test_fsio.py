@@ -12,7 +12,7 @@ from tinyllm.spec import CorpusSpec
 
 
 def test_tilde_ctl_home_names_one_folder_in_tinyllm_ctl_and_durable_run(tmp_path, monkeypatch):
-    from ctl import app
+    import app
     from tinyllm import cli
     from tinyllm.durable import DurableRun
 

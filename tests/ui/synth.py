@@ -15,8 +15,7 @@ from typing import Any
 
 from engine import Engine
 # (private engine modules: a synthetic history is written the way the engine writes its own)
-from engine._history import dumps, event_row, insert_events
-from engine._leases import HOST
+from engine.testing import HOST, dumps, event_row, insert_events
 
 
 class Writer:

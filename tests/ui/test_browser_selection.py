@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator import procs
+from simulator.proving import procs
 
 from browser import Ui, chromium, quit_browser
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ctl import app, backends, runstatus
+import app
+from app import backends
+from ctl import runstatus
 from ctl.ui import server
 
 import synth
@@ -26,7 +28,7 @@ def home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ui(home: Path):
-    backends.choose(backends.Backend())  # the embedded engine (an earlier test in this process may have chosen Temporal)
+    backends.choose(backends.Choice())  # the embedded engine (an earlier test in this process may have chosen Temporal)
     engine = app.open_engine(home, create=False, readonly=True)
     yield server.App(engine, home)
     engine.close()

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from tinyllm.spec import SpecError, parse_train_spec
-from tinyllm.validation.config import DEFAULT_MAX_TOKENS, ValidationConfig
+from tinyllm.validation_config import DEFAULT_MAX_TOKENS, ValidationConfig
 
 LM = {"enabled": True, "data": {"path": "builtin:heldout.txt"}}
 GEN = {"enabled": True, "objective": "generation", "reward": ["exact_match", "contains"],
@@ -83,7 +83,7 @@ def test_identity_excludes_schedule_but_includes_sampling():
 
 @pytest.mark.slow
 def test_spec_module_imports_without_torch():
-    code = "import sys, tinyllm.spec, tinyllm.validation.config, tinyllm.validation.schedule, tinyllm.validation.planning; print('torch' in sys.modules)"
+    code = "import sys, tinyllm.spec, tinyllm.validation_config, tinyllm.validation.schedule, tinyllm.validation.planning; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -3,7 +3,7 @@ import warnings
 
 import pytest
 
-from tinyllm.validation.config import ValidationConfig
+from tinyllm.validation_config import ValidationConfig
 from tinyllm.validation.planning import FULL, PartialCheckpointWarning, plan_step
 
 D = {"path": "h.txt"}

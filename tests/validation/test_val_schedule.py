@@ -1,7 +1,7 @@
 """The schedule: step 0 fresh model, step k after update k; periodic, before_training, final always, dedup."""
 from hypothesis import given, strategies as st
 
-from tinyllm.validation.config import ValidationConfig
+from tinyllm.validation_config import ValidationConfig
 from tinyllm.validation.schedule import is_validation_step
 
 D = {"path": "h.txt"}

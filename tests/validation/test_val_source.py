@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tinyllm import tokenizer
-from tinyllm.validation.config import ValidationConfig
+from tinyllm.validation_config import ValidationConfig
 from tinyllm.validation.errors import ValidationDataError
 from tinyllm.validation.source import BUILTIN_DIR, check_disjoint, load_source, verify_unchanged
 

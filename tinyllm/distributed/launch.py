@@ -63,6 +63,7 @@ from contracts.layout import LATEST, MANIFEST, STEP_PREFIX, RunHome
 from ..errors import STOP, stop_signals
 from ..runlock import pid_running
 from ..spec import SpecError, TrainSpec
+from ..world_size import check_world_size
 
 RANK_STATUS_ENV = "TINYLLM_DDP_STATUS"
 NNODES_ENV, NODE_RANK_ENV = "TINYLLM_NNODES", "TINYLLM_NODE_RANK"
@@ -76,29 +77,6 @@ RANK_EXIT_WAIT_S = 30.0  # after torchrun ended: how long its ranks may take to 
 def in_rank() -> bool:
     """True inside a process torchrun started (its rendezvous variables are set)."""
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"))
-
-
-def world_size_of(trajectory: dict | None) -> int | None:
-    """The world size a checkpoint was trained at (None: a one-process run)."""
-    d = (trajectory or {}).get("distributed")
-    return int(d["world_size"]) if isinstance(d, dict) and "world_size" in d else None
-
-
-def check_world_size(saved: dict | None, spec: TrainSpec, path: Path | str | None) -> None:
-    """Refuse resuming ``path`` (trajectory ``saved``) at a world size other than its own."""
-    if saved is None:
-        return
-    was, now = world_size_of(saved), spec.distributed.world_size if spec.distributed else None
-    if was == now:
-        return
-
-    def words(n: int | None) -> str:
-        return "one process (no distributed)" if n is None else f"world_size {n}"
-
-    raise SpecError(f"checkpoint {path} was trained at {words(was)}, this spec asks for {words(now)}: resuming at "
-                    f"another world size is refused (the batch shards, the gradient all-reduce and the ranks' "
-                    f"RNG streams would change, so the run would not be bitwise the same); use {words(was)} "
-                    f"or a new run name")
 
 
 def _resume_candidate(home: Path, spec: TrainSpec, resume: Path | None) -> Path | None:

@@ -186,19 +186,26 @@ class DistributedTrainer(Trainer):
         dist.all_gather(states, mine)  # also the barrier before rank 0 writes: every rank is at this step
         return states
 
-    def _write_checkpoint(self, components: dict[str, Any]) -> Path:
+    def _async_checkpoints(self) -> bool:
+        """Synchronous: rank 0 writes and every rank waits at a barrier until it is committed (the
+        checkpoint's RNG states are gathered by a collective anyway; docs/checkpoints.md)."""
+        return False
+
+    def _write_checkpoint(self, components: dict[str, Any], step: int | None = None,
+                          meta: dict | None = None) -> Path:
+        step = self.step if step is None else step
         if self.rank == 0:
-            path = super()._write_checkpoint(components)
+            path = super()._write_checkpoint(components, step, meta)
         elif ckpt.FULL_COMPONENTS <= set(components):
-            path = RunDir(self.run_dir, self.spec.name).step_dir(self.step)
+            path = RunDir(self.run_dir, self.spec.name).step_dir(step)
         else:  # a validation plan's partial, non-resumable artifact
-            path = RunDir(self.run_dir, self.spec.name).artifact_dir(self.step)
+            path = RunDir(self.run_dir, self.spec.name).artifact_dir(step)
         dist.barrier()  # the checkpoint is committed (LATEST moved) before any rank goes on or exits
         return path
 
-    def _prune(self) -> None:
+    def _prune(self, step: int | None = None) -> None:
         if self.rank == 0:
-            super()._prune()
+            super()._prune(step)
 
     # -- the run -------------------------------------------------------------------------
 

@@ -63,7 +63,7 @@ from typing import Any, Iterable, Iterator, Mapping, NoReturn
 import torch
 
 from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED  # the trainer contract's exit codes
-from contracts.layout import METRICS, RunHome
+from contracts.layout import METRICS, RunDir, RunHome
 
 from .. import checkpoint as ckpt
 from .. import faults, runlock, runtime_env, stopping
@@ -72,11 +72,12 @@ from .state import (
     capture_rng,
     check_generators,
     digest,
+    fingerprint_of,
     learning_rates,
-    optimizer_entries,
     restore_rng,
-    snapshot,
 )
+from .state import snapshot as batch_snapshot
+from ..checkpoint_writer import CheckpointWriter, Done, async_enabled, snapshot
 from ..errors import RunLocked
 from .frames import FrameWriter
 from ..fsio import rel, resolve_home
@@ -231,7 +232,7 @@ class DurableRun:
 
     def __init__(self, spec: Mapping[str, Any], *, home: str | Path | None = None, progress: str | Path | None = None,
                  resume: str | Path | None = None, progress_interval_s: float = 1.0, console=None,
-                 seed_rngs: bool = True):
+                 seed_rngs: bool = True, async_checkpoints: bool | None = None):
         self.spec = dict(spec)
         self.name: str = self.spec["name"]
         self.total_steps: int = int(self.spec["steps"])  # this invocation's last step (a segment's end)
@@ -268,6 +269,11 @@ class DurableRun:
             raise DurableError(str(e)) from None
         self._fingerprint_steps = faults.switch("durable.fingerprint")
         self._saves = 0
+        try:  # asynchronous checkpoints (tinyllm/checkpoint_writer.py) unless the argument or the variable says not
+            self.async_checkpoints = async_enabled() if async_checkpoints is None else bool(async_checkpoints)
+        except ValueError as e:
+            raise DurableError(str(e)) from None
+        self._checkpoint_writer: CheckpointWriter | None = None
         runtime_env.start_run(self.console)  # MKL's strict CNR mode applied and checked: warns once if too late
         if seed_rngs:  # a fresh run is reproducible; a resume restores every RNG from the checkpoint anyway
             seed_everything(self.seed)
@@ -337,6 +343,7 @@ class DurableRun:
         the stop checkpoint (contracts/subprocess-activity.md); never written from the signal handler."""
         if self._stop_noticed:
             return
+        self._drain()  # the checkpoint in flight first: its line before `stopping`, so the one after is at S
         self._stop_noticed = True
         self.flush_frames()  # the steps' console lines before this one
         self._emit({"event": "stopping", "signal": self._stop_signal or "SIGTERM"}, sync=True)
@@ -415,7 +422,7 @@ class DurableRun:
         snapshot taken now, hashed off the training thread: tinyllm/durable/frames.py)."""
         value = float(loss.detach().item() if isinstance(loss, torch.Tensor) else loss)
         self._logged = value
-        self._batch = None if batch is None else snapshot(batch)
+        self._batch = None if batch is None else batch_snapshot(batch)
 
     def steps(self) -> Iterator[int]:
         """Yield the steps still to run (1-based): resumes first; after each step, frames, checkpoints,
@@ -449,10 +456,15 @@ class DurableRun:
                     raise RuntimeError(f"step {self.step + 1}: call run.log(loss) once in every step")
                 self.step += 1
                 self.loss = self._logged
+                self._poll_checkpoint()  # a checkpoint the writer finished: its line now (before this step's save)
                 self._after_step()
                 faults.hold(self.step, lambda: self._stop, self._hold_alive)  # tests only (TINYLLM_FAULT=trainer.hold@S)
             self._finish()
         finally:
+            if self._checkpoint_writer is not None:  # never release the run lock with a write in flight
+                error = self._checkpoint_writer.close()
+                if error is not None:  # (an exception is on its way out already: it wins)
+                    print(f"durable: the checkpoint in flight failed too: {error}", file=self.console, flush=True)
             metrics = getattr(self, "metrics", None)
             if metrics is not None:
                 metrics.close()
@@ -475,14 +487,16 @@ class DurableRun:
 
     def _hold_alive(self) -> None:
         self.flush_frames()  # the poller that holds this trainer waits for this step's frame
+        self._poll_checkpoint()  # the held step's checkpoint is announced as it becomes durable
         self.heartbeat()
 
     def _finish(self) -> None:
         self.flush_frames()  # every step's frame in the file before the result line
         if self._stop and self.step < self.total_steps:
             self.stopping_line()  # noticed after the step's save decision (or before the first step)
+        self._drain()  # the checkpoint in flight is durable and its line written before anything else
         if self.last_saved != self.step:
-            self.save()
+            self.save(wait=True)
         else:
             self.stop_checkpoint_line()
         canceled = self._stop and self.step < self.total_steps
@@ -530,19 +544,66 @@ class DurableRun:
             state["position"] = min(sampler.n, first + taken * batch_size)
         return state
 
-    def save(self) -> Path:
-        """Write the checkpoint of this step (atomic; then LATEST) and its progress line."""
+    def save(self, wait: bool = False) -> Path:
+        """Checkpoint this step (atomic; then LATEST) and, once durable, its progress line.
+
+        Asynchronous by default (tinyllm/checkpoint_writer.py): the state is snapshotted here, exactly at
+        the step; the writer thread persists it and computes its fingerprint while the loop goes on; the
+        loop announces it (``last_path``, the line) at the next step boundary after it is durable.
+        ``wait`` (or ``async_checkpoints=False``): returns once it is durable and announced."""
         self.flush_frames()  # every frame up to this step is in metrics.jsonl before LATEST can name it
+        self._drain()  # at most one in flight: the one before is durable and its line written first
         comps = self.components()
+        step, loss = self.step, self.loss
+        writer = self._writer()
+        opt = self._optimizer_seen()
+        seen_opt = comps["optimizer"] if self.optimizer is not None else None if opt is None else opt.state_dict()
+        parts = {"optimizer": seen_opt, "scheduler": comps.get("scheduler"), "scaler": comps.get("scaler"),
+                 "data": comps["training_state"]["data"] if self.data is not None else None}
+        if writer.asynchronous:
+            comps, parts = snapshot((comps, parts))  # one copy, shared tensors shared
         if faults.fires("durable.checkpoint_write", self.count_save(), self.home):  # tests only (tinyllm/faults.py)
             comps["zz_fault"] = _FaultOnSave()  # sorted last: the other files are written, no manifest yet
-        path = ckpt.save_checkpoint(self.run_dir, self.step, comps,
-                                    meta={"name": self.name, "trainer": "tinyllm.durable", "tracked": self.tracked(),
-                                          "trajectory": trajectory(self.spec)})
-        self.last_saved, self.last_path = self.step, path
-        self._emit({"event": "checkpoint", "state": self.fingerprint()}, sync=True)
+        meta = {"name": self.name, "trainer": "tinyllm.durable", "tracked": self.tracked(),
+                "trajectory": trajectory(self.spec)}
+
+        def persist() -> tuple[Path, dict]:
+            path = ckpt.save_checkpoint(self.run_dir, step, comps, meta=meta)
+            state = comps["training_state"]
+            return path, fingerprint_of(comps["model"], state["cursor"], parts["optimizer"], scheduler=parts["scheduler"],
+                                        scaler=parts["scaler"], data=parts["data"], rng=state["rng"])
+
+        self.last_saved = step
+        writer.submit(persist, (step, loss))
+        if wait or not writer.asynchronous:
+            self._announce(writer.wait())
+        return RunDir(self.run_dir, self.name).step_dir(step)
+
+    def _writer(self) -> CheckpointWriter:
+        if self._checkpoint_writer is None:
+            self._checkpoint_writer = CheckpointWriter(self.async_checkpoints, name="durable-checkpoint-writer")
+        return self._checkpoint_writer
+
+    def _announce(self, done: Done | None) -> None:
+        """A checkpoint became durable: the result's checkpoint now, and its fsynced progress line."""
+        if done is None:
+            return
+        (step, loss), (path, state) = done.tag, done.result
+        self.last_path = path
+        loss_value = None if math.isnan(loss) else loss
+        self._emit({"event": "checkpoint", "state": state, "step": step, "loss": loss_value,
+                    "loss_hex": None if loss_value is None else loss_value.hex()}, sync=True)
         self.checkpoint_line_written()
-        return path
+
+    def _poll_checkpoint(self) -> None:
+        """At a step boundary: announce a checkpoint the writer finished (or raise its error)."""
+        if self._checkpoint_writer is not None:
+            self._announce(self._checkpoint_writer.poll())
+
+    def _drain(self) -> None:
+        """Wait for the checkpoint in flight and announce it."""
+        if self._checkpoint_writer is not None:
+            self._announce(self._checkpoint_writer.wait())
 
     def _resume(self) -> None:
         choice = ckpt.choose_resume(self.run_dir, self.resume_arg, max_step=self.total_steps)
@@ -592,25 +653,11 @@ class DurableRun:
 
     def fingerprint(self) -> dict[str, Any]:
         """Short digests of every piece of state the helper can see now (tracked or reachable)."""
-        fp: dict[str, Any] = {"model": digest(self.model.state_dict()), "cursor": int(self.cursor)}
         opt = self._optimizer_seen()
-        if opt is not None:
-            fp["optimizer"] = digest(opt.state_dict()["state"])
-            fp["optimizer/entries"] = optimizer_entries(opt)
-            fp["lr"] = learning_rates(opt)
-        if self.scheduler is not None:
-            fp["scheduler"] = digest(self.scheduler.state_dict())
-        if self.scaler is not None:
-            fp["scaler"] = digest(self.scaler.state_dict())
-        if self.data is not None:
-            fp["data"] = digest(self._data_state())
-        rng = capture_rng(self.generators)
-        for key in ("python", "numpy", "torch", "cuda"):
-            if rng[key] is not None:
-                fp[f"rng/{key}"] = digest(rng[key])
-        for name, state in rng["generators"].items():
-            fp[f"rng/{name}"] = digest(state)
-        return fp
+        return fingerprint_of(self.model.state_dict(), self.cursor, None if opt is None else opt.state_dict(),
+                              scheduler=None if self.scheduler is None else self.scheduler.state_dict(),
+                              scaler=None if self.scaler is None else self.scaler.state_dict(),
+                              data=None if self.data is None else self._data_state(), rng=capture_rng(self.generators))
 
     def rel(self, path: Path | None) -> str | None:
         return rel(path, self.home)

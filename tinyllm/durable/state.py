@@ -276,3 +276,29 @@ def learning_rates(optimizer: Any | None) -> list[str] | None:
     if optimizer is None:
         return None
     return [float(g["lr"]).hex() for g in optimizer.param_groups]
+
+
+def fingerprint_of(model: Mapping[str, Any], cursor: int, optimizer: Mapping[str, Any] | None, *,
+                   scheduler: Any = None, scaler: Any = None, data: Any = None,
+                   rng: Mapping[str, Any]) -> dict[str, Any]:
+    """The fingerprint of state given as state dicts (``optimizer``: an optimizer's ``state_dict()``;
+    None: no optimizer seen; ``scheduler``/``scaler``/``data``: None when not tracked; ``rng``:
+    ``capture_rng``'s). The live state's (``DurableRun.fingerprint``) and a checkpoint snapshot's
+    (computed on the writer thread, off the training thread) are the same function of the same state."""
+    fp: dict[str, Any] = {"model": digest(model), "cursor": int(cursor)}
+    if optimizer is not None:
+        fp["optimizer"] = digest(optimizer["state"])
+        fp["optimizer/entries"] = sum(1 for v in optimizer["state"].values() if v)
+        fp["lr"] = [float(g["lr"]).hex() for g in optimizer["param_groups"]]
+    if scheduler is not None:
+        fp["scheduler"] = digest(scheduler)
+    if scaler is not None:
+        fp["scaler"] = digest(scaler)
+    if data is not None:
+        fp["data"] = digest(data)
+    for key in ("python", "numpy", "torch", "cuda"):
+        if rng[key] is not None:
+            fp[f"rng/{key}"] = digest(rng[key])
+    for name, state in rng["generators"].items():
+        fp[f"rng/{name}"] = digest(state)
+    return fp

@@ -36,6 +36,7 @@ from .. import faults, runlock
 from ..digest import state_digest
 from ..durable.frames import FrameWriter
 from ..durable.run import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED, DurableError, DurableRun, _FaultOnSave, checked_state, trajectory
+from ..checkpoint_writer import CheckpointWriter, Done
 from ..errors import RunLocked
 
 PIECES = ("model", "optimizer", "training_state")
@@ -85,7 +86,8 @@ class FrameworkRun:
         self.resume_comps: dict | None = None
         self.started_line = False
         self.last_saved = 0
-        self.save_seconds: list[float] = []  # each mirror's wall time (bench/integrations.py reads it)
+        self.save_seconds: list[float] = []  # each mirror's time on the training thread (bench/integrations.py)
+        self.writer: CheckpointWriter | None = None  # the mirrors' background writer (created at the first save)
         self.eval_pending: int | None = None  # the step whose evaluation a stop abandoned (saved with it)
         # liveness: the framework's set-up (before its first step) can be long; ``trainer`` names the
         # integration, so that ctl verify-resume's diagnosis names the calls this trainer has
@@ -168,11 +170,13 @@ class FrameworkRun:
         self.metrics.put(run.step, run.loss, lrs, batch,
                          {"state": run.fingerprint()} if run.fingerprint_every_step else None,
                          run.step % run.log_every == 0 or run.step == run.total_steps)  # and its console line
+        self.poll()  # a mirror the writer finished: its line now
         run.heartbeat()
         faults.hold(run.step, lambda: run.stop_requested, self._hold_alive)  # tests only (TINYLLM_FAULT=trainer.hold@S)
 
     def _hold_alive(self) -> None:
         self.run.flush_frames()  # the poller that holds this trainer waits for this step's frame
+        self.poll()
         self.run.heartbeat()
 
     def should_save(self, step: int) -> bool:
@@ -188,6 +192,7 @@ class FrameworkRun:
         run = self.run
         if not run.stop_requested or run.step >= run.total_steps:
             return False
+        self.drain()  # the mirror in flight first: its line before `stopping`, so the one after is at the step
         run.stopping_line()
         return True
 
@@ -216,16 +221,48 @@ class FrameworkRun:
             target[name] = p.read_bytes()
         if faults.fires("durable.checkpoint_write", run.count_save(), run.home):  # tests only (tinyllm/faults.py)
             comps["zz_fault"] = _FaultOnSave()  # test-only: dies after the other files, before the manifest
-        path = ckpt.save_checkpoint(run.run_dir, int(step), comps,
-                                    meta={"name": run.name, "trainer": self.trainer, "tracked": run.tracked(),
-                                          "trajectory": trajectory(run.spec)})
+        meta = {"name": run.name, "trainer": self.trainer, "tracked": run.tracked(), "trajectory": trajectory(run.spec)}
         run.step = int(step)
-        self.last_saved, run.last_path = int(step), path
-        run.emit({"event": "checkpoint", "state": run.fingerprint()}, sync=True)
+        self.last_saved = int(step)
+        state = run.fingerprint()  # the live state at this step (the line is written once the mirror is durable)
+        # the framework's files are in memory now (bytes: the snapshot); the mirror's write, fsync and LATEST
+        # run on the writer thread (docs/checkpoints.md), announced at a later step_end or at finish
+        writer = self._writer()
+        writer.submit(lambda: ckpt.save_checkpoint(run.run_dir, int(step), comps, meta=meta),
+                      (int(step), float(run.loss), state))
+        if not writer.asynchronous:
+            self._announce(writer.wait())
+        self.save_seconds.append(time.perf_counter() - t0)  # the training thread's share
+        return run.run_dir / CKPT / ckpt.step_dir_name(int(step))
+
+    def _writer(self) -> CheckpointWriter:
+        if self.writer is None:
+            self.writer = CheckpointWriter(self.run.async_checkpoints, name="durable-mirror-writer")
+        self._announce(self.writer.wait())  # at most one in flight: the one before is announced first
+        return self.writer
+
+    def _announce(self, done: Done | None) -> None:
+        """A mirrored checkpoint is durable: the result's checkpoint, its fsynced line, then retention."""
+        if done is None:
+            return
+        (step, loss, state), path = done.tag, done.result
+        run = self.run
+        run.last_path = path
+        loss_value = None if math.isnan(loss) else loss
+        run.emit({"event": "checkpoint", "state": state, "step": step, "loss": loss_value,
+                  "loss_hex": None if loss_value is None else loss_value.hex()}, sync=True)
         run.checkpoint_line_written()  # (after the `stopping` line, if any)
-        self.save_seconds.append(time.perf_counter() - t0)
         self._retain()
-        return path
+
+    def poll(self) -> None:
+        """A mirror the writer finished: announced now (called at each step's end)."""
+        if self.writer is not None:
+            self._announce(self.writer.poll())
+
+    def drain(self) -> None:
+        """Wait for the mirror in flight and announce it."""
+        if self.writer is not None:
+            self._announce(self.writer.wait())
 
     def _retain(self) -> None:
         """``save_total_limit``: keep that many newest mirrored checkpoints (never fewer than 2, so the
@@ -243,6 +280,7 @@ class FrameworkRun:
         run = self.run
         self.start_line()
         run.flush_frames()  # every step's frame in the file before the result line
+        self.drain()  # the result names only a durable checkpoint
         canceled = run.stop_requested and run.step < run.total_steps
         if canceled:
             self.notice_stop()
@@ -267,6 +305,10 @@ class FrameworkRun:
         return int(pending) if pending is not None and int(pending) == self.run.step else None
 
     def close(self) -> None:
+        if self.writer is not None:  # never release the run lock with a mirror in flight
+            error = self.writer.close()
+            if error is not None:
+                print(f"durable: the checkpoint in flight failed: {error}", file=self.run.console, flush=True)
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None

@@ -2,9 +2,11 @@
 
 ``lm`` (pre-training) stays in tinyllm.trainer; the others are ``Objective``s (common.py) the
 trainer calls for its step, checkpoint components, resume checks and validation. Modules:
-config.py (spec blocks and rules, no torch), init.py (init_from / teacher checkpoints),
-data.py (pairs and prompts, cursor-addressed), rollout.py (the rollout module, weight versions),
-dpo.py, grpo.py, opd.py.
+init.py (init_from / teacher checkpoints),
+rollout.py (the rollout module, weight versions),
+dpo.py, grpo.py, opd.py. Their spec blocks and rules (no torch) are ``tinyllm/objective_config.py``,
+beside the spec, which imports nothing of this package; their data (pairs and prompts, cursor-addressed)
+is ``tinyllm/posttrain_data.py``, which held-out validation reads too.
 """
 from __future__ import annotations
 
@@ -13,8 +15,7 @@ from pathlib import Path
 
 def build_objective(spec, home: Path, log):
     """The spec's objective, its data and checkpoints loaded and checked (bad input: SpecError)."""
-    # imported here, not at the top: tinyllm.spec imports this package (objectives.config) and must
-    # stay free of torch, which every objective module imports
+    # imported here, not at the top: only a run with this objective pays for torch and its modules
     if spec.objective == "dpo":
         from .dpo import DPOObjective
 

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..spec import SpecError, lr_at
+from ..errors import SpecError
+from ..spec import lr_at
 from ..runtime_env import optimizer_step
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import Objective, Timer, optimizer_update, pack, token_logps
-from .data import END, JsonlFile, check_pairs_disjoint, cursor_indices, ids, load_pairs
+from ..posttrain_data import END, JsonlFile, check_pairs_disjoint, cursor_indices, ids, load_pairs
 from .init import check_same_architecture, load_frozen, load_weights
 
 

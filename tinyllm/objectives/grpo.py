@@ -1,7 +1,7 @@
 """The GRPO family: group-relative advantages with the clipped policy-gradient objective.
 
 One trainer step = one collected batch: ``batch_size`` prompts (cursor-addressed, tinyllm.
-objectives.data) x ``rl.n_generation`` rollouts from the rollout module (pinned to the current
+posttrain_data) x ``rl.n_generation`` rollouts from the rollout module (pinned to the current
 model step), scored by the rule rewards (summed per rollout), then ``rl.n_mini`` optimizer updates
 on consecutive slices of the rollouts, each followed by a weight sync of the rollout module. So
 ``steps`` counts batches and the public model step (optimizer updates) is ``steps x n_mini``.
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from ..spec import SpecError
+from ..errors import SpecError
 from ..model import invariant_sum
 from ..validation.rewards import score
 from .common import Objective, Timer, optimizer_update, pack, token_logps
-from .data import JsonlFile, check_prompts_disjoint, cursor_indices, load_prompts
+from ..posttrain_data import JsonlFile, check_prompts_disjoint, cursor_indices, load_prompts
 from .init import check_same_architecture, load_frozen, load_weights
 from .no_signal import NoSignalWatch, warning_text
 from .rollout import RolloutModule, rollout_seed

@@ -15,7 +15,8 @@ import torch
 from ..checkpoint import CheckpointError, load_checkpoint
 from ..model import GPT, state_digest
 from ..names import resolve_checkpoint
-from ..spec import ModelConfig, SpecError
+from ..errors import SpecError
+from ..spec import ModelConfig
 
 TOKENIZER = "byte"  # the only tokenizer post-training takes (load_frozen refuses char checkpoints)
 
@@ -54,7 +55,7 @@ def load_frozen(ref: str, home: Path, what: str) -> FrozenCheckpoint:
     if "model" not in components:
         raise SpecError(f"{what} checkpoint {ref!r} has no model component (components {manifest.get('components')})")
     kind = (manifest.get("meta", {}).get("tokenizer") or {}).get("kind", "byte")
-    if kind != "byte":  # rollouts, prompts, pairs and rewards are byte-level (tinyllm/objectives/data.py)
+    if kind != "byte":  # rollouts, prompts, pairs and rewards are byte-level (tinyllm/posttrain_data.py)
         raise SpecError(f"{what} checkpoint {ref!r} was trained with the {kind} tokenizer; post-training "
                         "objectives (dpo, grpo, opd) take byte-level checkpoints only")
     raw_cfg = (manifest.get("meta", {}).get("trajectory") or {}).get("model")

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from ..spec import SpecError
+from ..errors import SpecError
 from ..model import invariant_sum
 from .common import pack, token_logps
 from .grpo import GRPOObjective

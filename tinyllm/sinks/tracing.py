@@ -8,7 +8,7 @@ span (ctl sets it to the activity attempt's span; ``$CTL_TRACE_FILE`` carries ct
 
 Nothing here imports OpenTelemetry: this module only decides, and names ids. The spans are made by
 ``tinyllm/sinks/trace_export.py`` (the trainer's sampled ``train.step`` spans, the exporters) and
-``ctl/traces.py`` (the run's spans, from the engine's history), which are imported only when tracing
+``app/traces.py`` (the run's spans, from the engine's history), which are imported only when tracing
 is on.
 
 Ids: a run's trace id is recorded in its history (``TrainRunInput.trace``) when it starts traced, and

@@ -1,4 +1,7 @@
-"""Each validation objective declares its metric schema; a frame that differs is fatal.
+"""A validation frame that differs from its objective's declared metric schema is fatal.
+
+The schema itself (``SCHEMAS``, ``declared_schema``) is the validation block's, beside the spec in
+``tinyllm/validation_config.py``: the spec checks it at load, without this package.
 
 A pass whose metrics have a missing or unexpected key, a value of another type (int counts vs
 float measures; bool is neither), or (generation) a rollout count other than prompts x
@@ -8,35 +11,11 @@ its count come together.
 """
 from __future__ import annotations
 
-from .config import ValidationConfig
 from .errors import ValidationFailure
 
 
 class MetricSchemaError(ValidationFailure):
     """Validation metrics differ from the objective's declared schema (exit 2)."""
-
-
-_F, _I = float, int
-SCHEMAS: dict[str, dict[str, type]] = {
-    "lm": {"val/loss": _F, "val/ppl": _F, "val/token_count": _I, "val/batch_count": _I},
-    "generation": {"val/reward_avg": _F, "val/reward_std": _F, "val/reward_min": _F, "val/reward_max": _F,
-                   "val/rollout_count": _I, "val/step": _I, "val/train_total_steps": _I},
-    "dpo": {"val/loss": _F, "val/reward_margin": _F, "val/reward_chosen": _F, "val/reward_rejected": _F,
-            "val/accuracy": _F, "val/policy_err_chosen": _F, "val/policy_err_rejected": _F,
-            "val/ref_err_chosen": _F, "val/ref_err_rejected": _F, "val/policy_raw_loss": _F,
-            "val/ref_raw_loss": _F, "val/pair_count": _I, "val/batch_count": _I},
-}
-ALWAYS = {"timer/validation_s": _F}
-
-
-def declared_schema(cfg: ValidationConfig, rewards: list[str]) -> tuple[dict[str, type], dict[str, type]]:
-    """(required keys -> type, optional keys -> type) of ``cfg.objective``'s frame."""
-    optional: dict[str, type] = {}
-    if cfg.objective == "generation":
-        for name in rewards:
-            optional[f"val/{name}"] = _F
-            optional[f"val/{name}_count"] = _I
-    return {**SCHEMAS[cfg.objective], **ALWAYS}, optional
 
 
 def _type_ok(value, want: type) -> bool:

@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Literal
 
-from .config import COMPONENTS, ValidationConfig
+from ..validation_config import COMPONENTS, ValidationConfig
 
 FULL = frozenset(COMPONENTS)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .config import ANSWER_REWARDS
+from ..validation_config import ANSWER_REWARDS
 
 
 def exact_match(completion: str, reference: str) -> float:

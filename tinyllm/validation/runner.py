@@ -24,10 +24,10 @@ import torch
 
 from .. import faults, tokenizer
 from ..model import state_digest
-from ..objectives.config import effective_validation_reward, effective_validation_sampling
-from .config import ValidationConfig
+from ..objective_config import effective_validation_reward, effective_validation_sampling
+from ..validation_config import ValidationConfig, declared_schema
 from .errors import ArchiveError, ValidationAbandoned, ValidationIdentityError
-from .metric_schema import check_rollout_count, check_schema, declared_schema
+from .metric_schema import check_rollout_count, check_schema
 from .generation import evaluate_generation
 from .isolation import isolated
 from .lm import evaluate_lm

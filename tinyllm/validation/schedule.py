@@ -10,7 +10,7 @@ of times, in any segments, has one schedule: that of one uninterrupted run.
 """
 from __future__ import annotations
 
-from .config import ValidationConfig
+from ..validation_config import ValidationConfig
 
 
 def is_validation_step(step: int, total_steps: int, cfg: ValidationConfig | None) -> bool:

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from ..datafiles import BUILTIN_DIR, jsonl_objects, read_utf8, resolve_path  # noqa: F401 (BUILTIN_DIR, resolve_path: re-exported)
-from ..objectives.data import load_pairs
-from ..spec import SpecError
+from ..posttrain_data import load_pairs
+from ..errors import SpecError
 from ..tokenizer import UnknownCharacter
-from .config import ValidationConfig
+from ..validation_config import ValidationConfig
 from .errors import ValidationDataError
 
 MIN_OVERLAP_BYTES = 24  # held-out records at least this long must not occur verbatim in training
@@ -53,7 +53,7 @@ def load_source(cfg: ValidationConfig, home: str | Path, block_size: int = 1 << 
         if len(raw) < 2:
             raise ValidationDataError(f"validation data file {path} has fewer than 2 tokens")
         return HeldOutSource(path, sha, len(raw), text=text)
-    if cfg.objective == "dpo":  # the training pairs' format (tinyllm.objectives.data)
+    if cfg.objective == "dpo":  # the training pairs' format (tinyllm.posttrain_data)
         try:
             pairs = load_pairs(str(path), home, block_size, "validation data").rows
         except SpecError as e:

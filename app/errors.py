@@ -1,7 +1,7 @@
-"""ctl's error classes and exit codes, in one table; only ``ctl/cli.py`` turns errors into exits.
+"""ctl's error classes (their exit codes are the contract's, contracts/exits.py); only ``ctl/cli.py`` turns errors into exits.
 
-A leaf module: ``ctl.app``, ``ctl.backends``, ``ctl.homecheck`` and ``ctl.trainers`` all raise
-these, so they live below all of them (``ctl.app`` re-exports them for older callers).
+A leaf module: ``app.runs``, ``app.backends``, ``app.homecheck`` and ``app.trainers`` all raise
+these, so they live below all of them (``app`` re-exports the classes).
 """
 from __future__ import annotations
 

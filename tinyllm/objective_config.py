@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..validation.config import ANSWER_REWARDS, REWARDS, reward_list
+from .validation_config import ANSWER_REWARDS, REWARDS, reward_list
 
 OBJECTIVES = ("lm", "dpo", "grpo", "opd")
 ROLLOUT_OBJECTIVES = frozenset({"grpo", "opd"})

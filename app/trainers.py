@@ -12,8 +12,9 @@ import re
 from pathlib import Path
 
 import workflows
+from engine import NonRetryableError
 from tinyllm.spec import IDENTIFIER_PATTERN, SpecError, load_json_file
-from tinyllm.trainer_spec import CustomTrainSpec, has_trainer, parse_run_spec
+from tinyllm.trainer_spec import CustomTrainSpec, has_trainer, parse_run_spec, remember_run_spec
 from workflows.models import TrainRunInput
 
 from .errors import BadRequest
@@ -34,6 +35,8 @@ def resolved_spec(raw: dict, base: Path | None = None) -> tuple[dict, CustomTrai
         raise BadRequest(f"the trainer's cwd {cwd} is not a directory")
     out = dict(raw)
     out["trainer"] = {**raw["trainer"], "cwd": str(cwd)}
+    spec = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"cwd": str(cwd)})})
+    remember_run_spec(out, spec)  # what the workflow of this process reads: parsed already
     return out, spec
 
 
@@ -47,8 +50,10 @@ def check_suite_names(suites: list[str]) -> None:
 
 
 def custom_train_request(raw: dict, suites: list[str] | None, *, eval_seed: int = 0,
-                         eval_max_items: int | None = None, corpus_file: str | None = None) -> TrainRunInput:
-    """TrainRun's input for a spec with its own trainer (no corpus; suites only with an eval_command)."""
+                         eval_max_items: int | None = None,
+                         corpus_file: str | None = None) -> tuple[CustomTrainSpec, TrainRunInput]:
+    """The typed spec and TrainRun's input for a spec with its own trainer (no corpus; suites only with an
+    eval_command)."""
     spec_raw, spec = resolved_spec(raw)
     if corpus_file is not None:
         raise BadRequest("--corpus-spec: a spec with its own trainer brings its own data")
@@ -59,12 +64,23 @@ def custom_train_request(raw: dict, suites: list[str] | None, *, eval_seed: int 
     if eval_max_items is not None and eval_max_items < 1:
         raise BadRequest(f"--eval-max-items must be >= 1, got {eval_max_items}")
     try:
-        workflows.validate_spec(spec_raw)
-    except Exception as e:
+        workflows.check_run_spec(spec)
+    except NonRetryableError as e:
         raise BadRequest(str(e)) from None
-    return TrainRunInput(spec=spec_raw, corpus=None, eval_suites=suites, eval_seed=eval_seed,
-                         eval_max_items=eval_max_items)
+    return spec, TrainRunInput(spec=spec_raw, corpus=None, eval_suites=suites, eval_seed=eval_seed,
+                               eval_max_items=eval_max_items)
 
+
+
+def load_run_spec(spec_file: str) -> dict:
+    """A train spec file as loaded (tinyllm's or one naming its own trainer, then with ``trainer.cwd``
+    absolute): what ``ctl verify-resume`` proves; ``BadRequest`` when it is unreadable or bad."""
+    try:
+        raw = load_json_file(spec_file, "train spec")
+        parse_run_spec(raw)
+    except SpecError as e:
+        raise BadRequest(str(e)) from None
+    return resolved_spec(raw)[0] if has_trainer(raw) else raw
 
 
 def eval_trainer(spec_file: str) -> dict:

@@ -28,23 +28,30 @@ from pathlib import Path
 from typing import Any, Callable
 
 from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED
-from contracts.layout import STEP_PREFIX, RunHome
+from contracts.layout import RunHome
 from engine import ATTEMPT_ENV, attempt_tag, dies_with_parent, kill_attempt, scope_of
-from tinyllm.spec import SpecError, load_json_file
+from tinyllm.spec import SpecError
 from tinyllm.trainer_spec import has_trainer, parse_run_spec
 from workflows.trainer_command import invocation
 from workflows.training import segments as train_segments
 
-from . import verify_contract as contract
-from . import verify_record as verified
-from .verify_diagnose import diagnose, first_difference, step_records, tracked_and_kind
-from .verify_segments import diagnose_failed_segment, diagnose_segments, run_segments, segment_ends, segment_lines
-from .errors import BadRequest, CtlError
-from .trainers import resolved_spec
+from . import contract
+from . import record as verified
+from .core import (
+    BadInput,
+    RunFailed,
+    differing,
+    last_step,
+    latest_step,
+    progress_lines,
+    resumed_inside,
+    signal_group,
+    steps_lost as lost_since,
+)
+from .diagnose import diagnose, first_difference, step_records, tracked_and_kind
+from .segments import diagnose_failed_segment, diagnose_segments, run_segments, segment_ends, segment_lines
 
 SIGNALS = ("kill", "term", "both")
-class VerifyFailed(CtlError):
-    """A run of the trainer failed in a way that is not a planned interruption (exit 1)."""
 
 
 @dataclass
@@ -125,9 +132,9 @@ def steps_lost(prev: Attempt, nxt: Attempt) -> tuple[int | None, int | None, int
     the step its per-step records reached when it exited (a trainer that trains on after the signal loses
     those steps too, so the larger counts); resumed from: the step of the next attempt's own resume line,
     else of LATEST when it started. None: nothing says how far it got."""
-    done = max((s for s in (prev.stopping_step, prev.reached_step) if s is not None), default=None)
     resumed = nxt.resume_line_step if nxt.resume_line_step is not None else nxt.resumed_step
-    return (None if done is None else max(0, done - resumed)), done, resumed
+    lost, done = lost_since((prev.stopping_step, prev.reached_step), resumed)
+    return lost, done, resumed
 
 
 def graceful_loss(interruptions: list[dict]) -> str | None:
@@ -176,35 +183,10 @@ class Trainer:
             return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=log,
                                     start_new_session=True, preexec_fn=dies_with_parent())  # never an orphan
         except OSError as e:  # no such command, not executable: the spec's trainer.command (bad input)
-            raise BadRequest(f"cannot start the trainer {argv[0]!r} (in {cwd}): {e.strerror or e}") from None
+            raise BadInput(f"cannot start the trainer {argv[0]!r} (in {cwd}): {e.strerror or e}") from None
         finally:
             log.close()
             out.close()
-
-
-def _latest_step(home: Path, name: str) -> int:
-    try:
-        latest = RunHome(home).run(name).latest.read_text(encoding="utf-8").strip()
-        return int(latest.removeprefix(STEP_PREFIX))
-    except (OSError, ValueError):
-        return 0
-
-
-def _last_step(metrics: Path) -> int | None:
-    try:
-        with open(metrics, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 65536))
-            lines = f.read().split(b"\n")
-    except OSError:
-        return None
-    for raw in reversed(lines):
-        try:
-            return int(json.loads(raw)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return None
 
 
 def _result(home: Path, stem: str) -> dict | None:
@@ -224,21 +206,6 @@ def _stderr_last(home: Path, stem: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _progress_lines(path: Path) -> list[dict]:
-    out = []
-    try:
-        for raw in path.read_bytes().splitlines():  # bytes: a line that is no UTF-8 is skipped as not JSON
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(line, dict):
-                out.append(line)
-    except OSError:
-        pass
-    return out
-
-
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -249,14 +216,7 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        raise VerifyFailed(f"the trainer ran longer than {timeout_s:.0f} s; stopped it") from None
-
-
-def _stop_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
+        raise RunFailed(f"the trainer ran longer than {timeout_s:.0f} s; stopped it") from None
 
 
 def _size(path: Path) -> int:
@@ -273,7 +233,7 @@ def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: in
     exactly that step whatever the machine's speed; others are signalled at the first poll (10 ms) that sees it.
     A run whose progress file stays unchanged past ``heartbeat_s`` breaks the contract's liveness rule."""
     progress = home / f"attempt-{index}.jsonl"
-    resumed = _latest_step(home, trainer.name)
+    resumed = latest_step(home, trainer.name)
     armed = ["durable.fingerprint"] if fingerprint else []
     if mode == "checkpoint-write":
         armed.append("durable.checkpoint_write@1")
@@ -295,26 +255,26 @@ def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: in
             if _size(progress) != size:
                 size, changed = _size(progress), now
             elif now - changed > heartbeat_s and signaled is None:
-                _stop_group(proc, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
-                raise contract.silent(now - changed, heartbeat_s, _last_step(metrics))
+                raise contract.silent(now - changed, heartbeat_s, last_step(metrics))
             if mode in ("kill", "term") and target is not None and signaled is None:
-                step = _last_step(metrics)
+                step = last_step(metrics)
                 if step is not None and step >= target:
                     signaled = step
-                    _stop_group(proc, signal.SIGKILL if mode == "kill" else signal.SIGTERM)
+                    signal_group(proc.pid, signal.SIGKILL if mode == "kill" else signal.SIGTERM)
             time.sleep(0.01 if signaled is None and mode in ("kill", "term") else 0.05)
         rc = _wait(proc, max(1.0, deadline - time.monotonic()))
     finally:
-        _stop_group(proc, signal.SIGKILL)  # nothing of the attempt outlives it (Ctrl-C of verify-resume too)
+        signal_group(proc.pid, signal.SIGKILL)  # nothing of the attempt outlives it (Ctrl-C of verify-resume too)
         kill_attempt(tag)  # nor a process of it that left the group
-    lines = _progress_lines(progress)
+    lines = progress_lines(progress)
     resume_state = next((ln.get("state") for ln in lines if ln.get("event") in ("resume", "start")), None)
     stopping = [ln.get("step") for ln in lines if ln.get("event") == "stopping" and _is_int(ln.get("step"))]
     said = next((0 if ln.get("event") == "start" else ln.get("step") for ln in lines
                  if ln.get("event") in ("resume", "start") and (ln.get("event") == "start" or _is_int(ln.get("step")))),
                 None)
-    attempt = Attempt(mode, target, resumed, rc, _last_step(metrics), resume_state, signaled,
+    attempt = Attempt(mode, target, resumed, rc, last_step(metrics), resume_state, signaled,
                       stopping_step=max(stopping) if stopping else None, resume_line_step=said)
     what = {"kill": f"SIGKILL after step {target}", "term": f"SIGTERM after step {target}",
             "checkpoint-write": "SIGKILL inside its first checkpoint write",
@@ -326,7 +286,7 @@ def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: in
 def _check_attempt(trainer: Trainer, home: Path, index: int, a: Attempt, steps: int) -> None:
     """The contract's rules on one finished attempt (``ContractBroken``), before anything is compared."""
     stem = f"attempt-{index}"
-    latest = _latest_step(home, trainer.name)
+    latest = latest_step(home, trainer.name)
     if a.mode == "term" and a.signaled_step is not None:
         contract.check_sigterm(home / f"{stem}.stdout", rc=a.returncode, signaled_step=a.signaled_step,
                                latest=latest, steps=steps)
@@ -369,28 +329,31 @@ def _prepare_home(home: Path, user_home: Path, spec: Any, custom: bool, python: 
         done = subprocess.run([python, "-m", "tinyllm.cli", "corpus", "--home", str(user_home), "--spec",
                                str(corpus_spec)], capture_output=True)
         if done.returncode != 0:
-            raise BadRequest(f"cannot build corpus {corpus!r}: {done.stderr.decode(errors='replace').strip()[-300:]}")
+            raise BadInput(f"cannot build corpus {corpus!r}: {done.stderr.decode(errors='replace').strip()[-300:]}")
     RunHome(home).corpora.mkdir()
     os.symlink(source, RunHome(home).corpus(corpus))
 
 
-def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int = 0, signal_mode: str = "both",
+def check_options(kills: int, signal_mode: str) -> None:
+    """``BadInput`` for an option out of range (checked before the spec is read)."""
+    if kills < 0:
+        raise BadInput(f"--kills must be >= 0, got {kills}")
+    if signal_mode not in SIGNALS:
+        raise BadInput(f"--signal must be one of {', '.join(SIGNALS)}, got {signal_mode!r}")
+
+
+def verify_resume(raw: dict, user_home: Path, *, kills: int = 3, seed: int = 0, signal_mode: str = "both",
                   timeout_s: float = 600.0, heartbeat_s: float = 60.0, segments: int | None = None,
                   python: str = sys.executable,
                   log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
-    """Run the comparison (module docstring); ``BadRequest`` for bad input, before anything runs. A broken
-    rule of the trainer contract ends it with the verdict ``contract_broken`` (ctl/verify_contract.py)."""
-    if kills < 0:
-        raise BadRequest(f"--kills must be >= 0, got {kills}")
-    if signal_mode not in SIGNALS:
-        raise BadRequest(f"--signal must be one of {', '.join(SIGNALS)}, got {signal_mode!r}")
+    """Run the comparison (module docstring) on the train spec ``raw`` (as loaded; a spec's own trainer with
+    its ``cwd`` absolute, as ``ctl train`` records it); ``BadInput`` for bad input, before anything runs. A
+    broken rule of the trainer contract ends it with the verdict ``contract_broken`` (contract.py)."""
+    check_options(kills, signal_mode)
     try:
-        raw = load_json_file(spec_file, "train spec")
         spec = parse_run_spec(raw)
     except SpecError as e:
-        raise BadRequest(str(e)) from None
-    if has_trainer(raw):
-        raw, spec = resolved_spec(raw)
+        raise BadInput(str(e)) from None
     name = spec.name
     ends = segment_ends(spec.steps, int(raw.get("eval_every") or 0), segments)
     workdir = RunHome(user_home).ctl_dir / "verify" / name
@@ -403,7 +366,7 @@ def verify_resume(spec_file: str, user_home: Path, *, kills: int = 3, seed: int 
         for home in (ref_home, kill_home, seg_home):
             _prepare_home(home, user_home, spec, trainer.custom, python)
     except OSError as e:
-        raise BadRequest(f"cannot prepare the scratch folder {workdir}: {e.strerror or e}") from None
+        raise BadInput(f"cannot prepare the scratch folder {workdir}: {e.strerror or e}") from None
 
     try:
         report = _compare(trainer, spec, ref_home, kill_home, workdir, kills=kills, seed=seed, signal_mode=signal_mode,
@@ -439,7 +402,7 @@ def _segments_untested(report: Report, steps: int, eval_every: int) -> None:
 def _compare_segments(report: Report, trainer: Trainer, raw: dict, steps: int, ref_home: Path, seg_home: Path,
                       ends: list[int], timeout_s: float, heartbeat_s: float, log: Callable[[str], None]) -> None:
     """Run the trainer in segments, as ``ctl train`` does, and compare it bit for bit with the uninterrupted
-    run; a difference makes the report NOT EXACT, diagnosed as segment dependence (ctl/verify_segments.py)."""
+    run; a difference makes the report NOT EXACT, diagnosed as segment dependence (segments.py)."""
     name = report.name
     log(f"verify-resume {name}: run in segments ending at {ends} (as ctl train runs it) in {seg_home}")
 
@@ -451,7 +414,7 @@ def _compare_segments(report: Report, trainer: Trainer, raw: dict, steps: int, r
         return _run_attempt(t, home, index, mode, target, timeout_s, False, log, heartbeat_s)
 
     done = run_segments(make, raw, seg_home, ends, attempt, _check_attempt)
-    _, kind = tracked_and_kind(_progress_lines(ref_home / "attempt-0.jsonl"))
+    _, kind = tracked_and_kind(progress_lines(ref_home / "attempt-0.jsonl"))
     if done[-1].returncode != 0:  # as ctl train would fail it: NOT EXACT, with the verdict line and the diagnosis
         index, rc = len(done), done[-1].returncode
         error = _stderr_last(seg_home, f"attempt-{index}")
@@ -464,7 +427,7 @@ def _compare_segments(report: Report, trainer: Trainer, raw: dict, steps: int, r
     seg_steps = step_records(RunHome(seg_home).run(name).metrics)
     ref_result, seg_result = _result(ref_home, "attempt-0") or {}, _result(seg_home, f"attempt-{len(ends)}") or {}
     step, what = first_difference(ref_steps, seg_steps) if ref_steps else (None, [])
-    equal = step is None and all(ref_result.get(k) == seg_result.get(k) for k in ("final_loss_hex", "digest"))
+    equal = step is None and not differing(seg_result, ref_result)
     report.segments = {"ends": ends, "exact": equal, "final_loss_hex": seg_result.get("final_loss_hex"),
                        "digest": seg_result.get("digest"), "first_differing_step": step}
     if equal:
@@ -483,11 +446,11 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
     ref = _run_attempt(trainer, ref_home, 0, "ref", None, timeout_s, True, log, heartbeat_s)
     if ref.returncode != 0:
         why = _stderr_last(ref_home, "attempt-0")
-        err = BadRequest if ref.returncode == EXIT_BAD_INPUT else VerifyFailed
+        err = BadInput if ref.returncode == EXIT_BAD_INPUT else RunFailed
         raise err(f"the uninterrupted run failed (exit {ref.returncode}): {why}")
     _check_attempt(trainer, ref_home, 0, ref, spec.steps)
     ref_result = _result(ref_home, "attempt-0") or {}
-    ref_lines = _progress_lines(ref_home / "attempt-0.jsonl")
+    ref_lines = progress_lines(ref_home / "attempt-0.jsonl")
     helper = any("tracked" in ln for ln in ref_lines)
     end = contract.stopped_at(ref_result) or spec.steps  # an early stop ends the run there: plan before it
     if end != spec.steps:
@@ -499,15 +462,15 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
         a = _run_attempt(trainer, kill_home, i, mode, target, timeout_s, False, log, heartbeat_s)
         attempts.append(a)
         _check_attempt(trainer, kill_home, i, a, spec.steps)
-        if a.returncode == 0 and _latest_step(kill_home, name) >= end:
+        if a.returncode == 0 and latest_step(kill_home, name) >= end:
             break  # finished before this interruption landed
         if a.returncode not in (0, EXIT_CANCELED, -signal.SIGKILL, -signal.SIGTERM):
-            raise VerifyFailed(f"attempt {i} failed (exit {a.returncode}): {_stderr_last(kill_home, f'attempt-{i}')}")
-    if not attempts or _latest_step(kill_home, name) < end or attempts[-1].returncode != 0:
+            raise RunFailed(f"attempt {i} failed (exit {a.returncode}): {_stderr_last(kill_home, f'attempt-{i}')}")
+    if not attempts or latest_step(kill_home, name) < end or attempts[-1].returncode != 0:
         final = _run_attempt(trainer, kill_home, len(attempts) + 1, "final", None, timeout_s, False, log, heartbeat_s)
         attempts.append(final)
         if final.returncode != 0:
-            raise VerifyFailed(f"the resumed run failed (exit {final.returncode}): "
+            raise RunFailed(f"the resumed run failed (exit {final.returncode}): "
                                f"{_stderr_last(kill_home, f'attempt-{len(attempts)}')}")
         _check_attempt(trainer, kill_home, len(attempts), final, spec.steps)
     got_result = _result(kill_home, f"attempt-{len(attempts)}") or {}
@@ -522,8 +485,8 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
     resumes = [(a.resumed_step, a.resume_state) for a in attempts[1:]]  # the restarts (attempt 1 starts fresh)
     tracked, kind = tracked_and_kind(ref_lines)
     step, text, suspects = diagnose(ref_steps, got_steps, resumes, ref_states, tracked, kind)
-    loss_equal = ref_result.get("final_loss_hex") == got_result.get("final_loss_hex")
-    digest_equal = ref_result.get("digest") == got_result.get("digest")
+    differs = differing(got_result, ref_result)
+    loss_equal, digest_equal = "final_loss_hex" not in differs, "digest" not in differs
     if step is None and not (loss_equal and digest_equal):
         text = ("the per-step records are equal but the final " + ("loss" if not loss_equal else "model digest")
                 + " differs: state changed after the last step (or the result line is wrong)")
@@ -542,7 +505,7 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
                                   "steps_redone": max(0, (prev.reached_step or 0) - resumed)})
     # proven only by a resume from a mid-run checkpoint: one from step 0 restarts, one from ``steps`` (a kill
     # after the last checkpoint) trains nothing after it
-    proven = any(0 < i["resumed_from"] < end for i in interruptions)
+    proven = any(resumed_inside(i["resumed_from"], [end]) for i in interruptions)
     verdict = "not_exact" if not exact else ("exact" if proven else "not_proven")
     if verdict == "not_proven":
         exact = False

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from workflows.training import segments as train_segments
 
-from .errors import BadRequest
+from .core import BadInput
 
 
 def segment_ends(steps: int, eval_every: int, count: int | None) -> list[int]:
@@ -23,7 +23,7 @@ def segment_ends(steps: int, eval_every: int, count: int | None) -> list[int]:
     ``eval_every`` as ctl train would cut it, else two halves."""
     if count is not None:
         if count < 1:
-            raise BadRequest(f"--segments must be >= 1, got {count}")
+            raise BadInput(f"--segments must be >= 1, got {count}")
         count = min(count, steps)
         return sorted({round(steps * k / count) for k in range(1, count + 1)})
     if eval_every and 0 < eval_every < steps:

@@ -10,7 +10,7 @@ Decisions (documented in tinyllm/validation/README.md):
   prompts -> rollout -> rule rewards), or ``dpo`` (held-out preference pairs, training objective dpo).
 - ``reward`` empty inherits the training reward (grpo/opd: ``rl.reward``); ``lm`` training has
   none, so there a ``generation`` validation with no reward is rejected at load (nothing to
-  inherit; tinyllm.objectives.config.check_train_spec). ``sampling.max_tokens`` null inherits
+  inherit; tinyllm.objective_config.check_train_spec). ``sampling.max_tokens`` null inherits
   ``rl.sampling.max_tokens`` for grpo/opd, else DEFAULT_MAX_TOKENS.
 - ``checkpoint.archive_dir`` lives in this block (the train spec has no checkpoint block): the
   directory a validation-step checkpoint is copied to (strict for full plans, best-effort for
@@ -141,7 +141,7 @@ class ValidationConfig(_Strict):
             if self.data is None or not self.data.prompt_column:
                 raise ValueError("objective 'generation' requires validation.data.prompt_column")
             # an empty reward inherits the training reward: checked with the whole train spec
-            # (tinyllm.objectives.config.check_train_spec), since only it knows the training objective
+            # (tinyllm.objective_config.check_train_spec), since only it knows the training objective
             needs_answer = sorted(set(self.reward) & ANSWER_REWARDS)
             if needs_answer and not self.data.response_column:
                 raise ValueError(f"reward(s) {needs_answer} check answers and require validation.data.response_column")
@@ -157,3 +157,28 @@ class ValidationConfig(_Strict):
         d = self.model_dump(mode="json", exclude={"enabled", "before_training", "every_steps", "save_checkpoint", "checkpoint_components", "checkpoint"})
         d["sampling"] = self.sampling.resolved()
         return d
+
+
+# --- the metric schema each objective declares (checked by tinyllm/validation/metric_schema.py) ---
+
+_F, _I = float, int  # measures, counts
+SCHEMAS: dict[str, dict[str, type]] = {
+    "lm": {"val/loss": _F, "val/ppl": _F, "val/token_count": _I, "val/batch_count": _I},
+    "generation": {"val/reward_avg": _F, "val/reward_std": _F, "val/reward_min": _F, "val/reward_max": _F,
+                   "val/rollout_count": _I, "val/step": _I, "val/train_total_steps": _I},
+    "dpo": {"val/loss": _F, "val/reward_margin": _F, "val/reward_chosen": _F, "val/reward_rejected": _F,
+            "val/accuracy": _F, "val/policy_err_chosen": _F, "val/policy_err_rejected": _F,
+            "val/ref_err_chosen": _F, "val/ref_err_rejected": _F, "val/policy_raw_loss": _F,
+            "val/ref_raw_loss": _F, "val/pair_count": _I, "val/batch_count": _I},
+}
+ALWAYS = {"timer/validation_s": _F}
+
+
+def declared_schema(cfg: ValidationConfig, rewards: list[str]) -> tuple[dict[str, type], dict[str, type]]:
+    """(required keys -> type, optional keys -> type) of ``cfg.objective``'s frame."""
+    optional: dict[str, type] = {}
+    if cfg.objective == "generation":
+        for name in rewards:
+            optional[f"val/{name}"] = _F
+            optional[f"val/{name}_count"] = _I
+    return {**SCHEMAS[cfg.objective], **ALWAYS}, optional

@@ -1,4 +1,4 @@
-"""The library under ``ctl``: home folder, engine, requests, runs and outcomes; no click.
+"""Runs: home folder, engine, generations, the start-request diff and outcomes; no click.
 
 Domain problems are raised as ``CtlError`` (``BadRequest`` for bad input, exit 2); only
 ``ctl/cli.py`` turns them into messages and exit codes.
@@ -14,30 +14,23 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from contracts.layout import RunHome
 import workflows
-from engine import BadInput, Engine, NotFound, StopRequest, Store, check_id
+from engine import BadInput, Engine, NotFound, Store, WorkflowStatus, check_id
 from tinyllm import fsio
-from tinyllm.spec import (IDENTIFIER_PATTERN, EvalSpec, SpecError, format_validation_error, load_json_file,
-                          parse_corpus_spec, parse_train_spec)
-from tinyllm.trainer_spec import has_trainer
-from workflows.models import EvalSubject, EvalSuiteInput, TrainRunInput
+from workflows.models import TrainRunInput
 
 from . import backends
+from .backend import Backend
 from .errors import (EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_DISK_FULL, EXIT_FAILED, EXIT_OK,  # noqa: F401 (re-exported)
                      BadRequest, CtlError, DiskFull)
 from .homecheck import check_home_writable, refuse_lost_history
-from .trainers import check_suite_names, custom_train_request
 
 ENDED = ("completed", "failed", "canceled")
-DEFAULT_SUITES = ("ppl",)  # what `ctl train` evaluates each checkpoint with unless told otherwise
 
 
 # --- home and engine ---------------------------------------------------------------------
@@ -55,14 +48,14 @@ def db_path(home: Path) -> Path:
     return RunHome(home).engine_db
 
 
-def stopped(engine: Any) -> bool:
-    """A polite stop ended this engine's work (``Engine.request_stop``, engine/_stop.py); another backend has
-    none (its polite stop is ctl/interrupt.py's: the trainers below ctl checkpoint, ctl exits 143)."""
-    return isinstance(getattr(engine, "stop", None), StopRequest)
+def stopped(engine: Backend) -> bool:
+    """A polite stop ended this engine's work (``Engine.request_stop``, engine/_stop.py); a backend without
+    ``polite_stop`` has none (its polite stop is ctl/interrupt.py's: the trainers below ctl checkpoint, ctl exits 143)."""
+    return engine.stop is not None
 
 
 def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env: Any = None,
-                **engine_kwargs: Any) -> Any:
+                **engine_kwargs: Any) -> Backend:
     """The engine of ``home`` with the workflows and the real activities registered.
 
     ``create=False`` (read-only commands) refuses a home without a database, so that
@@ -92,136 +85,6 @@ def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env
     return engine
 
 
-# --- requests ----------------------------------------------------------------------------
-
-
-def _identifier(value: str, what: str) -> str:
-    if not re.match(IDENTIFIER_PATTERN, value or ""):
-        raise BadRequest(f"bad {what} {value!r}: use letters, digits and . _ - (starting with a letter or digit)")
-    return value
-
-
-def _check_suites(suites: list[str], name: str) -> None:
-    """Each suite must make a valid tinyllm eval spec (names the suite kinds tinyllm knows)."""
-    probe = EvalSuiteInput(name=name, suites=suites, subjects=[EvalSubject(id="probe", model="probe")])
-    for suite in suites:
-        _identifier(suite, "suite")
-        try:
-            EvalSpec.model_validate_json(workflows.marshal_spec(probe, suite))
-        except Exception as e:
-            known = getattr(EvalSpec.model_fields["suite"].annotation, "__args__", ())
-            raise BadRequest(f"unknown suite {suite!r} (known: {', '.join(known)})") from e
-    if len(set(suites)) != len(suites):
-        raise BadRequest(f"suite given twice: {suites}")
-
-
-BUILTIN_CORPORA = ("default",)
-"""Corpora a train spec may name without ``--corpus-spec``: tinyllm's built-in text under that name."""
-
-
-def known_corpora(home: Path) -> list[str]:
-    """The corpora already built in ``home`` (``corpora/<name>/meta.json``), sorted."""
-    root = RunHome(home).corpora
-    return sorted(d.name for d in root.iterdir() if (d / "meta.json").is_file()) if root.is_dir() else []
-
-
-def check_corpus_name(name: str, home: Path) -> None:
-    """A train spec's corpus without ``--corpus-spec`` must be a built-in one or one already built in the home:
-    any other name (a typo) would build the built-in text under it and train on data the user did not mean."""
-    built = known_corpora(home)
-    if name in BUILTIN_CORPORA or name in built:
-        return
-    raise BadRequest(f"unknown corpus {name!r} in the train spec: the built-in corpora are "
-                     f"{', '.join(BUILTIN_CORPORA)}; built in {home}: {', '.join(built) or 'none'}; to build "
-                     f"{name!r} from your own text give --corpus-spec FILE")
-
-
-def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 0, eval_max_items: int | None = None,
-                  corpus_file: str | None = None, home: Path | None = None) -> TrainRunInput:
-    """Read and validate a train spec (and optional corpus spec) into TrainRun's input.
-
-    ``suites`` None: the default (ppl for tinyllm; none for a spec naming its own trainer). ``home``: where
-    a corpus named without ``--corpus-spec`` must already be built unless it is a built-in one
-    (``check_corpus_name``); None skips that check.
-    """
-    try:
-        raw = load_json_file(spec_file, "train spec")
-    except SpecError as e:
-        raise BadRequest(str(e)) from None
-    if has_trainer(raw):  # a user's trainer (ctl/trainers.py)
-        return custom_train_request(raw, suites, eval_seed=eval_seed, eval_max_items=eval_max_items,
-                                    corpus_file=corpus_file)
-    if suites is None:
-        suites = list(DEFAULT_SUITES)
-    try:
-        spec = parse_train_spec(raw)
-    except SpecError as e:
-        raise BadRequest(str(e)) from None
-    try:
-        workflows.validate_spec(raw)  # the workflow's own checks, before anything is started
-    except Exception as e:
-        raise BadRequest(str(e)) from None
-    if corpus_file is not None:
-        try:
-            corpus = load_json_file(corpus_file, "corpus spec")
-        except SpecError as e:
-            raise BadRequest(str(e)) from None
-        if not isinstance(corpus, dict) or corpus.get("name", "default") != spec.corpus:
-            raise BadRequest(f"corpus spec {corpus_file} must build {spec.corpus!r}, the train spec's corpus")
-        corpus = {"name": spec.corpus, **corpus}
-        try:
-            parse_corpus_spec(corpus)  # strict types, unknown fields: refused before anything starts
-        except SpecError as e:
-            raise BadRequest(str(e)) from None
-    else:
-        if home is not None:
-            check_corpus_name(spec.corpus, home)
-        corpus = {"name": spec.corpus}  # the built-in text, or the corpus built in the home (idempotent)
-    _check_suites(list(suites), spec.name)
-    if eval_max_items is not None and eval_max_items < 1:
-        raise BadRequest(f"--eval-max-items must be >= 1, got {eval_max_items}")
-    return TrainRunInput(spec=raw, corpus=corpus, eval_suites=list(suites), eval_seed=eval_seed,
-                         eval_max_items=eval_max_items)
-
-
-def eval_request(name: str, suites: list[str], subjects: list[str], *, tag: str = "", seed: int = 0,
-                 corpus: str = "default", max_items: int | None = None,
-                 trainer: dict | None = None) -> EvalSuiteInput:
-    """``--subject ID=CHECKPOINT`` pairs and suites into EvalSuite's input.
-
-    ``trainer``: a spec's own trainer (ctl/trainers.py ``eval_trainer``), whose ``eval_command`` runs
-    each suite; the suites are then its own names, not tinyllm's.
-    """
-    if not suites:
-        raise BadRequest("give at least one --suite")
-    if not subjects:
-        raise BadRequest("give at least one --subject ID=CHECKPOINT")
-    parsed = []
-    for raw in subjects:
-        sid, sep, model = raw.partition("=")
-        if not sep or not model:
-            raise BadRequest(f"bad --subject {raw!r}: expected ID=CHECKPOINT")
-        parsed.append(EvalSubject(id=_identifier(sid, "subject id"), model=model))
-    name = _identifier(name or parsed[0].id, "eval name")
-    if tag:
-        _identifier(tag, "tag")
-    _identifier(corpus, "corpus")
-    inp = EvalSuiteInput(name=name, tag=tag, suites=list(suites), subjects=parsed, seed=seed, corpus=corpus,
-                         max_items=max_items, trainer=trainer)
-    if trainer is not None:
-        check_suite_names(list(suites))
-        return inp
-    _check_suites(list(suites), name)
-    try:
-        EvalSpec.model_validate_json(workflows.marshal_spec(inp, suites[0]))
-    except ValidationError as e:  # in words, naming the option (never pydantic's "1 validation error for ...")
-        text = format_validation_error(e, "eval request", EvalSpec).replace("max_items:", "--max-items:")
-        raise BadRequest(text) from None
-    except Exception as e:
-        raise BadRequest(f"invalid eval request: {str(e).splitlines()[0]}") from None
-    return inp
-
-
 def train_workflow_id(name: str) -> str:
     return f"train/{name}"
 
@@ -229,7 +92,7 @@ def train_workflow_id(name: str) -> str:
 # --- runs --------------------------------------------------------------------------------
 
 
-def _generation(workflow_id: str, base: str) -> int | None:
+def generation(workflow_id: str, base: str) -> int | None:
     if workflow_id == base:
         return 1
     if workflow_id.startswith(base + "/") and workflow_id[len(base) + 1:].isdigit():
@@ -237,26 +100,18 @@ def _generation(workflow_id: str, base: str) -> int | None:
     return None
 
 
-def latest_run(engine: Any, base: str) -> Any | None:
+def latest_run(engine: Backend, base: str) -> WorkflowStatus | None:
     """The newest workflow of run ``base`` (``train/tiny``, ``train/tiny/2``, ...), or None."""
-    if hasattr(engine, "generations"):  # Temporal: read by id, not from its (eventually consistent) list
-        found = engine.generations(base)
-        return found[-1] if found else None
-    best, best_gen = None, 0
-    for st in readable_workflows(engine):
-        gen = _generation(st.workflow_id, base)
-        if gen is not None and gen > best_gen:
-            best, best_gen = st, gen
-    return best
+    found = engine.generations(base)  # Temporal: read by id, not from its (eventually consistent) list
+    return found[-1] if found else None
 
 
-def readable_workflows(engine: Any) -> list[Any]:
+def readable_workflows(engine: Backend) -> list[WorkflowStatus]:
     """Every workflow whose record can be read (damaged ones are reported where they are asked for)."""
-    lister = getattr(engine, "list_readable", None)
-    return lister()[0] if lister else engine.list_workflows()
+    return engine.list_readable()[0]
 
 
-def resolve_id(engine: Any, workflow_id: str) -> str:
+def resolve_id(engine: Backend, workflow_id: str) -> str:
     """An id as given, or for a run's base id its newest workflow; BadRequest when unknown."""
     try:
         check_id(workflow_id)
@@ -275,7 +130,7 @@ def resolve_id(engine: Any, workflow_id: str) -> str:
     return workflow_id
 
 
-def _exists(engine: Any, workflow_id: str) -> bool:
+def _exists(engine: Backend, workflow_id: str) -> bool:
     try:
         engine.status(workflow_id)
         return True
@@ -283,7 +138,7 @@ def _exists(engine: Any, workflow_id: str) -> bool:
         return False
 
 
-def recorded_input(engine: Any, workflow_id: str) -> dict:
+def recorded_input(engine: Backend, workflow_id: str) -> dict:
     events = engine.history(workflow_id)
     return events[0].attrs.get("input") if events else {}
 
@@ -304,12 +159,9 @@ class Started:
     reused: list[str] = field(default_factory=list)  # activity ids an earlier workflow finished (continued run)
 
 
-def run_generations(engine: Any, base: str) -> list[Any]:
+def run_generations(engine: Backend, base: str) -> list[WorkflowStatus]:
     """Every workflow of run ``base`` (``train/tiny``, ``train/tiny/2``, ...), oldest first."""
-    if hasattr(engine, "generations"):
-        return engine.generations(base)
-    found = [(g, st) for st in readable_workflows(engine) if (g := _generation(st.workflow_id, base)) is not None]
-    return [st for _, st in sorted(found, key=lambda x: x[0])]
+    return engine.generations(base)
 
 
 OPERATIONAL = ("prior", "train_heartbeat_timeout_s", "eval_heartbeat_timeout_s", "trace", "heartbeat_timeout_s",
@@ -341,7 +193,7 @@ def _difference_text(diff: list[str], old: Any, new: Any) -> str:
     return "; ".join(out)
 
 
-def start_run(engine: Any, workflow: str, base: str, inp: Any, *, restart: int | None = None) -> Started:
+def start_run(engine: Backend, workflow: str, base: str, inp: Any, *, restart: int | None = None) -> Started:
     """Start run ``base`` with input ``inp``, or attach to it; refuse a different input.
 
     Running or completed: attach. Canceled or failed: a fresh workflow continues the run;
@@ -352,7 +204,7 @@ def start_run(engine: Any, workflow: str, base: str, inp: Any, *, restart: int |
     """
     current = latest_run(engine, base)
     if restart is not None:
-        gen = (_generation(current.workflow_id, base) or 1) if current is not None else 0
+        gen = (generation(current.workflow_id, base) or 1) if current is not None else 0
         workflow_id = f"{base}/{gen + 1}" if gen else base
         inp = inp.model_copy(update={"restart": restart})
         try:
@@ -376,7 +228,7 @@ def start_run(engine: Any, workflow: str, base: str, inp: Any, *, restart: int |
             )
         if current.state in ("running", "completed"):
             return Started(current.workflow_id, new=False)
-        gen = _generation(current.workflow_id, base) or 1
+        gen = generation(current.workflow_id, base) or 1
         workflow_id = f"{base}/{gen + 1}"
         if isinstance(inp, TrainRunInput):
             epoch = int(old_raw.get("restart") or 0) if isinstance(old_raw, dict) else 0
@@ -410,7 +262,7 @@ def heartbeat_override(workflow_id: str, heartbeat_timeout_s: float | None,
     return hook
 
 
-def heartbeat_in_use(engine: Any, workflow_id: str, activity: str = workflows.ACTIVITY_TRAIN,
+def heartbeat_in_use(engine: Backend, workflow_id: str, activity: str = workflows.ACTIVITY_TRAIN,
                      field: str = "train_heartbeat_timeout_s") -> float | None:
     """The heartbeat timeout the run's ``activity`` attempts (train; eval with ``field``
     ``eval_heartbeat_timeout_s``) last ran with (or were scheduled with), or None."""

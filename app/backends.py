@@ -2,7 +2,7 @@
 
 ``ctl --backend temporal --address HOST:PORT [--namespace NS] [--task-queue Q] COMMAND`` (or
 ``$CTL_BACKEND``, ``$CTL_TEMPORAL_ADDRESS``...) selects Temporal for that command. Nothing of
-Temporal is imported unless it is chosen. Both backends offer the same surface to ``ctl.app``
+Temporal is imported unless it is chosen. Both backends offer the same surface to ``app`` (``app.backend.Backend``)
 (start, status, history, cancel, list, run a worker), the same workflow ids, exit codes and
 ``--json`` shapes; the home folder keeps the runs' files on both (on Temporal it must be shared
 by every worker host).
@@ -16,6 +16,7 @@ from typing import Any
 
 import workflows
 
+from .backend import Backend
 from .errors import BadRequest, CtlError
 
 EMBEDDED = "embedded"
@@ -25,7 +26,9 @@ APP_PACKAGES = ("workflows", "tinyllm")  # what Temporal's workflow sandbox take
 
 
 @dataclass(frozen=True)
-class Backend:
+class Choice:
+    """The backend this ctl invocation drives (``--backend``) and its connection options."""
+
     name: str = EMBEDDED
     options: tuple[tuple[str, Any], ...] = ()  # the Temporal connection options as given (None: default)
 
@@ -46,10 +49,10 @@ class Backend:
 _warned = False  # the clear-text API key warning given (once per chosen backend)
 
 
-_chosen = Backend()
+_chosen = Choice()
 
 
-def choose(backend: Backend) -> None:
+def choose(backend: Choice) -> None:
     """Set the backend of this ctl invocation (the CLI's group does it once per command)."""
     global _chosen, _warned
     if backend.name not in BACKENDS:
@@ -57,7 +60,7 @@ def choose(backend: Backend) -> None:
     _chosen, _warned = backend, False
 
 
-def chosen() -> Backend:
+def chosen() -> Choice:
     return _chosen
 
 
@@ -69,7 +72,7 @@ def _print_progress(activity_id: str, details: Any) -> None:
               file=sys.stderr, flush=True)
 
 
-def open_temporal(home: Path, *, progress: bool = True) -> Any:
+def open_temporal(home: Path, *, progress: bool = True) -> Backend:
     """A ``TemporalEngine`` with the workflows and the real activities of ``home`` registered."""
     from engine import temporal  # lazy: the optional temporal extra (temporalio), see the module docstring
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import tokenizer
-from ..spec import SpecError
-from ..datafiles import jsonl_objects, read_utf8, resolve_path
+from . import tokenizer
+from .errors import SpecError
+from .datafiles import jsonl_objects, read_utf8, resolve_path
 
 END = "\n"  # a completion ends with a newline (the byte tokenizer has no EOS); generation stops there
 

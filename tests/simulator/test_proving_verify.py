@@ -1,11 +1,11 @@
-"""``ctl verify-resume``'s human report (ctl/verify.py ``Report.lines``): no verdict line without the thing
+"""``ctl verify-resume``'s human report (simulator/proving/verify.py ``Report.lines``): no verdict line without the thing
 it names being exercised."""
 from __future__ import annotations
 
 import pytest
 
-from ctl.verify import Report
-from ctl.verify_diagnose import diagnose
+from simulator.proving.verify import Report
+from simulator.proving.diagnose import diagnose
 
 
 def rec(loss: str, lr: str = "a", batch: str = "b") -> dict:
@@ -35,7 +35,7 @@ def test_the_human_report_says_when_the_run_in_segments_was_not_tested() -> None
 
 
 def test_status_and_show_say_when_the_recorded_exact_verdict_had_no_run_in_segments() -> None:
-    from ctl.verify_record import verdict_line
+    from simulator.proving.record import verdict_line
 
     one = verdict_line({"verdict": "exact", "time": 0, "kills": 1, "seed": 0, "segments": [12]})
     assert one.endswith("; the run in segments, as ctl train runs it, not tested"), one
@@ -44,18 +44,19 @@ def test_status_and_show_say_when_the_recorded_exact_verdict_had_no_run_in_segme
 
 
 def test_a_trainer_command_that_cannot_start_is_one_bad_input_line(tmp_path) -> None:
-    """A spec's trainer command that does not exist: BadRequest (ctl: one line, exit 2), not Popen's traceback."""
+    """A spec's trainer command that does not exist: BadInput (ctl: one line, exit 2), not Popen's traceback."""
     import json
 
     import pytest
 
-    from ctl.errors import BadRequest
-    from ctl.verify import verify_resume
+    from app.trainers import load_run_spec
+    from simulator.proving.core import BadInput
+    from simulator.proving.verify import verify_resume
 
     spec = tmp_path / "s.json"
     spec.write_text(json.dumps({"name": "gone", "steps": 6, "trainer": {"command": ["no-such-trainer-xyz", "--x"]}}))
-    with pytest.raises(BadRequest, match="cannot start the trainer 'no-such-trainer-xyz'"):
-        verify_resume(str(spec), tmp_path, kills=1, log=lambda s: None)
+    with pytest.raises(BadInput, match="cannot start the trainer 'no-such-trainer-xyz'"):
+        verify_resume(load_run_spec(str(spec)), tmp_path, kills=1, log=lambda s: None)
 
 
 def test_a_timeout_that_no_run_can_meet_is_bad_input(tmp_path) -> None:
@@ -80,7 +81,7 @@ def test_an_early_stop_that_beat_the_sigterm_is_no_broken_sigterm_rule(tmp_path)
 
     import pytest
 
-    from ctl.verify_contract import ContractBroken, check_sigterm
+    from simulator.proving.contract import ContractBroken, check_sigterm
 
     out = tmp_path / "stdout"
     out.write_text(json.dumps({"steps": 7, "stopped_early": {"step": 7}, "canceled": False}) + "\n")
@@ -113,7 +114,7 @@ def test_a_nul_byte_in_the_trainer_command_or_env_is_refused_with_the_spec() -> 
 def test_ctl_train_of_a_run_in_segments_says_when_the_exact_verdict_had_none(tmp_path, monkeypatch) -> None:
     """An EXACT recorded with --segments 1 proved nothing of segments; ctl train of a spec that runs in
     segments (eval_every < steps) said nothing, as if the trainer were verified for it."""
-    from ctl import verify_record
+    from simulator.proving import record as verify_record
 
     spec = {"name": "s", "steps": 12, "eval_every": 4, "trainer": {"command": ["true"]}}
     verify_record.record(tmp_path, spec, "exact", kills=2, seed=0, segments=[12])
@@ -127,7 +128,7 @@ def test_ctl_train_of_a_run_in_segments_says_when_the_exact_verdict_had_none(tmp
 def test_a_metrics_file_with_bytes_that_are_not_utf8_is_read_without_them(tmp_path) -> None:
     """A damaged metrics.jsonl (a byte that is no UTF-8): ctl plot and ctl show died in read_text with a
     UnicodeDecodeError traceback; the damaged line is skipped like a torn one."""
-    from ctl.runview import read_frames
+    from app.runview import read_frames
 
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"step": 1, "train/loss": 2.0}\n\xff\xfe{"step": 2}\n{"step": 3, "train/loss": 1.5}\n')
@@ -137,16 +138,16 @@ def test_a_metrics_file_with_bytes_that_are_not_utf8_is_read_without_them(tmp_pa
 def test_verify_resume_reads_step_records_past_a_line_that_is_not_utf8(tmp_path) -> None:
     """A user's trainer writing a raw non-UTF-8 byte in metrics.jsonl: step_records raised UnicodeDecodeError,
     a traceback of ctl verify-resume; the line is skipped as one that is not a step record."""
-    from ctl.verify_diagnose import step_records
+    from simulator.proving.diagnose import step_records
 
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"step": 1, "train/loss": 2.0}\n{"step": 2, "note": "\xe9"}\n{"step": 3, "train/loss": 1.5}\n')
     assert sorted(step_records(path)) == [1, 3]
-    from ctl.verify import _progress_lines
+    from simulator.proving.core import progress_lines
 
     progress = tmp_path / "progress.jsonl"
     progress.write_bytes(b'{"step": 1}\n{"event": "x\xe9"}\n{"step": 2}\n')
-    assert [ln["step"] for ln in _progress_lines(progress)] == [1, 2]
+    assert [ln["step"] for ln in progress_lines(progress)] == [1, 2]
 
 
 def test_the_verdict_key_reads_a_command_s_code_files_but_not_a_large_data_file(tmp_path, monkeypatch):
@@ -154,7 +155,7 @@ def test_the_verdict_key_reads_a_command_s_code_files_but_not_a_large_data_file(
     counted by its size, never read whole (it was read into memory on each of them)."""
     from pathlib import Path
 
-    from ctl import verify_record
+    from simulator.proving import record as verify_record
 
     code, data = tmp_path / "train.py", tmp_path / "data.bin"
     code.write_text("print(1)\n")
@@ -187,7 +188,7 @@ def test_json_output_is_strict_json_when_a_loss_is_not_finite(capsys):
 def test_segments_1_on_a_spec_ctl_train_runs_in_segments_is_not_proven() -> None:
     """Issue 24: --segments 1 compared no run in segments; if ctl train runs the spec in several (eval_every),
     the way it runs was not tested: NOT PROVEN with the reason, never EXACT (seen red without the guard)."""
-    from ctl.verify import _segments_untested
+    from simulator.proving.verify import _segments_untested
 
     r = _report("exact", {"ends": [12], "exact": None})
     _segments_untested(r, 12, 4)
@@ -211,7 +212,7 @@ def test_an_attempts_process_that_left_its_group_is_gone_when_the_attempt_ends(t
     import sys
     import time
 
-    from ctl.verify import _run_attempt
+    from simulator.proving.verify import _run_attempt
 
     pidfile, out = tmp_path / "child.pid", tmp_path / "child.out"
     script = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
@@ -274,7 +275,7 @@ def test_the_private_rng_diagnosis_names_the_call_of_the_trainer_kind_in_use(kin
 
 
 def test_the_tracked_pieces_come_from_the_start_line_not_the_integrations_early_ready_line() -> None:
-    from ctl.verify_diagnose import tracked_and_kind
+    from simulator.proving.diagnose import tracked_and_kind
 
     kind = "tinyllm.integrations.lightning"
     lines = [{"event": "ready", "tracked": ["model"], "trainer": kind},
@@ -301,7 +302,7 @@ def test_a_not_exact_run_in_segments_prints_its_own_figures_beside_the_uninterru
 
 
 def test_a_failed_segment_is_diagnosed_with_the_schedule_horizon_of_the_trainer_kind() -> None:
-    from ctl.verify_segments import diagnose_failed_segment, diagnose_segments
+    from simulator.proving.segments import diagnose_failed_segment, diagnose_segments
 
     text = diagnose_failed_segment(2, [20, 40], 1, "ValueError: Tried to step 21 times.", "tinyllm.integrations.lightning")
     assert text.startswith("segment 2 of the run in segments [20, 40] (steps 21..40, "), text
@@ -314,7 +315,7 @@ def test_steps_lost_reads_the_stopping_line_then_the_step_records_and_the_resume
     """Steps lost at an interruption (issue 39): done = the trainer's ``stopping`` line or its per-step records
     (the larger: a trainer that trains on after the signal loses those too), minus the step the next attempt's
     own resume line names, else LATEST when it started."""
-    from ctl.verify import Attempt, graceful_loss, steps_lost
+    from simulator.proving.verify import Attempt, graceful_loss, steps_lost
 
     def att(**kw):
         base = dict(mode="term", target_step=5, resumed_step=0, returncode=130, reached_step=None)

@@ -10,12 +10,16 @@ contacted when the run has no MLflow sink or the sink's state already records th
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-
-import click
+from typing import Callable
 
 from contracts.layout import RunHome
 from tinyllm.sinks import mlflow_sink
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def run_dir_of(home: Path, workflow_id: str) -> Path | None:
@@ -26,11 +30,12 @@ def run_dir_of(home: Path, workflow_id: str) -> Path | None:
     return RunHome(home).run(parts[1]).path
 
 
-def workflow_state(home: Path, workflow_id: str, state: str) -> None:
-    """The workflow ``workflow_id`` is now ``state``: tell the run's MLflow run (one warning line on failure)."""
+def workflow_state(home: Path, workflow_id: str, state: str, warn: Callable[[str], None] = _stderr) -> None:
+    """The workflow ``workflow_id`` is now ``state``: tell the run's MLflow run (one warning line to ``warn``,
+    stderr by default, on failure)."""
     run_dir = run_dir_of(home, workflow_id)
     if run_dir is None:
         return
     why = mlflow_sink.set_run_status(run_dir, state)
     if why:
-        click.echo(f"ctl: warning: {why}", err=True)
+        warn(f"ctl: warning: {why}")

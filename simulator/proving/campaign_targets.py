@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinyllm.trainer_spec import SpecError, has_trainer, parse_run_spec
+from tinyllm.trainer_spec import SpecError, parse_run_spec, trainer_of
 
 NAME = "camp"
-ROOT = Path(__file__).resolve().parents[1]  # the project; examples/ lives here
+ROOT = Path(__file__).resolve().parents[2]  # the project (simulator/proving/ is two below it); examples/ lives here
 ARMED = "campaign-fault-armed"  # relative to a run's home: its presence arms a kill inside a checkpoint write
 FAULT_ENV = {"TINYLLM_FAULT": f"durable.checkpoint_write@armed:{ARMED}"}  # tinyllm/faults.py
 
@@ -32,7 +32,7 @@ TINYLLM_SPEC = {  # two segments of a tiny model; a checkpoint every 2 steps; a 
     "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16, "dropout": 0.0},
 }
 BASE_FAULTS = ("readers", "cancel", "kill-ctl", "kill-trainer", "stop-trainer", "second-train")
-PREEMPT_FAULTS = ("preempt", "preempt-group")  # graceful preemption (simulator/campaign_preempt.py)
+PREEMPT_FAULTS = ("preempt", "preempt-group")  # graceful preemption (simulator/proving/campaign_preempt.py)
 FAULTS = (*BASE_FAULTS, *PREEMPT_FAULTS)  # tinyllm's campaign draws them all
 # a user's trainer: the preemptions only with --kinds (so that the seeds of the framework campaigns, whose
 # tests name what each draws, keep their plans); e.g. --kinds kill-trainer,preempt,preempt-group
@@ -68,8 +68,8 @@ TINYLLM = Target("tinyllm", TINYLLM_SPEC, ("--eval-max-items", "2", "--json"), F
 def user_target(spec: dict[str, Any], *, label: str, base_dir: Path, cli: str, suite: str = "acc") -> Target:
     """A campaign over ``spec``'s own trainer: renamed ``camp``, its cwd made absolute (relative to
     ``base_dir``), the armed checkpoint-write fault added to its env; evaluated when it has an eval_command."""
-    trainer = spec.get("trainer")
-    if not has_trainer(spec) or not isinstance(trainer, dict) or not trainer.get("command"):
+    trainer = trainer_of(spec)
+    if trainer is None or not trainer.get("command"):
         raise TargetError(f"{label}: the spec names no trainer command (\"trainer\": {{\"command\": [...]}})")
     try:
         parse_run_spec(spec)  # what ctl train would refuse, refused before anything starts

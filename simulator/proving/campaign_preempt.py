@@ -38,11 +38,12 @@ from contracts.layout import RunHome
 from . import procs
 from .campaign_progress import progress_step
 from .campaign_targets import PREEMPT_FAULTS
+from .core import steps_lost as lost_since
 
 
 
 class Run(Protocol):
-    """What a preemption fault uses of the campaign's run (simulator/campaign.py ``Run``), named here so that
+    """What a preemption fault uses of the campaign's run (simulator/proving/campaign.py ``Run``), named here so that
     this module does not import campaign.py back (campaign.py imports it)."""
 
     home: Path
@@ -88,13 +89,12 @@ def _ready(home: Path, name: str, activity: str, attempt: int) -> bool:
 def steps_lost(attrs: dict, reached: int | None) -> tuple[int, int | None, int]:
     """``(lost, done, saved)`` of one preempted training attempt (its ``activity_preempted`` attrs): done = the
     furthest of its ``stopping`` line (``stopping_step``) and ``reached`` (the run's last per-step record, when
-    the attempt set up: None otherwise); saved = its checkpoint's step; lost = done - saved, or the event's own
-    ``steps_lost`` (what ctl's runner saw in the progress lines) when larger."""
-    done = [s for s in (attrs.get("stopping_step"), reached) if isinstance(s, int)]
+    the attempt set up: None otherwise); saved = its checkpoint's step; lost = done - saved (core.steps_lost),
+    or the event's own ``steps_lost`` (what ctl's runner saw in the progress lines) when larger."""
     saved = attrs.get("step") if isinstance(attrs.get("step"), int) else 0
-    top = max(done) if done else None
+    lost, top = lost_since((attrs.get("stopping_step"), reached), saved)
     said = attrs.get("steps_lost") if isinstance(attrs.get("steps_lost"), int) else 0
-    return max(said, 0 if top is None else top - saved), top, saved
+    return max(said, lost or 0), top, saved
 
 
 def preempt(run: Run, kind: str, name: str, wid: str) -> str:

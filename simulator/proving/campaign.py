@@ -4,7 +4,7 @@ Each campaign run trains a tiny spec (two segments, an evaluation of each, a dur
 between them) to its end with real ``ctl train`` or ``ctl train --detach`` + ``ctl worker``
 processes, while seeded random faults hit it at random moments. The trainer is tinyllm (ppl
 evaluations), or with ``--trainer examples`` / ``--spec FILE`` a user's own trainer named by the
-spec (simulator/campaign_targets.py):
+spec (simulator/proving/campaign_targets.py):
 
 - ``readers``: ``ctl status``, ``ctl list``, ``ctl history --json`` in other processes;
 - ``cancel``: ``ctl cancel`` from another process, then the same command continues the run;
@@ -17,10 +17,10 @@ spec (simulator/campaign_targets.py):
   manifest (its retry resumes from the checkpoint before);
 - ``preempt`` / ``preempt-group``: a graceful preemption, SIGTERM to ctl (or the worker) alone, or to
   every process of the job at once as Slurm sends it; ctl must exit 143 within the stop's grace, and the
-  same command runs again (simulator/campaign_preempt.py).
+  same command runs again (simulator/proving/campaign_preempt.py).
 
 Faults are due at steps of the run (a plain step, a checkpoint, a segment boundary: drawn by the
-seed, simulator/campaign_progress.py), so they land inside the run whatever the machine's speed; one
+seed, simulator/proving/campaign_progress.py), so they land inside the run whatever the machine's speed; one
 due at a checkpoint or a segment boundary waits until that checkpoint exists (LATEST).
 Each run's line counts, from the engine's history (capped by the trainer's own resume lines, when it
 prints them), the trainer attempts that resumed from a checkpoint inside a segment; a run with none
@@ -38,7 +38,7 @@ The oracle, after every run (``Run.check``):
   and no checkpoint step was written twice (no step redone beyond the newest checkpoint);
 - the final ``final_loss_hex`` and digest (and each segment's) equal an uninterrupted run's;
 - a graceful preemption lost no step: each preempted training attempt saved every step it had done, and
-  the next attempt resumed from that checkpoint (simulator/campaign_preempt.py);
+  the next attempt resumed from that checkpoint (simulator/proving/campaign_preempt.py);
 - no process of the run is left when it ends.
 
 A failure prints its seed and fault sequence; ``--seed S --runs N`` replays the same faults in
@@ -69,9 +69,9 @@ from contracts.layout import RunHome
 
 from . import campaign_preempt, procs
 from .campaign_reference import Reference, ReferenceFailed
-from .campaign_progress import fault_points, history_resumes, latest_step, progress_step
+from .campaign_progress import fault_points, history_resumes, progress_step
 from .campaign_targets import ARMED, NAME, TINYLLM, Target
-from .kill_loop import compare
+from .core import compare_results, latest_step
 
 WID = f"train/{NAME}"
 RUN_TIMEOUT_S = 900.0
@@ -495,7 +495,7 @@ class Run:
             # resumed at the segment's end, not inside it
             self.mid_resumes = min(self.mid_resumes, monitor.mid_segment_resumes())
         if self.result is not None:
-            bad += compare(self.result, want)
+            bad += compare_results(self.result, want)
             got_evals = [[s["summary"] for s in (seg.get("evals") or {}).get("suites", [])] for seg in self.result["segments"]]
             want_evals = [[s["summary"] for s in (seg.get("evals") or {}).get("suites", [])] for seg in want["segments"]]
             if len(evals) != sum(map(len, want_evals)) or got_evals != want_evals:  # (a spec may evaluate nothing)

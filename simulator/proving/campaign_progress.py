@@ -21,14 +21,14 @@ from N (LATEST), which the heartbeats alone do not show. A run with none tested 
 """
 from __future__ import annotations
 
-import json
-import os
 import random
 import re
 from pathlib import Path
 
 from contracts.activity_ids import train_step
 from contracts.layout import RunHome
+
+from .core import last_step, latest_step, resumed_inside
 
 _STEP = re.compile(r"step-(\d+)$")
 
@@ -50,31 +50,11 @@ def fault_points(rng: random.Random, n: int, steps: int, checkpoint_every: int, 
     return sorted(points, key=lambda p: p[1])
 
 
-def latest_step(home: Path, name: str) -> int:
-    """The step of the run's newest checkpoint (LATEST), 0 when it has none."""
-    try:
-        return int(_STEP.search(RunHome(home).run(name).latest.read_text(encoding="utf-8").strip()).group(1))
-    except (OSError, AttributeError, ValueError):
-        return 0
-
-
 def progress_step(home: Path, name: str) -> int:
     """How far the run's trainer has got: the newest of metrics.jsonl's last frame and LATEST's step."""
-    run = RunHome(home).run(name)
     best = latest_step(home, name)
-    try:
-        with open(run.metrics, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            tail = f.read().split(b"\n")
-    except OSError:
-        return best
-    for raw in reversed(tail):
-        try:
-            return max(best, int(json.loads(raw)["step"]))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return best
+    step = last_step(RunHome(home).run(name).metrics, tail_bytes=8192)
+    return best if step is None else max(best, step)
 
 
 def history_resumes(histories: dict[str, list[dict]]) -> list[tuple[str, int, int]]:
@@ -110,6 +90,6 @@ def history_resumes(histories: dict[str, list[dict]]) -> list[tuple[str, int, in
         elif e.get("type") == "activity_started":
             attempt = int(attrs.get("attempt", 0))
             step = said.get(id(e), heartbeated.get(aid))
-            if step is not None and step not in ends:
+            if step is not None and resumed_inside(step, ends):
                 out.append((aid, attempt, step))
     return out

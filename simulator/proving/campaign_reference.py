@@ -1,6 +1,6 @@
 """The campaign's uninterrupted run: the same spec with no fault, started in the background at once.
 
-Every campaign run is compared with its result (simulator/campaign.py); a reference that fails ends the
+Every campaign run is compared with its result (simulator/proving/campaign.py); a reference that fails ends the
 campaign at once, as nothing could pass against it.
 """
 from __future__ import annotations

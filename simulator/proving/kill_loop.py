@@ -26,6 +26,7 @@ from pathlib import Path
 from contracts.layout import ACTIVITY, RunHome
 
 from . import procs
+from .core import compare_results
 
 POLL_S = 0.05
 
@@ -57,7 +58,7 @@ def outcome(p: subprocess.Popen, timeout_s: float) -> dict:
     return out["result"]
 
 
-def progress_lines(home: Path) -> int:
+def checkpoint_lines(home: Path) -> int:
     """Checkpoint lines written so far by every trainer attempt of this home."""
     n = 0
     for f in RunHome(home).runs.glob(f"*/{ACTIVITY}/*/progress-*.jsonl"):
@@ -76,7 +77,7 @@ def trainers_of(home: Path) -> list[int]:
 
 def kill_once(spec: Path, home: Path, rng: random.Random, deadline: float) -> str:
     """Start ``ctl train``, SIGKILL its process group at a seeded moment; what happened, in words."""
-    lines_before = progress_lines(home)
+    lines_before = checkpoint_lines(home)
     wait_lines = rng.randint(1, 3)
     extra_s = rng.random() * 0.1  # a fraction of a checkpoint interval: kills land between checkpoints
     p = subprocess.Popen(_ctl(spec, home), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -85,7 +86,7 @@ def kill_once(spec: Path, home: Path, rng: random.Random, deadline: float) -> st
         while time.monotonic() < deadline:
             if p.poll() is not None:
                 return f"finished on its own (exit {p.returncode}) before the kill"
-            if progress_lines(home) >= lines_before + wait_lines:
+            if checkpoint_lines(home) >= lines_before + wait_lines:
                 break
             time.sleep(POLL_S)
         time.sleep(extra_s)
@@ -103,21 +104,7 @@ def kill_once(spec: Path, home: Path, rng: random.Random, deadline: float) -> st
     left = trainers_of(home)
     if left:
         raise RuntimeError(f"trainer processes {left} outlived their killed worker")
-    return f"SIGKILL after {progress_lines(home) - lines_before} new checkpoint lines (+{extra_s:.2f}s)"
-
-
-def compare(got: dict, want: dict) -> list[str]:
-    bad = []
-    for key in ("steps", "final_loss_hex", "digest", "checkpoint"):
-        if got.get(key) != want.get(key):
-            bad.append(f"{key}: {got.get(key)} != uninterrupted {want.get(key)}")
-    for a, b in zip(got.get("segments") or [], want.get("segments") or []):
-        for key in ("final_loss_hex", "digest"):
-            if a["train"].get(key) != b["train"].get(key):
-                bad.append(f"segment {a['until']} {key}: {a['train'].get(key)} != {b['train'].get(key)}")
-    if len(got.get("segments") or []) != len(want.get("segments") or []):
-        bad.append("a different number of segments")
-    return bad
+    return f"SIGKILL after {checkpoint_lines(home) - lines_before} new checkpoint lines (+{extra_s:.2f}s)"
 
 
 def kill_loop(spec: str, *, kills: int, seed: int, home: str | None = None, timeout_s: float = 900.0) -> int:
@@ -144,7 +131,7 @@ def kill_loop(spec: str, *, kills: int, seed: int, home: str | None = None, time
         want = outcome(ref, max(1.0, deadline - time.monotonic()))
         print(f"uninterrupted: {want['steps']} steps, final_loss_hex {want['final_loss_hex']} "
               f"digest {want['digest'][:16]}")
-        bad = compare(got, want)
+        bad = compare_results(got, want)
         print(f"after {landed} kill(s): final_loss_hex {got['final_loss_hex']} digest {got['digest'][:16]}")
         if bad:
             print(f"MISMATCH (seed {seed}; rerun: python -m simulator kill-loop --spec {spec} "
@@ -154,8 +141,8 @@ def kill_loop(spec: str, *, kills: int, seed: int, home: str | None = None, time
             home = str(kill_home)  # keep it
             return 1
         if not landed:  # every run finished before its kill: nothing resumed, nothing proven
-            print(f"kill-loop: no kill landed: a resume after a kill is not tested (every ctl train finished "
-                  f"first; a longer run or another --seed)")
+            print("kill-loop: no kill landed: a resume after a kill is not tested (every ctl train finished "
+                  "first; a longer run or another --seed)")
             return 3
         print(f"kill-loop: {landed} kill(s), final loss and digest bitwise equal to the uninterrupted run")
         return 0

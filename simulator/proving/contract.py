@@ -9,7 +9,7 @@ in the words ``ctl train``'s activity uses (workflows/trainer_command.py), and e
 - ``result line``: after exit 0 the last stdout line is the result object, its fields as the activity
   checks them (``check_train_result``): a missing, malformed or not-last result line is named;
 - ``SIGTERM``: a SIGTERM is answered by a checkpoint at or after the step in flight, the result line
-  with ``"canceled": true`` and exit 130; and (checked in ctl/verify.py once the next attempt resumed) it
+  with ``"canceled": true`` and exit 130; and (checked in verify.py once the next attempt resumed) it
   loses no step: every step done when it came (its ``stopping`` line, else its per-step records) is in
   the checkpoint the next attempt resumes from;
 - ``liveness``: no run is silent (no new progress line) for longer than the heartbeat timeout, start-up
@@ -23,15 +23,13 @@ from pathlib import Path
 from engine import NonRetryableError
 from workflows.trainer_command import check_progress, check_train_result
 
-from .errors import EXIT_CANCELED, EXIT_CONTRACT_BROKEN, CtlError
+from contracts.exits import EXIT_CANCELED
 
-RESULT_KEYS = ("final_loss_hex", "digest")  # an object with these is a result line wherever it sits
+from .core import RESULT_KEYS, ProofError  # an object with RESULT_KEYS is a result line wherever it sits
 
 
-class ContractBroken(CtlError):
-    """The trainer broke a rule of the contract: no verdict on exactness (exit 4)."""
-
-    exit_code = EXIT_CONTRACT_BROKEN
+class ContractBroken(ProofError):
+    """The trainer broke a rule of the contract: no verdict on exactness (``ctl verify-resume`` exits 4)."""
 
     def __init__(self, rule: str, what: str):
         super().__init__(f"trainer broke the contract ({rule}): {what}")
