@@ -120,7 +120,8 @@ def test_every_frame_is_on_disk_before_each_checkpoint_is_written(tmp_path: Path
     with contextlib.redirect_stdout(io.StringIO()):
         for s in run.steps():
             step(run, s)
-    assert seen == {3: [1, 2, 3], 6: [1, 2, 3, 4, 5, 6], 7: list(range(1, 8))}
+    # (the checkpoint writer may persist a step's checkpoint after later steps: their frames may be there too)
+    assert sorted(seen) == [3, 6, 7] and all(seen[c][:c] == list(range(1, c + 1)) for c in seen)
     assert [f["step"] for f in frames(tmp_path / "runs/fw/metrics.jsonl")] == list(range(1, 8))
 
 
@@ -141,7 +142,7 @@ def test_a_stop_writes_its_frames_before_its_checkpoint_and_its_console_lines_be
             if s == 4:
                 run._stop = True  # what the stop signal's handler sets
     assert exit_.value.code == 130
-    assert seen == {4: [1, 2, 3, 4]}
+    assert list(seen) == [4] and seen[4][:4] == [1, 2, 3, 4]
     console = run.console.getvalue().splitlines()
     at = next(i for i, line in enumerate(console) if "stopping at step 4" in line)
     assert [line.split("|")[0].strip() for line in console[:at] if "| loss" in line] == \

@@ -73,7 +73,6 @@ from .state import (
     check_generators,
     digest,
     fingerprint_of,
-    learning_rates,
     restore_rng,
 )
 from .state import snapshot as batch_snapshot
