@@ -73,12 +73,12 @@ from .state import (
     check_generators,
     digest,
     fingerprint_of,
-    learning_rates,
     restore_rng,
 )
+from .state import snapshot as batch_snapshot
 from ..checkpoint_writer import CheckpointWriter, Done, async_enabled, snapshot
 from ..errors import RunLocked
-from ..sinks.metrics import JsonlSink
+from .frames import FrameWriter
 from ..fsio import rel, resolve_home
 from ..names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys
 
@@ -228,7 +228,7 @@ def checked_state(run: "DurableRun", comps: dict, manifest: dict, where: str | N
 
 class DurableRun:
     # set when the steps start (_start)
-    metrics: JsonlSink
+    metrics: FrameWriter
     last_saved: int
     lock_file: IO[str]
     _last_line: float
@@ -354,6 +354,7 @@ class DurableRun:
             return
         self._drain()  # the checkpoint in flight first: its line before `stopping`, so the one after is at S
         self._stop_noticed = True
+        self.flush_frames()  # the steps' console lines before this one
         self._emit({"event": "stopping", "signal": self._stop_signal or "SIGTERM"}, sync=True)
         print(f"{self.name}: stopping at step {self.step} ({self._stop_signal or 'SIGTERM'}): checkpointing this step",
               file=self.console, flush=True)
@@ -373,6 +374,12 @@ class DurableRun:
         call it from the loop)."""
         if time.monotonic() - self._last_line >= self.progress_interval_s:
             self._emit({"event": "step"})
+
+    def flush_frames(self) -> None:
+        """Write the queued per-step frames to metrics.jsonl now (before a checkpoint, a hold, the end)."""
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.flush()
 
     def count_save(self) -> int:
         """This process's checkpoint writes so far, this one included (the test-only fault point counts them)."""
@@ -425,10 +432,11 @@ class DurableRun:
         raise RuntimeError("the data loader yields no batches")
 
     def log(self, loss: Any, *, batch: Any = None) -> None:
-        """Record this step's loss (a float or a 0-d tensor) and, optionally, its batch's digest."""
+        """Record this step's loss (a float or a 0-d tensor) and, optionally, its batch's digest (of a
+        snapshot taken now, hashed off the training thread: tinyllm/durable/frames.py)."""
         value = float(loss.detach().item() if isinstance(loss, torch.Tensor) else loss)
         self._logged = value
-        self._batch = None if batch is None else digest(batch)
+        self._batch = None if batch is None else batch_snapshot(batch)
 
     def steps(self) -> Iterator[int]:
         """Yield the steps still to run (1-based): resumes first; after each step, frames, checkpoints,
@@ -450,7 +458,8 @@ class DurableRun:
                 _fail(str(e), EXIT_BAD_INPUT)
             self.last_saved = self.step if self.resumed_from is not None else 0
             self.last_path = self.resumed_from
-            self.metrics = JsonlSink(self.run_dir / METRICS, self.step if self.resumed_from else -1)
+            self.metrics = FrameWriter(self.run_dir / METRICS, self.step if self.resumed_from else -1,
+                                       name=self.name, total_steps=self.total_steps, console=self.console)
             self._last_line = time.monotonic()
             self._emit({"event": "resume" if self.resumed_from else "start", "state": self.fingerprint(),
                         "resumed_from": self.rel(self.resumed_from), "refused": self.refused})
@@ -477,19 +486,11 @@ class DurableRun:
 
     def _after_step(self) -> None:
         opt = self._optimizer_seen()
-        lrs = learning_rates(opt)
-        frame: dict[str, Any] = {"train/loss": self.loss, "train/loss_hex": self.loss.hex()}
-        if lrs:
-            frame["optim/lr"] = float.fromhex(lrs[0])
-            frame["optim/lr_hex"] = lrs
-        if self._batch is not None:
-            frame["data/batch"] = self._batch
-        if self._fingerprint_steps:
-            frame["state"] = self.fingerprint()
-        self.metrics.write(self.step, frame)
-        if self.step % self.log_every == 0 or self.step == self.total_steps:
-            lr = f" | lr {frame['optim/lr']:.3e}" if lrs else ""
-            print(f"{self.name}: step {self.step:>6}/{self.total_steps} | loss {self.loss:.4f}{lr}", file=self.console, flush=True)
+        lrs = None if opt is None else [float(g["lr"]) for g in opt.param_groups]  # now: a tensor lr changes in place
+        snap = self._batch
+        self.metrics.put(self.step, self.loss, lrs, None if snap is None else (lambda: digest(snap)),
+                         {"state": self.fingerprint()} if self._fingerprint_steps else None,
+                         self.step % self.log_every == 0 or self.step == self.total_steps)
         stop = self._stop and self.step < self.total_steps  # asked once: the save below follows the line
         if stop:
             self.stopping_line()
@@ -499,10 +500,12 @@ class DurableRun:
             self.heartbeat()
 
     def _hold_alive(self) -> None:
+        self.flush_frames()  # the poller that holds this trainer waits for this step's frame
         self._poll_checkpoint()  # the held step's checkpoint is announced as it becomes durable
         self.heartbeat()
 
     def _finish(self) -> None:
+        self.flush_frames()  # every step's frame in the file before the result line
         if self._stop and self.step < self.total_steps:
             self.stopping_line()  # noticed after the step's save decision (or before the first step)
         self._drain()  # the checkpoint in flight is durable and its line written before anything else
@@ -562,6 +565,7 @@ class DurableRun:
         the step; the writer thread persists it and computes its fingerprint while the loop goes on; the
         loop announces it (``last_path``, the line) at the next step boundary after it is durable.
         ``wait`` (or ``async_checkpoints=False``): returns once it is durable and announced."""
+        self.flush_frames()  # every frame up to this step is in metrics.jsonl before LATEST can name it
         self._drain()  # at most one in flight: the one before is durable and its line written first
         comps = self.components()
         step, loss = self.step, self.loss

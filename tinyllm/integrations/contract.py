@@ -34,11 +34,10 @@ from contracts.layout import CKPT, METRICS
 from .. import checkpoint as ckpt
 from .. import faults, runlock
 from ..digest import state_digest
+from ..durable.frames import FrameWriter
 from ..durable.run import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED, DurableError, DurableRun, _FaultOnSave, checked_state, trajectory
-from ..durable.state import learning_rates
 from ..checkpoint_writer import CheckpointWriter, Done
 from ..errors import RunLocked
-from ..sinks.metrics import JsonlSink
 
 PIECES = ("model", "optimizer", "training_state")
 
@@ -83,7 +82,7 @@ class FrameworkRun:
         self.run, self.fmt, self.trainer = run, fmt, trainer
         self.save_total_limit = save_total_limit
         self.lock_file: IO[str] | None = None
-        self.metrics: JsonlSink | None = None
+        self.metrics: FrameWriter | None = None
         self.resume_comps: dict | None = None
         self.resuming_eval = False  # (the HF integration: the evaluation pending at resume is being replayed)
         self.started_line = False
@@ -118,7 +117,8 @@ class FrameworkRun:
                 fail(str(e))
         self.last_saved = run.step if comps is not None else 0
         run.last_path = run.resumed_from
-        self.metrics = JsonlSink(run.run_dir / METRICS, run.step if comps is not None else -1)
+        self.metrics = FrameWriter(run.run_dir / METRICS, run.step if comps is not None else -1,
+                                   name=run.name, total_steps=run.total_steps, console=run.console)
         run.metrics = self.metrics
         self.resume_comps = comps
         return comps
@@ -160,30 +160,24 @@ class FrameworkRun:
 
     # -- steps ---------------------------------------------------------------------------------
 
-    def step_end(self, step: int, loss: float, batch: str | None = None) -> None:
+    def step_end(self, step: int, loss: float, batch: str | Callable[[], str] | None = None) -> None:
+        """The step's frame (queued: tinyllm/durable/frames.py; ``batch`` is its digest, or a callable the writer
+        calls for it: the digest of snapshots taken at the step), the console line, liveness."""
         run = self.run
         self.start_line()
         run.step, run.loss = int(step), float(loss)
-        frame: dict[str, Any] = {"train/loss": run.loss, "train/loss_hex": run.loss.hex()}
-        lrs = learning_rates(run.optimizer)
-        if lrs:
-            frame["optim/lr"] = float.fromhex(lrs[0])
-            frame["optim/lr_hex"] = lrs
-        if batch is not None:
-            frame["data/batch"] = batch
-        if run.fingerprint_every_step:
-            frame["state"] = run.fingerprint()
+        opt = run.optimizer
+        lrs = None if opt is None else [float(g["lr"]) for g in opt.param_groups]  # now: a tensor lr changes in place
         assert self.metrics is not None  # (begin() opened it)
-        self.metrics.write(run.step, frame)
-        if run.step % run.log_every == 0 or run.step == run.total_steps:
-            lr = f" | lr {frame['optim/lr']:.3e}" if lrs else ""
-            print(f"{run.name}: step {run.step:>6}/{run.total_steps} | loss {run.loss:.4f}{lr}", file=run.console,
-                  flush=True)
+        self.metrics.put(run.step, run.loss, lrs, batch,
+                         {"state": run.fingerprint()} if run.fingerprint_every_step else None,
+                         run.step % run.log_every == 0 or run.step == run.total_steps)  # and its console line
         self.poll()  # a mirror the writer finished: its line now
         run.heartbeat()
         faults.hold(run.step, lambda: run.stop_requested, self._hold_alive)  # tests only (TINYLLM_FAULT=trainer.hold@S)
 
     def _hold_alive(self) -> None:
+        self.run.flush_frames()  # the poller that holds this trainer waits for this step's frame
         self.poll()
         self.run.heartbeat()
 
@@ -215,6 +209,7 @@ class FrameworkRun:
         ``step-NNNNNN``; ``classify(relative name)`` says which piece each file belongs to."""
         run = self.run
         t0 = time.perf_counter()
+        run.flush_frames()  # every frame up to this step is in metrics.jsonl before LATEST can name it
         comps: dict[str, Any] = {"model": {}, "optimizer": {}, "training_state": {
             "format": self.fmt, "step": int(step), "loss": float(run.loss), "loss_hex": float(run.loss).hex(),
             "files": {}}}
@@ -286,6 +281,7 @@ class FrameworkRun:
         """The result line (last on stdout; later prints go to stderr), then exit 130 after SIGTERM."""
         run = self.run
         self.start_line()
+        run.flush_frames()  # every step's frame in the file before the result line
         self.drain()  # the result names only a durable checkpoint
         canceled = run.stop_requested and run.step < run.total_steps
         if canceled:

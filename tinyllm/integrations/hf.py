@@ -41,7 +41,15 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .. import faults, stopping
 from ..durable import DurableRun
-from ..durable.state import capture_generators, capture_rng, check_generators, digest, restore_generators, restore_rng
+from ..durable.state import (
+    capture_generators,
+    capture_rng,
+    check_generators,
+    digest_of_snapshots,
+    restore_generators,
+    restore_rng,
+    snapshot,
+)
 
 FORMAT = "durable-hf/1"
 # schedules whose shape does not depend on the number of training steps
@@ -132,7 +140,7 @@ class DurableTrainer(Trainer):
             self.remove_callback(printer)
         self.add_callback(_ContractCallback(self))
         self._durable_loss: torch.Tensor | None = None
-        self._durable_batches: list[str] = []
+        self._durable_batches: list[Any] = []  # the step's micro-batches (snapshots, hashed by the frame writer)
         self._durable_eval_batches = 0
         self._durable_eval_done = False
         self.durable.resuming_eval = False
@@ -194,7 +202,7 @@ class DurableTrainer(Trainer):
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
         loss = super().training_step(model, inputs, num_items_in_batch)
         self._durable_loss = loss if self._durable_loss is None else self._durable_loss + loss
-        self._durable_batches.append(digest(inputs))
+        self._durable_batches.append(snapshot(inputs))
         return loss
 
     def train(self, resume_from_checkpoint: Any = None, trial: Any = None,
@@ -286,7 +294,8 @@ class _ContractCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         t = self.trainer
         loss = t._durable_loss
-        batch = digest(t._durable_batches) if t._durable_batches else None
+        snaps = t._durable_batches
+        batch = (lambda: digest_of_snapshots(snaps)) if snaps else None
         t._durable_loss, t._durable_batches = None, []
         t.durable.step_end(state.global_step, float(loss.item()) if loss is not None else float("nan"), batch)
         if t.durable.should_save(state.global_step):

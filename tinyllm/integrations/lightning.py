@@ -51,7 +51,15 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from .. import faults, stopping
 from ..durable import DurableRun, DurableSampler
-from ..durable.state import capture_rng, check_generators, digest, restore_rng
+from ..durable.state import (
+    capture_rng,
+    capture_rng_raw,
+    check_generators,
+    digest_of_snapshots,
+    restore_rng,
+    restore_rng_raw,
+    snapshot,
+)
 
 FORMAT = "durable-lightning/1"
 CKPT_NAME = "lightning.ckpt"
@@ -96,11 +104,12 @@ class DurableCallback(pl.Callback):
         self.batch_size = 1
         self._pending: dict | None = None
         self._losses: list[torch.Tensor] = []
-        self._batches: list[str] = []
+        self._batches: list[Any] = []  # the step's batches (snapshots, hashed by the frame writer)
         self._consumed = 0  # batches of the current epoch that finished steps consumed
         self._last_step = 0
         self._at_step: tuple[dict, dict] | None = None  # (RNG, loops' state) at the last step boundary
         self._loops: dict | None = None  # the loops' state the next save records instead of the current one
+        self._validates = False  # trainer.enable_validation, asked once a fit (each ask costs tens of microseconds)
 
     # -- Lightning's checkpoint: what Lightning leaves out --------------------------------------
 
@@ -154,6 +163,7 @@ class DurableCallback(pl.Callback):
         elif isinstance(loader.sampler, torch.utils.data.RandomSampler) and "data" not in self.forget:
             fail("the training DataLoader shuffles with a RandomSampler, whose position a resume cannot restore: "
                  "use sampler=DurableSampler(len(dataset), seed=run.seed) instead of shuffle=True")
+        self._validates = bool(trainer.enable_validation)
         self.run.model = pl_module
         self.run.optimizer = trainer.optimizers[0] if trainer.optimizers else None
         configs = trainer.lr_scheduler_configs
@@ -221,7 +231,7 @@ class DurableCallback(pl.Callback):
         if self.durable.last_saved == step or self._at_step is None:
             return
         rng, self._loops = self._at_step
-        restore_rng(rng, self.generators)
+        restore_rng_raw(rng, self.generators)
         self.durable.eval_pending = step
         try:
             self._save(trainer, step)
@@ -236,17 +246,21 @@ class DurableCallback(pl.Callback):
         loss = _loss_of(outputs)
         if loss is not None:
             self._losses.append(loss.detach())
-        self._batches.append(digest(batch))
+        self._batches.append(snapshot(batch))
         self._consumed = batch_idx + 1
         step = trainer.global_step
         if step == self._last_step:  # accumulating gradients: no optimizer step yet
             return
         self._last_step = step
-        value = float(torch.stack(self._losses).mean().item()) if self._losses else float("nan")
-        self.durable.step_end(step, value, digest(self._batches))
+        losses = self._losses  # one batch a step: its loss as it is (the mean of one, bit for bit)
+        value = (float(losses[0].item()) if len(losses) == 1 else float(torch.stack(losses).mean().item()) if losses
+                 else float("nan"))
+        snaps = self._batches
+        self.durable.step_end(step, value, lambda: digest_of_snapshots(snaps))
         self._losses, self._batches = [], []
-        self._at_step = (capture_rng(self.generators), trainer.fit_loop.state_dict())
-        if step < self.run.run_steps and _validation_due(trainer):  # saved now, the checkpoint is before it:
+        # the step's end, for a validation a stop abandons (``abandoned``): only where one can run
+        self._at_step = (capture_rng_raw(self.generators), trainer.fit_loop.state_dict()) if self._validates else None
+        if self._validates and step < self.run.run_steps and _validation_due(trainer):  # saved now, the checkpoint is before it:
             self.durable.eval_pending = step  # a resume from it runs this step's validation (Lightning's would skip it)
         if self.durable.should_save(step):
             self._save(trainer, step)
@@ -266,9 +280,10 @@ class DurableCallback(pl.Callback):
 
 
 def _validation_due(trainer: Any) -> bool:
-    """Whether Lightning validates after this step (asked at the step's end, before any stop is set)."""
+    """Whether Lightning validates after this step (asked at the step's end, before any stop is set; only
+    where it validates at all: ``trainer.enable_validation``)."""
     loop = trainer.fit_loop.epoch_loop
-    return bool(trainer.enable_validation) and loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+    return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
 
 
 def _loaders(value: Any) -> list:
