@@ -11,6 +11,7 @@ drives), ``runview`` (the run read-model), ``traces`` (OpenTelemetry spans; the 
 imported only when tracing), ``errors`` (``CtlError``/``BadRequest`` and their exit codes).
 This front door re-exports what ``ctl`` calls most.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -19,29 +20,29 @@ from typing import TYPE_CHECKING, Any
 from .backend import Backend, Unsupported
 from .errors import BadRequest, CtlError, DiskFull
 from .runs import (
-                   ENDED,
-                   OPERATIONAL,
-                   Started,
-                   check_run_writable,
-                   db_path,
-                   disk_full_message,
-                   error_line,
-                   exit_code,
-                   generation,
-                   heartbeat_in_use,
-                   heartbeat_override,
-                   latest_run,
-                   open_engine,
-                   outcome_json,
-                   permission_message,
-                   readable_workflows,
-                   recorded_input,
-                   resolve_home,
-                   resolve_id,
-                   run_generations,
-                   start_run,
-                   stopped,
-                   train_workflow_id,
+    ENDED,
+    OPERATIONAL,
+    Started,
+    check_run_writable,
+    db_path,
+    disk_full_message,
+    error_line,
+    exit_code,
+    generation,
+    heartbeat_in_use,
+    heartbeat_override,
+    latest_run,
+    open_engine,
+    outcome_json,
+    permission_message,
+    readable_workflows,
+    recorded_input,
+    resolve_home,
+    resolve_id,
+    run_generations,
+    start_run,
+    stopped,
+    train_workflow_id,
 )
 
 if TYPE_CHECKING:  # loaded on first use (``__getattr__`` below)
@@ -49,8 +50,9 @@ if TYPE_CHECKING:  # loaded on first use (``__getattr__`` below)
 
 # The requests are pydantic models checked against the spec's (~0.2 s of imports): loaded where a request is
 # built (ctl train, eval, release), never by a command that only reads (ctl status, list, history, show).
-_LAZY = {name: "requests" for name in ("DEFAULT_SUITES", "TrainRequest", "check_suites", "eval_request",
-                                        "train_request")}
+_LAZY = {
+    name: "requests" for name in ("DEFAULT_SUITES", "TrainRequest", "check_suites", "eval_request", "train_request")
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -63,37 +65,37 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-                   "DEFAULT_SUITES",
-                   "ENDED",
-                   "OPERATIONAL",
-                   "Backend",
-                   "BadRequest",
-                   "CtlError",
-                   "DiskFull",
-                   "Started",
-                   "TrainRequest",
-                   "Unsupported",
-                   "check_run_writable",
-                   "check_suites",
-                   "db_path",
-                   "disk_full_message",
-                   "error_line",
-                   "eval_request",
-                   "exit_code",
-                   "generation",
-                   "heartbeat_in_use",
-                   "heartbeat_override",
-                   "latest_run",
-                   "open_engine",
-                   "outcome_json",
-                   "permission_message",
-                   "readable_workflows",
-                   "recorded_input",
-                   "resolve_home",
-                   "resolve_id",
-                   "run_generations",
-                   "start_run",
-                   "stopped",
-                   "train_request",
-                   "train_workflow_id",
+    "DEFAULT_SUITES",
+    "ENDED",
+    "OPERATIONAL",
+    "Backend",
+    "BadRequest",
+    "CtlError",
+    "DiskFull",
+    "Started",
+    "TrainRequest",
+    "Unsupported",
+    "check_run_writable",
+    "check_suites",
+    "db_path",
+    "disk_full_message",
+    "error_line",
+    "eval_request",
+    "exit_code",
+    "generation",
+    "heartbeat_in_use",
+    "heartbeat_override",
+    "latest_run",
+    "open_engine",
+    "outcome_json",
+    "permission_message",
+    "readable_workflows",
+    "recorded_input",
+    "resolve_home",
+    "resolve_id",
+    "run_generations",
+    "start_run",
+    "stopped",
+    "train_request",
+    "train_workflow_id",
 ]

@@ -20,6 +20,7 @@ What one backend lacks is said explicitly, never by a missing attribute (no ``ha
   started with another). False (Temporal): setting a hook raises ``Unsupported``; the recorded
   options apply.
 """
+
 from __future__ import annotations
 
 import threading

@@ -7,6 +7,7 @@ Temporal is imported unless it is chosen. Both backends offer the same surface t
 ``--json`` shapes; the home folder keeps the runs' files on both (on Temporal it must be shared
 by every worker host).
 """
+
 from __future__ import annotations
 
 import sys
@@ -68,8 +69,11 @@ def _print_progress(activity_id: str, details: Any) -> None:
     if isinstance(details, dict) and "step" in details:
         loss = details.get("loss")
         loss_text = f" loss {loss:.4f}" if isinstance(loss, (int, float)) else ""
-        print(f"ctl: {activity_id}: step {details['step']}{loss_text} checkpoint {details.get('checkpoint', '')}",
-              file=sys.stderr, flush=True)
+        print(
+            f"ctl: {activity_id}: step {details['step']}{loss_text} checkpoint {details.get('checkpoint', '')}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def open_temporal(home: Path, *, progress: bool = True) -> Backend:
@@ -82,8 +86,9 @@ def open_temporal(home: Path, *, progress: bool = True) -> Backend:
     except temporal.MissingExtra as e:
         raise BadRequest(str(e)) from None
     try:
-        engine = temporal.TemporalEngine(cfg, on_heartbeat=_print_progress if progress else None,
-                                         passthrough_modules=APP_PACKAGES)
+        engine = temporal.TemporalEngine(
+            cfg, on_heartbeat=_print_progress if progress else None, passthrough_modules=APP_PACKAGES
+        )
     except temporal.Unreachable as e:
         raise CtlError(str(e)) from None
     workflows.register(engine, activities=workflows.tinyllm_activities(home))

@@ -3,6 +3,7 @@
 A leaf module: ``app.runs``, ``app.backends``, ``app.homecheck`` and ``app.trainers`` all raise
 these, so they live below all of them (``app`` re-exports the classes).
 """
+
 from __future__ import annotations
 
 # The codes are the contract's (contracts/exits.py). 74: a write failed for lack of space; free some, run the same

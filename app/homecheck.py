@@ -5,6 +5,7 @@ writing commands) open the database; ``as_ctl_error`` turns an exception from de
 write (SQLite's "database or disk is full", ``ENOSPC``, a read-only file system) into the one
 line and exit code ctl reports. Nothing here opens ``engine.db`` (``os.stat`` only).
 """
+
 from __future__ import annotations
 
 import errno
@@ -21,8 +22,10 @@ _READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def _read_only_message(home: Path) -> str:
-    return (f"home {home} is read-only: this command writes its database and runs there "
-            f"(status, list and history work read-only); pass a writable --home")
+    return (
+        f"home {home} is read-only: this command writes its database and runs there "
+        f"(status, list and history work read-only); pass a writable --home"
+    )
 
 
 def _is_read_only(path: Path) -> bool:
@@ -66,8 +69,9 @@ def as_ctl_error(err: BaseException, home: Path | None) -> CtlError | None:
     if isinstance(err, sqlite3.OperationalError):
         text = str(err).lower()
         if "disk is full" in text or "disk full" in text:
-            return DiskFull(f"disk full writing {db}; free some space and run the same command again (nothing "
-                            f"recorded is lost)")
+            return DiskFull(
+                f"disk full writing {db}; free some space and run the same command again (nothing recorded is lost)"
+            )
         if "readonly" in text or "read-only" in text:
             return BadRequest(_read_only_message(home) if home else f"{db} is read-only")
         if "disk i/o error" in text:
@@ -75,12 +79,16 @@ def as_ctl_error(err: BaseException, home: Path | None) -> CtlError | None:
         if "locked" in text or "busy" in text:
             return CtlError(f"{db} stayed locked by another process ({err}); try again")
     if isinstance(err, sqlite3.DatabaseError):  # "database disk image is malformed" and the like
-        return BadRequest(f"engine database {db} is damaged: {err}; nothing was written; `ctl doctor` says "
-                          f"what each run can still use")
+        return BadRequest(
+            f"engine database {db} is damaged: {err}; nothing was written; `ctl doctor` says "
+            f"what each run can still use"
+        )
     if isinstance(err, OSError):
         if err.errno in DISK_FULL_ERRNOS:
-            return DiskFull(f"disk full writing {err.filename or home}; free some space and run the same command "
-                            f"again (nothing recorded is lost)")
+            return DiskFull(
+                f"disk full writing {err.filename or home}; free some space and run the same command "
+                f"again (nothing recorded is lost)"
+            )
         if err.errno == errno.EROFS or (err.errno in _READ_ONLY and home is not None):
             return BadRequest(_read_only_message(home) if home else f"read-only: {err.filename}")
     return None

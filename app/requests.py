@@ -7,6 +7,7 @@ frozen model: the workflow run here, on every replay, gets the same one); the wo
 (a ``ctl worker``) parses the recorded input once there, and the trainer its own file once. Bad input is
 ``BadRequest`` (exit 2), nothing started.
 """
+
 from __future__ import annotations
 
 import re
@@ -89,13 +90,22 @@ def check_corpus_name(name: str, home: Path) -> None:
     built = known_corpora(home)
     if name in BUILTIN_CORPORA or name in built:
         return
-    raise BadRequest(f"unknown corpus {name!r} in the train spec: the built-in corpora are "
-                     f"{', '.join(BUILTIN_CORPORA)}; built in {home}: {', '.join(built) or 'none'}; to build "
-                     f"{name!r} from your own text give --corpus-spec FILE")
+    raise BadRequest(
+        f"unknown corpus {name!r} in the train spec: the built-in corpora are "
+        f"{', '.join(BUILTIN_CORPORA)}; built in {home}: {', '.join(built) or 'none'}; to build "
+        f"{name!r} from your own text give --corpus-spec FILE"
+    )
 
 
-def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 0, eval_max_items: int | None = None,
-                  corpus_file: str | None = None, home: Path | None = None) -> TrainRequest:
+def train_request(
+    spec_file: str,
+    suites: list[str] | None,
+    *,
+    eval_seed: int = 0,
+    eval_max_items: int | None = None,
+    corpus_file: str | None = None,
+    home: Path | None = None,
+) -> TrainRequest:
     """Read and validate a train spec (and optional corpus spec) into a ``TrainRequest``: the spec parsed here,
     once (``parse_run_spec``), and checked as the workflow will check it (``workflows.check_run_spec``).
 
@@ -109,8 +119,9 @@ def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 
         raise BadRequest(str(e)) from None
     if has_trainer(raw):  # a user's trainer (app/trainers.py)
         assert isinstance(raw, dict)  # has_trainer: a JSON object
-        custom, inp = custom_train_request(raw, suites, eval_seed=eval_seed, eval_max_items=eval_max_items,
-                                           corpus_file=corpus_file)
+        custom, inp = custom_train_request(
+            raw, suites, eval_seed=eval_seed, eval_max_items=eval_max_items, corpus_file=corpus_file
+        )
         return TrainRequest(custom, inp)
     if suites is None:
         suites = list(DEFAULT_SUITES)
@@ -142,13 +153,25 @@ def train_request(spec_file: str, suites: list[str] | None, *, eval_seed: int = 
     check_suites(list(suites), spec.name)
     if eval_max_items is not None and eval_max_items < 1:
         raise BadRequest(f"--eval-max-items must be >= 1, got {eval_max_items}")
-    return TrainRequest(spec, TrainRunInput(spec=raw, corpus=corpus, eval_suites=list(suites), eval_seed=eval_seed,
-                                            eval_max_items=eval_max_items))
+    return TrainRequest(
+        spec,
+        TrainRunInput(
+            spec=raw, corpus=corpus, eval_suites=list(suites), eval_seed=eval_seed, eval_max_items=eval_max_items
+        ),
+    )
 
 
-def eval_request(name: str, suites: list[str], subjects: list[str], *, tag: str = "", seed: int = 0,
-                 corpus: str = "default", max_items: int | None = None,
-                 trainer: dict | None = None) -> EvalSuiteInput:
+def eval_request(
+    name: str,
+    suites: list[str],
+    subjects: list[str],
+    *,
+    tag: str = "",
+    seed: int = 0,
+    corpus: str = "default",
+    max_items: int | None = None,
+    trainer: dict | None = None,
+) -> EvalSuiteInput:
     """``--subject ID=CHECKPOINT`` pairs and suites into EvalSuite's input.
 
     ``trainer``: a spec's own trainer (app/trainers.py ``eval_trainer``), whose ``eval_command`` runs
@@ -168,8 +191,16 @@ def eval_request(name: str, suites: list[str], subjects: list[str], *, tag: str 
     if tag:
         identifier(tag, "tag")
     identifier(corpus, "corpus")
-    inp = EvalSuiteInput(name=name, tag=tag, suites=list(suites), subjects=parsed, seed=seed, corpus=corpus,
-                         max_items=max_items, trainer=trainer)
+    inp = EvalSuiteInput(
+        name=name,
+        tag=tag,
+        suites=list(suites),
+        subjects=parsed,
+        seed=seed,
+        corpus=corpus,
+        max_items=max_items,
+        trainer=trainer,
+    )
     if trainer is not None:
         check_suite_names(list(suites))
         return inp

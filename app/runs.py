@@ -10,6 +10,7 @@ segments and evaluations the earlier workflows finished are passed in its input,
 ``train/tiny`` given to status/cancel/history names the newest of these; ``train/tiny/1``
 names the first one itself.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,16 @@ from tinyllm import fsio
 
 from . import backends
 from .backend import Backend
-from .errors import (EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_DISK_FULL, EXIT_FAILED, EXIT_OK,  # noqa: F401 (re-exported)
-                     BadRequest, CtlError, DiskFull)
+from .errors import (  # noqa: F401 (the exit codes and errors are re-exported)
+    EXIT_BAD_INPUT,
+    EXIT_CANCELED,
+    EXIT_DISK_FULL,
+    EXIT_FAILED,
+    EXIT_OK,
+    BadRequest,
+    CtlError,
+    DiskFull,
+)
 from .homecheck import check_home_writable, refuse_lost_history
 
 ENDED = ("completed", "failed", "canceled")
@@ -53,8 +62,15 @@ def stopped(engine: Backend) -> bool:
     return engine.stop is not None
 
 
-def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env: Any = None,
-                warm: str = "lazy", **engine_kwargs: Any) -> Backend:
+def open_engine(
+    home: Path,
+    *,
+    create: bool,
+    readonly: bool = False,
+    attempt_env: Any = None,
+    warm: str = "lazy",
+    **engine_kwargs: Any,
+) -> Backend:
     """The engine of ``home`` with the workflows and the real activities registered.
 
     ``create=False`` (read-only commands) refuses a home without a database, so that
@@ -86,8 +102,9 @@ def open_engine(home: Path, *, create: bool, readonly: bool = False, attempt_env
         engine = Engine(path, **engine_kwargs)
     except BadInput as e:
         raise BadRequest(str(e)) from None
-    workflows.register(engine, activities=workflows.tinyllm_activities(
-        home, attempt_env=attempt_env, warm="off" if readonly else warm))
+    workflows.register(
+        engine, activities=workflows.tinyllm_activities(home, attempt_env=attempt_env, warm="off" if readonly else warm)
+    )
     return engine
 
 
@@ -101,8 +118,8 @@ def train_workflow_id(name: str) -> str:
 def generation(workflow_id: str, base: str) -> int | None:
     if workflow_id == base:
         return 1
-    if workflow_id.startswith(base + "/") and workflow_id[len(base) + 1:].isdigit():
-        return int(workflow_id[len(base) + 1:])
+    if workflow_id.startswith(base + "/") and workflow_id[len(base) + 1 :].isdigit():
+        return int(workflow_id[len(base) + 1 :])
     return None
 
 
@@ -170,16 +187,26 @@ def run_generations(engine: Backend, base: str) -> list[WorkflowStatus]:
     return engine.generations(base)
 
 
-OPERATIONAL = ("prior", "train_heartbeat_timeout_s", "eval_heartbeat_timeout_s", "trace", "heartbeat_timeout_s",
-               "restart")
+OPERATIONAL = (
+    "prior",
+    "train_heartbeat_timeout_s",
+    "eval_heartbeat_timeout_s",
+    "trace",
+    "heartbeat_timeout_s",
+    "restart",
+)
 """Input fields that are not the run's identity: the work already done, and settings of how it is run
 that change no result (a rerun with another ``--heartbeat-timeout`` or ``--eval-heartbeat-timeout`` continues
 the run with it; the
 trace a run records is read back, so a rerun with or without tracing continues it; a release's publish
 heartbeat timeout: the recorded one applies; a restarted run's count, carried from the workflow it continues)."""
 
-FLAGS = {"eval_seed": "--eval-seed", "eval_max_items": "--eval-max-items", "eval_suites": "--suite/--no-eval",
-         "corpus": "--corpus-spec"}
+FLAGS = {
+    "eval_seed": "--eval-seed",
+    "eval_max_items": "--eval-max-items",
+    "eval_suites": "--suite/--no-eval",
+    "corpus": "--corpus-spec",
+}
 """The ``ctl train`` option behind each identity field of TrainRunInput (named in a refusal)."""
 
 
@@ -226,10 +253,16 @@ def start_run(engine: Backend, workflow: str, base: str, inp: Any, *, restart: i
         diff = _differences(_without_prior(old_raw), _without_prior(new_raw))
         if diff:
             flagged = [d for d in diff if d.split(".", 1)[0] in FLAGS]
-            fix = ("give the same options as when it was started" if flagged and len(flagged) == len(diff)
-                   else f"use another name, or the recorded spec (`ctl history {current.workflow_id} --json`)"
-                   + (", or start it over with `ctl train --spec FILE --restart`" if isinstance(inp, TrainRunInput)
-                      else ""))
+            fix = (
+                "give the same options as when it was started"
+                if flagged and len(flagged) == len(diff)
+                else f"use another name, or the recorded spec (`ctl history {current.workflow_id} --json`)"
+                + (
+                    ", or start it over with `ctl train --spec FILE --restart`"
+                    if isinstance(inp, TrainRunInput)
+                    else ""
+                )
+            )
             raise BadRequest(
                 f"{current.workflow_id} was started with a different request "
                 f"({_difference_text(diff, old_raw, new_raw)}); {fix}"
@@ -240,9 +273,12 @@ def start_run(engine: Backend, workflow: str, base: str, inp: Any, *, restart: i
         workflow_id = f"{base}/{gen + 1}"
         if isinstance(inp, TrainRunInput):
             epoch = int(old_raw.get("restart") or 0) if isinstance(old_raw, dict) else 0
-            earlier = [events for st in run_generations(engine, base)
-                       if int(((events := engine.history(st.workflow_id))[0].attrs.get("input") or {}).get("restart")
-                              or 0) == epoch]  # only the work done since the run's last restart
+            earlier = [
+                events
+                for st in run_generations(engine, base)
+                if int(((events := engine.history(st.workflow_id))[0].attrs.get("input") or {}).get("restart") or 0)
+                == epoch
+            ]  # only the work done since the run's last restart
             inp = inp.model_copy(update={"prior": workflows.collect_prior(earlier), "restart": epoch})
     else:
         workflow_id = base
@@ -254,8 +290,9 @@ def start_run(engine: Backend, workflow: str, base: str, inp: Any, *, restart: i
     return Started(workflow_id, new=True, reused=sorted([*prior.train, *prior.evals]) if prior else [])
 
 
-def heartbeat_override(workflow_id: str, heartbeat_timeout_s: float | None,
-                       eval_heartbeat_timeout_s: float | None = None):
+def heartbeat_override(
+    workflow_id: str, heartbeat_timeout_s: float | None, eval_heartbeat_timeout_s: float | None = None
+):
     """The engine's ``attempt_options`` hook of a ``ctl train`` running ``workflow_id`` here: its train
     attempts run with this command's ``--heartbeat-timeout``, its evaluations with its
     ``--eval-heartbeat-timeout`` (the scheduled value stays recorded; the started event records the one used),
@@ -267,11 +304,16 @@ def heartbeat_override(workflow_id: str, heartbeat_timeout_s: float | None,
         if wid != workflow_id or value is None or scheduled.heartbeat_timeout_s == value:
             return scheduled
         return replace(scheduled, heartbeat_timeout_s=value)
+
     return hook
 
 
-def heartbeat_in_use(engine: Backend, workflow_id: str, activity: str = workflows.ACTIVITY_TRAIN,
-                     field: str = "train_heartbeat_timeout_s") -> float | None:
+def heartbeat_in_use(
+    engine: Backend,
+    workflow_id: str,
+    activity: str = workflows.ACTIVITY_TRAIN,
+    field: str = "train_heartbeat_timeout_s",
+) -> float | None:
     """The heartbeat timeout the run's ``activity`` attempts (train; eval with ``field``
     ``eval_heartbeat_timeout_s``) last ran with (or were scheduled with), or None."""
     try:
@@ -296,8 +338,14 @@ def outcome_json(st: Any) -> dict:
     error = None
     if st.error:
         error = {k: v for k, v in st.error.items() if k != "traceback"}
-    return {"workflow_id": st.workflow_id, "workflow": st.workflow, "state": st.state,
-            "cancel_requested": st.cancel_requested, "result": st.result, "error": error}
+    return {
+        "workflow_id": st.workflow_id,
+        "workflow": st.workflow,
+        "state": st.state,
+        "cancel_requested": st.cancel_requested,
+        "result": st.result,
+        "error": error,
+    }
 
 
 def exit_code(state: str) -> int:
@@ -338,9 +386,11 @@ def check_run_writable(home: Path, name: str) -> None:
     run = RunHome(home).run(name)
     for path in (RunHome(home).runs, run.path, run.ckpt_root, run.activity_root, RunHome(home).corpora):
         if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
-            raise BadRequest(f"{path} is not writable by this user (uid {os.getuid()}): make it writable (e.g. "
-                             f"`chmod u+w {path}`, or run as its owner) and run the same command again; nothing "
-                             f"was started")
+            raise BadRequest(
+                f"{path} is not writable by this user (uid {os.getuid()}): make it writable (e.g. "
+                f"`chmod u+w {path}`, or run as its owner) and run the same command again; nothing "
+                f"was started"
+            )
 
 
 def error_line(error: dict | None) -> str:

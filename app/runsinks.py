@@ -8,6 +8,7 @@ run sets it again from the recorded end, so a kill between the workflow's end an
 up; a continuation (``/2``) sets it back to RUNNING when it starts. Nothing is imported and nothing
 contacted when the run has no MLflow sink or the sink's state already records the status.
 """
+
 from __future__ import annotations
 
 import sys

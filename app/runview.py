@@ -10,6 +10,7 @@ incrementally (current step, last and smoothed loss, tokens/s, a step rate for t
 Everything here reads; nothing writes. ``ctl status``, ``ctl show`` and the live display of
 ``ctl train`` share it, so they agree on every figure.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -91,9 +92,16 @@ class EvalView:
         return None if self.started_at is None or self.ended_at is None else self.worked_s
 
     def to_json(self) -> dict:
-        return {"activity_id": self.activity_id, "suite": self.suite, "step": self.step, "state": self.state,
-                "attempts": self.attempts, "duration_s": self.duration_s, "metrics": self.metrics,
-                "reused": self.reused}
+        return {
+            "activity_id": self.activity_id,
+            "suite": self.suite,
+            "step": self.step,
+            "state": self.state,
+            "attempts": self.attempts,
+            "duration_s": self.duration_s,
+            "metrics": self.metrics,
+            "reused": self.reused,
+        }
 
 
 @dataclass
@@ -123,11 +131,21 @@ class SegmentView:
         return None if self.started_at is None or self.ended_at is None else self.worked_s
 
     def to_json(self) -> dict:
-        return {"index": self.index, "until": self.until, "activity_id": self.activity_id, "state": self.state,
-                "attempts": self.attempts, "duration_s": self.duration_s, "checkpoint": self.checkpoint,
-                "final_loss": self.final_loss, "final_loss_hex": self.final_loss_hex, "digest": self.digest,
-                "resumed_from": self.resumed_from, "reused": self.reused,
-                "evals": [e.to_json() for e in self.evals]}
+        return {
+            "index": self.index,
+            "until": self.until,
+            "activity_id": self.activity_id,
+            "state": self.state,
+            "attempts": self.attempts,
+            "duration_s": self.duration_s,
+            "checkpoint": self.checkpoint,
+            "final_loss": self.final_loss,
+            "final_loss_hex": self.final_loss_hex,
+            "digest": self.digest,
+            "resumed_from": self.resumed_from,
+            "reused": self.reused,
+            "evals": [e.to_json() for e in self.evals],
+        }
 
 
 @dataclass
@@ -187,8 +205,9 @@ class RunView:
         done = [s.until for s in self.segments if s.state == "done"]
         return max(done) if done else 0
 
-    def remaining_work_s(self, step: int, step_rate: float | None, now: float,
-                         eval_left_s: float | None = None) -> float | None:
+    def remaining_work_s(
+        self, step: int, step_rate: float | None, now: float, eval_left_s: float | None = None
+    ) -> float | None:
         """Seconds left, measured in this run: the segment in flight at ``step_rate``, the segments
         after it at the pace of the finished ones (trainer start-up included), the evaluation in
         flight by its own count (``eval_left_s``, else like the others), evaluations at their mean
@@ -197,8 +216,11 @@ class RunView:
             return 0.0
         finished = [s for s in self.segments if s.state == "done" and not s.reused and s.duration_s]
         prev_end = {s.index: (self.segments[s.index - 2].until if s.index > 1 else 0) for s in self.segments}
-        seg_rate = (sum(s.until - prev_end[s.index] for s in finished) / sum(s.duration_s or 0.0 for s in finished)
-                    if finished else None)
+        seg_rate = (
+            sum(s.until - prev_end[s.index] for s in finished) / sum(s.duration_s or 0.0 for s in finished)
+            if finished
+            else None
+        )
         total = 0.0
         for s in self.segments:
             if s.state == "done":
@@ -249,8 +271,16 @@ def run_view(workflow_id: str, events: list[Any], state: str = "running") -> Run
     segs = [SegmentView(i + 1, until, train_id(until)) for i, until in enumerate(ends)]
     for seg in segs:
         seg.evals = [EvalView(eval_id(step_tag(seg.until), s), s, seg.until) for s in suites]
-    view = RunView(workflow_id, name, steps, suites, segs, Phase("starting", "starting"), state=state,
-                   interval_s=float(spec.get("eval_interval_seconds", 0) or 0))
+    view = RunView(
+        workflow_id,
+        name,
+        steps,
+        suites,
+        segs,
+        Phase("starting", "starting"),
+        state=state,
+        interval_s=float(spec.get("eval_interval_seconds", 0) or 0),
+    )
     by_id: dict[str, Any] = {s.activity_id: s for s in segs}
     by_id.update({e.activity_id: e for s in segs for e in s.evals})
     prior = inp.get("prior") or {}
@@ -309,8 +339,12 @@ def _count_worked(view: RunView, item: Any, e: Any) -> None:
             item.worked_s += (seen or open_at) - open_at
             view.stopped_s += max(0.0, e.time - (seen or open_at))
         item.attempt_at = item.seen_at = e.time if e.type == "activity_started" else None
-    elif open_at is not None and e.type in ("activity_completed", "activity_failed", "activity_canceled",
-                                            "activity_preempted"):
+    elif open_at is not None and e.type in (
+        "activity_completed",
+        "activity_failed",
+        "activity_canceled",
+        "activity_preempted",
+    ):
         item.worked_s += e.time - open_at
         item.attempt_at = item.seen_at = None
     elif open_at is not None:
@@ -357,8 +391,13 @@ def _apply(view: RunView, by_id: dict[str, Any], e: Any) -> None:
         view.timers_started += 1
         seg = view.last_done_index
         fire_at = a.get("fire_at")
-        view.phase = Phase("waiting", "waiting", segment=seg or None, since=e.time,
-                           until=float(fire_at) if isinstance(fire_at, (int, float)) else None)
+        view.phase = Phase(
+            "waiting",
+            "waiting",
+            segment=seg or None,
+            since=e.time,
+            until=float(fire_at) if isinstance(fire_at, (int, float)) else None,
+        )
     elif e.type == "timer_fired":
         view.phase = Phase("between", "working")
     elif e.type in ("workflow_completed", "workflow_failed", "workflow_canceled"):
@@ -377,8 +416,9 @@ def _phase_of(view: RunView, aid: str, attempt: int, t: float, seg: SegmentView 
         idx = view.suites.index(suite) + 1 if suite in view.suites else None
         of = f" of {step_dir_name(step)}" if step is not None else ""
         text = f"evaluating {suite}" + (f" ({idx}/{len(view.suites)})" if idx else "") + of
-        return Phase("evaluating", text, activity_id=aid, attempt=attempt, since=t, suite_index=idx,
-                     suites=len(view.suites))
+        return Phase(
+            "evaluating", text, activity_id=aid, attempt=attempt, since=t, suite_index=idx, suites=len(view.suites)
+        )
     if aid.startswith(CORPUS_PREFIX):
         return Phase("corpus", f"building corpus ({aid})", activity_id=aid, attempt=attempt, since=t)
     return Phase("running", aid, activity_id=aid, attempt=attempt, since=t)
@@ -473,7 +513,9 @@ class MetricsTail(JsonlTail):
                 loss = frame.get("train/loss")
                 if isinstance(loss, (int, float)):
                     self.last_loss = float(loss)
-                    self.smoothed = loss if self.smoothed is None else SMOOTHING * self.smoothed + (1 - SMOOTHING) * loss
+                    self.smoothed = (
+                        loss if self.smoothed is None else SMOOTHING * self.smoothed + (1 - SMOOTHING) * loss
+                    )
         if new:
             self.frames = (self.frames + new)[-MAX_FRAMES_KEPT:]
         return new
@@ -521,9 +563,12 @@ def local_time(t: float, *, date: bool = False) -> str:
 def stopped_early_text(s: dict) -> str:
     """One line of a run early stopping ended (tinyllm/selection.py's ``stopped_early``)."""
     best = s.get("best_value")
-    return (f"stopped early at step {s.get('step')}: {s.get('metric')} ({s.get('mode')}) did not improve for "
-            f"{s.get('patience')} check(s); best step {s.get('best_step')}"
-            + (f" ({best:.4g})" if isinstance(best, (int, float)) else "") + f", {s.get('best_checkpoint') or '-'}")
+    return (
+        f"stopped early at step {s.get('step')}: {s.get('metric')} ({s.get('mode')}) did not improve for "
+        f"{s.get('patience')} check(s); best step {s.get('best_step')}"
+        + (f" ({best:.4g})" if isinstance(best, (int, float)) else "")
+        + f", {s.get('best_checkpoint') or '-'}"
+    )
 
 
 def best_checkpoints(view: RunView) -> list[dict]:
@@ -535,8 +580,14 @@ def best_checkpoints(view: RunView) -> list[dict]:
         return best
     stop = view.stopped_early
     if isinstance(stop, dict) and stop.get("best_checkpoint"):
-        return [{"checkpoint": stop["best_checkpoint"], "step": stop.get("best_step"), "metric": stop.get("metric"),
-                 "value": stop.get("best_value")}]
+        return [
+            {
+                "checkpoint": stop["best_checkpoint"],
+                "step": stop.get("best_step"),
+                "metric": stop.get("metric"),
+                "value": stop.get("best_value"),
+            }
+        ]
     return []
 
 
@@ -561,7 +612,15 @@ def release_outcome(workflow: str, state: str, result: Any) -> dict | None:
             text += "; gates passed: " + ", ".join(shown(g) for g in gates)
     else:
         failed = [g for g in gates if not g.get("passed")]
-        text = "not published: " + ("; ".join(f"gate {shown(g).replace(' (', ' failed (', 1)}" for g in failed)
-                                    if failed else str(result.get("reason") or "no reason recorded"))
-    return {"published": bool(result.get("published")), "version": result.get("version"), "path": result.get("path"),
-            "gates": gates, "text": text}
+        text = "not published: " + (
+            "; ".join(f"gate {shown(g).replace(' (', ' failed (', 1)}" for g in failed)
+            if failed
+            else str(result.get("reason") or "no reason recorded")
+        )
+    return {
+        "published": bool(result.get("published")),
+        "version": result.get("version"),
+        "path": result.get("path"),
+        "gates": gates,
+        "text": text,
+    }

@@ -32,6 +32,7 @@ stays, and the next ``ctl train`` of the run sends what is missing.
 The trace id is recorded in the run's history (``TrainRunInput.trace``, see ``trace_context``), so it
 survives any kill; ``ctl show`` prints it.
 """
+
 from __future__ import annotations
 
 import json
@@ -102,10 +103,16 @@ def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
-def _attempt_record(a: _Attempt, end: float, seq: int, outcome: str, result: Any = None,
-                    error: Any = None) -> SpanRecord:
-    attrs: dict[str, Any] = {"durable.workflow_id": a.wid, "durable.activity_id": a.activity_id,
-                             "durable.activity": a.name, "durable.attempt": a.attempt, "durable.outcome": outcome}
+def _attempt_record(
+    a: _Attempt, end: float, seq: int, outcome: str, result: Any = None, error: Any = None
+) -> SpanRecord:
+    attrs: dict[str, Any] = {
+        "durable.workflow_id": a.wid,
+        "durable.activity_id": a.activity_id,
+        "durable.activity": a.name,
+        "durable.attempt": a.attempt,
+        "durable.outcome": outcome,
+    }
     if a.worker:
         attrs["durable.worker"] = a.worker
     res = result if isinstance(result, dict) else {}
@@ -136,13 +143,15 @@ def _attempt_record(a: _Attempt, end: float, seq: int, outcome: str, result: Any
         attrs["error.type"] = str(error.get("type", "error"))
     elif outcome not in ("completed", "canceled"):
         why = outcome
-    return SpanRecord(a.key, f"{a.name} {a.activity_id}", f"workflow {a.wid}", a.start, max(end, a.start),
-                      (a.wid, seq), attrs, why)
+    return SpanRecord(
+        a.key, f"{a.name} {a.activity_id}", f"workflow {a.wid}", a.start, max(end, a.start), (a.wid, seq), attrs, why
+    )
 
 
 @dataclass
 class _Workflow:
     """What ``HistorySpans`` keeps of one workflow between polls: what is open, and the last event fed."""
+
     start: float
     last_seq: int = 0
     scheduled: dict[str, tuple[str, Any]] = field(default_factory=dict)
@@ -190,8 +199,9 @@ class HistorySpans:
             if aid in open_attempts:  # (never recorded so: a recovery closes an attempt first)
                 out.append(_attempt_record(open_attempts.pop(aid), e.time, e.seq, "superseded"))
             name, inp = scheduled.get(aid, ("", None))
-            open_attempts[aid] = _Attempt(wid, aid, name, int(a.get("attempt", 0)), e.time, a.get("worker"),
-                                          e.time, inp)
+            open_attempts[aid] = _Attempt(
+                wid, aid, name, int(a.get("attempt", 0)), e.time, a.get("worker"), e.time, inp
+            )
         elif e.type == "activity_heartbeat" and aid in open_attempts:
             att = open_attempts[aid]
             if a.get("attempt") != att.attempt:
@@ -206,10 +216,24 @@ class HistorySpans:
                 attrs = {"checkpoint.path": ckpt, "durable.activity_id": aid, "durable.attempt": att.attempt}
                 for k in ("step", "loss", "loss_hex"):
                     _flat(f"train.{k}", d.get(k), attrs)
-                out.append(SpanRecord(f"checkpoint {att.key} {ckpt}", f"checkpoint {Path(ckpt).name}", att.key,
-                                      min(written, e.time), e.time, (wid, e.seq), attrs))
-        elif e.type in ("activity_completed", "activity_failed", "activity_timed_out", "activity_canceled",
-                        "activity_preempted"):
+                out.append(
+                    SpanRecord(
+                        f"checkpoint {att.key} {ckpt}",
+                        f"checkpoint {Path(ckpt).name}",
+                        att.key,
+                        min(written, e.time),
+                        e.time,
+                        (wid, e.seq),
+                        attrs,
+                    )
+                )
+        elif e.type in (
+            "activity_completed",
+            "activity_failed",
+            "activity_timed_out",
+            "activity_canceled",
+            "activity_preempted",
+        ):
             att = open_attempts.get(aid)
             if att is None or a.get("attempt") != att.attempt:
                 return  # canceled before it ran: no attempt
@@ -223,27 +247,49 @@ class HistorySpans:
             elif e.type == "activity_failed":
                 out.append(_attempt_record(att, e.time, e.seq, "failed", error=a.get("error")))
             elif e.type == "activity_preempted":  # a polite stop: not an error
-                out.append(_attempt_record(att, e.time, e.seq, f"preempted ({a.get('signal')}, saved step "
-                                           f"{a.get('step')}, {a.get('steps_lost')} steps lost)"))
+                out.append(
+                    _attempt_record(
+                        att,
+                        e.time,
+                        e.seq,
+                        f"preempted ({a.get('signal')}, saved step {a.get('step')}, {a.get('steps_lost')} steps lost)",
+                    )
+                )
             else:
                 out.append(_attempt_record(att, e.time, e.seq, "canceled"))  # a cancel: not an error
         elif e.type == "timer_started":
             timers[int(a.get("cmd", -1))] = (e.time, a)
         elif e.type in ("timer_fired", "timer_canceled") and int(a.get("cmd", -1)) in timers:
             started, ta = timers.pop(int(a["cmd"]))
-            attrs = {"durable.workflow_id": wid, "durable.wait_s": float(ta.get("seconds", 0.0)),
-                     "durable.outcome": "fired" if e.type == "timer_fired" else "canceled"}
-            out.append(SpanRecord(f"timer {wid} {a['cmd']}", "durable.wait", wf_key, started, e.time,
-                                  (wid, e.seq), attrs))
+            attrs = {
+                "durable.workflow_id": wid,
+                "durable.wait_s": float(ta.get("seconds", 0.0)),
+                "durable.outcome": "fired" if e.type == "timer_fired" else "canceled",
+            }
+            out.append(
+                SpanRecord(f"timer {wid} {a['cmd']}", "durable.wait", wf_key, started, e.time, (wid, e.seq), attrs)
+            )
         elif e.type in ("workflow_completed", "workflow_failed", "workflow_canceled"):
             state = e.type.split("_", 1)[1]
             for att in open_attempts.values():  # still running when the workflow ended: abandoned
                 out.append(_attempt_record(att, e.time, e.seq, f"abandoned (workflow {state})"))
             open_attempts.clear()
             for cmd, (started, ta) in timers.items():
-                out.append(SpanRecord(f"timer {wid} {cmd}", "durable.wait", wf_key, started, e.time, (wid, e.seq),
-                                      {"durable.workflow_id": wid, "durable.outcome": f"workflow {state}",
-                                       "durable.wait_s": float(ta.get("seconds", 0.0))}))
+                out.append(
+                    SpanRecord(
+                        f"timer {wid} {cmd}",
+                        "durable.wait",
+                        wf_key,
+                        started,
+                        e.time,
+                        (wid, e.seq),
+                        {
+                            "durable.workflow_id": wid,
+                            "durable.outcome": f"workflow {state}",
+                            "durable.wait_s": float(ta.get("seconds", 0.0)),
+                        },
+                    )
+                )
             timers.clear()
             err = a.get("error") if isinstance(a.get("error"), dict) else None
             attrs = {"durable.workflow_id": wid, "durable.state": state}
@@ -255,8 +301,9 @@ class HistorySpans:
                 for k in ("name", "steps", "final_loss_hex", "digest", "checkpoint"):
                     _flat(f"train.{k}", res.get(k), root)
                 assert self.first_start is not None  # (set at the run's first workflow_started)
-                out.append(SpanRecord("run", f"TrainRun {self.run_id}", None, self.first_start, e.time, (wid, e.seq),
-                                      root))
+                out.append(
+                    SpanRecord("run", f"TrainRun {self.run_id}", None, self.first_start, e.time, (wid, e.seq), root)
+                )
 
 
 def build_spans(histories: Iterable[tuple[str, list[Any]]], run_id: str) -> list[SpanRecord]:
@@ -278,8 +325,7 @@ def recorded_trace(histories: list[tuple[str, list[Any]]]) -> dict | None:
     return None
 
 
-def trace_context(histories: list[tuple[str, list[Any]]], home: Path, run_id: str,
-                  env: Mapping[str, str]) -> dict:
+def trace_context(histories: list[tuple[str, list[Any]]], home: Path, run_id: str, env: Mapping[str, str]) -> dict:
     """The trace of run ``run_id``: the one its history records; else (it started untraced) one derived
     from its first start; else (a new run) the caller's ``$TRACEPARENT`` trace, else a fresh one."""
     recorded = recorded_trace(histories)
@@ -341,8 +387,9 @@ class SpanBuilder:
     def _context(self, span_hex: str | None, remote: bool) -> Any:
         if span_hex is None:
             return None
-        parent = SpanContext(int(self.trace_id, 16), int(span_hex, 16), is_remote=remote,
-                             trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        parent = SpanContext(
+            int(self.trace_id, 16), int(span_hex, 16), is_remote=remote, trace_flags=TraceFlags(TraceFlags.SAMPLED)
+        )
         return trace_api.set_span_in_context(NonRecordingSpan(parent))
 
     def build(self, records: list[SpanRecord]) -> list[ReadableSpan]:
@@ -350,10 +397,12 @@ class SpanBuilder:
             self.collect.spans = []
             for r in records:
                 self.ids.trace_id, self.ids.span_id = int(self.trace_id, 16), int(self.span_id(r.key), 16)
-                parent = (self._context(self.span_id(r.parent_key), False) if r.parent_key is not None
-                          else self._context(self.parent_span_id, True))
-                span = self.tracer.start_span(r.name, context=parent, attributes=r.attributes,
-                                              start_time=_ns(r.start))
+                parent = (
+                    self._context(self.span_id(r.parent_key), False)
+                    if r.parent_key is not None
+                    else self._context(self.parent_span_id, True)
+                )
+                span = self.tracer.start_span(r.name, context=parent, attributes=r.attributes, start_time=_ns(r.start))
                 if r.error is not None:
                     span.set_status(Status(StatusCode.ERROR, r.error))
                 span.end(end_time=_ns(r.end))
@@ -367,13 +416,26 @@ class RunTracer:
     """The traces of one ``ctl train``: the trainers' ``TRACEPARENT`` (``attempt_env``), and the spans the
     history closes, sent to ``where`` (``exporter``: an SDK exporter instead, e.g. in tests)."""
 
-    def __init__(self, home: Path, run_id: str, where: str, *, span_exporter: SpanExporter | None = None,
-                 stream=None, poll_s: float = POLL_S):
+    def __init__(
+        self,
+        home: Path,
+        run_id: str,
+        where: str,
+        *,
+        span_exporter: SpanExporter | None = None,
+        stream=None,
+        poll_s: float = POLL_S,
+    ):
         self.home, self.run_id, self.where, self.poll_s = Path(home), run_id, where, poll_s
         self.name = run_id.split("/", 1)[1] if "/" in run_id else run_id
         inner = span_exporter if span_exporter is not None else trace_export.exporter(where)
-        self.exporter = trace_export.WarnOnce(inner, where.partition(":")[2], "ctl",
-                                              "command; the next `ctl train` of the run sends what is missing", stream)
+        self.exporter = trace_export.WarnOnce(
+            inner,
+            where.partition(":")[2],
+            "ctl",
+            "command; the next `ctl train` of the run sends what is missing",
+            stream,
+        )
         self.histories: Histories | None = None
         self.trace: dict | None = None
         self.builder: SpanBuilder | None = None
@@ -403,8 +465,11 @@ class RunTracer:
         wid = ctx.workflow_id
         if self.builder is None or not (wid == self.run_id or wid.startswith(self.run_id + "/")):
             return {}
-        env = {tracing.TRACEPARENT: tracing.traceparent(
-            self.builder.trace_id, self.builder.span_id(tracing.attempt_key(wid, ctx.activity_id, ctx.attempt)))}
+        env = {
+            tracing.TRACEPARENT: tracing.traceparent(
+                self.builder.trace_id, self.builder.span_id(tracing.attempt_key(wid, ctx.activity_id, ctx.attempt))
+            )
+        }
         kind, _, target = self.where.partition(":")
         if kind == "file":
             env[tracing.TRACE_FILE_ENV] = target
@@ -438,8 +503,11 @@ class RunTracer:
         except OSError as e:  # the spans went out; the next ctl train may send them again (same ids)
             if not self._mark_warned:
                 self._mark_warned = True
-                print(f"ctl: warning: traces: could not write {path} ({e}); the next ctl train may send "
-                      "spans again", file=sys.stderr, flush=True)
+                print(
+                    f"ctl: warning: traces: could not write {path} ({e}); the next ctl train may send spans again",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     # while the run goes on
     def start(self) -> None:
@@ -456,8 +524,9 @@ class RunTracer:
         except Exception as e:  # reading the history, building spans: never the run's failure
             if self.exporter.failed is None:
                 self.exporter.failed = f"{type(e).__name__}: {e}"
-                print(f"ctl: warning: traces off for this command ({self.exporter.failed})", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"ctl: warning: traces off for this command ({self.exporter.failed})", file=sys.stderr, flush=True
+                )
 
     def close(self) -> None:
         """Stop the thread, send what is left, shut the exporter down."""

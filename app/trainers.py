@@ -5,6 +5,7 @@ the directory ctl runs in), so the worker that runs it, wherever it starts, find
 Suites are the trainer's own names and need its ``eval_command``; by default nothing is evaluated.
 ``ctl eval --spec FILE`` runs that ``eval_command`` on any checkpoints (EvalSuite, as in TrainRun).
 """
+
 from __future__ import annotations
 
 import os
@@ -50,9 +51,14 @@ def check_suite_names(suites: list[str]) -> None:
         raise BadRequest(f"suite given twice: {suites}")
 
 
-def custom_train_request(raw: dict, suites: list[str] | None, *, eval_seed: int = 0,
-                         eval_max_items: int | None = None,
-                         corpus_file: str | None = None) -> tuple[CustomTrainSpec, TrainRunInput]:
+def custom_train_request(
+    raw: dict,
+    suites: list[str] | None,
+    *,
+    eval_seed: int = 0,
+    eval_max_items: int | None = None,
+    corpus_file: str | None = None,
+) -> tuple[CustomTrainSpec, TrainRunInput]:
     """The typed spec and TrainRun's input for a spec with its own trainer (no corpus; suites only with an
     eval_command)."""
     spec_raw, spec = resolved_spec(raw)
@@ -68,9 +74,9 @@ def custom_train_request(raw: dict, suites: list[str] | None, *, eval_seed: int 
         workflows.check_run_spec(spec)
     except NonRetryableError as e:
         raise BadRequest(str(e)) from None
-    return spec, TrainRunInput(spec=spec_raw, corpus=None, eval_suites=suites, eval_seed=eval_seed,
-                               eval_max_items=eval_max_items)
-
+    return spec, TrainRunInput(
+        spec=spec_raw, corpus=None, eval_suites=suites, eval_seed=eval_seed, eval_max_items=eval_max_items
+    )
 
 
 def load_run_spec(spec_file: str) -> dict:

@@ -17,6 +17,7 @@ the polite stop's handler are ctl's):
 Operational flags (``TrainFlags``) change how the run is run here, never its identity (app/runs.py
 ``OPERATIONAL``): a rerun with other values continues the run with them.
 """
+
 from __future__ import annotations
 
 import os
@@ -104,6 +105,7 @@ def run_tracer(home: Path, run_id: str, trace_file: str | None, warn: Warn) -> R
         return None
     try:
         from . import traces  # lazy: the optional [trace] extra
+
         return traces.RunTracer(home, run_id, where)
     except ImportError as e:
         if trace_file:
@@ -118,8 +120,12 @@ class TrainSession:
     def __init__(self, home: Path, request: TrainRequest, flags: TrainFlags, *, warn: Warn) -> None:
         self.home, self.request, self.flags, self.warn = home, request, flags, warn
         self.base = request.workflow_id
-        self.input = request.input.model_copy(update={"train_heartbeat_timeout_s": flags.heartbeat_timeout_s,
-                                                      "eval_heartbeat_timeout_s": flags.eval_heartbeat_timeout_s})
+        self.input = request.input.model_copy(
+            update={
+                "train_heartbeat_timeout_s": flags.heartbeat_timeout_s,
+                "eval_heartbeat_timeout_s": flags.eval_heartbeat_timeout_s,
+            }
+        )
         self.tracer = run_tracer(home, self.base, flags.trace_file, warn)
         self._engine: Backend | None = None
 
@@ -144,27 +150,39 @@ class TrainSession:
         engine, flags, inp = self.engine, self.flags, self.input
         current = latest_run(engine, self.base)
         was_s = heartbeat_in_use(engine, current.workflow_id) if current is not None else None
-        was_eval_s = heartbeat_in_use(engine, current.workflow_id, workflows.ACTIVITY_EVAL,
-                                      "eval_heartbeat_timeout_s") if current is not None else None
+        was_eval_s = (
+            heartbeat_in_use(engine, current.workflow_id, workflows.ACTIVITY_EVAL, "eval_heartbeat_timeout_s")
+            if current is not None
+            else None
+        )
         trace: dict[str, Any] | None = None
         if self.tracer is not None:  # the run's trace: recorded in its history, read back by every later ctl train
             trace = self.tracer.context(self._histories, os.environ)
             inp = inp.model_copy(update={"trace": TraceContext(**trace)})
         restarted = restart(engine) if restart is not None else None
-        started = start_run(engine, workflows.WORKFLOW_TRAIN_RUN, self.base, inp,
-                            restart=restarted.epoch if restarted is not None else None)
+        started = start_run(
+            engine,
+            workflows.WORKFLOW_TRAIN_RUN,
+            self.base,
+            inp,
+            restart=restarted.epoch if restarted is not None else None,
+        )
         out = TrainStart(started, restarted)
         if self.tracer is not None and trace is not None:  # each poll reads only the events since the last
             gens = [st.workflow_id for st in run_generations(engine, self.base)]
-            self.tracer.bind(self._histories, trace,
-                             lambda seen: [(w, engine.history(w, after_seq=seen.get(w, 0))) for w in gens])
+            self.tracer.bind(
+                self._histories, trace, lambda seen: [(w, engine.history(w, after_seq=seen.get(w, 0))) for w in gens]
+            )
             self.tracer.start()
             out.trace = (str(self.tracer.trace_id), str(self.tracer.where))
         if engine.attempt_overrides:  # an operational setting: this command's value from now on
-            engine.attempt_options = heartbeat_override(started.workflow_id, flags.heartbeat_timeout_s,
-                                                        flags.eval_heartbeat_timeout_s)
-        for flag, was, now_s in (("--heartbeat-timeout", was_s, flags.heartbeat_timeout_s),
-                                 ("--eval-heartbeat-timeout", was_eval_s, flags.eval_heartbeat_timeout_s)):
+            engine.attempt_options = heartbeat_override(
+                started.workflow_id, flags.heartbeat_timeout_s, flags.eval_heartbeat_timeout_s
+            )
+        for flag, was, now_s in (
+            ("--heartbeat-timeout", was_s, flags.heartbeat_timeout_s),
+            ("--eval-heartbeat-timeout", was_eval_s, flags.eval_heartbeat_timeout_s),
+        ):
             if was is not None and was != now_s:
                 out.heartbeat_changes.append(HeartbeatChange(flag, was, now_s, engine.attempt_overrides))
         return out

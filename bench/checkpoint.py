@@ -19,6 +19,7 @@ disk of ``--dir`` (default: the system's temporary folder). With ``--dcp`` it al
 
 Usage: python bench/checkpoint.py [--big] [--repeats 3] [--dir PATH] [--dcp]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,13 +49,15 @@ SIZES = {"1M": (5, 128), "25M": (8, 512), "85M": (12, 768)}
 
 def build(n_layer: int, n_embd: int) -> tuple[GPT, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    cfg = ModelConfig(block_size=64, n_layer=n_layer, n_head=max(1, n_embd // 64), n_embd=n_embd,
-                      vocab_size=256, dropout=0.0)
+    cfg = ModelConfig(
+        block_size=64, n_layer=n_layer, n_head=max(1, n_embd // 64), n_embd=n_embd, vocab_size=256, dropout=0.0
+    )
     model = GPT(cfg)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=1e-3, foreach=True)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=1e-3, foreach=True
+    )
     return model, opt
 
 
@@ -127,9 +130,17 @@ def case(name: str, repeats: int, folder: Path, dcp: bool) -> dict:
         del comps
         for old in ckpt.list_step_dirs(run_dir / "ckpt")[1:]:
             shutil.rmtree(old)
-    out = {"name": name, "params": sum(p.numel() for p in model.parameters()), "bytes": size, "step_s": step_s,
-           "copy": median(copies), "sync": median(syncs), "async": median(stalls), "persist": median(persists),
-           "overlap": median(overlaps)}
+    out = {
+        "name": name,
+        "params": sum(p.numel() for p in model.parameters()),
+        "bytes": size,
+        "step_s": step_s,
+        "copy": median(copies),
+        "sync": median(syncs),
+        "async": median(stalls),
+        "persist": median(persists),
+        "overlap": median(overlaps),
+    }
     if dcp:
         out.update(dcp_case(model, opt, folder / f"dcp-{name}", repeats))
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -165,15 +176,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     defer_dynamo_in_optimizers()
     names = ["1M", "25M"] + (["85M"] if args.big else [])
-    print(f"torch {torch.__version__}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start, "
-          f"torch threads {args.threads}, repeats {args.repeats} (medians)", flush=True)
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start, "
+        f"torch threads {args.threads}, repeats {args.repeats} (medians)",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-ckpt-") as tmp:
         for name in names:
             r = case(name, args.repeats, Path(tmp), args.dcp)
-            line = (f"{r['name']:>4}: {r['params'] / 1e6:6.1f}M params, {r['bytes'] / 2**20:7.1f} MiB  step {r['step_s'] * 1e3:7.1f} ms | "
-                    f"copy {r['copy']:.3f} s | sync stall {r['sync']:.3f} s | async stall {r['async']:.3f} s "
-                    f"(persist {r['persist']:.3f} s beside training, overlap {r['overlap']:.3f} s) | "
-                    f"async/copy {r['async'] / r['copy']:.2f}x, sync/async {r['sync'] / r['async']:.1f}x")
+            line = (
+                f"{r['name']:>4}: {r['params'] / 1e6:6.1f}M params, {r['bytes'] / 2**20:7.1f} MiB  step {r['step_s'] * 1e3:7.1f} ms | "
+                f"copy {r['copy']:.3f} s | sync stall {r['sync']:.3f} s | async stall {r['async']:.3f} s "
+                f"(persist {r['persist']:.3f} s beside training, overlap {r['overlap']:.3f} s) | "
+                f"async/copy {r['async'] / r['copy']:.2f}x, sync/async {r['sync'] / r['async']:.1f}x"
+            )
             if "dcp_stall" in r:
                 line += f" | dcp.async_save stall {r['dcp_stall']:.3f} s, total {r['dcp_total']:.3f} s"
             print(line, flush=True)

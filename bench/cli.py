@@ -17,6 +17,7 @@ lightning). Each command runs once unmeasured first, so that its modules are com
 ``PYTHONPYCACHEPREFIX`` of its own, also where ``PYTHONDONTWRITEBYTECODE`` is set), as in an installed
 package. Nothing is asserted (tests/ctl/test_ctl_imports.py pins what may be imported).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "train/bench"
-SPEC = {"name": "bench", "steps": 12, "eval_every": 6, "eval_interval_seconds": 0, "checkpoint_every": 2,
-        "batch_size": 2, "threads": 1, "log_every": 1,
-        "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16}}
+SPEC = {
+    "name": "bench",
+    "steps": 12,
+    "eval_every": 6,
+    "eval_interval_seconds": 0,
+    "checkpoint_every": 2,
+    "batch_size": 2,
+    "threads": 1,
+    "log_every": 1,
+    "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
+}
 COMMANDS = {  # name -> ctl arguments (--home is added)
     "--version": ["--version"],
     "status": ["status"],
@@ -72,8 +81,13 @@ def prepare_home(home: Path) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     (home / "spec.json").write_text(json.dumps(SPEC))
     t0 = time.perf_counter()
-    proc = subprocess.run(_argv(["train", "--spec", str(home / "spec.json"), "--quiet"], home), env=_env(REPO),
-                          capture_output=True, text=True, cwd=home)
+    proc = subprocess.run(
+        _argv(["train", "--spec", str(home / "spec.json"), "--quiet"], home),
+        env=_env(REPO),
+        capture_output=True,
+        text=True,
+        cwd=home,
+    )
     if proc.returncode != 0:
         sys.exit(f"bench/cli.py: ctl train of the bench home failed ({proc.returncode}): {proc.stderr[-2000:]}")
     print(f"# home {home}: train/bench made in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -118,14 +132,20 @@ def import_profile(argv: list[str], env: dict, cwd: Path, reps: int) -> Imports:
     """``python -X importtime`` of the command, the run with the least total of ``reps``."""
     best: Imports | None = None
     for _ in range(reps):
-        proc = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], env=env, cwd=cwd,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.run(
+            [argv[0], "-X", "importtime", *argv[1:]],
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         top: dict[str, int] = {}
         names: set[str] = set()
         for line in proc.stderr.splitlines():
             if not line.startswith("import time:") or "cumulative" in line:
                 continue
-            _self, cum, name = line[len("import time:"):].split("|", 2)
+            _self, cum, name = line[len("import time:") :].split("|", 2)
             names.add(name.strip())
             if not name[1:].startswith(" "):  # depth 0: imported by no other module's import
                 top[name.strip()] = top.get(name.strip(), 0) + int(cum)
@@ -143,9 +163,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="Runs per command and tree; the best is printed.")
     ap.add_argument("--top", type=int, default=8, help="Top-level imports listed per command.")
     ap.add_argument("--home", default=None, help="The prepared home (made when it holds no run yet).")
-    ap.add_argument("--as-is", action="store_true",
-                    help="Keep the environment's bytecode setting (PYTHONDONTWRITEBYTECODE: every module compiled at "
-                         "each start, as this machine runs ctl) instead of a bytecode cache.")
+    ap.add_argument(
+        "--as-is",
+        action="store_true",
+        help="Keep the environment's bytecode setting (PYTHONDONTWRITEBYTECODE: every module compiled at "
+        "each start, as this machine runs ctl) instead of a bytecode cache.",
+    )
     ap.add_argument("--only", default=None, help="Comma-separated commands (of: " + ", ".join(COMMANDS) + ").")
     args = ap.parse_args()
     chosen = [c for c in COMMANDS if args.only is None or c in args.only.split(",")]
@@ -159,7 +182,9 @@ def main() -> None:
             trees = {args.rev: extract(args.rev, scratch / "rev"), "now": REPO}
         load = os.getloadavg()[0]
         cache = "bytecode as the environment has it" if PYCACHE is None else "bytecode cached"
-        print(f"# python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {load:.2f}; best of {args.reps}; {cache}")
+        print(
+            f"# python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {load:.2f}; best of {args.reps}; {cache}"
+        )
         print("# trees: " + ", ".join(f"{k} = {v}" for k, v in trees.items()))
         results: dict[tuple[str, str], Timing] = {(c, t): Timing() for c in chosen for t in trees}
         for c in chosen:  # once unmeasured: every module compiled and cached first (PYTHONPYCACHEPREFIX)
@@ -172,8 +197,10 @@ def main() -> None:
         head = "".join(f"{t + ' wall':>13}{t + ' cpu':>12}" for t in trees)
         print(f"\n{'command':<12}{head}" + ("   ratio (wall, cpu)" if len(trees) > 1 else "") + "   exit")
         for c in chosen:
-            row = "".join(f"{min(results[(c, t)].wall_s) * 1e3:>10.0f} ms{min(results[(c, t)].cpu_s) * 1e3:>9.0f} ms"
-                          for t in trees)
+            row = "".join(
+                f"{min(results[(c, t)].wall_s) * 1e3:>10.0f} ms{min(results[(c, t)].cpu_s) * 1e3:>9.0f} ms"
+                for t in trees
+            )
             if len(trees) > 1:
                 a, b = (results[(c, t)] for t in trees)
                 row += f"   {min(b.wall_s) / min(a.wall_s):5.2f}x {min(b.cpu_s) / min(a.cpu_s):5.2f}x"
@@ -183,7 +210,7 @@ def main() -> None:
         for c in chosen:
             for t, tree in trees.items():
                 imp = import_profile(_argv(COMMANDS[c], home), _env(tree), home, args.reps)
-                tops = ", ".join(f"{n} {us / 1e3:.1f}" for n, us in imp.top[:args.top])
+                tops = ", ".join(f"{n} {us / 1e3:.1f}" for n, us in imp.top[: args.top])
                 print(f"{c:<10} {t:<6} total {imp.total_us / 1e3:6.1f} ms; heavy: {', '.join(imp.heavy) or 'none'}")
                 print(f"{'':<17} {tops}")
     finally:

@@ -18,6 +18,7 @@ The machine's load average is printed before and after (other work shares it).
 Usage: python bench/durable.py [--spec specs/tiny.json] [--suite ppl ...] [--repeat N]
 (without --suite, ctl train runs with --no-eval: the same work as the bare commands)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,18 @@ def timed(argv: list[str], **kw) -> tuple[float, subprocess.CompletedProcess]:
 
 def ctl_argv(spec: Path, home: Path, suites: list[str]) -> list[str]:
     """ctl train with the given suites; without any, --no-eval (the bare commands evaluate nothing)."""
-    return [sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec), "--home", str(home), "--json",
-            *([a for s in suites for a in ("--suite", s)] or ["--no-eval"])]
+    return [
+        sys.executable,
+        "-m",
+        "ctl.cli",
+        "train",
+        "--spec",
+        str(spec),
+        "--home",
+        str(home),
+        "--json",
+        *([a for s in suites for a in ("--suite", s)] or ["--no-eval"]),
+    ]
 
 
 def bare_run(spec: dict, home: Path) -> tuple[float, str]:
@@ -106,7 +117,9 @@ def poll(cond, what: str, deadline_s: float = 600.0):
     raise SystemExit(f"timed out waiting for {what}")
 
 
-def restart_latency(spec_path: Path, spec: dict, home: Path, suites: list[str], env: dict | None = None) -> tuple[float, int]:
+def restart_latency(
+    spec_path: Path, spec: dict, home: Path, suites: list[str], env: dict | None = None
+) -> tuple[float, int]:
     """SIGKILL ctl in the second segment, run it again; seconds to the first resumed step."""
     name = spec["name"]
     ends = segments(spec["steps"], spec.get("eval_every", 0))
@@ -123,8 +136,9 @@ def restart_latency(spec_path: Path, spec: dict, home: Path, suites: list[str], 
         steps = [s for s in steps if ends[0] < s < ends[1]]
         return max(steps) if steps else None
 
-    proc = subprocess.Popen(ctl_argv(spec_path, home, suites), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env)
+    proc = subprocess.Popen(
+        ctl_argv(spec_path, home, suites), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
     poll(ckpt_in_segment_2, "a checkpoint in segment 2")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -133,8 +147,9 @@ def restart_latency(spec_path: Path, spec: dict, home: Path, suites: list[str], 
     metrics = home / "runs" / name / "metrics.jsonl"
     t0_wall = time.time()
     t0 = time.perf_counter()
-    again = subprocess.Popen(ctl_argv(spec_path, home, suites), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             env=env)
+    again = subprocess.Popen(
+        ctl_argv(spec_path, home, suites), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
 
     def resumed_step():
         try:
@@ -156,8 +171,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", default=str(ROOT / "specs" / "tiny.json"))
     ap.add_argument("--suite", action="append", default=[])
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="pairs of runs, order alternated (ctl first, then bare first); the best of each is compared")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="pairs of runs, order alternated (ctl first, then bare first); the best of each is compared",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temporary homes")
     args = ap.parse_args()
     spec_path = Path(args.spec).resolve()
@@ -172,12 +191,13 @@ def main() -> None:
         losses: dict[str, str] = {}
         kinds = list(times)
         for i in range(args.repeat):
-            for kind in (kinds if i % 2 == 0 else kinds[::-1]):
+            for kind in kinds if i % 2 == 0 else kinds[::-1]:
                 home = root / f"{kind.replace(' ', '-')}-{i}"
                 home.mkdir()
                 if kind.startswith("ctl"):
-                    t, p = timed(ctl_argv(spec_path, home, args.suite), cwd=ROOT,
-                                 env=COLD if kind == "ctl cold" else None)
+                    t, p = timed(
+                        ctl_argv(spec_path, home, args.suite), cwd=ROOT, env=COLD if kind == "ctl cold" else None
+                    )
                     losses[kind] = json.loads(p.stdout)["result"]["final_loss_hex"]
                     gaps[kind] += boundaries(home, spec["name"], ends)
                 else:
@@ -189,14 +209,20 @@ def main() -> None:
             restart[kind] = restart_latency(spec_path, spec, root / f"restart-{kind}", args.suite, env)
         best = {k: min(v) for k, v in times.items()}
         ref = losses["ctl cold"]
-        print(f"spec {spec_path.name}: {spec['steps']} steps in {len(ends)} segments {ends}"
-              f"{', suites ' + ','.join(args.suite) if args.suite else ''}; best of {args.repeat}")
+        print(
+            f"spec {spec_path.name}: {spec['steps']} steps in {len(ends)} segments {ends}"
+            f"{', suites ' + ','.join(args.suite) if args.suite else ''}; best of {args.repeat}"
+        )
         print(f"load average (1, 5, 15 min) before {load_before}, after {load()}; {os.cpu_count()} CPUs")
         if args.repeat > 1:
             for k, v in times.items():
                 print(f"runs (s) {k:9s} {', '.join(f'{t:.1f}' for t in v)}")
-        what = {"ctl": "ctl train, warm segments", "ctl cold": "ctl train, cold (CTL_WARM_START=0)",
-                "bare": "bare tinyllm segments", "single": "one bare tinyllm train (all steps)"}
+        what = {
+            "ctl": "ctl train, warm segments",
+            "ctl cold": "ctl train, cold (CTL_WARM_START=0)",
+            "bare": "bare tinyllm segments",
+            "single": "one bare tinyllm train (all steps)",
+        }
         for k in kinds:
             same = "(equal)" if losses[k] == ref else "(DIFFERENT)"
             print(f"{what[k]:36s} {best[k]:8.2f} s   final_loss_hex {losses[k]} {same}")
@@ -204,14 +230,23 @@ def main() -> None:
         print(f"ratio ctl warm / one bare train      {best['ctl'] / best['single']:8.3f}   (aim <= 1.05)")
         print(f"ratio ctl cold / one bare train      {best['ctl cold'] / best['single']:8.3f}")
         if waits_s:
-            print(f"ratio without the spec's {waits_s:g} s of eval_interval waits  "
-                  f"{(best['ctl'] - waits_s) / best['bare']:8.3f}")
+            print(
+                f"ratio without the spec's {waits_s:g} s of eval_interval waits  "
+                f"{(best['ctl'] - waits_s) / best['bare']:8.3f}"
+            )
         for k in ("ctl", "ctl cold"):
             if gaps[k]:
-                print(f"segment boundary, {'warm' if k == 'ctl' else 'cold'}: median {median(gaps[k]):6.2f} s, "
-                      f"max {max(gaps[k]):6.2f} s over {len(gaps[k])}   (aim <= 0.3 s)")
-        for kind, (t, at) in restart.items():  # the redelivered segment starts cold either way (workflows/activities.py)
-            print(f"restart -> first resumed step, {kind} server: {t:6.2f} s   (resumed from step {at}; aim <= 1 s idle)")
+                print(
+                    f"segment boundary, {'warm' if k == 'ctl' else 'cold'}: median {median(gaps[k]):6.2f} s, "
+                    f"max {max(gaps[k]):6.2f} s over {len(gaps[k])}   (aim <= 0.3 s)"
+                )
+        for kind, (
+            t,
+            at,
+        ) in restart.items():  # the redelivered segment starts cold either way (workflows/activities.py)
+            print(
+                f"restart -> first resumed step, {kind} server: {t:6.2f} s   (resumed from step {at}; aim <= 1 s idle)"
+            )
     finally:
         if args.keep:
             print(f"homes kept under {root}")

@@ -8,6 +8,7 @@
 
 Usage: python bench/durable_helper.py [--steps 400] [--hidden 256]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,8 +85,10 @@ def main() -> None:
     print(f"model: MLP hidden {args.hidden}, {args.steps} steps, batch 16, 1 thread")
     print(f"plain loop                     {args.steps / base:8.1f} steps/s")
     print(f"DurableRun, no checkpoint due  {args.steps / none_due:8.1f} steps/s   ratio {none_due / base:.3f}")
-    print(f"DurableRun, checkpoint every 10 {args.steps / with_ckpt:7.1f} steps/s   ratio {with_ckpt / base:.3f}"
-          f"   ({saves} checkpoints, {per_ckpt * 1000:.1f} ms each)")
+    print(
+        f"DurableRun, checkpoint every 10 {args.steps / with_ckpt:7.1f} steps/s   ratio {with_ckpt / base:.3f}"
+        f"   ({saves} checkpoints, {per_ckpt * 1000:.1f} ms each)"
+    )
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ interleaved with the engine's work: every ``--probe-every`` activities the activ
 - dry replay time for histories of about 100, 1,000 and 10,000 events and the ratio 10,000 / 1,000
   (10 means linear), as wall and as process CPU time (steadier on a shared machine).
 """
+
 import argparse
 import gc
 import os
@@ -109,8 +110,9 @@ def raw_commit_rate(path: str, n: int) -> float:
 
 
 def _engine(path: str, inline: bool, probe: Probe, concurrency: int = 4) -> Engine:
-    eng = Engine(path, clock=SystemClock(), inline_activities=inline, max_concurrent_activities=concurrency,
-                 poll_interval_s=0.01)
+    eng = Engine(
+        path, clock=SystemClock(), inline_activities=inline, max_concurrent_activities=concurrency, poll_interval_s=0.01
+    )
     eng.register_activity("noop", probe)
     eng.register_workflow("chain", chain)
     eng.start("chain", "warmup", WARMUP)
@@ -193,8 +195,10 @@ def layout_writes(path: str, ddl: str, n: int, raw: Raw | None = None) -> tuple[
     c = sqlite3.connect(path, isolation_level=None)
     c.execute("PRAGMA journal_mode=WAL")
     c.execute("PRAGMA synchronous=FULL")
-    c.execute("CREATE TABLE activities (workflow_id TEXT, activity_id TEXT, body TEXT, "
-              "PRIMARY KEY (workflow_id, activity_id)) WITHOUT ROWID")
+    c.execute(
+        "CREATE TABLE activities (workflow_id TEXT, activity_id TEXT, body TEXT, "
+        "PRIMARY KEY (workflow_id, activity_id)) WITHOUT ROWID"
+    )
     c.execute(ddl)
     keyed = "UNIQUE" not in ddl and "WITHOUT ROWID" not in ddl  # the integer-keyed layout: rowid given
     pages = rate = raw_rate = cpu_s = None
@@ -219,8 +223,10 @@ def layout_writes(path: str, ddl: str, n: int, raw: Raw | None = None) -> tuple[
                 seq += 1
                 row = (wf, seq, "activity_" + typ, 1.7e9 + seq, "y" * size, 123456789)
                 if keyed:
-                    c.execute("INSERT INTO events(rowid, workflow_id, seq, type, time, attrs, crc) "
-                              "VALUES (?,?,?,?,?,?,?)", ((num << 32) | seq, *row))
+                    c.execute(
+                        "INSERT INTO events(rowid, workflow_id, seq, type, time, attrs, crc) VALUES (?,?,?,?,?,?,?)",
+                        ((num << 32) | seq, *row),
+                    )
                 else:
                     c.execute("INSERT INTO events VALUES (?,?,?,?,?,?)", row)
             c.execute("COMMIT")
@@ -304,6 +310,7 @@ class _Stopwatch:
                 self.calls[ph] = self.calls.get(ph, 0) + 1
                 if self.stack:
                     self.stack[-1][1] = t2
+
         return timed
 
 
@@ -318,8 +325,12 @@ class _TimedConn:
         f = self._timed.get(sql)
         if f is None:
             verb = sql.split(None, 1)[0].upper()
-            label = {"BEGIN": "sql: BEGIN", "COMMIT": "sql: COMMIT", "SAVEPOINT": "sql: SAVEPOINT/RELEASE",
-                     "RELEASE": "sql: SAVEPOINT/RELEASE"}.get(verb, f"sql: {verb} {_table(sql)}")
+            label = {
+                "BEGIN": "sql: BEGIN",
+                "COMMIT": "sql: COMMIT",
+                "SAVEPOINT": "sql: SAVEPOINT/RELEASE",
+                "RELEASE": "sql: SAVEPOINT/RELEASE",
+            }.get(verb, f"sql: {verb} {_table(sql)}")
             f = self._timed[sql] = self._watch.wrap(label, self._conn.execute)
         return f(sql, params)
 
@@ -440,10 +451,14 @@ def main() -> None:
     ap.add_argument("--probe-every", type=int, default=20, help="activities between raw-commit probes")
     ap.add_argument("--probe", type=int, default=20, help="raw commits per probe")
     ap.add_argument("--dir", default=None, help="where the databases go (default: a temp dir)")
-    ap.add_argument("--warmup", type=int, default=WARMUP,
-                    help="activities each engine database runs before it is measured: past its first WAL "
-                         "checkpoint, so that the log is written over rather than grown, as in a long-lived "
-                         "database (the raw loop is warmed the same way)")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=WARMUP,
+        help="activities each engine database runs before it is measured: past its first WAL "
+        "checkpoint, so that the log is written over rather than grown, as in a long-lived "
+        "database (the raw loop is warmed the same way)",
+    )
     args = ap.parse_args()
     globals()["WARMUP"] = max(1, args.warmup)
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
@@ -452,56 +467,80 @@ def main() -> None:
         for label, inline in (("inline", True), ("threaded", False)):
             ratios = []
             for rep in range(args.repeat):
-                rate, r, tx = sequential(os.path.join(d, f"seq-{label}{rep}.db"), raw, args.activities, inline,
-                                         args.probe_every, args.probe)
+                rate, r, tx = sequential(
+                    os.path.join(d, f"seq-{label}{rep}.db"), raw, args.activities, inline, args.probe_every, args.probe
+                )
                 ratios.append(rate / r)
-                print(f"sequential {args.activities} no-op activities, {label:8s} {rate:8.0f}/s  {r:8.0f} (interleaved)"
-                      f"  {rate / r:5.2f}   ({tx:.2f} COMMITs/activity)")
+                print(
+                    f"sequential {args.activities} no-op activities, {label:8s} {rate:8.0f}/s  {r:8.0f} (interleaved)"
+                    f"  {rate / r:5.2f}   ({tx:.2f} COMMITs/activity)"
+                )
             print(f"  median ratio of {args.repeat}, {label}:{'':27s}{statistics.median(ratios):26.2f}")
-        pages = wal_pages_per_commit(os.path.join(d, 'pages.db'))
-        print(f"WAL pages written per sequential activity's COMMIT:  {pages:5.2f}  (a raw commit: 1); fdatasyncs per"
-              f" COMMIT: 1 + 2 per checkpoint of 1,000 pages = {1 + 2 * pages / 1000:.3f} (raw: 1.002)")
+        pages = wal_pages_per_commit(os.path.join(d, "pages.db"))
+        print(
+            f"WAL pages written per sequential activity's COMMIT:  {pages:5.2f}  (a raw commit: 1); fdatasyncs per"
+            f" COMMIT: 1 + 2 per checkpoint of 1,000 pages = {1 + 2 * pages / 1000:.3f} (raw: 1.002)"
+        )
         for k, (name, ddl) in enumerate(LAYOUTS.items()):  # a projection: plain SQLite, not the engine
-            got = [layout_writes(os.path.join(d, f"layout{k}-{rep}.db"), ddl, args.activities, raw)
-                   for rep in range(args.repeat)]
+            got = [
+                layout_writes(os.path.join(d, f"layout{k}-{rep}.db"), ddl, args.activities, raw)
+                for rep in range(args.repeat)
+            ]
             pages = statistics.median(g[0] for g in got)
             ratio = statistics.median(g[1] / g[2] for g in got)
             cpu_s = statistics.median(g[3] for g in got)
-            print(f"  projection, plain SQLite, {name:48s} {pages:5.2f} WAL pages/COMMIT, {ratio:4.2f} of raw "
-                  f"commits/s, {cpu_s * 1e6:4.0f} us CPU/COMMIT (median of {args.repeat})")
+            print(
+                f"  projection, plain SQLite, {name:48s} {pages:5.2f} WAL pages/COMMIT, {ratio:4.2f} of raw "
+                f"commits/s, {cpu_s * 1e6:4.0f} us CPU/COMMIT (median of {args.repeat})"
+            )
         cpu, raw_cpu, raw_wall = cpu_per_activity(os.path.join(d, "cpu.db"), raw, args.activities)
-        print(f"CPU per sequential activity (process time, inline): {cpu * 1e6:6.0f} us  (a raw commit: "
-              f"{raw_cpu * 1e6:.0f} us; {cpu / raw_cpu:.1f}x; the fsyncs' kernel time included)")
+        print(
+            f"CPU per sequential activity (process time, inline): {cpu * 1e6:6.0f} us  (a raw commit: "
+            f"{raw_cpu * 1e6:.0f} us; {cpu / raw_cpu:.1f}x; the fsyncs' kernel time included)"
+        )
         extra = cpu - raw_cpu  # the engine's CPU beyond the commit's own, spent between commits (serial)
-        print(f"  model: a raw commit takes {raw_wall * 1e6:.0f} us wall ({raw_cpu / raw_wall:.0%} CPU); an activity that "
-              f"long plus the engine's {extra * 1e6:.0f} us of CPU beyond it gives a ratio of "
-              f"{raw_wall / (raw_wall + extra):.2f}; 0.75 needs that extra CPU at most {raw_wall / 3 * 1e6:.0f} us")
+        print(
+            f"  model: a raw commit takes {raw_wall * 1e6:.0f} us wall ({raw_cpu / raw_wall:.0%} CPU); an activity that "
+            f"long plus the engine's {extra * 1e6:.0f} us of CPU beyond it gives a ratio of "
+            f"{raw_wall / (raw_wall + extra):.2f}; 0.75 needs that extra CPU at most {raw_wall / 3 * 1e6:.0f} us"
+        )
         if os.path.isdir("/dev/shm"):  # memory: no fsync, the engine's own CPU (best of 3)
             with tempfile.TemporaryDirectory(dir="/dev/shm") as m:
                 shm_raw = Raw(os.path.join(m, "raw.db"))
                 got = [cpu_per_activity(os.path.join(m, f"cpu{k}.db"), shm_raw, args.activities) for k in range(3)]
                 shm_raw.c.close()
             cpu, raw_cpu = min(g[0] for g in got), min(g[1] for g in got)
-            print(f"  the same on /dev/shm (no fsync), best of 3:        {cpu * 1e6:6.0f} us  (a raw commit: "
-                  f"{raw_cpu * 1e6:.0f} us; {cpu / raw_cpu:.1f}x)")
+            print(
+                f"  the same on /dev/shm (no fsync), best of 3:        {cpu * 1e6:6.0f} us  (a raw commit: "
+                f"{raw_cpu * 1e6:.0f} us; {cpu / raw_cpu:.1f}x)"
+            )
             with tempfile.TemporaryDirectory(dir="/dev/shm") as m:
-                nap = min(cpu_per_waiting_activity(os.path.join(m, f"nap{k}.db"), args.activities, 100e-6)
-                          for k in range(3))
-            print(f"  on /dev/shm, each activity sleeping 100 us, best of 3: {nap * 1e6:4.0f} us  (beyond the sleeps' own "
-                  f"CPU; {nap / cpu:.1f}x the no-wait figure: what one blocking wait per activity costs the "
-                  f"engine's CPU here)")
+                nap = min(
+                    cpu_per_waiting_activity(os.path.join(m, f"nap{k}.db"), args.activities, 100e-6) for k in range(3)
+                )
+            print(
+                f"  on /dev/shm, each activity sleeping 100 us, best of 3: {nap * 1e6:4.0f} us  (beyond the sleeps' own "
+                f"CPU; {nap / cpu:.1f}x the no-wait figure: what one blocking wait per activity costs the "
+                f"engine's CPU here)"
+            )
         if os.path.isdir("/dev/shm"):
             with tempfile.TemporaryDirectory(dir="/dev/shm") as m:
                 plain_s, watched_s, split = phases(os.path.join(m, "ph.db"), args.activities)
-            print(f"where one sequential activity's time goes (/dev/shm, inline, best of 3): {plain_s * 1e6:.0f} us "
-                  f"unwatched, {watched_s * 1e6:.0f} us with the stopwatch")
+            print(
+                f"where one sequential activity's time goes (/dev/shm, inline, best of 3): {plain_s * 1e6:.0f} us "
+                f"unwatched, {watched_s * 1e6:.0f} us with the stopwatch"
+            )
             for ph, (t, calls) in sorted(split.items(), key=lambda kv: -kv[1][0]):
                 print(f"  {ph:44s} {t * 1e6:7.1f} us  {100 * t / watched_s:4.0f} %  ({calls:.2f} calls)")
         plain, eager, commit_ms = one_activity_ms(os.path.join(d, "one.db"), raw, args.one)
-        print(f"1-activity workflow, start + run_until_complete {plain:8.2f} ms  (a raw commit between: {commit_ms:.2f} ms"
-              f" median; {plain / commit_ms:.1f} commits' time)")
+        print(
+            f"1-activity workflow, start + run_until_complete {plain:8.2f} ms  (a raw commit between: {commit_ms:.2f} ms"
+            f" median; {plain / commit_ms:.1f} commits' time)"
+        )
         if eager is not None:
-            print(f"1-activity workflow, execute_workflow           {eager:8.2f} ms  ({eager / commit_ms:.1f} commits' time)")
+            print(
+                f"1-activity workflow, execute_workflow           {eager:8.2f} ms  ({eager / commit_ms:.1f} commits' time)"
+            )
         ratios = []
         for rep in range(max(1, args.repeat - 1)):
             before = raw_commit_rate(os.path.join(d, f"rawc{rep}a.db"), 500)
@@ -509,8 +548,10 @@ def main() -> None:
             after = raw_commit_rate(os.path.join(d, f"rawc{rep}b.db"), 500)
             r = (before + after) / 2
             ratios.append(rate / r)
-            print(f"{args.workflows} workflows x {args.steps} activities, threaded   {rate:8.0f}/s  {r:8.0f} ({before:.0f}, "
-                  f"{after:.0f})  {rate / r:5.2f}   ({tx:.3f} COMMITs/activity: group commit)")
+            print(
+                f"{args.workflows} workflows x {args.steps} activities, threaded   {rate:8.0f}/s  {r:8.0f} ({before:.0f}, "
+                f"{after:.0f})  {rate / r:5.2f}   ({tx:.3f} COMMITs/activity: group commit)"
+            )
         print(f"  median ratio of {len(ratios)}, concurrent:{'':23s}{statistics.median(ratios):26.2f}")
         times = {}
         for ev in (100, 1000, 10000):

@@ -21,6 +21,7 @@ included: read the shares, not the sums).
 
 Usage: python bench/integrations.py [--steps 40] [--rounds 3] [--only helper,hf,lightning] [--before main] [--profile]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP = 5
-SIZES = {"8ms": {"n_layer": 2, "n_embd": 64, "n_head": 2, "length": 32, "batch": 8},
-         "50ms": {"n_layer": 4, "n_embd": 256, "n_head": 4, "length": 64, "batch": 8}}
+SIZES = {
+    "8ms": {"n_layer": 2, "n_embd": 64, "n_head": 2, "length": 32, "batch": 8},
+    "50ms": {"n_layer": 4, "n_embd": 256, "n_head": 4, "length": 64, "batch": 8},
+}
 VOCAB = 256
 
 
@@ -88,8 +91,11 @@ def _gpt2(size: str) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     s = SIZES[size]
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=s["length"], n_embd=s["n_embd"],
-                                      n_layer=s["n_layer"], n_head=s["n_head"]))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=VOCAB, n_positions=s["length"], n_embd=s["n_embd"], n_layer=s["n_layer"], n_head=s["n_head"]
+        )
+    )
 
 
 class Tokens(__import__("torch").utils.data.Dataset):
@@ -109,8 +115,13 @@ class Tokens(__import__("torch").utils.data.Dataset):
 
 
 def _spec(name: str, steps: int, log_every: int) -> dict:
-    return {"name": name, "steps": steps, "checkpoint_every": 10**6, "log_every": log_every,
-            "config": {"schedule_steps": steps}}
+    return {
+        "name": name,
+        "steps": steps,
+        "checkpoint_every": 10**6,
+        "log_every": log_every,
+        "config": {"schedule_steps": steps},
+    }
 
 
 def stamp(stamps: list, ours: float = 0.0) -> None:
@@ -160,8 +171,11 @@ def helper_run(size: str, steps: int, log_every: int | None, home: Path) -> tupl
             step(batch)
             stamp(stamps)
         return per_step(stamps)
-    run = DurableRun(_spec(f"helper-{size}-{log_every}", steps, log_every), home=home,
-                     progress=home / f"helper-{size}-{log_every}.jsonl")
+    run = DurableRun(
+        _spec(f"helper-{size}-{log_every}", steps, log_every),
+        home=home,
+        progress=home / f"helper-{size}-{log_every}.jsonl",
+    )
     sampler = DurableSampler(len(data), seed=0)
     run.track(model=model, optimizer=opt, scheduler=sched, data=sampler)
     batches = run.batches(DataLoader(data, batch_size=SIZES[size]["batch"], sampler=sampler))
@@ -195,10 +209,20 @@ def hf_run(size: str, steps: int, log_every: int | None, home: Path) -> tuple[fl
 
     set_seed(0)
     model, data = _gpt2(size), Tokens(512, SIZES[size]["length"])
-    args = TrainingArguments(output_dir=str(home / "hf-bare"), max_steps=steps,
-                             per_device_train_batch_size=SIZES[size]["batch"], learning_rate=1e-3,
-                             lr_scheduler_type="constant", save_strategy="no", logging_steps=10**6, seed=0,
-                             use_cpu=True, report_to="none", disable_tqdm=True, dataloader_num_workers=0)
+    args = TrainingArguments(
+        output_dir=str(home / "hf-bare"),
+        max_steps=steps,
+        per_device_train_batch_size=SIZES[size]["batch"],
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        save_strategy="no",
+        logging_steps=10**6,
+        seed=0,
+        use_cpu=True,
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     meter = METER
     meter.ours = 0.0
     with contextlib.redirect_stdout(io.StringIO()):
@@ -212,8 +236,9 @@ def hf_run(size: str, steps: int, log_every: int | None, home: Path) -> tuple[fl
         meter.wrap(integ._ContractCallback, "on_step_end", "ours")
         meter.wrap(integ.DurableTrainer, "training_step", "ours")
         meter.wrap(Trainer, "training_step", "theirs")
-        run = DurableRun(_spec(f"hf-{size}-{log_every}", steps, log_every), home=home,
-                         progress=home / f"hf-{size}-{log_every}.jsonl")
+        run = DurableRun(
+            _spec(f"hf-{size}-{log_every}", steps, log_every), home=home, progress=home / f"hf-{size}-{log_every}.jsonl"
+        )
         t = integ.DurableTrainer(run, model=model, args=args, train_dataset=data, callbacks=[Clock()])
         t.train()
     return per_step(stamps)
@@ -246,29 +271,51 @@ def lightning_run(size: str, steps: int, log_every: int | None, home: Path) -> t
     module = LM()
     meter = METER
     meter.ours = 0.0
-    kw = {"max_steps": steps, "accelerator": "cpu", "devices": 1, "logger": False, "enable_checkpointing": False,
-          "enable_progress_bar": False, "enable_model_summary": False, "default_root_dir": str(home)}
+    kw = {
+        "max_steps": steps,
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": str(home),
+    }
     with contextlib.redirect_stdout(io.StringIO()):
         if log_every is None:
-            L.Trainer(callbacks=[Clock()], **kw).fit(module, DataLoader(data, batch_size=SIZES[size]["batch"],
-                                                                      shuffle=True))
+            L.Trainer(callbacks=[Clock()], **kw).fit(
+                module, DataLoader(data, batch_size=SIZES[size]["batch"], shuffle=True)
+            )
             return per_step(stamps)
         from tinyllm.durable import DurableRun, DurableSampler
         from tinyllm.integrations import lightning as integ
 
-        for hook in ("on_train_batch_start", "on_train_batch_end", "on_train_epoch_start", "on_before_backward",
-                     "on_before_optimizer_step"):
+        for hook in (
+            "on_train_batch_start",
+            "on_train_batch_end",
+            "on_train_epoch_start",
+            "on_before_backward",
+            "on_before_optimizer_step",
+        ):
             meter.wrap(integ.DurableCallback, hook, "ours")
-        run = DurableRun(_spec(f"l-{size}-{log_every}", steps, log_every), home=home,
-                         progress=home / f"l-{size}-{log_every}.jsonl")
+        run = DurableRun(
+            _spec(f"l-{size}-{log_every}", steps, log_every), home=home, progress=home / f"l-{size}-{log_every}.jsonl"
+        )
         with contextlib.suppress(SystemExit):
-            integ.fit(L.Trainer(callbacks=[Clock(), integ.DurableCallback(run)], **kw), module,
-                      DataLoader(data, batch_size=SIZES[size]["batch"], sampler=DurableSampler(len(data), seed=0)))
+            integ.fit(
+                L.Trainer(callbacks=[Clock(), integ.DurableCallback(run)], **kw),
+                module,
+                DataLoader(data, batch_size=SIZES[size]["batch"], sampler=DurableSampler(len(data), seed=0)),
+            )
         sys.stdout = sys.__stdout__  # finish() points stdout at stderr after the result line
     return per_step(stamps)
 
 
-RUNS: dict[str, Callable[..., tuple[float, float, float]]] = {"helper": helper_run, "hf": hf_run, "lightning": lightning_run}
+RUNS: dict[str, Callable[..., tuple[float, float, float]]] = {
+    "helper": helper_run,
+    "hf": hf_run,
+    "lightning": lightning_run,
+}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -302,17 +349,27 @@ def profile(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
             RUNS[name](size, 8, 1, Path(tmp) / f"warm-{name}")  # imports and first-time costs out of the profile
-            prof = cProfile.Profile(time.thread_time)  # this thread's CPU time: preemptions by a loaded machine do not count
+            prof = cProfile.Profile(
+                time.thread_time
+            )  # this thread's CPU time: preemptions by a loaded machine do not count
             prof.enable()
             RUNS[name](size, args.steps, 1, Path(tmp) / name)
             prof.disable()
             stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
-            rows = sorted(((tt, cc, f"{Path(fn).name}:{line}({func})") for (fn, line, func), (cc, _, tt, _, _)
-                           in stats.items() if "/tinyllm/" in fn), reverse=True)  # cc: calls, not recursions
+            rows = sorted(
+                (
+                    (tt, cc, f"{Path(fn).name}:{line}({func})")
+                    for (fn, line, func), (cc, _, tt, _, _) in stats.items()
+                    if "/tinyllm/" in fn
+                ),
+                reverse=True,
+            )  # cc: calls, not recursions
             steady = [r for r in rows if r[1] >= args.steps]  # called every step (or more)
             once = sum(r[0] for r in rows if r[1] < args.steps)  # start line, resume, the final checkpoint
-            print(f"{name} ({size}, log_every 1, {args.steps} steps): our functions called every step, own time "
-                  f"per step (us); the rest (set-up, start line, final checkpoint): {once * 1e3:.1f} ms in all")
+            print(
+                f"{name} ({size}, log_every 1, {args.steps} steps): our functions called every step, own time "
+                f"per step (us); the rest (set-up, start line, final checkpoint): {once * 1e3:.1f} ms in all"
+            )
             for tt, nc, where in steady[:10]:
                 print(f"  {tt / args.steps * 1e6:>8.1f}  {nc:>6} calls  {where}")
             print(f"  {sum(r[0] for r in steady) / args.steps * 1e6:>8.1f}  in all", flush=True)
@@ -324,8 +381,19 @@ def profile(args: argparse.Namespace) -> None:
 def measure(tree: Path, args: argparse.Namespace) -> dict:
     """One round of every configuration in a process whose ``tinyllm`` is ``tree``'s."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--steps", str(args.steps),
-           "--rounds", "1", "--only", args.only, "--sizes", args.sizes]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--steps",
+        str(args.steps),
+        "--rounds",
+        "1",
+        "--only",
+        args.only,
+        "--sizes",
+        args.sizes,
+    ]
     proc = subprocess.run(cmd, check=False, env=env, cwd=str(tree), capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"bench worker for {tree} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -365,10 +433,12 @@ def main() -> None:
                     got = results[label].setdefault(key, {"step_s": [], "cpu_s": [], "ours_s": []})
                     for k in got:
                         got[k].extend(row[k])
-    print(f"steps {args.steps} a run (warm-up {WARMUP}), rounds {args.rounds} (before and after alternating), torch "
-          "threads 1; median over rounds.\n"
-          "ratio: with us / without us per step, wall clock (cpu: the process's CPU time, all threads: steadier on\n"
-          "a loaded machine); ours: the training thread's CPU time in our code per step, in microseconds")
+    print(
+        f"steps {args.steps} a run (warm-up {WARMUP}), rounds {args.rounds} (before and after alternating), torch "
+        "threads 1; median over rounds.\n"
+        "ratio: with us / without us per step, wall clock (cpu: the process's CPU time, all threads: steadier on\n"
+        "a loaded machine); ours: the training thread's CPU time in our code per step, in microseconds"
+    )
     head = f"{'trainer':<9} {'step':>4} {'log':>3}"
     for label in trees:
         head += f" | {label:<6} {'bare ms':>7} {'ms':>7} {'ratio':>6} {'cpu':>6} {'ours us':>8}"
@@ -383,9 +453,11 @@ def main() -> None:
             r, base = results[label], results[label][f"{name}|{size}|None"]
             ratio = statistics.median(d / b for d, b in zip(r[key]["step_s"], base["step_s"]))
             cpu = statistics.median(d / b for d, b in zip(r[key]["cpu_s"], base["cpu_s"]))
-            line += (f" | {'':<6} {statistics.median(base['step_s']) * 1e3:>7.2f}"
-                     f" {statistics.median(r[key]['step_s']) * 1e3:>7.2f} {ratio:>6.3f} {cpu:>6.3f}"
-                     f" {statistics.median(r[key]['ours_s']) * 1e6:>8.1f}")
+            line += (
+                f" | {'':<6} {statistics.median(base['step_s']) * 1e3:>7.2f}"
+                f" {statistics.median(r[key]['step_s']) * 1e3:>7.2f} {ratio:>6.3f} {cpu:>6.3f}"
+                f" {statistics.median(r[key]['ours_s']) * 1e6:>8.1f}"
+            )
         print(line)
 
 

@@ -10,6 +10,7 @@ exits 0 without it).
 
 Usage: python bench/loader.py
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,8 +56,9 @@ def state_dict_s(loader, holder, reps: int = 50) -> float:
 
 def train(home: Path, data, workers: int, stop_at: int | None = None) -> list:
     """A DurableRun over a StatefulDataLoader (its ``data``): the per-step losses as float.hex."""
-    run = DurableRun({"name": "td", "steps": 12, "checkpoint_every": 100, "log_every": 100}, home=home,
-                     console=io.StringIO())
+    run = DurableRun(
+        {"name": "td", "steps": 12, "checkpoint_every": 100, "log_every": 100}, home=home, console=io.StringIO()
+    )
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = StatefulDataLoader(data, batch_size=8, shuffle=True, num_workers=workers)
@@ -87,16 +89,20 @@ def main() -> None:
         sampler = DurableSampler(len(data), seed=0)
         plain = DataLoader(data, batch_size=8, sampler=sampler, **kw)
         stateful = StatefulDataLoader(data, batch_size=8, shuffle=True, **kw)
-        print(f"workers {workers}: per batch DurableSampler {a * 1e6:.1f} us, StatefulDataLoader {b * 1e6:.1f} us; "
-              f"state_dict DurableSampler {state_dict_s(plain, sampler) * 1e6:.1f} us, "
-              f"StatefulDataLoader {state_dict_s(stateful, stateful) * 1e6:.1f} us")
+        print(
+            f"workers {workers}: per batch DurableSampler {a * 1e6:.1f} us, StatefulDataLoader {b * 1e6:.1f} us; "
+            f"state_dict DurableSampler {state_dict_s(plain, sampler) * 1e6:.1f} us, "
+            f"StatefulDataLoader {state_dict_s(stateful, stateful) * 1e6:.1f} us"
+        )
     small = TensorDataset(torch.randn(40, 3), torch.randn(40, 1))
     for workers in (0, 2):
         ref = train(Path(tempfile.mkdtemp()), small, workers)
         home = Path(tempfile.mkdtemp())
         got = train(home, small, workers, stop_at=7) + train(home, small, workers)
-        print(f"DurableRun(data=StatefulDataLoader, {workers} workers) stopped at step 7 (mid-epoch), resumed: "
-              f"{'EXACT' if got == ref else 'DIFFERENT'} ({len(ref)} steps)")
+        print(
+            f"DurableRun(data=StatefulDataLoader, {workers} workers) stopped at step 7 (mid-epoch), resumed: "
+            f"{'EXACT' if got == ref else 'DIFFERENT'} ({len(ref)} steps)"
+        )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ Usage: python bench/posttrain.py [--home DIR] [--seeds 1,2] [--base-seed N] [--r
 base trajectory; scale < 1: a quicker smoke run). Other code paths on one machine, e.g.
 ``ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE,STRICT python bench/posttrain.py`` (docs/posttrain.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,8 +80,15 @@ def summary(home: Path, name: str, kind: str, wall_s: float) -> dict:
     val = [f for f in fs if any(k.startswith("val/") for k in f)]
     train_fs = [f for f in fs if "timer/step_s" in f]
     step_s = sum(f["timer/step_s"] for f in train_fs)
-    out = {"run": name, "kind": kind, "wall_s": wall_s, "steps": len(train_fs), "step_s": step_s,
-           "before": val[0] if val else {}, "after": val[-1] if val else {}}
+    out = {
+        "run": name,
+        "kind": kind,
+        "wall_s": wall_s,
+        "steps": len(train_fs),
+        "step_s": step_s,
+        "before": val[0] if val else {},
+        "after": val[-1] if val else {},
+    }
     for t in ("rollout", "ref", "teacher"):
         out[f"{t}_s"] = sum(f.get(f"timer/{t}_s", 0.0) for f in fs)
     out["validation_s"] = sum(f.get("timer/validation_s", 0.0) for f in val)
@@ -103,12 +111,25 @@ def heldout_rewards(home: Path, raw: dict, checkpoint: str) -> list[float]:
     sampling = v.sampling.resolved()
     if v.sampling.max_tokens is None:  # inherits the training rollouts' limit, as in the trainer
         sampling["max_tokens"] = spec.rl.sampling.max_tokens
-    prompts = load_prompts(v.data.path, home, v.data.prompt_column, v.data.response_column, spec.model.block_size,
-                           sampling["max_tokens"], "validation.data").rows  # [{"prompt", "response"}]
+    prompts = load_prompts(
+        v.data.path,
+        home,
+        v.data.prompt_column,
+        v.data.response_column,
+        spec.model.block_size,
+        sampling["max_tokens"],
+        "validation.data",
+    ).rows  # [{"prompt", "response"}]
     frozen = load_frozen(checkpoint, home, "checkpoint")
-    _, rollouts = evaluate_generation(frozen.frozen_model(), prompts, block_size=frozen.config.block_size,
-                                      batch_size=v.batch_size, sampling=sampling,
-                                      rewards=list(v.reward) or list(spec.rl.reward), seed=v.seed)
+    _, rollouts = evaluate_generation(
+        frozen.frozen_model(),
+        prompts,
+        block_size=frozen.config.block_size,
+        batch_size=v.batch_size,
+        sampling=sampling,
+        rewards=list(v.reward) or list(spec.rl.reward),
+        seed=v.seed,
+    )
     per = [[] for _ in prompts]
     for r in rollouts:
         per[r["prompt_index"]].append(r["reward"])
@@ -124,8 +145,18 @@ def paired_gain(home: Path, raw: dict, name: str, steps: int) -> tuple[float, fl
     return m, math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d))
 
 
-MKL_BRANCHES = {2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2", 9: "AVX", 10: "AVX2",
-                12: "AVX512", 13: "AVX512_E1"}  # mkl_cbwr_get's codes (mkl_service.h); 0x10000: strict
+MKL_BRANCHES = {
+    2: "AUTO",
+    3: "COMPATIBLE",
+    4: "SSE2",
+    6: "SSSE3",
+    7: "SSE4_1",
+    8: "SSE4_2",
+    9: "AVX",
+    10: "AVX2",
+    12: "AVX512",
+    13: "AVX512_E1",
+}  # mkl_cbwr_get's codes (mkl_service.h); 0x10000: strict
 
 
 def code_paths() -> str:
@@ -141,9 +172,11 @@ def code_paths() -> str:
         mkl = f"MKL branch {MKL_BRANCHES.get(mode & 0xFFFF, hex(mode & 0xFFFF))}{' strict' if mode & 0x10000 else ''}"
     except (OSError, AttributeError):
         mkl = "MKL not found"
-    return (f"torch {torch.__version__}, ATen CPU capability {torch.backends.cpu.get_cpu_capability()} "
-            f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')}), {mkl} "
-            f"(MKL_CBWR={os.environ.get('MKL_CBWR', 'unset')})")
+    return (
+        f"torch {torch.__version__}, ATen CPU capability {torch.backends.cpu.get_cpu_capability()} "
+        f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')}), {mkl} "
+        f"(MKL_CBWR={os.environ.get('MKL_CBWR', 'unset')})"
+    )
 
 
 def main() -> None:
@@ -181,7 +214,9 @@ def main() -> None:
                 base_steps = max(1, int(load_raw(home, "posttrain-base")["steps"] * args.steps_scale))
                 raw["init_from"] = f"posttrain-base@{base_steps}"
                 if "teacher" in raw:
-                    raw["teacher"] = f"posttrain-teacher@{max(1, int(load_raw(home, 'posttrain-teacher')['steps'] * args.steps_scale))}"
+                    raw["teacher"] = (
+                        f"posttrain-teacher@{max(1, int(load_raw(home, 'posttrain-teacher')['steps'] * args.steps_scale))}"
+                    )
             shutil.rmtree(home / "runs" / raw["name"], ignore_errors=True)
             wall = train(home, raw, args.steps_scale)
             r = summary(home, raw["name"], kind, wall)
@@ -192,28 +227,40 @@ def main() -> None:
     raw = load_raw(home, "grpo")
     refs = {"base": raw["init_from"], "teacher": load_raw(home, "opd")["teacher"]} if args.steps_scale == 1.0 else {}
     print(f"home: {home}")
-    print(f"code paths: {code_paths()}" + (f"; posttrain-base seed {args.base_seed}" if args.base_seed is not None else ""))
+    print(
+        f"code paths: {code_paths()}"
+        + (f"; posttrain-base seed {args.base_seed}" if args.base_seed is not None else "")
+    )
     print("\nheld-out validation, before (step 0, the init_from model) -> after (final step)")
     for r in results:
         b, a = r["before"], r["after"]
         if r["kind"] == "dpo":
-            print(f"  {r['run']:<8} val/accuracy {b['val/accuracy']:.3f} -> {a['val/accuracy']:.3f}   "
-                  f"val/reward_margin {b['val/reward_margin']:+.4f} -> {a['val/reward_margin']:+.4f}   "
-                  f"val/loss {b['val/loss']:.4f} -> {a['val/loss']:.4f}  ({a['val/pair_count']} pairs)   "
-                  f"{r['train_key']} {r['train_first']:.3f} -> {r['train_last']:.3f} (first/last 10 steps)")
+            print(
+                f"  {r['run']:<8} val/accuracy {b['val/accuracy']:.3f} -> {a['val/accuracy']:.3f}   "
+                f"val/reward_margin {b['val/reward_margin']:+.4f} -> {a['val/reward_margin']:+.4f}   "
+                f"val/loss {b['val/loss']:.4f} -> {a['val/loss']:.4f}  ({a['val/pair_count']} pairs)   "
+                f"{r['train_key']} {r['train_first']:.3f} -> {r['train_last']:.3f} (first/last 10 steps)"
+            )
         else:
-            print(f"  {r['run']:<8} val/reward_avg {b['val/reward_avg']:.3f} -> {a['val/reward_avg']:.3f}   "
-                  f"gain {r['gain']:+.3f} +- {r['gain_se']:.3f} (paired s.e. over prompts)  "
-                  f"({a['val/rollout_count']} rollouts)   "
-                  f"{r['train_key']} {r['train_first']:.3f} -> {r['train_last']:.3f} (first/last 10 steps)")
+            print(
+                f"  {r['run']:<8} val/reward_avg {b['val/reward_avg']:.3f} -> {a['val/reward_avg']:.3f}   "
+                f"gain {r['gain']:+.3f} +- {r['gain_se']:.3f} (paired s.e. over prompts)  "
+                f"({a['val/rollout_count']} rollouts)   "
+                f"{r['train_key']} {r['train_first']:.3f} -> {r['train_last']:.3f} (first/last 10 steps)"
+            )
     for who, ck in refs.items():
         rs = heldout_rewards(home, raw, ck)
         print(f"  {who:<8} ({ck}) held-out exact match under the validation sampling: {mean(rs):.3f}")
     print("\nthroughput and time shares (of each run's wall time)")
     for r in results:
-        rate = (f"{r['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in r else
-                f"{r['rollouts_per_s']:.1f} rollouts/s, {r['updates_per_s']:.2f} updates/s")
-        shares = "  ".join(f"{k} {100 * r[f'{k}_s'] / r['wall_s']:.0f}%" for k in ("rollout", "ref", "teacher", "validation"))
+        rate = (
+            f"{r['tokens_per_s']:.0f} tokens/s"
+            if "tokens_per_s" in r
+            else f"{r['rollouts_per_s']:.1f} rollouts/s, {r['updates_per_s']:.2f} updates/s"
+        )
+        shares = "  ".join(
+            f"{k} {100 * r[f'{k}_s'] / r['wall_s']:.0f}%" for k in ("rollout", "ref", "teacher", "validation")
+        )
         print(f"  {r['run']:<8} {r['wall_s']:6.1f}s wall  {rate:<36} {shares}")
 
 

@@ -16,6 +16,7 @@ not for palindromes like ``44``) and a one-digit slip of the answer.
 
     python bench/posttrain_data.py            # rewrites specs/posttrain/*
 """
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,7 @@ def rejected(s: str, rng: random.Random) -> list[str]:
     right = reverse(s)
     out = [s] if s != right else []
     i = rng.randrange(2)
-    slip = right[:i] + rng.choice([d for d in "0123456789" if d != right[i]]) + right[i + 1:]
+    slip = right[:i] + rng.choice([d for d in "0123456789" if d != right[i]]) + right[i + 1 :]
     if slip not in out:
         out.append(slip)
     return out
@@ -50,6 +51,7 @@ def main(out: Path = OUT) -> None:
     strings = [f"{a}{b}" for a in range(10) for b in range(10)]
     rng.shuffle(strings)
     held, train = strings[:HELDOUT], strings[HELDOUT:]
+
     def noisy(answer: str) -> str:
         return "".join(rng.choice("0123456789") if rng.random() < SLIP else d for d in answer)
 
@@ -69,13 +71,18 @@ def main(out: Path = OUT) -> None:
 
     jsonl("train-prompts.jsonl", [{"question": f"{s}=", "answer": reverse(s)} for s in train])
     jsonl("val-prompts.jsonl", [{"question": f"{s}=", "answer": reverse(s)} for s in held])
-    jsonl("train-pairs.jsonl", [{"prompt": f"{s}=", "chosen": reverse(s), "rejected": w}
-                                for s in train for w in rejected(s, rng)])
-    jsonl("val-pairs.jsonl", [{"prompt": f"{s}=", "chosen": reverse(s), "rejected": w}
-                              for s in held for w in rejected(s, rng)])
+    jsonl(
+        "train-pairs.jsonl",
+        [{"prompt": f"{s}=", "chosen": reverse(s), "rejected": w} for s in train for w in rejected(s, rng)],
+    )
+    jsonl(
+        "val-pairs.jsonl",
+        [{"prompt": f"{s}=", "chosen": reverse(s), "rejected": w} for s in held for w in rejected(s, rng)],
+    )
     assert not {f"{s}=" for s in held} & {line.split("=")[0] + "=" for line in lines}, "held-out string in the corpus"
-    print(f"wrote {out}: corpus {len(lines)} lines of {len(train)} strings; {HELDOUT} held-out strings",
-          file=sys.stderr)
+    print(
+        f"wrote {out}: corpus {len(lines)} lines of {len(train)} strings; {HELDOUT} held-out strings", file=sys.stderr
+    )
 
 
 if __name__ == "__main__":

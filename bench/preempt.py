@@ -16,6 +16,7 @@ DIFFERENT). Nothing here is asserted; the figures go in docs/preemption.md with 
 
 Usage: python bench/preempt.py [--spec specs/tiny.json --spec specs/nanogpt-char.json] [--no-rerun]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,8 +93,9 @@ def _trainer_groups(name: str, home: Path) -> set[int]:
 
 
 def _final_hex(spec: Path, home: Path, spec_json: dict) -> str | None:
-    p = subprocess.run([*_argv(spec, home, spec_json), "--json"], capture_output=True, text=True, env=_env(),
-                       timeout=BOUND_S)
+    p = subprocess.run(
+        [*_argv(spec, home, spec_json), "--json"], capture_output=True, text=True, env=_env(), timeout=BOUND_S
+    )
     if p.returncode != 0:
         return None
     return json.loads(p.stdout)["result"]["final_loss_hex"]
@@ -104,8 +106,14 @@ def one(spec: Path, mode: str, tmp: Path, rerun: bool, reference: str | None) ->
     name, every = spec_json["name"], int(spec_json["checkpoint_every"])
     target = int(every * 1.4)
     home = tmp / f"{name}-{mode}"
-    p = subprocess.Popen(_argv(spec, home, spec_json), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True, env=_env())
+    p = subprocess.Popen(
+        _argv(spec, home, spec_json),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=_env(),
+    )
     deadline = time.monotonic() + BOUND_S
     while _frames_step(home, name) < target:
         if p.poll() is not None or time.monotonic() > deadline:
@@ -125,8 +133,17 @@ def one(spec: Path, mode: str, tmp: Path, rerun: bool, reference: str | None) ->
     exit_s = time.monotonic() - t0
     time.sleep(0.2)  # (a SIGKILLed trainer's last frame is on disk already; nothing more is written)
     reached, saved = _frames_step(home, name), _latest_step(home, name)
-    row = {"spec": spec.name, "mode": mode, "rc": p.returncode, "reached": reached, "saved": saved,
-           "lost": max(0, reached - saved), "exit_s": exit_s, "checkpoint_s": None, "rerun": "not tested"}
+    row = {
+        "spec": spec.name,
+        "mode": mode,
+        "rc": p.returncode,
+        "reached": reached,
+        "saved": saved,
+        "lost": max(0, reached - saved),
+        "exit_s": exit_s,
+        "checkpoint_s": None,
+        "rerun": "not tested",
+    }
     if mode == "term":
         lines = _progress(home, name)
         stop = next((x for x in lines if x.get("event") == "stopping"), None)
@@ -156,12 +173,16 @@ def main() -> None:
                 row = one(spec, mode, tmp, not args.no_rerun, reference)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-    print(f"{'spec':<20} {'mode':<5} {'rc':>4} {'signalled at':>12} {'saved':>6} {'lost':>5} {'exit s':>7} "
-          f"{'ckpt s':>7}  rerun")
+    print(
+        f"{'spec':<20} {'mode':<5} {'rc':>4} {'signalled at':>12} {'saved':>6} {'lost':>5} {'exit s':>7} "
+        f"{'ckpt s':>7}  rerun"
+    )
     for r in rows:
         ck = f"{r['checkpoint_s']:.2f}" if r["checkpoint_s"] is not None else "-"
-        print(f"{r['spec']:<20} {r['mode']:<5} {r['rc']:>4} {r['reached']:>12} {r['saved']:>6} {r['lost']:>5} "
-              f"{r['exit_s']:>7.2f} {ck:>7}  {r['rerun']}")
+        print(
+            f"{r['spec']:<20} {r['mode']:<5} {r['rc']:>4} {r['reached']:>12} {r['saved']:>6} {r['lost']:>5} "
+            f"{r['exit_s']:>7.2f} {ck:>7}  {r['rerun']}"
+        )
     load = os.getloadavg()
     print(f"load average while measured: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs")
 

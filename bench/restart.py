@@ -14,6 +14,7 @@ Usage: python bench/restart.py [--spec specs/tiny.json] [--at 20] [--reps 3]
 The run is trained to step ``--at`` (one checkpoint there) first; each measured run resumes from
 that checkpoint (``--resume``) and trains to ``--at`` + 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,10 +45,14 @@ def end_to_end(home: Path, spec_file: Path, name: str, resume: str, tree: Path =
     progress = home / f"progress-{time.monotonic_ns()}.jsonl"
     metrics = home / "runs" / name / "metrics.jsonl"
     t0, cpu0 = time.time(), _children_cpu_s()
-    proc = subprocess.run(_cli("train", "--spec", str(spec_file), "--home", str(home), "--progress", str(progress),
-                               "--resume", resume),
-                          env=_env(tree, **extra_env), cwd=home, capture_output=True, text=True,
-                          timeout=600)  # -m: cwd first
+    proc = subprocess.run(
+        _cli("train", "--spec", str(spec_file), "--home", str(home), "--progress", str(progress), "--resume", resume),
+        env=_env(tree, **extra_env),
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # -m: cwd first
     if proc.returncode != 0:
         sys.exit(f"bench: resumed run failed: {proc.stderr[-2000:]}")
     if json.loads(proc.stdout.strip().splitlines()[-1])["resumed_from"] is None:
@@ -124,8 +129,9 @@ def child(args) -> None:
     phases()
     t = time.perf_counter()
     try:
-        cli.main(["train", "--spec", args.child_spec, "--home", args.home, "--resume", args.resume],
-                 standalone_mode=False)
+        cli.main(
+            ["train", "--spec", args.child_spec, "--home", args.home, "--resume", args.resume], standalone_mode=False
+        )
     except SystemExit:
         pass
     spent["whole command (imports excluded)"] = time.perf_counter() - t
@@ -137,8 +143,12 @@ def main() -> None:
     ap.add_argument("--spec", default=str(REPO / "specs" / "tiny.json"))
     ap.add_argument("--at", type=int, default=20, help="the step the resumed checkpoint is at")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--against", default=None, help="another checkout of this project (e.g. an older commit): "
-                                                    "its end-to-end figure is measured alternately with this one's")
+    ap.add_argument(
+        "--against",
+        default=None,
+        help="another checkout of this project (e.g. an older commit): "
+        "its end-to-end figure is measured alternately with this one's",
+    )
     ap.add_argument("--child-spec", help=argparse.SUPPRESS)
     ap.add_argument("--home", help=argparse.SUPPRESS)
     ap.add_argument("--resume", help=argparse.SUPPRESS)
@@ -154,13 +164,20 @@ def main() -> None:
     first.write_text(json.dumps(spec))
     resumed.write_text(json.dumps(dict(spec, steps=args.at + 2)))
     subprocess.run(_cli("corpus", "--home", str(home)), env=_env(), check=True, capture_output=True, timeout=600)
-    subprocess.run(_cli("train", "--spec", str(first), "--home", str(home)), env=_env(), check=True,
-                   capture_output=True, timeout=600)
+    subprocess.run(
+        _cli("train", "--spec", str(first), "--home", str(home)),
+        env=_env(),
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     ckpt_dir = home / "runs" / "restart" / "ckpt" / f"step-{args.at:06d}"
     size = sum(f.stat().st_size for f in ckpt_dir.iterdir())
     resume = str(ckpt_dir.relative_to(home))  # every measured run resumes from this same checkpoint
-    print(f"bench: spec {args.spec}, checkpoint at step {args.at} ({size:,} bytes), home {home}, "
-          f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    print(
+        f"bench: spec {args.spec}, checkpoint at step {args.at} ({size:,} bytes), home {home}, "
+        f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}"
+    )
 
     def bare(code: str) -> float:
         t0 = time.perf_counter()
@@ -174,31 +191,48 @@ def main() -> None:
             others.append(end_to_end(home, resumed, "restart", resume, tree=Path(args.against).absolute()))
         bares.append(bare("pass"))
         torches.append(bare("import torch"))
-        out = subprocess.run([sys.executable, __file__, "--child-spec", str(resumed), "--home", str(home),
-                              "--resume", resume], env=_env(), capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            [sys.executable, __file__, "--child-spec", str(resumed), "--home", str(home), "--resume", resume],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if out.returncode != 0:
             sys.exit(f"bench: child failed: {out.stderr[-2000:]}")
         childs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     total = med["first step"]
-    print(f"restart to resumed step (median of {args.reps}): {total:.2f} s (aim <= {AIM_S} s)"
-          f"{'' if total <= AIM_S else '  ABOVE AIM'}")
+    print(
+        f"restart to resumed step (median of {args.reps}): {total:.2f} s (aim <= {AIM_S} s)"
+        f"{'' if total <= AIM_S else '  ABOVE AIM'}"
+    )
     last = 0.0
-    for mark, label in [("starting", "interpreter, click, the spec"), ("imported", "torch + trainer modules"),
-                        ("ready", "corpus, model, checkpoint verify + load, sinks"), ("first step", "first step")]:
+    for mark, label in [
+        ("starting", "interpreter, click, the spec"),
+        ("imported", "torch + trainer modules"),
+        ("ready", "corpus, model, checkpoint verify + load, sinks"),
+        ("first step", "first step"),
+    ]:
         print(f"  {label:<48} {med[mark] - last:6.3f} s  (mark '{mark}' at {med[mark]:.3f} s)")
         last = med[mark]
-    print(f"  CPU time of the whole resumed process (its 2 steps, checkpoint and exit included): {med['cpu']:.2f} s "
-          f"(about its wall time on an idle machine; the aim's proxy when the machine is busy)")
+    print(
+        f"  CPU time of the whole resumed process (its 2 steps, checkpoint and exit included): {med['cpu']:.2f} s "
+        f"(about its wall time on an idle machine; the aim's proxy when the machine is busy)"
+    )
     if others:
         o = {k: statistics.median(r[k] for r in others) for k in others[0]}
-        print(f"  against {args.against}: {o['first step']:.2f} s to the resumed step, {o['cpu']:.2f} s CPU; "
-              f"this checkout is {o['first step'] / total:.2f}x as fast ({o['cpu'] / med['cpu']:.2f}x in CPU time)")
+        print(
+            f"  against {args.against}: {o['first step']:.2f} s to the resumed step, {o['cpu']:.2f} s CPU; "
+            f"this checkout is {o['first step'] / total:.2f}x as fast ({o['cpu'] / med['cpu']:.2f}x in CPU time)"
+        )
     print(f"breakdown in one process (median of {args.reps}), the real functions timed:")
     for key in childs[0]:
         print(f"  {key:<48} {statistics.median(c.get(key, 0.0) for c in childs):6.3f} s")
-    print(f"for scale: bare interpreter {statistics.median(bares):.3f} s, bare `import torch` "
-          f"{statistics.median(torches):.3f} s (process start included)")
+    print(
+        f"for scale: bare interpreter {statistics.median(bares):.3f} s, bare `import torch` "
+        f"{statistics.median(torches):.3f} s (process start included)"
+    )
 
 
 if __name__ == "__main__":

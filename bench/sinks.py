@@ -28,6 +28,7 @@ text with ``tokenizer: char``, as shakespeare_char), batch 12, no dropout, no bi
 Not reproduced: the recipe's evaluation every ``eval_interval`` (``eval_iters=20`` batches; tinyllm's
 ``validation`` block would add its own frames; this measures the per-step cost of the sinks).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,14 +52,36 @@ STEPS = 150
 REPEATS = 2
 WARM_STEPS = 10  # the steady-state clock starts at this step's frame
 MODEL = {"block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128}
-SPEC = {"steps": STEPS, "seed": 7, "checkpoint_every": 1000, "batch_size": 16, "lr": 0.002,
-        "warmup_steps": 10, "threads": 2, "log_every": 1000, "model": MODEL}
+SPEC = {
+    "steps": STEPS,
+    "seed": 7,
+    "checkpoint_every": 1000,
+    "batch_size": 16,
+    "lr": 0.002,
+    "warmup_steps": 10,
+    "threads": 2,
+    "log_every": 1000,
+    "model": MODEL,
+}
 # nanoGPT's README CPU recipe for shakespeare_char (see the module docstring)
-NANOGPT_CPU = {"steps": 150, "seed": 7, "checkpoint_every": 100_000, "batch_size": 12, "lr": 1e-3, "min_lr": 1e-4,
-               "warmup_steps": 100, "lr_decay_steps": 2000, "threads": 2, "log_every": 1, "corpus": "char",
-               "model": {"block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0, "bias": False}}
-SETUPS = {"default": (SPEC, ["none", "tensorboard", "mlflow", "trace/10", "trace/1"]),
-          "nanogpt-cpu": (NANOGPT_CPU, ["none", "tensorboard", "mlflow", "trace/10", "trace/1"])}
+NANOGPT_CPU = {
+    "steps": 150,
+    "seed": 7,
+    "checkpoint_every": 100_000,
+    "batch_size": 12,
+    "lr": 1e-3,
+    "min_lr": 1e-4,
+    "warmup_steps": 100,
+    "lr_decay_steps": 2000,
+    "threads": 2,
+    "log_every": 1,
+    "corpus": "char",
+    "model": {"block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0, "bias": False},
+}
+SETUPS = {
+    "default": (SPEC, ["none", "tensorboard", "mlflow", "trace/10", "trace/1"]),
+    "nanogpt-cpu": (NANOGPT_CPU, ["none", "tensorboard", "mlflow", "trace/10", "trace/1"]),
+}
 
 
 class Timed:
@@ -79,8 +102,15 @@ class Timed:
 def run(home: Path, name: str, kind: str, base: dict = SPEC, measure: bool = True) -> tuple[float, float, dict]:
     sinks = {}
     if kind == "mlflow":
-        sinks = {"sinks": {"mlflow": {"tracking_uri": f"sqlite:///{home / 'mlruns.db'}", "experiment": "bench",
-                                      "flush_timeout_s": 600}}}
+        sinks = {
+            "sinks": {
+                "mlflow": {
+                    "tracking_uri": f"sqlite:///{home / 'mlruns.db'}",
+                    "experiment": "bench",
+                    "flush_timeout_s": 600,
+                }
+            }
+        }
     spec = parse_train_spec({**base, "name": name, **sinks})
     steps = spec.steps
     timed: list[Timed] = []
@@ -94,8 +124,11 @@ def run(home: Path, name: str, kind: str, base: dict = SPEC, measure: bool = Tru
 
     def reporter(run_dir, resumed, total, every, **kw):
         r = real(run_dir, resumed, total, every, **kw)
-        keep = {"none": {"console", "jsonl"}, "tensorboard": {"console", "jsonl", "tensorboard"},
-                "mlflow": {"console", "jsonl", "mlflow"}}.get(kind, {"console", "jsonl", "trace"})
+        keep = {
+            "none": {"console", "jsonl"},
+            "tensorboard": {"console", "jsonl", "tensorboard"},
+            "mlflow": {"console", "jsonl", "mlflow"},
+        }.get(kind, {"console", "jsonl", "trace"})
         r.sinks = [Timed(s) for s in r.sinks if s.name in keep]
         for t in r.sinks:
             if t.name == "trace":
@@ -107,10 +140,12 @@ def run(home: Path, name: str, kind: str, base: dict = SPEC, measure: bool = Tru
             inner(step, frame)
             ready = all(t.sink.state.get("run_id") for t in r.sinks if t.name == "mlflow")  # imported, run found
             stamps.append((step, time.perf_counter(), ready, time.process_time()))
+
         r.report = report
         return r
 
     import tinyllm.trainer as trainer_module
+
     trainer_module.default_reporter = reporter
     try:
         ch0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -143,21 +178,36 @@ def run(home: Path, name: str, kind: str, base: dict = SPEC, measure: bool = Tru
     (s0, t0_, _, c0), (s1, t1, _, c1) = stamps[first], stamps[-1]
     per_step = (t1 - t0_) / max(1, s1 - s0)
     cpu_per_step = (c1 - c0) / max(1, s1 - s0)  # the process's CPU, every thread: robust to other processes' load
-    return per_step, extra / steps, {**result, "fixed_s": wall - per_step * steps, "cpu_s": cpu_per_step,
-                                    "child_cpu_s": child_cpu_s}
+    return (
+        per_step,
+        extra / steps,
+        {**result, "fixed_s": wall - per_step * steps, "cpu_s": cpu_per_step, "child_cpu_s": child_cpu_s},
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=sorted(SETUPS), default="default",
-                    help="default: the tiny spec's model, batch 16; nanogpt-cpu: nanoGPT's README CPU recipe's shape")
+    ap.add_argument(
+        "--model",
+        choices=sorted(SETUPS),
+        default="default",
+        help="default: the tiny spec's model, batch 16; nanogpt-cpu: nanoGPT's README CPU recipe's shape",
+    )
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default: 150, both models)")
     ap.add_argument("--repeats", type=int, default=REPEATS, help="runs of each sink set (the best counts)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads (default 2; on a machine others load, 1 keeps the steps from stalling)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default 2; on a machine others load, 1 keeps the steps from stalling)",
+    )
     args = ap.parse_args(argv)
     base, kinds = SETUPS[args.model]
-    base = {**base, **({"steps": args.steps} if args.steps else {}), **({"threads": args.threads} if args.threads else {})}
+    base = {
+        **base,
+        **({"steps": args.steps} if args.steps else {}),
+        **({"threads": args.threads} if args.threads else {}),
+    }
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -182,26 +232,40 @@ def main(argv: list[str] | None = None) -> None:
                 child[k].append(result["child_cpu_s"])
                 results[k] = result
         floor, cpu_floor = min(per_step["none"]), min(cpu["none"])
-        print(f"model {args.model}: {base['steps']} steps, batch {base['batch_size']}, {base['threads']} thread(s), {base['model']}, "
-              f"best of {args.repeats}, {time.perf_counter() - t_start:.0f} s in all")
-        print("s/step: steady state (from step 10's frame, and MLflow's run found, to the last frame), best of the "
-              "repeats; fixed: the rest of the attempt (start-up, mlflow's import, the sinks' close and flush), median")
-        print("cpu s/step: the process's CPU time per step over the same steps (all its threads: training, the "
-              "sinks' own threads), best of the repeats; what other processes' load changes least")
-        print(f"{'sinks':<12} {'s/step (best)':>14} {'ratio':>7} {'cpu s/step':>11} {'ratio':>7} {'write us/step':>14} "
-              f"{'write/step':>11} {'fixed s':>8} {'child cpu s':>11}  same bits")
+        print(
+            f"model {args.model}: {base['steps']} steps, batch {base['batch_size']}, {base['threads']} thread(s), {base['model']}, "
+            f"best of {args.repeats}, {time.perf_counter() - t_start:.0f} s in all"
+        )
+        print(
+            "s/step: steady state (from step 10's frame, and MLflow's run found, to the last frame), best of the "
+            "repeats; fixed: the rest of the attempt (start-up, mlflow's import, the sinks' close and flush), median"
+        )
+        print(
+            "cpu s/step: the process's CPU time per step over the same steps (all its threads: training, the "
+            "sinks' own threads), best of the repeats; what other processes' load changes least"
+        )
+        print(
+            f"{'sinks':<12} {'s/step (best)':>14} {'ratio':>7} {'cpu s/step':>11} {'ratio':>7} {'write us/step':>14} "
+            f"{'write/step':>11} {'fixed s':>8} {'child cpu s':>11}  same bits"
+        )
         for k in kinds:
             best = min(per_step[k])
-            same = (results[k]["final_loss_hex"], results[k]["digest"]) == \
-                   (results["none"]["final_loss_hex"], results["none"]["digest"])
+            same = (results[k]["final_loss_hex"], results[k]["digest"]) == (
+                results["none"]["final_loss_hex"],
+                results["none"]["digest"],
+            )
             wr = statistics.median(write[k])
             c = min(cpu[k])
-            print(f"{k:<12} {best:>14.5f} {best / floor:>7.3f} {c:>11.5f} {c / cpu_floor:>7.3f} {wr * 1e6:>14.1f} "
-                  f"{wr / floor:>10.2%} "
-                  f"{statistics.median(fixed[k]):>8.2f} {statistics.median(child[k]):>11.2f}  {same}")
+            print(
+                f"{k:<12} {best:>14.5f} {best / floor:>7.3f} {c:>11.5f} {c / cpu_floor:>7.3f} {wr * 1e6:>14.1f} "
+                f"{wr / floor:>10.2%} "
+                f"{statistics.median(fixed[k]):>8.2f} {statistics.median(child[k]):>11.2f}  {same}"
+            )
         # the noise: how far a sink set's own repeats lie apart (a ratio below it is not resolved here)
-        print("spread of the repeats (worst / best), s/step: " + ", ".join(
-            f"{k} {max(per_step[k]) / min(per_step[k]):.3f}" for k in kinds))
+        print(
+            "spread of the repeats (worst / best), s/step: "
+            + ", ".join(f"{k} {max(per_step[k]) / min(per_step[k]):.3f}" for k in kinds)
+        )
 
 
 if __name__ == "__main__":

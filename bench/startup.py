@@ -12,6 +12,7 @@ Rows (each a fresh child process, alternated, median of ``--reps``):
 
 Usage: python bench/startup.py [--reps 3] [--steps 20] [--only restart,dynamo,steps]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -114,14 +115,16 @@ print(json.dumps({"ms": 1000 * times[len(times) // 2], "faults": sum(faults) / l
 
 
 def _child(code: str, *args: str, **env: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", code, *args], env=_env(**env), capture_output=True, text=True,
-                         timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], env=_env(**env), capture_output=True, text=True, timeout=900
+    )
     if out.returncode != 0:
         sys.exit(f"bench: child failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # -- rows ---------------------------------------------------------------------------------------
+
 
 def restart_setup(home: Path, at: int = 6) -> tuple[Path, str]:
     spec = json.loads((REPO / "specs" / "tiny.json").read_text())
@@ -130,8 +133,13 @@ def restart_setup(home: Path, at: int = 6) -> tuple[Path, str]:
     first.write_text(json.dumps(spec))
     resumed.write_text(json.dumps(dict(spec, steps=at + 1)))
     subprocess.run(_cli("corpus", "--home", str(home)), env=_env(), check=True, capture_output=True, timeout=600)
-    subprocess.run(_cli("train", "--spec", str(first), "--home", str(home)), env=_env(), check=True,
-                   capture_output=True, timeout=600)
+    subprocess.run(
+        _cli("train", "--spec", str(first), "--home", str(home)),
+        env=_env(),
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return resumed, f"runs/restart/ckpt/step-{at:06d}"
 
 
@@ -139,8 +147,14 @@ def restart_once(home: Path, spec: Path, resume: str, **env: str) -> dict:
     """Seconds from Popen to the first resumed step's metrics frame; CPU seconds of the whole process."""
     metrics = home / "runs" / "restart" / "metrics.jsonl"
     t0, cpu0 = time.time(), _children_cpu_s()
-    proc = subprocess.run(_cli("train", "--spec", str(spec), "--home", str(home), "--resume", resume),
-                          env=_env(**env), cwd=home, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        _cli("train", "--spec", str(spec), "--home", str(home), "--resume", resume),
+        env=_env(**env),
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if proc.returncode != 0:
         sys.exit(f"bench: resumed run failed: {proc.stderr[-2000:]}")
     frames = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -183,11 +197,13 @@ def measure(args, home: Path, restart: tuple[Path, str] | None) -> dict:
 
 
 RESTART_ROWS = [("as tinyllm train starts", {})]
-STEP_ROWS = [("2 threads ACTIVE", 2, "1", {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"}),
-             ("2 threads PASSIVE", 2, "1", {"OMP_WAIT_POLICY": "PASSIVE"}),
-             ("2 threads, libgomp's default", 2, "1", {}),
-             ("1 thread", 1, "1", {"OMP_WAIT_POLICY": "PASSIVE"}),
-             ("1 thread, default heap", 1, "0", {"OMP_WAIT_POLICY": "PASSIVE"})]
+STEP_ROWS = [
+    ("2 threads ACTIVE", 2, "1", {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"}),
+    ("2 threads PASSIVE", 2, "1", {"OMP_WAIT_POLICY": "PASSIVE"}),
+    ("2 threads, libgomp's default", 2, "1", {}),
+    ("1 thread", 1, "1", {"OMP_WAIT_POLICY": "PASSIVE"}),
+    ("1 thread, default heap", 1, "0", {"OMP_WAIT_POLICY": "PASSIVE"}),
+]
 
 
 def med(rows: list[dict], key: str) -> float:
@@ -196,9 +212,11 @@ def med(rows: list[dict], key: str) -> float:
 
 def report(name: str, got: dict) -> None:
     print(f"\n{name} (runnable tasks when each round began: {got['procs_running']})")
-    for (kind, base_key, unit, _label) in (("restart", "s", "s to the first resumed step", "cpu"),
-                                          ("dynamo", "s", "s for the first optimizer step", None),
-                                          ("steps", "ms", "ms per step", "faults")):
+    for kind, base_key, unit, _label in (
+        ("restart", "s", "s to the first resumed step", "cpu"),
+        ("dynamo", "s", "s for the first optimizer step", None),
+        ("steps", "ms", "ms per step", "faults"),
+    ):
         rows = [(k[1], v) for k, v in got.items() if isinstance(k, tuple) and k[0] == kind]
         if not rows:
             continue
@@ -211,8 +229,10 @@ def report(name: str, got: dict) -> None:
                 extra = f", torch._dynamo imported: {vals[0]['dynamo']}"
             elif kind == "steps":
                 extra = f", {med(vals, 'faults'):.0f} minor faults/step"
-            print(f"  {kind:<8}{row:<34}{med(vals, base_key):8.3f} {unit}  ({med(vals, base_key) / base:.2f}x of "
-                  f"'{rows[0][0]}'){extra}")
+            print(
+                f"  {kind:<8}{row:<34}{med(vals, base_key):8.3f} {unit}  ({med(vals, base_key) / base:.2f}x of "
+                f"'{rows[0][0]}'){extra}"
+            )
 
 
 def main() -> None:
@@ -225,7 +245,9 @@ def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)
     home = Path(tempfile.mkdtemp(prefix="tinyllm-startup-"))
     restart = restart_setup(home) if "restart" in args.only else None
-    print(f"bench: {os.cpu_count()} CPUs, uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    print(
+        f"bench: {os.cpu_count()} CPUs, uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}"
+    )
     idle = measure(args, home, restart)
     with BusyLoop():
         loaded = measure(args, home, restart)

@@ -33,6 +33,7 @@ Usage: python bench/train.py [--steps 40] [--reps 3] [--spec FILE] [--nanogpt DI
 The default shape is nanoGPT's CPU recipe for tiny Shakespeare (4 layers, 4 heads, 128 wide,
 block 64, batch 12, dropout 0, torch's default thread count).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,13 +49,26 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP_STEPS = 5  # steps not counted: allocator and thread pool warm-up
-RECIPE = {"name": "nanogpt-recipe", "steps": 40, "corpus": "default", "seed": 7, "batch_size": 12, "lr": 1e-3,
-          "min_lr": 1e-4, "warmup_steps": 100, "lr_decay_steps": 5000, "beta2": 0.99, "checkpoint_every": 10**6,
-          "log_every": 10**6, "eval_every": 10**6,
-          "model": {"block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0}}
+RECIPE = {
+    "name": "nanogpt-recipe",
+    "steps": 40,
+    "corpus": "default",
+    "seed": 7,
+    "batch_size": 12,
+    "lr": 1e-3,
+    "min_lr": 1e-4,
+    "warmup_steps": 100,
+    "lr_decay_steps": 5000,
+    "beta2": 0.99,
+    "checkpoint_every": 10**6,
+    "log_every": 10**6,
+    "eval_every": 10**6,
+    "model": {"block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0},
+}
 
 
 # -- child processes: one measurement each, the OpenMP policy fixed by the parent's environment --
+
 
 class Stamps:
     """Per step: wall time, this process's CPU time (all threads) and minor page faults; and, over the
@@ -72,12 +86,17 @@ class Stamps:
             self.sleeps_at[len(self.rows)] = _worker_sleeps()
 
     def summary(self) -> dict:
-        rows = self.rows[WARMUP_STEPS - 1:]
+        rows = self.rows[WARMUP_STEPS - 1 :]
         d = [[b[i] - a[i] for a, b in zip(rows, rows[1:])] for i in range(3)]
         n = len(rows) - 1
         sleeps = (self.sleeps_at.get(self.total, 0) - self.sleeps_at.get(WARMUP_STEPS, 0)) / n if n > 0 else 0.0
-        return {"median_s": statistics.median(d[0]), "cpu_s": statistics.median(d[1]), "faults": sum(d[2]) / n,
-                "worker_sleeps": sleeps, "steps": n}
+        return {
+            "median_s": statistics.median(d[0]),
+            "cpu_s": statistics.median(d[1]),
+            "faults": sum(d[2]) / n,
+            "worker_sleeps": sleeps,
+            "steps": n,
+        }
 
 
 def _worker_sleeps() -> int:
@@ -133,8 +152,10 @@ def child_plain(args) -> Stamps:
 
     model = GPT(spec.model)
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": spec.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": spec.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     opt = torch.optim.AdamW(groups, lr=spec.lr, betas=(spec.beta1, spec.beta2))
     model.train()
     stamps, (x, y) = Stamps(spec.steps), get_batch()
@@ -186,13 +207,20 @@ def run_child(args) -> None:
 
 # -- the parent ----------------------------------------------------------------------------
 
-def measure(args, home: Path, what: str, policy: str | None, threads: int | None = None,
-            extra_env: dict | None = None, corpus: str | None = None) -> dict:
+
+def measure(
+    args,
+    home: Path,
+    what: str,
+    policy: str | None,
+    threads: int | None = None,
+    extra_env: dict | None = None,
+    corpus: str | None = None,
+) -> dict:
     """One child process: ``policy`` None leaves OMP_WAIT_POLICY unset, so tinyllm chooses; ``threads``
     None with ``policy`` None lets tinyllm choose its count by load (at most the spec's); else it is pinned
     (TINYLLM_THREADS: ``threads``, or the spec's under a forced policy)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_THREADS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TINYLLM_THREADS")}
     if threads or policy is not None:  # a forced policy is a controlled run: the count the plain loop uses
         env["TINYLLM_THREADS"] = str(threads or _spec(args).threads)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -225,20 +253,36 @@ runpy.run_path("train.py", init_globals={"print": stamped}, run_name="__main__")
 def measure_nanogpt(args, threads: int | None = None) -> dict:
     """nanoGPT's own train.py on the same shape, in the user's environment (policy unset; ``threads``:
     OMP_NUM_THREADS); its median iteration by its own wall figure and by CPU time."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "PYTHONPATH")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written into the checkout
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     m = RECIPE["model"]
-    cmd = [sys.executable, "-c", NANOGPT_DRIVER, "config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
-           "--eval_iters=1", "--log_interval=1", f"--block_size={m['block_size']}", f"--batch_size={RECIPE['batch_size']}",
-           f"--n_layer={m['n_layer']}", f"--n_head={m['n_head']}", f"--n_embd={m['n_embd']}", "--dropout=0.0",
-           f"--max_iters={args.steps + WARMUP_STEPS}", "--lr_decay_iters=2000", "--eval_interval=100000",
-           f"--out_dir={tempfile.mkdtemp(prefix='nanogpt-out-')}"]
+    cmd = [
+        sys.executable,
+        "-c",
+        NANOGPT_DRIVER,
+        "config/train_shakespeare_char.py",
+        "--device=cpu",
+        "--compile=False",
+        "--eval_iters=1",
+        "--log_interval=1",
+        f"--block_size={m['block_size']}",
+        f"--batch_size={RECIPE['batch_size']}",
+        f"--n_layer={m['n_layer']}",
+        f"--n_head={m['n_head']}",
+        f"--n_embd={m['n_embd']}",
+        "--dropout=0.0",
+        f"--max_iters={args.steps + WARMUP_STEPS}",
+        "--lr_decay_iters=2000",
+        "--eval_interval=100000",
+        f"--out_dir={tempfile.mkdtemp(prefix='nanogpt-out-')}",
+    ]
     out = subprocess.run(cmd, cwd=args.nanogpt, env=env, capture_output=True, text=True, timeout=1800)
-    rows = [(int(i), float(t), float(c)) for i, t, c in
-            re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms.* cpu_s=([\d.]+)", out.stdout, re.M)]
+    rows = [
+        (int(i), float(t), float(c))
+        for i, t, c in re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms.* cpu_s=([\d.]+)", out.stdout, re.M)
+    ]
     ms = [t for i, t, _ in rows if i >= WARMUP_STEPS]
     cpu = [b[2] - a[2] for a, b in zip(rows, rows[1:]) if b[0] >= WARMUP_STEPS]
     if out.returncode != 0 or not ms or not cpu:
@@ -252,9 +296,17 @@ def load_str() -> str:
 
 def throughput(args, home: Path) -> None:
     """(what, policy, threads, corpus): corpus None is the byte-level default, "char" the char corpus."""
-    configs = [("plain", "PASSIVE", None, None), ("tinyllm", "PASSIVE", None, None), ("plain", "ACTIVE", None, None),
-               ("tinyllm", "ACTIVE", None, None), ("tinyllm", None, None, None), ("tinyllm", "PASSIVE", 1, None),
-               ("tinyllm", "PASSIVE", None, "char"), ("tinyllm", "ACTIVE", None, "char"), ("tinyllm", None, None, "char")]
+    configs = [
+        ("plain", "PASSIVE", None, None),
+        ("tinyllm", "PASSIVE", None, None),
+        ("plain", "ACTIVE", None, None),
+        ("tinyllm", "ACTIVE", None, None),
+        ("tinyllm", None, None, None),
+        ("tinyllm", "PASSIVE", 1, None),
+        ("tinyllm", "PASSIVE", None, "char"),
+        ("tinyllm", "ACTIVE", None, "char"),
+        ("tinyllm", None, None, "char"),
+    ]
     results: dict[tuple, list[dict]] = {c: [] for c in configs}
     nano: list[dict] = []
     loads = [load_str()]
@@ -263,48 +315,73 @@ def throughput(args, home: Path) -> None:
             results[c].append(measure(args, home, *c[:3], corpus=c[3]))
             got = results[c][-1]
             said = f" -> {got['omp']['wait_policy']} ({got['omp']['reason']})" if c[1] is None else ""
-            print(f"  run {rep + 1}: {c[0]}{' char' if c[3] else ''} policy={c[1] or 'own choice'} "
-                  f"threads={c[2] or ('spec' if c[1] else 'own choice')}: "
-                  f"{1000 * got['median_s']:.1f} ms/step, CPU {1000 * got['cpu_s']:.1f} ms, {got['faults']:.0f} faults/step, "
-                  f"{got['worker_sleeps']:.1f} worker sleeps/step (load {load_str()}){said}")
+            print(
+                f"  run {rep + 1}: {c[0]}{' char' if c[3] else ''} policy={c[1] or 'own choice'} "
+                f"threads={c[2] or ('spec' if c[1] else 'own choice')}: "
+                f"{1000 * got['median_s']:.1f} ms/step, CPU {1000 * got['cpu_s']:.1f} ms, {got['faults']:.0f} faults/step, "
+                f"{got['worker_sleeps']:.1f} worker sleeps/step (load {load_str()}){said}"
+            )
         if args.nanogpt:
             nano.append(measure_nanogpt(args))
-            print(f"  run {rep + 1}: nanoGPT train.py: {1000 * nano[-1]['median_s']:.1f} ms/step, CPU "
-                  f"{1000 * nano[-1]['cpu_s']:.1f} ms (load {load_str()})")
+            print(
+                f"  run {rep + 1}: nanoGPT train.py: {1000 * nano[-1]['median_s']:.1f} ms/step, CPU "
+                f"{1000 * nano[-1]['cpu_s']:.1f} ms (load {load_str()})"
+            )
         loads.append(load_str())
     ms = {c: 1000 * statistics.median(r["median_s"] for r in rs) for c, rs in results.items()}
     cpu = {c: 1000 * statistics.median(r["cpu_s"] for r in rs) for c, rs in results.items()}
     auto = [r["omp"] for r in results[("tinyllm", None, None, None)]]
     threads = results[("tinyllm", "ACTIVE", None, None)][0]["omp"]["threads"]
-    print(f"throughput: ms per step (wall, and CPU of all threads), median of {args.reps} runs x {args.steps} steps, "
-          f"{threads} threads, 1-min load {' -> '.join(loads)}; char vocabulary {args.char_vocab} ({args.char_source})")
+    print(
+        f"throughput: ms per step (wall, and CPU of all threads), median of {args.reps} runs x {args.steps} steps, "
+        f"{threads} threads, 1-min load {' -> '.join(loads)}; char vocabulary {args.char_vocab} ({args.char_source})"
+    )
     for policy in ("ACTIVE", "PASSIVE"):
         p, o = ms[("plain", policy, None, None)], ms[("tinyllm", policy, None, None)]
-        print(f"  OMP_WAIT_POLICY={policy:<7}: plain loop {p:6.1f} ms, tinyllm {o:6.1f} ms, plain/tinyllm {p / o:.3f} (aim >= 0.95)")
+        print(
+            f"  OMP_WAIT_POLICY={policy:<7}: plain loop {p:6.1f} ms, tinyllm {o:6.1f} ms, plain/tinyllm {p / o:.3f} (aim >= 0.95)"
+        )
     a, one = ms[("tinyllm", None, None, None)], ms[("tinyllm", "PASSIVE", 1, None)]
     chosen = ", ".join(f"{p} {sum(x['wait_policy'] == p for x in auto)} of {len(auto)}" for p in ("ACTIVE", "PASSIVE"))
     print(f"  tinyllm's own choice: {a:6.1f} ms  [{chosen}]")
-    print(f"  tinyllm 1 thread:     {one:6.1f} ms  (own choice vs 1 thread: {one / a:.3f}x the speed; aim >= 1 when loaded)")
-    print(f"  ACTIVE vs PASSIVE (tinyllm): {ms[('tinyllm', 'PASSIVE', None, None)] / ms[('tinyllm', 'ACTIVE', None, None)]:.3f}x the speed")
-    rows = [(f"tinyllm {kind:<5}", c) for kind, corpus in (("byte", None), ("char", "char"))
-            for c in (("tinyllm", "ACTIVE", None, corpus), ("tinyllm", "PASSIVE", None, corpus), ("tinyllm", None, None, corpus))]
+    print(
+        f"  tinyllm 1 thread:     {one:6.1f} ms  (own choice vs 1 thread: {one / a:.3f}x the speed; aim >= 1 when loaded)"
+    )
+    print(
+        f"  ACTIVE vs PASSIVE (tinyllm): {ms[('tinyllm', 'PASSIVE', None, None)] / ms[('tinyllm', 'ACTIVE', None, None)]:.3f}x the speed"
+    )
+    rows = [
+        (f"tinyllm {kind:<5}", c)
+        for kind, corpus in (("byte", None), ("char", "char"))
+        for c in (
+            ("tinyllm", "ACTIVE", None, corpus),
+            ("tinyllm", "PASSIVE", None, corpus),
+            ("tinyllm", None, None, corpus),
+        )
+    ]
     for label, c in rows:
         print(f"  {label} {c[1] or 'own choice':<10}: {ms[c]:6.1f} ms wall, {cpu[c]:6.1f} ms CPU")
     for policy in ("ACTIVE", "PASSIVE", None):
         b, ch = ("tinyllm", policy, None, None), ("tinyllm", policy, None, "char")
-        print(f"  byte/char ({policy or 'own choice'}): wall {ms[b] / ms[ch]:.3f}, CPU {cpu[b] / cpu[ch]:.3f} (> 1: char is less work)")
+        print(
+            f"  byte/char ({policy or 'own choice'}): wall {ms[b] / ms[ch]:.3f}, CPU {cpu[b] / cpu[ch]:.3f} (> 1: char is less work)"
+        )
     if nano:
         n = 1000 * statistics.median(r["median_s"] for r in nano)
         nc = 1000 * statistics.median(r["cpu_s"] for r in nano)
         print(f"  nanoGPT train.py (policy unset): {n:6.1f} ms wall, {nc:6.1f} ms CPU")
         for kind, corpus in (("byte", None), ("char", "char")):
             own, act = ("tinyllm", None, None, corpus), ("tinyllm", "ACTIVE", None, corpus)
-            print(f"  nanoGPT/tinyllm {kind}: own choice wall {n / ms[own]:.3f} CPU {nc / cpu[own]:.3f}; "
-                  f"ACTIVE wall {n / ms[act]:.3f} CPU {nc / cpu[act]:.3f} (aim >= 1.0 when idle)")
+            print(
+                f"  nanoGPT/tinyllm {kind}: own choice wall {n / ms[own]:.3f} CPU {nc / cpu[own]:.3f}; "
+                f"ACTIVE wall {n / ms[act]:.3f} CPU {nc / cpu[act]:.3f} (aim >= 1.0 when idle)"
+            )
             # each rep's ratio against the nanoGPT run next to it: load that comes and goes hits both alike
             per = [r["median_s"] / t["median_s"] for r, t in zip(nano, results[own])]
-            print(f"    per run, nanoGPT/tinyllm {kind} own choice (wall): {' '.join(f'{x:.3f}' for x in per)}; "
-                  f"median {statistics.median(per):.3f}")
+            print(
+                f"    per run, nanoGPT/tinyllm {kind} own choice (wall): {' '.join(f'{x:.3f}' for x in per)}; "
+                f"median {statistics.median(per):.3f}"
+            )
 
 
 def cpu_one_thread(args, home: Path) -> None:
@@ -312,10 +389,20 @@ def cpu_one_thread(args, home: Path) -> None:
     with glibc's default heap (BENCH_HEAP=default: no mallopt, tinyllm/runtime_env.py), and nanoGPT's train.py
     (OMP_NUM_THREADS=1), alternating ``--reps`` times. One thread has no OpenMP worker to wait for, so
     the figure is the work of a step; CPU time still grows when other processes share the cores' caches."""
-    configs = [("plain", (), None), ("tinyllm", (), None), ("tinyllm", (("BENCH_HEAP", "default"),), None),
-               ("plain", (), "char"), ("tinyllm", (), "char")]
-    label = {configs[0]: "plain loop", configs[1]: "tinyllm", configs[2]: "tinyllm, heap not kept",
-             configs[3]: f"plain loop char ({args.char_vocab})", configs[4]: f"tinyllm char ({args.char_vocab})"}
+    configs = [
+        ("plain", (), None),
+        ("tinyllm", (), None),
+        ("tinyllm", (("BENCH_HEAP", "default"),), None),
+        ("plain", (), "char"),
+        ("tinyllm", (), "char"),
+    ]
+    label = {
+        configs[0]: "plain loop",
+        configs[1]: "tinyllm",
+        configs[2]: "tinyllm, heap not kept",
+        configs[3]: f"plain loop char ({args.char_vocab})",
+        configs[4]: f"tinyllm char ({args.char_vocab})",
+    }
     results: dict = {c: [] for c in configs}
     nano: list[dict] = []
     loads = [load_str()]
@@ -323,23 +410,31 @@ def cpu_one_thread(args, home: Path) -> None:
         for c in configs:
             got = measure(args, home, c[0], "PASSIVE", threads=1, extra_env=dict(c[1]), corpus=c[2])
             results[c].append(got)
-            print(f"  1-thread run {rep + 1}: {label[c]}: CPU {1000 * got['cpu_s']:.1f} ms/step, wall {1000 * got['median_s']:.1f} ms, "
-                  f"{got['faults']:.0f} faults/step (load {load_str()})")
+            print(
+                f"  1-thread run {rep + 1}: {label[c]}: CPU {1000 * got['cpu_s']:.1f} ms/step, wall {1000 * got['median_s']:.1f} ms, "
+                f"{got['faults']:.0f} faults/step (load {load_str()})"
+            )
         if args.nanogpt:
             nano.append(measure_nanogpt(args, threads=1))
-            print(f"  1-thread run {rep + 1}: nanoGPT train.py: CPU {1000 * nano[-1]['cpu_s']:.1f} ms/step, wall "
-                  f"{1000 * nano[-1]['median_s']:.1f} ms (load {load_str()})")
+            print(
+                f"  1-thread run {rep + 1}: nanoGPT train.py: CPU {1000 * nano[-1]['cpu_s']:.1f} ms/step, wall "
+                f"{1000 * nano[-1]['median_s']:.1f} ms (load {load_str()})"
+            )
         loads.append(load_str())
     cpu = {c: 1000 * statistics.median(r["cpu_s"] for r in rs) for c, rs in results.items()}
     faults = {c: statistics.median(r["faults"] for r in rs) for c, rs in results.items()}
     t = cpu[configs[1]]
-    print(f"1 thread, CPU ms per step, median of {args.reps} runs x {args.steps} steps, 1-min load {' -> '.join(loads)}")
+    print(
+        f"1 thread, CPU ms per step, median of {args.reps} runs x {args.steps} steps, 1-min load {' -> '.join(loads)}"
+    )
     for c in configs:
         print(f"  {label[c]:<24}: {cpu[c]:6.1f} ms CPU, {faults[c]:6.0f} faults/step, /tinyllm {cpu[c] / t:.3f}")
     if nano:
         n = 1000 * statistics.median(r["cpu_s"] for r in nano)
-        print(f"  {'nanoGPT train.py':<24}: {n:6.1f} ms CPU, /tinyllm {n / t:.3f}, /tinyllm char {n / cpu[configs[4]]:.3f} "
-              f"(>= 1: tinyllm's step is less work)")
+        print(
+            f"  {'nanoGPT train.py':<24}: {n:6.1f} ms CPU, /tinyllm {n / t:.3f}, /tinyllm char {n / cpu[configs[4]]:.3f} "
+            f"(>= 1: tinyllm's step is less work)"
+        )
 
 
 def phases(args, home: Path) -> None:
@@ -356,13 +451,17 @@ def phases(args, home: Path) -> None:
     got = json.loads(out.stdout.strip().splitlines()[-1])
     cols = [("tinyllm", got["tinyllm"])] + [(f"nanoGPT V={v}", ph) for v, ph in got["nanogpt"].items()]
     names = list(dict.fromkeys(k for _, ph in cols for k in ph))
-    print(f"phases: CPU ms per step at 1 thread, median of {args.steps} steps, one process (load {load} -> {load_str()})")
+    print(
+        f"phases: CPU ms per step at 1 thread, median of {args.steps} steps, one process (load {load} -> {load_str()})"
+    )
     print("  " + f"{'phase':<22}" + "".join(f"{c:>15}" for c, _ in cols))
     for k in names:
         print("  " + f"{k:<22}" + "".join(f"{ph.get(k, 0.0):15.3f}" for _, ph in cols))
     sums = [sum(ph.values()) for _, ph in cols]
     print("  " + f"{'sum':<22}" + "".join(f"{x:15.3f}" for x in sums))
-    print(f"  tinyllm's real train_step + report: {got['tinyllm_real_step_ms']:.3f} ms (the phases' sum: {sums[0]:.3f})")
+    print(
+        f"  tinyllm's real train_step + report: {got['tinyllm_real_step_ms']:.3f} ms (the phases' sum: {sums[0]:.3f})"
+    )
     for (c, _), x in zip(cols[1:], sums[1:]):
         print(f"  {c}/tinyllm: {x / sums[0]:.3f}")
 
@@ -391,14 +490,18 @@ def checkpointing_and_startup(args, home: Path) -> None:
     result = trainer.run(reporter=default_reporter(trainer.run_dir, 0, spec.steps, 10**6))
     total = time.perf_counter() - t0
     n_ckpt = len(list((home / "runs" / spec.name / "ckpt").glob("step-*")))
-    print(f"checkpointing: {n_ckpt} checkpoints in {total:.1f} s of training ({spec.steps} steps, every "
-          f"{spec.checkpoint_every}): {trainer.save_s:.2f} s = {100 * trainer.save_s / total:.2f}% (aim <= 3%)")
+    print(
+        f"checkpointing: {n_ckpt} checkpoints in {total:.1f} s of training ({spec.steps} steps, every "
+        f"{spec.checkpoint_every}): {trainer.save_s:.2f} s = {100 * trainer.save_s / total:.2f}% (aim <= 3%)"
+    )
 
     ckpt_dir = home / result["checkpoint"]
     size = sum(f.stat().st_size for f in ckpt_dir.iterdir())
     n_params = GPT(spec.model).num_params()
-    print(f"checkpoint size: {size:,} bytes for {n_params:,} parameters = {size / n_params:.2f} bytes/parameter "
-          f"(fp32 weights + 2 AdamW moments = 12)")
+    print(
+        f"checkpoint size: {size:,} bytes for {n_params:,} parameters = {size / n_params:.2f} bytes/parameter "
+        f"(fp32 weights + 2 AdamW moments = 12)"
+    )
 
     fresh_spec = home / "fresh.json"
     fresh_spec.write_text(spec.model_copy(update={"name": "bench-fresh", "steps": 5}).model_dump_json())
@@ -406,8 +509,10 @@ def checkpointing_and_startup(args, home: Path) -> None:
     resume_spec = home / "resume.json"
     resume_spec.write_text(spec.model_copy(update={"steps": spec.steps + 5}).model_dump_json())
     resume_s, step = first_step_latency(home, resume_spec)
-    print(f"start-up: process start to first step {fresh_s:.2f} s fresh, {resume_s:.2f} s resumed "
-          f"(from step {step - 1}, verifying and loading the checkpoint; bench/restart.py breaks it down)")
+    print(
+        f"start-up: process start to first step {fresh_s:.2f} s fresh, {resume_s:.2f} s resumed "
+        f"(from step {step - 1}, verifying and loading the checkpoint; bench/restart.py breaks it down)"
+    )
 
 
 def first_step_latency(home: Path, spec_file: Path) -> tuple[float, int]:
@@ -417,8 +522,11 @@ def first_step_latency(home: Path, spec_file: Path) -> tuple[float, int]:
     spec = load_train_spec(spec_file)
     metrics = home / "runs" / spec.name / "metrics.jsonl"
     t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(spec_file), "--home", str(home)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(spec_file), "--home", str(home)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     proc.communicate(timeout=600)
     frames = [json.loads(line) for line in metrics.read_text().splitlines()]
     new = [f for f in frames if f["time"] >= t0]
@@ -449,8 +557,10 @@ def loaded(args, home: Path) -> None:
             for c in configs:
                 got = measure(args, home, *c)
                 results[c].append(got)
-                print(f"  loaded run {rep + 1}: threads={c[2] or 'own choice'}: {1000 * got['median_s']:.1f} ms/step "
-                      f"-> {got['omp'].get('threads')} threads, {got['omp']['wait_policy']} (load {load_str()})")
+                print(
+                    f"  loaded run {rep + 1}: threads={c[2] or 'own choice'}: {1000 * got['median_s']:.1f} ms/step "
+                    f"-> {got['omp'].get('threads')} threads, {got['omp']['wait_policy']} (load {load_str()})"
+                )
     finally:
         for b in busy:
             b.terminate()
@@ -459,17 +569,24 @@ def loaded(args, home: Path) -> None:
     ms = {c: 1000 * statistics.median(r["median_s"] for r in rs) for c, rs in results.items()}
     own, one, pinned = ms[configs[0]], ms[configs[1]], ms[configs[2]]
     picked = sorted({r["omp"].get("threads") for r in results[configs[0]]})
-    print(f"loaded: {n} busy-loop processes on {len(os.sched_getaffinity(0))} CPUs, median of {args.reps} runs x "
-          f"{args.steps} steps")
-    print(f"  own choice ({picked} threads of at most {most}): {own:6.1f} ms; 1 thread {one:6.1f} ms; "
-          f"{most} threads pinned {pinned:6.1f} ms")
+    print(
+        f"loaded: {n} busy-loop processes on {len(os.sched_getaffinity(0))} CPUs, median of {args.reps} runs x "
+        f"{args.steps} steps"
+    )
+    print(
+        f"  own choice ({picked} threads of at most {most}): {own:6.1f} ms; 1 thread {one:6.1f} ms; "
+        f"{most} threads pinned {pinned:6.1f} ms"
+    )
     print(f"  own choice vs 1 thread: {one / own:.3f}x the speed (aim >= 1); vs {most} pinned: {pinned / own:.3f}x")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--spec", default=None, help="train spec (default: nanoGPT's CPU recipe; specs/tiny.json for "
-                                                 "the checkpoint figures)")
+    ap.add_argument(
+        "--spec",
+        default=None,
+        help="train spec (default: nanoGPT's CPU recipe; specs/tiny.json for the checkpoint figures)",
+    )
     ap.add_argument("--steps", type=int, default=40, help="timed steps per throughput run (after 5 warm-up)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--nanogpt", default=None, help="a nanoGPT checkout with data/shakespeare_char prepared")
@@ -497,8 +614,10 @@ def main() -> None:
         char = build_corpus(CorpusSpec(name="char", tokenizer="char"), home)
         args.char_source = "the built-in text"
     args.char_vocab = json.loads((home / char["path"] / "meta.json").read_text())["vocab_size"]
-    print(f"bench: spec {args.spec or 'nanoGPT CPU recipe'}, {len(os.sched_getaffinity(0))} CPUs, home {home}, "
-          f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    print(
+        f"bench: spec {args.spec or 'nanoGPT CPU recipe'}, {len(os.sched_getaffinity(0))} CPUs, home {home}, "
+        f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}"
+    )
     if args.only in (None, "throughput"):
         throughput(args, home)
     if args.only in (None, "cpu1"):

@@ -13,6 +13,7 @@ TINYLLM_THREADS=N (N > 1) by wall time, the policy from the environment or tinyl
 
 Usage: python bench/train_phases.py HOME [--steps 40] [--nanogpt DIR]   (HOME with corpora/default)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,8 +99,14 @@ def tinyllm_parts(home: Path, steps: int):
         tr.optimizer.zero_grad(set_to_none=True)
         ph.lap("zero_grad")
         tr.step += 1
-        frame = {"train/loss": loss_f, "train/tokens": tr.cursor, "optim/lr": lr, "optim/grad_norm": grad_norm,
-                 "timer/step_s": 0.04, "timer/tokens_per_s": 1.0}
+        frame = {
+            "train/loss": loss_f,
+            "train/tokens": tr.cursor,
+            "optim/lr": lr,
+            "optim/grad_norm": grad_norm,
+            "timer/step_s": 0.04,
+            "timer/tokens_per_s": 1.0,
+        }
         for sink in tr.reporter.sinks:  # what Reporter.report does, one sink at a time
             sink.write(tr.step, frame)
             ph.lap(f"report: {sink.name}")
@@ -124,8 +131,17 @@ def nanogpt_parts(nanogpt: Path, vocab_size: int):
 
     m = RECIPE["model"]
     torch.manual_seed(1337)
-    model = ng.GPT(ng.GPTConfig(block_size=m["block_size"], vocab_size=vocab_size, n_layer=m["n_layer"],
-                                n_head=m["n_head"], n_embd=m["n_embd"], dropout=0.0, bias=False))
+    model = ng.GPT(
+        ng.GPTConfig(
+            block_size=m["block_size"],
+            vocab_size=vocab_size,
+            n_layer=m["n_layer"],
+            n_head=m["n_head"],
+            n_embd=m["n_embd"],
+            dropout=0.0,
+            bias=False,
+        )
+    )
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
     model.train()
     data_dir = nanogpt / "data" / "shakespeare_char"
@@ -134,8 +150,8 @@ def nanogpt_parts(nanogpt: Path, vocab_size: int):
     def get_batch():  # nanoGPT train.py's, for device cpu
         data = np.memmap(data_dir / "train.bin", dtype=np.uint16, mode="r")
         ix = torch.randint(len(data) - T, (B,))
-        x = torch.stack([torch.from_numpy((data[i:i + T]).astype(np.int64)) for i in ix])
-        y = torch.stack([torch.from_numpy((data[i + 1:i + 1 + T]).astype(np.int64)) for i in ix])
+        x = torch.stack([torch.from_numpy((data[i : i + T]).astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy((data[i + 1 : i + 1 + T]).astype(np.int64)) for i in ix])
         return x, y
 
     ph = Phases()
@@ -184,12 +200,21 @@ def main() -> None:
             theirs[vocab], their_step = nanogpt_parts(Path(args.nanogpt), vocab)
             runs.append(their_step)
     for i in range(args.steps + WARMUP_STEPS):
-        for run in (runs if i % 2 == 0 else runs[::-1]):
+        for run in runs if i % 2 == 0 else runs[::-1]:
             run()
     tr.lock_file.close()
     real_ms = 1000 * statistics.median(real_times[WARMUP_STEPS:])
-    print(json.dumps({"threads": THREADS, "clock": CLOCK.__name__, "tinyllm": ours.medians_ms(), "tinyllm_real_step_ms": real_ms,
-                      "nanogpt": {v: ph.medians_ms() for v, ph in theirs.items()}}))
+    print(
+        json.dumps(
+            {
+                "threads": THREADS,
+                "clock": CLOCK.__name__,
+                "tinyllm": ours.medians_ms(),
+                "tinyllm_real_step_ms": real_ms,
+                "nanogpt": {v: ph.medians_ms() for v, ph in theirs.items()},
+            }
+        )
+    )
 
 
 def tinyllm_vocab(tr) -> int:

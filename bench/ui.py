@@ -7,6 +7,7 @@ the median of 5), in process and over HTTP.
 
     python bench/ui.py [--segments 1000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,15 +60,20 @@ def main() -> None:
         events = len(engine.history(wid))
         print(f"history: {wid}, {args.segments} segments, {events} events (built in {built:.1f} s)")
         ui = server.App(engine, home)
-        for label, path, query in (("runs page", "/", {}), ("run page", f"/run/{wid}", {}),
-                                   ("run page, all events", f"/run/{wid}", {"limit": ["all"]}),
-                                   ("run page, live poll", f"/run/{wid}", {"partial": ["1"]})):
+        for label, path, query in (
+            ("runs page", "/", {}),
+            ("run page", f"/run/{wid}", {}),
+            ("run page, all events", f"/run/{wid}", {"limit": ["all"]}),
+            ("run page, live poll", f"/run/{wid}", {"partial": ["1"]}),
+        ):
             cold = _timed(lambda: ui.render(path, query))
             warm = statistics.median(_timed(lambda: ui.render(path, query)) for _ in range(5))
             cpu = statistics.median(_cpu(lambda: ui.render(path, query)) for _ in range(3))
             size = len(ui.render(path, query)[1])
-            print(f"{label:<24} in process: first {cold * 1000:6.0f} ms, then {warm * 1000:6.0f} ms wall, "
-                  f"{cpu * 1000:6.0f} ms CPU ({size / 1e6:.2f} MB)")
+            print(
+                f"{label:<24} in process: first {cold * 1000:6.0f} ms, then {warm * 1000:6.0f} ms wall, "
+                f"{cpu * 1000:6.0f} ms CPU ({size / 1e6:.2f} MB)"
+            )
         engine.close()
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall times grow with it)")
         t0 = time.perf_counter()
@@ -75,10 +81,14 @@ def main() -> None:
             urllib.request.urlopen(proc.url, timeout=60).read()
             first = time.perf_counter() - t0
             ready = proc.banner.split("ready in ")[-1].split(" s")[0]
-            print(f"ctl ui start-up: first page served {first:.2f} s after the process started "
-                  f"(the server's own ready time {ready} s)")
+            print(
+                f"ctl ui start-up: first page served {first:.2f} s after the process started "
+                f"(the server's own ready time {ready} s)"
+            )
             for label, url in (("runs page", proc.url), ("run page", proc.url + f"run/{wid}")):
-                took = statistics.median(_timed(lambda: urllib.request.urlopen(url, timeout=60).read()) for _ in range(5))
+                took = statistics.median(
+                    _timed(lambda: urllib.request.urlopen(url, timeout=60).read()) for _ in range(5)
+                )
                 print(f"{label:<24} over HTTP:  {took * 1000:6.0f} ms")
 
 

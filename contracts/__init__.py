@@ -17,6 +17,7 @@ One concept per module:
 - ``contracts.progress``: the progress-line format (format and parse);
 - ``contracts.activity_ids``: the activity-id grammar (format and parse).
 """
+
 from __future__ import annotations
 
 from .activity_ids import (

@@ -4,6 +4,7 @@
 checkpoint, ``eval-zoo`` a suite with no tag, ``corpus-default`` the build of corpus ``default``,
 ``publish...`` a release's publication. Formatted and parsed here only.
 """
+
 from __future__ import annotations
 
 import re
@@ -55,11 +56,11 @@ def parse_activity_id(aid: str) -> ActivityId:
         head = aid.split("-")[1]
         return ActivityId("train", int(head) if head.isdigit() else None)
     if aid.startswith(EVAL_PREFIX):
-        rest = aid[len(EVAL_PREFIX):]
+        rest = aid[len(EVAL_PREFIX) :]
         head, _, tail = rest.partition("-")
         return ActivityId("eval", int(head) if head.isdigit() else None, tail if head.isdigit() and tail else rest)
     if aid.startswith(CORPUS_PREFIX):
-        return ActivityId("corpus", None, aid[len(CORPUS_PREFIX):])
+        return ActivityId("corpus", None, aid[len(CORPUS_PREFIX) :])
     if aid.startswith(PUBLISH_PREFIX):
         return ActivityId("publish")
     return ActivityId("other")

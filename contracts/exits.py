@@ -5,6 +5,7 @@ space: not retried until space is freed), 75 (the run is locked by another live 
 code is a retryable failure. ctl adds its own: 1 (failed), 3 and 4 (``ctl verify-resume``'s NOT PROVEN and a
 broken contract), 143 (a polite stop saved the step it was at: schedulers read it as "come back").
 """
+
 from __future__ import annotations
 
 EXIT_OK = 0

@@ -17,6 +17,7 @@
 ``RunHome(home)`` gives the absolute paths; ``checkpoint_ref`` the home-relative string a result line,
 a heartbeat and a resume argument carry (``runs/<name>/ckpt/step-NNNNNN``).
 """
+
 from __future__ import annotations
 
 import re

@@ -6,6 +6,7 @@ A checkpoint directory holds its component files (``<component>.pt`` for tinyllm
 the commit). Verifying re-hashes every file against the manifest, the manifest against its own digest and
 every sidecar against its seal; anything torn or corrupt is a ``CheckpointError`` naming why.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +37,9 @@ def manifest_digest(manifest: Mapping[str, Any]) -> str:
     return canonical_sha256({k: v for k, v in manifest.items() if k != "manifest_sha256"})
 
 
-def build_manifest(step: int, components: list[str], files: Mapping[str, Mapping[str, Any]],
-                   meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def build_manifest(
+    step: int, components: list[str], files: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The manifest of a checkpoint at ``step`` with these components and files, its own digest included."""
     manifest: dict[str, Any] = {
         "format": FORMAT,
@@ -64,7 +66,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: no manifest.json (not a checkpoint, or torn)") from None
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: unreadable manifest.json: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != FORMAT
+        or not isinstance(manifest.get("files"), dict)
+    ):
         raise CheckpointError(f"{path}: manifest.json has an unknown format")
     if "manifest_sha256" in manifest and manifest["manifest_sha256"] != manifest_digest(manifest):
         raise CheckpointError(f"{path}: manifest.json fails its own checksum (corrupt)")

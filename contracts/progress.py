@@ -11,6 +11,7 @@ One JSON object per line, each with the ``time`` it was written (seconds since t
 
 A line that is not a JSON object, or holds a non-finite number, is no progress line (``parse_line``: None).
 """
+
 from __future__ import annotations
 
 import json
@@ -65,7 +66,10 @@ def is_liveness(line: Mapping[str, Any]) -> bool:
 def saved_checkpoint(line: Mapping[str, Any]) -> str | None:
     """The checkpoint a checkpoint line says was saved at its step, else None (other lines may carry the
     newest checkpoint too, at another step: not a save at that step)."""
-    if line.get(EVENT) in (None, CHECKPOINT_EVENT) and isinstance(line.get("checkpoint"), str) \
-            and int_step(line) is not None:
+    if (
+        line.get(EVENT) in (None, CHECKPOINT_EVENT)
+        and isinstance(line.get("checkpoint"), str)
+        and int_step(line) is not None
+    ):
         return str(line["checkpoint"])
     return None

@@ -7,6 +7,7 @@ workflow hands a segment as ``--resume`` (the newer of the last heartbeated chec
 the segment's end), and ``expected_resume`` is what the trainer will then really use, for the displays: the
 two composed, so a display never re-decides.
 """
+
 from __future__ import annotations
 
 import os
@@ -87,7 +88,9 @@ def choose_resume(run_dir: Path, explicit: Path | None = None, max_step: int | N
     # only a LATEST target that exists bounds the fallbacks: a damaged LATEST naming a step that is
     # not there (e.g. truncated to "step-0") must not hide the valid checkpoints
     bound = _step_of(latest) if latest is not None and latest.is_dir() else None
-    fallbacks = ([latest] if latest is not None else []) + [d for d in dirs if bound is None or (_step_of(d) or 0) < bound]
+    fallbacks = ([latest] if latest is not None else []) + [
+        d for d in dirs if bound is None or (_step_of(d) or 0) < bound
+    ]
     choice = ResumeChoice(None)
     tried: set[Path] = set()
     for i, candidate in enumerate([first, *fallbacks]):

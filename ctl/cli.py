@@ -3,6 +3,7 @@
 Exit codes: 0 completed, 130 canceled (or interrupted), 2 bad input (one message, nothing
 started or written), 1 failed, 74 disk full (resumable); see the README's table (in full: docs/ctl.md).
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +29,17 @@ from . import cli_inspect, presence
 from .ui import command as ui_command
 from .workerlog import WorkerLog
 from .interrupt import Interrupt
-from .cli_common import (CtlGroup, describe_train, edge, home_option, json_option, preempted_line, print_json,
-                         resolved, stop_options)
+from .cli_common import (
+    CtlGroup,
+    describe_train,
+    edge,
+    home_option,
+    json_option,
+    preempted_line,
+    print_json,
+    resolved,
+    stop_options,
+)
 from .logs import logs as logs_command
 from .release import release as release_command
 from .restart import refuse_moved_aside, restart_run
@@ -47,6 +57,7 @@ def _versions() -> str:
             return version(dist)
         except PackageNotFoundError:
             return "not installed"
+
     return f"ctl (durable-train) {of('durable-train')}, torch {of('torch')}"
 
 
@@ -57,23 +68,59 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 
 
 @click.group(cls=CtlGroup, context_settings={"max_content_width": 100})
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
-              help="Print durable-train's and torch's versions and exit.")
-@click.option("--backend", type=click.Choice(["embedded", "temporal"]), default="embedded", show_default=True,
-              envvar="CTL_BACKEND", help="Engine: the embedded SQLite engine, or a Temporal cluster [$CTL_BACKEND].")
-@click.option("--address", default=None, metavar="HOST:PORT", envvar="CTL_TEMPORAL_ADDRESS",
-              help="Temporal frontend [$CTL_TEMPORAL_ADDRESS; default localhost:7233].")
-@click.option("--namespace", default=None, envvar="CTL_TEMPORAL_NAMESPACE",
-              help="Temporal namespace [$CTL_TEMPORAL_NAMESPACE; default: default].")
-@click.option("--task-queue", default=None, envvar="CTL_TEMPORAL_TASK_QUEUE",
-              help="Temporal task queue of the workers [$CTL_TEMPORAL_TASK_QUEUE; default durable-train].")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Print durable-train's and torch's versions and exit.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["embedded", "temporal"]),
+    default="embedded",
+    show_default=True,
+    envvar="CTL_BACKEND",
+    help="Engine: the embedded SQLite engine, or a Temporal cluster [$CTL_BACKEND].",
+)
+@click.option(
+    "--address",
+    default=None,
+    metavar="HOST:PORT",
+    envvar="CTL_TEMPORAL_ADDRESS",
+    help="Temporal frontend [$CTL_TEMPORAL_ADDRESS; default localhost:7233].",
+)
+@click.option(
+    "--namespace",
+    default=None,
+    envvar="CTL_TEMPORAL_NAMESPACE",
+    help="Temporal namespace [$CTL_TEMPORAL_NAMESPACE; default: default].",
+)
+@click.option(
+    "--task-queue",
+    default=None,
+    envvar="CTL_TEMPORAL_TASK_QUEUE",
+    help="Temporal task queue of the workers [$CTL_TEMPORAL_TASK_QUEUE; default durable-train].",
+)
 @click.option("--tls-cert", default=None, metavar="PEM", help="Client certificate for mTLS (with --tls-key).")
 @click.option("--tls-key", default=None, metavar="PEM", help="Client private key for mTLS.")
 @click.option("--tls-ca", default=None, metavar="PEM", help="Root CA of the server's certificate.")
-@click.option("--tls/--no-tls", default=None,
-              help="Force TLS on or off [default: on when a TLS file or $CTL_TEMPORAL_API_KEY is given].")
-def main(backend: str, address: str | None, namespace: str | None, task_queue: str | None, tls_cert: str | None,
-         tls_key: str | None, tls_ca: str | None, tls: bool | None) -> None:
+@click.option(
+    "--tls/--no-tls",
+    default=None,
+    help="Force TLS on or off [default: on when a TLS file or $CTL_TEMPORAL_API_KEY is given].",
+)
+def main(
+    backend: str,
+    address: str | None,
+    namespace: str | None,
+    task_queue: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_ca: str | None,
+    tls: bool | None,
+) -> None:
     """Durable, exactly-resumable training runs: kill anything, run the same command again.
 
     Everything lives under one home folder (--home, else $CTL_HOME, else the current
@@ -101,8 +148,15 @@ def main(backend: str, address: str | None, namespace: str | None, task_queue: s
 
     Run `ctl COMMAND --help` for each command.
     """
-    options = (("address", address), ("namespace", namespace), ("task_queue", task_queue), ("tls_cert", tls_cert),
-               ("tls_key", tls_key), ("tls_ca", tls_ca), ("tls", tls))
+    options = (
+        ("address", address),
+        ("namespace", namespace),
+        ("task_queue", task_queue),
+        ("tls_cert", tls_cert),
+        ("tls_key", tls_key),
+        ("tls_ca", tls_ca),
+        ("tls", tls),
+    )
     backends.choose(backends.Choice(backend, options))
 
 
@@ -148,8 +202,10 @@ def _finish(st: Any, as_json: bool, describe: Callable[[Any], None]) -> None:
     elif st.state == "canceled":
         click.echo(f"{st.workflow_id} canceled; its checkpoints are kept: run the same command to continue", err=True)
     elif st.state == "failed" and (full := app.disk_full_message(st.error)):
-        click.echo(f"ctl: {full}; free some space and run the same command again: it resumes from the last "
-                   f"checkpoint", err=True)
+        click.echo(
+            f"ctl: {full}; free some space and run the same command again: it resumes from the last checkpoint",
+            err=True,
+        )
         sys.exit(errors.EXIT_DISK_FULL)
     elif st.state == "failed" and (denied := app.permission_message(st.error)):
         click.echo(f"ctl: {st.workflow_id} stopped: {denied}", err=True)  # no attempt retried it
@@ -170,41 +226,83 @@ def _describe_eval(result: dict) -> None:
 
 @main.command()
 @click.option("--spec", "spec_file", required=True, metavar="FILE", help="Train spec (JSON), e.g. specs/tiny.json.")
-@click.option("--suite", "suites", multiple=True,
-              help="Evaluate each segment's checkpoint with this suite: ppl or zoo (repeatable, in order). "
-                   "Default: ppl.")
+@click.option(
+    "--suite",
+    "suites",
+    multiple=True,
+    help="Evaluate each segment's checkpoint with this suite: ppl or zoo (repeatable, in order). Default: ppl.",
+)
 @click.option("--no-eval", is_flag=True, help="Evaluate nothing (no --suite then).")
-@click.option("--corpus-spec", "corpus_file", default=None, metavar="FILE",
-              help="Corpus spec (JSON), e.g. {\"name\": \"mine\", \"sources\": [\"my.txt\"]}; its name must be the "
-                   "train spec's corpus. Without it the spec's corpus must be the built-in one (default) or one "
-                   "already built in the home; another name is refused (exit 2).")
+@click.option(
+    "--corpus-spec",
+    "corpus_file",
+    default=None,
+    metavar="FILE",
+    help='Corpus spec (JSON), e.g. {"name": "mine", "sources": ["my.txt"]}; its name must be the '
+    "train spec's corpus. Without it the spec's corpus must be the built-in one (default) or one "
+    "already built in the home; another name is refused (exit 2).",
+)
 @click.option("--eval-seed", type=int, default=0, show_default=True, help="Seed of the evaluations.")
 @click.option("--eval-max-items", type=int, default=None, help="At most this many items per suite [default: all].")
 @click.option("--detach", is_flag=True, help="Start (or find) the run and return at once; `ctl worker` runs it.")
-@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=60.0,
-              show_default=True, metavar="SECONDS",
-              help="A trainer silent this long (no progress line) is stopped and its segment redelivered; on "
-                   "Temporal also how soon a dead worker's segment moves to another worker.")
-@click.option("--eval-heartbeat-timeout", "eval_heartbeat_timeout_s", type=click.FloatRange(min=1), default=120.0,
-              show_default=True, metavar="SECONDS",
-              help="An evaluation silent this long (no progress line) is stopped and retried (3 attempts); "
-                   "operational like --heartbeat-timeout.")
+@click.option(
+    "--heartbeat-timeout",
+    "heartbeat_timeout_s",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A trainer silent this long (no progress line) is stopped and its segment redelivered; on "
+    "Temporal also how soon a dead worker's segment moves to another worker.",
+)
+@click.option(
+    "--eval-heartbeat-timeout",
+    "eval_heartbeat_timeout_s",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="An evaluation silent this long (no progress line) is stopped and retried (3 attempts); "
+    "operational like --heartbeat-timeout.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress display on stderr (the result still goes to stdout).")
-@click.option("--restart", is_flag=True,
-              help="Start the run over from scratch with this spec (e.g. corrected after a failure): its earlier "
-                   "workflows stay with their histories, runs/<name> is moved to runs/<name>.restart-<n> (nothing "
-                   "deleted); refused while a live worker or trainer runs it.")
-@click.option("--trace-file", "trace_file", default=None, metavar="FILE",
-              help="Append the run's OpenTelemetry spans to FILE as JSON lines (the trace extra). "
-                   "$OTEL_EXPORTER_OTLP_ENDPOINT sends them over OTLP instead.")
+@click.option(
+    "--restart",
+    is_flag=True,
+    help="Start the run over from scratch with this spec (e.g. corrected after a failure): its earlier "
+    "workflows stay with their histories, runs/<name> is moved to runs/<name>.restart-<n> (nothing "
+    "deleted); refused while a live worker or trainer runs it.",
+)
+@click.option(
+    "--trace-file",
+    "trace_file",
+    default=None,
+    metavar="FILE",
+    help="Append the run's OpenTelemetry spans to FILE as JSON lines (the trace extra). "
+    "$OTEL_EXPORTER_OTLP_ENDPOINT sends them over OTLP instead.",
+)
 @stop_options
 @json_option
 @home_option
 @edge
-def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: str | None, eval_seed: int,
-          eval_max_items: int | None, detach: bool, heartbeat_timeout_s: float, eval_heartbeat_timeout_s: float,
-          quiet: bool, restart: bool, trace_file: str | None, stop_grace_s: float, stop_signal: Any,
-          as_json: bool, home: str | None) -> None:
+def train(
+    spec_file: str,
+    suites: tuple[str, ...],
+    no_eval: bool,
+    corpus_file: str | None,
+    eval_seed: int,
+    eval_max_items: int | None,
+    detach: bool,
+    heartbeat_timeout_s: float,
+    eval_heartbeat_timeout_s: float,
+    quiet: bool,
+    restart: bool,
+    trace_file: str | None,
+    stop_grace_s: float,
+    stop_signal: Any,
+    as_json: bool,
+    home: str | None,
+) -> None:
     """Start workflow train/<name> (or attach to it) and run it here to its end.
 
     Builds the corpus, trains in segments up to each eval_every boundary, evaluates each
@@ -241,8 +339,9 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     if no_eval and suites:
         raise BadRequest("--no-eval and --suite exclude each other")
     chosen = [] if no_eval else (list(suites) or None)  # None: the default (ppl; none for an own trainer)
-    request = app.train_request(spec_file, chosen, eval_seed=eval_seed, eval_max_items=eval_max_items,
-                                corpus_file=corpus_file, home=home_dir)
+    request = app.train_request(
+        spec_file, chosen, eval_seed=eval_seed, eval_max_items=eval_max_items, corpus_file=corpus_file, home=home_dir
+    )
     name = request.name
     interrupt.what = request.workflow_id
     app.check_run_writable(home_dir, name)
@@ -250,8 +349,9 @@ def train(spec_file: str, suites: tuple[str, ...], no_eval: bool, corpus_file: s
     notice = unverified_notice(home_dir, request.input.spec, spec_file) if not quiet else None
     from app.training import TrainFlags, TrainSession  # the workflows' models: the request loaded them already
 
-    session = TrainSession(home_dir, request, TrainFlags(heartbeat_timeout_s, eval_heartbeat_timeout_s, trace_file),
-                           warn=_warn)
+    session = TrainSession(
+        home_dir, request, TrainFlags(heartbeat_timeout_s, eval_heartbeat_timeout_s, trace_file), warn=_warn
+    )
     try:
         interrupt.engine = session.open()
         begun = session.start(restart=(lambda engine: restart_run(engine, home_dir, name)) if restart else None)
@@ -298,8 +398,9 @@ def _say_started(begun: TrainStart, base: str, home: Path, notice: str | None, *
         if c.applied:
             click.echo(f"ctl: {c.flag} {c.now_s:g} s from now on (the run had {c.was_s:g} s)", err=True)
         else:
-            click.echo(f"ctl: {c.flag} {c.now_s:g} s is not applied on this backend: {wid} keeps its {c.was_s:g} s",
-                       err=True)
+            click.echo(
+                f"ctl: {c.flag} {c.now_s:g} s is not applied on this backend: {wid} keeps its {c.was_s:g} s", err=True
+            )
 
 
 def _polite_stop(what: str, grace_s: float, stop_signal: Any, keeps: str = "its checkpoints") -> Interrupt:
@@ -317,32 +418,75 @@ def _exit_preempted(engine: app.Backend, workflow_id: str, interrupt: Interrupt,
     stop = engine.stop
     name = interrupt.signal_name or (stop.signal if stop is not None else None)
     if as_json:
-        print_json({**app.outcome_json(st), "state": "preempted", "signal": name,
-                    "preempted": [p for p in engine.preempted if p.get("workflow_id") == workflow_id]})
+        print_json(
+            {
+                **app.outcome_json(st),
+                "state": "preempted",
+                "signal": name,
+                "preempted": [p for p in engine.preempted if p.get("workflow_id") == workflow_id],
+            }
+        )
     else:
         click.echo(preempted_line(engine, workflow_id, name), err=True)
     sys.exit(EXIT_PREEMPTED)  # (the command's finally closes the engine)
 
 
 @main.command(name="verify-resume")
-@click.option("--spec", "spec_file", required=True, metavar="FILE",
-              help="Train spec (JSON): tinyllm's, or one naming its own \"trainer\".")
+@click.option(
+    "--spec",
+    "spec_file",
+    required=True,
+    metavar="FILE",
+    help='Train spec (JSON): tinyllm\'s, or one naming its own "trainer".',
+)
 @click.option("--kills", type=int, default=3, show_default=True, help="Interruptions of the second run.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the interruption plan.")
-@click.option("--signal", "signal_mode", type=click.Choice(["kill", "term", "both"]), default="both",
-              show_default=True, help="SIGKILL, SIGTERM (checkpoint, exit 130), or a seeded mix of both.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
-              help="Seconds one run of the trainer may take.")
-@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=60.0,
-              show_default=True, help="Seconds a run may go without a progress line (the contract's liveness rule).")
-@click.option("--segments", "segments", type=click.IntRange(min=1), default=None,
-              help="Run the trainer also in N segments, as ctl train does [default: at the spec's eval_every, "
-                   "else 2; 1: no segment run].")
+@click.option(
+    "--signal",
+    "signal_mode",
+    type=click.Choice(["kill", "term", "both"]),
+    default="both",
+    show_default=True,
+    help="SIGKILL, SIGTERM (checkpoint, exit 130), or a seeded mix of both.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Seconds one run of the trainer may take.",
+)
+@click.option(
+    "--heartbeat-timeout",
+    "heartbeat_timeout_s",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds a run may go without a progress line (the contract's liveness rule).",
+)
+@click.option(
+    "--segments",
+    "segments",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Run the trainer also in N segments, as ctl train does [default: at the spec's eval_every, "
+    "else 2; 1: no segment run].",
+)
 @json_option
 @home_option
 @edge
-def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeout_s: float,
-                  heartbeat_timeout_s: float, segments: int | None, as_json: bool, home: str | None) -> None:
+def verify_resume(
+    spec_file: str,
+    kills: int,
+    seed: int,
+    signal_mode: str,
+    timeout_s: float,
+    heartbeat_timeout_s: float,
+    segments: int | None,
+    as_json: bool,
+    home: str | None,
+) -> None:
     """Prove that the spec's trainer resumes exactly: run it uninterrupted, then again with seeded
     kills (also during checkpoint writes, for trainers on tinyllm.durable), resuming each time, and
     in segments as ctl train runs it; compare final loss bits, model digest and every step's loss. On a difference, name the first
@@ -366,49 +510,98 @@ def verify_resume(spec_file: str, kills: int, seed: int, signal_mode: str, timeo
 
         check_verify_options(kills, signal_mode)
         raw = load_run_spec(spec_file)
-        report = run_verify_resume(raw, app.resolve_home(home), kills=kills, seed=seed, signal_mode=signal_mode,
-                                   timeout_s=timeout_s, heartbeat_s=heartbeat_timeout_s, segments=segments)
+        report = run_verify_resume(
+            raw,
+            app.resolve_home(home),
+            kills=kills,
+            seed=seed,
+            signal_mode=signal_mode,
+            timeout_s=timeout_s,
+            heartbeat_s=heartbeat_timeout_s,
+            segments=segments,
+        )
     except ProofBadInput as e:
         raise BadRequest(str(e)) from None
     except ProofError as e:  # a run failed in a way that is no planned interruption
         raise errors.CtlError(str(e)) from None
     except KeyboardInterrupt:  # the trainer's process group was killed on the way out (proving.verify._run_attempt)
-        click.echo("ctl verify-resume: interrupted; nothing was compared (its scratch runs are under "
-                   "<home>/.ctl/verify/)", err=True)
+        click.echo(
+            "ctl verify-resume: interrupted; nothing was compared (its scratch runs are under <home>/.ctl/verify/)",
+            err=True,
+        )
         sys.exit(errors.EXIT_CANCELED)
     if as_json:
         print_json(report.as_json())
     else:
         for line in report.lines():
             click.echo(line)
-    sys.exit({"exact": EXIT_OK, "not_proven": EXIT_NOT_PROVEN,
-              "contract_broken": errors.EXIT_CONTRACT_BROKEN}.get(report.verdict, EXIT_FAILED))
+    sys.exit(
+        {"exact": EXIT_OK, "not_proven": EXIT_NOT_PROVEN, "contract_broken": errors.EXIT_CONTRACT_BROKEN}.get(
+            report.verdict, EXIT_FAILED
+        )
+    )
 
 
 @main.command(name="eval")
-@click.option("--suite", "suites", multiple=True, required=True,
-              help="Suite to run: ppl or zoo, or with --spec the trainer's own suite names (repeatable, in order).")
-@click.option("--spec", "spec_file", default=None, type=click.Path(dir_okay=False),
-              help="A train spec naming its own trainer: its eval_command runs each suite [default: tinyllm eval].")
-@click.option("--subject", "subjects", multiple=True, required=True,
-              help="ID=CHECKPOINT: a name and a checkpoint directory, relative to the home (repeatable).")
-@click.option("--name", default="", help="Names workflow eval/<name> and evals/<suite>/<name>[-<tag>] "
-                                         "[default: the first subject's id].")
+@click.option(
+    "--suite",
+    "suites",
+    multiple=True,
+    required=True,
+    help="Suite to run: ppl or zoo, or with --spec the trainer's own suite names (repeatable, in order).",
+)
+@click.option(
+    "--spec",
+    "spec_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="A train spec naming its own trainer: its eval_command runs each suite [default: tinyllm eval].",
+)
+@click.option(
+    "--subject",
+    "subjects",
+    multiple=True,
+    required=True,
+    help="ID=CHECKPOINT: a name and a checkpoint directory, relative to the home (repeatable).",
+)
+@click.option(
+    "--name",
+    default="",
+    help="Names workflow eval/<name> and evals/<suite>/<name>[-<tag>] [default: the first subject's id].",
+)
 @click.option("--tag", default="", help="Evaluation point tag (activity ids eval-<tag>-<suite>) [default: none].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the evaluation.")
 @click.option("--corpus", default="default", show_default=True, help="Corpus whose held-out part ppl reads.")
 @click.option("--max-items", type=int, default=None, help="At most this many items per suite [default: all].")
-@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=120.0,
-              show_default=True, metavar="SECONDS",
-              help="A suite's evaluation silent this long (no progress line) is stopped and retried (3 attempts); "
-                   "operational: a rerun with another value continues the evaluation with it.")
+@click.option(
+    "--heartbeat-timeout",
+    "heartbeat_timeout_s",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A suite's evaluation silent this long (no progress line) is stopped and retried (3 attempts); "
+    "operational: a rerun with another value continues the evaluation with it.",
+)
 @stop_options
 @json_option
 @home_option
 @edge
-def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, ...], name: str, tag: str, seed: int,
-          corpus: str, max_items: int | None, heartbeat_timeout_s: float, stop_grace_s: float, stop_signal: Any,
-          as_json: bool, home: str | None) -> None:
+def eval_(
+    suites: tuple[str, ...],
+    spec_file: str | None,
+    subjects: tuple[str, ...],
+    name: str,
+    tag: str,
+    seed: int,
+    corpus: str,
+    max_items: int | None,
+    heartbeat_timeout_s: float,
+    stop_grace_s: float,
+    stop_signal: Any,
+    as_json: bool,
+    home: str | None,
+) -> None:
     """Evaluate checkpoints: workflow eval/<name>, one activity per suite over the subjects.
 
     Each suite writes evals/<suite>/<name>[-<tag>]/results.jsonl and summary.json. Like
@@ -430,8 +623,9 @@ def eval_(suites: tuple[str, ...], spec_file: str | None, subjects: tuple[str, .
         from app.trainers import eval_trainer  # the spec's pydantic models: only for a spec's own trainer
 
         trainer = eval_trainer(spec_file)
-    inp = app.eval_request(name, list(suites), list(subjects), tag=tag, seed=seed, corpus=corpus, max_items=max_items,
-                           trainer=trainer).model_copy(update={"heartbeat_timeout_s": heartbeat_timeout_s})
+    inp = app.eval_request(
+        name, list(suites), list(subjects), tag=tag, seed=seed, corpus=corpus, max_items=max_items, trainer=trainer
+    ).model_copy(update={"heartbeat_timeout_s": heartbeat_timeout_s})
     for s in inp.subjects:
         path = Path(s.model) if Path(s.model).is_absolute() else home_dir / s.model
         if not path.is_dir():
@@ -525,8 +719,11 @@ def worker(stop_grace_s: float, stop_signal: Any, home: str | None) -> None:
     handler = logging.StreamHandler(sys.stderr)  # the engine's own warnings (a lost worker redelivered...)
     handler.setFormatter(logging.Formatter("%(asctime)s engine: %(message)s", "%Y-%m-%dT%H:%M:%S"))
     logging.getLogger("engine").addHandler(handler)
-    log = WorkerLog(engine, lambda line: click.echo(line, err=True),
-                    on_end=lambda wid, state: runsinks.workflow_state(home_dir, wid, state))  # MLflow's run status
+    log = WorkerLog(
+        engine,
+        lambda line: click.echo(line, err=True),
+        on_end=lambda wid, state: runsinks.workflow_state(home_dir, wid, state),
+    )  # MLflow's run status
     here = presence.announce(home_dir, engine, None)  # `ctl status` between activities: a live runner
     code = EXIT_OK
     try:
@@ -550,8 +747,12 @@ def worker(stop_grace_s: float, stop_signal: Any, home: str | None) -> None:
 @main.command()
 @click.option("--port", type=int, default=7233, show_default=True, help="gRPC port of the frontend.")
 @click.option("--ip", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
-@click.option("--db-filename", default=None, metavar="FILE",
-              help="The server's state (SQLite) [default: <home>/.ctl/temporal-dev.db].")
+@click.option(
+    "--db-filename",
+    default=None,
+    metavar="FILE",
+    help="The server's state (SQLite) [default: <home>/.ctl/temporal-dev.db].",
+)
 @home_option
 @edge
 def server(port: int, ip: str, db_filename: str | None, home: str | None) -> None:

@@ -1,5 +1,6 @@
 """What every ``ctl`` command shares: the --home and --json options, the error edge (domain errors become
 one line on stderr and an exit code, only here), JSON and time printing, a finished run's summary."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -27,8 +28,12 @@ from app.runview import figures_text, first_subject_metrics, stopped_early_text
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
-                           help="Home folder (default: $CTL_HOME, else the current directory).")
+home_option = click.option(
+    "--home",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Home folder (default: $CTL_HOME, else the current directory).",
+)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON (stable shape, see docs/ctl.md).")
 
 
@@ -45,15 +50,27 @@ def stop_options(fn: Callable) -> Callable:
     """``--stop-grace`` and ``--stop-signal`` (ctl/interrupt.py, docs/preemption.md), for every command that
     runs workflows here (train, eval, release, worker)."""
     fn = click.option(
-        "--stop-signal", "stop_signal", default=None, metavar="NAME", envvar=SIGNAL_ENV, callback=_stop_signal,
+        "--stop-signal",
+        "stop_signal",
+        default=None,
+        metavar="NAME",
+        envvar=SIGNAL_ENV,
+        callback=_stop_signal,
         help=f"A preemption signal handled like SIGTERM, e.g. USR1 for Slurm's --signal=B:USR1@120 "
-             f"[${SIGNAL_ENV}]; the trainers get it too ($DURABLE_STOP_SIGNAL).")(fn)
+        f"[${SIGNAL_ENV}]; the trainers get it too ($DURABLE_STOP_SIGNAL).",
+    )(fn)
     fn = click.option(
-        "--stop-grace", "stop_grace_s", type=click.FloatRange(min=1), default=DEFAULT_GRACE_S, show_default=True,
-        metavar="SECONDS", envvar=GRACE_ENV,
+        "--stop-grace",
+        "stop_grace_s",
+        type=click.FloatRange(min=1),
+        default=DEFAULT_GRACE_S,
+        show_default=True,
+        metavar="SECONDS",
+        envvar=GRACE_ENV,
         help=f"On SIGTERM/SIGINT/--stop-signal the trainer saves the step it is at; past this many seconds "
-             f"ctl kills it and exits (keep it below the platform's own grace: Kubernetes 30 s, Slurm's "
-             f"KillWait, `docker stop -t`) [${GRACE_ENV}].")(fn)
+        f"ctl kills it and exits (keep it below the platform's own grace: Kubernetes 30 s, Slurm's "
+        f"KillWait, `docker stop -t`) [${GRACE_ENV}].",
+    )(fn)
     return fn
 
 
@@ -62,16 +79,20 @@ def preempted_line(engine: app.Backend, workflow_id: str, signal_name: str | Non
     mine = [p for p in engine.preempted if p.get("workflow_id") == workflow_id and p.get("attempt")]
     sig = signal_name or "a signal"
     if not mine:
-        return (f"ctl: stopped by {sig}: {workflow_id} had nothing running (a wait's remainder is waited when it "
-                f"resumes); run the same command to resume")
+        return (
+            f"ctl: stopped by {sig}: {workflow_id} had nothing running (a wait's remainder is waited when it "
+            f"resumes); run the same command to resume"
+        )
     parts = []
     for p in mine:
         if str(p.get("message", "")).startswith("not started"):
             continue
         step, lost = p.get("step"), p.get("steps_lost")
         if not is_train(p.get("activity_id", "")) and step is None:  # an evaluation, a corpus build
-            parts.append(f"{p.get('activity_id')} attempt {p.get('attempt')} stopped (it runs again when resumed; "
-                         f"nothing of it was recorded)")
+            parts.append(
+                f"{p.get('activity_id')} attempt {p.get('attempt')} stopped (it runs again when resumed; "
+                f"nothing of it was recorded)"
+            )
             continue
         saved = f"saved step {step}" if step is not None else "no checkpoint yet"
         how = f"{lost} steps lost" if lost is not None else "steps lost unknown"
@@ -84,6 +105,7 @@ def preempted_line(engine: app.Backend, workflow_id: str, signal_name: str | Non
 
 def edge(fn: Callable) -> Callable:
     """Turn domain errors into one line on stderr and the exit code (the only place that does)."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -104,6 +126,7 @@ def edge(fn: Callable) -> Callable:
             from tinyllm.spec import format_validation_error  # loaded already: a pydantic model raised it
 
             exit_with(BadRequest(format_validation_error(e, "request")))
+
     return wrapper
 
 
@@ -150,8 +173,10 @@ def describe_train(result: dict) -> None:
             line += f"  {s['suite']}: {figures_text(first_subject_metrics(s), limit=2) or 'done'}"
         click.echo(line)
         for r in t.get("refused_checkpoints") or []:
-            click.echo(f"    refused checkpoint {r['checkpoint']}: {r['reason']}; "
-                       f"resumed from {t.get('resumed_from') or 'scratch'}")
+            click.echo(
+                f"    refused checkpoint {r['checkpoint']}: {r['reason']}; "
+                f"resumed from {t.get('resumed_from') or 'scratch'}"
+            )
     if result.get("stopped_early"):
         click.echo(f"  {stopped_early_text(result['stopped_early'])}")
     click.echo(f"final_loss_hex {result['final_loss_hex']}  digest {result['digest']}")
@@ -173,8 +198,14 @@ class CtlGroup(click.Group):
     unknown command, an extra argument) become ONE line ``ctl: ...`` in the project's words and exit 2, for
     every command, instead of click's usage block and ``Error: ...`` (3 lines)."""
 
-    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:
+    def main(
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
         try:
             rv = super().main(args, prog_name or "ctl", complete_var, standalone_mode=False, **extra)
         except click_errors.ClickException as e:
@@ -264,8 +295,11 @@ def usage_line(e: click_errors.ClickException, command: str = "ctl") -> str:
             return f"{where}{_option_name(e.param)}{metavar} is required{hint}"
         return f"{where}missing {_option_name(e.param)}{hint}"
     if isinstance(e, click_errors.BadParameter):
-        return f"{where}{_bad_value(e.param, e.message)}{hint}" if e.param is not None else \
-            f"{where}{e.message.rstrip('.')}{hint}"
+        return (
+            f"{where}{_bad_value(e.param, e.message)}{hint}"
+            if e.param is not None
+            else f"{where}{e.message.rstrip('.')}{hint}"
+        )
     if isinstance(e, click_errors.BadOptionUsage):
         m = re.match(r"Option '(.*)' (requires an argument|does not take a value)", e.message)
         if m:

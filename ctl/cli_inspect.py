@@ -3,6 +3,7 @@
 Each opens the home's database read-only (``app.open_engine(..., readonly=True)``) and writes nothing;
 doctor --fix removes leftover temporaries only.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,6 +24,7 @@ from app.homecheck import as_ctl_error
 from .cli_common import describe_train, edge, home_option, json_option, print_json, resolved, when
 from app.runview import release_outcome, run_view
 from .show import show as show_run
+
 
 @click.command()
 @click.argument("workflow_id", required=False)
@@ -58,8 +60,10 @@ def status(workflow_id: str | None, as_json: bool, home: str | None) -> None:
         if as_json:
             print_json(app.outcome_json(st) | {"waiting_on": st.waiting_on} | extra | _release_json(st))
         else:
-            click.echo(f"{st.workflow_id} ({st.workflow}): {st.state}"
-                       + (" (cancel requested)" if st.cancel_requested and st.state == "running" else ""))
+            click.echo(
+                f"{st.workflow_id} ({st.workflow}): {st.state}"
+                + (" (cancel requested)" if st.cancel_requested and st.state == "running" else "")
+            )
             if st.waiting_on and not st.waiting_on.startswith("timer"):  # timers: below, in local time
                 click.echo(f"  waiting on: {runstatus.readable(st.waiting_on)}")
             for line in runstatus.status_lines(st, extra, now):
@@ -89,8 +93,10 @@ def _table(rows: list) -> None:
     for s in rows:
         state = s.state + ("*" if s.cancel_requested and s.state == "running" else "")
         released = release_outcome(s.workflow, s.state, s.result)
-        click.echo(f"{s.workflow_id:<32} {s.workflow:<12} {state:<10} {when(s.updated_at):<19} "
-                   f"{released['text'] if released else ''}".rstrip())
+        click.echo(
+            f"{s.workflow_id:<32} {s.workflow:<12} {state:<10} {when(s.updated_at):<19} "
+            f"{released['text'] if released else ''}".rstrip()
+        )
 
 
 @click.command(name="list")
@@ -201,8 +207,15 @@ def show(workflow_id: str, as_json: bool, home: str | None) -> None:
 
 @click.command()
 @click.argument("workflow_id", metavar="train/NAME")
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
-              help="Write a PNG (matplotlib) instead of plotting in the terminal (plotext).")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE.png",
+    help="Write a PNG (matplotlib) instead of plotting in the terminal (plotext).",
+)
 @json_option
 @home_option
 @edge
@@ -240,8 +253,11 @@ def plot(workflow_id: str, output: str | None, as_json: bool, home: str | None) 
                 path = plotting.write_png(s, Path(output))
             except OSError as e:  # its folder cannot be made, no permission, no space
                 full = as_ctl_error(e, None)
-                raise (full if isinstance(full, errors.DiskFull) else
-                       BadRequest(f"cannot write the plot {output}: {e.strerror or e}")) from None
+                raise (
+                    full
+                    if isinstance(full, errors.DiskFull)
+                    else BadRequest(f"cannot write the plot {output}: {e.strerror or e}")
+                ) from None
             click.echo(f"wrote {path} ({len(s.loss)} steps, {len(s.evals)} evaluation(s))")
         else:
             size = os.get_terminal_size(sys.stdout.fileno()) if sys.stdout.isatty() else os.terminal_size((100, 30))
@@ -287,9 +303,11 @@ def doctor(fix: bool, as_json: bool, home: str | None) -> None:
         for r in removed:
             click.echo(f"removed  {r}")
         c = report.checked
-        click.echo(f"checked {c['workflows']} workflow(s), {c['events']} event(s), {c['runs']} run(s), "
-                   f"{c['checkpoints']} checkpoint(s), {c['corpora']} corpus(es): "
-                   + ("no problems" if not left else f"{len(left)} problem(s)"))
+        click.echo(
+            f"checked {c['workflows']} workflow(s), {c['events']} event(s), {c['runs']} run(s), "
+            f"{c['checkpoints']} checkpoint(s), {c['corpora']} corpus(es): "
+            + ("no problems" if not left else f"{len(left)} problem(s)")
+        )
     sys.exit(errors.EXIT_FAILED if left else errors.EXIT_OK)
 
 

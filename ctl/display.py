@@ -20,6 +20,7 @@ engine records right after is not shown again.
 It reads the history through the ``ctl`` process's own Engine (one connection per process:
 never a second Engine, never an open() of engine.db) and follows ``runs/<name>/metrics.jsonl``.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,16 @@ from tinyllm.objectives.no_signal import warning_text
 
 from .evalprogress import EvalCounts, EvalFollower, run_name
 from .runstatus import worker_info
-from app.runview import (MetricsTail, RunView, figures_text, first_subject_metrics, fmt_duration, headline, local_time,
-                      run_view)
+from app.runview import (
+    MetricsTail,
+    RunView,
+    figures_text,
+    first_subject_metrics,
+    fmt_duration,
+    headline,
+    local_time,
+    run_view,
+)
 
 DEFAULT_PLAIN_EVERY_S = 10.0
 MAX_EVENTS_PER_POLL = 10_000  # a bounded read per poll; the rest comes with the next one
@@ -65,11 +74,13 @@ def _rate(tok_s: float | None) -> str:
     return f"{tok_s / 1000:.1f}k tok/s" if tok_s >= 1000 else f"{tok_s:.0f} tok/s"
 
 
-
 def resume_lines(details: dict) -> list[str]:
     """What a trainer's resume progress line says: each refused checkpoint and why, then what it used."""
-    lines = [f"  [yellow]refused checkpoint[/] {r.get('checkpoint')}: {r.get('reason')}"
-             for r in details.get("refused") or [] if isinstance(r, dict)]
+    lines = [
+        f"  [yellow]refused checkpoint[/] {r.get('checkpoint')}: {r.get('reason')}"
+        for r in details.get("refused") or []
+        if isinstance(r, dict)
+    ]
     used = details.get("resumed_from")
     if used and lines:
         at = f" at step {details['step']}" if isinstance(details.get("step"), int) else ""
@@ -80,9 +91,23 @@ def resume_lines(details: dict) -> list[str]:
 class LiveDisplay:
     """Follows workflow ``workflow_id`` of ``engine`` from ``start()`` to ``stop()``."""
 
-    def __init__(self, home: Path, engine: Backend, workflow_id: str, *, console: Console | None = None,
-                 poll_s: float = 0.5, clock: Callable[[], float] = time.time):
-        self.home, self.engine, self.workflow_id, self.poll_s, self.clock = Path(home), engine, workflow_id, poll_s, clock
+    def __init__(
+        self,
+        home: Path,
+        engine: Backend,
+        workflow_id: str,
+        *,
+        console: Console | None = None,
+        poll_s: float = 0.5,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.home, self.engine, self.workflow_id, self.poll_s, self.clock = (
+            Path(home),
+            engine,
+            workflow_id,
+            poll_s,
+            clock,
+        )
         self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self.live = self.console.is_terminal
         self.plain_every_s = _plain_every_s()
@@ -137,8 +162,11 @@ class LiveDisplay:
 
     def _stopping_text(self, view: RunView) -> str:
         step = self.tail.step if self.tail is not None and self.tail.step is not None else None
-        what = f"checkpointing step {step}" if step is not None and view.phase.kind == "training" else \
-            f"stopping {view.phase.text or 'the run'}"
+        what = (
+            f"checkpointing step {step}"
+            if step is not None and view.phase.kind == "training"
+            else f"stopping {view.phase.text or 'the run'}"
+        )
         return f"stopping ({self._stopping}): {what} ... (Ctrl-C again to stop now)"
 
     # -- reading -------------------------------------------------------------------------
@@ -164,11 +192,14 @@ class LiveDisplay:
         if not view.name and isinstance(inp.get("subjects"), list):  # an EvalSuite workflow (ctl eval)
             subjects = [str(s.get("id")) if isinstance(s, dict) else str(s) for s in inp["subjects"]]
             shown = ", ".join(subjects[:4]) + (" ..." if len(subjects) > 4 else "")
-            return (f"[bold]{self.workflow_id}[/]: evaluating {len(subjects)} subject(s) ({shown}) with "
-                    f"{', '.join(map(str, inp.get('suites') or []))}")
+            return (
+                f"[bold]{self.workflow_id}[/]: evaluating {len(subjects)} subject(s) ({shown}) with "
+                f"{', '.join(map(str, inp.get('suites') or []))}"
+            )
         n = len(view.segments)
-        plan = (f"{view.total_steps} steps in {n} segment(s)"
-                + (f", each checkpoint evaluated with {', '.join(view.suites)}" if view.suites else ", no evaluation"))
+        plan = f"{view.total_steps} steps in {n} segment(s)" + (
+            f", each checkpoint evaluated with {', '.join(view.suites)}" if view.suites else ", no evaluation"
+        )
         if len(self.events) <= 1 and not any(s.reused for s in view.segments):
             return f"[bold]{self.workflow_id}[/]: {plan}"
         return f"[bold]{self.workflow_id}[/]: " + self._resume_text(view)
@@ -178,8 +209,11 @@ class LiveDisplay:
         head = f"segments {done}/{len(view.segments)} done"
         p = view.phase
         if p.kind in ("training", "evaluating", "corpus") and p.activity_id:
-            started = {f"{e.attrs.get('activity_id')}#{e.attrs.get('attempt')}": e.time
-                       for e in self.events if e.type == "activity_started"}
+            started = {
+                f"{e.attrs.get('activity_id')}#{e.attrs.get('attempt')}": e.time
+                for e in self.events
+                if e.type == "activity_started"
+            }
             w = worker_info(self.engine, self.workflow_id, self.clock(), started)
             if w.get("live") and w.get("pid") != os.getpid():
                 return f"attached; pid {w['pid']} on {w['host']} runs {p.activity_id} ({head})"
@@ -190,7 +224,9 @@ class LiveDisplay:
             return f"resumed ({head}): {p.text} is run again (its attempt was interrupted)"
         if p.kind == "waiting" and p.until is not None:
             left = max(0.0, p.until - self.clock())
-            return f"resumed ({head}): waiting until {local_time(p.until)} ({fmt_duration(left)} left, the recorded timer)"
+            return (
+                f"resumed ({head}): waiting until {local_time(p.until)} ({fmt_duration(left)} left, the recorded timer)"
+            )
         reused = [s for s in view.segments if s.reused]
         if reused:
             return f"continuing the run ({head}, finished by earlier workflows: not run again)"
@@ -199,8 +235,14 @@ class LiveDisplay:
     def _resume_training(self, view: RunView, activity_id: str) -> str:
         seg = view.segment(activity_id)
         label = f"{activity_id} (segment {seg.index}/{len(view.segments)})" if seg else activity_id
-        details = next((e.attrs.get("details") for e in reversed(self.events)
-                        if e.type == "activity_heartbeat" and e.attrs.get("activity_id") == activity_id), None)
+        details = next(
+            (
+                e.attrs.get("details")
+                for e in reversed(self.events)
+                if e.type == "activity_heartbeat" and e.attrs.get("activity_id") == activity_id
+            ),
+            None,
+        )
         until = seg.until if seg else view.total_steps
         # what the trainer will really resume from: the workflow's --resume, then the trainer's own choice
         ckpt = expected_resume(self.home, view.name, until, (seg.attempts if seg else 1) + 1, details)
@@ -210,17 +252,21 @@ class LiveDisplay:
             lost = f"; {last} step(s) are redone" if last else ""
             return f"resumed {label} from the start (no checkpoint yet){lost}"
         redone = max(0, (last or from_step) - from_step)
-        return (f"resumed {label} from step {from_step} ({ckpt}); "
-                f"{redone} step(s) since that checkpoint are redone")
+        return f"resumed {label} from step {from_step} ({ckpt}); {redone} step(s) since that checkpoint are redone"
 
     # -- the loop ------------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
             if self.live:
-                self._progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24),
-                                          TextColumn("{task.fields[info]}"), console=self.console,
-                                          transient=True, refresh_per_second=4)
+                self._progress = Progress(
+                    TextColumn("{task.description}"),
+                    BarColumn(bar_width=24),
+                    TextColumn("{task.fields[info]}"),
+                    console=self.console,
+                    transient=True,
+                    refresh_per_second=4,
+                )
                 with self._progress:
                     self._tasks["run"] = self._progress.add_task("run", total=1, info="")
                     self._tasks["phase"] = self._progress.add_task("", total=None, info="")
@@ -279,8 +325,10 @@ class LiveDisplay:
             seg = view.segment(aid)
             if seg is not None:
                 took = fmt_duration(seg.duration_s) if seg.duration_s is not None else "?"
-                return (f"segment {seg.index}/{len(view.segments)} done: step {seg.until}, "
-                        f"loss {_loss(seg.final_loss)} ({seg.final_loss_hex}), {took}")
+                return (
+                    f"segment {seg.index}/{len(view.segments)} done: step {seg.until}, "
+                    f"loss {_loss(seg.final_loss)} ({seg.final_loss_hex}), {took}"
+                )
             ev = next((x for x in view.evals() if x.activity_id == aid), None)
             if ev is not None:
                 return f"[green]{headline(ev.suite, ev.metrics)}[/] at step {ev.step}  ({ev.suite}: {figures_text(ev.metrics)})"
@@ -309,7 +357,11 @@ class LiveDisplay:
         elif e.type == "workflow_completed":
             wall = e.time - view.started_at if view.started_at else None
             worked = view.worked_s if view.worked_s is not None else wall
-            also = f" ({fmt_duration(wall)} wall)" if wall is not None and worked is not None and wall - worked >= 1 else ""
+            also = (
+                f" ({fmt_duration(wall)} wall)"
+                if wall is not None and worked is not None and wall - worked >= 1
+                else ""
+            )
             return f"[green]{self.workflow_id} completed[/] in {fmt_duration(worked)}{also}"
         elif e.type == "workflow_canceled":
             return f"[yellow]{self.workflow_id} canceled[/] (checkpoints kept; the same command continues it)"
@@ -324,16 +376,25 @@ class LiveDisplay:
         step = (tail.step if tail and tail.step is not None else None) or view.last_checkpoint_step or view.steps_done()
         step_rate, tok_rate = tail.rates() if tail else (None, None)
         eval_left_s = self._eval_counts.eta_s if self._eval_counts is not None else None
-        return {"step": step, "smoothed": tail.smoothed if tail else None, "last": tail.last_loss if tail else None,
-                "tok_s": tok_rate, "eta_s": view.remaining_work_s(step, step_rate, now, eval_left_s),
-                "elapsed_s": now - self._t0}
+        return {
+            "step": step,
+            "smoothed": tail.smoothed if tail else None,
+            "last": tail.last_loss if tail else None,
+            "tok_s": tok_rate,
+            "eta_s": view.remaining_work_s(step, step_rate, now, eval_left_s),
+            "elapsed_s": now - self._t0,
+        }
 
     def run_line(self, view: RunView, now: float) -> str:
         f = self._figures(view, now)
         pct = 100.0 * f["step"] / view.total_steps if view.total_steps else 0.0
-        parts = [f"step {f['step']}/{view.total_steps} ({pct:.0f}%)", f"ETA {fmt_duration(f['eta_s'])}",
-                 f"loss {_loss(f['smoothed'])} (last {_loss(f['last'])})", _rate(f["tok_s"]),
-                 f"elapsed {fmt_duration(f['elapsed_s'])}"]
+        parts = [
+            f"step {f['step']}/{view.total_steps} ({pct:.0f}%)",
+            f"ETA {fmt_duration(f['eta_s'])}",
+            f"loss {_loss(f['smoothed'])} (last {_loss(f['last'])})",
+            _rate(f["tok_s"]),
+            f"elapsed {fmt_duration(f['elapsed_s'])}",
+        ]
         return " | ".join(p for p in parts if p)
 
     def phase_line(self, view: RunView, now: float) -> tuple[str, str, float | None, float]:
@@ -378,8 +439,9 @@ class LiveDisplay:
             if self._progress is not None:
                 what, detail, ptotal, pdone = self.phase_line(view, now)
                 self._progress.update(self._tasks["run"], visible=False)
-                self._progress.update(self._tasks["phase"], description=what, total=ptotal, completed=pdone,
-                                      info=detail)
+                self._progress.update(
+                    self._tasks["phase"], description=what, total=ptotal, completed=pdone, info=detail
+                )
             elif view.phase.text != self._last_phase and view.phase.kind == "evaluating":
                 self._last_phase = view.phase.text
                 self.console.print(view.phase.text)
@@ -387,8 +449,13 @@ class LiveDisplay:
         what, detail, ptotal, pdone = self.phase_line(view, now)
         if self._progress is not None:
             f = self._figures(view, now)
-            self._progress.update(self._tasks["run"], description=f"[bold]{self.workflow_id}[/]",
-                                  total=max(1, view.total_steps), completed=f["step"], info=self.run_line(view, now))
+            self._progress.update(
+                self._tasks["run"],
+                description=f"[bold]{self.workflow_id}[/]",
+                total=max(1, view.total_steps),
+                completed=f["step"],
+                info=self.run_line(view, now),
+            )
             self._progress.update(self._tasks["phase"], description=what, total=ptotal, completed=pdone, info=detail)
             return
         phase = f"{what}: {detail}" if detail else what

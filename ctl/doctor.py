@@ -12,6 +12,7 @@ only read. What it checks:
 
 ``fix`` removes leftover temporaries only, nothing else (see ``fix`` on locks).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -65,8 +66,12 @@ class Report:
         return not self.findings
 
     def to_json(self) -> dict:
-        return {"home": self.home, "clean": self.clean, "checked": self.checked,
-                "findings": [f.to_json() for f in self.findings]}
+        return {
+            "home": self.home,
+            "clean": self.clean,
+            "checked": self.checked,
+            "findings": [f.to_json() for f in self.findings],
+        }
 
 
 def examine(home: Path) -> Report:
@@ -80,8 +85,9 @@ def examine(home: Path) -> Report:
         findings += _checkpoints(home, run_dir, checked)
         findings += _sinks(home, run_dir)
     corpora = RunHome(home).corpora
-    for cdir in sorted(p for p in corpora.iterdir() if p.is_dir() and not p.name.startswith(".")) \
-            if corpora.is_dir() else []:
+    for cdir in (
+        sorted(p for p in corpora.iterdir() if p.is_dir() and not p.name.startswith(".")) if corpora.is_dir() else []
+    ):
         checked["corpora"] += 1
         findings += _corpus(home, cdir)
     findings += list(_temporaries(home))
@@ -125,21 +131,39 @@ def _database(home: Path, checked: dict) -> list[Finding]:
     has_runs = runs.is_dir() and any(p.is_dir() for p in runs.iterdir())
     if not path.exists():
         if has_runs:
-            return [Finding("missing", rel, "no database, yet runs/ holds runs",
-                            "their history is not here: ctl train starts a new one, resumes each run from its "
-                            "checkpoints and evaluates every checkpoint again")]
+            return [
+                Finding(
+                    "missing",
+                    rel,
+                    "no database, yet runs/ holds runs",
+                    "their history is not here: ctl train starts a new one, resumes each run from its "
+                    "checkpoints and evaluates every checkpoint again",
+                )
+            ]
         return []
     try:
         store = Store(path, readonly=True)
     except BadInput as err:
-        return [Finding("damaged", rel, str(err),
-                        "no command can read any run's history; restore the file from a backup (checkpoints "
-                        "and corpora are checked below; ctl train cannot continue on this file)")]
+        return [
+            Finding(
+                "damaged",
+                rel,
+                str(err),
+                "no command can read any run's history; restore the file from a backup (checkpoints "
+                "and corpora are checked below; ctl train cannot continue on this file)",
+            )
+        ]
     findings = []
     try:
         for problem in damage_report(store.conn, limit=20):
-            findings.append(Finding("damaged", rel, f"SQLite integrity check: {problem}",
-                                    "some records may not be readable; see the records named below"))
+            findings.append(
+                Finding(
+                    "damaged",
+                    rel,
+                    f"SQLite integrity check: {problem}",
+                    "some records may not be readable; see the records named below",
+                )
+            )
         engine = Reader(store)
         rows, bad = engine.list_readable()
         for e in bad:
@@ -162,9 +186,14 @@ def _short(e: Exception) -> str:
 
 
 def _means_for(workflow_id: str | None) -> str:
-    return (f"{workflow_id}: status, history and train refuse it (exit 2) and nothing is written; its "
-            f"checkpoints under runs/ are unaffected; restore the database from a backup") if workflow_id \
+    return (
+        (
+            f"{workflow_id}: status, history and train refuse it (exit 2) and nothing is written; its "
+            f"checkpoints under runs/ are unaffected; restore the database from a backup"
+        )
+        if workflow_id
         else "restore the database from a backup"
+    )
 
 
 def _activities(engine: Reader, rel: str, workflow_id: str) -> list[Finding]:
@@ -173,27 +202,43 @@ def _activities(engine: Reader, rel: str, workflow_id: str) -> list[Finding]:
     try:
         rows = engine.store.query(
             "SELECT activity_id, state, input, options, details, owner FROM activities WHERE workflow_id=?",
-            (workflow_id,))
+            (workflow_id,),
+        )
     except Exception as e:  # noqa: BLE001 - a damaged page: report, go on
-        return [Finding("damaged", rel, f"workflow {workflow_id}: its activities cannot be read ({e})",
-                        _means_for(workflow_id))]
+        return [
+            Finding(
+                "damaged", rel, f"workflow {workflow_id}: its activities cannot be read ({e})", _means_for(workflow_id)
+            )
+        ]
     for aid, state, *blobs, owner in rows:
         for column, raw in zip(("input", "options", "details"), blobs):
             try:
                 if raw is not None:
                     json.loads(raw)
             except (ValueError, TypeError):
-                out.append(Finding("damaged", rel, f"workflow {workflow_id}: activity {aid}: its {column} is "
-                                   f"not valid JSON", _means_for(workflow_id)))
+                out.append(
+                    Finding(
+                        "damaged",
+                        rel,
+                        f"workflow {workflow_id}: activity {aid}: its {column} is not valid JSON",
+                        _means_for(workflow_id),
+                    )
+                )
         try:
             owner_info = json.loads(owner) if owner else None
         except (ValueError, TypeError):
             owner_info = None
         if state == "running" and owner_info is not None and owner_dead(owner_info):
-            out.append(Finding("stale", rel, f"workflow {workflow_id}: activity {aid} is leased to a worker that is "
-                               f"gone (pid {owner_info.get('pid')})",
-                               f"{workflow_id} resumes it from its last checkpoint with the next `ctl train` or "
-                               f"`ctl worker` (the engine expires the lease; doctor does not write the database)"))
+            out.append(
+                Finding(
+                    "stale",
+                    rel,
+                    f"workflow {workflow_id}: activity {aid} is leased to a worker that is "
+                    f"gone (pid {owner_info.get('pid')})",
+                    f"{workflow_id} resumes it from its last checkpoint with the next `ctl train` or "
+                    f"`ctl worker` (the engine expires the lease; doctor does not write the database)",
+                )
+            )
     return out
 
 
@@ -214,8 +259,11 @@ def _checkpoints(home: Path, run_dir: Path, checked: dict) -> list[Finding]:
         except CheckpointError as e:
             out.append(Finding("damaged", _rel(home, d), str(e).split(": ", 1)[-1], ""))
     newest_good = good[0].name if good else None
-    fallback = (f"train/{name} resumes from {newest_good} instead (later steps are trained again)" if newest_good
-                else f"train/{name} has no valid checkpoint left and would train from step 0")
+    fallback = (
+        f"train/{name} resumes from {newest_good} instead (later steps are trained again)"
+        if newest_good
+        else f"train/{name} has no valid checkpoint left and would train from step 0"
+    )
     for f in out:
         f.means = f"refused on resume (never loaded); {fallback}; evaluations already recorded stand"
     latest = root / LATEST
@@ -223,15 +271,30 @@ def _checkpoints(home: Path, run_dir: Path, checked: dict) -> list[Finding]:
         target = read_latest(latest)
         tdir = root / target
         if target == DAMAGED_LATEST or not tdir.is_dir():
-            what = "is damaged (not a checkpoint name)" if target == DAMAGED_LATEST else \
-                f"points at {target!r}, which is not a checkpoint"
+            what = (
+                "is damaged (not a checkpoint name)"
+                if target == DAMAGED_LATEST
+                else f"points at {target!r}, which is not a checkpoint"
+            )
             out.append(Finding("damaged", _rel(home, latest), what, f"ignored on resume; {fallback}"))
         elif tdir not in good:
-            out.append(Finding("damaged", _rel(home, latest), f"points at {target}, which fails verification",
-                               f"ignored on resume; {fallback}"))
+            out.append(
+                Finding(
+                    "damaged",
+                    _rel(home, latest),
+                    f"points at {target}, which fails verification",
+                    f"ignored on resume; {fallback}",
+                )
+            )
     elif good:
-        out.append(Finding("missing", _rel(home, latest), "no LATEST beside checkpoints",
-                           f"train/{name} resumes from the newest valid checkpoint, {newest_good}"))
+        out.append(
+            Finding(
+                "missing",
+                _rel(home, latest),
+                "no LATEST beside checkpoints",
+                f"train/{name} resumes from the newest valid checkpoint, {newest_good}",
+            )
+        )
     return out
 
 
@@ -241,9 +304,15 @@ def _checkpoints(home: Path, run_dir: Path, checked: dict) -> list[Finding]:
 def _corpus(home: Path, cdir: Path) -> list[Finding]:
     meta = read_meta(cdir)
     if meta is None:
-        return [Finding("damaged", _rel(home, cdir / "meta.json"), "missing or not valid JSON",
-                        f"runs on corpus {cdir.name} are refused (exit 2); remove the folder and rebuild it "
-                        f"(ctl train builds it again from its sources)")]
+        return [
+            Finding(
+                "damaged",
+                _rel(home, cdir / "meta.json"),
+                "missing or not valid JSON",
+                f"runs on corpus {cdir.name} are refused (exit 2); remove the folder and rebuild it "
+                f"(ctl train builds it again from its sources)",
+            )
+        ]
     out = []
     for fname, key in (("tokens.bin", "tokens_sha256"), ("heldout.bin", "heldout_sha256")):
         f = cdir / fname
@@ -256,9 +325,15 @@ def _corpus(home: Path, cdir: Path) -> list[Finding]:
         except OSError:
             ok = False
         if not ok:
-            out.append(Finding("damaged", _rel(home, f), "missing or fails its sha256 checksum",
-                               f"training and evaluation on corpus {cdir.name} refuse it (exit 2) until it is "
-                               f"rebuilt; ctl train rebuilds it from its sources by itself"))
+            out.append(
+                Finding(
+                    "damaged",
+                    _rel(home, f),
+                    "missing or fails its sha256 checksum",
+                    f"training and evaluation on corpus {cdir.name} refuse it (exit 2) until it is "
+                    f"rebuilt; ctl train rebuilds it from its sources by itself",
+                )
+            )
     return out
 
 
@@ -278,8 +353,14 @@ def _sinks(home: Path, run_dir: Path) -> list[Finding]:
     why = mlflow_sink.behind(state, last)
     if why is None:
         return []
-    return [Finding("behind", _rel(home, mlflow_sink.state_path(run_dir)), why,
-                    f"train/{run_dir.name}'s metrics are all in metrics.jsonl; the next train attempt delivers the rest")]
+    return [
+        Finding(
+            "behind",
+            _rel(home, mlflow_sink.state_path(run_dir)),
+            why,
+            f"train/{run_dir.name}'s metrics are all in metrics.jsonl; the next train attempt delivers the rest",
+        )
+    ]
 
 
 def temp_pid(name: str) -> int | None:
@@ -305,8 +386,13 @@ def _temporaries(home: Path) -> Iterator[Finding]:
             p = Path(root) / name
             if name in dirs:
                 dirs.remove(name)
-            yield Finding("leftover", _rel(home, p), f"temporary of a write that did not finish (pid {pid} is gone)",
-                          f"{_owner_of(home, p)}: never read; takes space; --fix removes it", fixable=True)
+            yield Finding(
+                "leftover",
+                _rel(home, p),
+                f"temporary of a write that did not finish (pid {pid} is gone)",
+                f"{_owner_of(home, p)}: never read; takes space; --fix removes it",
+                fixable=True,
+            )
 
 
 def _owner_of(home: Path, p: Path) -> str:

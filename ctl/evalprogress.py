@@ -9,6 +9,7 @@ an ETA from the rate between the first and the latest counted line. A user's ``e
 that writes no counts gives None: the callers then show the time elapsed against earlier
 evaluations, as before.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

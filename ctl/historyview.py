@@ -6,6 +6,7 @@ loss and checkpoint; an evaluation's figures; an error's class and first message
 whether it is retried); a timer's local fire time and length. ``--json`` is not built here
 (it prints the events in full, unchanged).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,15 +37,20 @@ def details(e: Any) -> str:
         inp = a.get("input") or {}
         spec = inp.get("spec") if isinstance(inp, dict) else None
         if isinstance(spec, dict):
-            parts = [f"{a.get('workflow', '')} {spec.get('name', '')}", f"steps {spec.get('steps')}",
-                     f"eval_every {spec.get('eval_every', 0)}"]
+            parts = [
+                f"{a.get('workflow', '')} {spec.get('name', '')}",
+                f"steps {spec.get('steps')}",
+                f"eval_every {spec.get('eval_every', 0)}",
+            ]
             suites = inp.get("eval_suites")
             if suites:
                 parts.append("suites " + ",".join(suites))
             prior = inp.get("prior") or {}
             if prior.get("train") or prior.get("evals"):
-                parts.append(f"continues {len(prior.get('train') or {})} segment(s), "
-                             f"{len(prior.get('evals') or {})} evaluation(s) done earlier")
+                parts.append(
+                    f"continues {len(prior.get('train') or {})} segment(s), "
+                    f"{len(prior.get('evals') or {})} evaluation(s) done earlier"
+                )
             return "; ".join(parts)
         return str(a.get("workflow", ""))
     if t == "activity_scheduled":
@@ -54,8 +60,15 @@ def details(e: Any) -> str:
     if t == "activity_heartbeat":
         d = a.get("details")
         if isinstance(d, dict):
-            return " ".join(x for x in (f"step {d['step']}" if "step" in d else "", _loss(d.get("loss")),
-                                        f"checkpoint {d['checkpoint']}" if d.get("checkpoint") else "") if x)
+            return " ".join(
+                x
+                for x in (
+                    f"step {d['step']}" if "step" in d else "",
+                    _loss(d.get("loss")),
+                    f"checkpoint {d['checkpoint']}" if d.get("checkpoint") else "",
+                )
+                if x
+            )
         return ""
     if t == "activity_completed":
         r = a.get("result")
@@ -63,9 +76,14 @@ def details(e: Any) -> str:
             return ""
         if is_train(aid):
             resumed = f" (resumed from {r['resumed_from']})" if r.get("resumed_from") else ""
-            refused = "".join(f"; refused checkpoint {x.get('checkpoint')}: {x.get('reason')}"
-                              for x in r.get("refused_checkpoints") or [] if isinstance(x, dict))
-            return f"step {r.get('steps')} {_loss(r.get('final_loss'))} checkpoint {r.get('checkpoint')}{resumed}{refused}"
+            refused = "".join(
+                f"; refused checkpoint {x.get('checkpoint')}: {x.get('reason')}"
+                for x in r.get("refused_checkpoints") or []
+                if isinstance(x, dict)
+            )
+            return (
+                f"step {r.get('steps')} {_loss(r.get('final_loss'))} checkpoint {r.get('checkpoint')}{resumed}{refused}"
+            )
         if is_eval(aid):
             return f"{r.get('suite', '')}: {figures_text(first_subject_metrics(r)) or 'done'}"
         if aid.startswith(CORPUS_PREFIX):

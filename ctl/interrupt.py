@@ -23,6 +23,7 @@ The hard path runs in the signal handler itself (the main thread, between two by
 watchdog thread: it takes the engine's store lock (no thread writes the history any more), kills,
 prints and ``os._exit``s; nothing is unwound.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,7 +52,11 @@ def signal_number(name: str) -> signal.Signals:
     """``USR1``, ``SIGUSR1``, ``usr1`` or ``10`` -> the signal; ``ValueError`` naming the choices."""
     text = name.strip().upper()
     try:
-        return signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+        return (
+            signal.Signals(int(text))
+            if text.isdigit()
+            else signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+        )
     except (KeyError, ValueError):
         raise ValueError(f"{name!r} is not a signal name (e.g. USR1, USR2, TERM, HUP)") from None
 
@@ -118,8 +123,14 @@ class Interrupt:
 
     ``workflow_id``, ``engine`` and ``display`` are set as they come into being."""
 
-    def __init__(self, what: str = "the run", keeps: str = "its checkpoints", *, grace_s: float = DEFAULT_GRACE_S,
-                 stop_signal: signal.Signals | None = None) -> None:
+    def __init__(
+        self,
+        what: str = "the run",
+        keeps: str = "its checkpoints",
+        *,
+        grace_s: float = DEFAULT_GRACE_S,
+        stop_signal: signal.Signals | None = None,
+    ) -> None:
         self.what = what
         self.keeps = keeps  # what the interrupted workflow keeps, in its one line
         self.grace_s = grace_s
@@ -164,8 +175,7 @@ class Interrupt:
         wid = self.workflow_id
         if wid is None:
             return f"ctl: interrupted before {self.what} started; run the same command to start (or resume) it"
-        return (f"ctl: interrupted; {wid} keeps {self.keeps}: run the same command to resume, "
-                f"or `ctl cancel {wid}`")
+        return f"ctl: interrupted; {wid} keeps {self.keeps}: run the same command to resume, or `ctl cancel {wid}`"
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         now = time.monotonic()
@@ -188,8 +198,10 @@ class Interrupt:
         if self.display is not None:
             self.display.stopping(self.signal_name)
         else:
-            sys.stderr.write(f"ctl: {self.signal_name}: stopping {self.what} at the step it is at and "
-                             f"saving it (at most {self.grace_s:g} s; Ctrl-C again to stop now)\n")
+            sys.stderr.write(
+                f"ctl: {self.signal_name}: stopping {self.what} at the step it is at and "
+                f"saving it (at most {self.grace_s:g} s; Ctrl-C again to stop now)\n"
+            )
             sys.stderr.flush()
         threading.Thread(target=self._watchdog, name="ctl-stop-watchdog", daemon=True).start()
 
@@ -210,10 +222,16 @@ class Interrupt:
         deadline = time.monotonic() + max(0.0, self.grace_s - EXIT_MARGIN_S)
         while descendants(os.getpid()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        how = ("the processes it started exited within the grace" if not descendants(os.getpid())
-               else "the processes still running at the grace were killed")  # not whether they saved: their history says
-        self.hard(f"ctl: stopped by {self.signal_name}: {how}; run the same command to resume",
-                  code=EXIT_PREEMPTED, quiet_kill=True)
+        how = (
+            "the processes it started exited within the grace"
+            if not descendants(os.getpid())
+            else "the processes still running at the grace were killed"
+        )  # not whether they saved: their history says
+        self.hard(
+            f"ctl: stopped by {self.signal_name}: {how}; run the same command to resume",
+            code=EXIT_PREEMPTED,
+            quiet_kill=True,
+        )
 
     def hard(self, why: str | None = None, *, code: int = EXIT_CANCELED, quiet_kill: bool = False) -> None:
         """Stop now: display stopped, history writes blocked, every descendant killed, one line, ``os._exit``."""

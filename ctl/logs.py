@@ -13,6 +13,7 @@ the run's workflow generation G only (after a cancel or failure, ``train/tiny/2`
 writes it, until the history records the attempt's end, the run is no longer running, or no live worker
 holds it (then one line on stderr says which), like ``kubectl logs -f``.
 """
+
 from __future__ import annotations
 
 import re
@@ -58,7 +59,9 @@ def attempt_dirs(home: Path, name: str, activity_id: str) -> list[AttemptLogs]:
     for p in root.iterdir() if root.is_dir() else []:
         m = _DIR.match(p.name)
         if m and p.is_dir():
-            found.append(((int(m[1]), int(m[2]), int(m[3] or 1)), AttemptLogs(name, activity_id, int(m[1]), int(m[2]), p)))
+            found.append(
+                ((int(m[1]), int(m[2]), int(m[3] or 1)), AttemptLogs(name, activity_id, int(m[1]), int(m[2]), p))
+            )
     return [a for _, a in sorted(found, key=lambda x: x[0])]
 
 
@@ -88,7 +91,9 @@ def _base(workflow_id: str) -> str:
     return f"train/{parts[1]}"
 
 
-def choose(engine: Backend, home: Path, workflow_id: str, activity: str | None, attempt: int | None) -> tuple[AttemptLogs, str | None]:
+def choose(
+    engine: Backend, home: Path, workflow_id: str, activity: str | None, attempt: int | None
+) -> tuple[AttemptLogs, str | None]:
     """The attempt whose output to print, and the workflow that ran it (None: not one of the run's)."""
     base = _base(workflow_id)
     name = base.split("/", 1)[1]
@@ -106,13 +111,16 @@ def choose(engine: Backend, home: Path, workflow_id: str, activity: str | None, 
     kept = [a for a in attempt_dirs(home, name, activity) if only is None or a.generation == only]
     if not kept:
         known = sorted({a.activity_id for a in run_logs(home, name)})
-        raise (NoOutputYet if started and activity == started[-1][1] else BadRequest)(f"{base}: no output kept for activity {activity!r} (activities with output: "
-                         f"{', '.join(known) or 'none'})")
+        raise (NoOutputYet if started and activity == started[-1][1] else BadRequest)(
+            f"{base}: no output kept for activity {activity!r} (activities with output: {', '.join(known) or 'none'})"
+        )
     if attempt is not None:
         picked = [a for a in kept if a.attempt == attempt]
         if not picked:
-            raise BadRequest(f"{base}: activity {activity} has no attempt {attempt} (attempts: "
-                             f"{', '.join(str(a) for a in sorted({a.attempt for a in kept}))})")
+            raise BadRequest(
+                f"{base}: activity {activity} has no attempt {attempt} (attempts: "
+                f"{', '.join(str(a) for a in sorted({a.attempt for a in kept}))})"
+            )
         chosen = picked[-1]
     else:
         mine = [(app.generation(w, base) or 1, n) for w, aid, n in started if aid == activity]
@@ -168,8 +176,11 @@ def _ended(engine: Backend, workflow_id: str, logs: AttemptLogs) -> str | None:
         return "its workflow is gone"
     for e in events:
         a = e.attrs if isinstance(e.attrs, dict) else {}
-        if (e.type not in _NOT_AN_END and a.get("activity_id") == logs.activity_id
-                and int(a.get("attempt") or 0) == logs.attempt):
+        if (
+            e.type not in _NOT_AN_END
+            and a.get("activity_id") == logs.activity_id
+            and int(a.get("attempt") or 0) == logs.attempt
+        ):
             return e.type.removeprefix("activity_")
     if st.state != "running":
         return f"{workflow_id} is {st.state}"
@@ -181,8 +192,9 @@ def _ended(engine: Backend, workflow_id: str, logs: AttemptLogs) -> str | None:
     return None
 
 
-def _first(engine: Backend, home: Path, workflow_id: str, activity: str | None, attempt: int | None,
-           follow: bool) -> tuple[AttemptLogs, str | None]:
+def _first(
+    engine: Backend, home: Path, workflow_id: str, activity: str | None, attempt: int | None, follow: bool
+) -> tuple[AttemptLogs, str | None]:
     """``choose``; with ``follow``, waits while the run is running and has no output yet (a detached run
     waiting for its worker), as ``kubectl logs -f`` waits for its container."""
     while True:
@@ -197,10 +209,21 @@ def _first(engine: Backend, home: Path, workflow_id: str, activity: str | None, 
 
 @click.command()
 @click.argument("workflow_id", metavar="train/NAME")
-@click.option("--activity", "activity", default=None, metavar="ID",
-              help="The activity (train-000100, eval-000100-ppl, corpus-NAME; default: the newest started).")
-@click.option("--attempt", "attempt", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Its attempt N (default: the newest).")
+@click.option(
+    "--activity",
+    "activity",
+    default=None,
+    metavar="ID",
+    help="The activity (train-000100, eval-000100-ppl, corpus-NAME; default: the newest started).",
+)
+@click.option(
+    "--attempt",
+    "attempt",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Its attempt N (default: the newest).",
+)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing while the attempt runs; end when it ends.")
 @home_option
 @edge

@@ -14,6 +14,7 @@ Two renderers:
   required, has no charts; plotext 6.1's reworked signal-based API was not worth a dependency
   for two line charts). Colours on a terminal, none in a pipe.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,9 +47,15 @@ class Series:
     stopped_early: dict | None = None  # the run's stopped_early (step, best_step, metric, ...), when it stopped early
 
     def to_json(self) -> dict:
-        return {"title": self.title, "loss": self.loss, "smoothed": self.smoothed, "lr": self.lr, "val": self.val,
-                "evals": [{"step": s, "value": v, "label": label} for s, v, label in self.evals],
-                "stopped_early": self.stopped_early}
+        return {
+            "title": self.title,
+            "loss": self.loss,
+            "smoothed": self.smoothed,
+            "lr": self.lr,
+            "val": self.val,
+            "evals": [{"step": s, "value": v, "label": label} for s, v, label in self.evals],
+            "stopped_early": self.stopped_early,
+        }
 
     def stop_text(self) -> str | None:
         return None if self.stopped_early is None else stopped_early_text(self.stopped_early)
@@ -99,8 +106,9 @@ def figure(s: Series) -> Any:
         matplotlib.use("Agg")
         from matplotlib.figure import Figure
     except ImportError as e:
-        raise PlotUnavailable(f"ctl plot -o needs matplotlib ({INSTALL_HINT}), or plot in the terminal "
-                              f"without -o: {e}") from None
+        raise PlotUnavailable(
+            f"ctl plot -o needs matplotlib ({INSTALL_HINT}), or plot in the terminal without -o: {e}"
+        ) from None
     fig = Figure(figsize=(9, 6.5), dpi=100, layout="constrained")
     ax, ax_lr = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
     ax.plot(*_xy(s.loss), color="#9ecae1", linewidth=1, label="train/loss")
@@ -110,18 +118,36 @@ def figure(s: Series) -> Any:
             ax.plot(*_xy(points), marker="o", linewidth=1.5, label=key)
     marked = [(st, v, label) for st, v, label in s.evals if v == v]  # nan: no loss-like figure
     if marked:
-        ax.scatter([m[0] for m in marked], [m[1] for m in marked], marker="D", color="#d94801", zorder=3,
-                   label="evaluation (held-out loss)")
+        ax.scatter(
+            [m[0] for m in marked],
+            [m[1] for m in marked],
+            marker="D",
+            color="#d94801",
+            zorder=3,
+            label="evaluation (held-out loss)",
+        )
         for st, v, label in marked:
             ax.annotate(f"{label} at {st}", (st, v), textcoords="offset points", xytext=(4, 8), fontsize=8)
     for st, _, _label in s.evals:
         ax.axvline(st, color="#bbbbbb", linewidth=0.8, linestyle=":")
     if s.stopped_early is not None and isinstance(s.stopped_early.get("step"), int):
-        ax.axvline(s.stopped_early["step"], color="#cb181d", linewidth=1.2, linestyle="--",
-                   label=f"stopped early at {s.stopped_early['step']}")
+        ax.axvline(
+            s.stopped_early["step"],
+            color="#cb181d",
+            linewidth=1.2,
+            linestyle="--",
+            label=f"stopped early at {s.stopped_early['step']}",
+        )
         if (best := s.best_mark()) is not None:
-            ax.scatter([best[0]], [best[1]], marker="*", s=120, color="#cb181d", zorder=4,
-                       label=f"best: {s.stopped_early.get('metric')} at {int(best[0])}")
+            ax.scatter(
+                [best[0]],
+                [best[1]],
+                marker="*",
+                s=120,
+                color="#cb181d",
+                zorder=4,
+                label=f"best: {s.stopped_early.get('metric')} at {int(best[0])}",
+            )
     ax.set_ylabel("loss")
     ax.set_title(s.title)
     ax.legend(loc="upper right", fontsize=8)
@@ -153,9 +179,17 @@ def terminal(s: Series, *, width: int, height: int, color: bool) -> str:
     marks = [(float(st), v, label) for st, v, label in s.evals if v == v]
     if (best := s.best_mark()) is not None:
         marks.append(best)
-    top = chart(curves, width=width, height=max(10, int(height * 0.65)), title=s.title, marks=marks, color=color,
-                ylabel="loss over step")
-    lr = chart([("optim/lr", s.lr)], width=width, height=max(6, height - int(height * 0.65)), color=color,
-               ylabel="over step")
+    top = chart(
+        curves,
+        width=width,
+        height=max(10, int(height * 0.65)),
+        title=s.title,
+        marks=marks,
+        color=color,
+        ylabel="loss over step",
+    )
+    lr = chart(
+        [("optim/lr", s.lr)], width=width, height=max(6, height - int(height * 0.65)), color=color, ylabel="over step"
+    )
     stop = s.stop_text()
     return top + "\n" + lr + (f"\n{stop}" if stop else "")

@@ -8,6 +8,7 @@ pid, process start time) and the workflow it runs (None: a ``ctl worker``, every
 when it ends. A file whose owner is known dead (a SIGKILL leaves it behind) counts for nothing; readers never
 remove it (status is read-only); the next writer in that home removes dead ones.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,6 +67,9 @@ def _read(path: Path) -> dict | None:
 def live_runners(home: Path, workflow_id: str) -> list[dict]:
     """The live processes running ``workflow_id`` (a ``ctl worker`` runs every workflow), oldest first."""
     folder = _folder(home)
-    found = [rec for p in (sorted(folder.glob("*.json")) if folder.is_dir() else [])
-             if (rec := _read(p)) is not None and rec.get("workflow_id") in (None, workflow_id)]
+    found = [
+        rec
+        for p in (sorted(folder.glob("*.json")) if folder.is_dir() else [])
+        if (rec := _read(p)) is not None and rec.get("workflow_id") in (None, workflow_id)
+    ]
     return sorted(found, key=lambda r: r.get("since") or 0.0)

@@ -6,6 +6,7 @@ ModelRelease workflow ``release/<run>/<digest12>-<request8>`` (workflows/release
 suite evaluated once, the gates checked, one publication under ``releases/<run>/<version>/``.
 The same command after a kill finishes the same release (no second evaluation or publication).
 """
+
 from __future__ import annotations
 
 import json
@@ -56,10 +57,13 @@ def check_gate_figures(gates: list[Any]) -> None:
             continue
         metrics = sorted({f.split("/")[-1] for f in figures})
         unique = [m for m in metrics if sum(f.split("/")[-1] == m for f in figures) == 1]
-        several = f" ({g.figure!r} is a figure of several tasks: name one as TASK/{g.figure})" \
-            if g.figure in metrics else ""
-        raise BadRequest(f"gate {g.text}: suite {g.suite} has no figure {g.figure!r}{several}; its figures: "
-                         f"{', '.join(figures)}" + (f" (or just {', '.join(unique)})" if unique else ""))
+        several = (
+            f" ({g.figure!r} is a figure of several tasks: name one as TASK/{g.figure})" if g.figure in metrics else ""
+        )
+        raise BadRequest(
+            f"gate {g.text}: suite {g.suite} has no figure {g.figure!r}{several}; its figures: "
+            f"{', '.join(figures)}" + (f" (or just {', '.join(unique)})" if unique else "")
+        )
 
 
 def _list(home: Path, as_json: bool) -> None:
@@ -70,30 +74,58 @@ def _list(home: Path, as_json: bool) -> None:
     if not rows:
         click.echo("no releases")
     for r in rows:
-        click.echo(f"{r['path']}{'  CURRENT' if r['current'] else ''}  {r['checkpoint']}  digest {str(r['digest'])[:12]}  "
-                   + " ".join(f"{k}={v:.6g}" for k, v in sorted(r["figures"].items())))
+        click.echo(
+            f"{r['path']}{'  CURRENT' if r['current'] else ''}  {r['checkpoint']}  digest {str(r['digest'])[:12]}  "
+            + " ".join(f"{k}={v:.6g}" for k, v in sorted(r["figures"].items()))
+        )
 
 
 @click.command()
 @click.argument("workflow_id", metavar="train/NAME", required=False)
 @click.option("--suite", "suites", multiple=True, help="Evaluate the candidate with this suite (repeatable): ppl, zoo.")
-@click.option("--gate", "gates", multiple=True, metavar="SUITE/FIGURE<=N",
-              help="Publish only when this holds, e.g. 'ppl/ppl<=6.5' (repeatable; <= >= < > ==).")
-@click.option("--select", type=click.Choice(["best", "latest"]), default="best", show_default=True,
-              help="The candidate: the best by the run's selection metric, or the latest checkpoint.")
+@click.option(
+    "--gate",
+    "gates",
+    multiple=True,
+    metavar="SUITE/FIGURE<=N",
+    help="Publish only when this holds, e.g. 'ppl/ppl<=6.5' (repeatable; <= >= < > ==).",
+)
+@click.option(
+    "--select",
+    type=click.Choice(["best", "latest"]),
+    default="best",
+    show_default=True,
+    help="The candidate: the best by the run's selection metric, or the latest checkpoint.",
+)
 @click.option("--list", "list_only", is_flag=True, help="List the published releases and exit.")
 @click.option("--eval-max-items", type=click.IntRange(min=1), default=None, help="At most this many items per suite.")
-@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=60.0,
-              show_default=True, metavar="SECONDS",
-              help="A publication whose worker died is given to another worker after this long without a "
-                   "heartbeat (on Temporal the only sign of a dead worker); the release's first value applies.")
+@click.option(
+    "--heartbeat-timeout",
+    "heartbeat_timeout_s",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A publication whose worker died is given to another worker after this long without a "
+    "heartbeat (on Temporal the only sign of a dead worker); the release's first value applies.",
+)
 @stop_options
 @json_option
 @home_option
 @edge
-def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, ...], select: str, list_only: bool,
-            eval_max_items: int | None, heartbeat_timeout_s: float, stop_grace_s: float, stop_signal: Any,
-            as_json: bool, home: str | None) -> None:
+def release(
+    workflow_id: str | None,
+    suites: tuple[str, ...],
+    gates: tuple[str, ...],
+    select: str,
+    list_only: bool,
+    eval_max_items: int | None,
+    heartbeat_timeout_s: float,
+    stop_grace_s: float,
+    stop_signal: Any,
+    as_json: bool,
+    home: str | None,
+) -> None:
     """Release a finished run's checkpoint: evaluate it, check gates, publish it once.
 
     Publishes releases/<run>/<version>/ (model/: the weights model.pt, config.json, tokenizer.json,
@@ -126,8 +158,9 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
     unknown = sorted({g.suite for g in parsed} - set(suites))
     if unknown:
         raise BadRequest(f"gate on suite {unknown[0]!r}, which is not evaluated (add --suite {unknown[0]})")
-    interrupt = Interrupt("the release", keeps="its finished evaluations", grace_s=stop_grace_s,
-                          stop_signal=stop_signal).install()  # a polite stop: the evaluation in flight stops, 143
+    interrupt = Interrupt(
+        "the release", keeps="its finished evaluations", grace_s=stop_grace_s, stop_signal=stop_signal
+    ).install()  # a polite stop: the evaluation in flight stops, 143
     engine = app.open_engine(home_dir, create=False)
     interrupt.engine = engine
     try:
@@ -146,12 +179,20 @@ def release(workflow_id: str | None, suites: tuple[str, ...], gates: tuple[str, 
 
         if not has_trainer(spec):  # tinyllm's suites: their figures are known (a trainer's own suites: not)
             check_gate_figures(parsed)
-        inp = workflows.ModelReleaseInput(name=name, select=select, checkpoint=ckpt, step=step, digest=digest,
-                                          suites=list(suites), gates=parsed, spec=spec,
-                                          corpus=str(spec.get("corpus") or "default"), eval_max_items=eval_max_items,
-                                          heartbeat_timeout_s=heartbeat_timeout_s)
-        started = app.start_run(engine, workflows.WORKFLOW_MODEL_RELEASE,
-                                workflows.release_workflow_id(inp), inp)
+        inp = workflows.ModelReleaseInput(
+            name=name,
+            select=select,
+            checkpoint=ckpt,
+            step=step,
+            digest=digest,
+            suites=list(suites),
+            gates=parsed,
+            spec=spec,
+            corpus=str(spec.get("corpus") or "default"),
+            eval_max_items=eval_max_items,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+        )
+        started = app.start_run(engine, workflows.WORKFLOW_MODEL_RELEASE, workflows.release_workflow_id(inp), inp)
         interrupt.workflow_id = started.workflow_id
         out = engine.status(started.workflow_id)
         if out.state == "running":
@@ -177,8 +218,10 @@ def _finish(st: Any, as_json: bool) -> None:
     if as_json:
         print_json(app.outcome_json(st))
     elif result and result.get("published"):
-        click.echo(f"released {result['name']} {result['version']}: {result['path']} "
-                   f"({result['checkpoint']}, digest {result['digest'][:12]})")
+        click.echo(
+            f"released {result['name']} {result['version']}: {result['path']} "
+            f"({result['checkpoint']}, digest {result['digest'][:12]})"
+        )
         click.echo("  " + " ".join(f"{k}={v:.6g}" for k, v in sorted(result["figures"].items())))
     elif result:
         click.echo(f"ctl: {st.workflow_id}: not published: {result['reason']}", err=True)

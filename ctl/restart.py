@@ -21,6 +21,7 @@ What it does, in this order (``restart_run``):
 4. the caller then starts the next workflow id ``train/<name>/<G+1>`` from scratch with the new spec, its
    input's ``restart`` the restart count (continuations of it reuse only work done since the restart).
 """
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,10 @@ def refuse_moved_aside(home: Path, name: str) -> None:
     """``runs/<name>`` is a restarted run's folder moved aside (it holds ``RESTARTED.json``): not a run's."""
     marker = RunHome(home).run(name).path / MARKER
     if marker.is_file():
-        raise BadRequest(f"{marker.parent.relative_to(home)} holds the folder of a restarted run moved aside ({marker.name}): it is "
-                         f"kept as it is; give the run another name")
+        raise BadRequest(
+            f"{marker.parent.relative_to(home)} holds the folder of a restarted run moved aside ({marker.name}): it is "
+            f"kept as it is; give the run another name"
+        )
 
 
 def _aside(home: Path, name: str) -> tuple[int, Path]:
@@ -67,17 +70,24 @@ def _check_not_live(engine: Backend, home: Path, name: str, st: Any) -> None:
     if st is None or st.state != "running":
         _check_no_trainer(home, name, st)
         return
-    started = {f"{e.attrs.get('activity_id')}#{e.attrs.get('attempt')}": e.time
-               for e in engine.history(st.workflow_id) if e.type == "activity_started"}
+    started = {
+        f"{e.attrs.get('activity_id')}#{e.attrs.get('attempt')}": e.time
+        for e in engine.history(st.workflow_id)
+        if e.type == "activity_started"
+    }
     worker = runstatus.worker_info(engine, st.workflow_id, time.time(), started)
     if worker.get("live") is True:
-        raise BadRequest(f"cannot restart {st.workflow_id}: a live worker runs it (pid {worker.get('pid')} on "
-                         f"{worker.get('host')}, {worker.get('activity_id')}); stop it (Ctrl-C its ctl train, or "
-                         f"`ctl cancel {st.workflow_id}`) first")
+        raise BadRequest(
+            f"cannot restart {st.workflow_id}: a live worker runs it (pid {worker.get('pid')} on "
+            f"{worker.get('host')}, {worker.get('activity_id')}); stop it (Ctrl-C its ctl train, or "
+            f"`ctl cancel {st.workflow_id}`) first"
+        )
     if worker.get("live") is None and not st.cancel_requested:
-        raise BadRequest(f"cannot restart {st.workflow_id}: it is running and nothing in flight tells whether a "
-                         f"worker holds it ({worker.get('reason')}); stop its ctl train, or `ctl cancel "
-                         f"{st.workflow_id}`, first")
+        raise BadRequest(
+            f"cannot restart {st.workflow_id}: it is running and nothing in flight tells whether a "
+            f"worker holds it ({worker.get('reason')}); stop its ctl train, or `ctl cancel "
+            f"{st.workflow_id}`, first"
+        )
     _check_no_trainer(home, name, st)
 
 
@@ -86,8 +96,10 @@ def _check_no_trainer(home: Path, name: str, st: Any) -> None:
     from tinyllm import runlock  # tinyllm.errors -> stopping (multiprocessing): only a --restart asks
 
     if run_dir.is_dir() and runlock.is_locked(run_dir):
-        raise BadRequest(f"cannot restart train/{name}: a live trainer holds {run_dir / runlock.LOCK_NAME}; stop "
-                         f"its ctl train (Ctrl-C) or `ctl cancel {st.workflow_id if st else 'train/' + name}` first")
+        raise BadRequest(
+            f"cannot restart train/{name}: a live trainer holds {run_dir / runlock.LOCK_NAME}; stop "
+            f"its ctl train (Ctrl-C) or `ctl cancel {st.workflow_id if st else 'train/' + name}` first"
+        )
 
 
 def _end(engine: Backend, st: Any) -> str:
@@ -98,8 +110,10 @@ def _end(engine: Backend, st: Any) -> str:
     try:
         ended = engine.run_until_complete(st.workflow_id, timeout_s=SETTLE_S)
     except TimeoutError:
-        raise BadRequest(f"cannot restart {st.workflow_id}: it did not end within {SETTLE_S:g} s of its cancel; "
-                         f"see `ctl status {st.workflow_id}`") from None
+        raise BadRequest(
+            f"cannot restart {st.workflow_id}: it did not end within {SETTLE_S:g} s of its cancel; "
+            f"see `ctl status {st.workflow_id}`"
+        ) from None
     return f"running, now {ended.state}"
 
 
@@ -108,8 +122,13 @@ def _eval_dirs(home: Path, name: str) -> list[Path]:
     checkpoint digest, are keyed by what was trained and stay)."""
     pattern = re.compile(rf"^{re.escape(name)}-\d{{6,}}$")
     root = RunHome(home).evals
-    return sorted(d for s in (root.iterdir() if root.is_dir() else []) if s.is_dir()
-                  for d in s.iterdir() if d.is_dir() and pattern.match(d.name))
+    return sorted(
+        d
+        for s in (root.iterdir() if root.is_dir() else [])
+        if s.is_dir()
+        for d in s.iterdir()
+        if d.is_dir() and pattern.match(d.name)
+    )
 
 
 def restart_run(engine: Backend, home: Path, name: str) -> Restarted:
@@ -137,9 +156,20 @@ def restart_run(engine: Backend, home: Path, name: str) -> Restarted:
             os.rename(d, target)
         if evals:
             what.append(f"{len(evals)} evaluation output(s) to {aside.relative_to(home)}/evals/")
-        (aside / MARKER).write_text(json.dumps(
-            {"run": name, "restart": epoch, "workflows": [g.workflow_id for g in gens], "moved_at": time.time(),
-             "evals": [str(d.relative_to(home)) for d in evals]}, indent=1, sort_keys=True) + "\n")
+        (aside / MARKER).write_text(
+            json.dumps(
+                {
+                    "run": name,
+                    "restart": epoch,
+                    "workflows": [g.workflow_id for g in gens],
+                    "moved_at": time.time(),
+                    "evals": [str(d.relative_to(home)) for d in evals],
+                },
+                indent=1,
+                sort_keys=True,
+            )
+            + "\n"
+        )
     ended = f"kept {current.workflow_id} ({was}) with its history" if current else "no earlier workflow"
     line = f"{ended}; " + ("; ".join(what) or "nothing on disk to move")
     return Restarted(epoch, line)

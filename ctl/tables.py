@@ -1,4 +1,5 @@
 """Aligned plain-text tables (what ``ctl history`` and ``ctl show`` print; greppable, no colour)."""
+
 from __future__ import annotations
 
 from typing import Sequence

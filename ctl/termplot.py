@@ -4,6 +4,7 @@ Used by ``ctl plot`` without ``-o``: no dependency (rich has no charts; plotext 
 signal-based API was not worth a dependency for two line charts). Series are drawn in order
 (later ones over earlier ones), joined point to point; marks are single labelled points.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,11 +21,20 @@ def _fmt(v: float) -> str:
     return f"{v:.3g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
 
 
-def chart(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, width: int, height: int,
-          title: str = "", marks: Sequence[tuple[float, float, str]] = (), color: bool = False,
-          ylabel: str = "") -> str:
+def chart(
+    series: Sequence[tuple[str, Sequence[tuple[float, float]]]],
+    *,
+    width: int,
+    height: int,
+    title: str = "",
+    marks: Sequence[tuple[float, float, str]] = (),
+    color: bool = False,
+    ylabel: str = "",
+) -> str:
     """``series``: (label, [(x, y), ...]); ``marks``: (x, y, label) points shown as ``◆`` with their label below."""
-    pts = [(x, y) for _, s in series for x, y in s if math.isfinite(y)] + [(x, y) for x, y, _ in marks if math.isfinite(y)]
+    pts = [(x, y) for _, s in series for x, y in s if math.isfinite(y)] + [
+        (x, y) for x, y, _ in marks if math.isfinite(y)
+    ]
     if not pts:
         return f"{title}\n(no data)"
     x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
@@ -80,8 +90,9 @@ def chart(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, width:
     lines.append(" " * label_w + "└" + "─" * cols)
     left, right = _fmt(x0), _fmt(x1)
     lines.append(" " * (label_w + 1) + left + " " * max(1, cols - len(left) - len(right)) + right)
-    legend = "   ".join((f"{COLOURS[k % len(COLOURS)]}⣿{RESET} " if color else "") + f"{label}"
-                       for k, (label, _) in enumerate(series))
+    legend = "   ".join(
+        (f"{COLOURS[k % len(COLOURS)]}⣿{RESET} " if color else "") + f"{label}" for k, (label, _) in enumerate(series)
+    )
     lines.append(" " * (label_w + 1) + legend + (f"   {ylabel}" if ylabel else ""))
     for x, _y, label in marks:
         lines.append(" " * (label_w + 1) + f"◆ {label} at step {_fmt(x)}")

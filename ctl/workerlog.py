@@ -12,6 +12,7 @@ Only attempts started by this process (``worker`` = host:pid in the started even
 as start/end; workflow ends are logged for every workflow this worker has worked on, and handed to
 ``on_end`` for every workflow seen ending (ctl worker: the MLflow run's status, app/runsinks.py).
 """
+
 from __future__ import annotations
 
 import threading
@@ -28,8 +29,14 @@ MAX_EVENTS_PER_POLL = 10_000
 
 
 class WorkerLog:
-    def __init__(self, engine: Backend, emit: Callable[[str], None], *, poll_s: float = POLL_S,
-                 on_end: Callable[[str, str], None] | None = None):
+    def __init__(
+        self,
+        engine: Backend,
+        emit: Callable[[str], None],
+        *,
+        poll_s: float = POLL_S,
+        on_end: Callable[[str, str], None] | None = None,
+    ):
         self.engine, self.emit, self.poll_s = engine, emit, poll_s
         self.on_end = on_end  # (workflow id, completed|failed|canceled) of each workflow seen ending
         owner = engine.owner  # another backend has none (and no local store: start() skips)
@@ -87,13 +94,24 @@ class WorkerLog:
             self._started[key] = e.time
             self._touched.add(wid)
             self.emit(f"{when} start  {wid} {a.get('activity_id')}#{a.get('attempt')}")
-        elif e.type in ("activity_completed", "activity_failed", "activity_timed_out", "activity_canceled",
-                        "activity_preempted") and key in self._started:
+        elif (
+            e.type
+            in (
+                "activity_completed",
+                "activity_failed",
+                "activity_timed_out",
+                "activity_canceled",
+                "activity_preempted",
+            )
+            and key in self._started
+        ):
             took = fmt_duration(e.time - self._started.pop(key))
             outcome = e.type.split("_", 1)[1]
             info = details(e)
-            self.emit(f"{when} end    {wid} {a.get('activity_id')}#{a.get('attempt')} {outcome} in {took}"
-                      + (f": {info}" if info else ""))
+            self.emit(
+                f"{when} end    {wid} {a.get('activity_id')}#{a.get('attempt')} {outcome} in {took}"
+                + (f": {info}" if info else "")
+            )
         elif e.type in ("workflow_completed", "workflow_failed", "workflow_canceled") and self.on_end is not None:
             try:
                 self.on_end(wid, e.type.split("_", 1)[1])
@@ -102,5 +120,7 @@ class WorkerLog:
         if e.type in ("workflow_completed", "workflow_failed", "workflow_canceled") and wid in self._touched:
             self._touched.discard(wid)
             started = self.engine.status(wid).created_at
-            self.emit(f"{when} workflow {wid} {e.type.split('_', 1)[1]} in {fmt_duration(e.time - started)}"
-                      + (f": {details(e)}" if details(e) else ""))
+            self.emit(
+                f"{when} workflow {wid} {e.type.split('_', 1)[1]} in {fmt_duration(e.time - started)}"
+                + (f": {details(e)}" if details(e) else "")
+            )

@@ -11,6 +11,7 @@ the screen once the second segment is past half way, and draws the finished run 
 at step 4 with its best checkpoint at step 2), a ``ctl release`` whose gate fails and one that publishes,
 then ``ctl ui`` and chromium as tests/ui/browser.py starts them; the top of the run page is the picture.
 """
+
 from __future__ import annotations
 
 import io
@@ -29,17 +30,45 @@ from ctl import plot  # noqa: E402
 from ctl.display import LiveDisplay  # noqa: E402
 from app.runview import run_view  # noqa: E402
 
-SPEC = {"name": "demo", "steps": 240, "seed": 7, "eval_every": 80, "eval_interval_seconds": 1, "checkpoint_every": 40,
-        "batch_size": 8, "lr": 0.003, "warmup_steps": 10, "lr_decay_steps": 240, "threads": 1, "log_every": 1000,
-        "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32}}
+SPEC = {
+    "name": "demo",
+    "steps": 240,
+    "seed": 7,
+    "eval_every": 80,
+    "eval_interval_seconds": 1,
+    "checkpoint_every": 40,
+    "batch_size": 8,
+    "lr": 0.003,
+    "warmup_steps": 10,
+    "lr_decay_steps": 240,
+    "threads": 1,
+    "log_every": 1000,
+    "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32},
+}
 WIDTH = 140
-UI_SPEC = {"name": "early", "steps": 12, "seed": 3, "eval_every": 4, "checkpoint_every": 4, "batch_size": 4,
-           "lr": 0.003, "warmup_steps": 5, "lr_decay_steps": 40, "threads": 1, "log_every": 1,
-           "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.1},
-           "validation": {"enabled": True, "every_steps": 2, "batch_size": 4, "max_samples": 4,
-                          "data": {"path": "builtin:heldout.txt"}},
-           "early_stopping": {"metric": "val/loss", "mode": "max", "patience": 1},
-           "keep_checkpoints": {"last": 1, "best": {"metric": "val/loss", "mode": "max", "k": 1}}}
+UI_SPEC = {
+    "name": "early",
+    "steps": 12,
+    "seed": 3,
+    "eval_every": 4,
+    "checkpoint_every": 4,
+    "batch_size": 4,
+    "lr": 0.003,
+    "warmup_steps": 5,
+    "lr_decay_steps": 40,
+    "threads": 1,
+    "log_every": 1,
+    "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.1},
+    "validation": {
+        "enabled": True,
+        "every_steps": 2,
+        "batch_size": 4,
+        "max_samples": 4,
+        "data": {"path": "builtin:heldout.txt"},
+    },
+    "early_stopping": {"metric": "val/loss", "mode": "max", "patience": 1},
+    "keep_checkpoints": {"last": 1, "best": {"metric": "val/loss", "mode": "max", "k": 1}},
+}
 
 
 class Snapshot(LiveDisplay):
@@ -106,9 +135,11 @@ def ui_picture() -> int:
         home.mkdir()
         (home / "early.json").write_text(json.dumps(UI_SPEC))
         ctl = [sys.executable, "-m", "ctl.cli"]
-        runs = [["train", "--spec", str(home / "early.json"), "--eval-max-items", "4", "--quiet"],
-                ["release", "train/early", "--suite", "ppl", "--eval-max-items", "4", "--gate", "ppl/ppl<=6.5"],
-                ["release", "train/early", "--suite", "ppl", "--eval-max-items", "4", "--gate", "ppl/ppl<=1e6"]]
+        runs = [
+            ["train", "--spec", str(home / "early.json"), "--eval-max-items", "4", "--quiet"],
+            ["release", "train/early", "--suite", "ppl", "--eval-max-items", "4", "--gate", "ppl/ppl<=6.5"],
+            ["release", "train/early", "--suite", "ppl", "--eval-max-items", "4", "--gate", "ppl/ppl<=1e6"],
+        ]
         for argv in runs:
             p = subprocess.run([*ctl, *argv, "--home", str(home)], capture_output=True, text=True, env=env())
             if p.returncode not in (0, 1):

@@ -1,4 +1,5 @@
 """The context an activity function ``fn(ctx, input)`` gets (see ``engine._seam.ActivityContext``)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -7,6 +7,7 @@ worker's transactions (engine/_tx.py), the lease owner's recorded text and the o
 (``engine._activity.AttemptHooks``: heartbeat, cancel check, process tag, child record). Every
 method runs in, or opens, one of the worker's transactions.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,7 @@ log = logging.getLogger("engine")
 class Attempts:
     """Attempt endings, heartbeats and the expiry poll of one worker."""
 
-    def __init__(self, store: Store, clock: Any, tx: Transactions, owner_json: str,
-                 run_task: Callable[..., None]):
+    def __init__(self, store: Store, clock: Any, tx: Transactions, owner_json: str, run_task: Callable[..., None]):
         self.store = store
         self.clock = clock
         self.tx = tx
@@ -46,8 +46,13 @@ class Attempts:
         base = {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt}
         (cancel,) = db.execute("SELECT cancel_requested FROM workflows WHERE id=?", (lease.workflow_id,)).fetchone()
         if cancel:
-            append_next(db, lease.workflow_id, h.ACTIVITY_CANCELED, now,
-                        {**base, "error": error_to_json(exc), "reason": "stopped after cancel"})
+            append_next(
+                db,
+                lease.workflow_id,
+                h.ACTIVITY_CANCELED,
+                now,
+                {**base, "error": error_to_json(exc), "reason": "stopped after cancel"},
+            )
             close_activity(db, lease.workflow_id, lease.activity_id)
             return
         attrs = {**base, **exc.attrs(), "retry_at": now}
@@ -78,19 +83,26 @@ class Attempts:
             return
         policy = lease.options.retry
         non_retryable = (
-            isinstance(exc, NonRetryableError) or err["type"] in policy.non_retryable
+            isinstance(exc, NonRetryableError)
+            or err["type"] in policy.non_retryable
             or type(exc).__name__ in policy.non_retryable
         )
         err["non_retryable"] = non_retryable
         counted = lease.attempt - lost
         if non_retryable or (policy.max_attempts and counted >= policy.max_attempts):
-            append_next(db, lease.workflow_id, h.ACTIVITY_FAILED, now,
-                        {**base, "error": err, "final": True, "retryable": False})
+            append_next(
+                db, lease.workflow_id, h.ACTIVITY_FAILED, now, {**base, "error": err, "final": True, "retryable": False}
+            )
             close_activity(db, lease.workflow_id, lease.activity_id)
             return
         retry_at = now + policy.delay_s(counted)
-        append_next(db, lease.workflow_id, h.ACTIVITY_FAILED, now,
-                    {**base, "error": err, "final": False, "retryable": True, "retry_at": retry_at})
+        append_next(
+            db,
+            lease.workflow_id,
+            h.ACTIVITY_FAILED,
+            now,
+            {**base, "error": err, "final": False, "retryable": True, "retry_at": retry_at},
+        )
         db.execute(
             "UPDATE activities SET state='scheduled', due_at=?, hb_deadline=NULL, close_deadline=NULL, owner=NULL "
             "WHERE workflow_id=? AND activity_id=?",
@@ -119,8 +131,9 @@ class Attempts:
             close_activity(db, workflow_id, activity_id)
             return
         retry_at = now if lost else now + policy.delay_s(counted)
-        append_next(db, workflow_id, h.ACTIVITY_TIMED_OUT, now,
-                    {**base, "error": err, "final": False, "retry_at": retry_at})
+        append_next(
+            db, workflow_id, h.ACTIVITY_TIMED_OUT, now, {**base, "error": err, "final": False, "retry_at": retry_at}
+        )
         db.execute(
             "UPDATE activities SET state='scheduled', due_at=?, lost=?, hb_deadline=NULL, close_deadline=NULL, "
             "owner=NULL WHERE workflow_id=? AND activity_id=?",
@@ -148,14 +161,28 @@ class Attempts:
                 db.execute(
                     "UPDATE activities SET hb_deadline=?, last_hb_at=?, details=COALESCE(?, details) "
                     "WHERE workflow_id=? AND activity_id=?",
-                    (now + hb if hb else None, now, dumps(details) if details is not None else None,
-                     lease.workflow_id, lease.activity_id),
+                    (
+                        now + hb if hb else None,
+                        now,
+                        dumps(details) if details is not None else None,
+                        lease.workflow_id,
+                        lease.activity_id,
+                    ),
                 )
                 if details is not None:
                     lease.appended = True  # (the cached replayer has not seen it: no fast completion)
-                    append_next(db, lease.workflow_id, h.ACTIVITY_HEARTBEAT, now,
-                                {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt,
-                                 "details": details})
+                    append_next(
+                        db,
+                        lease.workflow_id,
+                        h.ACTIVITY_HEARTBEAT,
+                        now,
+                        {
+                            "cmd": lease.cmd,
+                            "activity_id": lease.activity_id,
+                            "attempt": lease.attempt,
+                            "details": details,
+                        },
+                    )
         if lost:
             raise LeaseLost(f"{lease.workflow_id}/{lease.activity_id}: {lost}; stop this attempt")
 
@@ -176,8 +203,9 @@ class Attempts:
             log.warning("killed the leftover process group of %s/%s attempt %d", workflow_id, activity_id, attempt)
         left = proctree.kill_attempt(self.process_tag(workflow_id, activity_id, attempt))
         if left:
-            log.error("processes %s of %s/%s attempt %d could not be killed", sorted(left), workflow_id,
-                      activity_id, attempt)
+            log.error(
+                "processes %s of %s/%s attempt %d could not be killed", sorted(left), workflow_id, activity_id, attempt
+            )
 
     def record_child(self, lease: Lease, pid: int | None) -> None:
         child = {"pid": pid, "pstart": leases.proc_start(pid) if pid is not None else None}
@@ -201,7 +229,8 @@ class Attempts:
         rows = self.store.query(
             "SELECT workflow_id, activity_id, attempt, hb_deadline, close_deadline, owner FROM activities "
             "WHERE state='running' AND NOT (owner IS ? AND hb_deadline IS NULL AND close_deadline IS NULL) "
-            "ORDER BY workflow_id, activity_id", (self.owner_json,)
+            "ORDER BY workflow_id, activity_id",
+            (self.owner_json,),
         )
         did = False
         dead_owners: dict[str | None, bool] = {}  # one liveness check per owner (it reads /proc)
@@ -214,7 +243,8 @@ class Attempts:
                 continue
             if dead:  # outside the transaction (it waits for the kills); the dead owner cannot renew the lease
                 (child_json,) = self.store.query_one(
-                    "SELECT child FROM activities WHERE workflow_id=? AND activity_id=?", (wf, aid)) or (None,)
+                    "SELECT child FROM activities WHERE workflow_id=? AND activity_id=?", (wf, aid)
+                ) or (None,)
                 self._kill_dead_attempt(wf, aid, attempt, child_json)
             with self.tx("expire") as (db, after):
                 row = db.execute(

@@ -4,6 +4,7 @@ Every time the engine records (event times, lease deadlines, timer fire times,
 retry due times) comes from ``clock.now()``; every wait goes through
 ``clock.sleep()``. With ``VirtualClock`` nothing ever waits for real.
 """
+
 from __future__ import annotations
 
 import threading

@@ -11,6 +11,7 @@ The engine owns a ``Worker`` (engine/_worker.py: the transactions and the loop's
 public API; engine/_replay.py replays. Reading (status, history, every workflow, activities) is its base
 class ``Reader``'s (engine/_reader.py), which a process that only reads uses alone.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -32,6 +33,7 @@ from ._replay import Command, DrySink, Replayer
 from ._stop import StopRequest, stop_request
 from ._store import Store
 from ._worker import Worker
+
 
 @dataclass
 class ReplayResult:
@@ -55,7 +57,9 @@ class _Registered:
         return raw
 
 
-def replay_history(fn: Callable, events: list[Event], *, workflow_id: str = "replay", input_type: Any = None) -> ReplayResult:
+def replay_history(
+    fn: Callable, events: list[Event], *, workflow_id: str = "replay", input_type: Any = None
+) -> ReplayResult:
     """Dry-replay workflow function ``fn`` over ``events`` (its input is the started event's)."""
     if not events or events[0].type != h.WORKFLOW_STARTED:
         raise BadInput("a history starts with a workflow_started event")
@@ -111,9 +115,17 @@ class Engine(Reader):
         self._activities: dict[str, _Registered] = {}
         self._dead = False
         self._stalls = 0  # idle waits in a row with work due and not run (virtual clock)
-        self._worker = Worker(self.store, self.clock, self.owner, self._workflows, self._activities,
-                              inline=inline_activities, max_concurrent=max(1, max_concurrent_activities),
-                              poll_interval_s=poll_interval_s, attempt_options=attempt_options)
+        self._worker = Worker(
+            self.store,
+            self.clock,
+            self.owner,
+            self._workflows,
+            self._activities,
+            inline=inline_activities,
+            max_concurrent=max(1, max_concurrent_activities),
+            poll_interval_s=poll_interval_s,
+            attempt_options=attempt_options,
+        )
 
     @property
     def poll_interval_s(self) -> float:
@@ -155,8 +167,9 @@ class Engine(Reader):
         """Start ``workflow_name`` as ``workflow_id``; an id that exists is returned unchanged."""
         return self._start(workflow_name, workflow_id, input, eager=False)
 
-    def execute_workflow(self, workflow_name: str, workflow_id: str, input: Any = None, *,
-                         timeout_s: float | None = None) -> Any:
+    def execute_workflow(
+        self, workflow_name: str, workflow_id: str, input: Any = None, *, timeout_s: float | None = None
+    ) -> Any:
         """Start ``workflow_id`` (or attach to it) and work on it in this process until it ends; its
         result, or ``WorkflowFailed`` / ``WorkflowCanceled``.
 
@@ -199,7 +212,9 @@ class Engine(Reader):
         check_id(workflow_id)
         reg = self._workflows.get(workflow_name)
         if reg is None:
-            raise NotFound(f"no workflow registered as {workflow_name!r} (known: {', '.join(sorted(self._workflows)) or 'none'})")
+            raise NotFound(
+                f"no workflow registered as {workflow_name!r} (known: {', '.join(sorted(self._workflows)) or 'none'})"
+            )
         if not eager and self.store.query_one("SELECT 1 FROM workflows WHERE id=?", (workflow_id,)):
             return workflow_id  # (execute_workflow finds it in its transaction below)
         try:
@@ -223,10 +238,15 @@ class Engine(Reader):
             if not eager:
                 append_event(db, workflow_id, 1, h.WORKFLOW_STARTED, now, attrs, text=text)
             else:  # the replayer starts from the input and this event, which goes in with the task's own events
-                self._worker.run_task(db, after, workflow_id, fresh=Event(1, h.WORKFLOW_STARTED, now, attrs),
-                               wf_row=(workflow_name, input_text, "running", 0),
-                               fresh_row=h.event_row(workflow_id, 1, h.WORKFLOW_STARTED, now, text),
-                               cached=Replayer(workflow_id, reg.fn, value, DrySink()))  # (run_task gives it its sink)
+                self._worker.run_task(
+                    db,
+                    after,
+                    workflow_id,
+                    fresh=Event(1, h.WORKFLOW_STARTED, now, attrs),
+                    wf_row=(workflow_name, input_text, "running", 0),
+                    fresh_row=h.event_row(workflow_id, 1, h.WORKFLOW_STARTED, now, text),
+                    cached=Replayer(workflow_id, reg.fn, value, DrySink()),
+                )  # (run_task gives it its sink)
         return workflow_id
 
     def result(self, workflow_id: str) -> Any:
@@ -242,11 +262,14 @@ class Engine(Reader):
         if st.state == "failed":
             raise WorkflowFailed(
                 f"workflow {workflow_id!r} failed: {err.get('type')}: {err.get('message')}",
-                workflow_id=workflow_id, type=err.get("type", "Error"), details=err.get("details"),
+                workflow_id=workflow_id,
+                type=err.get("type", "Error"),
+                details=err.get("details"),
             )
         if st.state == "canceled":
-            raise WorkflowCanceled(f"workflow {workflow_id!r} was canceled: {err.get('message')}",
-                                   workflow_id=workflow_id)
+            raise WorkflowCanceled(
+                f"workflow {workflow_id!r} was canceled: {err.get('message')}", workflow_id=workflow_id
+            )
         raise WorkflowRunning(f"workflow {workflow_id!r} is still running ({st.waiting_on})")
 
     def cancel(self, workflow_id: str) -> bool:
@@ -259,8 +282,10 @@ class Engine(Reader):
             if state != "running" or cancel:
                 return False
             h.append_next(db, workflow_id, h.CANCEL_REQUESTED, self.clock.now(), {})
-            db.execute("UPDATE workflows SET cancel_requested=1, task_pending=1, updated_at=? WHERE id=?",
-                       (self.clock.now(), workflow_id))
+            db.execute(
+                "UPDATE workflows SET cancel_requested=1, task_pending=1, updated_at=? WHERE id=?",
+                (self.clock.now(), workflow_id),
+            )
         return True
 
     def replay(self, workflow_id: str, events: list[Event] | None = None) -> ReplayResult:
@@ -314,8 +339,14 @@ class Engine(Reader):
         w.release_ready()
         if follow is not None and not any(p["workflow_id"] == follow for p in w.attempts.preempted):
             stop = w.stop
-            w.attempts.note_stopped(follow, {"signal": stop.signal if stop else None, "worker": w.worker_name,
-                                             "waiting_on": self._waiting_on(follow)})
+            w.attempts.note_stopped(
+                follow,
+                {
+                    "signal": stop.signal if stop else None,
+                    "worker": w.worker_name,
+                    "waiting_on": self._waiting_on(follow),
+                },
+            )
 
     # ---- running --------------------------------------------------------------------------------------
 
@@ -370,7 +401,9 @@ class Engine(Reader):
                 "SELECT name FROM activities WHERE workflow_id=? AND state='scheduled'", (workflow_id,)
             )
             if unknown and unknown[0] not in self._activities:
-                raise NotFound(f"workflow {workflow_id!r} waits on activity {unknown[0]!r}, which this engine has not registered")
+                raise NotFound(
+                    f"workflow {workflow_id!r} waits on activity {unknown[0]!r}, which this engine has not registered"
+                )
             if give_up is not None and time.monotonic() > give_up:
                 raise TimeoutError(f"workflow {workflow_id!r} still running after {timeout_s} s ({st.waiting_on})")
             self._wait()

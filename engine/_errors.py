@@ -3,6 +3,7 @@
 Workflow code sees these from ``rt.execute_activity`` and ``rt.sleep``;
 activity code raises ``NonRetryableError`` to fail a step at once.
 """
+
 from __future__ import annotations
 
 
@@ -38,9 +39,17 @@ class Preempted(EngineError):
     within the grace and was killed.
     """
 
-    def __init__(self, message: str, *, signal: str | None = None, checkpoint: str | None = None,
-                 step: int | None = None, stopping_step: int | None = None, last_step: int | None = None,
-                 killed_at_grace: bool = False):
+    def __init__(
+        self,
+        message: str,
+        *,
+        signal: str | None = None,
+        checkpoint: str | None = None,
+        step: int | None = None,
+        stopping_step: int | None = None,
+        last_step: int | None = None,
+        killed_at_grace: bool = False,
+    ):
         super().__init__(message)
         self.signal = signal
         self.checkpoint = checkpoint
@@ -59,9 +68,15 @@ class Preempted(EngineError):
 
     def attrs(self) -> dict:
         """What the ``activity_preempted`` event records of it."""
-        return {"signal": self.signal, "checkpoint": self.checkpoint, "step": self.step,
-                "stopping_step": self.stopping_step, "steps_lost": self.steps_lost,
-                "killed_at_grace": self.killed_at_grace, "message": str(self)}
+        return {
+            "signal": self.signal,
+            "checkpoint": self.checkpoint,
+            "step": self.step,
+            "stopping_step": self.stopping_step,
+            "steps_lost": self.steps_lost,
+            "killed_at_grace": self.killed_at_grace,
+            "message": str(self),
+        }
 
 
 class NonRetryableError(EngineError):

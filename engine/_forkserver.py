@@ -27,6 +27,7 @@ descriptors (stdout, stderr, a reply socket); the server answers on the reply so
 ``{"refused": why}``) and, when the child ends, ``{"returncode": R}`` (``-signal`` when killed, as
 ``subprocess.Popen``). A server whose client goes away exits; its children have a parent-death signal.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -131,8 +132,15 @@ class ForkServer:
     thread ends, i.e. with this process); ``spawn`` forks a command, or returns None (run it the ordinary
     way); ``close`` ends the server. ``cwd``: the directory the server runs in and commands must ask for."""
 
-    def __init__(self, preload: Sequence[str], modules: Sequence[str], *, cwd: str | os.PathLike,
-                 python: str = sys.executable, env: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        preload: Sequence[str],
+        modules: Sequence[str],
+        *,
+        cwd: str | os.PathLike,
+        python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
+    ):
         self.preload = list(preload)
         self.modules = frozenset(modules)
         self.cwd = os.fspath(cwd)
@@ -164,9 +172,15 @@ class ForkServer:
         try:
             self._proc = subprocess.Popen(
                 [self.python, "-m", "engine._forkserver", str(theirs.fileno()), *self.preload, "--", "~" * ARGV_BYTES],
-                cwd=self.cwd, env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=_dies_with(os.getpid()))  # noqa: PLW1509 - prctl only, as the runner's (no locks)
+                cwd=self.cwd,
+                env=env,
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_dies_with(os.getpid()),
+            )  # noqa: PLW1509 - prctl only, as the runner's (no locks)
         except OSError as e:
             self._fail(f"cannot start the fork server: {e}")
             return
@@ -225,8 +239,9 @@ class ForkServer:
         if os.fspath(cwd or os.getcwd()) != self.cwd:
             return "another working directory"
         if _env_key(env) != self._env_key:
-            differ = sorted(k for k in set(env) | set(self.env)
-                            if k not in PER_ATTEMPT_ENV and env.get(k) != self.env.get(k))
+            differ = sorted(
+                k for k in set(env) | set(self.env) if k not in PER_ATTEMPT_ENV and env.get(k) != self.env.get(k)
+            )
             return f"another environment ({', '.join(differ[:5])})"
         if len(env.get(proctree.ENV_TAG, "")) >= TAG_BYTES:
             return "an attempt tag longer than the reserved bytes"
@@ -234,8 +249,16 @@ class ForkServer:
             return "a command line longer than the reserved bytes"
         return None
 
-    def spawn(self, argv: Sequence[str], *, cwd: str | os.PathLike | None, env: Mapping[str, str], stdout: Any,
-              stderr: Any, on_wait: Callable[[], Any] | None = None) -> WarmChild | None:
+    def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | os.PathLike | None,
+        env: Mapping[str, str],
+        stdout: Any,
+        stderr: Any,
+        on_wait: Callable[[], Any] | None = None,
+    ) -> WarmChild | None:
         """Fork ``argv`` (``python -m MODULE ARGS``) in the server with ``stdout``/``stderr`` (files), or None:
         run it the ordinary way (why: logged)."""
         why = self.refusal(argv, cwd, env)
@@ -289,11 +312,12 @@ def _dies_with(parent_pid: int) -> Callable[[], None]:
 
 # -- the server process -------------------------------------------------------------------------------
 
+
 def _env_area() -> tuple[int, int]:
     """The address range of this process's initial environment (``/proc/self/stat`` fields 50, 51)."""
     with open("/proc/self/stat", "rb") as f:
         stat = f.read()
-    fields = stat[stat.rindex(b")") + 2:].split()
+    fields = stat[stat.rindex(b")") + 2 :].split()
     return int(fields[47]), int(fields[48])
 
 
@@ -301,7 +325,7 @@ def _arg_area() -> tuple[int, int]:
     """The address range of this process's command line (``/proc/self/stat`` fields 48, 49)."""
     with open("/proc/self/stat", "rb") as f:
         stat = f.read()
-    fields = stat[stat.rindex(b")") + 2:].split()
+    fields = stat[stat.rindex(b")") + 2 :].split()
     return int(fields[45]), int(fields[46])
 
 
@@ -485,7 +509,7 @@ def main(argv: Sequence[str]) -> int:
     """``python -m engine._forkserver FD HOOK...``: preload, greet the client on FD, serve."""
     ctl = socket.socket(fileno=int(argv[0]))
     server_pid = os.getpid()
-    hooks = list(argv[1:argv.index("--")] if "--" in argv else argv[1:])
+    hooks = list(argv[1 : argv.index("--")] if "--" in argv else argv[1:])
     # a polite stop that reaches every process of a job (Slurm) must not end the server under its trainers:
     # blocked here (pending, never acted on), restored in each child
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, _stop_signals())
@@ -496,7 +520,7 @@ def main(argv: Sequence[str]) -> int:
         shown = [sys.executable, "-m", "engine._forkserver", *hooks]
         _write_argv(area, shown)
         with open("/proc/self/cmdline", "rb") as f:
-            if f.read().split(b"\0")[:len(shown)] != [a.encode() for a in shown]:
+            if f.read().split(b"\0")[: len(shown)] != [a.encode() for a in shown]:
                 raise RuntimeError("/proc/self/cmdline does not show the rewritten command line")
         _preload(hooks)
         if _threads() != 1:

@@ -5,6 +5,7 @@ clock ``time`` it was recorded and ``attrs`` (JSON). Command events carry
 ``cmd``, the index of the command (activity or timer) in the workflow's code
 order; replay matches commands by that order.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,13 @@ try:  # the C encoder behind _ENCODER, made once (JSONEncoder.encode makes one p
     # (the C accelerator json.encoder imports when it can; typeshed leaves it out)
     from json.encoder import c_make_encoder as _c_make_encoder  # type: ignore[attr-defined]
 
-    _C_ENCODE = _c_make_encoder(None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ":", ",",
-                                True, False, False) if _c_make_encoder is not None else None
+    _C_ENCODE = (
+        _c_make_encoder(
+            None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, False
+        )
+        if _c_make_encoder is not None
+        else None
+    )
 except ImportError:  # pragma: no cover - CPython has it
     _C_ENCODE = None
 
@@ -134,7 +140,8 @@ def damaged(db: sqlite3.Connection, workflow_id: str, record: str, why: str) -> 
     return DamagedRecord(
         f"engine database {database_file(db)} is damaged: workflow {workflow_id}: {record} cannot be read ({why}); "
         f"nothing was written; `ctl doctor` lists every damaged record",
-        workflow_id=workflow_id, record=record,
+        workflow_id=workflow_id,
+        record=record,
     )
 
 
@@ -162,7 +169,8 @@ def read_events(db: sqlite3.Connection, workflow_id: str, after_seq: int = 0, li
         if type(typ) is not str or type(attrs) is not str or type(seq) is not int or type(t) is not float:
             return _read_events_as_bytes(db, workflow_id, after_seq, limit)
         if crc is not None and crc != zlib.crc32(
-                f"{workflow_id}\x00{seq}\x00{typ}\x00{t.hex()}\x00{attrs}".encode("utf-8")):  # = event_crc
+            f"{workflow_id}\x00{seq}\x00{typ}\x00{t.hex()}\x00{attrs}".encode("utf-8")
+        ):  # = event_crc
             raise damaged(db, workflow_id, f"event {seq}", "checksum mismatch")
         if seq != expect:
             raise damaged(db, workflow_id, f"event {expect}", f"missing (next recorded is {seq})")
@@ -232,8 +240,9 @@ def insert_events(db: sqlite3.Connection, rows: list[tuple]) -> None:
 _INSERT_N = ["", *(_INSERT_EVENTS + ",(?,?,?,?,?,?)" * (n - 1) for n in range(1, 9))]  # by the rows' count
 
 
-def append_event(db: sqlite3.Connection, workflow_id: str, seq: int, type: str, time: float, attrs: dict,
-                 text: str | None = None) -> Event:
+def append_event(
+    db: sqlite3.Connection, workflow_id: str, seq: int, type: str, time: float, attrs: dict, text: str | None = None
+) -> Event:
     """Append one event at ``seq`` (the caller knows the last seq; the primary key guards it).
     ``text``: ``dumps(attrs)`` where the caller has it already."""
     db.execute(_INSERT_EVENTS, event_row(workflow_id, seq, type, time, dumps(attrs) if text is None else text))

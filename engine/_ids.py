@@ -1,4 +1,5 @@
 """Identifier rules: workflow ids, activity ids and registered names."""
+
 from __future__ import annotations
 
 import re

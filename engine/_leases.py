@@ -8,6 +8,7 @@ pid is gone or belongs to another process, or the pid is this very process and
 the instance is no longer live (an ``Engine`` that crashed or was closed).
 Elsewhere only the heartbeat timeout can tell.
 """
+
 from __future__ import annotations
 
 import os

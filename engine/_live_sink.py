@@ -5,6 +5,7 @@ replayer's sink is a no-op, only a live transition writes. What it needs of the 
 ``SinkHooks``: the clock, whether the worker takes an activity at once, its lease owner's text, and
 the options it runs an attempt with.
 """
+
 from __future__ import annotations
 
 import logging
@@ -77,31 +78,57 @@ class LiveSink:
             run_opts = self.w.attempt_options(r.workflow_id, cmd.name, opts) if take else opts
             hb, close = attempt_deadlines(run_opts, now) if take else (None, None)
             input_text, opts_text = dumps(payload["input"]), opts.to_text()
-            self.stmts.append((
-                "INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, attempt, due_at, "
-                "hb_deadline, close_deadline, last_hb_at, owner) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (r.workflow_id, cmd.activity_id, k, cmd.name, input_text, opts_text,
-                 "running" if take else "scheduled", 1 if take else 0, now, hb, close, now if take else None,
-                 self.w.owner_json if take else None),
-            ))
-            attrs = {"cmd": k, "activity_id": cmd.activity_id, "name": cmd.name, "input": payload["input"],
-                     "options": opts_json}
+            self.stmts.append(
+                (
+                    "INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, attempt, due_at, "
+                    "hb_deadline, close_deadline, last_hb_at, owner) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        r.workflow_id,
+                        cmd.activity_id,
+                        k,
+                        cmd.name,
+                        input_text,
+                        opts_text,
+                        "running" if take else "scheduled",
+                        1 if take else 0,
+                        now,
+                        hb,
+                        close,
+                        now if take else None,
+                        self.w.owner_json if take else None,
+                    ),
+                )
+            )
+            attrs = {
+                "cmd": k,
+                "activity_id": cmd.activity_id,
+                "name": cmd.name,
+                "input": payload["input"],
+                "options": opts_json,
+            }
             # the attrs' JSON from the pieces just encoded: the same text as dumps(attrs) (keys in order)
-            text = (f'{{"activity_id":{dumps(cmd.activity_id)},"cmd":{int(k)},"input":{input_text},'
-                    f'"name":{dumps(cmd.name)},"options":{opts_text}}}')
+            text = (
+                f'{{"activity_id":{dumps(cmd.activity_id)},"cmd":{int(k)},"input":{input_text},'
+                f'"name":{dumps(cmd.name)},"options":{opts_text}}}'
+            )
             seq = r.last_seq + 1
             if take:  # inserted with its started event, one statement (``Worker.lease``)
                 row = h.event_row(r.workflow_id, seq, h.ACTIVITY_SCHEDULED, now, text)
                 r.record(h.Event(seq, h.ACTIVITY_SCHEDULED, now, attrs))
-                self.scheduled.append((cmd.activity_id, k, payload["input"], run_opts, now, row,
-                                       opts.heartbeat_timeout_s))
+                self.scheduled.append(
+                    (cmd.activity_id, k, payload["input"], run_opts, now, row, opts.heartbeat_timeout_s)
+                )
             else:
                 self.rows.append(h.event_row(r.workflow_id, seq, h.ACTIVITY_SCHEDULED, now, text))
                 r.record(h.Event(seq, h.ACTIVITY_SCHEDULED, now, attrs))
         else:
             fire_at = now + payload["seconds"]
-            self.stmts.append(("INSERT INTO timers(workflow_id, cmd, fire_at, state) VALUES (?,?,?, 'pending')",
-                               (r.workflow_id, k, fire_at)))
+            self.stmts.append(
+                (
+                    "INSERT INTO timers(workflow_id, cmd, fire_at, state) VALUES (?,?,?, 'pending')",
+                    (r.workflow_id, k, fire_at),
+                )
+            )
             self._append(r, h.TIMER_STARTED, {"cmd": k, "seconds": payload["seconds"], "fire_at": fire_at})
 
     def cancel_pending(self, r, k):
@@ -120,10 +147,12 @@ class LiveSink:
             (r.workflow_id, cmd.activity_id),
         ).fetchone()
         if row is not None and row[0] == "scheduled":
-            self.db.execute("DELETE FROM activities WHERE workflow_id=? AND activity_id=?",
-                            (r.workflow_id, cmd.activity_id))  # closed: canceled
+            self.db.execute(
+                "DELETE FROM activities WHERE workflow_id=? AND activity_id=?", (r.workflow_id, cmd.activity_id)
+            )  # closed: canceled
             self._append(
-                r, h.ACTIVITY_CANCELED,
+                r,
+                h.ACTIVITY_CANCELED,
                 {"cmd": k, "activity_id": cmd.activity_id, "attempt": row[1], "reason": "canceled before it ran"},
             )
         # running: the attempt sees ctx.cancel_requested; its outcome resolves the command
@@ -132,19 +161,31 @@ class LiveSink:
         now = self.w.clock.now()
         typ = {"completed": h.WORKFLOW_COMPLETED, "failed": h.WORKFLOW_FAILED, "canceled": h.WORKFLOW_CANCELED}[state]
         text = dumps(payload)
-        self._append(r, typ, {"result": payload} if state == "completed" else {"error": payload},
-                     text=f'{{"result":{text}}}' if state == "completed" else f'{{"error":{text}}}')
-        self.stmts.append((
-            "UPDATE workflows SET state=?, result=?, error=?, updated_at=?, task_pending=0 WHERE id=?",
-            (state, text if state == "completed" else None, None if state == "completed" else text, now,
-             r.workflow_id),
-        ))
+        self._append(
+            r,
+            typ,
+            {"result": payload} if state == "completed" else {"error": payload},
+            text=f'{{"result":{text}}}' if state == "completed" else f'{{"error":{text}}}',
+        )
+        self.stmts.append(
+            (
+                "UPDATE workflows SET state=?, result=?, error=?, updated_at=?, task_pending=0 WHERE id=?",
+                (
+                    state,
+                    text if state == "completed" else None,
+                    None if state == "completed" else text,
+                    now,
+                    r.workflow_id,
+                ),
+            )
+        )
         # nothing is recorded after the end: a still-running attempt becomes stale (its heartbeat raises
         # LeaseLost, its outcome is dropped, ctx.cancel_requested is True); its row is closed (canceled).
         # Only a command without a resolution in the history can have an open row or a pending timer.
         if len(r.resolutions) < len(r.commands):
             self.stmts.append(("DELETE FROM activities WHERE workflow_id=?", (r.workflow_id,)))
-            self.stmts.append(("UPDATE timers SET state='canceled' WHERE workflow_id=? AND state='pending'",
-                               (r.workflow_id,)))
+            self.stmts.append(
+                ("UPDATE timers SET state='canceled' WHERE workflow_id=? AND state='pending'", (r.workflow_id,))
+            )
         if state == "failed":
             log.error("workflow %s failed: %s: %s", r.workflow_id, payload.get("type"), payload.get("message"))

@@ -1,4 +1,5 @@
 """Activity options: ids, timeouts and the retry policy (keyword-only, units last)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,9 +53,13 @@ class StepOptions:
             "id": self.id,
             "start_to_close_timeout_s": self.start_to_close_timeout_s,
             "heartbeat_timeout_s": self.heartbeat_timeout_s,
-            "retry": {"max_attempts": r.max_attempts, "initial_interval_s": r.initial_interval_s,
-                      "backoff": r.backoff, "max_interval_s": r.max_interval_s,
-                      "non_retryable": list(r.non_retryable)},
+            "retry": {
+                "max_attempts": r.max_attempts,
+                "initial_interval_s": r.initial_interval_s,
+                "backoff": r.backoff,
+                "max_interval_s": r.max_interval_s,
+                "non_retryable": list(r.non_retryable),
+            },
         }
 
     def to_text(self) -> str:
@@ -65,9 +70,18 @@ class StepOptions:
         if retry is None:
             # keyed with the types: 1 == 1.0 == True, but their texts differ
             key: tuple | None
-            key = (r.max_attempts, r.initial_interval_s, r.backoff, r.max_interval_s, r.non_retryable,
-                   type(r.max_attempts), type(r.initial_interval_s), type(r.backoff), type(r.max_interval_s),
-                   tuple(map(type, r.non_retryable)) if type(r.non_retryable) is tuple else None)
+            key = (
+                r.max_attempts,
+                r.initial_interval_s,
+                r.backoff,
+                r.max_interval_s,
+                r.non_retryable,
+                type(r.max_attempts),
+                type(r.initial_interval_s),
+                type(r.backoff),
+                type(r.max_interval_s),
+                tuple(map(type, r.non_retryable)) if type(r.non_retryable) is tuple else None,
+            )
             try:
                 retry = _RETRY_TEXT.get(key)
             except TypeError:  # an unhashable field: not kept
@@ -78,8 +92,10 @@ class StepOptions:
                     _RETRY_TEXT[key] = retry
             if key is not None:
                 object.__setattr__(r, "_text", retry)
-        return (f'{{"heartbeat_timeout_s":{dumps(self.heartbeat_timeout_s)},"id":{dumps(self.id)},"retry":{retry},'
-                f'"start_to_close_timeout_s":{dumps(self.start_to_close_timeout_s)}}}')
+        return (
+            f'{{"heartbeat_timeout_s":{dumps(self.heartbeat_timeout_s)},"id":{dumps(self.id)},"retry":{retry},'
+            f'"start_to_close_timeout_s":{dumps(self.start_to_close_timeout_s)}}}'
+        )
 
     @classmethod
     def from_json(cls, d: dict) -> "StepOptions":

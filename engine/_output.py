@@ -14,6 +14,7 @@ without hole punching the file is cut back to its head instead (``ftruncate``; t
 lands after the head); what was between is dropped unannounced. Either way a file's disk use stays
 under about ``HEAD_BYTES + TAIL_BYTES + SLACK_BYTES`` plus what the child writes between two polls.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -44,8 +45,14 @@ def log_path(directory: str | os.PathLike, stream: str) -> Path:
 class AttemptOutput:
     """The two files of one attempt, opened for appending (``stdout``, ``stderr``: give them to Popen)."""
 
-    def __init__(self, directory: str | os.PathLike, *, head_bytes: int = HEAD_BYTES, tail_bytes: int = TAIL_BYTES,
-                 slack_bytes: int = SLACK_BYTES):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        head_bytes: int = HEAD_BYTES,
+        tail_bytes: int = TAIL_BYTES,
+        slack_bytes: int = SLACK_BYTES,
+    ):
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.head_bytes, self.tail_bytes, self.slack_bytes = head_bytes, tail_bytes, slack_bytes
         self.files: dict[str, BinaryIO] = {}
@@ -141,5 +148,7 @@ def read_kept(path: str | os.PathLike, offset: int = 0) -> tuple[bytes, int, int
 
 
 def _dropped_line(n: int) -> bytes:
-    return (f"\n[... {n} bytes of output dropped (kept: the first {HEAD_BYTES // 1024} KiB and the last "
-            f"{TAIL_BYTES // (1024 * 1024)} MiB of each attempt) ...]\n").encode()
+    return (
+        f"\n[... {n} bytes of output dropped (kept: the first {HEAD_BYTES // 1024} KiB and the last "
+        f"{TAIL_BYTES // (1024 * 1024)} MiB of each attempt) ...]\n"
+    ).encode()

@@ -16,6 +16,7 @@ earlier attempts of the same activity before it starts a new one; a recovering w
 those of a dead worker's attempt before redelivering it. Between those moments the direct child
 has a parent-death signal (subprocess_runner.py).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,7 +59,7 @@ def _tag_of(pid: int) -> str | None:
         return None
     for item in env.split(b"\0"):
         if item.startswith(_KEY):
-            return item[len(_KEY):].decode("utf-8", "replace")
+            return item[len(_KEY) :].decode("utf-8", "replace")
     return None
 
 

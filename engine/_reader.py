@@ -5,6 +5,7 @@
 (engine/_engine.py) is a ``Reader`` that also runs workflows; a process that only reads imports this
 module and not the running side (the worker loop, replay, the subprocess runner).
 """
+
 from __future__ import annotations
 
 import json
@@ -87,7 +88,8 @@ class Reader:
         damaged history is reported where it is read, not here."""
         try:
             last = self.store.query_one(
-                "SELECT time FROM events WHERE workflow_id=? ORDER BY seq DESC LIMIT 1", (workflow_id,))
+                "SELECT time FROM events WHERE workflow_id=? ORDER BY seq DESC LIMIT 1", (workflow_id,)
+            )
         except sqlite3.DatabaseError:
             return row_time
         if last and isinstance(last[0], (int, float)) and isinstance(row_time, (int, float)):
@@ -101,7 +103,12 @@ class Reader:
             if state not in ("running", *TERMINAL) or not isinstance(name, str):
                 raise damaged(db, workflow_id, "its workflow row", f"unknown state {state!r}")
             st = WorkflowStatus(
-                wid, name, state, created, updated, bool(cancel),
+                wid,
+                name,
+                state,
+                created,
+                updated,
+                bool(cancel),
                 decode_json(db, error, workflow_id=wid, record="its error") if error else None,
                 decode_json(db, result, workflow_id=wid, record="its result") if result else None,
             )
@@ -120,9 +127,7 @@ class Reader:
             if state == "running":
                 return f"activity {aid} (running, attempt {attempt})"
             return f"activity {aid} (scheduled, attempt {attempt + 1} due at {due:.3f})"
-        row = self.store.query_one(
-            "SELECT fire_at FROM timers WHERE workflow_id=? AND state='pending'", (workflow_id,)
-        )
+        row = self.store.query_one("SELECT fire_at FROM timers WHERE workflow_id=? AND state='pending'", (workflow_id,))
         if row:
             return f"timer (fires at {row[0]:.3f})"
         return "workflow task"
@@ -146,8 +151,10 @@ class Reader:
         """The workflows of a run continued by fresh workflows: ``base``, ``base/2``, ``base/3``... that exist,
         oldest first (app/runs.py names them). A damaged row is left out (``list_readable`` reports it)."""
         try:
-            rows = self.store.query("SELECT CAST(id AS BLOB) FROM workflows WHERE id = ? OR substr(id, 1, ?) = ?",
-                                    (base, len(base) + 1, base + "/"))
+            rows = self.store.query(
+                "SELECT CAST(id AS BLOB) FROM workflows WHERE id = ? OR substr(id, 1, ?) = ?",
+                (base, len(base) + 1, base + "/"),
+            )
         except sqlite3.DatabaseError as e:
             with self.store._lock:
                 raise damaged(self.store.conn, "(all)", "the workflow table", f"SQLite: {e}") from None
@@ -155,7 +162,7 @@ class Reader:
         for (raw,) in rows:
             try:
                 wid = bytes(raw).decode("utf-8")
-                rest = wid[len(base) + 1:]
+                rest = wid[len(base) + 1 :]
                 if wid == base or rest.isdigit():
                     found.append((1 if wid == base else int(rest), self.status(wid)))
             except (UnicodeDecodeError, BadInput, sqlite3.DatabaseError):

@@ -16,6 +16,7 @@ A replayer may be kept between workflow tasks (a sticky cache): history is
 append-only, so feeding it the events recorded since is the same as replaying
 from scratch. Replay is linear in the history length.
 """
+
 from __future__ import annotations
 
 import json
@@ -126,10 +127,16 @@ class _Recorded(NamedTuple):
 
 
 _RECORD = {  # what Replayer.record does with an event type
-    h.ACTIVITY_COMPLETED: 1, h.ACTIVITY_CANCELED: 1, h.TIMER_FIRED: 1, h.TIMER_CANCELED: 1,
-    h.ACTIVITY_FAILED: 1, h.ACTIVITY_TIMED_OUT: 1,
-    h.ACTIVITY_SCHEDULED: 2, h.TIMER_STARTED: 2,
-    h.WORKFLOW_STARTED: 3, h.CANCEL_REQUESTED: 4,
+    h.ACTIVITY_COMPLETED: 1,
+    h.ACTIVITY_CANCELED: 1,
+    h.TIMER_FIRED: 1,
+    h.TIMER_CANCELED: 1,
+    h.ACTIVITY_FAILED: 1,
+    h.ACTIVITY_TIMED_OUT: 1,
+    h.ACTIVITY_SCHEDULED: 2,
+    h.TIMER_STARTED: 2,
+    h.WORKFLOW_STARTED: 3,
+    h.CANCEL_REQUESTED: 4,
     **{t: 5 for t in h.TERMINAL_EVENTS},
 }
 _FINAL_ONLY = (h.ACTIVITY_FAILED, h.ACTIVITY_TIMED_OUT)
@@ -246,9 +253,7 @@ class Replayer:
                 return
             value, exc = None, None
             if not isinstance(req, _Request):
-                exc = TypeError(
-                    f"workflow code awaited {req!r}; only rt.execute_activity and rt.sleep may be awaited"
-                )
+                exc = TypeError(f"workflow code awaited {req!r}; only rt.execute_activity and rt.sleep may be awaited")
                 continue
             try:
                 outcome = self._command(req)
@@ -387,4 +392,3 @@ def error_to_json(exc: BaseException) -> dict[str, Any]:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     d["traceback"] = tb[-4000:]
     return d
-

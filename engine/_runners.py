@@ -4,6 +4,7 @@
 and records what ``drain`` collects. It gets the two worker functions it calls (``execute``: run
 one attempt; ``record``: record its outcome) and the worker's transactions (engine/_tx.py).
 """
+
 from __future__ import annotations
 
 import queue
@@ -19,8 +20,9 @@ GROUP_MAX = 256  # outcomes recorded by one group commit at most
 class Runners:
     """Runner threads and group commit; ``inflight``: the attempts handed to a runner, not recorded yet."""
 
-    def __init__(self, execute: Callable[[Lease], tuple[bool, Any]], record: Callable[[Lease, bool, Any], None],
-                 tx: Transactions):
+    def __init__(
+        self, execute: Callable[[Lease], tuple[bool, Any]], record: Callable[[Lease, bool, Any], None], tx: Transactions
+    ):
         self.execute = execute
         self.record = record
         self.tx = tx
@@ -76,7 +78,9 @@ class Runners:
         while True:
             batch = []
             try:
-                batch.append(self._done_q.get(timeout=timeout_s) if (timeout_s and not did) else self._done_q.get_nowait())
+                batch.append(
+                    self._done_q.get(timeout=timeout_s) if (timeout_s and not did) else self._done_q.get_nowait()
+                )
                 while len(batch) < GROUP_MAX:
                     batch.append(self._done_q.get_nowait())
             except queue.Empty:

@@ -5,6 +5,7 @@ A database is ours when it has the ``engine_meta`` table with ``app`` equal to
 the rest in order, in one transaction. A newer version than this code knows is
 refused (``BadInput``), never rewritten.
 """
+
 from __future__ import annotations
 
 APP = "durable-train-engine"

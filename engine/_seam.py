@@ -4,6 +4,7 @@ Workflow code depends only on ``Runtime`` (and activity code only on
 ``ActivityContext``), so the same functions can later run on another
 durable engine (e.g. Temporal) behind an adapter.
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol, TypeVar

@@ -7,6 +7,7 @@ assignment). From then on the worker starts nothing new; each attempt in flight 
 exits 130) and ends as ``activity_preempted``: not a failure, no retry counted, due again at once
 for the next worker. An attempt still running at ``deadline`` is killed (its event says so).
 """
+
 from __future__ import annotations
 
 import time

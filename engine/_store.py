@@ -20,6 +20,7 @@ The database is opened in WAL mode with ``synchronous=FULL`` and a busy
 timeout, so several processes may share it; write transactions are
 ``BEGIN IMMEDIATE`` so that two workers never interleave a read-modify-write.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,6 @@ from typing import Literal
 
 from . import _schema as schema
 from ._errors import BadInput
-
 
 
 class Store:
@@ -75,7 +75,9 @@ class Store:
             self._migrate(conn)
         except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # (see _unreadable)
             conn.close()
-            raise BadInput(f"engine database {path!r} is corrupt or unreadable: {_unreadable(e)} (left untouched)") from None
+            raise BadInput(
+                f"engine database {path!r} is corrupt or unreadable: {_unreadable(e)} (left untouched)"
+            ) from None
         except BaseException:
             conn.close()
             raise
@@ -240,8 +242,9 @@ def _refuse_foreign_file(conn: sqlite3.Connection, path: str) -> None:
         conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
     except sqlite3.DatabaseError as e:
         if "not a database" in str(e):
-            raise BadInput(f"engine database {path!r} is not an SQLite database, or is corrupt or unreadable "
-                           f"({e}; left untouched)") from None
+            raise BadInput(
+                f"engine database {path!r} is not an SQLite database, or is corrupt or unreadable ({e}; left untouched)"
+            ) from None
         raise
 
 
@@ -284,14 +287,17 @@ def open_readonly(path: str, busy_timeout_s: float, check) -> sqlite3.Connection
             raise BadInput(f"cannot read engine database {path!r} read-only: {e} (left untouched)") from None
         conn = _connect_checked(uri + "&immutable=1", busy_timeout_s)  # nobody can be writing it
     except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
-        raise BadInput(f"engine database {path!r} is not an SQLite database or is damaged: {_unreadable(e)} "
-                       "(left untouched)") from None
+        raise BadInput(
+            f"engine database {path!r} is not an SQLite database or is damaged: {_unreadable(e)} (left untouched)"
+        ) from None
     try:
         check(conn)
         v = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
         if v != schema.VERSION:
-            raise BadInput(f"engine database {path!r} has schema version {v}; open it once where it is writable "
-                           f"(any ctl train) to upgrade it to {schema.VERSION}")
+            raise BadInput(
+                f"engine database {path!r} has schema version {v}; open it once where it is writable "
+                f"(any ctl train) to upgrade it to {schema.VERSION}"
+            )
         conn.execute("PRAGMA query_only = 1")
     except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
         conn.close()

@@ -25,6 +25,7 @@ gets SIGTERM, then SIGKILL after ``term_grace_s``. Exit codes
 ``NonRetryableError(type="BadInput")``, anything else a retryable
 ``SubprocessFailed``.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -51,7 +52,12 @@ PR_SET_PDEATHSIG = 1
 # the trainer contract's exit codes (contracts/exits.py): 74 = no space, a non-retryable DiskFull; 143 = ctl's
 # exit after a polite stop it saved
 EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_LOCKED, EXIT_CANCELED, EXIT_PREEMPTED = (
-    exits.EXIT_BAD_INPUT, exits.EXIT_DISK_FULL, exits.EXIT_LOCKED, exits.EXIT_CANCELED, exits.EXIT_PREEMPTED)
+    exits.EXIT_BAD_INPUT,
+    exits.EXIT_DISK_FULL,
+    exits.EXIT_LOCKED,
+    exits.EXIT_CANCELED,
+    exits.EXIT_PREEMPTED,
+)
 STOP_SIGNAL_ENV = "DURABLE_STOP_SIGNAL"  # a signal name the trainer treats as SIGTERM (ctl --stop-signal)
 
 _prctl: ctypes._NamedFuncPointer | None
@@ -227,8 +233,12 @@ def run_subprocess(
     # heartbeating: the wait ends by itself), never start beside it
     left = proctree.stop(lambda: proctree.of_earlier_attempts(tag), grace_s=term_grace_s, on_wait=ctx.heartbeat)
     if left:
-        raise SubprocessFailed(f"{argv[0]}: processes of an earlier attempt could not be stopped (pids "
-                               f"{sorted(left)}); not starting beside them", returncode=-1, stderr_tail="")
+        raise SubprocessFailed(
+            f"{argv[0]}: processes of an earlier attempt could not be stopped (pids "
+            f"{sorted(left)}); not starting beside them",
+            returncode=-1,
+            stderr_tail="",
+        )
     record = getattr(ctx, "record_child", None)
     if record is not None:
         record(None)  # a worker dying between here and the next record still has its attempt's processes killed
@@ -246,14 +256,21 @@ def run_subprocess(
     try:
         if proc is None:
             proc = subprocess.Popen(
-                list(argv), cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                start_new_session=True, preexec_fn=_preexec(os.getpid()),
+                list(argv),
+                cwd=cwd,
+                env=child_env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                preexec_fn=_preexec(os.getpid()),
             )
     except (FileNotFoundError, NotADirectoryError, PermissionError) as e:  # the same argv fails the same way again
         out.close()
         err.close()
-        raise NonRetryableError(f"cannot start {argv[0]!r} (in {cwd or os.getcwd()}): {e.strerror or e}",
-                                type="BadInput") from None
+        raise NonRetryableError(
+            f"cannot start {argv[0]!r} (in {cwd or os.getcwd()}): {e.strerror or e}", type="BadInput"
+        ) from None
     stopping: str | None = None  # why the attempt is being stopped: "cancel", "preempt" or "hung"
     stop_by: float | None = None  # time.monotonic() by which a stopping child must have exited
     killed_at_grace = False
@@ -316,8 +333,11 @@ def run_subprocess(
     out.close()
     err.close()
     if stopping == "hung":
-        raise ProgressTimeout(f"{argv[0]} wrote no progress line for {silence_s:g} s; stopped it (exit {rc})",
-                              returncode=rc, stderr_tail=stderr_tail)
+        raise ProgressTimeout(
+            f"{argv[0]} wrote no progress line for {silence_s:g} s; stopped it (exit {rc})",
+            returncode=rc,
+            stderr_tail=stderr_tail,
+        )
     if rc == 0:
         lines = [ln for ln in stdout_tail.splitlines() if ln.strip()]
         try:
@@ -331,19 +351,36 @@ def run_subprocess(
         # a polite stop: ours (ctl got the signal), or one that reached the trainer directly (its group's)
         stop = _stop_request(ctx)
         name = steps.signal or (stop.signal if stop is not None else None) or "SIGTERM"
-        how = ("killed: it did not exit within the stop's grace" if killed_at_grace
-               else "checkpointed and exited" if rc == EXIT_CANCELED else f"exit {rc} on the stop")
-        raise Preempted(f"{argv[0]} stopped by {name} ({how})", signal=name, checkpoint=steps.checkpoint,
-                        step=steps.saved, stopping_step=steps.stopping, last_step=steps.reached,
-                        killed_at_grace=killed_at_grace)
+        how = (
+            "killed: it did not exit within the stop's grace"
+            if killed_at_grace
+            else "checkpointed and exited"
+            if rc == EXIT_CANCELED
+            else f"exit {rc} on the stop"
+        )
+        raise Preempted(
+            f"{argv[0]} stopped by {name} ({how})",
+            signal=name,
+            checkpoint=steps.checkpoint,
+            step=steps.saved,
+            stopping_step=steps.stopping,
+            last_step=steps.reached,
+            killed_at_grace=killed_at_grace,
+        )
     if rc == EXIT_CANCELED:
         raise Canceled(f"{argv[0]} stopped on cancel (exit {rc})")
     last = next((ln for ln in reversed(stderr_tail.splitlines()) if ln.strip()), "")
     if rc == EXIT_BAD_INPUT:
-        raise NonRetryableError(last or f"{argv[0]}: bad input (exit 2)", type="BadInput",
-                                details={"returncode": rc, "stderr_tail": stderr_tail[-2000:]})
+        raise NonRetryableError(
+            last or f"{argv[0]}: bad input (exit 2)",
+            type="BadInput",
+            details={"returncode": rc, "stderr_tail": stderr_tail[-2000:]},
+        )
     if rc == EXIT_DISK_FULL:  # retrying cannot help until space is freed; the run resumes then
-        raise NonRetryableError(last or f"{argv[0]}: disk full (exit {rc})", type="DiskFull",
-                                details={"returncode": rc, "stderr_tail": stderr_tail[-2000:]})
+        raise NonRetryableError(
+            last or f"{argv[0]}: disk full (exit {rc})",
+            type="DiskFull",
+            details={"returncode": rc, "stderr_tail": stderr_tail[-2000:]},
+        )
     what = "run directory locked by another trainer" if rc == EXIT_LOCKED else f"exit {rc}"
     raise SubprocessFailed(f"{argv[0]} failed ({what}): {last}", returncode=rc, stderr_tail=stderr_tail)

@@ -5,6 +5,7 @@ only once its COMMIT returned: for a member of a group commit (engine/_runners.p
 group's COMMIT returned. ``Transactions`` is the one object the worker, its attempts and its runners
 share for this (engine/_worker.py builds it).
 """
+
 from __future__ import annotations
 
 import threading

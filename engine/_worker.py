@@ -24,6 +24,7 @@ and ``Runners`` (engine/_runners.py: runner threads and group commit); a live si
 worker to start a replay from a shared prefix, through engine/testing.py (``set_replayer_factory``);
 it is the one documented hook into a worker.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,9 +63,19 @@ class Worker:
     seen); ``owner``: the lease owner this worker records (engine/_leases.py); ``inline``: attempts
     run on the calling thread, one at a time, else on runner threads, at most ``max_concurrent``."""
 
-    def __init__(self, store: Store, clock: Any, owner: dict, workflows: dict, activities: dict, *,
-                 inline: bool, max_concurrent: int, poll_interval_s: float,
-                 attempt_options: Callable[[str, str, StepOptions], StepOptions] | None = None):
+    def __init__(
+        self,
+        store: Store,
+        clock: Any,
+        owner: dict,
+        workflows: dict,
+        activities: dict,
+        *,
+        inline: bool,
+        max_concurrent: int,
+        poll_interval_s: float,
+        attempt_options: Callable[[str, str, StepOptions], StepOptions] | None = None,
+    ):
         self.store = store
         self.clock = clock
         self.workflows = workflows
@@ -92,8 +103,16 @@ class Worker:
 
     # ---- workflow tasks ---------------------------------------------------------------------
 
-    def run_task(self, db, after: list, workflow_id: str, fresh: h.Event | None = None,
-                  wf_row: tuple | None = None, fresh_row: tuple | None = None, cached: Replayer | None = None) -> None:
+    def run_task(
+        self,
+        db,
+        after: list,
+        workflow_id: str,
+        fresh: h.Event | None = None,
+        wf_row: tuple | None = None,
+        fresh_row: tuple | None = None,
+        cached: Replayer | None = None,
+    ) -> None:
         """Replay ``workflow_id`` and record its next commands; eagerly lease what we can run.
 
         ``fresh``: the event this transaction just appended (at the end of the history); a cached
@@ -104,8 +123,12 @@ class Worker:
         sink = LiveSink(self.sink_hooks, db)
         if fresh_row is not None:
             sink.rows.append(fresh_row)
-        row = wf_row or db.execute(
-            "SELECT name, input, state, task_pending FROM workflows WHERE id=?", (workflow_id,)).fetchone()
+        row = (
+            wf_row
+            or db.execute(
+                "SELECT name, input, state, task_pending FROM workflows WHERE id=?", (workflow_id,)
+            ).fetchone()
+        )
         if row is None:
             sink.flush()
             return
@@ -134,11 +157,18 @@ class Worker:
             after.append(lambda: self.awaited.__setitem__(workflow_id, r.outcome))
         if not r.done:
             if pending or wf_row is None:  # (its updated_at is its last event's time: Engine._row)
-                db.execute("UPDATE workflows SET task_pending=0, updated_at=? WHERE id=?", (self.clock.now(), workflow_id))
+                db.execute(
+                    "UPDATE workflows SET task_pending=0, updated_at=? WHERE id=?", (self.clock.now(), workflow_id)
+                )
             after.append(lambda: self.cache_put(workflow_id, r))
         for activity_id, cmd, input_raw, opts, leased_at, sched_row, sched_hb in sink.scheduled:
-            lease = self.lease(db, workflow_id, activity_id,
-                               known=(r, cmd, input_raw, opts, leased_at, sched_row, sched_hb), rows=sink.rows)
+            lease = self.lease(
+                db,
+                workflow_id,
+                activity_id,
+                known=(r, cmd, input_raw, opts, leased_at, sched_row, sched_hb),
+                rows=sink.rows,
+            )
             after.append(lambda lease=lease: self.ready.append(lease))
         sink.flush()
 
@@ -170,8 +200,9 @@ class Worker:
             return True
         return len(self.inflight) + len(self.ready) < self.max_concurrent
 
-    def lease(self, db, workflow_id: str, activity_id: str, known: tuple | None = None,
-               rows: list | None = None) -> Lease | None:
+    def lease(
+        self, db, workflow_id: str, activity_id: str, known: tuple | None = None, rows: list | None = None
+    ) -> Lease | None:
         """Attempt n+1 of a due activity, in the open transaction. ``known``: ``(replayer, cmd, input,
         options it runs with, leased at, scheduled event row, scheduled heartbeat timeout)`` of an activity this very transaction inserted already
         leased (attempt 1, ``LiveSink.new_command``): its scheduled event (recorded in the replayer, not
@@ -262,8 +293,12 @@ class Worker:
                 (lease.workflow_id, lease.activity_id),
             ).fetchone()
             if row is None or row[0] != "running" or row[1] != lease.attempt:
-                log.warning("dropping the outcome of stale attempt %d of %s/%s", lease.attempt,
-                            lease.workflow_id, lease.activity_id)
+                log.warning(
+                    "dropping the outcome of stale attempt %d of %s/%s",
+                    lease.attempt,
+                    lease.workflow_id,
+                    lease.activity_id,
+                )
                 return
             now = self.clock.now()
             late = overdue(row[2], row[3], now)
@@ -271,8 +306,10 @@ class Worker:
                 self.attempts.time_out(db, lease.workflow_id, lease.activity_id, late, lost=False)
             elif ok:
                 attrs = {"cmd": lease.cmd, "activity_id": lease.activity_id, "attempt": lease.attempt, "result": value}
-                text = (f'{{"activity_id":{dumps(lease.activity_id)},"attempt":{int(lease.attempt)},'
-                        f'"cmd":{int(lease.cmd)},"result":{dumps(value)}}}')  # = dumps(attrs): keys in order
+                text = (
+                    f'{{"activity_id":{dumps(lease.activity_id)},"attempt":{int(lease.attempt)},'
+                    f'"cmd":{int(lease.cmd)},"result":{dumps(value)}}}'
+                )  # = dumps(attrs): keys in order
                 ev = append_event(db, lease.workflow_id, row[5] + 1, h.ACTIVITY_COMPLETED, now, attrs, text=text)
                 close_activity(db, lease.workflow_id, lease.activity_id, mark=False)
                 self.run_task(db, after, lease.workflow_id, fresh=ev, wf_row=row[6:])  # the task it makes due
@@ -306,12 +343,20 @@ class Worker:
                 raise _Redo
             seq = r.last_seq + 1
             attrs = {"cmd": lease.cmd, "activity_id": aid, "attempt": lease.attempt, "result": value}
-            text = (f'{{"activity_id":{dumps(aid)},"attempt":{int(lease.attempt)},'
-                    f'"cmd":{int(lease.cmd)},"result":{dumps(value)}}}')  # = dumps(attrs): keys in order
+            text = (
+                f'{{"activity_id":{dumps(aid)},"attempt":{int(lease.attempt)},'
+                f'"cmd":{int(lease.cmd)},"result":{dumps(value)}}}'
+            )  # = dumps(attrs): keys in order
             try:
-                self.run_task(db, after, wid, fresh=h.Event(seq, h.ACTIVITY_COMPLETED, now, attrs),
-                               wf_row=(None, None, "running", 0), cached=r,
-                               fresh_row=h.event_row(wid, seq, h.ACTIVITY_COMPLETED, now, text))
+                self.run_task(
+                    db,
+                    after,
+                    wid,
+                    fresh=h.Event(seq, h.ACTIVITY_COMPLETED, now, attrs),
+                    wf_row=(None, None, "running", 0),
+                    cached=r,
+                    fresh_row=h.event_row(wid, seq, h.ACTIVITY_COMPLETED, now, text),
+                )
             except sqlite3.IntegrityError:
                 raise _Redo from None
 
@@ -331,8 +376,9 @@ class Worker:
         """A trainer of this worker was stopped by a signal sent to it (its group's): the worker stops too,
         its other attempts bounded by ``stop_grace_s`` (None: no bound)."""
         grace = self.stop_grace_s
-        self.request_stop(StopRequest(signal=exc.signal or "SIGTERM",
-                                      deadline=None if grace is None else time.monotonic() + grace))
+        self.request_stop(
+            StopRequest(signal=exc.signal or "SIGTERM", deadline=None if grace is None else time.monotonic() + grace)
+        )
 
     def release_ready(self) -> None:
         """Leases taken but not handed to a runner when the stop came: each ends preempted, never run."""
@@ -340,8 +386,10 @@ class Worker:
             lease = self.ready.popleft()
             exc = Preempted("not started: the worker was stopping", signal=self.stop.signal if self.stop else None)
             with self.tx("stop") as (db, _after):
-                row = db.execute("SELECT state, attempt FROM activities WHERE workflow_id=? AND activity_id=?",
-                                 (lease.workflow_id, lease.activity_id)).fetchone()
+                row = db.execute(
+                    "SELECT state, attempt FROM activities WHERE workflow_id=? AND activity_id=?",
+                    (lease.workflow_id, lease.activity_id),
+                ).fetchone()
                 if row is not None and row[0] == "running" and row[1] == lease.attempt:
                     self.attempts.preempt(db, lease, exc, now=self.clock.now())
 
@@ -450,4 +498,3 @@ def _recorded_input(db, workflow_id: str, input_json: str) -> Any:
     if first and first[0].attrs.get("input") != raw:
         raise damaged(db, workflow_id, "its input", "differs from the input recorded in event 1")
     return raw
-

@@ -25,6 +25,7 @@ the private modules (``engine/_*.py``) stay private (tests/test_import_graph.py:
 Crash injection needs none of this: it subclasses ``Store`` and overrides ``before_commit`` /
 ``after_commit`` (the front door's documented fault hook, engine/_store.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -133,11 +134,46 @@ def keep_parent_pid(pid: int) -> None:
 
 
 __all__ = [
-    "ACTIVITY_CANCELED", "ACTIVITY_COMPLETED", "ACTIVITY_FAILED", "ACTIVITY_HEARTBEAT", "ACTIVITY_PREEMPTED",
-    "ACTIVITY_SCHEDULED", "ACTIVITY_STARTED", "ACTIVITY_TIMED_OUT", "CANCEL_REQUESTED", "PREEMPTED",
-    "TERMINAL_EVENTS", "TIMER_CANCELED", "TIMER_FIRED", "TIMER_STARTED", "WORKFLOW_CANCELED",
-    "WORKFLOW_COMPLETED", "WORKFLOW_FAILED", "WORKFLOW_STARTED", "Event", "dumps", "event_crc", "event_row",
-    "insert_events", "HOST", "mark_dead", "mark_live", "keep_parent_pid", "AttemptOutput", "FINAL_ONLY",
-    "RECORD_KINDS", "DrySink", "Replayer", "WorkflowRuntime", "registration", "cached_replayer", "new_replayer",
-    "replayer_factory", "set_replayer_factory", "cached_workflow_ids", "worker_idle", "stalls", "store_lock",
+    "ACTIVITY_CANCELED",
+    "ACTIVITY_COMPLETED",
+    "ACTIVITY_FAILED",
+    "ACTIVITY_HEARTBEAT",
+    "ACTIVITY_PREEMPTED",
+    "ACTIVITY_SCHEDULED",
+    "ACTIVITY_STARTED",
+    "ACTIVITY_TIMED_OUT",
+    "CANCEL_REQUESTED",
+    "PREEMPTED",
+    "TERMINAL_EVENTS",
+    "TIMER_CANCELED",
+    "TIMER_FIRED",
+    "TIMER_STARTED",
+    "WORKFLOW_CANCELED",
+    "WORKFLOW_COMPLETED",
+    "WORKFLOW_FAILED",
+    "WORKFLOW_STARTED",
+    "Event",
+    "dumps",
+    "event_crc",
+    "event_row",
+    "insert_events",
+    "HOST",
+    "mark_dead",
+    "mark_live",
+    "keep_parent_pid",
+    "AttemptOutput",
+    "FINAL_ONLY",
+    "RECORD_KINDS",
+    "DrySink",
+    "Replayer",
+    "WorkflowRuntime",
+    "registration",
+    "cached_replayer",
+    "new_replayer",
+    "replayer_factory",
+    "set_replayer_factory",
+    "cached_workflow_ids",
+    "worker_idle",
+    "stalls",
+    "store_lock",
 ]

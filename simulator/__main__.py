@@ -13,6 +13,7 @@
 
 Exit status: 0 when every run matched, 1 on any mismatch, 2 on bad arguments.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -89,15 +90,29 @@ def _scenario_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", action="store_true", help="CorpusBuild first")
     p.add_argument("--fail-suites", type=_suites, default=(), help="suites that fail for good")
     p.add_argument("--oom-at", type=_oom, default=(), help="STEPxTIMES: retryable trainer failures")
-    p.add_argument("--stop-at", type=int, default=0,
-                   help="the trainer stops early at this checkpoint step (a multiple of --checkpoint-every; 0: never)")
-    p.add_argument("--release", action="store_true",
-                   help="ModelRelease requests after the run (simulator/release.py): evaluate, gate, publish once")
-    p.add_argument("--gate", type=_gates, default=("pass",),
-                   help="with --release: one request per entry, its gate passing or failing (default pass; "
-                        "e.g. fail,pass)")
-    p.add_argument("--select", choices=("best", "latest"), default="latest",
-                   help="with --release: the candidate checkpoint (best: the early stop's best; needs --stop-at)")
+    p.add_argument(
+        "--stop-at",
+        type=int,
+        default=0,
+        help="the trainer stops early at this checkpoint step (a multiple of --checkpoint-every; 0: never)",
+    )
+    p.add_argument(
+        "--release",
+        action="store_true",
+        help="ModelRelease requests after the run (simulator/release.py): evaluate, gate, publish once",
+    )
+    p.add_argument(
+        "--gate",
+        type=_gates,
+        default=("pass",),
+        help="with --release: one request per entry, its gate passing or failing (default pass; e.g. fail,pass)",
+    )
+    p.add_argument(
+        "--select",
+        choices=("best", "latest"),
+        default="latest",
+        help="with --release: the candidate checkpoint (best: the early stop's best; needs --stop-at)",
+    )
     p.add_argument("--mutant", default=None, help="replace TrainRun (or the release) by a mutant (see `mutants`)")
     p.add_argument("--keep", action="store_true", help="keep the home folder of a mismatching run")
 
@@ -120,9 +135,18 @@ def _scenario(a: argparse.Namespace) -> Scenario:
     if set(a.fail_suites) - set(a.suites):
         _bad(f"--fail-suites {','.join(a.fail_suites)} must be among --suites {','.join(a.suites)}")
     return Scenario(
-        steps=a.steps, eval_every=a.eval_every, eval_interval_s=a.eval_interval, suites=a.suites,
-        checkpoint_every=a.checkpoint_every, seed=a.seed, corpus=a.corpus, fail_suites=a.fail_suites,
-        oom_at=a.oom_at, stop_at=a.stop_at, release=a.gate if a.release else (), select=a.select,
+        steps=a.steps,
+        eval_every=a.eval_every,
+        eval_interval_s=a.eval_interval,
+        suites=a.suites,
+        checkpoint_every=a.checkpoint_every,
+        seed=a.seed,
+        corpus=a.corpus,
+        fail_suites=a.fail_suites,
+        oom_at=a.oom_at,
+        stop_at=a.stop_at,
+        release=a.gate if a.release else (),
+        select=a.select,
     )
 
 
@@ -159,9 +183,11 @@ def cmd_kill_every_position(a: argparse.Namespace) -> int:
     report = sim.kill_every_position(positions=positions, stop_at_first=a.stop_at_first, jobs=a.jobs, mode=a.mode)
     st = sim.stats
     if a.mode == "dedup" and a.jobs <= 1 and not a.release:  # (forked workers keep their own counts)
-        print(f"recoveries: {st['recoveries']} for {report.tried} positions (the others shared one); "
-              f"{st['converged']} stopped at convergence ({st['checked splices']} after a checked replay), "
-              f"{st['ran on']} ran to the end; {st['shared replays']} fresh replays shared by fork")
+        print(
+            f"recoveries: {st['recoveries']} for {report.tried} positions (the others shared one); "
+            f"{st['converged']} stopped at convergence ({st['checked splices']} after a checked replay), "
+            f"{st['ran on']} ran to the end; {st['shared replays']} fresh replays shared by fork"
+        )
     return _print_report(report)
 
 
@@ -183,12 +209,15 @@ def cmd_stops(a: argparse.Namespace) -> int:
     if a.sample:
         n = len(sim.reference().plan.trace)
         positions = sorted(random.Random(a.seed).sample(range(n), min(a.sample, n)))
-    report = StopSweep(sim).stops(positions=positions, after=a.after, kills=not a.no_kills,
-                                  stop_at_first=a.stop_at_first)
+    report = StopSweep(sim).stops(
+        positions=positions, after=a.after, kills=not a.no_kills, stop_at_first=a.stop_at_first
+    )
     st = sim.stats
     kinds = ", ".join(f"{k.split(': ', 1)[1]} {v}" for k, v in sorted(st.items()) if k.startswith("preempted: "))
-    print(f"stops: {st['stops']} stop positions ({st['stops that ended a life']} ended a life with ctl's exit 143), "
-          f"{st['kills after a stop']} kills after them; recorded: {kinds or 'nothing'}")
+    print(
+        f"stops: {st['stops']} stop positions ({st['stops that ended a life']} ended a life with ctl's exit 143), "
+        f"{st['kills after a stop']} kills after them; recorded: {kinds or 'nothing'}"
+    )
     return _print_report(report)
 
 
@@ -262,8 +291,16 @@ def cmd_campaign(a: argparse.Namespace) -> int:
         if not kinds or unknown:
             _bad(f"--kinds: unknown fault kind(s) {', '.join(unknown) or '(none given)'} (known: {', '.join(known)})")
         target = dataclasses.replace(target, faults=kinds, cli=f"{target.cli} --kinds {','.join(kinds)}")
-    return campaign(a.seed, a.runs, faults_per_run=a.faults, keep=a.keep, jobs=a.jobs, only=a.only, target=target,
-                    allow_untested=a.allow_untested)
+    return campaign(
+        a.seed,
+        a.runs,
+        faults_per_run=a.faults,
+        keep=a.keep,
+        jobs=a.jobs,
+        only=a.only,
+        target=target,
+        allow_untested=a.allow_untested,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,12 +311,19 @@ def main(argv: list[str] | None = None) -> int:
     _scenario_args(p)
     p.add_argument("--sample", type=int, default=0, help="only this many positions, drawn by --seed")
     p.add_argument("--stop-at-first", action="store_true")
-    p.add_argument("--release-only", action="store_true",
-                   help="with --release: kill only at the positions of the release requests (after the TrainRun)")
+    p.add_argument(
+        "--release-only",
+        action="store_true",
+        help="with --release: kill only at the positions of the release requests (after the TrainRun)",
+    )
     p.add_argument("--jobs", type=_at_least_one, default=1, help="worker processes (each run is independent)")
-    p.add_argument("--mode", choices=("dedup", "snapshot", "rerun"), default="dedup",
-                   help="rerun: run again from the start and kill in-process; snapshot: recover from the files "
-                        "copied at the kill; dedup (fastest): snapshots, one recovery per distinct durable state")
+    p.add_argument(
+        "--mode",
+        choices=("dedup", "snapshot", "rerun"),
+        default="dedup",
+        help="rerun: run again from the start and kill in-process; snapshot: recover from the files "
+        "copied at the kill; dedup (fastest): snapshots, one recovery per distinct durable state",
+    )
     p.set_defaults(fn=cmd_kill_every_position)
 
     p = sub.add_parser("random-kills", help="runs killed several times at seeded random positions")
@@ -297,8 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     _scenario_args(p)
     p.add_argument("--kills", type=_ints, required=True, help="comma-separated positions, or none")
     p.add_argument("--cancel-at", type=int, default=None)
-    p.add_argument("--stop-at-position", type=int, default=None,
-                   help="a polite stop (Engine.request_stop) at this position (simulator/stops.py)")
+    p.add_argument(
+        "--stop-at-position",
+        type=int,
+        default=None,
+        help="a polite stop (Engine.request_stop) at this position (simulator/stops.py)",
+    )
     p.set_defaults(fn=cmd_kill_at)
 
     p = sub.add_parser("stops", help="a polite stop at every position, then kills after each (issue 39)")
@@ -327,16 +375,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the files of failed runs")
     p.add_argument("--jobs", type=_at_least_one, default=1, help="campaign runs at once (each in its own home)")
     p.add_argument("--only", type=int, default=None, help="run only this run index (reproduce a failure)")
-    p.add_argument("--trainer", choices=("tinyllm", "examples"), default="tinyllm",
-                   help="what the runs train: tinyllm's tiny spec, or examples/durable_train.py (a user's own "
-                        "PyTorch loop on tinyllm.durable; adds kill-in-checkpoint-write faults)")
+    p.add_argument(
+        "--trainer",
+        choices=("tinyllm", "examples"),
+        default="tinyllm",
+        help="what the runs train: tinyllm's tiny spec, or examples/durable_train.py (a user's own "
+        "PyTorch loop on tinyllm.durable; adds kill-in-checkpoint-write faults)",
+    )
     p.add_argument("--spec", default=None, help="instead of --trainer: a spec naming its own trainer")
     p.add_argument("--suite", default="acc", help="with --spec: the suite its eval_command runs (default acc)")
-    p.add_argument("--kinds", default=None,
-                   help="comma-separated fault kinds to draw from instead of the trainer's (e.g. preempt,preempt-group)")
-    p.add_argument("--allow-untested", action="store_true",
-                   help="exit 0 even when a run passed without any fault making a trainer resume inside a segment "
-                        "(default: such a run is untested, exit 3)")
+    p.add_argument(
+        "--kinds",
+        default=None,
+        help="comma-separated fault kinds to draw from instead of the trainer's (e.g. preempt,preempt-group)",
+    )
+    p.add_argument(
+        "--allow-untested",
+        action="store_true",
+        help="exit 0 even when a run passed without any fault making a trainer resume inside a segment "
+        "(default: such a run is untested, exit 3)",
+    )
     p.set_defaults(fn=cmd_campaign)
 
     a = ap.parse_args(argv)

@@ -7,6 +7,7 @@ consistently wrong (a mutant) fails even when its killed runs agree with its uni
 
 Every check returns a list of mismatch lines (empty: all good).
 """
+
 from __future__ import annotations
 
 import json
@@ -110,8 +111,9 @@ def check_completed(o: Outcome) -> list[str]:
     return check_completed_state(o) + check_completed_ledger(o)
 
 
-def check_completed_state(o: Outcome, *, file_lines: list[str] | None = None,
-                          result_lines: list[str] | None = None) -> list[str]:
+def check_completed_state(
+    o: Outcome, *, file_lines: list[str] | None = None, result_lines: list[str] | None = None
+) -> list[str]:
     """The part of ``check_completed`` that reads the run's outcome and files (not the ledger);
     ``file_lines``: ``final_files_lines`` of the run's final files, already made; ``result_lines``:
     ``check_result`` of this very result object, already made."""
@@ -148,8 +150,11 @@ def check_result(scn: Scenario, result: Any) -> list[str]:
         bad.append(f"result steps {result.get('steps')} != {'early stop' if scn.stop_at else 'spec'} steps {final}")
     stopped = result.get("stopped_early")
     if (stopped or {}).get("step") != (scn.stop_at or None):
-        bad.append(f"result stopped_early {stopped!r}, expected a stop at {scn.stop_at}" if scn.stop_at else
-                   f"result stopped_early {stopped!r} though nothing stops early")
+        bad.append(
+            f"result stopped_early {stopped!r}, expected a stop at {scn.stop_at}"
+            if scn.stop_at
+            else f"result stopped_early {stopped!r} though nothing stops early"
+        )
     if result.get("final_loss_hex") != ref.loss.hex():
         bad.append(f"final_loss_hex {result.get('final_loss_hex')} != uninterrupted {ref.loss.hex()}")
     if result.get("digest") != ref.digest(scn.name):
@@ -165,8 +170,10 @@ def check_result(scn: Scenario, result: Any) -> list[str]:
         end = min(until, final)  # the stopping segment ends at the stop
         want = reference_state(spec, end)
         if train.get("steps") != end or train.get("final_loss_hex") != want.loss.hex():
-            bad.append(f"segment {until}: trainer ended at step {train.get('steps')} "
-                       f"loss {train.get('final_loss_hex')}, expected step {end} loss {want.loss.hex()}")
+            bad.append(
+                f"segment {until}: trainer ended at step {train.get('steps')} "
+                f"loss {train.get('final_loss_hex')}, expected step {end} loss {want.loss.hex()}"
+            )
         if seg.get("checkpoint") != checkpoint_ref(scn.name, end):
             bad.append(f"segment {until}: checkpoint {seg.get('checkpoint')}")
         suites = [s.get("suite") for s in ((seg.get("evals") or {}).get("suites") or [])]
@@ -241,8 +248,9 @@ def _check_files(o: Outcome, *, final_step: int | None) -> list[str]:
         state = FakeState.from_json(json.loads((d / "state.json").read_text()))
         want = reference_state(scn.spec(), state.step)
         if d.name != step_dir_name(state.step) or state.loss.hex() != want.loss.hex():
-            bad.append(f"checkpoint {d.name} holds step {state.step} loss {state.loss.hex()}, "
-                       f"expected {want.loss.hex()}")
+            bad.append(
+                f"checkpoint {d.name} holds step {state.step} loss {state.loss.hex()}, expected {want.loss.hex()}"
+            )
     return bad
 
 
@@ -257,8 +265,14 @@ def compare_with(o: Outcome, ref: Outcome) -> list[str]:
     exact = not o.scenario.oom_at  # retry backoffs: see timer_waits
     view = ref.extra.get("compared")  # the uninterrupted run's side, made once (it is compared thousands of times)
     if view is None or view[0] is not ref.result or view[1] is not ref.events or view[2] != exact:
-        view = (ref.result, ref.events, exact, normalized_result(ref.result), recorded_commands(ref.events),
-                timer_waits(ref.events, from_start=exact))
+        view = (
+            ref.result,
+            ref.events,
+            exact,
+            normalized_result(ref.result),
+            recorded_commands(ref.events),
+            timer_waits(ref.events, from_start=exact),
+        )
         ref.extra["compared"] = view
     _, _, _, b, ref_commands, want = view
     a = b if o.result is ref.result else normalized_result(o.result)  # a splice shares the run's result
@@ -300,8 +314,9 @@ def check_canceled(o: Outcome, *, poll_steps: int) -> list[str]:
         bad += check_completed(o)
     elif o.state != "canceled":
         err = o.error or {}
-        bad.append(f"workflow ended {o.state} after a cancel, expected canceled "
-                   f"({err.get('type')}: {err.get('message')})")
+        bad.append(
+            f"workflow ended {o.state} after a cancel, expected canceled ({err.get('type')}: {err.get('message')})"
+        )
     after_cancel = False
     for e in o.events:
         if e.type == h.CANCEL_REQUESTED:
@@ -311,9 +326,11 @@ def check_canceled(o: Outcome, *, poll_steps: int) -> list[str]:
         elif after_cancel and e.type == h.ACTIVITY_STARTED and e.attrs.get("attempt", 1) > 1:
             bad.append(f"{e.attrs.get('activity_id')} redelivered (attempt {e.attrs.get('attempt')}) after the cancel")
     cancel_at = next((e["seq"] for e in o.ledger.entries if e["kind"] == "cancel" and e.get("recorded")), None)
-    taken = sum(e["last"] - e["first"] + 1 for e in o.ledger.entries
-                if e["kind"] == "steps" and e["wf"] == o.workflow_id and cancel_at is not None
-                and e["seq"] > cancel_at)
+    taken = sum(
+        e["last"] - e["first"] + 1
+        for e in o.ledger.entries
+        if e["kind"] == "steps" and e["wf"] == o.workflow_id and cancel_at is not None and e["seq"] > cancel_at
+    )
     if taken > poll_steps:
         bad.append(f"{taken} steps taken after the cancel (the trainer polls every {poll_steps})")
     bad += check_steps(o.ledger)
@@ -341,8 +358,11 @@ def check_failed_suite(o: Outcome) -> list[str]:
     got = recorded_commands(o.events)
     if got != want:
         bad.append(f"commands {got}, expected {want} (nothing after the failed suite)")
-    later = [e for e in o.ledger.entries if e["kind"] == "eval-start"
-             and list(scn.suites).index(e["suite"]) > list(scn.suites).index(failing)]
+    later = [
+        e
+        for e in o.ledger.entries
+        if e["kind"] == "eval-start" and list(scn.suites).index(e["suite"]) > list(scn.suites).index(failing)
+    ]
     if later:
         bad.append(f"suites run after {failing} failed: {sorted({e['suite'] for e in later})}")
     return bad

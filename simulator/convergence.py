@@ -74,6 +74,7 @@ replayer is the very code state the recovery would run on with.
 for run, and shows that a key without its history digest, or a checked splice without its
 comparison of the commands, makes those tests fail.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -159,19 +160,38 @@ def state_key(label: str, eng, clock, fakes, history: HistoryDigest) -> tuple | 
     with h.store_lock(eng):
         digest = history.catch_up(conn)
         workflows = tuple(conn.execute("SELECT * FROM workflows ORDER BY id").fetchall())
-        live = tuple(conn.execute(
-            "SELECT * FROM activities WHERE state IN ('scheduled', 'running') ORDER BY workflow_id, activity_id"
-        ).fetchall())
-        ended = tuple(conn.execute(
-            "SELECT workflow_id, state, COUNT(*) FROM activities WHERE state NOT IN ('scheduled', 'running') "
-            "GROUP BY workflow_id, state ORDER BY workflow_id, state").fetchall())
-        timers = tuple(conn.execute(
-            "SELECT * FROM timers WHERE state='pending' ORDER BY workflow_id, cmd").fetchall())
-        timers_ended = tuple(conn.execute(
-            "SELECT workflow_id, state, COUNT(*) FROM timers WHERE state!='pending' "
-            "GROUP BY workflow_id, state ORDER BY workflow_id, state").fetchall())
-    return (label, clock.now(), digest, h.cached_workflow_ids(eng), h.stalls(eng),
-            workflows, live, ended, timers, timers_ended, fakes.files_digest(), tuple(sorted(fakes.oom_left.items())))
+        live = tuple(
+            conn.execute(
+                "SELECT * FROM activities WHERE state IN ('scheduled', 'running') ORDER BY workflow_id, activity_id"
+            ).fetchall()
+        )
+        ended = tuple(
+            conn.execute(
+                "SELECT workflow_id, state, COUNT(*) FROM activities WHERE state NOT IN ('scheduled', 'running') "
+                "GROUP BY workflow_id, state ORDER BY workflow_id, state"
+            ).fetchall()
+        )
+        timers = tuple(conn.execute("SELECT * FROM timers WHERE state='pending' ORDER BY workflow_id, cmd").fetchall())
+        timers_ended = tuple(
+            conn.execute(
+                "SELECT workflow_id, state, COUNT(*) FROM timers WHERE state!='pending' "
+                "GROUP BY workflow_id, state ORDER BY workflow_id, state"
+            ).fetchall()
+        )
+    return (
+        label,
+        clock.now(),
+        digest,
+        h.cached_workflow_ids(eng),
+        h.stalls(eng),
+        workflows,
+        live,
+        ended,
+        timers,
+        timers_ended,
+        fakes.files_digest(),
+        tuple(sorted(fakes.oom_left.items())),
+    )
 
 
 @dataclass
@@ -260,8 +280,13 @@ def _request_view(req) -> tuple:
     if cmd.kind != "activity":
         return ("timer", float(payload["seconds"]))
     try:
-        return ("activity", cmd.name, cmd.activity_id, json.loads(h.dumps(payload["input"])),
-                payload["options"].to_json())
+        return (
+            "activity",
+            cmd.name,
+            cmd.activity_id,
+            json.loads(h.dumps(payload["input"])),
+            payload["options"].to_json(),
+        )
     except Exception:  # noqa: BLE001 - not JSON-able: the replayer says so; here, just no match
         return ("unrecordable", cmd.name)
 
@@ -296,8 +321,8 @@ class JoinedEvents:
             start, stop, step = i.indices(len(self))
             if step != 1:
                 return list(self)[i]
-            out = self.head[start:min(stop, self.n)] if start < self.n else []
-            return out + self.tail[max(start - self.n, 0):max(stop - self.n, 0)]
+            out = self.head[start : min(stop, self.n)] if start < self.n else []
+            return out + self.tail[max(start - self.n, 0) : max(stop - self.n, 0)]
         if i < 0:
             i += len(self)
         if not 0 <= i < len(self):
@@ -313,8 +338,9 @@ class JoinedEvents:
 NO_SPLICE = object()  # ``splice_replay``: the future does not hold for this run
 
 
-def checked_splice(reg, workflow_id: str, own, near: Target, ledger_entries: list[dict],
-                   live=None) -> tuple[Target | None, bool]:
+def checked_splice(
+    reg, workflow_id: str, own, near: Target, ledger_entries: list[dict], live=None
+) -> tuple[Target | None, bool]:
     """The future of a run whose state at a convergence point equals ``near``'s but for its history.
 
     Such a run (e.g. a recovery that resumed from its segment's last checkpoint: its train result
@@ -344,7 +370,7 @@ def splice_replay(reg, workflow_id: str, own, near: Target, live=None) -> tuple[
     and whether ``live`` was spent. ``own``: a sequence of the run's events (``JoinedEvents``)."""
     run = near.run
     assert run is not None  # (a target splices once its run has ended)
-    suffix = run.events[near.events_at:]
+    suffix = run.events[near.events_at :]
     if run.state != "completed" or not suffix or suffix[-1].type != h.WORKFLOW_COMPLETED:
         return NO_SPLICE, False
     body = suffix[:-1]
@@ -359,7 +385,7 @@ def splice_replay(reg, workflow_id: str, own, near: Target, live=None) -> tuple[
     if live is not None and not live.done and live.blocked_on is not None and 0 < live.last_seq <= base:
         r, calls, spent = live, list[Any](), True
         go_on_dry(r, calls)
-        r.feed(own[r.last_seq:])  # what its own engine wrote since its last task (as its next task would)
+        r.feed(own[r.last_seq :])  # what its own engine wrote since its last task (as its next task would)
         if r.next_cmd != len(r.commands):  # the code asked for something not in its history: no match
             return NO_SPLICE, spent
         k0 = 0  # calls are noted from here on
@@ -384,9 +410,15 @@ def splice_target(own: list, near: Target, ledger_entries: list[dict], result: A
     and ledger, then ``near``'s future (renumbered), ending completed with ``result``."""
     run = near.run
     assert run is not None  # (a target splices once its run has ended)
-    suffix = run.events[near.events_at:]
+    suffix = run.events[near.events_at :]
     body, base = suffix[:-1], len(own)
     end = h.Event(base + len(body) + 1, h.WORKFLOW_COMPLETED, suffix[-1].time, {"result": result})
-    spliced = Verified("completed", result, None, own + _shifted(body, base) + [end],
-                       ledger_entries + run.ledger[near.ledger_at:], run.file_lines)
+    spliced = Verified(
+        "completed",
+        result,
+        None,
+        own + _shifted(body, base) + [end],
+        ledger_entries + run.ledger[near.ledger_at :],
+        run.file_lines,
+    )
     return Target(spliced, base, len(ledger_entries))

@@ -21,6 +21,7 @@ Every step, checkpoint, heartbeat and evaluation is recorded in the simulator's 
 worker; a run of training steps with no kill among them is taken in bulk (``plan.free(n)``),
 numbered as if each step had been its own position.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -80,6 +81,8 @@ class NoFaults:
 
     def free(self, n: int) -> int:
         return n
+
+
 _MASK = (1 << 64) - 1
 
 
@@ -102,8 +105,13 @@ _SCHEDULES: dict[tuple, tuple[list[float], list[float]]] = {}
 def _schedule_key(spec: dict[str, Any]) -> tuple[int, int | None, int, float, float]:
     """The spec fields the trajectory depends on (never ``steps``, as in tinyllm)."""
     decay = spec.get("lr_decay_steps")
-    return (int(spec.get("seed", 0)), None if decay is None else int(decay),
-            int(spec.get("warmup_steps", 10)), float(spec.get("lr", 1e-3)), float(spec.get("min_lr", 1e-4)))
+    return (
+        int(spec.get("seed", 0)),
+        None if decay is None else int(decay),
+        int(spec.get("warmup_steps", 10)),
+        float(spec.get("lr", 1e-3)),
+        float(spec.get("min_lr", 1e-4)),
+    )
 
 
 def _schedule(spec: dict[str, Any], steps: int) -> tuple[list[float], list[float]]:
@@ -272,8 +280,10 @@ class FakeActivities:
         with open(os.path.join(self.home, rel, "state.json")) as f:
             d = json.load(f)
         if trajectory is not None and d.get("trajectory") != trajectory:
-            raise NonRetryableError(f"checkpoint {rel} was trained with another spec "
-                                    f"({d.get('trajectory')} != {trajectory})", type="BadInput")
+            raise NonRetryableError(
+                f"checkpoint {rel} was trained with another spec ({d.get('trajectory')} != {trajectory})",
+                type="BadInput",
+            )
         return FakeState.from_json(d)
 
     def _checkpoint(self, name: str, state: FakeState, trajectory: list) -> str:
@@ -315,8 +325,9 @@ class FakeActivities:
         self._trajectory = FakeState.trajectory(spec)
         state = self._load(resume, self._trajectory) if resume else FakeState.fresh(seed)
         if state.step > steps:  # as tinyllm: a spec below its checkpoint is bad input (exit 2)
-            raise NonRetryableError(f"spec steps {steps} is below checkpoint {resume}'s step {state.step}",
-                                    type="BadInput")
+            raise NonRetryableError(
+                f"spec steps {steps} is below checkpoint {resume}'s step {state.step}", type="BadInput"
+            )
         record, hook, poll = self.ledger.record, self.hook, self.cancel_poll_steps
         record("train-start", wf=wf, run=name, activity=aid, attempt=ctx.attempt, from_step=state.step)
         a, b = _schedule(spec, steps)
@@ -330,8 +341,14 @@ class FakeActivities:
                 if saved != k and k > 0:
                     checkpoint = self._checkpoint_and_heartbeat(ctx, name, FakeState(k, loss))
                 record("train-preempted", wf=wf, run=name, activity=aid, step=k)
-                raise Preempted(f"{aid} stopped by {stop.signal} at step {k}", signal=stop.signal,
-                                checkpoint=checkpoint, step=k if checkpoint else None, stopping_step=k, last_step=k)
+                raise Preempted(
+                    f"{aid} stopped by {stop.signal} at step {k}",
+                    signal=stop.signal,
+                    checkpoint=checkpoint,
+                    step=k if checkpoint else None,
+                    stopping_step=k,
+                    last_step=k,
+                )
             if ((k - start) % poll == 0 or saved == k) and ctx.cancel_requested:
                 # the runner saw the cancel and sent SIGTERM: checkpoint, exit 130
                 if saved != k:
@@ -365,8 +382,14 @@ class FakeActivities:
         if stops and k == self.stop_at:  # decided at this checkpoint (or read back from it on a resume)
             record("train-stopped-early", wf=wf, run=name, activity=aid, step=k)
             best = max(every, k - 2 * every)
-            stopped = {"step": k, "metric": "val/loss", "mode": "min", "patience": 2, "best_step": best,
-                       "best_checkpoint": checkpoint_ref(name, best)}
+            stopped = {
+                "step": k,
+                "metric": "val/loss",
+                "mode": "min",
+                "patience": 2,
+                "best_step": best,
+                "best_checkpoint": checkpoint_ref(name, best),
+            }
         return {
             "name": name,
             "steps": state.step,
@@ -419,8 +442,16 @@ class FakeActivities:
                 self.ledger.record("eval-reused", wf=ctx.workflow_id, run=run, suite=suite, activity=aid, **release)
                 self.hook("eval-reused", f"{aid}:{suite}")
                 return earlier
-        self.ledger.record("eval-start", wf=ctx.workflow_id, run=run, suite=suite, activity=aid,
-                           attempt=ctx.attempt, steps=steps, **release)
+        self.ledger.record(
+            "eval-start",
+            wf=ctx.workflow_id,
+            run=run,
+            suite=suite,
+            activity=aid,
+            attempt=ctx.attempt,
+            steps=steps,
+            **release,
+        )
         self.hook("eval", f"{aid}:{suite}")
         stop = getattr(ctx, "stop_request", None)
         if stop is not None:  # SIGTERM in the middle of the evaluation: it exits 130, nothing written
@@ -434,11 +465,20 @@ class FakeActivities:
             u = _noise(seed, state.step)
             value = math.exp(state.loss) if suite == "ppl" else 1.0 / (1.0 + state.loss + u)
             metric = "ppl" if suite == "ppl" else "acc"
-            results.append({
-                "suite": suite, "run": run, "subject": subject["id"], "model": subject["model"],
-                "step": state.step, "task": "heldout" if suite == "ppl" else "fake",
-                "metric": metric, "value": value, "value_hex": value.hex(), "n": 1,
-            })
+            results.append(
+                {
+                    "suite": suite,
+                    "run": run,
+                    "subject": subject["id"],
+                    "model": subject["model"],
+                    "step": state.step,
+                    "task": "heldout" if suite == "ppl" else "fake",
+                    "metric": metric,
+                    "value": value,
+                    "value_hex": value.hex(),
+                    "n": 1,
+                }
+            )
         out_dir = RunHome(self.home).eval_dir(suite, run)
         out_dir.mkdir(parents=True, exist_ok=True)
         self.writes += 1
@@ -447,7 +487,12 @@ class FakeActivities:
         _atomic_write(out_dir / "results.jsonl", lines)
         self._wrote(f"{rel}/results.jsonl", lines.encode())
         summary = {
-            "suite": suite, "run": run, "name": name, "tag": tag, "seed": seed, "results": results,
+            "suite": suite,
+            "run": run,
+            "name": name,
+            "tag": tag,
+            "seed": seed,
+            "results": results,
             "metrics": {r["subject"]: {f"{r['task']}/{r['metric']}": r["value"]} for r in results},
         }
         text = json.dumps(summary, sort_keys=True)
@@ -457,11 +502,15 @@ class FakeActivities:
             marker = json.dumps(spec, sort_keys=True)
             _atomic_write(out_dir / COMPLETE, marker)
             self._wrote(f"{rel}/{COMPLETE}", marker.encode())
-        self.ledger.record("eval-done", wf=ctx.workflow_id, run=run, suite=suite, activity=aid, steps=steps,
-                           **release)
+        self.ledger.record("eval-done", wf=ctx.workflow_id, run=run, suite=suite, activity=aid, steps=steps, **release)
         self.hook("eval-done", f"{aid}:{suite}")
-        return {"suite": suite, "run": run, "results": f"{rel}/results.jsonl",
-                "summary_path": f"{rel}/summary.json", "summary": summary}
+        return {
+            "suite": suite,
+            "run": run,
+            "results": f"{rel}/results.jsonl",
+            "summary_path": f"{rel}/summary.json",
+            "summary": summary,
+        }
 
     # --- corpus ----------------------------------------------------------------------------
 
@@ -484,6 +533,9 @@ class FakeActivities:
             self._wrote(f"{rel}/{file}", data)
         self.writes += 1
         return {
-            "name": name, "path": str(out.relative_to(self.home)), "tokens": len(tokens),
-            "heldout_tokens": 128, "checksum": checksum,
+            "name": name,
+            "path": str(out.relative_to(self.home)),
+            "tokens": len(tokens),
+            "heldout_tokens": 128,
+            "checksum": checksum,
         }

@@ -11,6 +11,7 @@ Faults come only from wrappers of the engine's own interfaces (``Store.before_co
 ``after_commit``, the injected clock) and from the fake activities' hook: nothing in
 ``engine/`` knows it is being simulated.
 """
+
 from __future__ import annotations
 
 import random

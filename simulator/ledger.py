@@ -5,6 +5,7 @@ engine and every in-memory state of the worker, but the ledger survives, like a 
 by an outside witness. Each entry is a small tuple-like dict with a global sequence number;
 ``dump`` writes it as JSON lines for a failure report.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,13 @@ class Ledger:
         extended range replaces the last entry by a new one.
         """
         last = self.entries[-1] if self.entries else None
-        if (kind == "steps" and last is not None and last["kind"] == "steps"
-                and last["activity"] == fields["activity"] and last["last"] + 1 == fields["first"]):
+        if (
+            kind == "steps"
+            and last is not None
+            and last["kind"] == "steps"
+            and last["activity"] == fields["activity"]
+            and last["last"] + 1 == fields["first"]
+        ):
             self.entries[-1] = {**last, "last": fields["last"]}
             return
         fields["kind"] = kind
@@ -80,7 +86,7 @@ class TailLedger(Ledger):
     @property
     def entries(self) -> list[dict[str, Any]]:
         if self._entries is None or len(self._entries) != self._n + len(self.own):
-            self._entries = self.head[:self._n] + self.own
+            self._entries = self.head[: self._n] + self.own
         return self._entries
 
     @entries.setter
@@ -90,10 +96,15 @@ class TailLedger(Ledger):
     def record(self, kind: str, **fields: Any) -> None:
         own = self.own
         last = own[-1] if own else (self.head[self._n - 1] if self._n else None)
-        if (kind == "steps" and last is not None and last["kind"] == "steps"
-                and last["activity"] == fields["activity"] and last["last"] + 1 == fields["first"]):
+        if (
+            kind == "steps"
+            and last is not None
+            and last["kind"] == "steps"
+            and last["activity"] == fields["activity"]
+            and last["last"] + 1 == fields["first"]
+        ):
             if not own:  # the head's last entry is extended: it is replaced, in a copy of the head
-                self.head, self._n = self.head[:self._n - 1], self._n - 1
+                self.head, self._n = self.head[: self._n - 1], self._n - 1
             else:
                 own.pop()
             own.append({**last, "last": fields["last"]})

@@ -25,6 +25,7 @@ What the tail reads, and so what ``fast_clean`` compares (see ``TailIndex``):
 - steps: per run the newest checkpoint and the highest step taken (equal in both), and the
   pending train start where the tail reads it (a ``steps`` entry before the next ``train-start``).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -39,8 +40,20 @@ _PENDING, _INTERRUPTED, _DISTURBED = "p", "i", "d"
 class EvalFold:
     """``check_evaluations``'s state: a record per (run, suite) key, the keys still pending, counts."""
 
-    __slots__ = ("name", "wanted", "fail_suites", "wf", "rec", "base", "pending", "unfinished", "unexpected",
-                 "bad", "step_lines", "final")
+    __slots__ = (
+        "name",
+        "wanted",
+        "fail_suites",
+        "wf",
+        "rec",
+        "base",
+        "pending",
+        "unfinished",
+        "unexpected",
+        "bad",
+        "step_lines",
+        "final",
+    )
 
     def __init__(self, scn, wf: str | None) -> None:
         self.name = scn.name
@@ -61,8 +74,13 @@ class EvalFold:
         if self.base is not None:
             raise ValueError("a fork of a fork")
         out = EvalFold.__new__(EvalFold)
-        out.name, out.wanted, out.fail_suites, out.wf, out.final = (self.name, self.wanted, self.fail_suites, self.wf,
-                                                                    self.final)
+        out.name, out.wanted, out.fail_suites, out.wf, out.final = (
+            self.name,
+            self.wanted,
+            self.fail_suites,
+            self.wf,
+            self.final,
+        )
         out.rec, out.base = {}, self.rec
         out.pending = list(self.pending)
         out.unfinished, out.unexpected, out.bad = self.unfinished, self.unexpected, self.bad
@@ -109,8 +127,10 @@ class EvalFold:
             self.rec[key] = (r[0] + 1, r[1], _PENDING, bad)
             step = int(e["run"].rsplit("-", 1)[1]) if e["run"].rsplit("-", 1)[-1].isdigit() else None
             if step is not None and e["steps"] != [min(step, self.final)]:
-                self.step_lines.append(f"evaluation {e['run']} {e['suite']} saw the model at step {e['steps']}, "
-                                       f"not {min(step, self.final)}")
+                self.step_lines.append(
+                    f"evaluation {e['run']} {e['suite']} saw the model at step {e['steps']}, "
+                    f"not {min(step, self.final)}"
+                )
         elif kind == "eval-done":
             key = (e["run"], e["suite"])
             r = self.get(key)
@@ -120,8 +140,9 @@ class EvalFold:
 
     def clean(self) -> bool:
         """``lines()`` is empty (without making them)."""
-        return (not self.bad and not self.unexpected and not self.step_lines
-                and (self.fail_suites or not self.unfinished))
+        return (
+            not self.bad and not self.unexpected and not self.step_lines and (self.fail_suites or not self.unfinished)
+        )
 
     def lines(self) -> list[str]:
         if self.clean():
@@ -137,8 +158,7 @@ class EvalFold:
             if r[1] < 1 and not self.fail_suites:
                 bad.append(f"evaluation {key[0]} {key[1]} never finished")
             for seq in r[3]:
-                bad.append(f"evaluation {key[0]} {key[1]} executed again (ledger #{seq}) "
-                           f"though it was not interrupted")
+                bad.append(f"evaluation {key[0]} {key[1]} executed again (ledger #{seq}) though it was not interrupted")
         return bad
 
 
@@ -292,11 +312,16 @@ class TailIndex:
         self._run.feed(self.entries, self._n, t)
         self._n = t
         run, full = self._run, self.full
-        seen = {k: _view(run.ev.get(k)) for k in self.by_first[:bisect.bisect_left(self.firsts, t)]
-                if self.last[k] >= t}
-        adds = (full.ev.unfinished - run.ev.unfinished, full.ev.unexpected - run.ev.unexpected,
-                full.ev.bad - run.ev.bad, len(full.ev.step_lines) - len(run.ev.step_lines),
-                len(full.st.lines) - len(run.st.lines))
+        seen = {
+            k: _view(run.ev.get(k)) for k in self.by_first[: bisect.bisect_left(self.firsts, t)] if self.last[k] >= t
+        }
+        adds = (
+            full.ev.unfinished - run.ev.unfinished,
+            full.ev.unexpected - run.ev.unexpected,
+            full.ev.bad - run.ev.bad,
+            len(full.ev.step_lines) - len(run.ev.step_lines),
+            len(full.st.lines) - len(run.st.lines),
+        )
         steps = (dict(run.st.last_ckpt), dict(run.st.executed), dict(run.st.pending_start))
         hit = self._at[t] = (seen, adds, steps)
         if len(self._at) > 4096:
@@ -315,7 +340,7 @@ class TailIndex:
             return False
         if not ev.fail_suites and ev.unfinished + d_unfinished:
             return False
-        fresh = self.by_first[bisect.bisect_left(self.firsts, t):]  # keys the tail sees first: none in the fold
+        fresh = self.by_first[bisect.bisect_left(self.firsts, t) :]  # keys the tail sees first: none in the fold
         if not ev.rec.keys().isdisjoint(fresh) or (ev.base is not None and not ev.base.keys().isdisjoint(fresh)):
             return False
         for k, view in seen.items():
@@ -382,8 +407,9 @@ class TailCache:
         return idx
 
 
-def position_lines(fold: LedgerFold, own: list[tuple[list, int, int]], seq_base: int,
-                   tail: tuple[list, int] | None, tails: TailCache) -> list[str]:
+def position_lines(
+    fold: LedgerFold, own: list[tuple[list, int, int]], seq_base: int, tail: tuple[list, int] | None, tails: TailCache
+) -> list[str]:
     """The ledger checks of ``prefix + own pieces + tail[0][tail[1]:]``, the prefix's fold being ``fold``
     (a fork, changed here): the pieces ``(entries, start, stop)`` and the tail are renumbered from
     ``seq_base`` on (as ``Ledger`` splices them)."""

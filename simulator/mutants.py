@@ -6,6 +6,7 @@ copy of its module globals), or run over a Runtime that plants the bug at the ca
 the mutants follow the real workflow as it evolves; a mutant whose hook point disappeared
 fails loudly (``MutantError``) instead of silently testing nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -130,8 +131,12 @@ def _segments_repeated(steps: int, every: int) -> list[int]:
 
 def _train_options_shared_id(until: int, **kw: Any) -> StepOptions:
     real = workflows.train_options(until, **kw)
-    return StepOptions(id="train", start_to_close_timeout_s=real.start_to_close_timeout_s,
-                       heartbeat_timeout_s=real.heartbeat_timeout_s, retry=real.retry)
+    return StepOptions(
+        id="train",
+        start_to_close_timeout_s=real.start_to_close_timeout_s,
+        heartbeat_timeout_s=real.heartbeat_timeout_s,
+        retry=real.retry,
+    )
 
 
 def _train_options_no_retries(until: int, **kw: Any) -> StepOptions:
@@ -140,8 +145,12 @@ def _train_options_no_retries(until: int, **kw: Any) -> StepOptions:
 
 def _eval_options_no_suite(tag: str, suite: str, *heartbeat: float) -> StepOptions:
     real = eval_options(tag, suite, *heartbeat)
-    return StepOptions(id=f"eval-{tag}" if tag else "eval", start_to_close_timeout_s=real.start_to_close_timeout_s,
-                       heartbeat_timeout_s=real.heartbeat_timeout_s, retry=real.retry)
+    return StepOptions(
+        id=f"eval-{tag}" if tag else "eval",
+        start_to_close_timeout_s=real.start_to_close_timeout_s,
+        heartbeat_timeout_s=real.heartbeat_timeout_s,
+        retry=real.retry,
+    )
 
 
 def _segment_spec_to_end(run_spec: dict[str, Any], until: int) -> dict[str, Any]:
@@ -175,12 +184,16 @@ def _release_mutant(name: str) -> dict[str, Callable]:
     if name == "r01-publish-twice":
         return {workflows.ACTIVITY_PUBLISH: _copy(rel.publish, list_releases=lambda home, name=None: [])}
     if name == "r02-gate-ignored":
+
         def passing(gate: Any, figures: dict) -> Any:
             return rel.GateOutcome(**{**rel.check_gate(gate, figures).model_dump(), "passed": True})
+
         return {workflows.WORKFLOW_MODEL_RELEASE: _copy(rel.model_release, check_gate=passing)}
     if name == "r03-eval-per-request":
+
         async def per_request(rt: Any, request: EvalSuiteInput) -> EvalSuiteResult:
             return await rel.eval_suite(rt, request.model_copy(update={"tag": f"{request.tag}-{rt.workflow_id[-8:]}"}))
+
         return {workflows.WORKFLOW_MODEL_RELEASE: _copy(rel.model_release, eval_suite=per_request)}
     raise MutantError(f"unknown mutant {name!r} (known: {', '.join(MUTANTS)})")
 
@@ -209,8 +222,11 @@ def make_mutant(name: str) -> Callable | dict[str, Callable]:
     elif name == "s10-one-eval-activity":
         fn = _copy(real, eval_suite=_eval_suite_one_activity)
     elif name in ("s07-cancel-moves-on", "s11-continue-after-failed-suite", "s13-wall-clock-sleep"):
-        proxy = {"s07-cancel-moves-on": _MoveOnRuntime, "s11-continue-after-failed-suite": _SkipFailedSuiteRuntime,
-                 "s13-wall-clock-sleep": _WallClockRuntime}[name]
+        proxy = {
+            "s07-cancel-moves-on": _MoveOnRuntime,
+            "s11-continue-after-failed-suite": _SkipFailedSuiteRuntime,
+            "s13-wall-clock-sleep": _WallClockRuntime,
+        }[name]
 
         async def fn(rt: Any, input: TrainRunInput) -> Any:
             return await real(proxy(rt), input)
@@ -240,8 +256,9 @@ def catch_release_mutant(name: str) -> list[str]:
     if m is not None:
         return [f"two release requests, uninterrupted: {line}" for line in m.lines]
     assert sim.release_from is not None  # (the reference run reached its release workflows)
-    report = sim.kill_every_position(positions=range(sim.release_from, len(sim.trace)), stop_at_first=True,
-                                     mode="snapshot")
+    report = sim.kill_every_position(
+        positions=range(sim.release_from, len(sim.trace)), stop_at_first=True, mode="snapshot"
+    )
     if report.mismatches:
         m = report.mismatches[0]
         return [f"a kill in the release ({m.command}): {line}" for line in m.lines]
@@ -258,8 +275,10 @@ def catch_mutant(name: str, *, seed: int = 1) -> list[str]:
         if m is not None:
             return [f"{what}: {line}" for line in m.lines]
     sim = Simulator(Scenario(), workflow_fn=fn, mutant=name)
-    for report in (sim.cancels(seed=seed, runs=10, stop_at_first=True),
-                   sim.random_kills(seed=seed, runs=20, kills_per_run=3, stop_at_first=True)):
+    for report in (
+        sim.cancels(seed=seed, runs=10, stop_at_first=True),
+        sim.random_kills(seed=seed, runs=20, kills_per_run=3, stop_at_first=True),
+    ):
         if report.mismatches:
             m = report.mismatches[0]
             return [f"{report.name} ({m.command}): {line}" for line in m.lines]

@@ -60,6 +60,7 @@ the engine's incremental feed, which every uninterrupted run exercises at every 
 outcome with a literal rerun from the start, and a prefix built without its checks (a replayer
 not blocked on a recorded command) makes that comparison fail.
 """
+
 from __future__ import annotations
 
 import gc
@@ -71,6 +72,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine import read_events
+
 # the simulator's documented hook into the replayer (engine/__init__.py's docstring): not public API
 from engine import testing  # the engine's testing door: replayers, the worker's replayer factory, lease owners
 from engine.testing import FINAL_ONLY, RECORD_KINDS, DrySink, Replayer, WorkflowRuntime
@@ -112,7 +114,9 @@ def event_crcs(conn, workflow_id: str, seq: int) -> str | None:
     """The checksums of events 1..``seq`` of ``workflow_id``, or None if those are not all there."""
     n, text = conn.execute(
         "SELECT COUNT(*), group_concat(crc, ',') FROM (SELECT crc FROM events WHERE workflow_id=? AND seq<=? "
-        "ORDER BY seq)", (workflow_id, seq)).fetchone()
+        "ORDER BY seq)",
+        (workflow_id, seq),
+    ).fetchone()
     return text if n == seq else None
 
 
@@ -139,8 +143,17 @@ def build_prefix(eng, workflow_id: str, workflow_name: str) -> ReplayPrefix | No
         r.advance()
         crcs = event_crcs(conn, workflow_id, r.last_seq)
     k = r.blocked_on
-    ok = (not r.done and not sink.new and not sink.canceled and not sink.finished and r.cancel_event is None
-          and r.terminal is None and k is not None and k < len(r.commands) and k not in r.resolutions)
+    ok = (
+        not r.done
+        and not sink.new
+        and not sink.canceled
+        and not sink.finished
+        and r.cancel_event is None
+        and r.terminal is None
+        and k is not None
+        and k < len(r.commands)
+        and k not in r.resolutions
+    )
     if not ok or crcs is None:
         return None
     r.sink = DrySink()  # detached: whoever next drives the prefix's replayer hands it its sink
@@ -178,8 +191,17 @@ def advance_prefix(eng, prefix: ReplayPrefix, workflow_name: str) -> bool:
     finally:
         r.sink = DrySink()  # detached: the index's replayer gets its sink from whoever next drives it
     k = r.blocked_on
-    ok = (not r.done and not sink.new and not sink.canceled and not sink.finished and r.cancel_event is None
-          and r.terminal is None and k is not None and k < len(r.commands) and k not in r.resolutions)
+    ok = (
+        not r.done
+        and not sink.new
+        and not sink.canceled
+        and not sink.finished
+        and r.cancel_event is None
+        and r.terminal is None
+        and k is not None
+        and k < len(r.commands)
+        and k not in r.resolutions
+    )
     if not ok or crcs is None:
         return False
     prefix.seq, prefix.crcs = r.last_seq, crcs
@@ -218,17 +240,29 @@ def use_prefix(eng, prefix: ReplayPrefix | None, index: ReplayPrefix | None = No
     fresh = testing.replayer_factory(eng)  # the worker's documented hook (engine/_worker.py's docstring)
 
     def new_replayer(reg, workflow_id, input_json, sink):
-        if (prefix is not None and not prefix.used and workflow_id == prefix.workflow_id
-                and input_json == prefix.input_text and reg.fn is prefix.replayer.fn
-                and event_crcs(sink.db, workflow_id, prefix.seq) == prefix.crcs):
+        if (
+            prefix is not None
+            and not prefix.used
+            and workflow_id == prefix.workflow_id
+            and input_json == prefix.input_text
+            and reg.fn is prefix.replayer.fn
+            and event_crcs(sink.db, workflow_id, prefix.seq) == prefix.crcs
+        ):
             prefix.used = True
             return prefix.replayer
         r = fresh(reg, workflow_id, input_json, sink)
         if not r.started:  # (its code has not run: it gets the noting seam from its start)
             r.rt = NotingRuntime(r)
-        if (index is not None and workflow_id == index.workflow_id and input_json == index.input_text
-                and r.fn is reg.fn and not r.started and r.last_seq == 0 and index.replayer.last_seq == index.seq
-                and event_crcs(sink.db, workflow_id, index.seq) == index.crcs):
+        if (
+            index is not None
+            and workflow_id == index.workflow_id
+            and input_json == index.input_text
+            and r.fn is reg.fn
+            and not r.started
+            and r.last_seq == 0
+            and index.replayer.last_seq == index.seq
+            and event_crcs(sink.db, workflow_id, index.seq) == index.crcs
+        ):
             copy_indexes(index.replayer, r)
             index.indexed += 1
         return r
@@ -253,13 +287,26 @@ def adopt_donor(spine: ReplayPrefix, r: Replayer) -> ReplayPrefix | None:
     events, checksummed), so the recovery that takes it reads and feeds only the events after the cut."""
     s = spine.replayer
     rt = r.rt
-    if (type(rt) is not NotingRuntime or rt.read_replaying or rt._r is not r or r.fn is not s.fn
-            or not r.started or r.done or s.done or r.cancel_event is not None or r.terminal is not None
-            or r._cancel_tried or r.next_cmd != s.next_cmd or r.blocked_on != s.blocked_on or r.now != s.now
-            or r.issued != s.issued or r.activity_ids != s.activity_ids
-            or r.resolutions.keys() != s.resolutions.keys()
-            or [c.command for c in r.commands] != [c.command for c in s.commands]
-            or r.input_value != s.input_value):
+    if (
+        type(rt) is not NotingRuntime
+        or rt.read_replaying
+        or rt._r is not r
+        or r.fn is not s.fn
+        or not r.started
+        or r.done
+        or s.done
+        or r.cancel_event is not None
+        or r.terminal is not None
+        or r._cancel_tried
+        or r.next_cmd != s.next_cmd
+        or r.blocked_on != s.blocked_on
+        or r.now != s.now
+        or r.issued != s.issued
+        or r.activity_ids != s.activity_ids
+        or r.resolutions.keys() != s.resolutions.keys()
+        or [c.command for c in r.commands] != [c.command for c in s.commands]
+        or r.input_value != s.input_value
+    ):
         return None
     out = Replayer(s.workflow_id, s.fn, r.input_value, DrySink())  # (its driver hands it its sink)
     out.rt, rt._r = rt, out  # the code's seam now answers for the new replayer
@@ -303,7 +350,7 @@ def in_child(fn: Callable[[], Any]) -> Any:
                 data = pickle.dumps((False, traceback.format_exc()), protocol=pickle.HIGHEST_PROTOCOL)
             view = memoryview(data)
             while view:
-                view = view[os.write(wfd, view):]
+                view = view[os.write(wfd, view) :]
         except BaseException:  # noqa: BLE001
             code = 1
         finally:

@@ -1,5 +1,6 @@
 """Runs killed several times at seeded random positions, and kills during a cancel
 (``Simulator.random_kills``, ``Simulator.cancels``)."""
+
 from __future__ import annotations
 
 import random

@@ -22,6 +22,7 @@ suite for one checkpoint's digest, ``CURRENT`` naming a complete release of the 
 gate publishing nothing and recorded as such, the figures the candidate's) and compares with the
 uninterrupted run's releases.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,10 +55,20 @@ def requests(scn: Any, home: Path, train_result: dict) -> list[ModelReleaseInput
     ckpt, step = workflows.pick_candidate(train_result, scn.select)
     digest = checkpoint_digest(home, ckpt)
     suites = release_suites(scn)
-    return [ModelReleaseInput(name=scn.name, select=scn.select, checkpoint=ckpt, step=step, digest=digest,
-                              suites=suites, gates=[gate_for(suites[0], outcome)], spec=scn.spec(),
-                              eval_seed=scn.seed)
-            for outcome in scn.release]
+    return [
+        ModelReleaseInput(
+            name=scn.name,
+            select=scn.select,
+            checkpoint=ckpt,
+            step=step,
+            digest=digest,
+            suites=suites,
+            gates=[gate_for(suites[0], outcome)],
+            spec=scn.spec(),
+            eval_seed=scn.seed,
+        )
+        for outcome in scn.release
+    ]
 
 
 def run_releases(eng: Any, scn: Any, home: Path, train_result: dict) -> list[dict]:
@@ -67,8 +78,15 @@ def run_releases(eng: Any, scn: Any, home: Path, train_result: dict) -> list[dic
         wid = workflows.release_workflow_id(inp)
         eng.start(workflows.WORKFLOW_MODEL_RELEASE, wid, inp.model_dump(mode="json"))
         st = eng.run_until_complete(wid)
-        out.append({"workflow_id": wid, "state": st.state, "result": st.result, "error": st.error,
-                    "commands": [e.attrs["activity_id"] for e in eng.history(wid) if e.type == "activity_scheduled"]})
+        out.append(
+            {
+                "workflow_id": wid,
+                "state": st.state,
+                "result": st.result,
+                "error": st.error,
+                "commands": [e.attrs["activity_id"] for e in eng.history(wid) if e.type == "activity_scheduled"],
+            }
+        )
     return out
 
 
@@ -95,10 +113,13 @@ def reused_outputs(home: Path, suite: str, run: str, spec: dict) -> dict | None:
     except (OSError, ValueError):
         return None
     rel = f"evals/{suite}/{run}"
-    return {"suite": suite, "run": run, "results": f"{rel}/results.jsonl", "summary_path": f"{rel}/summary.json",
-            "summary": summary}
-
-
+    return {
+        "suite": suite,
+        "run": run,
+        "results": f"{rel}/results.jsonl",
+        "summary_path": f"{rel}/summary.json",
+        "summary": summary,
+    }
 
 
 def publish_fake(fakes: Any, publish_fn: Callable[..., PublishResult] | None = None) -> Callable:
@@ -129,8 +150,7 @@ def publish_fake(fakes: Any, publish_fn: Callable[..., PublishResult] | None = N
         res = publish_activity(home, point=point, publish_fn=publish_fn)(ctx, input)
         log_releases()
         fakes.writes += 1
-        fakes.ledger.record("publish-done", wf=wf, activity=aid, digest=digest, version=res.version,
-                            reused=res.reused)
+        fakes.ledger.record("publish-done", wf=wf, activity=aid, digest=digest, version=res.version, reused=res.reused)
         return res
 
     return run

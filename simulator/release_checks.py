@@ -6,6 +6,7 @@ files and ledger are read as they are: one version per digest under ``releases/<
 naming it with the candidate's files, a failed gate leaving nothing, one publication and at most one
 completed evaluation per (checkpoint digest, suite) in the ledger.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ from .fakes import _noise, reference_state
 from .release import checkpoint_digest, release_suites
 
 WORK = ("train-start", "steps", "ckpt", "eval-start", "eval-done", "publish-start", "corpus")  # what disturbs
+
 
 def expected_candidate(scn: Any) -> int:
     """The candidate's step, written independently of the workflow: the run's last checkpoint, or the
@@ -56,15 +58,18 @@ def check_releases(o: Any) -> list[str]:
             bad.append(f"{wid} ended {rel['state']} ({err.get('type')}: {err.get('message')})")
             continue
         if r.get("checkpoint") != ckpt or r.get("step") != step or r.get("digest") != digest:
-            bad.append(f"{wid} released {r.get('checkpoint')} (digest {str(r.get('digest'))[:12]}), "
-                       f"expected {ckpt} ({str(digest)[:12]})")
+            bad.append(
+                f"{wid} released {r.get('checkpoint')} (digest {str(r.get('digest'))[:12]}), "
+                f"expected {ckpt} ({str(digest)[:12]})"
+            )
         if r.get("figures") != figures:
             bad.append(f"{wid} figures {r.get('figures')} != the candidate's {figures}")
         if outcome == "pass" and not r.get("published"):
             bad.append(f"{wid}: a passing gate was not published ({r.get('reason')})")
         if outcome == "fail" and (r.get("published") or "failed" not in str(r.get("reason"))):
-            bad.append(f"{wid}: a failing gate published {r.get('version')} or recorded no reason "
-                       f"({r.get('reason')!r})")
+            bad.append(
+                f"{wid}: a failing gate published {r.get('version')} or recorded no reason ({r.get('reason')!r})"
+            )
         if outcome == "fail" and any(c == workflows.ACTIVITY_PUBLISH for c in rel["commands"]):
             bad.append(f"{wid}: a failing gate scheduled publish")
     bad += _check_release_files(o, digest)
@@ -93,8 +98,10 @@ def _check_release_files(o: Any, digest: str | None) -> list[str]:
     except (OSError, ValueError):
         return bad + [f"CURRENT names {name}, which has no readable manifest"]
     if name != versions[0] or manifest.get("checkpoint_digest") != digest or manifest.get("version") != name:
-        bad.append(f"CURRENT names {name} (manifest digest {str(manifest.get('checkpoint_digest'))[:12]}), "
-                   f"expected {versions[0]} of digest {str(digest)[:12]}")
+        bad.append(
+            f"CURRENT names {name} (manifest digest {str(manifest.get('checkpoint_digest'))[:12]}), "
+            f"expected {versions[0]} of digest {str(digest)[:12]}"
+        )
     model = v / "model" / "state.json"
     src = RunHome(o.home).checkpoint(scn.name, expected_candidate(scn)) / "state.json"
     if not model.is_file() or not src.is_file() or model.read_bytes() != src.read_bytes():

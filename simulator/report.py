@@ -1,5 +1,6 @@
 """What a sweep reports: each run that mismatched (``Mismatch``: the positions, the lines, the command
 that reproduces it) and the counts of a sweep (``Report``)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -55,11 +56,15 @@ class Report:
 
     def summary(self) -> str:
         rate = self.tried / self.elapsed_s if self.elapsed_s > 0 else 0.0
-        return (f"{self.name}: {self.tried} tried, {self.matched} matched, {len(self.mismatches)} mismatched "
-                f"({self.positions} positions in the uninterrupted run; {self.elapsed_s:.1f}s, {rate:.0f}/s)")
+        return (
+            f"{self.name}: {self.tried} tried, {self.matched} matched, {len(self.mismatches)} mismatched "
+            f"({self.positions} positions in the uninterrupted run; {self.elapsed_s:.1f}s, {rate:.0f}/s)"
+        )
 
-def rerun_command(scn: Scenario, kills: Iterable[int], *, cancel_at: int | None = None,
-                  mutant: str | None = None) -> str:
+
+def rerun_command(
+    scn: Scenario, kills: Iterable[int], *, cancel_at: int | None = None, mutant: str | None = None
+) -> str:
     cmd = f"python -m simulator kill-at {scn.flags()} --kills {','.join(map(str, kills)) or 'none'}"
     if cancel_at is not None:
         cmd += f" --cancel-at {cancel_at}"

@@ -6,6 +6,7 @@ memory (its store connection closed, as a dead process's would be) and a fresh E
 on the same database and files, which recovers and runs on, until the workflow ends. The
 virtual clock and the ledger belong to the simulator and survive; nothing else does.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,15 +57,20 @@ class Scenario:
 
     def spec(self) -> dict[str, Any]:
         return {
-            "name": self.name, "steps": self.steps, "eval_every": self.eval_every,
-            "eval_interval_seconds": self.eval_interval_s, "checkpoint_every": self.checkpoint_every,
+            "name": self.name,
+            "steps": self.steps,
+            "eval_every": self.eval_every,
+            "eval_interval_seconds": self.eval_interval_s,
+            "checkpoint_every": self.checkpoint_every,
             "seed": self.seed,
         }
 
     def input(self) -> dict[str, Any]:
         return TrainRunInput(
-            spec=self.spec(), corpus={"name": "default"} if self.corpus else None,
-            eval_suites=list(self.suites), eval_seed=self.seed,
+            spec=self.spec(),
+            corpus={"name": "default"} if self.corpus else None,
+            eval_suites=list(self.suites),
+            eval_seed=self.seed,
         ).model_dump(mode="json")
 
     @property
@@ -92,9 +98,11 @@ class Scenario:
 
     def flags(self) -> str:
         """The command-line flags that rebuild this scenario."""
-        out = (f"--steps {self.steps} --eval-every {self.eval_every} --eval-interval {self.eval_interval_s:g} "
-               f"--suites {','.join(self.suites) or 'none'} --checkpoint-every {self.checkpoint_every} "
-               f"--seed {self.seed}")
+        out = (
+            f"--steps {self.steps} --eval-every {self.eval_every} --eval-interval {self.eval_interval_s:g} "
+            f"--suites {','.join(self.suites) or 'none'} --checkpoint-every {self.checkpoint_every} "
+            f"--seed {self.seed}"
+        )
         if self.corpus:
             out += " --corpus"
         if self.fail_suites:
@@ -128,20 +136,30 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _open_engine(db: Path, clock, plan: FaultPlan, fakes: FakeActivities, workflow_fn: Callable | dict | None) -> Engine:
+def _open_engine(
+    db: Path, clock, plan: FaultPlan, fakes: FakeActivities, workflow_fn: Callable | dict | None
+) -> Engine:
     """``workflow_fn``: a mutant of TrainRun, or of the release (a dict: ``ModelRelease`` -> its workflow
     function, ``publish`` -> a replacement of ``workflows.release.publish``; simulator/mutants.py)."""
     eng = Engine(store=FaultyStore(db, plan), clock=FaultyClock(clock, plan), inline_activities=True)
     mutant = workflow_fn if isinstance(workflow_fn, dict) else {}
-    workflows.register(eng, activities={
-        ACTIVITY_TRAIN: fakes.train, ACTIVITY_EVAL: fakes.eval, ACTIVITY_CORPUS: fakes.corpus,
-        workflows.ACTIVITY_PUBLISH: publish_fake(fakes, mutant.get(workflows.ACTIVITY_PUBLISH)),
-    })
+    workflows.register(
+        eng,
+        activities={
+            ACTIVITY_TRAIN: fakes.train,
+            ACTIVITY_EVAL: fakes.eval,
+            ACTIVITY_CORPUS: fakes.corpus,
+            workflows.ACTIVITY_PUBLISH: publish_fake(fakes, mutant.get(workflows.ACTIVITY_PUBLISH)),
+        },
+    )
     if callable(workflow_fn):  # a mutant replaces TrainRun
         eng.register_workflow(WORKFLOW_TRAIN_RUN, workflow_fn, input_type=TrainRunInput)
     if workflows.WORKFLOW_MODEL_RELEASE in mutant:
-        eng.register_workflow(workflows.WORKFLOW_MODEL_RELEASE, mutant[workflows.WORKFLOW_MODEL_RELEASE],
-                              input_type=workflows.ModelReleaseInput)
+        eng.register_workflow(
+            workflows.WORKFLOW_MODEL_RELEASE,
+            mutant[workflows.WORKFLOW_MODEL_RELEASE],
+            input_type=workflows.ModelReleaseInput,
+        )
     return eng
 
 
@@ -191,9 +209,15 @@ def run_scenario(
     clock = clock if clock is not None else VirtualClock(START_TIME)
     wid = workflow_id or scn.workflow_id
     db = RunHome(home).engine_db
-    fakes = FakeActivities(home, ledger, plan, fail_suites=scn.fail_suites,
-                           oom_at=dict(scn.oom_at) if oom_left is None else oom_left, files=files,
-                           stop_at=scn.stop_at)
+    fakes = FakeActivities(
+        home,
+        ledger,
+        plan,
+        fail_suites=scn.fail_suites,
+        oom_at=dict(scn.oom_at) if oom_left is None else oom_left,
+        files=files,
+        stop_at=scn.stop_at,
+    )
     live = live if live is not None else {}
     live["fakes"] = fakes
     out = {"cancel_done": False}
@@ -257,8 +281,18 @@ def run_scenario(
     events = eng.history(wid)
     eng.close()
     return Outcome(
-        scenario=scn, workflow_id=wid, home=home, state=status.state, result=status.result, error=status.error,
-        events=events, ledger=ledger, plan=plan, lives=lives, clock=clock, cancel_done=out["cancel_done"],
+        scenario=scn,
+        workflow_id=wid,
+        home=home,
+        state=status.state,
+        result=status.result,
+        error=status.error,
+        events=events,
+        ledger=ledger,
+        plan=plan,
+        lives=lives,
+        clock=clock,
+        cancel_done=out["cancel_done"],
         extra={} if released is None else {"releases": released},
     )
 
@@ -278,9 +312,20 @@ def _owner_dead(owner: dict):
 
 
 def recover_from_snapshot(
-    scn: Scenario, src_home: Path, position: int, where: str, live: dict, ledger: Ledger, clock: VirtualClock,
-    *, workflow_fn: Callable | dict[str, Callable] | None = None, watch: Callable | None = None, prefix=None,
-    pool: SnapshotHome | None = None, index=None, timing=None,
+    scn: Scenario,
+    src_home: Path,
+    position: int,
+    where: str,
+    live: dict,
+    ledger: Ledger,
+    clock: VirtualClock,
+    *,
+    workflow_fn: Callable | dict[str, Callable] | None = None,
+    watch: Callable | None = None,
+    prefix=None,
+    pool: SnapshotHome | None = None,
+    index=None,
+    timing=None,
 ) -> Outcome:
     """The worker of ``src_home`` dies at ``position``: a new worker recovers from a copy of its files.
 
@@ -313,10 +358,20 @@ def recover_from_snapshot(
         plan.observe_only = (CONVERGENCE_KIND,)
     with _owner_dead(live["engine"].owner):
         try:
-            o = run_scenario(scn, home, plan, workflow_fn=workflow_fn, ledger=led, clock=rclock,
-                             oom_left=dict(live["fakes"].oom_left), live=rlive,
-                             files=FilesOverlay(live["fakes"].files, live["fakes"]._files_sum),
-                             prefix=prefix, noting=True, index=index)
+            o = run_scenario(
+                scn,
+                home,
+                plan,
+                workflow_fn=workflow_fn,
+                ledger=led,
+                clock=rclock,
+                oom_left=dict(live["fakes"].oom_left),
+                live=rlive,
+                files=FilesOverlay(live["fakes"].files, live["fakes"]._files_sum),
+                prefix=prefix,
+                noting=True,
+                index=index,
+            )
             if pool is not None:
                 pool.returned(rlive["fakes"])
             return o
@@ -330,8 +385,17 @@ def recover_from_snapshot(
             finally:
                 _crash_cleanup(eng)
             return Outcome(
-                scenario=scn, workflow_id=scn.workflow_id, home=home, state="running", result=None, error=None,
-                events=events, ledger=led, plan=plan, lives=1, clock=rclock,
+                scenario=scn,
+                workflow_id=scn.workflow_id,
+                home=home,
+                state="running",
+                result=None,
+                error=None,
+                events=events,
+                ledger=led,
+                plan=plan,
+                lives=1,
+                clock=rclock,
                 extra={"converged": stop.target, "copied_events": copied},
             )
         except Exception:  # the sweep reports it (with the command that reruns it): no home left behind

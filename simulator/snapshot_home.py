@@ -5,6 +5,7 @@ uninterrupted run's home at that position: ``copy_committed`` copies what the da
 ``link_tree`` hard-links the files, and ``SnapshotHome`` keeps one such folder in step with the source
 as the run goes on, instead of a new copy per position.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,9 @@ def copy_committed(src: Path, dst: Path, workflow_id: str | None = None) -> int:
         if workflow_id is None:
             return 0
         try:
-            (n,) = target.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id=?",
-                                  (workflow_id,)).fetchone()
+            (n,) = target.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id=?", (workflow_id,)
+            ).fetchone()
         except sqlite3.OperationalError:  # no schema yet
             return 0
         return n
@@ -147,7 +149,7 @@ class SnapshotHome:
             if os.path.isdir(ctl):
                 for name in os.listdir(ctl):
                     os.unlink(os.path.join(ctl, name))
-            changed = set(log[self._seen:])
+            changed = set(log[self._seen :])
             changed.update(self._own)
             if any(rel.split("/", 1)[0] in self.unread for rel in self._own):
                 for top in self.unread:

@@ -8,6 +8,7 @@ replay of it, forked or donated (simulator/prefix.py: ``_refresh_prefix``, ``_ad
 ``_run_forked``). ``SnapshotSweep`` is an object a ``simulator.sweep.Simulator`` owns; it is handed
 the simulator's ``SweepContext`` (its checks, reference run and caches: simulator/sweep_context.py).
 """
+
 from __future__ import annotations
 
 import re
@@ -44,6 +45,7 @@ from .scenario import START_TIME, Outcome, recover_from_snapshot, run_scenario
 from .snapshot_home import SnapshotHome, new_home, remove_home, unread_of
 from .sweep_context import SweepContext
 
+
 def position_key(live: dict, clock: VirtualClock) -> tuple:
     """What a kill here leaves, within one uninterrupted run: its committed transactions, the
     files written, the time, the faults still to come (the same key: byte-identical files)."""
@@ -76,8 +78,9 @@ class SnapshotSweep:
         self._index = None  # the spine, for the running in-process recovery's replays from scratch
         self._donations: list = []  # (cut, replayer, digest) handed over by the running recovery
 
-    def snapshot_kills(self, positions: list[int], *, stop_at_first: bool = False,
-                       dedup: bool = True) -> list[Mismatch | None]:
+    def snapshot_kills(
+        self, positions: list[int], *, stop_at_first: bool = False, dedup: bool = True
+    ) -> list[Mismatch | None]:
         """Kills at ``positions`` (increasing), recovered from snapshots of one uninterrupted run.
 
         ``dedup``: two shortcuts, each exact (``tests/simulator`` compares them with literal runs).
@@ -112,6 +115,7 @@ class SnapshotSweep:
             lines = position_lines(fold, own, len(head), tail, tails)
             folds.check(generation)
             return lines
+
         if dedup and self.ctx.share_replay:  # what children would each make again: made here once
             compare_with(self.ctx.reference(), self.ctx.reference())
             self.ctx.result_lines(self.ctx.reference())
@@ -147,8 +151,12 @@ class SnapshotSweep:
                 head = Ledger()
                 head.entries = list(ledger.entries)
                 head.record("crash", position=n, where=where)
-                o = replace(rep, ledger=SplicedLedger(head.entries, own + ([] if tail is None else
-                                                                            [(tail[0], tail[1], len(tail[0]))])))
+                o = replace(
+                    rep,
+                    ledger=SplicedLedger(
+                        head.entries, own + ([] if tail is None else [(tail[0], tail[1], len(tail[0]))])
+                    ),
+                )
                 lines = ledger_lines(o.state, head.entries, own, tail)
                 o.extra = {**o.extra, "ledger_lines": lines}
                 m = self.ctx.check(o, what="kill", kills=[n], state_lines=state_lines, ledger_lines=lines)
@@ -160,12 +168,28 @@ class SnapshotSweep:
 
                 def recover_and_check():
                     try:
-                        o = self._recover(n, where, home, live, ledger, clock, found if dedup else None,
-                                          src_history.copy() if dedup else None, prefix=pre, fork=fork)
+                        o = self._recover(
+                            n,
+                            where,
+                            home,
+                            live,
+                            ledger,
+                            clock,
+                            found if dedup else None,
+                            src_history.copy() if dedup else None,
+                            prefix=pre,
+                            fork=fork,
+                        )
                     except Exception as e:  # noqa: BLE001 - an engine error is a finding, not a crash of the sweep
-                        return Mismatch("kill", [n], [f"killed at position {n}: {where}",
-                                                      f"recovery raised {str(e)[-2000:] if isinstance(e, RuntimeError) else repr(e)}"],
-                                        rerun_command(self.ctx.scn, [n], mutant=self.ctx.mutant)), None
+                        return Mismatch(
+                            "kill",
+                            [n],
+                            [
+                                f"killed at position {n}: {where}",
+                                f"recovery raised {str(e)[-2000:] if isinstance(e, RuntimeError) else repr(e)}",
+                            ],
+                            rerun_command(self.ctx.scn, [n], mutant=self.ctx.mutant),
+                        ), None
                     state_lines = o.extra.pop("state_lines", None)
                     if state_lines is None and not self.ctx.scn.fail_suites:
                         state_lines = self.ctx.state_lines(o)
@@ -177,7 +201,7 @@ class SnapshotSweep:
                     if m is not None:
                         m.lines.insert(0, f"killed at position {n}: {where}")
                         self.ctx.finish(o, m)
-                    own = head[crash + 1:]
+                    own = head[crash + 1 :]
                     if tail is not None and tail[0] is self.ctx.reference().ledger.entries:
                         tail = (None, tail[1])  # (a forked recovery sends this back: not the reference's ledger)
                     return m, (replace(o, ledger=Ledger()), state_lines, ([(own, 0, len(own))], tail))
@@ -208,11 +232,19 @@ class SnapshotSweep:
                     grew = 0 if self._index is None else self._index.indexed - indexed
                     self.ctx.stats["replays from scratch on the spine's indexes"] += grew
                     self._index = None
-                    start = ("forked" if fork else "donated" if pre is not None
-                             else "from scratch, indexes copied" if grew else "from scratch")
+                    start = (
+                        "forked"
+                        if fork
+                        else "donated"
+                        if pre is not None
+                        else "from scratch, indexes copied"
+                        if grew
+                        else "from scratch"
+                    )
                     self.ctx.stats[f"recoveries started {start}"] += 1
                     self.ctx.timing[f"cpu: recoveries started {start}"] += (
-                        time.process_time() - c0 + (_children_cpu() - k0 if fork else 0.0))
+                        time.process_time() - c0 + (_children_cpu() - k0 if fork else 0.0)
+                    )
                 if not fork:
                     gives_back[kind_here] = bool(self._donations)
                 if self.ctx.share_donors:
@@ -229,8 +261,15 @@ class SnapshotSweep:
             self.ctx.pool = SnapshotHome(home, unread_of(bool(self.ctx.scn.release)))
             self.ctx.pool.verify = self.ctx.verify_snapshots
         try:
-            src = run_scenario(self.ctx.scn, home, FaultPlan(observer=observe), workflow_fn=self.ctx.workflow_fn,
-                               ledger=ledger, clock=clock, live=live)
+            src = run_scenario(
+                self.ctx.scn,
+                home,
+                FaultPlan(observer=observe),
+                workflow_fn=self.ctx.workflow_fn,
+                ledger=ledger,
+                clock=clock,
+                live=live,
+            )
         finally:
             if self.ctx.pool is not None:
                 self.ctx.pool.drop()
@@ -241,9 +280,14 @@ class SnapshotSweep:
         if [(e.type, e.time) for e in src.events] != [(e.type, e.time) for e in ref.events]:
             differs.append("their histories differ")
         if differs:
-            out.append(Mismatch("reference", [], ["two uninterrupted runs differ: the simulation is not "
-                                                  "deterministic"] + differs,
-                                rerun_command(self.ctx.scn, [], mutant=self.ctx.mutant)))
+            out.append(
+                Mismatch(
+                    "reference",
+                    [],
+                    ["two uninterrupted runs differ: the simulation is not deterministic"] + differs,
+                    rerun_command(self.ctx.scn, [], mutant=self.ctx.mutant),
+                )
+            )
         return out
 
     def _refresh_prefix(self, prefix: list, eng, events: int) -> None:
@@ -287,10 +331,21 @@ class SnapshotSweep:
                 ready.append(p)
         for cut in [c for c in donors if c < spine.seq]:
             del donors[cut]
-        del ready[:-self.ctx.share_ready_max]  # (older cuts are still good; the newest are used first)
+        del ready[: -self.ctx.share_ready_max]  # (older cuts are still good; the newest are used first)
 
-    def _recover(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
-                 found: dict | None, history: HistoryDigest | None, prefix=None, fork: bool = False) -> Outcome:
+    def _recover(
+        self,
+        n: int,
+        where: str,
+        home,
+        live: dict,
+        ledger: Ledger,
+        clock: VirtualClock,
+        found: dict | None,
+        history: HistoryDigest | None,
+        prefix=None,
+        fork: bool = False,
+    ) -> Outcome:
         """The recovery of a kill at ``n``; with ``found``, stopped at convergence and spliced; ``fork``: in a
         forked child, off the shared replay ``prefix``."""
         self.ctx.stats["recoveries"] += 1
@@ -302,11 +357,23 @@ class SnapshotSweep:
             self.ctx.stats[kind] += kind == "ran on"
             self.ctx.timing[kind] += time.perf_counter() - t0
 
-    def _recover_timed(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
-                       found: dict | None, history: HistoryDigest | None, prefix, fork: bool) -> Outcome:
+    def _recover_timed(
+        self,
+        n: int,
+        where: str,
+        home,
+        live: dict,
+        ledger: Ledger,
+        clock: VirtualClock,
+        found: dict | None,
+        history: HistoryDigest | None,
+        prefix,
+        fork: bool,
+    ) -> Outcome:
         if found is None:
-            return recover_from_snapshot(self.ctx.scn, home, n, where, live, ledger, clock,
-                                         workflow_fn=self.ctx.workflow_fn, pool=self.ctx.pool)
+            return recover_from_snapshot(
+                self.ctx.scn, home, n, where, live, ledger, clock, workflow_fn=self.ctx.workflow_fn, pool=self.ctx.pool
+            )
         assert history is not None  # (comes with found)
         args = (n, where, home, live, ledger, clock, found, history, prefix)
         raw = self._run_forked(args) if fork else self._run_twice(*args, lean=False)
@@ -316,15 +383,29 @@ class SnapshotSweep:
         finally:
             self.ctx.timing["cpu: splicing and outcome checks"] += time.process_time() - c0
 
-    def _run_twice(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock, found: dict,
-                   history: HistoryDigest, prefix, *, lean: bool) -> tuple:
+    def _run_twice(
+        self,
+        n: int,
+        where: str,
+        home,
+        live: dict,
+        ledger: Ledger,
+        clock: VirtualClock,
+        found: dict,
+        history: HistoryDigest,
+        prefix,
+        *,
+        lean: bool,
+    ) -> tuple:
         """``_recover_run``, and again without the recovery's own replayer where a checked splice spent it."""
-        raw = self._recover_run(n, where, home, live, ledger, clock, found, history.copy(), prefix,
-                                live_splice=True, lean=lean)
+        raw = self._recover_run(
+            n, where, home, live, ledger, clock, found, history.copy(), prefix, live_splice=True, lean=lean
+        )
         if raw is None:  # a checked splice was refused after it spent the recovery's replayer: again, without it
             self.ctx.stats["recoveries made again"] += 1
-            raw = self._recover_run(n, where, home, live, ledger, clock, found, history, prefix,
-                                    live_splice=False, lean=lean)
+            raw = self._recover_run(
+                n, where, home, live, ledger, clock, found, history, prefix, live_splice=False, lean=lean
+            )
             assert raw is not None  # (None only where the live splice spent the replayer)
         return raw
 
@@ -347,10 +428,12 @@ class SnapshotSweep:
             tail = (led._n, led.own) if isinstance(led, TailLedger) else (p, led.entries[p:])
             light = replace(o, ledger=tail, plan=FaultPlan(count=o.plan.count), clock=None, scenario=None)
             light.plan.crashes = [None] * len(o.plan.crashes)
-            return ((light, {k: (t.events_at, t.ledger_at) for k, t in mine.items()}, None if target is None
-                     else conv), {k: v - stats[k] for k, v in self.ctx.stats.items() if v != stats[k]},
-                    {k: v - timing[k] for k, v in self.ctx.timing.items() if v != timing[k]},
-                    self.ctx.pool.state() if self.ctx.pool is not None else None)
+            return (
+                (light, {k: (t.events_at, t.ledger_at) for k, t in mine.items()}, None if target is None else conv),
+                {k: v - stats[k] for k, v in self.ctx.stats.items() if v != stats[k]},
+                {k: v - timing[k] for k, v in self.ctx.timing.items() if v != timing[k]},
+                self.ctx.pool.state() if self.ctx.pool is not None else None,
+            )
 
         try:
             (light, points, conv), stats, timing, pool = in_child(child)
@@ -373,7 +456,7 @@ class SnapshotSweep:
         if conv is not None:
             how, key, result = conv
             if how == "splice":  # made in the child from its own replayer: the same target, made here
-                own = self.ctx.reference().events[:o.extra["copied_events"]] + o.events
+                own = self.ctx.reference().events[: o.extra["copied_events"]] + o.events
                 target = splice_target(own, self.ctx.near[without_history(key)], list(led.entries), result)
                 found[key] = target
             else:
@@ -382,8 +465,21 @@ class SnapshotSweep:
                     raise RuntimeError("a forked recovery converged to a point the sweep does not know")
         return o, mine, target, conv
 
-    def _recover_run(self, n: int, where: str, home, live: dict, ledger: Ledger, clock: VirtualClock,
-                     found: dict, history: HistoryDigest, prefix, *, live_splice: bool, lean: bool) -> tuple | None:
+    def _recover_run(
+        self,
+        n: int,
+        where: str,
+        home,
+        live: dict,
+        ledger: Ledger,
+        clock: VirtualClock,
+        found: dict,
+        history: HistoryDigest,
+        prefix,
+        *,
+        live_splice: bool,
+        lean: bool,
+    ) -> tuple | None:
         """One recovery run, stopped at convergence: (its outcome so far, the convergence points it passed,
         the target it converged to or None where it ran to the end, how: ("key", key, None) or
         ("splice", key, result) where a checked splice made the target); None where a checked splice on
@@ -414,27 +510,48 @@ class SnapshotSweep:
                 mine_replayer = testing.cached_replayer(eng, self.ctx.scn.workflow_id) if live_splice else None
                 own = JoinedEvents(self.ctx.reference().events, rlive["copied_events"], new)
                 c0 = time.process_time()
-                result, spent = splice_replay(testing.registration(eng, WORKFLOW_TRAIN_RUN), self.ctx.scn.workflow_id, own, near,
-                                              live=mine_replayer)
+                result, spent = splice_replay(
+                    testing.registration(eng, WORKFLOW_TRAIN_RUN),
+                    self.ctx.scn.workflow_id,
+                    own,
+                    near,
+                    live=mine_replayer,
+                )
                 self.ctx.timing["cpu: checked splices' dry runs"] += time.process_time() - c0
                 self.ctx.stats["checked splices" if result is not NO_SPLICE else "refused splices"] += 1
                 self.ctx.stats["splices on the recovery's own replayer"] += spent
                 if result is not NO_SPLICE:
                     entries = rlive["fakes"].ledger.entries
-                    target = (Target(None, len(own), len(entries)) if lean
-                              else splice_target(list(own), near, list(entries), result))
+                    target = (
+                        Target(None, len(own), len(entries))
+                        if lean
+                        else splice_target(list(own), near, list(entries), result)
+                    )
                     found[key] = target  # the other states of its kind converge here at once
                     conv[0] = ("splice", key, result)
                     raise Converged(target)
                 if spent:
                     raise Converged(_SPENT)
             if key not in found:
-                found[key] = mine[key] = Target(None, history.last_seq.get(self.ctx.scn.workflow_id, 0),
-                                                len(rlive["fakes"].ledger.entries))
+                found[key] = mine[key] = Target(
+                    None, history.last_seq.get(self.ctx.scn.workflow_id, 0), len(rlive["fakes"].ledger.entries)
+                )
 
-        o = recover_from_snapshot(self.ctx.scn, home, n, where, live, ledger, clock, workflow_fn=self.ctx.workflow_fn,
-                                  watch=watch, prefix=prefix, pool=self.ctx.pool, index=None if lean else self._index,
-                                  timing=self.ctx.timing)
+        o = recover_from_snapshot(
+            self.ctx.scn,
+            home,
+            n,
+            where,
+            live,
+            ledger,
+            clock,
+            workflow_fn=self.ctx.workflow_fn,
+            watch=watch,
+            prefix=prefix,
+            pool=self.ctx.pool,
+            index=None if lean else self._index,
+            timing=self.ctx.timing,
+        )
         target = o.extra.pop("converged", None)
         if target is _SPENT:
             for key in mine:  # never verified: gone, as if this try had not been made
@@ -457,9 +574,14 @@ class SnapshotSweep:
             t = target.run
             assert t is not None  # (converged to a target whose run has ended)
             own = o.events
-            o = replace(o, state=t.state, result=t.result, error=t.error,
-                        events=self.ctx.reference().events[:copied] + own + t.events[target.events_at:],
-                        ledger=splice_ledger(o.ledger, target))
+            o = replace(
+                o,
+                state=t.state,
+                result=t.result,
+                error=t.error,
+                events=self.ctx.reference().events[:copied] + own + t.events[target.events_at :],
+                ledger=splice_ledger(o.ledger, target),
+            )
             o.extra["ledger_tail"] = (t.ledger, target.ledger_at)  # its ledger checks: piecewise
             state_lines = None if self.ctx.scn.fail_suites else self.ctx.spliced_state_lines(o, copied, own, target)
             run = Verified(o.state, o.result, o.error, o.events, o.ledger.entries, t.file_lines) if mine else None

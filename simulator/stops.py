@@ -23,6 +23,7 @@ stop's own (``stop_lines``): a stop that ended a life without a kill before ctl'
 as a failure (no ``activity_failed`` in a run that has no trainer failures); and a stop during a
 timer wait left the rest of the wait to the next life, the timer firing once, at its recorded time.
 """
+
 from __future__ import annotations
 
 import time
@@ -38,8 +39,12 @@ if TYPE_CHECKING:
 
 AFTER = 3  # kills also this many positions after the stopped life's end (the next life's recovery)
 # the history's event types read here (the public format ``ctl history --json`` prints)
-ACTIVITY_PREEMPTED, PREEMPTED, ACTIVITY_FAILED, TIMER_FIRED = ("activity_preempted", "preempted", "activity_failed",
-                                                               "timer_fired")
+ACTIVITY_PREEMPTED, PREEMPTED, ACTIVITY_FAILED, TIMER_FIRED = (
+    "activity_preempted",
+    "preempted",
+    "activity_failed",
+    "timer_fired",
+)
 
 
 def stop_lines(o: Outcome) -> list[str]:
@@ -50,7 +55,7 @@ def stop_lines(o: Outcome) -> list[str]:
     if not stops:
         return bad
     stop = stops[0]
-    after = entries[stop["seq"]:]
+    after = entries[stop["seq"] :]
     exit_ = next((e for e in after if e["kind"] == "ctl-exit"), None)
     crashed = next((e for e in after if e["kind"] == "crash"), None)
     clean = exit_ is not None and (crashed is None or crashed["seq"] > exit_["seq"])
@@ -58,25 +63,34 @@ def stop_lines(o: Outcome) -> list[str]:
     preempted = [e for e in events if e.type == ACTIVITY_PREEMPTED]
     waits = [e for e in events if e.type == PREEMPTED]
     if clean and not preempted and not waits:
-        bad.append(f"ctl exited after the stop (position {stop['position']}, {stop['where']}) with nothing recorded: "
-                   "no activity_preempted, no preempted event")
+        bad.append(
+            f"ctl exited after the stop (position {stop['position']}, {stop['where']}) with nothing recorded: "
+            "no activity_preempted, no preempted event"
+        )
     for e in preempted:
         a = e.attrs
         if is_train(a.get("activity_id", "")) and a.get("steps_lost") not in (0, None):
-            bad.append(f"{a['activity_id']} attempt {a.get('attempt')} preempted with {a.get('steps_lost')} step(s) lost "
-                       f"(stopped at {a.get('stopping_step')}, checkpoint {a.get('step')})")
+            bad.append(
+                f"{a['activity_id']} attempt {a.get('attempt')} preempted with {a.get('steps_lost')} step(s) lost "
+                f"(stopped at {a.get('stopping_step')}, checkpoint {a.get('step')})"
+            )
     # 0 steps lost: the attempt after a trainer's stop resumes from the very step it stopped at
     for i, ent in enumerate(entries):
         if ent["kind"] != "train-preempted":
             continue
-        nxt = next((x for x in entries[i + 1:] if x["kind"] == "train-start" and x["run"] == ent["run"]), None)
+        nxt = next((x for x in entries[i + 1 :] if x["kind"] == "train-start" and x["run"] == ent["run"]), None)
         if nxt is not None and ent["step"] > 0 and nxt["from_step"] != ent["step"]:
-            bad.append(f"{ent['activity']} stopped politely at step {ent['step']}, its next attempt ({nxt['activity']} "
-                       f"attempt {nxt['attempt']}) resumed from step {nxt['from_step']}: "
-                       f"{ent['step'] - nxt['from_step']} step(s) lost")
+            bad.append(
+                f"{ent['activity']} stopped politely at step {ent['step']}, its next attempt ({nxt['activity']} "
+                f"attempt {nxt['attempt']}) resumed from step {nxt['from_step']}: "
+                f"{ent['step'] - nxt['from_step']} step(s) lost"
+            )
     if not o.scenario.oom_at and not o.scenario.fail_suites:
-        bad += [f"{e.type} of {e.attrs.get('activity_id')} attempt {e.attrs.get('attempt')}: a stop counted as a failure"
-                for e in events if e.type == ACTIVITY_FAILED]
+        bad += [
+            f"{e.type} of {e.attrs.get('activity_id')} attempt {e.attrs.get('attempt')}: a stop counted as a failure"
+            for e in events
+            if e.type == ACTIVITY_FAILED
+        ]
     if clean and stop["where"] == "timer-wait" and not preempted:
         fired = [e for e in events if e.type == TIMER_FIRED]
         if not any(w.seq < f.seq for w in waits for f in fired):
@@ -116,13 +130,22 @@ class StopSweep:
         m = sim.check(o, what="stop", kills=kills)
         if own or m is not None:
             lines = [f"polite stop at position {stop_at}: {sim.where(stop_at)}"] + own + (m.lines if m else [])
-            cmd = (m.command if m else f"python -m simulator kill-at {sim.scn.flags()} --kills "
-                   f"{','.join(map(str, kills)) or 'none'}") + f" --stop-at-position {stop_at}"
+            cmd = (
+                m.command
+                if m
+                else f"python -m simulator kill-at {sim.scn.flags()} --kills {','.join(map(str, kills)) or 'none'}"
+            ) + f" --stop-at-position {stop_at}"
             return o, Mismatch("stop", kills, lines, cmd)
         return o, None
 
-    def stops(self, *, positions: Iterable[int] | None = None, after: int = AFTER, kills: bool = True,
-              stop_at_first: bool = False) -> Report:
+    def stops(
+        self,
+        *,
+        positions: Iterable[int] | None = None,
+        after: int = AFTER,
+        kills: bool = True,
+        stop_at_first: bool = False,
+    ) -> Report:
         """The sweep (module docstring); ``kills=False``: the stops alone, no kill after them."""
         t0 = time.perf_counter()
         report = Report("stops")

@@ -15,6 +15,7 @@ context: ``snapshot_sweep.SnapshotSweep`` (``snapshot_kills`` and its recoveries
 replays, forks) and ``random_sweeps.RandomSweeps`` (``random_kills``, ``cancels``); ``report`` has
 ``Mismatch``, ``Report``, ``rerun_command``.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -58,24 +59,30 @@ class Simulator(SweepContext):
     Its runs and checks are its ``SweepContext`` (simulator/sweep_context.py), which it hands down to the
     sweeps it owns: ``SnapshotSweep`` (snapshot_kills) and ``RandomSweeps`` (random_kills, cancels)."""
 
-    def __init__(self, scn: Scenario, *, workflow_fn: Callable | dict[str, Callable] | None = None, mutant: str | None = None,
-                 keep_failed: bool = False):
+    def __init__(
+        self,
+        scn: Scenario,
+        *,
+        workflow_fn: Callable | dict[str, Callable] | None = None,
+        mutant: str | None = None,
+        keep_failed: bool = False,
+    ):
         super().__init__(scn, workflow_fn=workflow_fn, mutant=mutant, keep_failed=keep_failed)
         self._snapshots = SnapshotSweep(self)  # snapshot_kills and its recoveries (simulator/snapshot_sweep.py)
         self._random = RandomSweeps(self)  # random_kills, cancels (simulator/random_sweeps.py)
 
     # ---- sweeps ----------------------------------------------------------------------------------
 
-    def snapshot_kills(self, positions: list[int], *, stop_at_first: bool = False,
-                       dedup: bool = True) -> list[Mismatch | None]:
+    def snapshot_kills(
+        self, positions: list[int], *, stop_at_first: bool = False, dedup: bool = True
+    ) -> list[Mismatch | None]:
         """Kills at ``positions`` (increasing), recovered from snapshots of one uninterrupted run
         (``SnapshotSweep.snapshot_kills``)."""
         return self._snapshots.snapshot_kills(positions, stop_at_first=stop_at_first, dedup=dedup)
 
     def random_kills(self, *, seed: int, runs: int, kills_per_run: int, stop_at_first: bool = False) -> Report:
         """``runs`` runs, each killed ``1..kills_per_run`` times at positions drawn by ``seed``."""
-        return self._random.random_kills(seed=seed, runs=runs, kills_per_run=kills_per_run,
-                                         stop_at_first=stop_at_first)
+        return self._random.random_kills(seed=seed, runs=runs, kills_per_run=kills_per_run, stop_at_first=stop_at_first)
 
     def cancels(self, *, seed: int, runs: int, stop_at_first: bool = False) -> Report:
         """Cancel at a random position and kill at another (before or after it), then restart the spec."""
@@ -95,8 +102,9 @@ class Simulator(SweepContext):
             self.finish(o, m)
         return m
 
-    def kill_every_position(self, *, positions: Iterable[int] | None = None, stop_at_first: bool = False,
-                            jobs: int = 1, mode: str = "dedup") -> Report:
+    def kill_every_position(
+        self, *, positions: Iterable[int] | None = None, stop_at_first: bool = False, jobs: int = 1, mode: str = "dedup"
+    ) -> Report:
         """Kill once at each position of the uninterrupted run (or at ``positions``).
 
         ``mode="rerun"``: for each position, a fresh home, the run from the start killed
@@ -131,8 +139,9 @@ class Simulator(SweepContext):
             jobs = max(1, min(jobs, len(todo)))
             parts = [todo[j::jobs] for j in range(jobs)]
             dedup = mode == "dedup"
-            results = _map(lambda part: self.snapshot_kills(part, stop_at_first=stop_at_first, dedup=dedup),
-                           parts, jobs)
+            results = _map(
+                lambda part: self.snapshot_kills(part, stop_at_first=stop_at_first, dedup=dedup), parts, jobs
+            )
         for part in results:
             for m in part:
                 report.record(m)
@@ -146,8 +155,14 @@ class Simulator(SweepContext):
         keys: set[tuple] = set()
         home, clock, live = new_home(), VirtualClock(START_TIME), dict[str, Any]()
         try:
-            run_scenario(self.scn, home, FaultPlan(observer=lambda n, kind, label: keys.add(position_key(live, clock))),
-                         workflow_fn=self.workflow_fn, clock=clock, live=live)
+            run_scenario(
+                self.scn,
+                home,
+                FaultPlan(observer=lambda n, kind, label: keys.add(position_key(live, clock))),
+                workflow_fn=self.workflow_fn,
+                clock=clock,
+                live=live,
+            )
         finally:
             remove_home(home)
         return len(keys)

@@ -11,6 +11,7 @@ context, so they import this module and never the simulator (no circle, no reach
 The snapshot sweep that runs sets ``pool`` (its snapshot folder), which ``check`` and ``drop_home``
 leave in place.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -58,8 +59,14 @@ def quiet_engine_logs() -> None:
 class SweepContext:
     """One scenario (and one workflow function: the real one, or a mutant): its runs and their checks."""
 
-    def __init__(self, scn: Scenario, *, workflow_fn: Callable | dict[str, Callable] | None = None, mutant: str | None = None,
-                 keep_failed: bool = False):
+    def __init__(
+        self,
+        scn: Scenario,
+        *,
+        workflow_fn: Callable | dict[str, Callable] | None = None,
+        mutant: str | None = None,
+        keep_failed: bool = False,
+    ):
         self.scn = scn
         self.workflow_fn = workflow_fn
         self.mutant = mutant
@@ -93,8 +100,14 @@ class SweepContext:
 
     # ---- single runs -------------------------------------------------------------------------
 
-    def run(self, kills: Iterable[int] = (), *, cancel_at: int | None = None, record: bool = False,
-            stop_at: int | None = None) -> Outcome:
+    def run(
+        self,
+        kills: Iterable[int] = (),
+        *,
+        cancel_at: int | None = None,
+        record: bool = False,
+        stop_at: int | None = None,
+    ) -> Outcome:
         """One run from a fresh home, killed at ``kills``; ``cancel_at``: a cancel there (then the spec
         again); ``stop_at``: a polite stop there (simulator/stops.py)."""
         home = new_home()
@@ -103,8 +116,13 @@ class SweepContext:
         if cancel_at is not None and o.cancel_done and o.state == "canceled":
             o.extra["ledger_start"] = len(o.ledger.entries)
             o.continued = run_scenario(
-                self.scn, home, FaultPlan(), workflow_fn=self.workflow_fn,
-                workflow_id=f"{self.scn.workflow_id}/2", ledger=o.ledger, clock=o.clock,
+                self.scn,
+                home,
+                FaultPlan(),
+                workflow_fn=self.workflow_fn,
+                workflow_id=f"{self.scn.workflow_id}/2",
+                ledger=o.ledger,
+                clock=o.clock,
             )
         return o
 
@@ -112,8 +130,13 @@ class SweepContext:
         """The uninterrupted run (once), with its positions and its convergence points recorded (``trace``,
         ``targets``, ``near``)."""
         if self._ref is None:
-            home, ledger, clock, live, history = (new_home(), Ledger(), VirtualClock(START_TIME), dict[str, Any](),
-                                                  HistoryDigest())
+            home, ledger, clock, live, history = (
+                new_home(),
+                Ledger(),
+                VirtualClock(START_TIME),
+                dict[str, Any](),
+                HistoryDigest(),
+            )
             points: list[tuple[tuple, int, int]] = []
 
             def watch(n: int, kind: str, label: str) -> None:
@@ -122,8 +145,9 @@ class SweepContext:
                     points.append((key, history.last_seq.get(self.scn.workflow_id, 0), len(ledger.entries)))
 
             plan = FaultPlan(record=True, observer=watch, observe_only=(CONVERGENCE_KIND,))
-            ref = run_scenario(self.scn, home, plan, workflow_fn=self.workflow_fn, ledger=ledger, clock=clock,
-                               live=live)
+            ref = run_scenario(
+                self.scn, home, plan, workflow_fn=self.workflow_fn, ledger=ledger, clock=clock, live=live
+            )
             self._ref = ref
             self.trace = list(ref.plan.trace)
             self.release_from = live.get("release_from")  # where its release requests begin (None: none)
@@ -135,9 +159,17 @@ class SweepContext:
             self.finish(ref, self._ref_mismatch)
         return self._ref
 
-    def check(self, o: Outcome, *, what: str, kills: list[int], cancel_at: int | None = None,
-              seed: int | None = None, state_lines: list[str] | None = None,
-              ledger_lines: list[str] | None = None) -> Mismatch | None:
+    def check(
+        self,
+        o: Outcome,
+        *,
+        what: str,
+        kills: list[int],
+        cancel_at: int | None = None,
+        seed: int | None = None,
+        state_lines: list[str] | None = None,
+        ledger_lines: list[str] | None = None,
+    ) -> Mismatch | None:
         """Every check of a finished run; ``state_lines``: its outcome/files checks, already made;
         ``ledger_lines``: ``check_completed_ledger``'s, made piecewise (simulator/ledger_folds.py)."""
         scn = self.scn
@@ -166,8 +198,15 @@ class SweepContext:
         pool = self.pool
         if self.keep_failed and pool is not None and o.home == pool.home:
             pool.release()  # kept for the user as it is
-        return Mismatch(what, kills, lines, rerun_command(scn, kills, cancel_at=cancel_at, mutant=self.mutant),
-                        cancel_at=cancel_at, seed=seed, home=str(o.home) if self.keep_failed else None)
+        return Mismatch(
+            what,
+            kills,
+            lines,
+            rerun_command(scn, kills, cancel_at=cancel_at, mutant=self.mutant),
+            cancel_at=cancel_at,
+            seed=seed,
+            home=str(o.home) if self.keep_failed else None,
+        )
 
     def state_lines(self, o: Outcome, *, what: str = "kill", file_lines: list[str] | None = None) -> list[str]:
         """The checks of a completed run's outcome and files (all but the ledger's); ``file_lines``:
@@ -190,7 +229,7 @@ class SweepContext:
             hit = self._kept_index[id(events)] = (events, where, [events[i] for i in where])
         _, where, kept = hit
         stop = len(events) if stop is None else stop
-        return kept[bisect.bisect_left(where, start):bisect.bisect_left(where, stop)]
+        return kept[bisect.bisect_left(where, start) : bisect.bisect_left(where, stop)]
 
     def spliced_state_lines(self, o: Outcome, copied: int, own: list, target: Target) -> list[str]:
         """``state_lines`` of a spliced recovery ``o``: its events are the reference's first ``copied``, then
@@ -201,20 +240,29 @@ class SweepContext:
         assert t is not None and self._ref is not None  # (a target splices once its run has ended; after the reference)
         m = min(copied, self._shared_with_ref(t.events))
         mine = self._kept(self._ref.events, m, copied) + (
-            kept_events(own) if copied == 0 else [e for e in own if e.type in CHECKED_EVENTS])
+            kept_events(own) if copied == 0 else [e for e in own if e.type in CHECKED_EVENTS]
+        )
         theirs = self._kept(t.events, m, target.events_at)
         if len(mine) == len(theirs) and all(a[1:] == b[1:] for a, b in zip(mine, theirs)):  # (type, time, attrs)
             hit = self._target_lines.get(id(t))
             if hit is None or hit[0] is not t:
                 if len(self._target_lines) >= 8:
                     self._target_lines.clear()
-                hit = self._target_lines[id(t)] = (t, self.state_lines(replace(o, events=self._kept(t.events, 0)),
-                                                                       file_lines=t.file_lines))
+                hit = self._target_lines[id(t)] = (
+                    t,
+                    self.state_lines(replace(o, events=self._kept(t.events, 0)), file_lines=t.file_lines),
+                )
             self.stats["outcome checks as the target's"] += 1
             return list(hit[1])
-        short = kept_events(o.events) if copied == 0 else (
-            self._kept(self._ref.events, 0, copied) + [e for e in own if e.type in CHECKED_EVENTS]
-            + self._kept(t.events, target.events_at))
+        short = (
+            kept_events(o.events)
+            if copied == 0
+            else (
+                self._kept(self._ref.events, 0, copied)
+                + [e for e in own if e.type in CHECKED_EVENTS]
+                + self._kept(t.events, target.events_at)
+            )
+        )
         return self.state_lines(replace(o, events=short), file_lines=t.file_lines)
 
     def _shared_with_ref(self, events: list) -> int:

@@ -11,6 +11,7 @@
 - **mypy starts at once in the background** when tests/test_checked.py's mypy test is selected: a cold
   mypy is ~40 s of one core, which then overlaps the tests before it instead of adding to the lane.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if any(item.nodeid == MYPY_TEST for item in session.items):
-        _mypy["proc"] = subprocess.Popen([sys.executable, "-m", "mypy"], cwd=ROOT, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True)
+        _mypy["proc"] = subprocess.Popen(
+            [sys.executable, "-m", "mypy"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -13,15 +13,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# `ruff format --check` runs once the code has been formatted. The lead runs `ruff format .` (and
-# `ruff check --select I --fix .`, the import order) over everything once, at the end of the round,
-# because reformatting while every helper edits the same files would make each merge conflict; then
-# FORMATTED becomes True and from then on an unformatted file fails the lane.
-FORMATTED = False
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -39,12 +32,11 @@ def test_ruff_lint_finds_nothing() -> None:
     assert done.returncode == 0, f"ruff check . reported:\n{done.stdout}{done.stderr}"
 
 
-@pytest.mark.skipif(not FORMATTED, reason="ruff format runs once at the end of the round (see FORMATTED above)")
 def test_ruff_format_leaves_everything_as_it_is() -> None:
+    """Every Python file as `ruff format` writes it (line length 120). Import order is not enforced: several
+    modules must set the environment or a signal mask before an import (torch, the runtime settings)."""
     done = _run("ruff", "format", "--check", ".")
     assert done.returncode == 0, f"ruff format --check . would reformat:\n{done.stdout}{done.stderr}"
-    order = _run("ruff", "check", "--select", "I", "--output-format", "concise", ".")
-    assert order.returncode == 0, f"imports out of order (ruff check --select I --fix .):\n{order.stdout}"
 
 
 def test_mypy_checks_every_package() -> None:

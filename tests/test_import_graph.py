@@ -13,6 +13,7 @@ taken whole, import each other in a circle (as ``tinyllm/spec.py`` once imported
 while ``tinyllm/objectives/common.py`` imported ``tinyllm/spec.py``: no circle of files, but the folder
 ``objectives/`` stood both above and below ``spec.py``). Run this file directly to print both.
 """
+
 from __future__ import annotations
 
 import ast
@@ -40,15 +41,21 @@ def _modules() -> dict[str, Path]:
 
 def _type_checking(node: ast.AST) -> bool:
     test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
-                                         or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return isinstance(node, ast.If) and (
+        isinstance(test, ast.Name)
+        and test.id == "TYPE_CHECKING"
+        or isinstance(test, ast.Attribute)
+        and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _top_level_imports(tree: ast.Module, lazy: bool = False, typing: bool = True) -> list[ast.Import | ast.ImportFrom]:
     """Import statements of the module body, also under module-level if/try/with (not in defs);
     ``lazy``: also those in functions; ``typing``: also those under ``if TYPE_CHECKING:`` (counted in the
     graph; left out where the question is what a module loads when it runs)."""
-    skip = set() if typing else {id(n) for t in ast.walk(tree) if _type_checking(t) for b in t.body for n in ast.walk(b)}
+    skip = (
+        set() if typing else {id(n) for t in ast.walk(tree) if _type_checking(t) for b in t.body for n in ast.walk(b)}
+    )
     if lazy:
         return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skip]
     found, todo = [], list(tree.body)
@@ -79,7 +86,7 @@ def import_graph(lazy: bool = False) -> dict[str, set[str]]:
                 base = node.module or ""
                 if node.level:
                     here = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                    here = here[:len(here) - (node.level - 1)]
+                    here = here[: len(here) - (node.level - 1)]
                     base = ".".join(here + ([base] if base else []))
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
             graph[mod].update(t for t in targets if t in mods and t != mod)
@@ -139,8 +146,16 @@ def test_no_import_cycles(package: str, lazy: bool) -> None:
 def _folders() -> list[str]:
     """Every package folder: the top level ('') and each folder of these packages that holds modules."""
     mods = _modules()
-    return ["", *sorted({m if path.name == "__init__.py" else m.rsplit(".", 1)[0]
-                         for m, path in mods.items() if "." in m or path.name == "__init__.py"})]
+    return [
+        "",
+        *sorted(
+            {
+                m if path.name == "__init__.py" else m.rsplit(".", 1)[0]
+                for m, path in mods.items()
+                if "." in m or path.name == "__init__.py"
+            }
+        ),
+    ]
 
 
 def _child(folder: str, mod: str) -> str | None:
@@ -149,7 +164,7 @@ def _child(folder: str, mod: str) -> str | None:
     prefix = folder + "." if folder else ""
     if not mod.startswith(prefix) or mod == folder:
         return None
-    return prefix + mod[len(prefix):].split(".")[0]
+    return prefix + mod[len(prefix) :].split(".")[0]
 
 
 def runs_back_up(lazy: bool = True) -> dict[str, list[list[str]]]:
@@ -195,7 +210,12 @@ def test_the_application_layer_sits_under_ctl() -> None:
         for node in _top_level_imports(ast.parse(path.read_text(), str(path)), lazy=True):
             for t in _resolve(mod, path.name == "__init__.py", node, mods):
                 root = t.split(".")[0]
-                if top == "app" and root in ("ctl", "click", "rich") or top in ("workflows", "engine") and root == "app":
+                if (
+                    top == "app"
+                    and root in ("ctl", "click", "rich")
+                    or top in ("workflows", "engine")
+                    and root == "app"
+                ):
                     bad.append(f"{mod} -> {t}")
     assert not bad, f"imports against ctl -> app -> workflows -> engine: {sorted(set(bad))}"
 
@@ -214,10 +234,14 @@ def unresolved_imports() -> list[tuple[str, str]]:
                 base = node.module or ""
                 if node.level:
                     here = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                    here = here[:len(here) - (node.level - 1)]
+                    here = here[: len(here) - (node.level - 1)]
                     base = ".".join(here + ([base] if base else []))
-                names = [base if base in mods or f"{base}.{a.name}" not in mods and not a.name.startswith("_")
-                         else f"{base}.{a.name}" for a in node.names]
+                names = [
+                    base
+                    if base in mods or f"{base}.{a.name}" not in mods and not a.name.startswith("_")
+                    else f"{base}.{a.name}"
+                    for a in node.names
+                ]
             out += [(mod, n) for n in names if n.split(".")[0] in PACKAGES and n not in mods]
     return sorted(set(out))
 
@@ -225,11 +249,21 @@ def unresolved_imports() -> list[tuple[str, str]]:
 def test_contracts_is_below_everything_and_engine_asks_only_it() -> None:
     """contracts/ (the run home's contract) imports none of the packages; engine imports, of them, only contracts."""
     graph = import_graph(lazy=True)
-    up = sorted((m, t) for m, ts in graph.items() if m.split(".")[0] == "contracts" for t in ts
-                if t.split(".")[0] != "contracts")
+    up = sorted(
+        (m, t)
+        for m, ts in graph.items()
+        if m.split(".")[0] == "contracts"
+        for t in ts
+        if t.split(".")[0] != "contracts"
+    )
     assert not up, f"contracts/ imports the project: {up}"
-    engine_out = sorted((m, t) for m, ts in graph.items() if m.split(".")[0] == "engine" for t in ts
-                        if t.split(".")[0] not in ("engine", "contracts"))
+    engine_out = sorted(
+        (m, t)
+        for m, ts in graph.items()
+        if m.split(".")[0] == "engine"
+        for t in ts
+        if t.split(".")[0] not in ("engine", "contracts")
+    )
     assert not engine_out, f"engine imports a package above it: {engine_out}"
 
 
@@ -241,8 +275,13 @@ def test_every_import_of_these_packages_names_a_module_that_exists() -> None:
 def _engine_imports_outside() -> set[tuple[str, str]]:
     """(module outside engine/, engine module it imports), counting imports inside functions."""
     graph = import_graph(lazy=True)
-    return {(m, t) for m, targets in graph.items() if not (m == "engine" or m.startswith("engine."))
-            for t in targets if t == "engine" or t.startswith("engine.")}
+    return {
+        (m, t)
+        for m, targets in graph.items()
+        if not (m == "engine" or m.startswith("engine."))
+        for t in targets
+        if t == "engine" or t.startswith("engine.")
+    }
 
 
 DOORS = ("engine", "engine.testing", "engine.temporal")  # the front door, the testing door, the optional backend
@@ -266,11 +305,14 @@ def _private_engine_imports_of_tests() -> list[str]:
         if (ROOT / "tests" / "engine") in path.parents:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [f"{node.module}.{a.name}" if node.module == "engine" else node.module or "" for a in node.names]
-                     if isinstance(node, ast.ImportFrom) and not node.level else [])
-            out += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
-                    if n.startswith("engine._")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [f"{node.module}.{a.name}" if node.module == "engine" else node.module or "" for a in node.names]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            out += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if n.startswith("engine._")]
     return sorted(set(out))
 
 
@@ -281,8 +323,9 @@ def test_tests_outside_the_engine_use_its_doors() -> None:
 
 def test_engine_modules_are_private() -> None:
     """engine/'s modules but its doors (front, testing; the optional temporal subpackage) start with ``_``."""
-    public = sorted(m for m in _modules() if m.startswith("engine.") and not _door(m)
-                    and not m.rsplit(".", 1)[1].startswith("_"))
+    public = sorted(
+        m for m in _modules() if m.startswith("engine.") and not _door(m) and not m.rsplit(".", 1)[1].startswith("_")
+    )
     assert not public, f"engine modules that look public: {public} (name them engine/_x.py, export from __init__)"
 
 
@@ -290,8 +333,20 @@ def test_engine_modules_are_private() -> None:
 # it: the imported module (or what its top-level imports load, transitively) is an optional extra's
 # SDK, torch (it must also load after tinyllm.runtime_env.prepare(), which sets what libgomp and MKL
 # read), or numpy (optional for the helper); or the one start-up saving measured, listed here.
-LAZY_FOR = ("torch", "numpy", "temporalio", "mlflow", "tensorboard", "matplotlib", "jinja2", "opentelemetry",
-            "transformers", "lightning", "selenium", "engine.temporal")  # the last: the optional Temporal backend
+LAZY_FOR = (
+    "torch",
+    "numpy",
+    "temporalio",
+    "mlflow",
+    "tensorboard",
+    "matplotlib",
+    "jinja2",
+    "opentelemetry",
+    "transformers",
+    "lightning",
+    "selenium",
+    "engine.temporal",
+)  # the last: the optional Temporal backend
 
 
 # Our own modules that are costly to import, kept out of the processes that only read a home (ctl status, list,
@@ -310,15 +365,17 @@ SLOW_TO_IMPORT = {
 
 def _heavy_name(name: str) -> bool:
     return any(name == h or name.startswith(h + ".") for h in LAZY_FOR) or name in SLOW_TO_IMPORT
+
+
 LAZY_MEASURED = {
     ("ctl.cli", "ctl.display"): "rich costs ~0.2 s of every ctl start; only a followed run's display needs it",
     # engine's front door loads its running side on first use of these names (engine/__init__.py's _LAZY)
     ("app.runs", "engine"): "engine.Engine (worker loop, replay: ~20 ms); a read-only command gets an engine.Reader",
     ("ctl.cli", "engine"): "engine.STOP_SIGNAL_ENV loads the subprocess runner; only a command that runs workflows",
     ("ctl.cli_inspect", "ctl.doctor"): "~9 ms (MLflow sink state: logging, subprocess; run locks: multiprocessing); "
-                                       "only ctl doctor, not status/list/history/show",
+    "only ctl doctor, not status/list/history/show",
     ("tinyllm.sinks.mlflow_sink", "tinyllm.errors"): "~5 ms (tinyllm.stopping: multiprocessing); the trainer's stop "
-                                                      "flag, not for ctl show/doctor reading the sink's state",
+    "flag, not for ctl show/doctor reading the sink's state",
     ("ctl.restart", "tinyllm.runlock"): "~5 ms (tinyllm.errors -> stopping: multiprocessing); only ctl train --restart",
     ("ctl.release", "tinyllm.eval_figures"): "~5 ms (importlib.resources); only a release's gates",
 }
@@ -330,7 +387,7 @@ def _resolve(mod: str, is_pkg: bool, node: ast.Import | ast.ImportFrom, mods: di
     base = node.module or ""
     if node.level:
         here = mod.split(".") if is_pkg else mod.split(".")[:-1]
-        here = here[:len(here) - (node.level - 1)]
+        here = here[: len(here) - (node.level - 1)]
         base = ".".join(here + ([base] if base else []))
     return [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
 
@@ -358,14 +415,19 @@ def _loads_heavy(target: str, mods: dict, cache: dict) -> bool:
         cache[target] = False  # a circle ends here (there are none: test_no_import_cycles)
         path = mods[target]
         nodes = _top_level_imports(ast.parse(path.read_text(), str(path)), typing=False)
-        cache[target] = any(_loads_heavy(t, mods, cache) for n in nodes for t in _resolve(target, path.name == "__init__.py", n, mods))
+        cache[target] = any(
+            _loads_heavy(t, mods, cache) for n in nodes for t in _resolve(target, path.name == "__init__.py", n, mods)
+        )
     return cache[target]
 
 
 def test_imports_inside_functions_only_keep_an_optional_or_heavy_dependency_lazy() -> None:
     mods, cache = _modules(), {}
-    bad = [f"{m}:{line}: {t}" for m, line, t in _in_function_imports()
-           if not _loads_heavy(t, mods, cache) and (m, t) not in LAZY_MEASURED]
+    bad = [
+        f"{m}:{line}: {t}"
+        for m, line, t in _in_function_imports()
+        if not _loads_heavy(t, mods, cache) and (m, t) not in LAZY_MEASURED
+    ]
     assert not bad, f"imports inside functions that load nothing heavy or optional (move them to the top): {bad}"
 
 

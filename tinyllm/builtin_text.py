@@ -6,23 +6,113 @@ pseudo-random generator (splitmix64, so no library's RNG version can change a by
 short stories and plain facts (capitals, opposites, animal sounds, small sums). The zoo eval
 tasks (``data/zoo/*.jsonl``) ask about the same facts, so a trained model can beat chance.
 """
+
 from __future__ import annotations
 
 from importlib import resources
 
 _MASK = (1 << 64) - 1
 
-NAMES = ["Anna", "Ben", "Clara", "Dan", "Emma", "Finn", "Grace", "Hugo", "Ivy", "Jack", "Lily", "Max", "Nora", "Omar", "Rosa", "Sam", "Tom", "Zoe"]
+NAMES = [
+    "Anna",
+    "Ben",
+    "Clara",
+    "Dan",
+    "Emma",
+    "Finn",
+    "Grace",
+    "Hugo",
+    "Ivy",
+    "Jack",
+    "Lily",
+    "Max",
+    "Nora",
+    "Omar",
+    "Rosa",
+    "Sam",
+    "Tom",
+    "Zoe",
+]
 ANIMALS = ["cat", "dog", "fox", "bird", "rabbit", "bear", "duck", "mouse", "horse", "frog", "owl", "sheep"]
-ADJECTIVES = ["little", "happy", "brave", "curious", "sleepy", "kind", "clever", "shy", "quick", "quiet", "big", "funny"]
-PLACES = ["small house", "big forest", "green valley", "quiet village", "old farm", "tall tree", "sunny garden", "red barn"]
+ADJECTIVES = [
+    "little",
+    "happy",
+    "brave",
+    "curious",
+    "sleepy",
+    "kind",
+    "clever",
+    "shy",
+    "quick",
+    "quiet",
+    "big",
+    "funny",
+]
+PLACES = [
+    "small house",
+    "big forest",
+    "green valley",
+    "quiet village",
+    "old farm",
+    "tall tree",
+    "sunny garden",
+    "red barn",
+]
 FEATURES = ["river", "hill", "lake", "sea", "road", "bridge", "mountain", "field"]
-ACTIVITIES = ["sing songs", "read books", "play ball", "pick flowers", "watch the clouds", "swim in the water", "build small towers", "run in the grass"]
+ACTIVITIES = [
+    "sing songs",
+    "read books",
+    "play ball",
+    "pick flowers",
+    "watch the clouds",
+    "swim in the water",
+    "build small towers",
+    "run in the grass",
+]
 OBJECTS = ["shiny stone", "red ball", "blue hat", "little box", "old key", "golden leaf", "lost shoe", "paper boat"]
 FEELINGS = ["happy", "surprised", "proud", "excited", "glad", "calm"]
-CAPITALS = {"France": "Paris", "Italy": "Rome", "Spain": "Madrid", "Germany": "Berlin", "Japan": "Tokyo", "Egypt": "Cairo", "Kenya": "Nairobi", "Peru": "Lima", "Canada": "Ottawa", "Norway": "Oslo", "Greece": "Athens", "Poland": "Warsaw"}
-OPPOSITES = {"hot": "cold", "big": "small", "up": "down", "day": "night", "fast": "slow", "happy": "sad", "old": "new", "open": "closed", "light": "dark", "wet": "dry", "early": "late", "full": "empty"}
-SOUNDS = {"cat": "meow", "dog": "woof", "cow": "moo", "duck": "quack", "sheep": "baa", "owl": "hoot", "horse": "neigh", "frog": "croak", "lion": "roar", "mouse": "squeak", "bee": "buzz", "pig": "oink"}
+CAPITALS = {
+    "France": "Paris",
+    "Italy": "Rome",
+    "Spain": "Madrid",
+    "Germany": "Berlin",
+    "Japan": "Tokyo",
+    "Egypt": "Cairo",
+    "Kenya": "Nairobi",
+    "Peru": "Lima",
+    "Canada": "Ottawa",
+    "Norway": "Oslo",
+    "Greece": "Athens",
+    "Poland": "Warsaw",
+}
+OPPOSITES = {
+    "hot": "cold",
+    "big": "small",
+    "up": "down",
+    "day": "night",
+    "fast": "slow",
+    "happy": "sad",
+    "old": "new",
+    "open": "closed",
+    "light": "dark",
+    "wet": "dry",
+    "early": "late",
+    "full": "empty",
+}
+SOUNDS = {
+    "cat": "meow",
+    "dog": "woof",
+    "cow": "moo",
+    "duck": "quack",
+    "sheep": "baa",
+    "owl": "hoot",
+    "horse": "neigh",
+    "frog": "croak",
+    "lion": "roar",
+    "mouse": "squeak",
+    "bee": "buzz",
+    "pig": "oink",
+}
 NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 
@@ -55,7 +145,7 @@ def _story(r: SplitMix64) -> str:
         f"{name} lived in a {r.choice(PLACES)} near the {r.choice(FEATURES)}. "
         f"Every morning, {name} liked to {r.choice(ACTIVITIES)}. "
         f"One day, {name} found a {obj}. {name} was very {feeling}. "
-        f"{name} showed the {obj} to {friend}, and {friend} said, \"What a nice {obj}!\" "
+        f'{name} showed the {obj} to {friend}, and {friend} said, "What a nice {obj}!" '
         f"Then they went to {r.choice(ACTIVITIES)} together until the sun went down.\n\n"
     )
 
@@ -116,14 +206,28 @@ def zoo_items() -> dict[str, list[dict]]:
             choices = distractors[:]
             gold = r.below(4)
             choices.insert(gold, gold_value)
-            items.append({"task": task, "type": "multiple_choice", "context": template.format(key),
-                          "choices": [" " + c + "." for c in choices], "gold": gold})
+            items.append(
+                {
+                    "task": task,
+                    "type": "multiple_choice",
+                    "context": template.format(key),
+                    "choices": [" " + c + "." for c in choices],
+                    "gold": gold,
+                }
+            )
         return items
 
     arithmetic = [
-        {"task": "arithmetic", "type": "generate", "context": f"{NUMBER_WORDS[a]} plus {NUMBER_WORDS[b]} is".capitalize(),
-         "target": f" {NUMBER_WORDS[a + b]}", "until": ["."], "max_new_tokens": 8}
-        for a in range(5) for b in range(5)
+        {
+            "task": "arithmetic",
+            "type": "generate",
+            "context": f"{NUMBER_WORDS[a]} plus {NUMBER_WORDS[b]} is".capitalize(),
+            "target": f" {NUMBER_WORDS[a + b]}",
+            "until": ["."],
+            "max_new_tokens": 8,
+        }
+        for a in range(5)
+        for b in range(5)
     ]
     return {
         "capitals": mc("capitals", CAPITALS, "The capital of {} is"),
@@ -140,5 +244,7 @@ if __name__ == "__main__":  # regenerate the shipped zoo files
     out = Path(__file__).parent / "data" / "zoo"
     out.mkdir(parents=True, exist_ok=True)
     for task, items in zoo_items().items():
-        (out / f"{task}.jsonl").write_text("".join(json.dumps(i, sort_keys=True) + "\n" for i in items), encoding="utf-8")
+        (out / f"{task}.jsonl").write_text(
+            "".join(json.dumps(i, sort_keys=True) + "\n" for i in items), encoding="utf-8"
+        )
         print(task, len(items))

@@ -34,6 +34,7 @@ and picks the newest valid one.
 A component set that is a proper subset of ``FULL_COMPONENTS`` is a non-resumable artifact: it goes
 to ``runs/<name>/checkpoint_artifacts/iter_NNNNNN/`` and never moves ``LATEST``.
 """
+
 from __future__ import annotations
 
 import io
@@ -47,9 +48,20 @@ from typing import Any, Mapping
 import torch
 
 from contracts.layout import ARTIFACTS, CKPT, LATEST, MANIFEST, artifact_dir_name, step_dir_name
-from contracts.manifest import (FORMAT, FULL_COMPONENTS, build_manifest, canonical_sha256, file_entry,
-                                is_sidecar_name, manifest_digest, read_manifest, read_sidecar, read_verified,
-                                verify_checkpoint, verify_sidecars)
+from contracts.manifest import (
+    FORMAT,
+    FULL_COMPONENTS,
+    build_manifest,
+    canonical_sha256,
+    file_entry,
+    is_sidecar_name,
+    manifest_digest,
+    read_manifest,
+    read_sidecar,
+    read_verified,
+    verify_checkpoint,
+    verify_sidecars,
+)
 from contracts.resume import Refusal, ResumeChoice, choose_resume, list_step_dirs, read_latest
 
 from .errors import CheckpointError
@@ -57,10 +69,30 @@ from .diskfull import writing
 from . import faults
 from .fsio import atomic_write, fsync_dir, write_synced
 
-__all__ = ["FORMAT", "FULL_COMPONENTS", "MANIFEST", "CheckpointError", "Refusal", "ResumeChoice", "artifact_dir_name",
-           "choose_resume", "describe_choice", "list_step_dirs", "load_checkpoint", "manifest_digest",
-           "publish_latest", "read_latest", "read_manifest", "read_sidecar", "recover_interrupted_writes",
-           "save_checkpoint", "step_dir_name", "verify_checkpoint", "write_checkpoint_dir", "write_sidecar"]
+__all__ = [
+    "FORMAT",
+    "FULL_COMPONENTS",
+    "MANIFEST",
+    "CheckpointError",
+    "Refusal",
+    "ResumeChoice",
+    "artifact_dir_name",
+    "choose_resume",
+    "describe_choice",
+    "list_step_dirs",
+    "load_checkpoint",
+    "manifest_digest",
+    "publish_latest",
+    "read_latest",
+    "read_manifest",
+    "read_sidecar",
+    "recover_interrupted_writes",
+    "save_checkpoint",
+    "step_dir_name",
+    "verify_checkpoint",
+    "write_checkpoint_dir",
+    "write_sidecar",
+]
 
 
 def make_dirs(path: Path) -> None:
@@ -89,7 +121,9 @@ def _serialize(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-def write_checkpoint_dir(final: Path, step: int, components: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> Path:
+def write_checkpoint_dir(
+    final: Path, step: int, components: Mapping[str, Any], meta: Mapping[str, Any] | None = None
+) -> Path:
     """Atomically create ``final`` holding ``components`` (name -> torch-saveable object)."""
     make_dirs(final.parent)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
@@ -136,11 +170,14 @@ def publish_latest(ckpt_root: Path, dir_name: str) -> None:
 def write_sidecar(ckpt_dir: Path, name: str, body: Any) -> None:
     """Add or replace the sealed JSON sidecar ``name`` of a committed checkpoint, atomically."""
     assert is_sidecar_name(name), name
-    write_text_atomic(Path(ckpt_dir) / name, json.dumps({"sha256": canonical_sha256(body), "body": body}, indent=1,
-                                                        sort_keys=True))
+    write_text_atomic(
+        Path(ckpt_dir) / name, json.dumps({"sha256": canonical_sha256(body), "body": body}, indent=1, sort_keys=True)
+    )
 
 
-def save_checkpoint(run_dir: Path, step: int, components: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, components: Mapping[str, Any], meta: Mapping[str, Any] | None = None
+) -> Path:
     """Save one checkpoint of ``run_dir`` at ``step``.
 
     The full set (``FULL_COMPONENTS`` plus any extras) goes to ``ckpt/step-NNNNNN`` and becomes
@@ -174,7 +211,7 @@ _TEMPORARY = (".tmp-", ".replaced-", ".LATEST.tmp-")
 
 def _leftover_of(name: str, prefix: str) -> tuple[str, str] | None:
     """``.replaced-step-000004-123`` -> ("step-000004", "123")."""
-    target, sep, pid = name[len(prefix):].rpartition("-")
+    target, sep, pid = name[len(prefix) :].rpartition("-")
     return (target, pid) if sep and target and pid.isdigit() else None
 
 
@@ -204,8 +241,11 @@ def recover_interrupted_writes(run_dir: Path, log=None) -> list[Path]:
             os.rename(source, target)
             fsync_dir(root)
             restored.append(target)
-            print(f"tinyllm: restored {target} from {what} (a write was killed between its two renames)",
-                  file=log, flush=True)
+            print(
+                f"tinyllm: restored {target} from {what} (a write was killed between its two renames)",
+                file=log,
+                flush=True,
+            )
         for p in root.iterdir():
             if p.name.startswith(_TEMPORARY):
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
@@ -219,6 +259,9 @@ def describe_choice(choice: ResumeChoice, rel=str) -> list[str]:
     """The stderr lines of a choice with refusals: each refused checkpoint and why, then what is used."""
     lines = [f"tinyllm: refused checkpoint {rel(r.checkpoint)}: {r.reason}" for r in choice.refused]
     if choice.refused:
-        lines.append(f"tinyllm: resuming from {rel(choice.path)} instead" if choice.path is not None
-                     else "tinyllm: no valid checkpoint left; starting fresh")
+        lines.append(
+            f"tinyllm: resuming from {rel(choice.path)} instead"
+            if choice.path is not None
+            else "tinyllm: no valid checkpoint left; starting fresh"
+        )
     return lines

@@ -23,6 +23,7 @@ Rules the writer keeps:
 ``asynchronous=False`` runs each persist inline (``submit`` returns when it is durable): the switch
 ``TINYLLM_ASYNC_CHECKPOINTS=0`` (docs/checkpoints.md), and what distributed ranks use.
 """
+
 from __future__ import annotations
 
 import copy

@@ -8,6 +8,7 @@ command runs them again). A ``$DURABLE_STOP_SIGNAL`` that names no catchable sig
 Paths: ``--spec`` and ``--progress`` are ordinary paths (relative to the current directory);
 ``--resume`` and checkpoint paths inside specs are relative to the home unless absolute.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -21,7 +22,12 @@ from pathlib import Path
 
 import click
 
-from contracts.exits import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_DISK_FULL, EXIT_LOCKED  # the trainer contract's exit codes
+from contracts.exits import (
+    EXIT_BAD_INPUT,
+    EXIT_CANCELED,
+    EXIT_DISK_FULL,
+    EXIT_LOCKED,
+)  # the trainer contract's exit codes
 
 from . import runtime_env, stopping
 from .corpus import build_corpus
@@ -52,8 +58,7 @@ def _fail(message: str, code: int) -> None:
 def _disk_full(err: OSError, home: Path) -> None:
     """Remove this process's temporaries, then one line and exit 74 (nothing written is lost)."""
     remove_own_temporaries(home)
-    _fail(f"disk full writing {err.filename or home}; free some space and run the same command again",
-          EXIT_DISK_FULL)
+    _fail(f"disk full writing {err.filename or home}; free some space and run the same command again", EXIT_DISK_FULL)
 
 
 PERMISSION_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -64,8 +69,11 @@ def _not_permitted(err: OSError, home: Path) -> None:
     where = Path(err.filename) if err.filename else home
     if where.name.startswith(".tmp-"):  # a temporary being written: the folder it goes in is what to fix
         where = where.parent
-    _fail(f"permission denied writing {where}: make it writable by this user (uid {os.getuid()}) and run the "
-          f"same command again", EXIT_BAD_INPUT)
+    _fail(
+        f"permission denied writing {where}: make it writable by this user (uid {os.getuid()}) and run the "
+        f"same command again",
+        EXIT_BAD_INPUT,
+    )
 
 
 def _os_error(err: OSError, home: Path) -> None:
@@ -98,11 +106,13 @@ def _emit(result: dict) -> None:
     click.echo(json.dumps(result, sort_keys=True))
 
 
-def _launch_distributed(spec, resume: Path | None, progress: str | None, total_steps: int | None, home_dir: Path,
-                        spec_path: str) -> None:
+def _launch_distributed(
+    spec, resume: Path | None, progress: str | None, total_steps: int | None, home_dir: Path, spec_path: str
+) -> None:
     """This process is the launcher of a distributed spec: torchrun runs the ranks (tinyllm/distributed/launch.py)."""
-    code, result, message = launch(spec, home_dir, rank_argv(spec_path, home_dir, progress, resume, total_steps),
-                                   resume)
+    code, result, message = launch(
+        spec, home_dir, rank_argv(spec_path, home_dir, progress, resume, total_steps), resume
+    )
     if result is not None:
         _emit(result)
     if message:
@@ -112,8 +122,12 @@ def _launch_distributed(spec, resume: Path | None, progress: str | None, total_s
     sys.exit(code)
 
 
-home_option = click.option("--home", type=click.Path(file_okay=False), default=None,
-                           help="Home folder (default: $CTL_HOME, else the current directory).")
+home_option = click.option(
+    "--home",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Home folder (default: $CTL_HOME, else the current directory).",
+)
 
 
 @click.group()
@@ -122,8 +136,13 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--spec", "spec_path", type=click.Path(dir_okay=False), default=None,
-              help="Corpus spec (JSON). Without it: the built-in corpus named 'default'.")
+@click.option(
+    "--spec",
+    "spec_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Corpus spec (JSON). Without it: the built-in corpus named 'default'.",
+)
 @home_option
 def corpus(spec_path: str | None, home: str | None) -> None:
     """Build corpora/<name>/ (idempotent; a stop signal before the write: exit 130, nothing written)."""
@@ -142,15 +161,27 @@ def corpus(spec_path: str | None, home: str | None) -> None:
 
 @main.command()
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), required=True, help="Train spec (JSON).")
-@click.option("--progress", type=click.Path(dir_okay=False), default=None,
-              help="Append one JSON line per checkpoint, and a liveness line every few seconds, to this file.")
-@click.option("--resume", type=click.Path(), default=None,
-              help="Checkpoint directory to resume from (default: runs/<name>/ckpt/LATEST, else fresh). "
-                   "A corrupt one is refused (said on stderr, in --progress and in the result's "
-                   "refused_checkpoints) and the newest valid checkpoint is used instead.")
-@click.option("--total-steps", type=click.IntRange(min=1), default=None,
-              help="The run's last step when this invocation trains one segment of it (to the spec's "
-                   "`steps`); validation's schedule and final step follow the run [default: the spec's steps].")
+@click.option(
+    "--progress",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Append one JSON line per checkpoint, and a liveness line every few seconds, to this file.",
+)
+@click.option(
+    "--resume",
+    type=click.Path(),
+    default=None,
+    help="Checkpoint directory to resume from (default: runs/<name>/ckpt/LATEST, else fresh). "
+    "A corrupt one is refused (said on stderr, in --progress and in the result's "
+    "refused_checkpoints) and the newest valid checkpoint is used instead.",
+)
+@click.option(
+    "--total-steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The run's last step when this invocation trains one segment of it (to the spec's "
+    "`steps`); validation's schedule and final step follow the run [default: the spec's steps].",
+)
 @home_option
 def train(spec_path: str, progress: str | None, resume: str | None, total_steps: int | None, home: str | None) -> None:
     """Train the spec's model to its `steps`, resuming where possible.
@@ -198,8 +229,9 @@ def train(spec_path: str, progress: str | None, resume: str | None, total_steps:
             trainer_cls = DistributedTrainer
 
         liveness.event("imported")
-        trainer = trainer_cls(spec, home_dir, Path(progress).absolute() if progress else None, resume_path,
-                          total_steps=total_steps)
+        trainer = trainer_cls(
+            spec, home_dir, Path(progress).absolute() if progress else None, resume_path, total_steps=total_steps
+        )
         result = trainer.run()
     except SpecError as e:
         _fail(str(e), EXIT_BAD_INPUT)
@@ -250,8 +282,12 @@ def _read_train_spec(spec_path: str):
 
 @main.command(name="eval")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), required=True, help="Eval spec (JSON).")
-@click.option("--progress", type=click.Path(dir_okay=False), default=None,
-              help="Append a JSON liveness line to this file every few seconds of work.")
+@click.option(
+    "--progress",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Append a JSON liveness line to this file every few seconds of work.",
+)
 @home_option
 def eval_(spec_path: str, progress: str | None, home: str | None) -> None:
     """Run one suite (ppl or zoo) over the spec's subjects (a stop signal: exit 130, nothing written)."""

@@ -10,6 +10,7 @@ computes it over its whole input; stored in meta.json as ``vocab`` and ``vocab_s
 split is in characters). Building is idempotent: an existing corpus whose source checksum matches is
 kept as is; one built from other sources is never overwritten (bad input, exit 2).
 """
+
 from __future__ import annotations
 
 import glob
@@ -82,11 +83,19 @@ def plan_corpus(spec: CorpusSpec, home: Path) -> tuple[np.ndarray, np.ndarray, d
     if spec.sources:
         train_files = _expand(home, spec.sources, "source")
         train_bytes, train_desc = _read(home, train_files)
-        source: dict[str, Any] = {"kind": "files", "description": f"{len(train_files)} user file(s)", "files": train_desc}
+        source: dict[str, Any] = {
+            "kind": "files",
+            "description": f"{len(train_files)} user file(s)",
+            "files": train_desc,
+        }
     else:
         train_bytes = builtin_text().encode("utf-8")
-        source = {"kind": "builtin", "description": "tinyllm built-in text: data/classics.txt + generated simple English",
-                  "bytes": len(train_bytes), "sha256": hashlib.sha256(train_bytes).hexdigest()}
+        source = {
+            "kind": "builtin",
+            "description": "tinyllm built-in text: data/classics.txt + generated simple English",
+            "bytes": len(train_bytes),
+            "sha256": hashlib.sha256(train_bytes).hexdigest(),
+        }
     if spec.heldout:
         held_files = _expand(home, spec.heldout, "heldout")
         overlap = {f.resolve() for f in held_files} & {f.resolve() for f in (train_files if spec.sources else [])}
@@ -100,8 +109,13 @@ def plan_corpus(spec: CorpusSpec, home: Path) -> tuple[np.ndarray, np.ndarray, d
         held_bytes = b""  # char: cut in characters (_char_tokens)
         if spec.tokenizer == "byte":
             train_bytes, held_bytes = interleave(train_bytes, every)
-        heldout = {"kind": "interleaved", "block": HELDOUT_BLOCK, "every": every, "fraction": spec.heldout_fraction,
-                   "unit": "characters" if spec.tokenizer == "char" else "bytes"}
+        heldout = {
+            "kind": "interleaved",
+            "block": HELDOUT_BLOCK,
+            "every": every,
+            "fraction": spec.heldout_fraction,
+            "unit": "characters" if spec.tokenizer == "char" else "bytes",
+        }
     else:
         split = int(len(train_bytes) * (1.0 - spec.heldout_fraction))
         train_bytes, held_bytes = train_bytes[:split], train_bytes[split:]
@@ -139,8 +153,10 @@ def _utf8(data: bytes, what: str, name: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SpecError(f"corpus {name!r}: the char tokenizer reads UTF-8 text; {what} is not UTF-8 "
-                        f"(byte 0x{data[e.start]:02x} at offset {e.start})") from None
+        raise SpecError(
+            f"corpus {name!r}: the char tokenizer reads UTF-8 text; {what} is not UTF-8 "
+            f"(byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
 
 
 HELDOUT_BLOCK = 512  # units (bytes or characters) per block of an interleaved held-out split
@@ -156,10 +172,12 @@ def interleave(text, every: int):
     ``HELDOUT_BLOCK`` units the middle one is held out (index ``every // 2`` modulo ``every``: a short
     first part, such as the built-in text's 9 KB of classic prose, still gives the held-out part
     blocks), the others are trained on, each in order."""
-    blocks = [text[i:i + HELDOUT_BLOCK] for i in range(0, len(text), HELDOUT_BLOCK)]
+    blocks = [text[i : i + HELDOUT_BLOCK] for i in range(0, len(text), HELDOUT_BLOCK)]
     empty, mid = text[:0], every // 2
-    return (empty.join(b for j, b in enumerate(blocks) if j % every != mid),
-            empty.join(b for j, b in enumerate(blocks) if j % every == mid))
+    return (
+        empty.join(b for j, b in enumerate(blocks) if j % every != mid),
+        empty.join(b for j, b in enumerate(blocks) if j % every == mid),
+    )
 
 
 def _char_tokens(spec: CorpusSpec, train_bytes: bytes, held_bytes: bytes, heldout: dict):
@@ -177,8 +195,10 @@ def _char_tokens(spec: CorpusSpec, train_bytes: bytes, held_bytes: bytes, heldou
         held_text = _utf8(held_bytes, "the held-out text", spec.name)
     distinct = len(set(train_text) | set(held_text))
     if distinct > tokenizer.MAX_CHAR_VOCAB:
-        raise SpecError(f"corpus {spec.name!r} has {distinct} distinct characters; the char tokenizer holds at most "
-                        f"{tokenizer.MAX_CHAR_VOCAB} (use the byte tokenizer)")
+        raise SpecError(
+            f"corpus {spec.name!r} has {distinct} distinct characters; the char tokenizer holds at most "
+            f"{tokenizer.MAX_CHAR_VOCAB} (use the byte tokenizer)"
+        )
     vocab = tokenizer.build_vocab(train_text + held_text)
     return vocab.encode(train_text).astype("<u2"), vocab.encode(held_text).astype("<u2"), vocab, heldout
 
@@ -209,17 +229,26 @@ def build_corpus(spec: CorpusSpec, home: Path) -> dict:
     final = corpus_dir(home, spec.name)
     built = True
     existing = read_meta(final) if final.exists() else None
-    if final.exists() and existing is not None and existing.get("checksum") == meta["checksum"] and _intact(final, existing):
+    if (
+        final.exists()
+        and existing is not None
+        and existing.get("checksum") == meta["checksum"]
+        and _intact(final, existing)
+    ):
         built = False
     elif final.exists() and existing is not None and existing.get("checksum") != meta["checksum"]:
-        raise SpecError(f"corpus {spec.name!r} already exists at {final} with other sources or another tokenizer; use another name or remove it")
+        raise SpecError(
+            f"corpus {spec.name!r} already exists at {final} with other sources or another tokenizer; use another name or remove it"
+        )
     elif final.exists() and existing is None and any(final.iterdir()):
         raise SpecError(f"{final} exists but is not a corpus (no readable meta.json); remove it or use another name")
     else:  # absent, empty, or same sources with damaged files: (re)build atomically
         hold(1)  # tests only (TINYLLM_FAULT=corpus.hold@1)
         if STOP["requested"]:  # a stop signal while planning: nothing written (the same command builds it)
-            raise StopRequested(f"corpus {spec.name!r}: build stopped by {signal_name(STOP['signal'])} before "
-                                "anything was written; the same command builds it")
+            raise StopRequested(
+                f"corpus {spec.name!r}: build stopped by {signal_name(STOP['signal'])} before "
+                "anything was written; the same command builds it"
+            )
         # from here the write runs to its end: a stop signal only sets the flag (tinyllm/errors.py)
         tmp = final.parent / f".tmp-{spec.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -232,8 +261,14 @@ def build_corpus(spec: CorpusSpec, home: Path) -> dict:
             shutil.rmtree(final)
         os.rename(tmp, final)
         fsync_dir(final.parent)
-    return {"name": spec.name, "path": str(final.relative_to(home)), "tokens": meta["tokens"],
-            "heldout_tokens": meta["heldout_tokens"], "checksum": meta["checksum"], "built": built}
+    return {
+        "name": spec.name,
+        "path": str(final.relative_to(home)),
+        "tokens": meta["tokens"],
+        "heldout_tokens": meta["heldout_tokens"],
+        "checksum": meta["checksum"],
+        "built": built,
+    }
 
 
 def open_corpus(home: Path, name: str, part: str = "tokens") -> tuple[np.ndarray, dict]:
@@ -242,7 +277,9 @@ def open_corpus(home: Path, name: str, part: str = "tokens") -> tuple[np.ndarray
     meta = read_meta(path)
     if meta is None:
         raise SpecError(f"corpus {name!r} not found at {path} (build it with: tinyllm corpus --spec FILE)")
-    fname, count = ("tokens.bin", meta.get("tokens")) if part == "tokens" else ("heldout.bin", meta.get("heldout_tokens"))
+    fname, count = (
+        ("tokens.bin", meta.get("tokens")) if part == "tokens" else ("heldout.bin", meta.get("heldout_tokens"))
+    )
     f = path / fname
     try:
         n = int(count or 0)
@@ -252,8 +289,10 @@ def open_corpus(home: Path, name: str, part: str = "tokens") -> tuple[np.ndarray
         raise SpecError(f"corpus {name!r}: {f} is missing or not {count} tokens long (rebuild it with tinyllm corpus)")
     key = "tokens_sha256" if part == "tokens" else "heldout_sha256"
     if _file_sha(f) != meta.get(key):  # never train or evaluate on silently damaged data
-        raise SpecError(f"corpus {name!r}: {f} fails its sha256 checksum (damaged); rebuild it with tinyllm corpus "
-                        f"(ctl train rebuilds it by itself)")
+        raise SpecError(
+            f"corpus {name!r}: {f} fails its sha256 checksum (damaged); rebuild it with tinyllm corpus "
+            f"(ctl train rebuilds it by itself)"
+        )
     return np.memmap(f, dtype="<u2", mode="r"), meta
 
 

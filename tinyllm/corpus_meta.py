@@ -1,5 +1,6 @@
 """A built corpus's ``meta.json`` (``corpora/<name>/meta.json``: its checksums), read with the standard library
 only: ``ctl doctor`` checks corpora with it without importing numpy and the spec's models (tinyllm.corpus does)."""
+
 from __future__ import annotations
 
 import json

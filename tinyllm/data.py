@@ -4,6 +4,7 @@ No RNG state is carried between batches: batch ``c`` draws its row offsets from 
 seeded with ``(seed, c)``. The checkpoint stores the cursor, so a resumed run reads exactly the
 batches the uninterrupted run would have read.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -2,6 +2,7 @@
 
 Shared by the post-training data (tinyllm.posttrain_data) and the held-out source (tinyllm.validation.source).
 """
+
 from __future__ import annotations
 
 import json

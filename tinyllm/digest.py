@@ -1,4 +1,5 @@
 """Digests of model state (torch only): the result line's ``digest`` and the helper's fingerprints."""
+
 from __future__ import annotations
 
 import hashlib
@@ -14,5 +15,7 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
         h.update(key.encode())
         h.update(str(t.dtype).encode())
         h.update(repr(tuple(t.shape)).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # 0-d too (BatchNorm counters)
+        h.update(
+            t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        )  # 0-d too (BatchNorm counters)
     return h.hexdigest()

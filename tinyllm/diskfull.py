@@ -5,6 +5,7 @@ The CLI then removes this process's own temporaries (names carrying ``tmp-``/``.
 ending in ``-<pid>``) and exits 74; what was written before (checkpoints, ``LATEST``) is untouched,
 so the same command resumes once space is freed.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -3,6 +3,7 @@
 ``SpecError`` (bad input, exit 2; re-exported by tinyllm.spec), ``RunLocked`` (exit 75) and
 ``CheckpointError`` (a corrupt checkpoint: refused, another one used; exit 2 if it surfaces).
 """
+
 from __future__ import annotations
 
 import signal

@@ -5,6 +5,7 @@
 tasks (``score_task``). ``ctl release`` checks a gate's figure against these before it starts anything, so a
 gate on a figure the suite never produces is bad input, not a failed gate after a whole evaluation.
 """
+
 from __future__ import annotations
 
 import json

@@ -23,6 +23,7 @@ Outputs are a pure function of (checkpoints, spec): no timestamps, fixed threads
 byte-identical. Writes ``evals/<suite>/<run>/results.jsonl`` + ``summary.json`` atomically, then
 ``complete.json`` (the spec): a repeat of the same spec returns those outputs without rewriting them.
 """
+
 from __future__ import annotations
 
 import json
@@ -93,8 +94,10 @@ def check_stop(where: str) -> None:
     """``StopRequested`` when a stop signal arrived (the CLI's handler set the flag): exit 130."""
     if STOP["requested"]:
         progress.event("stopping", signal=signal_name(STOP["signal"]), where=where)
-        raise StopRequested(f"evaluation stopped by {signal_name(STOP['signal'])} {where}; nothing written "
-                            "(the same command runs the suite again)")
+        raise StopRequested(
+            f"evaluation stopped by {signal_name(STOP['signal'])} {where}; nothing written "
+            "(the same command runs the suite again)"
+        )
 
 
 class Count:
@@ -131,15 +134,16 @@ def heldout_windows(n_tokens: int, block_size: int, max_items: int | None, seed:
 
 
 @torch.no_grad()
-def heldout_nll(model: GPT, tokens: np.ndarray, max_items: int | None, seed: int, batch: int = 32,
-                count_to: Count | None = None) -> tuple[float, int]:
+def heldout_nll(
+    model: GPT, tokens: np.ndarray, max_items: int | None, seed: int, batch: int = 32, count_to: Count | None = None
+) -> tuple[float, int]:
     """(sum of token NLL in nats, token count) over the held-out windows (each one added to ``count_to``)."""
     T = model.cfg.block_size
     chosen = heldout_windows(len(tokens), T, max_items, seed)
     total, count = 0.0, 0
     full = [s for s in chosen if s + T + 1 <= len(tokens)]
     for i in range(0, len(full), batch):
-        rows = np.stack([np.asarray(tokens[s:s + T + 1], dtype=np.int64) for s in full[i:i + batch]])  # (B, T+1)
+        rows = np.stack([np.asarray(tokens[s : s + T + 1], dtype=np.int64) for s in full[i : i + batch]])  # (B, T+1)
         x, y = torch.from_numpy(rows[:, :-1]), torch.from_numpy(rows[:, 1:])
         logits, _ = model(x)  # (B, T, V)
         total += F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum").double().item()
@@ -167,16 +171,23 @@ def check_ppl_corpus(spec: EvalSpec, meta: dict, models: dict) -> None:
     for subject in spec.subjects:
         mine = subject_tokenizer(models[subject.id][0])
         if mine.identity() != theirs.identity():
-            raise SpecError(f"subject {subject.id!r} was trained with the {mine.describe()}, but corpus "
-                            f"{spec.corpus!r} holds ids of the {theirs.describe()}; evaluate it on its own corpus")
+            raise SpecError(
+                f"subject {subject.id!r} was trained with the {mine.describe()}, but corpus "
+                f"{spec.corpus!r} holds ids of the {theirs.describe()}; evaluate it on its own corpus"
+            )
 
 
 def run_ppl(spec: EvalSpec, home: Path, models: dict) -> list[EvalResult]:
     tokens, meta = open_corpus(home, spec.corpus, "heldout")
     check_ppl_corpus(spec, meta, models)
     rows = []
-    windows = Count(sum(len(heldout_windows(len(tokens), models[s.id][0].cfg.block_size, spec.max_items, spec.seed))
-                        for s in spec.subjects), "windows")
+    windows = Count(
+        sum(
+            len(heldout_windows(len(tokens), models[s.id][0].cfg.block_size, spec.max_items, spec.seed))
+            for s in spec.subjects
+        ),
+        "windows",
+    )
     for subject in spec.subjects:
         model, step = models[subject.id]
         nll, n = heldout_nll(model, tokens, spec.max_items, spec.seed, count_to=windows)
@@ -196,7 +207,9 @@ def zoo_tasks() -> dict[str, list[dict]]:
     folder = resources.files("tinyllm").joinpath("data/zoo")
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".jsonl"):
-            tasks[entry.name[:-6]] = [json.loads(line) for line in entry.read_text(encoding="utf-8").splitlines() if line.strip()]
+            tasks[entry.name[:-6]] = [
+                json.loads(line) for line in entry.read_text(encoding="utf-8").splitlines() if line.strip()
+            ]
     return tasks
 
 
@@ -205,11 +218,11 @@ def continuation_logprob(model: GPT, context: str, continuation: str) -> float:
     """Sum of log p(continuation tokens | context), context cut from the left to fit the block."""
     tok = subject_tokenizer(model)
     ctx, cont = tok.encode(context).astype(np.int64), tok.encode(continuation).astype(np.int64)
-    seq = np.concatenate([ctx, cont])[-(model.cfg.block_size + 1):]
+    seq = np.concatenate([ctx, cont])[-(model.cfg.block_size + 1) :]
     x = torch.from_numpy(seq[:-1])[None]  # (1, t)
     logits, _ = model(x)
-    logp = F.log_softmax(logits[0, -len(cont):].double(), dim=-1)  # (len(cont), V)
-    target = torch.from_numpy(seq[-len(cont):])
+    logp = F.log_softmax(logits[0, -len(cont) :].double(), dim=-1)  # (len(cont), V)
+    target = torch.from_numpy(seq[-len(cont) :])
     return logp.gather(1, target[:, None]).sum().item()
 
 
@@ -219,7 +232,7 @@ def greedy_generate(model: GPT, context: str, max_new_tokens: int, until: list[s
     ids = list(tok.encode(context).astype(np.int64))
     out: list[int] = []
     for _ in range(max_new_tokens):
-        x = torch.tensor(ids[-model.cfg.block_size:], dtype=torch.long)[None]
+        x = torch.tensor(ids[-model.cfg.block_size :], dtype=torch.long)[None]
         logits, _ = model(x)
         nxt = int(torch.argmax(logits[0, -1]).item())  # ties: the lowest id
         ids.append(nxt)
@@ -270,14 +283,18 @@ def check_zoo_texts(spec: EvalSpec, tasks: dict[str, list[dict]], models: dict) 
                     try:
                         tok.check(text, f"zoo task {task!r} item {n} for subject {subject.id!r}")
                     except tokenizer.UnknownCharacter as e:
-                        raise SpecError(f"{e}; the zoo suite needs a byte-level subject or a corpus holding "
-                                        "every character of its tasks") from None
+                        raise SpecError(
+                            f"{e}; the zoo suite needs a byte-level subject or a corpus holding "
+                            "every character of its tasks"
+                        ) from None
 
 
 def run_zoo(spec: EvalSpec, models: dict) -> list[EvalResult]:
     rows = []
-    tasks = {task: [items[i] for i in _sample(len(items), spec.max_items, spec.seed, task)]
-             for task, items in zoo_tasks().items()}
+    tasks = {
+        task: [items[i] for i in _sample(len(items), spec.max_items, spec.seed, task)]
+        for task, items in zoo_tasks().items()
+    }
     check_zoo_texts(spec, tasks, models)
     count = Count(len(spec.subjects) * sum(len(chosen) for chosen in tasks.values()), "items")
     for subject in spec.subjects:
@@ -293,8 +310,18 @@ def run_zoo(spec: EvalSpec, models: dict) -> list[EvalResult]:
 
 
 def _row(spec: EvalSpec, subject: EvalSubject, step: int, task: str, metric: str, value: float, n: int) -> EvalResult:
-    return EvalResult(suite=spec.suite, run=spec.run, subject=subject.id, model=subject.model, step=step,
-                      task=task, metric=metric, value=value, value_hex=float(value).hex(), n=n)
+    return EvalResult(
+        suite=spec.suite,
+        run=spec.run,
+        subject=subject.id,
+        model=subject.model,
+        step=step,
+        task=task,
+        metric=metric,
+        value=value,
+        value_hex=float(value).hex(),
+        n=n,
+    )
 
 
 COMPLETE = "complete.json"
@@ -302,8 +329,13 @@ COMPLETE = "complete.json"
 
 
 def _result(spec: EvalSpec, home: Path, out: Path, summary: dict) -> dict:
-    return {"suite": spec.suite, "run": spec.run, "results": str((out / "results.jsonl").relative_to(home)),
-            "summary_path": str((out / "summary.json").relative_to(home)), "summary": summary}
+    return {
+        "suite": spec.suite,
+        "run": spec.run,
+        "results": str((out / "results.jsonl").relative_to(home)),
+        "summary_path": str((out / "summary.json").relative_to(home)),
+        "summary": summary,
+    }
 
 
 def finished_before(spec: EvalSpec, home: Path) -> dict | None:
@@ -340,8 +372,14 @@ def deliver_to_trackers(spec: EvalSpec, home: Path, metrics: dict[str, dict[str,
             digest = manifest["files"]["model.pt"]["sha256"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        mlflow_sink.log_evaluation(run_dir, step, spec.suite, metrics.get(subject.id, {}),
-                                   str(path.relative_to(home)) if path.is_relative_to(home) else str(path), digest)
+        mlflow_sink.log_evaluation(
+            run_dir,
+            step,
+            spec.suite,
+            metrics.get(subject.id, {}),
+            str(path.relative_to(home)) if path.is_relative_to(home) else str(path),
+            digest,
+        )
 
 
 def run_eval(spec: EvalSpec, home: Path) -> dict:
@@ -365,13 +403,18 @@ def run_eval(spec: EvalSpec, home: Path) -> dict:
     metrics: dict[str, dict[str, float]] = {}
     for r in rows:
         metrics.setdefault(r.subject, {})[f"{r.task}/{r.metric}"] = r.value
-    summary = EvalSummary(suite=spec.suite, run=spec.run, name=spec.name, tag=spec.tag, seed=spec.seed,
-                          results=rows, metrics=metrics)
+    summary = EvalSummary(
+        suite=spec.suite, run=spec.run, name=spec.name, tag=spec.tag, seed=spec.seed, results=rows, metrics=metrics
+    )
     out = RunHome(home).eval_dir(spec.suite, spec.run)
     check_stop("before writing its files")  # from here on the files are written to the end (a signal waits)
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "results.jsonl", "".join(json.dumps(r.model_dump(mode="json"), sort_keys=True) + "\n" for r in rows))
-    write_text_atomic(out / "summary.json", json.dumps(summary.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
+    write_text_atomic(
+        out / "results.jsonl", "".join(json.dumps(r.model_dump(mode="json"), sort_keys=True) + "\n" for r in rows)
+    )
+    write_text_atomic(
+        out / "summary.json", json.dumps(summary.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
+    )
     (out / COMPLETE).unlink(missing_ok=True)  # (an older spec's marker; the files are this spec's now)
     write_text_atomic(out / COMPLETE, json.dumps(spec.model_dump(mode="json"), sort_keys=True) + "\n")
     deliver_to_trackers(spec, home, metrics)

@@ -54,6 +54,7 @@ unknown name, a malformed ``AT``, a point named twice, or one of the retired var
 (``RETIRED``) is a ``FaultError`` -- one line, exit 2 from ``tinyllm train`` and the helper, before
 anything is written -- so a typo cannot silently disarm a test. Unset, a point is one dict lookup.
 """
+
 from __future__ import annotations
 
 import os
@@ -76,8 +77,17 @@ POINTS: dict[str, str | None] = {
     "retention.after_rename": "S#I",
     "retention.during_delete": "S#I",
     "retention.after_delete": "S#I",
-    **{f"validation.{phase}": "S" for phase in ("before_marker", "after_marker", "during_evaluation",
-                                                "after_evaluation", "before_frame", "after_publication")},
+    **{
+        f"validation.{phase}": "S"
+        for phase in (
+            "before_marker",
+            "after_marker",
+            "during_evaluation",
+            "after_evaluation",
+            "before_frame",
+            "after_publication",
+        )
+    },
     "durable.checkpoint_write": "N|armed:FILE",
     "trainer.hold": "S",
     "validation.hold": "S",
@@ -89,9 +99,14 @@ POINTS: dict[str, str | None] = {
     "release.after_rename": "N",
 }
 # the variables TINYLLM_FAULT replaced: set, they are refused (a test still using one would run unarmed)
-RETIRED = {"TINYLLM_CHECKPOINT_KILL": "checkpoint.between_renames@S", "TINYLLM_RETENTION_KILL": "retention.<phase>@S#I",
-           "TINYLLM_VALIDATION_KILL": "validation.<phase>@S", "TINYLLM_HOLD_AT": "trainer.hold@S",
-           "DURABLE_FAULT": "durable.checkpoint_write@N", "DURABLE_FINGERPRINT": "durable.fingerprint"}
+RETIRED = {
+    "TINYLLM_CHECKPOINT_KILL": "checkpoint.between_renames@S",
+    "TINYLLM_RETENTION_KILL": "retention.<phase>@S#I",
+    "TINYLLM_VALIDATION_KILL": "validation.<phase>@S",
+    "TINYLLM_HOLD_AT": "trainer.hold@S",
+    "DURABLE_FAULT": "durable.checkpoint_write@N",
+    "DURABLE_FINGERPRINT": "durable.fingerprint",
+}
 
 _armed: dict[str, str] = {}  # point -> its AT ("" for a switch); empty unless armed
 
@@ -160,7 +175,7 @@ def fires(name: str, ordinal: int, home: Path) -> bool:
         return False
     if not at.startswith("armed:"):
         return at == str(ordinal)
-    armed = home / at[len("armed:"):]
+    armed = home / at[len("armed:") :]
     try:  # a rename has one winner: of all the processes that see the file, one fires
         os.rename(armed, armed.with_name(f"{armed.name}.fired-{os.getpid()}"))
     except OSError:

@@ -4,6 +4,7 @@
 fsync one file), ``atomic_write`` (temp file, fsync, rename, dir fsync), ``resolve_home`` (``--home``,
 else ``$CTL_HOME``, else the current directory; ``~`` expanded) and ``rel`` (a path as the home names it).
 """
+
 from __future__ import annotations
 
 import errno
@@ -31,8 +32,9 @@ def write_synced(path: str | os.PathLike, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def atomic_write(path: Path, data: bytes, *, write: Callable[[Path, bytes], None] = write_synced,
-                 cleanup: bool = False) -> None:
+def atomic_write(
+    path: Path, data: bytes, *, write: Callable[[Path, bytes], None] = write_synced, cleanup: bool = False
+) -> None:
     """Replace ``path`` with ``data`` atomically: ``.<name>.tmp-<pid>`` written by ``write`` (fsynced),
     ``os.replace``, then the directory fsynced. ``cleanup``: a failure removes the temporary first."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

@@ -4,6 +4,7 @@ Causal self-attention through ``F.scaled_dot_product_attention``, pre-norm block
 tied token embedding / output head. Configured by ``tinyllm.spec.ModelConfig``.
 Shapes: B batch, T time (tokens), C channels (n_embd), H heads, V vocab.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,8 +71,7 @@ class _LayerNorm(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, bias, mean, rstd = ctx.saved_tensors
         C = x.shape[-1]
-        dx, _, _ = torch.ops.aten.native_layer_norm_backward(
-            dy, x, [C], mean, rstd, weight, bias, [True, False, False])
+        dx, _, _ = torch.ops.aten.native_layer_norm_backward(dy, x, [C], mean, rstd, weight, bias, [True, False, False])
         # dy * ((x - mean) * rstd), each product rounded as written, in place in one temporary
         # (bitwise the same as out of place: a product does not depend on its operands' order)
         dw = torch.sub(x, mean).mul_(rstd).mul_(dy).reshape(-1, C).sum(0)  # (C,): each channel's rows by one thread
@@ -103,7 +103,8 @@ def _dropout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: flo
     T = q.size(-2)
     sf = math.sqrt(1.0 / math.sqrt(q.size(-1)))
     mask = torch.zeros(T, T, dtype=q.dtype).masked_fill_(
-        torch.ones(T, T, dtype=torch.bool).tril_().logical_not_(), float("-inf"))  # (T, T)
+        torch.ones(T, T, dtype=torch.bool).tril_().logical_not_(), float("-inf")
+    )  # (T, T)
     att = _Softmax.apply((q * sf) @ (k.transpose(-2, -1) * sf) + mask)  # (B, H, T, T)
     return F.dropout(att, p, True) @ v  # (B, H, T, C/H)
 

@@ -1,5 +1,6 @@
 """Run names and checkpoint references (importable with nothing but the standard library): a name is
 a folder name."""
+
 from __future__ import annotations
 
 from pathlib import Path

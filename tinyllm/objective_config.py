@@ -8,6 +8,7 @@ needs more than one block (run from ``TrainSpec``'s validator, so a bad spec fai
   optimizer updates per collected batch, the clip range and the KL weight.
   ``steps`` counts collected batches; each commits ``n_mini`` model steps (optimizer updates).
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -59,9 +60,14 @@ class RolloutSampling(_Strict):
     max_tokens: int = Field(8, ge=1)  # completion limit (a rollout also stops at a newline)
 
     def resolved(self, n_generation: int) -> dict:
-        return {"temperature": self.temperature, "top_p": 1.0 if self.top_p is None else self.top_p,
-                "top_k": self.top_k, "repetition_penalty": self.repetition_penalty,
-                "n_generation": n_generation, "max_tokens": self.max_tokens}
+        return {
+            "temperature": self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "top_k": self.top_k,
+            "repetition_penalty": self.repetition_penalty,
+            "n_generation": n_generation,
+            "max_tokens": self.max_tokens,
+        }
 
 
 class RLConfig(_Strict):
@@ -95,7 +101,9 @@ def check_train_spec(spec) -> None:
     wanted = {"lm": None, "dpo": "dpo", "grpo": "rl", "opd": "rl"}[obj]
     for name, block in blocks.items():
         if block is not None and name != wanted:
-            raise ValueError(f"the {name} block applies to objective {'dpo' if name == 'dpo' else 'grpo or opd'}, not {obj!r}")
+            raise ValueError(
+                f"the {name} block applies to objective {'dpo' if name == 'dpo' else 'grpo or opd'}, not {obj!r}"
+            )
     if wanted is not None and blocks[wanted] is None:
         raise ValueError(f"objective {obj!r} requires the {wanted} block")
     if obj != "opd" and spec.teacher is not None:
@@ -123,23 +131,33 @@ def check_train_spec(spec) -> None:
     if obj == "dpo" and spec.grad_accum_steps > 1:
         raise ValueError("objective 'dpo' rejects validation with gradient accumulation (grad_accum_steps > 1)")
     if obj in ROLLOUT_OBJECTIVES and val.every_steps % spec.rl.n_mini:
-        raise ValueError(f"validation.every_steps ({val.every_steps}) must be divisible by rl.n_mini "
-                         f"({spec.rl.n_mini}): validation runs at collected-batch boundaries")
+        raise ValueError(
+            f"validation.every_steps ({val.every_steps}) must be divisible by rl.n_mini "
+            f"({spec.rl.n_mini}): validation runs at collected-batch boundaries"
+        )
     if vobj == "generation" and not val.reward:  # inherits the training reward (explicit ones: ValidationConfig)
         inherited = spec.rl.reward if obj in ROLLOUT_OBJECTIVES else []
         if not inherited:
-            raise ValueError("validation.reward is empty and the training objective has no reward to inherit; "
-                             "name one of " + ", ".join(REWARDS))
+            raise ValueError(
+                "validation.reward is empty and the training objective has no reward to inherit; "
+                "name one of " + ", ".join(REWARDS)
+            )
         needs = sorted(set(inherited) & ANSWER_REWARDS)
         if needs and not val.data.response_column:
-            raise ValueError(f"reward(s) {needs} (inherited from rl.reward) check answers and require "
-                             "validation.data.response_column")
+            raise ValueError(
+                f"reward(s) {needs} (inherited from rl.reward) check answers and require "
+                "validation.data.response_column"
+            )
     if vobj == "generation" and obj in ROLLOUT_OBJECTIVES and val.data.path == spec.rl.data.path:
-        raise ValueError(f"validation.data.path {val.data.path!r} is the training prompts file; "
-                         "held-out prompts must be a separate source")
+        raise ValueError(
+            f"validation.data.path {val.data.path!r} is the training prompts file; "
+            "held-out prompts must be a separate source"
+        )
     if vobj == "dpo" and val.data.path == spec.dpo.data.path:
-        raise ValueError(f"validation.data.path {val.data.path!r} is the training pairs file; "
-                         "held-out pairs must be a separate source")
+        raise ValueError(
+            f"validation.data.path {val.data.path!r} is the training pairs file; "
+            "held-out pairs must be a separate source"
+        )
 
 
 def effective_validation_reward(spec) -> list[str]:

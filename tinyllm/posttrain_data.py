@@ -6,6 +6,7 @@ without shuffle): a pure function of the cursor, so the checkpointed cursor is t
 position. Texts are byte tokens; a pair member or prompt that cannot fit the model's context is
 bad input at load, as is a malformed file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -83,8 +84,10 @@ def load_pairs(path_text: str, home: Path, block_size: int, what: str) -> JsonlF
         for member in ("chosen", "rejected"):
             length = len(ids(row["prompt"] + row[member] + END))
             if length > block_size + 1:
-                raise SpecError(f"{what} file {f.path} pair {n}: prompt + {member} is {length} tokens, "
-                                f"more than block_size + 1 = {block_size + 1}")
+                raise SpecError(
+                    f"{what} file {f.path} pair {n}: prompt + {member} is {length} tokens, "
+                    f"more than block_size + 1 = {block_size + 1}"
+                )
     return f
 
 
@@ -99,24 +102,38 @@ def check_pairs_disjoint(train: JsonlFile, heldout: JsonlFile) -> None:
     shared = sorted(pair_members(train) & pair_members(heldout))
     if shared:
         prompt, completion = shared[0].split(END, 1)
-        raise SpecError(f"held-out pairs {heldout.path} share {len(shared)} pair member(s) with the training pairs "
-                        f"{train.path}, e.g. prompt {prompt!r} completion {completion!r}")
+        raise SpecError(
+            f"held-out pairs {heldout.path} share {len(shared)} pair member(s) with the training pairs "
+            f"{train.path}, e.g. prompt {prompt!r} completion {completion!r}"
+        )
 
 
 # -- prompts -------------------------------------------------------------------------------------
 
-def load_prompts(path_text: str, home: Path, prompt_column: str, response_column: str | None,
-                 block_size: int, max_tokens: int, what: str) -> JsonlFile:
+
+def load_prompts(
+    path_text: str,
+    home: Path,
+    prompt_column: str,
+    response_column: str | None,
+    block_size: int,
+    max_tokens: int,
+    what: str,
+) -> JsonlFile:
     cols = {prompt_column: True}
     if response_column:
         cols[response_column] = False
     f = read_jsonl(path_text, home, what, cols)
-    rows = [{"prompt": r[prompt_column], "response": r.get(response_column) if response_column else None} for r in f.rows]
+    rows = [
+        {"prompt": r[prompt_column], "response": r.get(response_column) if response_column else None} for r in f.rows
+    ]
     for n, row in enumerate(rows, start=1):
         length = len(ids(row["prompt"])) + max_tokens
         if length > block_size + 1:
-            raise SpecError(f"{what} file {f.path} row {n}: prompt + max_tokens is {length} tokens, "
-                            f"more than block_size + 1 = {block_size + 1}")
+            raise SpecError(
+                f"{what} file {f.path} row {n}: prompt + max_tokens is {length} tokens, "
+                f"more than block_size + 1 = {block_size + 1}"
+            )
     return JsonlFile(f.path, f.sha256, rows)
 
 
@@ -126,5 +143,7 @@ def check_prompts_disjoint(train: JsonlFile, heldout_path: Path, heldout_sha: st
         raise SpecError(f"held-out prompts {heldout_path} are the training prompts file {train.path}")
     shared = sorted({r["prompt"] for r in train.rows} & set(heldout_prompts))
     if shared:
-        raise SpecError(f"held-out prompts {heldout_path} share {len(shared)} prompt(s) with the training prompts "
-                        f"{train.path}, e.g. {shared[0]!r}")
+        raise SpecError(
+            f"held-out prompts {heldout_path} share {len(shared)} prompt(s) with the training prompts "
+            f"{train.path}, e.g. {shared[0]!r}"
+        )

@@ -11,6 +11,7 @@ Two kinds of line (contracts/subprocess-activity.md):
   evaluating), at most every ``every_s`` seconds of work: it only extends the lease. It is written by the loop that does the work, never by a side thread,
   so a hung loop goes silent and is stopped once the heartbeat timeout passes.
 """
+
 from __future__ import annotations
 
 import os

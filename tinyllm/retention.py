@@ -28,6 +28,7 @@ leaves at most such a hidden directory, which the next prune removes. Each pruni
 JSON line to ``runs/<name>/ckpt/retention.log`` and prints one line on stderr.
 Tests kill the trainer between the two with ``TINYLLM_FAULT=retention.<phase>@<step>#<i>`` (tinyllm/faults.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -152,9 +153,18 @@ def validation_pending(ckpt_root: Path, names: Iterable[str]) -> set[str]:
     return out
 
 
-def plan(*, names: list[str], keep: KeepCheckpoints, step: int, eval_every: int, final_step: int,
-         latest: str | None, resumed_from: str | None, protected: set[str],
-         selected: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+def plan(
+    *,
+    names: list[str],
+    keep: KeepCheckpoints,
+    step: int,
+    eval_every: int,
+    final_step: int,
+    latest: str | None,
+    resumed_from: str | None,
+    protected: set[str],
+    selected: dict[str, str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
     """(names to prune oldest first, {kept name: why}) of a run's step dirs ``names``; ``selected``:
     {name: why} of the checkpoints model selection keeps (the best k, early stopping's best)."""
     steps = {n: s for n in names if (s := _step(n)) is not None}
@@ -185,8 +195,18 @@ def remove_leftovers(ckpt_root: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def prune(run_dir: Path, home: Path, keep: KeepCheckpoints | None, *, step: int, eval_every: int, final_step: int,
-          resumed_from: Path | None = None, log=None, selected: dict[int, str] | None = None) -> list[str]:
+def prune(
+    run_dir: Path,
+    home: Path,
+    keep: KeepCheckpoints | None,
+    *,
+    step: int,
+    eval_every: int,
+    final_step: int,
+    resumed_from: Path | None = None,
+    log=None,
+    selected: dict[int, str] | None = None,
+) -> list[str]:
     """Apply ``keep`` to ``run_dir/ckpt`` (call under the run lock); returns the pruned names."""
     ckpt_root = run_dir / CKPT
     if keep is None or not ckpt_root.is_dir():
@@ -198,9 +218,17 @@ def prune(run_dir: Path, home: Path, keep: KeepCheckpoints | None, *, step: int,
     except OSError:
         latest = None
     protected = evaluated(home, ckpt_root) | init_from_named(home, ckpt_root) | validation_pending(ckpt_root, names)
-    doomed, why = plan(names=names, keep=keep, step=step, eval_every=eval_every, final_step=final_step,
-                       latest=latest, resumed_from=Path(resumed_from).name if resumed_from else None,
-                       protected=protected, selected={step_dir_name(s): w for s, w in (selected or {}).items()})
+    doomed, why = plan(
+        names=names,
+        keep=keep,
+        step=step,
+        eval_every=eval_every,
+        final_step=final_step,
+        latest=latest,
+        resumed_from=Path(resumed_from).name if resumed_from else None,
+        protected=protected,
+        selected={step_dir_name(s): w for s, w in (selected or {}).items()},
+    )
     if not doomed:
         return []
     for i, name in enumerate(doomed):
@@ -214,12 +242,21 @@ def prune(run_dir: Path, home: Path, keep: KeepCheckpoints | None, *, step: int,
                 faults.point("retention.during_delete", step, i)
         hidden.rmdir()
         faults.point("retention.after_delete", step, i)
-    entry = {"time": time.time(), "step": step, "pruned": doomed, "kept": dict(sorted(why.items())),
-             "keep_checkpoints": keep.model_dump()}
+    entry = {
+        "time": time.time(),
+        "step": step,
+        "pruned": doomed,
+        "kept": dict(sorted(why.items())),
+        "keep_checkpoints": keep.model_dump(),
+    }
     with open(ckpt_root / LOG_NAME, "a", encoding="utf-8") as log_file:
         log_file.write(json.dumps(entry, sort_keys=True) + "\n")
         log_file.flush()
         os.fsync(log_file.fileno())
-    print(f"tinyllm: pruned {len(doomed)} checkpoint(s) ({', '.join(doomed)}); keep_checkpoints last "
-          f"{keep.last}{'' if keep.boundaries else ', boundaries not kept'}", file=log or sys.stderr, flush=True)
+    print(
+        f"tinyllm: pruned {len(doomed)} checkpoint(s) ({', '.join(doomed)}); keep_checkpoints last "
+        f"{keep.last}{'' if keep.boundaries else ', boundaries not kept'}",
+        file=log or sys.stderr,
+        flush=True,
+    )
     return doomed

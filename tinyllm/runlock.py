@@ -3,6 +3,7 @@
 The trainer holds an exclusive ``flock`` on ``runs/<name>/.lock`` for its whole life; the kernel
 drops it when the process dies, so ``is_locked`` also tells whether a killed worker's trainer is gone.
 """
+
 from __future__ import annotations
 
 import fcntl

@@ -45,6 +45,7 @@ runnable tasks, so every figure is a loaded machine's; "+busy": a busy loop on t
   version (2.13.0) and off on any other, so they went (git history has them and bench/startup.py's
   first version measured them).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -95,10 +96,16 @@ def choose(busy: float | None, cpus: int, most: int, pinned: int | None) -> dict
         threads = max(1, min(most, free))
         why = f"{busy:g} other runnable tasks on {cpus} CPUs leave {max(free, 0)} free; at most {most}"
     fits = busy is not None and busy + threads <= cpus
-    return {"threads": threads, "threads_max": most, "threads_reason": why, "cpus": cpus,
-            "wait_policy": "ACTIVE" if fits else "PASSIVE",
-            "reason": "machine load unknown" if busy is None else
-            f"{busy:g} other runnable tasks + {threads} threads {'fit on' if fits else 'exceed'} {cpus} CPUs"}
+    return {
+        "threads": threads,
+        "threads_max": most,
+        "threads_reason": why,
+        "cpus": cpus,
+        "wait_policy": "ACTIVE" if fits else "PASSIVE",
+        "reason": "machine load unknown"
+        if busy is None
+        else f"{busy:g} other runnable tasks + {threads} threads {'fit on' if fits else 'exceed'} {cpus} CPUs",
+    }
 
 
 def pinned_threads(env=os.environ) -> int | None:
@@ -106,14 +113,19 @@ def pinned_threads(env=os.environ) -> int | None:
     if raw.lower() in ("", "auto"):
         return None
     if not raw.isdigit() or int(raw) < 1:
-        print(f"tinyllm: warning: {THREADS_ENV}={raw!r} is not a positive integer or auto; using auto",
-              file=sys.stderr)
+        print(f"tinyllm: warning: {THREADS_ENV}={raw!r} is not a positive integer or auto; using auto", file=sys.stderr)
         return None
     return int(raw)
 
 
-def prepare(threads: int | None = None, adapt: bool = True, keep_heap: bool = True, env=os.environ,
-            busy=busy_tasks, modules=sys.modules) -> dict:
+def prepare(
+    threads: int | None = None,
+    adapt: bool = True,
+    keep_heap: bool = True,
+    env=os.environ,
+    busy=busy_tasks,
+    modules=sys.modules,
+) -> dict:
     """Before torch loads: MKL_CBWR, the thread count (at most ``threads`` by load, unless pinned;
     ``adapt`` False or ``threads`` None: that count, or torch's default) with the OpenMP wait policy
     for it, and the heap. Returns what it chose."""
@@ -125,17 +137,23 @@ def prepare(threads: int | None = None, adapt: bool = True, keep_heap: bool = Tr
         got = {k: v for k, v in got.items() if not k.startswith("threads")}
     user = {k: env[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if env.get(k)}
     if "torch" in modules and PRELOADED.get("wait_policy"):  # forked by a warm server: its choice holds
-        got.update(wait_policy=PRELOADED["wait_policy"],
-                   reason=f"chosen when the warm trainer server loaded torch: {PRELOADED.get('reason')}")
+        got.update(
+            wait_policy=PRELOADED["wait_policy"],
+            reason=f"chosen when the warm trainer server loaded torch: {PRELOADED.get('reason')}",
+        )
         if PRELOADED.get("spin_count"):
             env["GOMP_SPINCOUNT"] = PRELOADED["spin_count"]
         env["OMP_WAIT_POLICY"] = PRELOADED["wait_policy"]  # what its own children inherit, as a cold start's
     elif "torch" in modules:
-        got.update(wait_policy=env.get("OMP_WAIT_POLICY") or "(libgomp's default)",
-                   reason="torch was loaded before the run started")
+        got.update(
+            wait_policy=env.get("OMP_WAIT_POLICY") or "(libgomp's default)",
+            reason="torch was loaded before the run started",
+        )
     elif user:
-        got.update(wait_policy=user.get("OMP_WAIT_POLICY") or "(libgomp's default)",
-                   reason=" and ".join(f"{k}={v}" for k, v in user.items()) + " set in the environment")
+        got.update(
+            wait_policy=user.get("OMP_WAIT_POLICY") or "(libgomp's default)",
+            reason=" and ".join(f"{k}={v}" for k, v in user.items()) + " set in the environment",
+        )
     else:
         env["OMP_WAIT_POLICY"] = got["wait_policy"]
         if got["wait_policy"] == "ACTIVE":  # plain ACTIVE spins ~5 minutes after each region; this ~3 ms
@@ -177,9 +195,12 @@ def start_run(log=None) -> str:
         _WARNED[0] = True
         value = os.environ.get(CBWR_ENV, "")
         why = "MKL ran before the run started" if "STRICT" in value.upper() else f"MKL_CBWR={value!r}"
-        print(f"tinyllm: warning: MKL runs without strict CNR mode ({why}): results may change with the thread "
-              f"count; start the run before any tensor math, or set MKL_CBWR={CBWR} in the environment",
-              file=log or sys.stderr, flush=True)
+        print(
+            f"tinyllm: warning: MKL runs without strict CNR mode ({why}): results may change with the thread "
+            f"count; start the run before any tensor math, or set MKL_CBWR={CBWR} in the environment",
+            file=log or sys.stderr,
+            flush=True,
+        )
     return mode
 
 
@@ -302,8 +323,12 @@ def optimizer_step(optimizer) -> None:
     torch = _torch()
 
     raw = None if "torch._dynamo" in sys.modules else _raw_step(type(optimizer))
-    hooks = (o._global_optimizer_pre_hooks or o._global_optimizer_post_hooks
-             or optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks)
+    hooks = (
+        o._global_optimizer_pre_hooks
+        or o._global_optimizer_post_hooks
+        or optimizer._optimizer_step_pre_hooks
+        or optimizer._optimizer_step_post_hooks
+    )
     if raw is None or hooks or optimizer.defaults.get("differentiable", False):
         optimizer.step()
         return

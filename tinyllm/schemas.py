@@ -3,6 +3,7 @@
 ``python -m tinyllm.schemas --write`` regenerates ``contracts/*.schema.json``;
 ``python -m tinyllm.schemas --check`` exits 1 when a file is out of date (the tests do the same).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,11 @@ def render(model) -> str:
 
 
 def stale(folder: Path = CONTRACTS) -> list[str]:
-    return [name for name, model in MODELS.items()
-            if not (folder / name).exists() or (folder / name).read_text() != render(model)]
+    return [
+        name
+        for name, model in MODELS.items()
+        if not (folder / name).exists() or (folder / name).read_text() != render(model)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

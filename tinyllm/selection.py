@@ -24,6 +24,7 @@ best - min_delta`` (``mode: min``; ``> best + min_delta`` for max); otherwise ``
 one, and the run stops at the check where ``wait`` reaches ``patience`` (patience counts checks,
 not steps). Best k: the k best figures, ties broken by the earlier step.
 """
+
 from __future__ import annotations
 
 import math
@@ -153,14 +154,28 @@ class Tracker:
         out: dict = {}
         if self.best is not None:
             h = self.history[self.best.metric]
-            out["best_checkpoints"] = [{"step": s, "checkpoint": checkpoint_of(s), "metric": self.best.metric,
-                                        "value": h[s], "value_hex": float(h[s]).hex()} for s in self.best_steps()]
+            out["best_checkpoints"] = [
+                {
+                    "step": s,
+                    "checkpoint": checkpoint_of(s),
+                    "metric": self.best.metric,
+                    "value": h[s],
+                    "value_hex": float(h[s]).hex(),
+                }
+                for s in self.best_steps()
+            ]
         d = self.decision()
         if d is not None and d.stopped and self.early is not None:  # (a decision: early stopping's)
             h = self.history[self.early.metric]
             out["stopped_early"] = {
-                "step": d.step, "best_step": d.best_step, "best_checkpoint": checkpoint_of(d.best_step),
-                "metric": self.early.metric, "mode": self.early.mode, "patience": self.early.patience,
-                "min_delta": self.early.min_delta, "best_value": d.best_value,
-                "history": [{"step": s, "value": v, "value_hex": float(v).hex()} for s, v in sorted(h.items())]}
+                "step": d.step,
+                "best_step": d.best_step,
+                "best_checkpoint": checkpoint_of(d.best_step),
+                "metric": self.early.metric,
+                "mode": self.early.mode,
+                "patience": self.early.patience,
+                "min_delta": self.early.min_delta,
+                "best_value": d.best_value,
+                "history": [{"step": s, "value": v, "value_hex": float(v).hex()} for s, v in sorted(h.items())],
+            }
         return out

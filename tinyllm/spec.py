@@ -2,6 +2,7 @@
 
 Importable without torch: workflows and ctl validate specs with these models.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -13,7 +14,11 @@ from typing import Annotated, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
-from .names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys  # shared with the torch-only helper (tinyllm.durable)
+from .names import (
+    IDENTIFIER_PATTERN,
+    DuplicateKeyError,
+    refuse_duplicate_keys,
+)  # shared with the torch-only helper (tinyllm.durable)
 from .objective_config import DPOConfig, RefConfig, RLConfig, check_train_spec, effective_validation_reward
 from .retention import KeepCheckpoints
 from .selection import EarlyStopping, check_metric, selection_metrics
@@ -62,9 +67,13 @@ class DistributedConfig(_Strict):
 class MlflowSinkConfig(_Strict):
     """``sinks.mlflow`` of a train spec (tinyllm/sinks/mlflow_sink.py; the ``[mlflow]`` extra)."""
 
-    tracking_uri: str | None = Field(None, min_length=1)  # e.g. sqlite:///mlruns.db, http://127.0.0.1:5000; None: $MLFLOW_TRACKING_URI
+    tracking_uri: str | None = Field(
+        None, min_length=1
+    )  # e.g. sqlite:///mlruns.db, http://127.0.0.1:5000; None: $MLFLOW_TRACKING_URI
     experiment: str | None = Field(None, min_length=1)  # None: the run's name
-    flush_timeout_s: float = Field(60.0, gt=0.0)  # at an attempt's end, wait this long for queued frames (the rest: next attempt)
+    flush_timeout_s: float = Field(
+        60.0, gt=0.0
+    )  # at an attempt's end, wait this long for queued frames (the rest: next attempt)
 
 
 class SinksConfig(_Strict):
@@ -96,7 +105,9 @@ class TrainSpec(_Strict):
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
     beta2: float = Field(0.95, ge=0.0, lt=1.0)
     grad_clip: float = Field(1.0, ge=0.0)  # 0 disables clipping
-    threads: int = Field(2, ge=1, le=1024)  # the most torch threads training uses: fewer when the CPUs are busy, TINYLLM_THREADS=N pins (same bits)
+    threads: int = Field(
+        2, ge=1, le=1024
+    )  # the most torch threads training uses: fewer when the CPUs are busy, TINYLLM_THREADS=N pins (same bits)
     log_every: int = Field(10, ge=1)  # console progress line every this many steps
     model: ModelConfig = ModelConfig()
     validation: ValidationConfig | None = None  # held-out validation during training (opt-in)
@@ -110,7 +121,9 @@ class TrainSpec(_Strict):
     teacher: str | None = Field(None, min_length=1)  # opd: the frozen teacher checkpoint (<run>@<step> or a dir)
     dpo: DPOConfig | None = None
     rl: RLConfig | None = None  # grpo and opd: prompts, rewards, rollout sampling, n_mini
-    distributed: DistributedConfig | None = None  # data-parallel on torchrun (tinyllm/distributed/trainer.py); None: one process
+    distributed: DistributedConfig | None = (
+        None  # data-parallel on torchrun (tinyllm/distributed/trainer.py); None: one process
+    )
 
     @model_validator(mode="after")
     def _objective_fields(self) -> "TrainSpec":
@@ -136,14 +149,20 @@ class TrainSpec(_Strict):
         if self.objective != "lm":
             raise ValueError(f"distributed: objective {self.objective!r} is not supported distributed (only lm)")
         if self.early_stopping is not None or (self.keep_checkpoints is not None and self.keep_checkpoints.best):
-            raise ValueError("distributed: early_stopping and keep_checkpoints.best are not supported in a distributed "
-                             "run yet (every rank would have to take the same stop decision)")
+            raise ValueError(
+                "distributed: early_stopping and keep_checkpoints.best are not supported in a distributed "
+                "run yet (every rank would have to take the same stop decision)"
+            )
         if self.validation is not None and self.validation.enabled and self.validation.objective != "lm":
-            raise ValueError(f"distributed: held-out validation objective {self.validation.objective!r} is not "
-                             "supported in a distributed run (only lm)")
+            raise ValueError(
+                f"distributed: held-out validation objective {self.validation.objective!r} is not "
+                "supported in a distributed run (only lm)"
+            )
         if self.batch_size % d.world_size:
-            raise ValueError(f"distributed: batch_size {self.batch_size} is not a multiple of world_size "
-                             f"{d.world_size} (each rank reads an equal shard of every batch)")
+            raise ValueError(
+                f"distributed: batch_size {self.batch_size} is not a multiple of world_size "
+                f"{d.world_size} (each rank reads an equal shard of every batch)"
+            )
         return self
 
 
@@ -252,11 +271,19 @@ def format_validation_error(err: ValidationError, what: str, model: type[BaseMod
 
 
 _TYPE_WORDS = {
-    "int_type": "must be an integer (a JSON number)", "int_from_float": "must be an integer (a JSON number)",
-    "int_parsing": "must be an integer (a JSON number)", "bool_type": "must be true or false",
-    "bool_parsing": "must be true or false", "float_type": "must be a number", "float_parsing": "must be a number",
-    "string_type": "must be a string", "list_type": "must be a list", "tuple_type": "must be a list",
-    "dict_type": "must be an object", "model_type": "must be an object", "model_attributes_type": "must be an object",
+    "int_type": "must be an integer (a JSON number)",
+    "int_from_float": "must be an integer (a JSON number)",
+    "int_parsing": "must be an integer (a JSON number)",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "tuple_type": "must be a list",
+    "dict_type": "must be an object",
+    "model_type": "must be an object",
+    "model_attributes_type": "must be an object",
     "finite_number": "must be a finite number",
 }
 
@@ -277,21 +304,27 @@ def _problem(e: ErrorDetails, model: type[BaseModel] | None) -> tuple[bool, str]
         return False, f"{where}: {_TYPE_WORDS[kind]}, got {_shown(e.get('input'))}"
     if kind == "string_pattern_mismatch":
         allowed = ". _ -" if (e.get("ctx") or {}).get("pattern") == IDENTIFIER_PATTERN else ". _ - @ :"
-        return False, (f"{where}: {_shown(e.get('input'))} is not a valid name (use letters, digits and {allowed}, "
-                       "starting with a letter or digit)")
+        return False, (
+            f"{where}: {_shown(e.get('input'))} is not a valid name (use letters, digits and {allowed}, "
+            "starting with a letter or digit)"
+        )
     words = _value_words(kind, e.get("ctx") or {})
     if words:
         return False, f"{where}: {words}, got {_shown(e.get('input'))}"
     msg = str(e.get("msg", "invalid"))
     for prefix in ("Value error, ", "Assertion failed, "):  # a validator's own sentence: without pydantic's label
         if msg.startswith(prefix):
-            msg = msg[len(prefix):]
+            msg = msg[len(prefix) :]
             return False, msg if not loc else f"{where}: {msg}"
     return False, f"{where}: {msg}"
 
 
-_BOUNDS = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "greater than"),
-           "less_than_equal": ("le", "at most"), "less_than": ("lt", "less than")}
+_BOUNDS = {
+    "greater_than_equal": ("ge", "at least"),
+    "greater_than": ("gt", "greater than"),
+    "less_than_equal": ("le", "at most"),
+    "less_than": ("lt", "less than"),
+}
 
 
 def _value_words(kind: str, ctx: dict) -> str | None:
@@ -309,7 +342,9 @@ def _value_words(kind: str, ctx: dict) -> str | None:
 
 
 def _shown(value: object) -> str:
-    text = json.dumps(value, ensure_ascii=True, default=str) if not isinstance(value, BaseModel) else type(value).__name__
+    text = (
+        json.dumps(value, ensure_ascii=True, default=str) if not isinstance(value, BaseModel) else type(value).__name__
+    )
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -15,6 +15,7 @@ Standard library only (the CLIs read it before torch loads; tinyllm.durable and 
   around each worker's start (the mask is inherited), so a group signal in the moment between a
   worker's birth and its ``worker_init_fn`` stays pending and is then discarded by SIG_IGN.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,10 @@ def parse_signal_name(name: str) -> signal.Signals:
     full = text if text.startswith("SIG") else f"SIG{text}"
     sig = getattr(signal.Signals, full, None) if full.isidentifier() else None
     if sig is None or full in UNCATCHABLE or full.startswith("SIG_"):
-        raise StopSignalError(f"{STOP_SIGNAL_ENV}={name!r} is not a signal a trainer can catch "
-                              f"(give a name such as SIGUSR1 or USR1; not SIGKILL or SIGSTOP)")
+        raise StopSignalError(
+            f"{STOP_SIGNAL_ENV}={name!r} is not a signal a trainer can catch "
+            f"(give a name such as SIGUSR1 or USR1; not SIGKILL or SIGSTOP)"
+        )
     return sig
 
 
@@ -73,6 +76,7 @@ def signal_name(signum: int | None) -> str:
 
 
 # -- data-loader workers -------------------------------------------------------------------------
+
 
 def ignore_stop_signals(signals: tuple[int, ...]) -> None:
     """In a worker: ignore the stop signals (a pending one is discarded), then unblock them."""

@@ -9,6 +9,7 @@ code points, not bytes: nanoGPT's ids, and a non-ASCII letter is one token, not 
 Text with a character outside the vocabulary does not encode: ``Tokenizer.encode`` raises
 ``UnknownCharacter`` naming the first one, and callers turn it into one bad-input line before work.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,7 +57,11 @@ class Tokenizer:
     @property
     def sha256(self) -> str | None:
         """The char vocabulary's digest (None for bytes: always the same 256 ids)."""
-        return hashlib.sha256(b"tinyllm-char-vocab:" + self.chars.encode("utf-8")).hexdigest() if self.kind == "char" else None
+        return (
+            hashlib.sha256(b"tinyllm-char-vocab:" + self.chars.encode("utf-8")).hexdigest()
+            if self.kind == "char"
+            else None
+        )
 
     def identity(self) -> dict:
         """What a checkpoint pins: a resume or an evaluation with another vocabulary is refused."""
@@ -83,8 +88,10 @@ class Tokenizer:
         """``UnknownCharacter`` (one line naming ``what``) when ``text`` does not encode."""
         ch = self.unknown(text)
         if ch is not None:
-            raise UnknownCharacter(f"{what}: character {shown(ch)} is not in the vocabulary ({self.describe()}); "
-                                   "a char-level model reads only the characters of its corpus")
+            raise UnknownCharacter(
+                f"{what}: character {shown(ch)} is not in the vocabulary ({self.describe()}); "
+                "a char-level model reads only the characters of its corpus"
+            )
 
     def encode(self, text: str, what: str = "text") -> np.ndarray:
         """Text -> uint16 ids; a character outside a char vocabulary raises ``UnknownCharacter``."""
@@ -143,5 +150,11 @@ def from_corpus_meta(meta: dict) -> Tokenizer:
     """A corpus's tokenizer from its meta.json (``tokenizer``, and ``vocab`` for char)."""
     if meta.get("tokenizer", "byte") == "byte":
         return BYTE
-    return from_identity({"kind": meta.get("tokenizer"), "chars": meta.get("vocab"),
-                          "sha256": meta.get("vocab_sha256"), "vocab_size": meta.get("vocab_size")})
+    return from_identity(
+        {
+            "kind": meta.get("tokenizer"),
+            "chars": meta.get("vocab"),
+            "sha256": meta.get("vocab_sha256"),
+            "vocab_size": meta.get("vocab_size"),
+        }
+    )

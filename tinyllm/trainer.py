@@ -21,6 +21,7 @@ notices it at a step boundary, writes the ``stopping`` progress line, then the s
 step. A stop during an evaluation abandons it (``ValidationAbandoned``): nothing recorded, the checkpoint
 at the step carries the validation pending, and the resume runs it once.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,17 @@ from .validation.errors import ValidationAbandoned
 from .validation.transaction import read_journal
 
 # Spec fields that do not change the trajectory: they may differ between a checkpoint and its resume.
-NON_TRAJECTORY_FIELDS = {"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every", "validation",
-                         "keep_checkpoints", "early_stopping", "sinks"}
+NON_TRAJECTORY_FIELDS = {
+    "steps",
+    "eval_every",
+    "eval_interval_seconds",
+    "checkpoint_every",
+    "log_every",
+    "validation",
+    "keep_checkpoints",
+    "early_stopping",
+    "sinks",
+}
 
 
 def with_vocab(spec: TrainSpec, tok: tokenizer.Tokenizer, source: str) -> TrainSpec:
@@ -64,8 +74,10 @@ def with_vocab(spec: TrainSpec, tok: tokenizer.Tokenizer, source: str) -> TrainS
     if given is None:
         return spec.model_copy(update={"model": spec.model.model_copy(update={"vocab_size": tok.vocab_size})})
     if given < tok.vocab_size:
-        raise SpecError(f"invalid train spec: model.vocab_size {given} is smaller than the {tok.describe()} of "
-                        f"{source}; omit it (it follows the tokenizer) or give at least {tok.vocab_size}")
+        raise SpecError(
+            f"invalid train spec: model.vocab_size {given} is smaller than the {tok.describe()} of "
+            f"{source}; omit it (it follows the tokenizer) or give at least {tok.vocab_size}"
+        )
     return spec
 
 
@@ -85,7 +97,9 @@ def make_optimizer(model: torch.nn.Module, spec: TrainSpec) -> torch.optim.AdamW
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr_at(0, spec), betas=(spec.beta1, spec.beta2), foreach=True,
+        lr=lr_at(0, spec),
+        betas=(spec.beta1, spec.beta2),
+        foreach=True,
     )
 
 
@@ -110,8 +124,16 @@ class Trainer:
     last_path: Path | None  # the newest checkpoint this run wrote or resumed from
     lock_file: IO[str] | None  # the run directory's lock (tinyllm/runlock.py) while held
 
-    def __init__(self, spec: TrainSpec, home: Path, progress: Path | None = None, resume: Path | None = None,
-                 hooks: TrainerHooks | None = None, log=None, total_steps: int | None = None):
+    def __init__(
+        self,
+        spec: TrainSpec,
+        home: Path,
+        progress: Path | None = None,
+        resume: Path | None = None,
+        hooks: TrainerHooks | None = None,
+        log=None,
+        total_steps: int | None = None,
+    ):
         """``spec.steps`` is where this invocation stops; ``total_steps`` (default: the same) is the
         run's last step when the invocation is one segment of a longer run (a TrainRun segment):
         validation's schedule, its final step and ``val/train_total_steps`` follow the run."""
@@ -146,7 +168,9 @@ class Trainer:
             try:
                 self.tok = tokenizer.from_corpus_meta(self.corpus_meta)
             except ValueError as e:
-                raise SpecError(f"corpus {spec.corpus!r}: its meta.json tokenizer is unusable ({e}); rebuild it") from None
+                raise SpecError(
+                    f"corpus {spec.corpus!r}: its meta.json tokenizer is unusable ({e}); rebuild it"
+                ) from None
             self.spec = spec = with_vocab(spec, self.tok, f"corpus {spec.corpus!r}")
             cfg = spec.model
             try:
@@ -161,8 +185,15 @@ class Trainer:
         if spec.validation is not None and spec.validation.enabled:
             from .validation.runner import Validator
 
-            self.validator = Validator(spec, self.home, self.run_dir, log=self.log, total_steps=self.total_steps,
-                                       objective=self.objective, tok=self.tok)  # bad held-out data: exit 2
+            self.validator = Validator(
+                spec,
+                self.home,
+                self.run_dir,
+                log=self.log,
+                total_steps=self.total_steps,
+                objective=self.objective,
+                tok=self.tok,
+            )  # bad held-out data: exit 2
             if self.objective is None:
                 self.validator.check_corpus(tokens, f"corpus {spec.corpus!r}")  # overlap with training: exit 2
             elif spec.validation.objective != "lm":
@@ -196,13 +227,21 @@ class Trainer:
         components, manifest = ckpt.load_checkpoint(self.resumed_from)
         state = components["training_state"]
         if state["step"] > self.spec.steps:
-            raise SpecError(f"checkpoint {self.resumed_from} is at step {state['step']}, beyond the spec's steps {self.spec.steps}")
+            raise SpecError(
+                f"checkpoint {self.resumed_from} is at step {state['step']}, beyond the spec's steps {self.spec.steps}"
+            )
         self._check_tokenizer(manifest.get("meta", {}).get("tokenizer"))  # before the generic diff (vocab_size)
         saved = manifest.get("meta", {}).get("trajectory")
         check_world_size(saved, self.spec, self.rel(self.resumed_from))  # its own clear line, before the generic diff
         if saved is not None and saved != trajectory_fields(self.spec):
-            diff = sorted(k for k in set(saved) | set(trajectory_fields(self.spec)) if saved.get(k) != trajectory_fields(self.spec).get(k))
-            raise SpecError(f"checkpoint {self.resumed_from} was trained with a different spec (fields: {', '.join(diff)})")
+            diff = sorted(
+                k
+                for k in set(saved) | set(trajectory_fields(self.spec))
+                if saved.get(k) != trajectory_fields(self.spec).get(k)
+            )
+            raise SpecError(
+                f"checkpoint {self.resumed_from} was trained with a different spec (fields: {', '.join(diff)})"
+            )
         if self.objective is not None:
             self.objective.check_identity(manifest.get("meta", {}).get("posttrain"), self.resumed_from)
         self.model.load_state_dict(components["model"])
@@ -217,24 +256,37 @@ class Trainer:
         if self.objective is not None:
             self.objective.on_resume(self, components)
         self.hooks.on_resume(self, components)
-        print(f"tinyllm: resumed {self.spec.name} from {self.rel(self.resumed_from)} at step {self.step}", file=self.log, flush=True)
+        print(
+            f"tinyllm: resumed {self.spec.name} from {self.rel(self.resumed_from)} at step {self.step}",
+            file=self.log,
+            flush=True,
+        )
 
     def _check_tokenizer(self, saved: dict | None) -> None:
         """The checkpoint's vocabulary must be the corpus's (absent: byte, as before the char tokenizer)."""
         try:
             theirs = tokenizer.from_identity(saved)
         except ValueError as e:
-            raise SpecError(f"checkpoint {self.rel(self.resumed_from)}: its tokenizer record is unusable ({e})") from None
+            raise SpecError(
+                f"checkpoint {self.rel(self.resumed_from)}: its tokenizer record is unusable ({e})"
+            ) from None
         if theirs.identity() != self.tok.identity():
-            raise SpecError(f"checkpoint {self.rel(self.resumed_from)} was trained with the {theirs.describe()}, but "
-                            f"corpus {self.spec.corpus!r} now has the {self.tok.describe()}; resume it against the "
-                            "corpus it was trained on, or start another run")
+            raise SpecError(
+                f"checkpoint {self.rel(self.resumed_from)} was trained with the {theirs.describe()}, but "
+                f"corpus {self.spec.corpus!r} now has the {self.tok.describe()}; resume it against the "
+                "corpus it was trained on, or start another run"
+            )
 
     def _report_resume(self) -> None:
         """One progress line saying where this invocation starts and which checkpoints it refused."""
         if self.resumed_from is None and not self.refused:
             return
-        line = {"event": "resume", "step": self.step, "resumed_from": self.rel(self.resumed_from), "refused": self.refused}
+        line = {
+            "event": "resume",
+            "step": self.step,
+            "resumed_from": self.rel(self.resumed_from),
+            "refused": self.refused,
+        }
         if self.resumed_from is not None:  # a resume point: the runner records it as the heartbeat's details
             line["checkpoint"] = self.rel(self.resumed_from)
         self.progress_file.write(line, durable=True)
@@ -269,8 +321,14 @@ class Trainer:
         self.loss = loss_sum / accum
         dt = time.perf_counter() - t0
         tokens = accum * self.spec.batch_size * self.spec.model.block_size
-        return {"train/loss": self.loss, "train/tokens": self.cursor * self.spec.batch_size * self.spec.model.block_size,
-                "optim/lr": lr, "optim/grad_norm": grad_norm, "timer/step_s": dt, "timer/tokens_per_s": tokens / dt}
+        return {
+            "train/loss": self.loss,
+            "train/tokens": self.cursor * self.spec.batch_size * self.spec.model.block_size,
+            "optim/lr": lr,
+            "optim/grad_norm": grad_norm,
+            "timer/step_s": dt,
+            "timer/tokens_per_s": tokens / dt,
+        }
 
     def shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This process's rows of a global batch (all of them; tinyllm/distributed/trainer.py splits by rank)."""
@@ -281,12 +339,21 @@ class Trainer:
         return loss_sum
 
     def components(self) -> dict[str, Any]:
-        state = {"step": self.step, "cursor": self.cursor, "torch_rng": torch.get_rng_state(),
-                 "loss": self.loss, "loss_hex": float(self.loss).hex()}
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "training_state": state,
-                **(self.objective.components(self) if self.objective is not None else {}),
-                **({sel.COMPONENT: self.selection.component()} if self.selection is not None else {}),
-                **self.hooks.checkpoint_components(self, self.step)}
+        state = {
+            "step": self.step,
+            "cursor": self.cursor,
+            "torch_rng": torch.get_rng_state(),
+            "loss": self.loss,
+            "loss_hex": float(self.loss).hex(),
+        }
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "training_state": state,
+            **(self.objective.components(self) if self.objective is not None else {}),
+            **({sel.COMPONENT: self.selection.component()} if self.selection is not None else {}),
+            **self.hooks.checkpoint_components(self, self.step),
+        }
 
     def checkpoint_meta(self) -> dict:
         meta = {"name": self.spec.name, "trajectory": trajectory_fields(self.spec), "tokenizer": self.tok.identity()}
@@ -339,8 +406,9 @@ class Trainer:
         """The fsynced progress line of the checkpoint ``path`` (at ``step``, default ``self.step``)."""
         step, loss = (self.step, self.loss) if step is None else (step, loss)
         assert loss is not None  # (a checkpoint's line has its loss: callers pass a step with its loss)
-        self.progress_file.write({"step": step, "loss": loss, "loss_hex": float(loss).hex(),
-                                  "checkpoint": self.rel(path)}, durable=True)
+        self.progress_file.write(
+            {"step": step, "loss": loss, "loss_hex": float(loss).hex(), "checkpoint": self.rel(path)}, durable=True
+        )
         self.line_after_stop = getattr(self, "stop_noticed", False)
 
     def _stopping(self) -> None:
@@ -352,15 +420,15 @@ class Trainer:
         self.stop_noticed = True
         name = signal_name(getattr(self, "_agreed_signal", None) or STOP["signal"])  # (on ranks: the agreed one)
         self.progress_file.write({"event": "stopping", "step": self.step, "signal": name}, durable=True)
-        print(f"tinyllm: stopping at step {self.step} ({name}): checkpointing this step",
-              file=self.log, flush=True)
+        print(f"tinyllm: stopping at step {self.step} ({name}): checkpointing this step", file=self.log, flush=True)
 
-    def _write_checkpoint(self, components: dict[str, Any], step: int | None = None,
-                          meta: dict | None = None) -> Path:
+    def _write_checkpoint(self, components: dict[str, Any], step: int | None = None, meta: dict | None = None) -> Path:
         """Persist ``components`` as the checkpoint of ``step`` (default: this step). On the writer
         thread for asynchronous saves: it reads only its arguments."""
         step = self.step if step is None else step
-        return ckpt.save_checkpoint(self.run_dir, step, components, meta=self.checkpoint_meta() if meta is None else meta)
+        return ckpt.save_checkpoint(
+            self.run_dir, step, components, meta=self.checkpoint_meta() if meta is None else meta
+        )
 
     def _recover(self) -> None:
         """Undo what a kill mid-write left (under the run lock)."""
@@ -369,21 +437,36 @@ class Trainer:
     def _prune(self, step: int | None = None) -> None:
         """keep_checkpoints (tinyllm/retention.py), after the new checkpoint's progress line; never fatal."""
         try:
-            retention.prune(self.run_dir, self.home, self.spec.keep_checkpoints, step=self.step if step is None else step,
-                            eval_every=self.spec.eval_every, final_step=self.spec.steps,
-                            resumed_from=self.resumed_from, log=self.log,
-                            selected=self.selection.kept_steps() if self.selection is not None else None)
+            retention.prune(
+                self.run_dir,
+                self.home,
+                self.spec.keep_checkpoints,
+                step=self.step if step is None else step,
+                eval_every=self.spec.eval_every,
+                final_step=self.spec.steps,
+                resumed_from=self.resumed_from,
+                log=self.log,
+                selected=self.selection.kept_steps() if self.selection is not None else None,
+            )
         except OSError as e:
-            print(f"tinyllm: warning: pruning checkpoints failed ({e}); all kept, training goes on", file=self.log,
-                  flush=True)
+            print(
+                f"tinyllm: warning: pruning checkpoints failed ({e}); all kept, training goes on",
+                file=self.log,
+                flush=True,
+            )
 
     def _liveness(self, event: str | None = None) -> None:
         """A liveness line (tinyllm/progress.py): ``event`` now, else a timed ``progress`` line."""
         if event is None and not self.progress_file.due():
             return  # called every step: its fields (two path resolutions) only when a line is written
-        fields: dict[str, Any] = {"step": self.step, "loss": None if math.isnan(self.loss) else self.loss,
-                  "last_checkpoint": self.rel(self.last_path)}
-        if event == "ready":  # threads, wait policy, MKL mode, heap: what this process runs with (tinyllm/runtime_env.py)
+        fields: dict[str, Any] = {
+            "step": self.step,
+            "loss": None if math.isnan(self.loss) else self.loss,
+            "last_checkpoint": self.rel(self.last_path),
+        }
+        if (
+            event == "ready"
+        ):  # threads, wait policy, MKL mode, heap: what this process runs with (tinyllm/runtime_env.py)
             fields.update(runtime_env.status())
             fields.setdefault("omp", {})["threads"] = runtime_env.train_threads(self.spec.threads)
         if event is None:
@@ -402,8 +485,9 @@ class Trainer:
             return
         step = self.step
         try:
-            metrics = self.validator.resume(step, self.resumed_from, self.resume_marker, self.model,
-                                            publish=lambda f: self.reporter.report(step, f))
+            metrics = self.validator.resume(
+                step, self.resumed_from, self.resume_marker, self.model, publish=lambda f: self.reporter.report(step, f)
+            )
         except ValidationAbandoned:  # stopped while the resume rules evaluated: the checkpoint stays as it is
             self._stopping()
             self.validation_pending_exit = True
@@ -422,8 +506,12 @@ class Trainer:
         if decision is not None and decision.stopped and not self.stopped_early:
             assert self.spec.early_stopping is not None  # (a stop decision is early stopping's)
             self.stopped_early = True
-            print(f"tinyllm: early stopping at step {decision.step}: {self.spec.early_stopping.metric} has not "
-                  f"improved for {decision.wait} check(s); best step {decision.best_step}", file=self.log, flush=True)
+            print(
+                f"tinyllm: early stopping at step {decision.step}: {self.spec.early_stopping.metric} has not "
+                f"improved for {decision.wait} check(s); best step {decision.best_step}",
+                file=self.log,
+                flush=True,
+            )
 
     def _validation_step(self, frame: dict, regular_due: bool) -> bool:
         """Validate at ``self.step`` (an optimizer boundary) per its checkpoint plan; the step's
@@ -434,8 +522,9 @@ class Trainer:
             raise RuntimeError(f"validation at step {step} with gradients in flight (inside gradient accumulation)")
         self._drain()  # validation reads and seals checkpoints: none in flight meanwhile
         termination = self.stop_requested  # asked once (a collective on ranks)
-        plan = self.validator.plan(step, regular_due=regular_due, fresh=self.resumed_from is None,
-                                   termination_requested=termination)
+        plan = self.validator.plan(
+            step, regular_due=regular_due, fresh=self.resumed_from is None, termination_requested=termination
+        )
         if termination:
             self._stopping()  # before the stop checkpoint
         publish = lambda f: self.reporter.report(step, f)  # noqa: E731
@@ -481,8 +570,9 @@ class Trainer:
         if self.selection is None:
             return {}
         run = RunDir(self.run_dir, self.spec.name)
-        return self.selection.summary(lambda s: self.rel(run.step_dir(s)) if s is not None and
-                                      run.step_dir(s).is_dir() else None)
+        return self.selection.summary(
+            lambda s: self.rel(run.step_dir(s)) if s is not None and run.step_dir(s).is_dir() else None
+        )
 
     @property
     def stop_requested(self) -> bool:
@@ -523,9 +613,16 @@ class Trainer:
             self.last_path = self.resumed_from
             # a fresh start drops every frame of a killed earlier attempt (its step-0 validation frame too)
             kept = self.step if self.resumed_from is not None else -1
-            self.reporter = reporter or default_reporter(self.run_dir, kept, self.total_steps, self.spec.log_every,
-                                                         sinks=self.spec.sinks, spec=self.spec, home=self.home,
-                                                         corpus_checksum=(getattr(self, "corpus_meta", None) or {}).get("checksum"))
+            self.reporter = reporter or default_reporter(
+                self.run_dir,
+                kept,
+                self.total_steps,
+                self.spec.log_every,
+                sinks=self.spec.sinks,
+                spec=self.spec,
+                home=self.home,
+                corpus_checksum=(getattr(self, "corpus_meta", None) or {}).get("checksum"),
+            )
             self.hooks.on_start(self)
             self._liveness("ready")
             self.validation_pending_exit = False
@@ -559,17 +656,27 @@ class Trainer:
             if self.last_saved != self.step:  # stopped between checkpoints: the stop checkpoint, at this step
                 self.save(extra=self.validator.completed_component(self.step) if self.validator else None, wait=True)
             elif self.stop_noticed and not self.line_after_stop and self.last_path is not None:
-                self._checkpoint_line(self.last_path)  # saved at this step before the stop: its line again, after `stopping`
+                self._checkpoint_line(
+                    self.last_path
+                )  # saved at this step before the stop: its line again, after `stopping`
             self.hooks.on_end(self)
             self.reporter.close()
             loss = None if math.isnan(self.loss) else self.loss  # nan only when stopped before step 1
-            return {"name": self.spec.name, "steps": self.step, "checkpoint": self.rel(self.last_path),
-                    "final_loss": loss, "final_loss_hex": None if loss is None else loss.hex(),
-                    "digest": state_digest(self.model.state_dict()), "resumed_from": self.rel(self.resumed_from),
-                    "refused_checkpoints": self.refused,
-                    "canceled": ((self.step < self.spec.steps and self.stop_requested and not self.stopped_early)
-                                 or self.validation_pending_exit),
-                    **self._selection_summary()}
+            return {
+                "name": self.spec.name,
+                "steps": self.step,
+                "checkpoint": self.rel(self.last_path),
+                "final_loss": loss,
+                "final_loss_hex": None if loss is None else loss.hex(),
+                "digest": state_digest(self.model.state_dict()),
+                "resumed_from": self.rel(self.resumed_from),
+                "refused_checkpoints": self.refused,
+                "canceled": (
+                    (self.step < self.spec.steps and self.stop_requested and not self.stopped_early)
+                    or self.validation_pending_exit
+                ),
+                **self._selection_summary(),
+            }
         finally:
             # never release the run lock with a write in flight (a normal end has drained it already;
             # here an exception is on its way out, and it wins over the write's own error, if any)

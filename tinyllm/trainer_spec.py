@@ -5,6 +5,7 @@ any command that follows the trainer contract trains the run instead of tinyllm.
 read only the fields below; ``config`` is the trainer's own (its hyperparameters), passed as is.
 A spec without ``trainer`` is a tinyllm ``TrainSpec``.
 """
+
 from __future__ import annotations
 
 import json
@@ -117,5 +118,13 @@ def parse_run_spec(raw: object) -> RunSpec:
     return spec
 
 
-__all__ = ["CustomTrainSpec", "RunSpec", "SpecError", "TrainerCommand", "has_trainer", "parse_run_spec",
-           "remember_run_spec", "trainer_of"]
+__all__ = [
+    "CustomTrainSpec",
+    "RunSpec",
+    "SpecError",
+    "TrainerCommand",
+    "has_trainer",
+    "parse_run_spec",
+    "remember_run_spec",
+    "trainer_of",
+]

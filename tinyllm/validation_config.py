@@ -18,6 +18,7 @@ Decisions (documented in tinyllm/validation/README.md):
 - Gradient accumulation is supported: validation runs only at optimizer boundaries (after the
   last micro-batch of update k), never between micro-batches, so no accumulation is in flight.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -154,7 +155,17 @@ class ValidationConfig(_Strict):
 
     def identity(self) -> dict:
         """What a pending validation must match on resume: every field that changes its numbers."""
-        d = self.model_dump(mode="json", exclude={"enabled", "before_training", "every_steps", "save_checkpoint", "checkpoint_components", "checkpoint"})
+        d = self.model_dump(
+            mode="json",
+            exclude={
+                "enabled",
+                "before_training",
+                "every_steps",
+                "save_checkpoint",
+                "checkpoint_components",
+                "checkpoint",
+            },
+        )
         d["sampling"] = self.sampling.resolved()
         return d
 
@@ -164,12 +175,30 @@ class ValidationConfig(_Strict):
 _F, _I = float, int  # measures, counts
 SCHEMAS: dict[str, dict[str, type]] = {
     "lm": {"val/loss": _F, "val/ppl": _F, "val/token_count": _I, "val/batch_count": _I},
-    "generation": {"val/reward_avg": _F, "val/reward_std": _F, "val/reward_min": _F, "val/reward_max": _F,
-                   "val/rollout_count": _I, "val/step": _I, "val/train_total_steps": _I},
-    "dpo": {"val/loss": _F, "val/reward_margin": _F, "val/reward_chosen": _F, "val/reward_rejected": _F,
-            "val/accuracy": _F, "val/policy_err_chosen": _F, "val/policy_err_rejected": _F,
-            "val/ref_err_chosen": _F, "val/ref_err_rejected": _F, "val/policy_raw_loss": _F,
-            "val/ref_raw_loss": _F, "val/pair_count": _I, "val/batch_count": _I},
+    "generation": {
+        "val/reward_avg": _F,
+        "val/reward_std": _F,
+        "val/reward_min": _F,
+        "val/reward_max": _F,
+        "val/rollout_count": _I,
+        "val/step": _I,
+        "val/train_total_steps": _I,
+    },
+    "dpo": {
+        "val/loss": _F,
+        "val/reward_margin": _F,
+        "val/reward_chosen": _F,
+        "val/reward_rejected": _F,
+        "val/accuracy": _F,
+        "val/policy_err_chosen": _F,
+        "val/policy_err_rejected": _F,
+        "val/ref_err_chosen": _F,
+        "val/ref_err_rejected": _F,
+        "val/policy_raw_loss": _F,
+        "val/ref_raw_loss": _F,
+        "val/pair_count": _I,
+        "val/batch_count": _I,
+    },
 }
 ALWAYS = {"timer/validation_s": _F}
 

@@ -12,6 +12,7 @@ first call, which happens in the child. Neither the count nor the wait policy ch
 (tinyllm/runtime_env.py), and a forked trainer starts from modules that ran nothing, so a warm
 segment is the same computation as a cold one (tests/workflows/test_warm_start.py).
 """
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ Both sides check it: the trainer (tinyllm/trainer.py, on resume) and the launche
 launch.py, before it starts any rank), so it stands below both: the trainer's folder-level neighbour
 ``distributed/`` builds on the trainer, and the trainer must not import back up into it.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,7 +29,9 @@ def check_world_size(saved: dict | None, spec: TrainSpec, path: Path | str | Non
     def words(n: int | None) -> str:
         return "one process (no distributed)" if n is None else f"world_size {n}"
 
-    raise SpecError(f"checkpoint {path} was trained at {words(was)}, this spec asks for {words(now)}: resuming at "
-                    f"another world size is refused (the batch shards, the gradient all-reduce and the ranks' "
-                    f"RNG streams would change, so the run would not be bitwise the same); use {words(was)} "
-                    f"or a new run name")
+    raise SpecError(
+        f"checkpoint {path} was trained at {words(was)}, this spec asks for {words(now)}: resuming at "
+        f"another world size is refused (the batch shards, the gradient all-reduce and the ranks' "
+        f"RNG streams would change, so the run would not be bitwise the same); use {words(was)} "
+        f"or a new run name"
+    )

@@ -28,6 +28,7 @@ slower on 2 CPUs, docs/ctl.md); ``CTL_WARM_START=0`` turns it off whatever the c
 The implementations are pluggable: ``workflows.register(engine, activities=...)`` takes any
 mapping of activity name to ``fn(ctx, input)``; ``tinyllm_activities(home)`` builds this one.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -121,8 +122,11 @@ def failure_point(home: Path, name: str, until: int) -> int | None:
     """The step of the newest checkpoint of run ``name`` at or before ``until`` (None: none yet): where a failed
     attempt's successor resumes (workflows/repeats.py compares two failures' points)."""
     try:
-        steps = [s for p in RunHome(home).run(name).ckpt_root.iterdir()
-                 if p.is_dir() and (s := checkpoint_step(p)) is not None and s <= until]
+        steps = [
+            s
+            for p in RunHome(home).run(name).ckpt_root.iterdir()
+            if p.is_dir() and (s := checkpoint_step(p)) is not None and s <= until
+        ]
     except OSError:
         return None
     return max(steps) if steps else None
@@ -131,9 +135,15 @@ def failure_point(home: Path, name: str, until: int) -> int | None:
 class TinyllmActivities:
     """``train``, ``eval`` and ``corpus`` over ``tinyllm`` subprocesses in one home folder."""
 
-    def __init__(self, home: str | Path, *, python: str = sys.executable, env: dict[str, str] | None = None,
-                 attempt_env: Callable[[ActivityContext], dict[str, str]] | None = None,
-                 warm: str | bool | None = "lazy"):
+    def __init__(
+        self,
+        home: str | Path,
+        *,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+        attempt_env: Callable[[ActivityContext], dict[str, str]] | None = None,
+        warm: str | bool | None = "lazy",
+    ):
         self.home = Path(home).resolve()
         self.python = python
         self.env = env
@@ -155,7 +165,9 @@ class TinyllmActivities:
         if self.warm == "off":
             return None
         if self._server is None:
-            self._server = ForkServer(WARM_PRELOAD, WARM_MODULES, cwd=self.home, python=self.python, env=self.env).start()
+            self._server = ForkServer(
+                WARM_PRELOAD, WARM_MODULES, cwd=self.home, python=self.python, env=self.env
+            ).start()
             atexit.register(self._server.close)
         return self._server
 
@@ -171,28 +183,49 @@ class TinyllmActivities:
     def _workdir(self, name: str, activity_id: str) -> Path:
         return activity_dir(self.home, name, activity_id)
 
-    def _run(self, ctx: ActivityContext, argv: list[str], progress_path: Path, how: Invocation | None = None,
-             logs_in: Path | None = None, launcher: ForkServer | None = None) -> Any:
+    def _run(
+        self,
+        ctx: ActivityContext,
+        argv: list[str],
+        progress_path: Path,
+        how: Invocation | None = None,
+        logs_in: Path | None = None,
+        launcher: ForkServer | None = None,
+    ) -> Any:
         """Run one attempt; its output is kept under ``logs_in`` (default: the progress file's folder)."""
         progress_path.unlink(missing_ok=True)  # an attempt's heartbeats come from its own lines
         cwd, env = (how.cwd, how.env) if how is not None else (str(self.home), self.env)
         extra = self.attempt_env(ctx) if self.attempt_env is not None else None
         if extra:
             env = {**(env if env is not None else os.environ), **extra}
-        done = run_subprocess(ctx, argv, progress_path=str(progress_path), cwd=cwd, env=env,
-                              output_dir=output_dir(logs_in or progress_path.parent, ctx.workflow_id, ctx.attempt),
-                              launcher=launcher)
+        done = run_subprocess(
+            ctx,
+            argv,
+            progress_path=str(progress_path),
+            cwd=cwd,
+            env=env,
+            output_dir=output_dir(logs_in or progress_path.parent, ctx.workflow_id, ctx.attempt),
+            launcher=launcher,
+        )
         if how is not None and how.custom:  # a spec's own trainer: the contract's rules, named when broken
             return done.result
         if not isinstance(done.result, dict):
             raise RuntimeError(f"{argv[3]} printed no JSON result line; stderr: {done.stderr_tail[-500:]}")
         return done.result
 
-    def _invocation(self, spec: dict, kind: str, spec_path: Path, *extra: str,
-                    run_steps: int | None = None) -> tuple[list[str], Invocation]:
+    def _invocation(
+        self, spec: dict, kind: str, spec_path: Path, *extra: str, run_steps: int | None = None
+    ) -> tuple[list[str], Invocation]:
         """tinyllm's command line, or the spec's own trainer's (workflows/trainer_command.py)."""
-        how = invocation(spec, kind, home=self.home, python=self.python, env=self.env,
-                         default=self._argv(kind, spec_path, *extra), run_steps=run_steps)
+        how = invocation(
+            spec,
+            kind,
+            home=self.home,
+            python=self.python,
+            env=self.env,
+            default=self._argv(kind, spec_path, *extra),
+            run_steps=run_steps,
+        )
         if not how.custom:
             return how.argv, how
         return [*how.argv, "--spec", str(spec_path), "--home", str(self.home), *extra], how
@@ -215,12 +248,20 @@ class TinyllmActivities:
         try:
             out = self._run(ctx, argv, progress, how, launcher=launcher)
         except SubprocessFailed as e:
-            bad = how.custom and e.type != "ProgressTimeout" and rejected_arguments(
-                ctx.attempt, e.returncode, progress, argv[len(how.argv):], str(e.details.get("stderr_tail", "")))
+            bad = (
+                how.custom
+                and e.type != "ProgressTimeout"
+                and rejected_arguments(
+                    ctx.attempt, e.returncode, progress, argv[len(how.argv) :], str(e.details.get("stderr_tail", ""))
+                )
+            )
             if bad:
                 raise bad from None
-            repeated = None if e.type == "ProgressTimeout" else check_repeat(
-                work, ctx.attempt, e, failure_point(self.home, name, until))
+            repeated = (
+                None
+                if e.type == "ProgressTimeout"
+                else check_repeat(work, ctx.attempt, e, failure_point(self.home, name, until))
+            )
             if repeated:  # the same failure at the same point twice in a row: not retried blindly
                 raise repeated from None
             raise
@@ -248,13 +289,18 @@ class TinyllmActivities:
         atomic_write_text(spec_path, json.dumps(inp.spec, indent=2, sort_keys=True) + "\n")
         run = str(ctx.workflow_id).split("/")
         logs_in = activity_dir(self.home, run[1], ctx.activity_id) if len(run) >= 2 and run[0] == "train" else None
-        out = self._run(ctx, self._argv("corpus", spec_path), work / progress_name(ctx.attempt),
-                        logs_in=logs_in)  # its output: in the run's home, beside the run's other activities
+        out = self._run(
+            ctx, self._argv("corpus", spec_path), work / progress_name(ctx.attempt), logs_in=logs_in
+        )  # its output: in the run's home, beside the run's other activities
         return CorpusBuildResult.model_validate(out)
 
     def as_dict(self) -> dict[str, Callable[[ActivityContext, Any], Any]]:
-        return {ACTIVITY_TRAIN: self.train, ACTIVITY_EVAL: self.eval, ACTIVITY_CORPUS: self.corpus,
-                ACTIVITY_PUBLISH: publish_activity(self.home)}  # ModelRelease's (workflows/release.py)
+        return {
+            ACTIVITY_TRAIN: self.train,
+            ACTIVITY_EVAL: self.eval,
+            ACTIVITY_CORPUS: self.corpus,
+            ACTIVITY_PUBLISH: publish_activity(self.home),
+        }  # ModelRelease's (workflows/release.py)
 
 
 def tinyllm_activities(home: str | Path, **kwargs: Any) -> dict[str, Callable[[ActivityContext, Any], Any]]:

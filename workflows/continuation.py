@@ -10,6 +10,7 @@ Cadence waits: the wait after boundary ``b`` is skipped when an earlier workflow
 scheduled the next segment (its wait had ended). A wait that a cancel interrupted is waited
 again in full, without repeating the evaluation before it.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -43,4 +44,3 @@ def collect_prior(histories: Iterable[Iterable[Any]]) -> PriorWork:
                 elif is_eval(aid) and aid not in evals:
                     evals[aid] = SuiteOutputs.model_validate(e.attrs.get("result"))
     return PriorWork(train=train, evals=evals, scheduled=sorted(scheduled))
-

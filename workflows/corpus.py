@@ -2,6 +2,7 @@
 
 TrainRun runs it first, so training never starts on a missing corpus; its failure fails the run.
 """
+
 from __future__ import annotations
 
 from engine import ActivityError, Canceled, NonRetryableError, Runtime, is_canceled
@@ -16,9 +17,7 @@ async def corpus_build(rt: Runtime, input: CorpusBuildInput) -> CorpusBuildResul
     if not isinstance(name, str) or not name:
         raise NonRetryableError("invalid corpus spec: name: missing", type="BadInput")
     try:
-        result = await rt.execute_activity(
-            ACTIVITY_CORPUS, input, corpus_options(name), result_type=CorpusBuildResult
-        )
+        result = await rt.execute_activity(ACTIVITY_CORPUS, input, corpus_options(name), result_type=CorpusBuildResult)
     except ActivityError as e:
         if is_canceled(e):
             raise Canceled(f"{rt.workflow_id} canceled during {e.activity_id}") from e

@@ -4,6 +4,7 @@ Each suite is its own activity (pitfall 8) with id ``eval-<tag>-<suite>``, so a 
 the middle of the zoo suite does not rerun the finished ppl suite, and its spec names that
 one suite only. A failed suite fails the step: the later suites are not run (pitfall 9).
 """
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@ Every model round-trips through JSON (``Model.model_validate_json(m.model_dump_j
 the engine records them in the history as JSON, and ``ctl ... --json`` prints them.
 Results produced by tinyllm keep any extra fields it adds (``extra="allow"``).
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -3,6 +3,7 @@
 Ids name what they do (pitfall 2): ``train-000500`` is the segment ending at step 500,
 ``eval-000500-ppl`` the ppl suite on that checkpoint, ``eval-zoo`` a suite with no tag.
 """
+
 from __future__ import annotations
 
 from contracts.activity_ids import corpus_id, eval_id, train_id

@@ -4,6 +4,7 @@ The standard library and contracts/ only (no pydantic model, no engine): the rea
 the live display, ``ctl ui``) import this module and not the workflows' models, whose pydantic classes
 cost ~0.1 s of start-up. ``workflows.training`` and ``workflows.activities`` re-export these names.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,10 @@ def check_segment_count(steps: int, eval_every: int) -> int:
     """How many segments ``segments(steps, eval_every)`` makes (not building them); ValueError over the bound."""
     n = 1 if eval_every <= 0 or eval_every >= steps else -(-steps // eval_every)
     if n > MAX_SEGMENTS:
-        raise ValueError(f"steps {steps} with eval_every {eval_every} make {n} segments; at most {MAX_SEGMENTS} "
-                         f"are allowed (raise eval_every to at least {-(-steps // MAX_SEGMENTS)})")
+        raise ValueError(
+            f"steps {steps} with eval_every {eval_every} make {n} segments; at most {MAX_SEGMENTS} "
+            f"are allowed (raise eval_every to at least {-(-steps // MAX_SEGMENTS)})"
+        )
     return n
 
 
@@ -78,9 +81,18 @@ def list_releases(home: Path, name: str | None = None) -> list[dict]:
             m = m if isinstance(m, dict) else {}  # damaged: the version is listed, without its fields
             given = m.get("figures")
             figures: dict = given if isinstance(given, dict) else {}
-            out.append({"run": run_dir.name, "version": v.name, "path": f"releases/{run_dir.name}/{v.name}",
-                        "current": v.name == current, "checkpoint": m.get("checkpoint"), "step": m.get("step"),
-                        "digest": m.get("checkpoint_digest"),
-                        "figures": {k: x for k, x in figures.items()
-                                    if isinstance(x, (int, float)) and not isinstance(x, bool)}})
+            out.append(
+                {
+                    "run": run_dir.name,
+                    "version": v.name,
+                    "path": f"releases/{run_dir.name}/{v.name}",
+                    "current": v.name == current,
+                    "checkpoint": m.get("checkpoint"),
+                    "step": m.get("step"),
+                    "digest": m.get("checkpoint_digest"),
+                    "figures": {
+                        k: x for k, x in figures.items() if isinstance(x, (int, float)) and not isinstance(x, bool)
+                    },
+                }
+            )
     return out

@@ -18,6 +18,7 @@ best by the run's selection metric, or the latest) and its digest (the checkpoin
    idempotent: a version whose manifest names the same digest is the publication (a kill after the
    rename and before the activity's completion publishes nothing twice).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,8 +43,10 @@ from .models import EvalSubject, EvalSuiteInput, EvalSuiteResult
 from .plan import ACTIVITY_PUBLISH, WORKFLOW_MODEL_RELEASE, list_releases  # noqa: F401 (re-exported)
 
 
-_GATE = re.compile(r"^(?P<suite>[A-Za-z0-9_.-]+)/(?P<figure>[A-Za-z0-9_./-]+?)\s*(?P<op><=|>=|<|>|==)\s*"
-                   r"(?P<value>[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?)$")
+_GATE = re.compile(
+    r"^(?P<suite>[A-Za-z0-9_.-]+)/(?P<figure>[A-Za-z0-9_./-]+?)\s*(?P<op><=|>=|<|>|==)\s*"
+    r"(?P<value>[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?)$"
+)
 
 
 class _Model(BaseModel):
@@ -132,8 +135,9 @@ def pick_candidate(result: dict, select: str) -> tuple[str, int]:
     stop = result.get("stopped_early") or {}
     if stop.get("best_checkpoint"):
         return stop["best_checkpoint"], int(stop["best_step"])
-    raise ValueError("has no selection metric (keep_checkpoints.best or early_stopping in its spec): "
-                     "use --select latest")
+    raise ValueError(
+        "has no selection metric (keep_checkpoints.best or early_stopping in its spec): use --select latest"
+    )
 
 
 def release_workflow_id(inp: "ModelReleaseInput") -> str:
@@ -141,8 +145,15 @@ def release_workflow_id(inp: "ModelReleaseInput") -> str:
     gates, items), so the same command resumes its own workflow and another gate is another release
     request (its evaluations of this digest are reused: ``tinyllm eval`` returns complete outputs of the
     same spec, ``evals/<suite>/<run>-r<digest12>/``, without evaluating again)."""
-    request = json.dumps({"suites": inp.suites, "gates": [g.model_dump() for g in inp.gates],
-                          "max_items": inp.eval_max_items, "seed": inp.eval_seed}, sort_keys=True)
+    request = json.dumps(
+        {
+            "suites": inp.suites,
+            "gates": [g.model_dump() for g in inp.gates],
+            "max_items": inp.eval_max_items,
+            "seed": inp.eval_seed,
+        },
+        sort_keys=True,
+    )
     return f"release/{inp.name}/{inp.digest[:12]}-{hashlib.sha256(request.encode()).hexdigest()[:8]}"
 
 
@@ -163,37 +174,66 @@ def check_gate(gate: Gate, figures: dict[str, float]) -> GateOutcome:
         found = matches[0] if len(matches) == 1 else None
     if found is None:
         return GateOutcome(gate=gate.text, figure=None, passed=False)
-    ok = {"<=": found <= gate.value, ">=": found >= gate.value, "<": found < gate.value, ">": found > gate.value,
-          "==": found == gate.value}[gate.op]
+    ok = {
+        "<=": found <= gate.value,
+        ">=": found >= gate.value,
+        "<": found < gate.value,
+        ">": found > gate.value,
+        "==": found == gate.value,
+    }[gate.op]
     return GateOutcome(gate=gate.text, figure=found, passed=ok)
 
 
 def publish_options(heartbeat_timeout_s: float | None = None) -> StepOptions:
     """``publish``: it heartbeats before and after each file it writes (``publish``'s ``beat``)."""
-    return StepOptions(id="publish", start_to_close_timeout_s=600.0, heartbeat_timeout_s=heartbeat_timeout_s,
-                       retry=RetryPolicy(max_attempts=5, initial_interval_s=0.5, backoff=2.0, max_interval_s=10.0,
-                                         non_retryable=("BadInput",)))
+    return StepOptions(
+        id="publish",
+        start_to_close_timeout_s=600.0,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+        retry=RetryPolicy(
+            max_attempts=5, initial_interval_s=0.5, backoff=2.0, max_interval_s=10.0, non_retryable=("BadInput",)
+        ),
+    )
 
 
 async def model_release(rt: Runtime, input: ModelReleaseInput) -> ModelReleaseResult:
     """The ModelRelease workflow (see the module docstring)."""
-    request = EvalSuiteInput(name=input.name, tag=f"r{input.digest[:12]}", suites=list(input.suites),
-                             subjects=[EvalSubject(id=f"{input.name}-r{input.digest[:12]}", model=input.checkpoint)],
-                             seed=input.eval_seed, corpus=input.corpus, max_items=input.eval_max_items,
-                             trainer=trainer_of(input.spec))
+    request = EvalSuiteInput(
+        name=input.name,
+        tag=f"r{input.digest[:12]}",
+        suites=list(input.suites),
+        subjects=[EvalSubject(id=f"{input.name}-r{input.digest[:12]}", model=input.checkpoint)],
+        seed=input.eval_seed,
+        corpus=input.corpus,
+        max_items=input.eval_max_items,
+        trainer=trainer_of(input.spec),
+    )
     try:
         evals = await eval_suite(rt, request)
         figures = figures_of(evals)
         outcomes = [check_gate(g, figures) for g in input.gates]
-        base = dict(name=input.name, checkpoint=input.checkpoint, step=input.step, digest=input.digest,
-                    select=input.select, figures=figures, gates=outcomes, evals=evals)
+        base = dict(
+            name=input.name,
+            checkpoint=input.checkpoint,
+            step=input.step,
+            digest=input.digest,
+            select=input.select,
+            figures=figures,
+            gates=outcomes,
+            evals=evals,
+        )
         failed = [o for o in outcomes if not o.passed]
         if failed:
-            reason = "; ".join(f"gate {o.gate} failed ({'no such figure' if o.figure is None else f'{o.figure:.6g}'})"
-                               for o in failed)
+            reason = "; ".join(
+                f"gate {o.gate} failed ({'no such figure' if o.figure is None else f'{o.figure:.6g}'})" for o in failed
+            )
             return ModelReleaseResult(**base, published=False, reason=reason)
-        done = await rt.execute_activity(ACTIVITY_PUBLISH, PublishInput(release=input, figures=figures, gates=outcomes),
-                                         publish_options(input.heartbeat_timeout_s), result_type=PublishResult)
+        done = await rt.execute_activity(
+            ACTIVITY_PUBLISH,
+            PublishInput(release=input, figures=figures, gates=outcomes),
+            publish_options(input.heartbeat_timeout_s),
+            result_type=PublishResult,
+        )
     except ActivityError as e:
         if is_canceled(e):
             raise Canceled(f"{rt.workflow_id} canceled during {e.activity_id}") from e
@@ -212,8 +252,13 @@ def _code_version() -> str:
         return "unknown"
 
 
-def publish(home: Path, inp: PublishInput, *, point: Callable[[str, int], None] | None = None,
-            beat: Callable[[], None] | None = None) -> PublishResult:
+def publish(
+    home: Path,
+    inp: PublishInput,
+    *,
+    point: Callable[[str, int], None] | None = None,
+    beat: Callable[[], None] | None = None,
+) -> PublishResult:
     """Publish ``inp`` once under ``releases/<run>/`` (idempotent by checkpoint digest).
 
     ``point(name, version_number)``: called at ``release.after_copy`` and ``release.after_rename``; default
@@ -252,12 +297,20 @@ def publish(home: Path, inp: PublishInput, *, point: Callable[[str, int], None] 
             beat()
         fsync_dir(tmp / "model")
         meta = _corpus_meta(Path(home), r.corpus)
-        manifest = {"run": r.name, "version": version_name, "checkpoint": r.checkpoint, "step": r.step,
-                    "checkpoint_digest": r.digest, "select": r.select, "spec": r.spec,
-                    "corpus": {"name": r.corpus, "checksum": meta.get("checksum")},
-                    "files": {f"model/{k}": v for k, v in files.items()},
-                    "figures": inp.figures, "gates": [g.model_dump() for g in inp.gates],
-                    "code_version": _code_version()}
+        manifest = {
+            "run": r.name,
+            "version": version_name,
+            "checkpoint": r.checkpoint,
+            "step": r.step,
+            "checkpoint_digest": r.digest,
+            "select": r.select,
+            "spec": r.spec,
+            "corpus": {"name": r.corpus, "checksum": meta.get("checksum")},
+            "files": {f"model/{k}": v for k, v in files.items()},
+            "figures": inp.figures,
+            "gates": [g.model_dump() for g in inp.gates],
+            "code_version": _code_version(),
+        }
         write_synced(tmp / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
         fsync_dir(tmp)
         point("release.after_copy", int(version_name[1:]))  # tests only (tinyllm/faults.py; the simulator)
@@ -268,8 +321,7 @@ def publish(home: Path, inp: PublishInput, *, point: Callable[[str, int], None] 
     return PublishResult(version=version_name, path=f"releases/{r.name}/{version_name}", reused=reused)
 
 
-TRAINING_ONLY = frozenset({"optimizer.pt", "training_state.pt", "scheduler.pt", "scaler.pt", "data.pt",
-                           MANIFEST})
+TRAINING_ONLY = frozenset({"optimizer.pt", "training_state.pt", "scheduler.pt", "scaler.pt", "data.pt", MANIFEST})
 """Checkpoint files a release never holds, when the checkpoint has no ``model.pt`` to pick (a foreign layout):
 the resume state stays with the run."""
 
@@ -293,8 +345,9 @@ def serving_files(src: Path) -> list[tuple[str, bytes]]:
         return [(f.name, f.read_bytes()) for f in sorted(src.iterdir()) if f.is_file() and f.name not in TRAINING_ONLY]
     data = (src / "model.pt").read_bytes()
     if hashlib.sha256(data).hexdigest() != entries["model.pt"].get("sha256"):
-        raise NonRetryableError(f"release candidate {src}: model.pt fails its sha256 checksum (corrupt)",
-                                type="BadInput")
+        raise NonRetryableError(
+            f"release candidate {src}: model.pt fails its sha256 checksum (corrupt)", type="BadInput"
+        )
     out = [("model.pt", data)]
     meta = m if isinstance(m := manifest.get("meta"), dict) else {}
     trajectory = t if isinstance(t := meta.get("trajectory"), dict) else {}
@@ -311,15 +364,22 @@ def _corpus_meta(home: Path, corpus: str) -> dict:
         return {}
 
 
-def publish_activity(home: str | Path, *, point: Callable[[str, int], None] | None = None,
-                     publish_fn: Callable[..., PublishResult] | None = None):
+def publish_activity(
+    home: str | Path,
+    *,
+    point: Callable[[str, int], None] | None = None,
+    publish_fn: Callable[..., PublishResult] | None = None,
+):
     """``publish`` as an activity function ``fn(ctx, input)`` of one home (``point``: see ``publish``;
     ``publish_fn``: the simulator's mutants replace ``publish``)."""
+
     def run(ctx: Any, input: Any) -> PublishResult:
         inp = PublishInput.model_validate(input)
         src = Path(home) / inp.release.checkpoint
         if not src.is_dir():
             raise NonRetryableError(f"release candidate {inp.release.checkpoint} is gone", type="BadInput")
-        return (publish_fn or publish)(Path(home), inp, point=point,
-                                       beat=lambda: ctx.heartbeat({"publishing": inp.release.digest[:12]}))
+        return (publish_fn or publish)(
+            Path(home), inp, point=point, beat=lambda: ctx.heartbeat({"publishing": inp.release.digest[:12]})
+        )
+
     return run

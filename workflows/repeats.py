@@ -14,6 +14,7 @@ progress timeout: a slow step is not a crash), a trainer killed by a signal (SIG
 killer: exit < 0), a run directory locked by another trainer (exit 75) and an attempt lost with its worker:
 none of these is recorded, so they also break a chain of equal failures.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,4 +54,6 @@ def check_repeat(work: Path, attempt: int, error: Any, point: int | None) -> Non
     return NonRetryableError(
         f"{error} -- the same failure {where} in attempts {attempt - 1} and {attempt}: not retried again, a "
         f"deterministic failure (fix its cause, then run the same command: it continues from the last checkpoint)",
-        type="RepeatedFailure", details=getattr(error, "details", None))
+        type="RepeatedFailure",
+        details=getattr(error, "details", None),
+    )

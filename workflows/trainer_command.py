@@ -6,6 +6,7 @@ Kept apart from workflows/activities.py: the activities ask ``invocation()`` whi
 (contracts/subprocess-activity.md, "Rules"). A broken rule does not mend itself on a retry, so it
 is a ``NonRetryableError(type="ContractViolation")``.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,15 +36,24 @@ class Invocation:
 
 
 def contract_violation(rule: str, message: str) -> NonRetryableError:
-    return NonRetryableError(f"trainer broke the contract ({rule}): {message}", type="ContractViolation",
-                             details={"rule": rule})
+    return NonRetryableError(
+        f"trainer broke the contract ({rule}): {message}", type="ContractViolation", details={"rule": rule}
+    )
 
 
 RUN_STEPS_ENV = "CTL_RUN_STEPS"  # the run's full length, the same in every segment (the contract's "segments" rule)
 
 
-def invocation(spec: Mapping[str, Any], kind: str, *, home: Path, python: str, env: dict[str, str] | None,
-               default: list[str], run_steps: int | None = None) -> Invocation:
+def invocation(
+    spec: Mapping[str, Any],
+    kind: str,
+    *,
+    home: Path,
+    python: str,
+    env: dict[str, str] | None,
+    default: list[str],
+    run_steps: int | None = None,
+) -> Invocation:
     """The command of ``kind`` (``train`` or ``eval``) for ``spec``: its trainer's, else ``default``. A spec's
     own trainer gets ``CTL_RUN_STEPS`` = ``run_steps`` (default: the spec's ``steps``): the run's last step,
     which a segment's spec (``steps`` = the segment's end) does not say."""
@@ -52,8 +62,9 @@ def invocation(spec: Mapping[str, Any], kind: str, *, home: Path, python: str, e
         return Invocation(list(default), str(home), env, custom=False)
     words = trainer.get("command") if kind == "train" else trainer.get("eval_command")
     if not words:
-        raise NonRetryableError(f"the spec's trainer has no {'command' if kind == 'train' else 'eval_command'}",
-                                type="BadInput")
+        raise NonRetryableError(
+            f"the spec's trainer has no {'command' if kind == 'train' else 'eval_command'}", type="BadInput"
+        )
     argv = [python if words[0] in PYTHON_WORDS else words[0], *words[1:]]
     cwd = Path(trainer.get("cwd") or home)
     if not cwd.is_absolute():
@@ -67,7 +78,9 @@ def invocation(spec: Mapping[str, Any], kind: str, *, home: Path, python: str, e
     return Invocation(argv, str(cwd), merged, custom=True)
 
 
-def rejected_arguments(attempt: int, returncode: int, progress: Path, args: list[str], stderr_tail: str) -> NonRetryableError | None:
+def rejected_arguments(
+    attempt: int, returncode: int, progress: Path, args: list[str], stderr_tail: str
+) -> NonRetryableError | None:
     """A spec's own trainer that, on its first attempt, exits non-zero (not killed by a signal) before writing
     any progress line has most likely refused the contract's arguments (an own argument parser, nanoGPT's
     configurator.py): retrying cannot mend it, so it is the ``arguments`` rule, named once, not retried."""
@@ -79,10 +92,13 @@ def rejected_arguments(attempt: int, returncode: int, progress: Path, args: list
     except OSError:
         return None
     last = next((ln.strip() for ln in reversed(stderr_tail.splitlines()) if ln.strip()), "")
-    return contract_violation("arguments", f"on its first attempt it exited {returncode} before writing any progress "
-                                           f"line, given {' '.join(args)}: a trainer must accept --spec FILE --home DIR "
-                                           "[--progress FILE] [--resume CKPT] (contracts/subprocess-activity.md)"
-                                           + (f"; its stderr ended: {last[-200:]}" if last else ""))
+    return contract_violation(
+        "arguments",
+        f"on its first attempt it exited {returncode} before writing any progress "
+        f"line, given {' '.join(args)}: a trainer must accept --spec FILE --home DIR "
+        "[--progress FILE] [--resume CKPT] (contracts/subprocess-activity.md)"
+        + (f"; its stderr ended: {last[-200:]}" if last else ""),
+    )
 
 
 def _result_object(result: Any) -> dict:
@@ -101,19 +117,23 @@ def check_train_result(result: Any, *, home: Path, name: str) -> dict:
     if not isinstance(loss, (int, float)) or isinstance(loss, bool) or not math.isfinite(loss):
         raise contract_violation("result line", f"field 'final_loss' must be a finite number, got {loss!r}")
     if float(loss).hex() != result["final_loss_hex"]:
-        raise contract_violation("result line", f"final_loss_hex {result['final_loss_hex']!r} is not "
-                                                f"float.hex(final_loss) = {float(loss).hex()!r}")
+        raise contract_violation(
+            "result line",
+            f"final_loss_hex {result['final_loss_hex']!r} is not float.hex(final_loss) = {float(loss).hex()!r}",
+        )
     if result["name"] != name:
         raise contract_violation("result line", f"name {result['name']!r} is not the spec's name {name!r}")
     ckpt = home / result["checkpoint"]
     if not (ckpt / MANIFEST).is_file():
-        raise contract_violation("checkpoint layout", f"the result's checkpoint {result['checkpoint']} is not there "
-                                                      f"(no {MANIFEST})")
+        raise contract_violation(
+            "checkpoint layout", f"the result's checkpoint {result['checkpoint']} is not there (no {MANIFEST})"
+        )
     run = RunHome(home).run(name)
     ckpt_root = run.ckpt_root.relative_to(home)
     if Path(result["checkpoint"]).parent != ckpt_root:
-        raise contract_violation("checkpoint layout", f"the result's checkpoint {result['checkpoint']} is not under "
-                                                      f"{ckpt_root}/")
+        raise contract_violation(
+            "checkpoint layout", f"the result's checkpoint {result['checkpoint']} is not under {ckpt_root}/"
+        )
     latest_ref = run.latest.relative_to(home)
     try:
         latest = run.latest.read_text(encoding="utf-8").strip()
@@ -145,17 +165,22 @@ def check_progress(path: Path, *, home: Path) -> None:
         try:
             line = json.loads(raw)
         except ValueError:
-            raise contract_violation("progress lines", f"line {number} of {path.name} is not JSON: "
-                                                       f"{raw[:80].decode('utf-8', 'replace')!r}") from None
+            raise contract_violation(
+                "progress lines", f"line {number} of {path.name} is not JSON: {raw[:80].decode('utf-8', 'replace')!r}"
+            ) from None
         if isinstance(line, dict) and is_liveness(line) and "step" not in line:
             continue  # a liveness line (contracts/progress.py)
         if not isinstance(line, dict):
             raise contract_violation("progress lines", f"line {number} of {path.name} is not a JSON object")
         if ("step" in line or not is_liveness(line)) and int_step(line) is None:
-            raise contract_violation("progress lines", f"line {number} of {path.name} has no integer 'step' "
-                                                       "(only a liveness line with an 'event' may omit it)")
+            raise contract_violation(
+                "progress lines",
+                f"line {number} of {path.name} has no integer 'step' "
+                "(only a liveness line with an 'event' may omit it)",
+            )
         if line.get("checkpoint"):
             last_ckpt = str(line["checkpoint"])
     if last_ckpt is not None and not (home / last_ckpt).is_dir():
-        raise contract_violation("progress lines", f"the last progress line names checkpoint {last_ckpt}, "
-                                                   "which is not there")
+        raise contract_violation(
+            "progress lines", f"the last progress line names checkpoint {last_ckpt}, which is not there"
+        )

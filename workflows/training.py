@@ -9,6 +9,7 @@ workflow durably sleeps ``eval_interval_seconds`` before the next segment (never
 last). A kill replays finished work from history; a cancel stops after the activity in
 flight checkpointed and deletes nothing.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -92,9 +93,7 @@ async def train_run(rt: Runtime, input: TrainRunInput) -> TrainRunResult:
     if input.corpus is not None and spec.corpus is None:
         raise bad_input("a spec with its own trainer brings its own data: give no corpus spec")
     if input.corpus is not None and input.corpus.get("name") != spec.corpus:
-        raise bad_input(
-            f"corpus spec builds {input.corpus.get('name')!r} but the train spec trains on {spec.corpus!r}"
-        )
+        raise bad_input(f"corpus spec builds {input.corpus.get('name')!r} but the train spec trains on {spec.corpus!r}")
     try:
         corpus = None
         if input.corpus is not None:
@@ -176,5 +175,7 @@ def stopped_early(trained: TrainActivityResult) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("step") != trained.steps:
-        raise NonRetryableError(f"segment result says stopped_early {value!r} at step {trained.steps}", type="BadResult")
+        raise NonRetryableError(
+            f"segment result says stopped_early {value!r} at step {trained.steps}", type="BadResult"
+        )
     return value

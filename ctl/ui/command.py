@@ -1,4 +1,5 @@
 """The ``ctl ui`` command: serve a home's runs read-only on loopback (registered in ``ctl/cli.py``)."""
+
 from __future__ import annotations
 
 import signal
@@ -22,8 +23,12 @@ def _stop(signum: int, frame: Any) -> None:
 
 @click.command()
 @click.option("--port", type=int, default=8765, show_default=True, help="TCP port (0: any free one, printed).")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind; anything but loopback makes the pages reachable from other machines.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind; anything but loopback makes the pages reachable from other machines.",
+)
 @home_option
 @edge
 def ui(port: int, host: str, home: str | None) -> None:
@@ -53,13 +58,19 @@ def ui(port: int, host: str, home: str | None) -> None:
         except OSError as e:
             raise BadRequest(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         if host not in LOOPBACK:
-            click.echo(f"ctl ui: warning: listening on {host}, not loopback: anyone who can reach this machine can "
-                       "read these runs (specs, errors, paths); there is no login", err=True)
+            click.echo(
+                f"ctl ui: warning: listening on {host}, not loopback: anyone who can reach this machine can "
+                "read these runs (specs, errors, paths); there is no login",
+                err=True,
+            )
         bound_host, bound_port = httpd.server_address[:2]
         host_text = bound_host.decode() if isinstance(bound_host, bytes) else str(bound_host)  # (bytes: AF_UNIX only)
         shown = f"[{host_text}]" if ":" in host_text else host_text
-        click.echo(f"ctl ui: serving {home_dir} read-only at http://{shown}:{bound_port}/ "
-                   f"(ready in {time.monotonic() - t0:.2f} s; Ctrl-C to stop)", err=True)
+        click.echo(
+            f"ctl ui: serving {home_dir} read-only at http://{shown}:{bound_port}/ "
+            f"(ready in {time.monotonic() - t0:.2f} s; Ctrl-C to stop)",
+            err=True,
+        )
         sys.stderr.flush()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _stop)

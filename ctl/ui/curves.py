@@ -11,6 +11,7 @@ skipped, the best checkpoint, each evaluation's figure).
   chart with an axis made up around it;
 * every chart over ``1..steps`` of the spec (a live run's planned range, not ``1..last step``).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -45,14 +46,26 @@ def charts(view: RunView, s: Series, ev_series: dict[str, list[tuple[int, float]
     stop = view.stopped_early if isinstance(view.stopped_early, dict) else None
     stop_step = stop.get("step") if stop and isinstance(stop.get("step"), int) else None
     vstop = [(float(stop_step), f"stopped early at {stop_step}", "stop")] if stop_step is not None else []
-    shade = ((float(stop_step), float(view.total_steps), "not run (stopped early)")
-             if stop_step is not None and view.total_steps > stop_step else None)
+    shade = (
+        (float(stop_step), float(view.total_steps), "not run (stopped early)")
+        if stop_step is not None and view.total_steps > stop_step
+        else None
+    )
     best = [b for b in best_checkpoints(view) if isinstance(b.get("step"), int)]
     vbest = [(float(b["step"]), f"best {b['step']}", "best") for b in best[:1]]
-    out = [Chart("train loss", {"train/loss": s.loss, f"smoothed {SMOOTHING}": s.smoothed}, x_range,
-                 marks=[(float(st), v, label) for st, v, label in s.evals if v == v], vlines=vstop + vbest,
-                 shade=shade, y_label="loss", marks_name="evaluation (held-out loss)"),
-           Chart("learning rate", {"optim/lr": s.lr}, x_range, vlines=vstop, shade=shade, y_label="optim/lr")]
+    out = [
+        Chart(
+            "train loss",
+            {"train/loss": s.loss, f"smoothed {SMOOTHING}": s.smoothed},
+            x_range,
+            marks=[(float(st), v, label) for st, v, label in s.evals if v == v],
+            vlines=vstop + vbest,
+            shade=shade,
+            y_label="loss",
+            marks_name="evaluation (held-out loss)",
+        ),
+        Chart("learning rate", {"optim/lr": s.lr}, x_range, vlines=vstop, shade=shade, y_label="optim/lr"),
+    ]
     cards: list[Card] = []
     groups: dict[str, dict[str, list]] = {}
     for key, points in sorted(s.val.items()):

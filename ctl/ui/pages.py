@@ -17,6 +17,7 @@ figures (``releases(...)``); a train run's page lists the releases of its run.
 Everything reads: the engine through its one read-only connection, files with ``open()`` for
 reading only (never the database file).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,7 @@ from typing import Any
 
 import app
 from app import Backend
-from app.runview import (RunView, best_checkpoints, fmt_duration, headline, local_time, run_view,
-                       stopped_early_text)
+from app.runview import RunView, best_checkpoints, fmt_duration, headline, local_time, run_view, stopped_early_text
 from contracts.activity_ids import CORPUS_PREFIX
 from contracts.layout import LATEST, RunHome, step_dir_name
 from contracts.layout import parse_step_dir as checkpoint_step
@@ -45,9 +45,13 @@ from .curves import charts
 from .releases import RELEASE, Release, current_versions, release_of, releases
 from .svg import Chart
 
-TERMINAL_ACTIVITY = {"activity_completed": "completed", "activity_failed": "failed",
-                     "activity_timed_out": "timed out", "activity_canceled": "canceled",
-                     "activity_preempted": "preempted"}
+TERMINAL_ACTIVITY = {
+    "activity_completed": "completed",
+    "activity_failed": "failed",
+    "activity_timed_out": "timed out",
+    "activity_canceled": "canceled",
+    "activity_preempted": "preempted",
+}
 
 
 class UnknownRun(Exception):
@@ -108,26 +112,44 @@ class RunRow:
         return f"no activity in flight ({w.get('reason')})"
 
 
-def _row(engine: Backend, home: Path, st: Any, now: float, current: dict[str, str] | None = None,
-         events: list[Event] | None = None) -> RunRow:
+def _row(
+    engine: Backend,
+    home: Path,
+    st: Any,
+    now: float,
+    current: dict[str, str] | None = None,
+    events: list[Event] | None = None,
+) -> RunRow:
     """``events``: the workflow's history when already read (a page reads each history once)."""
     extra = runstatus.describe(engine, home, st, now, events=events)
-    row = RunRow(st.workflow_id, st.workflow, st.state, bool(st.cancel_requested), st.created_at, st.updated_at,
-                 extra.get("worker"), extra.get("progress"), extra.get("timers") or [],
-                 app.error_line(st.error) if st.error else "")
+    row = RunRow(
+        st.workflow_id,
+        st.workflow,
+        st.state,
+        bool(st.cancel_requested),
+        st.created_at,
+        st.updated_at,
+        extra.get("worker"),
+        extra.get("progress"),
+        extra.get("timers") or [],
+        app.error_line(st.error) if st.error else "",
+    )
     if st.workflow == RELEASE:
-        inp = (events[0].attrs.get("input") if events else None) if events is not None else \
-            app.recorded_input(engine, st.workflow_id)
-        row.release = release_of(st, inp,
-                                 current_versions(home) if current is None else current)
+        inp = (
+            (events[0].attrs.get("input") if events else None)
+            if events is not None
+            else app.recorded_input(engine, st.workflow_id)
+        )
+        row.release = release_of(st, inp, current_versions(home) if current is None else current)
     return row
 
 
 def runs(engine: Backend, home: Path, now: float, state: str | None = None) -> list[RunRow]:
     """Every readable workflow, newest first; only those in ``state`` when given."""
     current = current_versions(home)
-    rows = [_row(engine, home, st, now, current) for st in app.readable_workflows(engine)
-            if state in (None, "", st.state)]
+    rows = [
+        _row(engine, home, st, now, current) for st in app.readable_workflows(engine) if state in (None, "", st.state)
+    ]
     return sorted(rows, key=lambda r: (r.created_at, r.workflow_id), reverse=True)
 
 
@@ -272,9 +294,15 @@ def timeline(view: RunView | None, events: list[Any], now: float, output: Any = 
         reused = [s for s in view.segments if s.reused]
         reused_evals = [e for e in view.evals() if e.reused]
         if reused or reused_evals:
-            items.append(Item("continuation", "continues the run", "done",
-                              detail=f"{len(reused)} segment(s) and {len(reused_evals)} evaluation(s) finished by "
-                                     f"earlier workflows, not run again"))
+            items.append(
+                Item(
+                    "continuation",
+                    "continues the run",
+                    "done",
+                    detail=f"{len(reused)} segment(s) and {len(reused_evals)} evaluation(s) finished by "
+                    f"earlier workflows, not run again",
+                )
+            )
     timers: list[Item] = []
     waiting: deque[Item] = deque()
     for e in events:
@@ -288,23 +316,55 @@ def timeline(view: RunView | None, events: list[Any], now: float, output: Any = 
                 s = segments[aid]
                 loss = f"loss {s.final_loss:.4f}" if _num(s.final_loss) is not None else ""
                 redone = sum(x.redone_steps or 0 for x in per)
-                detail = " · ".join(x for x in (f"steps to {s.until}", loss, s.checkpoint or "",
-                                                f"{redone} step(s) redone" if redone else "") if x)
-                items.append(Item("segment", f"segment {s.index}/{len(segments)} ({aid})", s.state, start, end,
-                                  detail, per))
+                detail = " · ".join(
+                    x
+                    for x in (
+                        f"steps to {s.until}",
+                        loss,
+                        s.checkpoint or "",
+                        f"{redone} step(s) redone" if redone else "",
+                    )
+                    if x
+                )
+                items.append(
+                    Item("segment", f"segment {s.index}/{len(segments)} ({aid})", s.state, start, end, detail, per)
+                )
             elif aid in evals:
                 ev = evals[aid]
-                items.append(Item("evaluation", f"{ev.suite} of {step_dir_name(ev.step)}", ev.state, start, end,
-                                  headline(ev.suite, ev.metrics) + " · " + _figures(ev.metrics) if ev.metrics else "",
-                                  per))
+                items.append(
+                    Item(
+                        "evaluation",
+                        f"{ev.suite} of {step_dir_name(ev.step)}",
+                        ev.state,
+                        start,
+                        end,
+                        headline(ev.suite, ev.metrics) + " · " + _figures(ev.metrics) if ev.metrics else "",
+                        per,
+                    )
+                )
             else:
                 state = per[-1].outcome if per else "scheduled"
-                items.append(Item("corpus" if aid.startswith(CORPUS_PREFIX) else "activity", aid, state, start, end,
-                                  str(a.get("name", "")), per))
+                items.append(
+                    Item(
+                        "corpus" if aid.startswith(CORPUS_PREFIX) else "activity",
+                        aid,
+                        state,
+                        start,
+                        end,
+                        str(a.get("name", "")),
+                        per,
+                    )
+                )
         elif e.type == "timer_started":
             fire = _num(a.get("fire_at"))
-            it = Item("wait", f"durable wait of {a.get('seconds')} s", "waiting", e.time, fire,
-                      f"until {local_time(fire, date=True)}" if fire else "")
+            it = Item(
+                "wait",
+                f"durable wait of {a.get('seconds')} s",
+                "waiting",
+                e.time,
+                fire,
+                f"until {local_time(fire, date=True)}" if fire else "",
+            )
             timers.append(it)
             waiting.append(it)
             items.append(it)
@@ -316,8 +376,16 @@ def timeline(view: RunView | None, events: list[Any], now: float, output: Any = 
         elif e.type == "cancel_requested":
             items.append(Item("cancel", "cancel requested", "requested", e.time, None))
         elif e.type in ("workflow_completed", "workflow_failed", "workflow_canceled"):
-            items.append(Item("workflow", e.type.replace("workflow_", "workflow "), e.type.split("_")[1], e.time,
-                              e.time, historyview.details(e)))
+            items.append(
+                Item(
+                    "workflow",
+                    e.type.replace("workflow_", "workflow "),
+                    e.type.split("_")[1],
+                    e.time,
+                    e.time,
+                    historyview.details(e),
+                )
+            )
     for t in timers:
         if t.state == "waiting" and t.end is not None:
             t.detail += f" · {fmt_duration(max(0.0, t.end - now))} left"
@@ -330,16 +398,37 @@ def _early_stop(view: RunView, items: list[Item]) -> None:
     """The early stop and the segments and evaluations it skipped, before the workflow's end row."""
     stop = view.stopped_early or {}
     at = next((i for i, it in enumerate(items) if it.kind == "workflow"), len(items))
-    when = next((s.ended_at for s in view.segments if s.state == "done" and s.ended_at is not None
-                 and s.checkpoint and checkpoint_step(s.checkpoint) == stop.get("step")), None)
-    rows = [Item("stop", f"stopped early at step {stop.get('step')}", "stopped early", when, when,
-                 stopped_early_text(stop))]
+    when = next(
+        (
+            s.ended_at
+            for s in view.segments
+            if s.state == "done"
+            and s.ended_at is not None
+            and s.checkpoint
+            and checkpoint_step(s.checkpoint) == stop.get("step")
+        ),
+        None,
+    )
+    rows = [
+        Item("stop", f"stopped early at step {stop.get('step')}", "stopped early", when, when, stopped_early_text(stop))
+    ]
     for seg in view.segments:
         if seg.state == "skipped":
-            rows.append(Item("segment", f"segment {seg.index}/{len(view.segments)} ({seg.activity_id})", "skipped",
-                             detail=f"steps to {seg.until}: not run, the run stopped early at step {stop.get('step')}"))
-            rows += [Item("evaluation", f"{ev.suite} of {step_dir_name(ev.step)}", "skipped", detail="not run: stopped early")
-                     for ev in seg.evals if ev.state == "skipped"]
+            rows.append(
+                Item(
+                    "segment",
+                    f"segment {seg.index}/{len(view.segments)} ({seg.activity_id})",
+                    "skipped",
+                    detail=f"steps to {seg.until}: not run, the run stopped early at step {stop.get('step')}",
+                )
+            )
+            rows += [
+                Item(
+                    "evaluation", f"{ev.suite} of {step_dir_name(ev.step)}", "skipped", detail="not run: stopped early"
+                )
+                for ev in seg.evals
+                if ev.state == "skipped"
+            ]
     items[at:at] = rows
 
 
@@ -357,7 +446,9 @@ def eval_series(view: RunView) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def checkpoints(view: RunView, home: Path, events: Sequence[Any] = (), released: Sequence[Release] = ()) -> list[Checkpoint]:
+def checkpoints(
+    view: RunView, home: Path, events: Sequence[Any] = (), released: Sequence[Release] = ()
+) -> list[Checkpoint]:
     """The run's checkpoints: on disk, named by its history, or pruned (retention.log), with their status:
     ``best`` as the run's selection named it (``best_checkpoints``), ``released vN`` by its published releases."""
     root = RunHome(home).run(view.name).ckpt_root
@@ -412,8 +503,11 @@ def checkpoints(view: RunView, home: Path, events: Sequence[Any] = (), released:
         if not present:
             flags.append("pruned" if name in pruned else "not on disk")
         figures = [headline(ev.suite, ev.metrics) for ev in (by_step.get(step, []) if step is not None else [])]
-        figures += [f"{b.get('metric')} {b['value']:.4g}" for b in best_checkpoints(view)
-                    if Path(str(b["checkpoint"])).name == name and _num(b.get("value")) is not None]
+        figures += [
+            f"{b.get('metric')} {b['value']:.4g}"
+            for b in best_checkpoints(view)
+            if Path(str(b["checkpoint"])).name == name and _num(b.get("value")) is not None
+        ]
         out.append(Checkpoint(name, step, present, flags, "; ".join(figures)))
     return out
 
@@ -425,6 +519,7 @@ def _output_of(home: Path, name: str, workflow_id: str) -> Any:
     def find(activity_id: str, attempt: int) -> str:
         kept = [a for a in attempt_dirs(home, name, activity_id) if (a.generation, a.attempt) == (gen, attempt)]
         return str(kept[-1].directory.relative_to(home)) + "/" if kept else ""
+
     return find
 
 
@@ -439,8 +534,17 @@ def _stderr_tail(error: Any) -> str:
     return ""
 
 
-def run(engine: Backend, home: Path, workflow_id: str, now: float, *, kind: str = "", attempt: int | None = None,
-        limit: int | None = 500, timeline_limit: int | None = 300) -> RunPage:
+def run(
+    engine: Backend,
+    home: Path,
+    workflow_id: str,
+    now: float,
+    *,
+    kind: str = "",
+    attempt: int | None = None,
+    limit: int | None = 500,
+    timeline_limit: int | None = 300,
+) -> RunPage:
     """One workflow's page (``UnknownRun`` when there is no such workflow)."""
     try:
         st = engine.status(workflow_id)
@@ -456,8 +560,12 @@ def run(engine: Backend, home: Path, workflow_id: str, now: float, *, kind: str 
     if len(parts) >= 3 and parts[-1].isdigit():
         base = "/".join(parts[:-1])
     generations = [(g.workflow_id, g.state) for g in app.run_generations(engine, base)]
-    shown = [e for e in events if (not kind or e.type == kind)
-             and (attempt is None or (isinstance(e.attrs, dict) and e.attrs.get("attempt") == attempt))]
+    shown = [
+        e
+        for e in events
+        if (not kind or e.type == kind)
+        and (attempt is None or (isinstance(e.attrs, dict) and e.attrs.get("attempt") == attempt))
+    ]
     total_shown = len(shown)
     if limit is not None and len(shown) > limit:
         shown = shown[-limit:]
@@ -465,8 +573,17 @@ def run(engine: Backend, home: Path, workflow_id: str, now: float, *, kind: str 
     for e in shown:
         a = e.attrs if isinstance(e.attrs, dict) else {}
         n = a.get("attempt") if isinstance(a.get("attempt"), int) else None
-        rows.append(EventRow(e.seq, e.time, e.type, str(a.get("activity_id", "")), n, historyview.details(e),
-                             json.dumps(a, indent=1, sort_keys=True, default=str)))
+        rows.append(
+            EventRow(
+                e.seq,
+                e.time,
+                e.type,
+                str(a.get("activity_id", "")),
+                n,
+                historyview.details(e),
+                json.dumps(a, indent=1, sort_keys=True, default=str),
+            )
+        )
     items = timeline(view, events, now, _output_of(home, view.name, workflow_id) if view and view.name else None)
     release = row.release
     runs_releases = releases(engine, home, view.name) if view and view.name else []
@@ -475,17 +592,28 @@ def run(engine: Backend, home: Path, workflow_id: str, now: float, *, kind: str 
     drawn, cards = charts(view, s, ev_series) if view and s is not None else ([], [])
     final = (final_of(view) or {}) if view else {}
     kinds = sorted({e.type for e in events})
-    attempts = sorted({e.attrs["attempt"] for e in events
-                       if isinstance(e.attrs, dict) and isinstance(e.attrs.get("attempt"), int)})
+    attempts = sorted(
+        {e.attrs["attempt"] for e in events if isinstance(e.attrs, dict) and isinstance(e.attrs.get("attempt"), int)}
+    )
     return RunPage(
-        row=row, view=view, spec_json=json.dumps(spec, indent=2, sort_keys=True, default=str),
-        generations=generations, timeline=items[-timeline_limit:] if timeline_limit else items,
+        row=row,
+        view=view,
+        spec_json=json.dumps(spec, indent=2, sort_keys=True, default=str),
+        generations=generations,
+        timeline=items[-timeline_limit:] if timeline_limit else items,
         timeline_total=len(items),
-        series=s, eval_series=ev_series,
+        series=s,
+        eval_series=ev_series,
         checkpoints=checkpoints(view, home, events, runs_releases) if view and view.name else [],
-        events=rows, event_kinds=kinds, event_attempts=attempts, events_total=total_shown,
-        stderr_tail=_stderr_tail(st.error), charts=drawn, cards=cards,
+        events=rows,
+        event_kinds=kinds,
+        event_attempts=attempts,
+        events_total=total_shown,
+        stderr_tail=_stderr_tail(st.error),
+        charts=drawn,
+        cards=cards,
         releases=runs_releases if view else ([release] if release else []),
         selection=[line.strip() for line in selection_lines(view)] if view else [],
         stopped_early=stopped_early_text(view.stopped_early) if view and isinstance(view.stopped_early, dict) else "",
-        final=final)
+        final=final,
+    )

@@ -5,6 +5,7 @@ names it), the candidate checkpoint, its digest, each gate's outcome (passed / f
 or ``no such figure``), the figures, or why nothing was published; a release still running shows the
 gates it asked for. ``releases(engine, home, name)``: every release of run ``name``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -56,8 +57,11 @@ class Release:
         out = []
         for g in self.gates:
             fig = g.get("figure")
-            value = "no such figure" if g.get("passed") is False and fig is None else (
-                f"{fig:.6g}" if _num(fig) is not None else "")
+            value = (
+                "no such figure"
+                if g.get("passed") is False and fig is None
+                else (f"{fig:.6g}" if _num(fig) is not None else "")
+            )
             verdicts: dict[Any, str] = {True: "passed", False: "failed"}
             verdict = verdicts.get(g.get("passed"), "pending")
             out.append(f"{g.get('gate')} {verdict}" + (f" ({value})" if value else ""))
@@ -90,8 +94,15 @@ def release_of(st: Any, inp: Any, current: dict[str, str]) -> Release:
     if isinstance(r.get("gates"), list):
         out.gates = [g for g in r["gates"] if isinstance(g, dict)]
     elif isinstance(i.get("gates"), list):  # not checked yet: the gates asked for
-        out.gates = [{"gate": f"{g.get('suite')}/{g.get('figure')}{g.get('op')}{g.get('value'):g}", "figure": None,
-                      "passed": None} for g in i["gates"] if isinstance(g, dict) and _num(g.get("value")) is not None]
+        out.gates = [
+            {
+                "gate": f"{g.get('suite')}/{g.get('figure')}{g.get('op')}{g.get('value'):g}",
+                "figure": None,
+                "passed": None,
+            }
+            for g in i["gates"]
+            if isinstance(g, dict) and _num(g.get("value")) is not None
+        ]
     if st.state == "completed" and r:
         out.outcome = "published" if r.get("published") else "not published"
         out.version, out.path, out.reason = r.get("version"), r.get("path"), str(r.get("reason") or "")
@@ -105,7 +116,9 @@ def release_of(st: Any, inp: Any, current: dict[str, str]) -> Release:
 def releases(engine: Backend, home: Path, name: str) -> list[Release]:
     """The releases (ModelRelease workflows) of run ``name``, oldest first."""
     current = current_versions(home)
-    out = [release_of(st, app.recorded_input(engine, st.workflow_id), current)
-           for st in app.readable_workflows(engine)
-           if st.workflow == RELEASE and st.workflow_id.startswith(f"release/{name}/")]
+    out = [
+        release_of(st, app.recorded_input(engine, st.workflow_id), current)
+        for st in app.readable_workflows(engine)
+        if st.workflow == RELEASE and st.workflow_id.startswith(f"release/{name}/")
+    ]
     return sorted(out, key=lambda r: r.workflow_id)

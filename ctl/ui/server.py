@@ -15,6 +15,7 @@ Routes: ``/`` (runs; ``?state=running|completed|failed|canceled``), ``/run/<work
 live). Unknown paths and ids are a 404 page; a failure while rendering is a 500 page with one
 line (logged on stderr), never a traceback.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -43,8 +44,13 @@ EVENTS_SHOWN = 500  # the newest events a run page lists unless ?limit=N|all
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
     env.filters["when"] = lambda t: local_time(t, date=True).replace("T", " ") if isinstance(t, (int, float)) else "-"
     env.filters["clock"] = lambda t: local_time(t) if isinstance(t, (int, float)) else "-"
     env.filters["duration"] = lambda s: fmt_duration(s) if isinstance(s, (int, float)) else "-"
@@ -74,13 +80,14 @@ class App:
                 if path in ("/", "/runs"):
                     return HTTPStatus.OK, self._runs(q, partial)
                 if path.startswith("/run/"):
-                    return HTTPStatus.OK, self._run(path[len("/run/"):], q, partial)
+                    return HTTPStatus.OK, self._run(path[len("/run/") :], q, partial)
         except pages.UnknownRun as e:
             return HTTPStatus.NOT_FOUND, self._page("notfound.html", partial, what=f"no workflow {e.args[0]!r}")
         except Exception as e:  # a damaged record, a file changing under us: one line, never a traceback
             print(f"ctl ui: {path}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             return HTTPStatus.INTERNAL_SERVER_ERROR, self._page(
-                "notfound.html", partial, what=f"this page could not be read ({type(e).__name__}: {e})", code=500)
+                "notfound.html", partial, what=f"this page could not be read ({type(e).__name__}: {e})", code=500
+            )
         return HTTPStatus.NOT_FOUND, self._page("notfound.html", partial, what=f"no page {path!r}")
 
     def _page(self, template: str, partial: bool, **ctx: Any) -> str:
@@ -93,18 +100,34 @@ class App:
         state = q.get("state", "")
         rows = pages.runs(self.engine, self.home, time.time(), state if state in STATES else None)
         live = any(r.state == "running" for r in rows)
-        return self._page("runs.html", partial, rows=rows, state=state, states=STATES,
-                          live=live, code=200)
+        return self._page("runs.html", partial, rows=rows, state=state, states=STATES, live=live, code=200)
 
     def _run(self, raw_id: str, q: dict[str, str], partial: bool) -> str:
         workflow_id = urllib.parse.unquote(raw_id).strip("/")
         attempt = int(q["attempt"]) if q.get("attempt", "").isdigit() else None
         limit_text = q.get("limit", "")
         limit = None if limit_text == "all" else int(limit_text) if limit_text.isdigit() else EVENTS_SHOWN
-        page = pages.run(self.engine, self.home, workflow_id, time.time(), kind=q.get("kind", ""), attempt=attempt,
-                         limit=limit, timeline_limit=None if q.get("timeline") == "all" else TIMELINE_SHOWN)
-        return self._page("run.html", partial, p=page, r=page.row, kind=q.get("kind", ""), attempt=attempt,
-                          limit=limit, live=page.row.state == "running", code=200)
+        page = pages.run(
+            self.engine,
+            self.home,
+            workflow_id,
+            time.time(),
+            kind=q.get("kind", ""),
+            attempt=attempt,
+            limit=limit,
+            timeline_limit=None if q.get("timeline") == "all" else TIMELINE_SHOWN,
+        )
+        return self._page(
+            "run.html",
+            partial,
+            p=page,
+            r=page.row,
+            kind=q.get("kind", ""),
+            attempt=attempt,
+            limit=limit,
+            live=page.row.state == "running",
+            code=200,
+        )
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -126,8 +149,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-store")
         # nothing from elsewhere, no framing; the only script that runs is the page's own poller (its nonce)
-        self.send_header("Content-Security-Policy", f"default-src 'self'; script-src 'nonce-{self.app.nonce}'; "
-                         "style-src 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'")
+        self.send_header(
+            "Content-Security-Policy",
+            f"default-src 'self'; script-src 'nonce-{self.app.nonce}'; "
+            "style-src 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'",
+        )
         self.send_header("X-Content-Type-Options", "nosniff")
         self.end_headers()
         if body:

@@ -11,6 +11,7 @@ one point would be an axis made up around it). Long series are thinned to ``MAX_
 bucket's min and max kept, so a spike stays visible). Every label is escaped here
 (``html.escape``): the result is markup.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,7 +55,7 @@ def thin(points: list[Point], limit: int = MAX_POINTS) -> list[Point]:
     size = math.ceil(len(points) / (limit // 2))
     out = []
     for i in range(0, len(points), size):
-        bucket = points[i:i + size]
+        bucket = points[i : i + size]
         lo, hi = min(bucket, key=lambda p: p[1]), max(bucket, key=lambda p: p[1])
         out.extend(sorted({lo, hi}))
     return out
@@ -96,7 +97,7 @@ def tick_text(v: float, step: float) -> str:
     if abs(v) >= 1e6 or (abs(v) < 1e-3 and step < 1e-4):
         return f"{v:.3g}"
     decimals = min(9, max(0, -math.floor(math.log10(step) + 1e-12)))
-    if abs(step * 10 ** decimals - round(step * 10 ** decimals)) > 1e-6:  # 2.5 at this scale: one more
+    if abs(step * 10**decimals - round(step * 10**decimals)) > 1e-6:  # 2.5 at this scale: one more
         decimals += 1
     return f"{v:.{decimals}f}"
 
@@ -123,9 +124,12 @@ def _legend(names: list[tuple[str, str]], left: float) -> tuple[list[str], int]:
         if x + w > WIDTH - PAD_R and x > left:
             row, x = row + 1, left
         y = 36 + 14 * row
-        swatch = (f'<circle cx="{x + 7:.1f}" cy="{y - 4}" r="4" class="{colour[1:]}"/>' if colour.startswith(".")
-                  else f'<line x1="{x:.1f}" y1="{y - 4}" x2="{x + 14:.1f}" y2="{y - 4}" stroke="{colour}" '
-                       f'stroke-width="2.5"/>')
+        swatch = (
+            f'<circle cx="{x + 7:.1f}" cy="{y - 4}" r="4" class="{colour[1:]}"/>'
+            if colour.startswith(".")
+            else f'<line x1="{x:.1f}" y1="{y - 4}" x2="{x + 14:.1f}" y2="{y - 4}" stroke="{colour}" '
+            f'stroke-width="2.5"/>'
+        )
         parts.append(f'{swatch}<text x="{x + 18:.1f}" y="{y}" class="legend">{escape(label)}</text>')
         x += w
     return parts, row + 1 if names else 0
@@ -145,13 +149,16 @@ def chart(c: Chart) -> str:
     lines = {k: _finite(v) for k, v in c.lines.items()}
     marks = [(x, y, t) for x, y, t in c.marks if isinstance(y, (int, float)) and math.isfinite(y)]
     stars = [(x, y, t) for x, y, t in c.stars if isinstance(y, (int, float)) and math.isfinite(y)]
-    head = (f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
-            f'role="img" aria-label="{escape(c.title)}"><title>{escape(c.title)}</title>'
-            f'<text x="10" y="17" class="ctitle">{escape(c.title)}</text>')
+    head = (
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
+        f'role="img" aria-label="{escape(c.title)}"><title>{escape(c.title)}</title>'
+        f'<text x="10" y="17" class="ctitle">{escape(c.title)}</text>'
+    )
     pts = [p for v in lines.values() for p in v] + [(x, y) for x, y, _ in marks + stars]
     if not pts:
-        return head + (f'<text x="{WIDTH // 2}" y="{HEIGHT // 2}" text-anchor="middle" class="empty">no data yet'
-                       f'</text></svg>')
+        return head + (
+            f'<text x="{WIDTH // 2}" y="{HEIGHT // 2}" text-anchor="middle" class="empty">no data yet</text></svg>'
+        )
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
     x0, x1 = min(xs), max(xs)
     if c.x_range is not None:
@@ -171,8 +178,10 @@ def chart(c: Chart) -> str:
     y_step = (y_ticks[1] - y_ticks[0]) if len(y_ticks) > 1 else (y1 - y0)
     y_texts = [tick_text(v, y_step) for v in y_ticks]
     pad_l = max(40, int(max(map(_text_w, y_texts), default=0)) + 14) + (16 if c.y_label else 0)
-    legend_items = [(f"{name} {_fmt(points[-1][1])}" if points else name, COLOURS[i % len(COLOURS)])
-                    for i, (name, points) in enumerate(lines.items())]
+    legend_items = [
+        (f"{name} {_fmt(points[-1][1])}" if points else name, COLOURS[i % len(COLOURS)])
+        for i, (name, points) in enumerate(lines.items())
+    ]
     if marks:  # a colour starting with "." is a dot of that CSS class
         legend_items.append((c.marks_name, ".mark"))
     legend, rows = _legend(legend_items, pad_l)
@@ -191,31 +200,43 @@ def chart(c: Chart) -> str:
         a, b, label = c.shade
         left, right = sx(max(a, x0)), sx(min(b, x1))
         if right > left:
-            parts.append(f'<rect x="{left:.1f}" y="{pad_t}" width="{right - left:.1f}" height="{h}" class="shade">'
-                         f'<title>{escape(label)}</title></rect>')
+            parts.append(
+                f'<rect x="{left:.1f}" y="{pad_t}" width="{right - left:.1f}" height="{h}" class="shade">'
+                f"<title>{escape(label)}</title></rect>"
+            )
             tx, anchor = _anchored((left + right) / 2, label, left + 2, right - 2)
             if _text_w(label) < right - left:
-                shade_label = (f'<text x="{tx:.1f}" y="{pad_t + h - 6}" text-anchor="{anchor}" class="shadelabel">'
-                               f'{escape(label)}</text>')
+                shade_label = (
+                    f'<text x="{tx:.1f}" y="{pad_t + h - 6}" text-anchor="{anchor}" class="shadelabel">'
+                    f"{escape(label)}</text>"
+                )
     for v, text in zip(y_ticks, y_texts):
         y = sy(v)
-        parts.append(f'<line x1="{pad_l}" y1="{y:.1f}" x2="{pad_l + w}" y2="{y:.1f}" class="grid"/>'
-                     f'<text x="{pad_l - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{text}</text>')
+        parts.append(
+            f'<line x1="{pad_l}" y1="{y:.1f}" x2="{pad_l + w}" y2="{y:.1f}" class="grid"/>'
+            f'<text x="{pad_l - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{text}</text>'
+        )
     x_ticks = ticks(x0, x1, 6, integer=True)
     x_step = (x_ticks[1] - x_ticks[0]) if len(x_ticks) > 1 else 1.0
     for v in x_ticks:
         x = sx(v)
         text = tick_text(v, x_step)
         tx, anchor = _anchored(x, text, 0, WIDTH - 2)
-        parts.append(f'<line x1="{x:.1f}" y1="{pad_t}" x2="{x:.1f}" y2="{pad_t + h}" class="grid"/>'
-                     f'<line x1="{x:.1f}" y1="{pad_t + h}" x2="{x:.1f}" y2="{pad_t + h + 4}" class="axis"/>'
-                     f'<text x="{tx:.1f}" y="{pad_t + h + 16}" text-anchor="{anchor}" class="tick">{text}</text>')
-    parts.append(f'<rect x="{pad_l}" y="{pad_t}" width="{w}" height="{h}" class="frame"/>'
-                 f'<text x="{pad_l + w / 2:.1f}" y="{HEIGHT - 4}" text-anchor="middle" class="axisname">step</text>')
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{pad_t}" x2="{x:.1f}" y2="{pad_t + h}" class="grid"/>'
+            f'<line x1="{x:.1f}" y1="{pad_t + h}" x2="{x:.1f}" y2="{pad_t + h + 4}" class="axis"/>'
+            f'<text x="{tx:.1f}" y="{pad_t + h + 16}" text-anchor="{anchor}" class="tick">{text}</text>'
+        )
+    parts.append(
+        f'<rect x="{pad_l}" y="{pad_t}" width="{w}" height="{h}" class="frame"/>'
+        f'<text x="{pad_l + w / 2:.1f}" y="{HEIGHT - 4}" text-anchor="middle" class="axisname">step</text>'
+    )
     parts.append(shade_label)  # over the gridlines
     if c.y_label:
-        parts.append(f'<text x="12" y="{pad_t + h / 2:.1f}" text-anchor="middle" class="axisname" '
-                     f'transform="rotate(-90 12 {pad_t + h / 2:.1f})">{escape(c.y_label)}</text>')
+        parts.append(
+            f'<text x="12" y="{pad_t + h / 2:.1f}" text-anchor="middle" class="axisname" '
+            f'transform="rotate(-90 12 {pad_t + h / 2:.1f})">{escape(c.y_label)}</text>'
+        )
     for i, points in enumerate(lines.values()):
         colour = COLOURS[i % len(COLOURS)]
         if len(points) == 1:
@@ -228,8 +249,9 @@ def chart(c: Chart) -> str:
                 parts.extend(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{colour}"/>' for x, y in points)
     taken: list[tuple[float, float, float, float]] = []  # boxes of the labels placed so far (x0, y0, x1, y1)
 
-    def place(candidates: Sequence[tuple[float, float, str]], text: str, must: bool = True
-              ) -> tuple[float, float, str] | None:
+    def place(
+        candidates: Sequence[tuple[float, float, str]], text: str, must: bool = True
+    ) -> tuple[float, float, str] | None:
         """The first (x, baseline, anchor) whose box stays inside the plot and overlaps no placed label;
         when none does: the first, kept inside (``must``), else None (the label is left out)."""
         tw = _text_w(text)
@@ -249,32 +271,65 @@ def chart(c: Chart) -> str:
     row = pad_t + 12
     for x, label, kind in c.vlines:
         px = sx(x)
-        parts.append(f'<line x1="{px:.1f}" y1="{pad_t}" x2="{px:.1f}" y2="{pad_t + h}" class="vline vline-{kind}">'
-                     f'<title>{escape(label)}</title></line>')
-        tx, ty, anchor = place([(px + 4, row + 13 * k, "start") for k in range(4)]
-                               + [(px - 4, row + 13 * k, "end") for k in range(4)], label) or (px + 4, row, "start")
-        parts.append(f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" class="vlabel vlabel-{kind}">'
-                     f'{escape(label)}</text>')
+        parts.append(
+            f'<line x1="{px:.1f}" y1="{pad_t}" x2="{px:.1f}" y2="{pad_t + h}" class="vline vline-{kind}">'
+            f"<title>{escape(label)}</title></line>"
+        )
+        tx, ty, anchor = place(
+            [(px + 4, row + 13 * k, "start") for k in range(4)] + [(px - 4, row + 13 * k, "end") for k in range(4)],
+            label,
+        ) or (px + 4, row, "start")
+        parts.append(
+            f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" class="vlabel vlabel-{kind}">'
+            f"{escape(label)}</text>"
+        )
     radius = 4 if len(marks) <= 20 else 2.5
     every = max(1, math.ceil(len(marks) / MAX_MARK_LABELS))  # many evaluations: some labelled, all on hover
     for i, (x, y, label) in reversed(list(enumerate(marks))):  # the newest labelled first
         px, py = sx(x), sy(y)
         last = i == len(marks) - 1
-        spot = place([(px, py - 8, "middle"), (px, py + 16, "middle"), (px + 7, py + 4, "start"),
-                      (px - 7, py + 4, "end"), (px + 4, py - 8, "start"), (px - 4, py - 8, "end")], label,
-                     must=last) if last or (len(marks) - 1 - i) % every == 0 else None
-        parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="{radius}" class="mark"><title>{escape(label)} at step '
-                     f'{x:g}</title></circle>')
+        spot = (
+            place(
+                [
+                    (px, py - 8, "middle"),
+                    (px, py + 16, "middle"),
+                    (px + 7, py + 4, "start"),
+                    (px - 7, py + 4, "end"),
+                    (px + 4, py - 8, "start"),
+                    (px - 4, py - 8, "end"),
+                ],
+                label,
+                must=last,
+            )
+            if last or (len(marks) - 1 - i) % every == 0
+            else None
+        )
+        parts.append(
+            f'<circle cx="{px:.1f}" cy="{py:.1f}" r="{radius}" class="mark"><title>{escape(label)} at step '
+            f"{x:g}</title></circle>"
+        )
         if spot is not None:
-            parts.append(f'<text x="{spot[0]:.1f}" y="{spot[1]:.1f}" text-anchor="{spot[2]}" class="marklabel">'
-                         f'{escape(label)}</text>')
+            parts.append(
+                f'<text x="{spot[0]:.1f}" y="{spot[1]:.1f}" text-anchor="{spot[2]}" class="marklabel">'
+                f"{escape(label)}</text>"
+            )
     for x, y, label in stars:  # beside the star first (a curve through it runs above or below)
         px, py = sx(x), sy(y)
-        tx, ty, anchor = place([(px + 10, py + 4, "start"), (px - 10, py + 4, "end"), (px + 8, py + 18, "start"),
-                                (px - 8, py + 18, "end"), (px + 8, py - 10, "start"), (px - 8, py - 10, "end")],
-                               label) or (px + 10, py + 4, "start")
-        parts.append(f'<polygon points="{_star(px, py)}" class="star"><title>{escape(label)}</title></polygon>'
-                     f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" class="starlabel">{escape(label)}</text>')
+        tx, ty, anchor = place(
+            [
+                (px + 10, py + 4, "start"),
+                (px - 10, py + 4, "end"),
+                (px + 8, py + 18, "start"),
+                (px - 8, py + 18, "end"),
+                (px + 8, py - 10, "start"),
+                (px - 8, py - 10, "end"),
+            ],
+            label,
+        ) or (px + 10, py + 4, "start")
+        parts.append(
+            f'<polygon points="{_star(px, py)}" class="star"><title>{escape(label)}</title></polygon>'
+            f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" class="starlabel">{escape(label)}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -282,5 +337,7 @@ def chart(c: Chart) -> str:
 def figure_card(title: str, value: float, note: str = "") -> str:
     """One figure as a card (a series of one point; a constant count): ``title``, the value, ``note``."""
     v = _fmt(value) if isinstance(value, (int, float)) and math.isfinite(value) else "-"
-    return (f'<div class="figure" role="figure" aria-label="{escape(title)}"><div class="fname">{escape(title)}</div>'
-            f'<div class="fvalue">{escape(v)}</div><div class="fnote">{escape(note)}</div></div>')
+    return (
+        f'<div class="figure" role="figure" aria-label="{escape(title)}"><div class="fname">{escape(title)}</div>'
+        f'<div class="fvalue">{escape(v)}</div><div class="fnote">{escape(note)}</div></div>'
+    )

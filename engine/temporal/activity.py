@@ -16,6 +16,7 @@ exits 130. Outcomes map onto Temporal's: ``Canceled`` -> ``CancelledError`` when
 a non-retryable ``ApplicationError`` of its type, anything else a retryable ``ApplicationError``
 named after the error (``SubprocessFailed``...).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -96,19 +97,25 @@ def _outcome_error(err: BaseException) -> BaseException:
         details = activity.cancellation_details()
         if details is not None and details.cancel_requested:
             return CancelledError(str(err))
-        return ApplicationError(f"attempt abandoned ({err}); the next attempt resumes from its checkpoint",
-                                type="Abandoned")
+        return ApplicationError(
+            f"attempt abandoned ({err}); the next attempt resumes from its checkpoint", type="Abandoned"
+        )
     if isinstance(err, NonRetryableError):
-        return ApplicationError(str(err), *([err.details] if err.details is not None else []),
-                                type=err.type, non_retryable=True)
+        return ApplicationError(
+            str(err), *([err.details] if err.details is not None else []), type=err.type, non_retryable=True
+        )
     kind = getattr(err, "type", None)
     details = getattr(err, "details", None)
-    return ApplicationError(str(err) or type(err).__name__, *([details] if details is not None else []),
-                            type=kind if isinstance(kind, str) else type(err).__name__)
+    return ApplicationError(
+        str(err) or type(err).__name__,
+        *([details] if details is not None else []),
+        type=kind if isinstance(kind, str) else type(err).__name__,
+    )
 
 
-def seam_activity(activities: Mapping[str, Callable[[Any, Any], Any]],
-                  on_heartbeat: Callable[[str, Any], None] | None = None) -> Callable:
+def seam_activity(
+    activities: Mapping[str, Callable[[Any, Any], Any]], on_heartbeat: Callable[[str, Any], None] | None = None
+) -> Callable:
     """One dynamic Temporal activity that runs ``activities[activity_type](ctx, input)``."""
     table = dict(activities)
 
@@ -117,8 +124,11 @@ def seam_activity(activities: Mapping[str, Callable[[Any, Any], Any]],
         info = activity.info()
         fn = table.get(info.activity_type)
         if fn is None:
-            raise ApplicationError(f"no activity {info.activity_type!r} on this worker (known: {sorted(table)})",
-                                   type="NotFound", non_retryable=True)
+            raise ApplicationError(
+                f"no activity {info.activity_type!r} on this worker (known: {sorted(table)})",
+                type="NotFound",
+                non_retryable=True,
+            )
         convert = activity.payload_converter()
         values = [convert.from_payload(a.payload) for a in args]
         activity_id = str(values[1]) if len(values) > 1 else info.activity_id

@@ -12,6 +12,7 @@ other hosts (they must share the home folder, see docs/scale-out.md).
 The SDK is asynchronous; this class runs one event loop in a daemon thread and offers blocking
 methods, like the embedded engine's.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -70,8 +71,11 @@ def _tls(cfg: TemporalConfig) -> bool | TLSConfig:
     if not cfg.uses_tls:
         return False
     if cfg.tls_cert or cfg.tls_ca:
-        return TLSConfig(server_root_ca_cert=_read(cfg.tls_ca), client_cert=_read(cfg.tls_cert),
-                         client_private_key=_read(cfg.tls_key))
+        return TLSConfig(
+            server_root_ca_cert=_read(cfg.tls_ca),
+            client_cert=_read(cfg.tls_cert),
+            client_private_key=_read(cfg.tls_key),
+        )
     return True
 
 
@@ -186,7 +190,10 @@ class TemporalEngine:
 
         async def go() -> None:
             await self.client.start_workflow(
-                workflow_name, to_jsonable(input), id=workflow_id, task_queue=self.config.task_queue,
+                workflow_name,
+                to_jsonable(input),
+                id=workflow_id,
+                task_queue=self.config.task_queue,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             )
@@ -258,7 +265,10 @@ class TemporalEngine:
         events = self.history(workflow_id)
         state = _STATES.get(desc.status, "running")
         st = WorkflowStatus(
-            workflow_id, desc.workflow_type, state, desc.start_time.timestamp(),
+            workflow_id,
+            desc.workflow_type,
+            state,
+            desc.start_time.timestamp(),
             (desc.close_time or desc.execution_time or desc.start_time).timestamp(),
             any(e.type == "cancel_requested" for e in events),
         )
@@ -305,8 +315,12 @@ class TemporalEngine:
             return st.result
         err = st.error or {}
         if st.state == "failed":
-            raise WorkflowFailed(f"workflow {workflow_id!r} failed: {err.get('type')}: {err.get('message')}",
-                                 workflow_id=workflow_id, type=err.get("type", "Error"), details=err.get("details"))
+            raise WorkflowFailed(
+                f"workflow {workflow_id!r} failed: {err.get('type')}: {err.get('message')}",
+                workflow_id=workflow_id,
+                type=err.get("type", "Error"),
+                details=err.get("details"),
+            )
         if st.state == "canceled":
             raise WorkflowCanceled(f"workflow {workflow_id!r} was canceled", workflow_id=workflow_id)
         raise WorkflowRunning(f"workflow {workflow_id!r} is still running")
@@ -325,9 +339,16 @@ class TemporalEngine:
         async def go() -> list[WorkflowStatus]:
             rows: list[WorkflowStatus] = []
             async for w in self.client.list_workflows(limit=MAX_LISTED):
-                rows.append(WorkflowStatus(
-                    w.id, w.workflow_type, _STATES.get(w.status, "running") if w.status else "running", w.start_time.timestamp(),
-                    (w.close_time or w.start_time).timestamp(), False))
+                rows.append(
+                    WorkflowStatus(
+                        w.id,
+                        w.workflow_type,
+                        _STATES.get(w.status, "running") if w.status else "running",
+                        w.start_time.timestamp(),
+                        (w.close_time or w.start_time).timestamp(),
+                        False,
+                    )
+                )
             return sorted(rows, key=lambda s: (s.created_at, s.workflow_id))
 
         return self._call(go())
@@ -352,8 +373,12 @@ class TemporalEngine:
     # --- running a worker here ---------------------------------------------------------------
 
     def _worker(self) -> Worker:
-        registered = {m.split(".")[0] for fn, input_type in self._workflows.values()
-                      for m in (getattr(fn, "__module__", None), getattr(input_type, "__module__", None)) if m}
+        registered = {
+            m.split(".")[0]
+            for fn, input_type in self._workflows.values()
+            for m in (getattr(fn, "__module__", None), getattr(input_type, "__module__", None))
+            if m
+        }
         passthrough = sorted({*PASSTHROUGH_MODULES, *self.passthrough_modules, *registered})
         restrictions = SandboxRestrictions.default.with_passthrough_modules(*passthrough)
         return Worker(
@@ -409,4 +434,3 @@ class TemporalEngine:
                 await asyncio.sleep(0.2)
 
         self._call(self._serve(stopped))
-

@@ -4,6 +4,7 @@ The API key is a secret: it is read from ``$CTL_TEMPORAL_API_KEY`` (never a comm
 ``ps`` would show), kept out of ``repr``, and only ever handed to the SDK's connection as the
 ``Authorization`` header. It never enters a workflow's input, result or history.
 """
+
 from __future__ import annotations
 
 import os
@@ -96,14 +97,17 @@ def explain_connect_error(text: str, cfg: TemporalConfig) -> str:
     if not cfg.uses_tls:
         return "the server ended the connection: it may require TLS (--tls-ca, --tls, or an API key)" if closed else ""
     if "UnknownIssuer" in text:
-        where = (f"--tls-ca {cfg.tls_ca}" if cfg.tls_ca
-                 else "the system's root CAs (name the cluster's CA with --tls-ca)")
+        where = (
+            f"--tls-ca {cfg.tls_ca}" if cfg.tls_ca else "the system's root CAs (name the cluster's CA with --tls-ca)"
+        )
         return f"the server's TLS certificate is not signed by a CA trusted here: {where}"
     if "InvalidContentType" in text:
         return "the server does not speak TLS on this port (use --no-tls, or the cluster's TLS address)"
     if closed:
         if cfg.tls_cert:
-            return (f"the server ended the TLS connection: it does not accept the client certificate "
-                    f"--tls-cert {cfg.tls_cert} (signed by a CA it does not trust?)")
+            return (
+                f"the server ended the TLS connection: it does not accept the client certificate "
+                f"--tls-cert {cfg.tls_cert} (signed by a CA it does not trust?)"
+            )
         return "the server ended the TLS connection: it may require a client certificate (--tls-cert and --tls-key)"
     return ""

@@ -11,6 +11,7 @@ Differences that come from Temporal itself: retried attempts are not events (onl
 outcome is, with its attempt number), heartbeats are not events (the last details live with the
 pending activity, see ``TemporalEngine.status``), and workflow-task events are left out.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,7 +23,8 @@ from .. import _history as h
 from .._history import Event
 
 _SKIPPED = {
-    EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+    EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+    EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
     EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
 }
 
@@ -87,48 +89,78 @@ def convert_history(events: Any, converter: Any, workflow_type: str = "") -> lis
         if et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
             a = ev.workflow_execution_started_event_attributes
             args = _payloads(converter, a.input)
-            typ, attrs = h.WORKFLOW_STARTED, {"workflow": a.workflow_type.name or workflow_type,
-                                              "input": args[0] if args else None}
+            typ, attrs = (
+                h.WORKFLOW_STARTED,
+                {"workflow": a.workflow_type.name or workflow_type, "input": args[0] if args else None},
+            )
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             a = ev.activity_task_scheduled_event_attributes
             scheduled[ev.event_id] = a.activity_id
             args = _payloads(converter, a.input)
             rp = a.retry_policy
-            typ, attrs = h.ACTIVITY_SCHEDULED, {
-                "activity_id": a.activity_id, "name": a.activity_type.name, "input": args[0] if args else None,
-                "options": {"id": a.activity_id, "start_to_close_timeout_s": _seconds(a.start_to_close_timeout),
-                            "heartbeat_timeout_s": _seconds(a.heartbeat_timeout) or None,
-                            "retry": {"max_attempts": rp.maximum_attempts,
-                                      "initial_interval_s": _seconds(rp.initial_interval),
-                                      "backoff": rp.backoff_coefficient,
-                                      "max_interval_s": _seconds(rp.maximum_interval),
-                                      "non_retryable": list(rp.non_retryable_error_types)}},
-            }
+            typ, attrs = (
+                h.ACTIVITY_SCHEDULED,
+                {
+                    "activity_id": a.activity_id,
+                    "name": a.activity_type.name,
+                    "input": args[0] if args else None,
+                    "options": {
+                        "id": a.activity_id,
+                        "start_to_close_timeout_s": _seconds(a.start_to_close_timeout),
+                        "heartbeat_timeout_s": _seconds(a.heartbeat_timeout) or None,
+                        "retry": {
+                            "max_attempts": rp.maximum_attempts,
+                            "initial_interval_s": _seconds(rp.initial_interval),
+                            "backoff": rp.backoff_coefficient,
+                            "max_interval_s": _seconds(rp.maximum_interval),
+                            "non_retryable": list(rp.non_retryable_error_types),
+                        },
+                    },
+                },
+            )
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             a = ev.activity_task_started_event_attributes
             started[a.scheduled_event_id] = a.attempt
-            typ, attrs = h.ACTIVITY_STARTED, {"activity_id": scheduled.get(a.scheduled_event_id, ""),
-                                              "attempt": a.attempt}
+            typ, attrs = (
+                h.ACTIVITY_STARTED,
+                {"activity_id": scheduled.get(a.scheduled_event_id, ""), "attempt": a.attempt},
+            )
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             a = ev.activity_task_completed_event_attributes
             res = _payloads(converter, a.result)
-            typ, attrs = h.ACTIVITY_COMPLETED, {"activity_id": scheduled.get(a.scheduled_event_id, ""),
-                                                "attempt": started.get(a.scheduled_event_id, 1),
-                                                "result": res[0] if res else None}
+            typ, attrs = (
+                h.ACTIVITY_COMPLETED,
+                {
+                    "activity_id": scheduled.get(a.scheduled_event_id, ""),
+                    "attempt": started.get(a.scheduled_event_id, 1),
+                    "result": res[0] if res else None,
+                },
+            )
         elif et in (EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
-            a = (ev.activity_task_failed_event_attributes if et == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
-                 else ev.activity_task_timed_out_event_attributes)
+            a = (
+                ev.activity_task_failed_event_attributes
+                if et == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
+                else ev.activity_task_timed_out_event_attributes
+            )
             typ = h.ACTIVITY_FAILED if et == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED else h.ACTIVITY_TIMED_OUT
-            attrs = {"activity_id": scheduled.get(a.scheduled_event_id, ""),
-                     "attempt": started.get(a.scheduled_event_id, 1), "final": True,
-                     "error": failure_json(a.failure, converter)}
+            attrs = {
+                "activity_id": scheduled.get(a.scheduled_event_id, ""),
+                "attempt": started.get(a.scheduled_event_id, 1),
+                "final": True,
+                "error": failure_json(a.failure, converter),
+            }
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED:
             a = ev.activity_task_cancel_requested_event_attributes
             typ, attrs = "activity_cancel_requested", {"activity_id": scheduled.get(a.scheduled_event_id, "")}
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
             a = ev.activity_task_canceled_event_attributes
-            typ, attrs = h.ACTIVITY_CANCELED, {"activity_id": scheduled.get(a.scheduled_event_id, ""),
-                                               "attempt": started.get(a.scheduled_event_id, 1)}
+            typ, attrs = (
+                h.ACTIVITY_CANCELED,
+                {
+                    "activity_id": scheduled.get(a.scheduled_event_id, ""),
+                    "attempt": started.get(a.scheduled_event_id, 1),
+                },
+            )
         elif et == EventType.EVENT_TYPE_TIMER_STARTED:
             a = ev.timer_started_event_attributes
             seconds = _seconds(a.start_to_fire_timeout)
@@ -144,8 +176,10 @@ def convert_history(events: Any, converter: Any, workflow_type: str = "") -> lis
             res = _payloads(converter, ev.workflow_execution_completed_event_attributes.result)
             typ, attrs = h.WORKFLOW_COMPLETED, {"result": res[0] if res else None}
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
-            typ, attrs = h.WORKFLOW_FAILED, {
-                "error": failure_json(ev.workflow_execution_failed_event_attributes.failure, converter)}
+            typ, attrs = (
+                h.WORKFLOW_FAILED,
+                {"error": failure_json(ev.workflow_execution_failed_event_attributes.failure, converter)},
+            )
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED:
             typ, attrs = h.WORKFLOW_CANCELED, {"error": {"type": "Canceled", "message": "workflow canceled"}}
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
@@ -155,8 +189,10 @@ def convert_history(events: Any, converter: Any, workflow_type: str = "") -> lis
             typ, attrs = h.WORKFLOW_FAILED, {"error": {"type": "TimedOut", "message": "workflow timed out"}}
         elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
             f = ev.workflow_task_failed_event_attributes.failure
-            typ, attrs = "workflow_task_failed", {"error": {"type": "WorkflowTaskFailed",
-                                                            "message": f.message.splitlines()[0] if f.message else ""}}
+            typ, attrs = (
+                "workflow_task_failed",
+                {"error": {"type": "WorkflowTaskFailed", "message": f.message.splitlines()[0] if f.message else ""}},
+            )
         else:
             name = EventType.Name(et).removeprefix("EVENT_TYPE_").lower()
             typ, attrs = name, {}

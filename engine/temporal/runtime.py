@@ -18,6 +18,7 @@ outcome into Temporal's: a result (JSON), a cancel (``CancelledError``) or a wor
 This module is imported by the workflow sandbox as a pass-through module (it and its imports are
 deterministic: no file I/O, no clocks, no torch).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -54,8 +55,9 @@ def registered(name: str) -> tuple[Callable, Any]:
     try:
         return _WORKFLOWS[name]
     except KeyError:
-        raise ApplicationError(f"no workflow registered under {name!r} on this worker",
-                               type="NotFound", non_retryable=True) from None
+        raise ApplicationError(
+            f"no workflow registered under {name!r} on this worker", type="NotFound", non_retryable=True
+        ) from None
 
 
 def retry_policy(p: RetryPolicy) -> TemporalRetryPolicy:
@@ -103,9 +105,7 @@ class TemporalRuntime:
         if workflow.cancellation_reason() is not None:
             raise Canceled(f"workflow {self.workflow_id!r} was canceled")
 
-    async def execute_activity(
-        self, name: str, input: Any, options: StepOptions, *, result_type: Any = None
-    ) -> Any:
+    async def execute_activity(self, name: str, input: Any, options: StepOptions, *, result_type: Any = None) -> Any:
         if not isinstance(options, StepOptions):
             raise TypeError(f"options must be a StepOptions, got {type(options).__name__}")
         self._check_cancel()
@@ -123,13 +123,22 @@ class TemporalRuntime:
         except TemporalActivityError as e:
             cause = e.cause
             if isinstance(cause, CancelledError):
-                err = ActivityError(f"activity {options.id!r} canceled", activity_id=options.id,
-                                    activity_name=name, attempt=0, type="Canceled")
+                err = ActivityError(
+                    f"activity {options.id!r} canceled",
+                    activity_id=options.id,
+                    activity_name=name,
+                    attempt=0,
+                    type="Canceled",
+                )
                 raise err from Canceled(f"workflow {self.workflow_id!r} was canceled")
             kind, message, details, non_retryable = _error_info(cause)
             raise ActivityError(
-                f"activity {options.id!r} failed: {kind}: {message}", activity_id=options.id, activity_name=name,
-                attempt=0, type=kind, non_retryable=non_retryable or kind in options.retry.non_retryable,
+                f"activity {options.id!r} failed: {kind}: {message}",
+                activity_id=options.id,
+                activity_name=name,
+                attempt=0,
+                type=kind,
+                non_retryable=non_retryable or kind in options.retry.non_retryable,
                 details=details,
             ) from None
         except asyncio.CancelledError:
@@ -168,10 +177,13 @@ async def run_registered(args: Sequence[RawValue]) -> Any:
     fn, input_type = registered(workflow.info().workflow_type)
     raw = workflow.payload_converter().from_payload(args[0].payload) if args else None
     try:
-        value = input_type.model_validate(raw) if input_type is not None and hasattr(input_type, "model_validate") else raw
+        value = (
+            input_type.model_validate(raw) if input_type is not None and hasattr(input_type, "model_validate") else raw
+        )
     except Exception as e:  # noqa: BLE001 - a bad input fails the workflow, not its task
-        raise ApplicationError(f"invalid workflow input: {str(e).splitlines()[0]}", type="BadInput",
-                               non_retryable=True) from None
+        raise ApplicationError(
+            f"invalid workflow input: {str(e).splitlines()[0]}", type="BadInput", non_retryable=True
+        ) from None
     try:
         return to_jsonable(await fn(TemporalRuntime(), value))
     except (ApplicationError, CancelledError):

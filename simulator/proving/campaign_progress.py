@@ -19,6 +19,7 @@ as a heartbeat: tinyllm's, the helper's and the integrations'), its checkpoint d
 from N (LATEST), which the heartbeats alone do not show. A run with none tested no resume: it is
 ``untested``.
 """
+
 from __future__ import annotations
 
 import random
@@ -33,7 +34,9 @@ from .core import last_step, latest_step, resumed_inside
 _STEP = re.compile(r"step-(\d+)$")
 
 
-def fault_points(rng: random.Random, n: int, steps: int, checkpoint_every: int, eval_every: int) -> list[tuple[str, int]]:
+def fault_points(
+    rng: random.Random, n: int, steps: int, checkpoint_every: int, eval_every: int
+) -> list[tuple[str, int]]:
     """``n`` seeded (what, step) points, sorted: a step after which to apply each fault."""
     every = max(1, checkpoint_every)
     ckpts = [c for c in range(every, steps, every)] or [max(1, steps // 2)]
@@ -71,8 +74,12 @@ def history_resumes(histories: dict[str, list[dict]]) -> list[tuple[str, int, in
             details = attrs.get("details")
             if e.get("type") == "activity_started":
                 started[key] = e
-            elif (e.get("type") == "activity_heartbeat" and isinstance(details, dict) and key in started
-                  and details.get("event") in ("resume", "start")):
+            elif (
+                e.get("type") == "activity_heartbeat"
+                and isinstance(details, dict)
+                and key in started
+                and details.get("event") in ("resume", "start")
+            ):
                 m = _STEP.search(str(details.get("resumed_from") or ""))
                 said[id(started[key])] = int(m.group(1)) if m else 0
     heartbeated: dict[str, int] = {}

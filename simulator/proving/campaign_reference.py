@@ -3,6 +3,7 @@
 Every campaign run is compared with its result (simulator/proving/campaign.py); a reference that fails ends the
 campaign at once, as nothing could pass against it.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,13 @@ class ReferenceFailed(RuntimeError):
 class Reference:
     """The uninterrupted run, in the background from the start; its result, once, to every caller."""
 
-    def __init__(self, base: Path, spec: Path, want: dict | None = None, train_args: tuple[str, ...] = TINYLLM.train_args):
+    def __init__(
+        self, base: Path, spec: Path, want: dict | None = None, train_args: tuple[str, ...] = TINYLLM.train_args
+    ):
         self.want = want
-        self.proc = None if want is not None else procs.spawn(base / "uninterrupted", "train", "--spec", str(spec),
-                                                              *train_args)
+        self.proc = (
+            None if want is not None else procs.spawn(base / "uninterrupted", "train", "--spec", str(spec), *train_args)
+        )
         self._lock = threading.Lock()
 
     def result(self) -> dict:
@@ -37,8 +41,10 @@ class Reference:
                 out, err = self.proc.communicate(timeout=REFERENCE_TIMEOUT_S)
                 res = json.loads(out or "{}")
                 if res.get("state") != "completed":
-                    raise ReferenceFailed(f"the uninterrupted run ended {res.get('state')} (exit "
-                                          f"{self.proc.returncode}): {err.strip()[-500:]}")
+                    raise ReferenceFailed(
+                        f"the uninterrupted run ended {res.get('state')} (exit "
+                        f"{self.proc.returncode}): {err.strip()[-500:]}"
+                    )
                 self.want = res["result"]
             return self.want
 

@@ -12,6 +12,7 @@ write of any of its trainers SIGKILLs itself after some of the checkpoint's file
 its manifest. A trainer that does not use
 the helper never claims the file: the fault reads ``missed``.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,18 @@ ARMED = "campaign-fault-armed"  # relative to a run's home: its presence arms a 
 FAULT_ENV = {"TINYLLM_FAULT": f"durable.checkpoint_write@armed:{ARMED}"}  # tinyllm/faults.py
 
 TINYLLM_SPEC = {  # two segments of a tiny model; a checkpoint every 2 steps; a durable 1 s wait between segments
-    "name": NAME, "steps": 20, "seed": 11, "eval_every": 10, "eval_interval_seconds": 1, "checkpoint_every": 2,
-    "batch_size": 2, "lr": 0.003, "warmup_steps": 2, "lr_decay_steps": 20, "threads": 1, "log_every": 10,
+    "name": NAME,
+    "steps": 20,
+    "seed": 11,
+    "eval_every": 10,
+    "eval_interval_seconds": 1,
+    "checkpoint_every": 2,
+    "batch_size": 2,
+    "lr": 0.003,
+    "warmup_steps": 2,
+    "lr_decay_steps": 20,
+    "threads": 1,
+    "log_every": 10,
     "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16, "dropout": 0.0},
 }
 BASE_FAULTS = ("readers", "cancel", "kill-ctl", "kill-trainer", "stop-trainer", "second-train")
@@ -70,7 +81,7 @@ def user_target(spec: dict[str, Any], *, label: str, base_dir: Path, cli: str, s
     ``base_dir``), the armed checkpoint-write fault added to its env; evaluated when it has an eval_command."""
     trainer = trainer_of(spec)
     if trainer is None or not trainer.get("command"):
-        raise TargetError(f"{label}: the spec names no trainer command (\"trainer\": {{\"command\": [...]}})")
+        raise TargetError(f'{label}: the spec names no trainer command ("trainer": {{"command": [...]}})')
     try:
         parse_run_spec(spec)  # what ctl train would refuse, refused before anything starts
     except SpecError as e:

@@ -15,6 +15,7 @@ in the words ``ctl train``'s activity uses (workflows/trainer_command.py), and e
 - ``liveness``: no run is silent (no new progress line) for longer than the heartbeat timeout, start-up
   included; ``progress lines``: every line is JSON, with an integer ``step`` unless it is a liveness line.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,19 +57,25 @@ def result_line(stdout: Path, *, rc: int) -> dict:
     not a JSON object, or printed before other output."""
     lines = _stdout_lines(stdout)
     if not lines:
-        raise ContractBroken("result line", f"it exited {rc} with nothing on stdout: print the result JSON object "
-                                            "as the last stdout line")
+        raise ContractBroken(
+            "result line",
+            f"it exited {rc} with nothing on stdout: print the result JSON object as the last stdout line",
+        )
     last = _json_object(lines[-1])
     if last is not None:
         return last
     for number, line in enumerate(lines[:-1], 1):
         earlier = _json_object(line)
         if earlier is not None and all(k in earlier for k in RESULT_KEYS):
-            raise ContractBroken("result line", f"the result line is line {number} of {len(lines)} on stdout, not "
-                                                f"the last; after it came {lines[-1][:60]!r}: print nothing to stdout "
-                                                "after the result line")
-    raise ContractBroken("result line", f"it exited {rc}, but its last stdout line is not a JSON object: "
-                                        f"{lines[-1][:60]!r}")
+            raise ContractBroken(
+                "result line",
+                f"the result line is line {number} of {len(lines)} on stdout, not "
+                f"the last; after it came {lines[-1][:60]!r}: print nothing to stdout "
+                "after the result line",
+            )
+    raise ContractBroken(
+        "result line", f"it exited {rc}, but its last stdout line is not a JSON object: {lines[-1][:60]!r}"
+    )
 
 
 def check_done(stdout: Path, progress: Path, *, home: Path, name: str, steps: int, latest: int) -> dict:
@@ -79,9 +86,12 @@ def check_done(stdout: Path, progress: Path, *, home: Path, name: str, steps: in
     if stopped_at(result) is not None and latest == done:
         return result  # an early stop: exit 0 before steps, as TrainRun accepts it (workflows/training.py)
     if latest < steps or done != steps:
-        raise ContractBroken("exit codes", f"it exited 0 at step {done if isinstance(done, int) else latest} of "
-                                           f"{steps}: exit 0 means the spec's steps are done (under ctl train it "
-                                           "would pass for a finished segment)")
+        raise ContractBroken(
+            "exit codes",
+            f"it exited 0 at step {done if isinstance(done, int) else latest} of "
+            f"{steps}: exit 0 means the spec's steps are done (under ctl train it "
+            "would pass for a finished segment)",
+        )
     return result
 
 
@@ -92,8 +102,11 @@ def stopped_at(result: dict) -> int | None:
     if stop is None:
         return None
     if not isinstance(stop, dict) or stop.get("step") != result.get("steps") or not isinstance(stop.get("step"), int):
-        raise ContractBroken("result line", f"stopped_early {str(stop)[:80]!r} is not an object whose step is the "
-                                            f"result's steps {result.get('steps')!r}")
+        raise ContractBroken(
+            "result line",
+            f"stopped_early {str(stop)[:80]!r} is not an object whose step is the "
+            f"result's steps {result.get('steps')!r}",
+        )
     return stop["step"]
 
 
@@ -112,23 +125,34 @@ def check_sigterm(stdout: Path, *, rc: int, signaled_step: int | None, latest: i
     at = f" at step {signaled_step}" if signaled_step is not None else ""
     if rc != EXIT_CANCELED:
         how = f"killed by signal {-rc}" if rc < 0 else f"exit {rc}"
-        raise ContractBroken("SIGTERM", f"SIGTERM{at} was answered with {how}, not a checkpoint and exit 130 (finish "
-                                        "the step, checkpoint, print the result line with \"canceled\": true)")
+        raise ContractBroken(
+            "SIGTERM",
+            f"SIGTERM{at} was answered with {how}, not a checkpoint and exit 130 (finish "
+            'the step, checkpoint, print the result line with "canceled": true)',
+        )
     if signaled_step is not None and latest < signaled_step:
-        raise ContractBroken("SIGTERM", f"it exited 130 after SIGTERM{at}, but LATEST is at step {latest} (a graceful "
-                                        f"stop lost {signaled_step - latest} step(s)): write a checkpoint (and LATEST) "
-                                        "of the step in flight before exiting")
+        raise ContractBroken(
+            "SIGTERM",
+            f"it exited 130 after SIGTERM{at}, but LATEST is at step {latest} (a graceful "
+            f"stop lost {signaled_step - latest} step(s)): write a checkpoint (and LATEST) "
+            "of the step in flight before exiting",
+        )
     result = result_line(stdout, rc=rc)
     if result.get("canceled") is not True:
-        raise ContractBroken("SIGTERM", f"it exited 130 after SIGTERM{at}, but its result line has canceled "
-                                        f"{result.get('canceled')!r}, not true")
+        raise ContractBroken(
+            "SIGTERM",
+            f"it exited 130 after SIGTERM{at}, but its result line has canceled {result.get('canceled')!r}, not true",
+        )
 
 
 def silent(since_s: float, heartbeat_s: float, step: int | None) -> ContractBroken:
     where = f"after step {step}" if step is not None else "at start-up (no step yet)"
-    return ContractBroken("liveness", f"no progress line for {since_s:.1f} s {where}, past the heartbeat timeout "
-                                      f"{heartbeat_s:g} s: write a progress line at least every few seconds, "
-                                      "start-up included (ctl train would stop it and start it again)")
+    return ContractBroken(
+        "liveness",
+        f"no progress line for {since_s:.1f} s {where}, past the heartbeat timeout "
+        f"{heartbeat_s:g} s: write a progress line at least every few seconds, "
+        "start-up included (ctl train would stop it and start it again)",
+    )
 
 
 def _activity_checks(progress: Path, result: dict, *, home: Path, name: str) -> None:

@@ -17,6 +17,7 @@ have in common is here, once:
 It imports nothing of ctl: ctl's ``verify-resume`` command is a thin click wrapper over verify.py and
 turns these errors into its exit codes.
 """
+
 from __future__ import annotations
 
 import json
@@ -113,8 +114,10 @@ def differing(got: dict, want: dict, keys: Iterable[str] = RESULT_KEYS) -> list[
 def compare_results(got: dict, want: dict) -> list[str]:
     """A ``ctl train --json`` result against the uninterrupted run's: every difference, in words (its steps,
     final loss bits, model digest, final checkpoint; each segment's loss bits and digest; their number)."""
-    bad = [f"{key}: {got.get(key)} != uninterrupted {want.get(key)}"
-           for key in differing(got, want, ("steps", "final_loss_hex", "digest", "checkpoint"))]
+    bad = [
+        f"{key}: {got.get(key)} != uninterrupted {want.get(key)}"
+        for key in differing(got, want, ("steps", "final_loss_hex", "digest", "checkpoint"))
+    ]
     for a, b in zip(got.get("segments") or [], want.get("segments") or []):
         for key in differing(a["train"], b["train"]):
             bad.append(f"segment {a['until']} {key}: {a['train'].get(key)} != {b['train'].get(key)}")

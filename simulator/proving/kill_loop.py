@@ -10,6 +10,7 @@
    segment's) must equal the reference's, bit for bit. Exit 0 equal, 1 a mismatch, 2 bad input, 3 not
    tested: no kill landed (every ``ctl train`` finished before it).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,14 @@ def _ctl(spec: Path, home: Path) -> list[str]:
 
 def start(spec: Path, home: Path) -> subprocess.Popen:
     """``ctl train --json`` in the background (its own process group)."""
-    return subprocess.Popen(_ctl(spec, home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=procs.env())
+    return subprocess.Popen(
+        _ctl(spec, home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=procs.env(),
+    )
 
 
 def outcome(p: subprocess.Popen, timeout_s: float) -> dict:
@@ -50,7 +57,7 @@ def outcome(p: subprocess.Popen, timeout_s: float) -> dict:
         p.wait()
         raise
     try:
-        out = json.loads(stdout[stdout.index("{"):])
+        out = json.loads(stdout[stdout.index("{") :])
     except ValueError:
         raise RuntimeError(f"ctl train exited {p.returncode} without a JSON outcome:\n{stderr[-2000:]}") from None
     if out.get("state") != "completed":
@@ -80,8 +87,9 @@ def kill_once(spec: Path, home: Path, rng: random.Random, deadline: float) -> st
     lines_before = checkpoint_lines(home)
     wait_lines = rng.randint(1, 3)
     extra_s = rng.random() * 0.1  # a fraction of a checkpoint interval: kills land between checkpoints
-    p = subprocess.Popen(_ctl(spec, home), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True, env=procs.env())
+    p = subprocess.Popen(
+        _ctl(spec, home), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=procs.env()
+    )
     try:
         while time.monotonic() < deadline:
             if p.poll() is not None:
@@ -129,20 +137,26 @@ def kill_loop(spec: str, *, kills: int, seed: int, home: str | None = None, time
             print(f"kill {i + 1}/{kills}: {what}")
         got = outcome(start(spec_path, kill_home), max(1.0, deadline - time.monotonic()))
         want = outcome(ref, max(1.0, deadline - time.monotonic()))
-        print(f"uninterrupted: {want['steps']} steps, final_loss_hex {want['final_loss_hex']} "
-              f"digest {want['digest'][:16]}")
+        print(
+            f"uninterrupted: {want['steps']} steps, final_loss_hex {want['final_loss_hex']} "
+            f"digest {want['digest'][:16]}"
+        )
         bad = compare_results(got, want)
         print(f"after {landed} kill(s): final_loss_hex {got['final_loss_hex']} digest {got['digest'][:16]}")
         if bad:
-            print(f"MISMATCH (seed {seed}; rerun: python -m simulator kill-loop --spec {spec} "
-                  f"--kills {kills} --seed {seed}); killed run's files kept in {kill_home}:")
+            print(
+                f"MISMATCH (seed {seed}; rerun: python -m simulator kill-loop --spec {spec} "
+                f"--kills {kills} --seed {seed}); killed run's files kept in {kill_home}:"
+            )
             for line in bad:
                 print(f"  - {line}")
             home = str(kill_home)  # keep it
             return 1
         if not landed:  # every run finished before its kill: nothing resumed, nothing proven
-            print("kill-loop: no kill landed: a resume after a kill is not tested (every ctl train finished "
-                  "first; a longer run or another --seed)")
+            print(
+                "kill-loop: no kill landed: a resume after a kill is not tested (every ctl train finished "
+                "first; a longer run or another --seed)"
+            )
             return 3
         print(f"kill-loop: {landed} kill(s), final loss and digest bitwise equal to the uninterrupted run")
         return 0

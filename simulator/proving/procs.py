@@ -4,6 +4,7 @@ Everything here starts or inspects real processes through the command line, neve
 engine's database directly: a reader is ``ctl history --json`` in another process, exactly
 as a user would run it.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,14 +30,21 @@ def env() -> dict[str, str]:
 
 def spawn(home: Path, *args: str, stdout: int | None = subprocess.PIPE) -> subprocess.Popen:
     """``ctl ARGS --home HOME`` in the background, in its own process group (``killpg`` reaches it all)."""
-    return subprocess.Popen([*CTL, *args, "--home", str(home)], stdout=stdout, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env=env())
+    return subprocess.Popen(
+        [*CTL, *args, "--home", str(home)],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env(),
+    )
 
 
 def run(home: Path, *args: str, timeout_s: float = READ_TIMEOUT_S) -> subprocess.CompletedProcess:
     """``ctl ARGS --home HOME`` to its end."""
-    return subprocess.run([*CTL, *args, "--home", str(home)], capture_output=True, text=True,
-                          timeout=timeout_s, env=env())
+    return subprocess.run(
+        [*CTL, *args, "--home", str(home)], capture_output=True, text=True, timeout=timeout_s, env=env()
+    )
 
 
 def history(home: Path, workflow_id: str) -> list[dict] | None:
@@ -80,8 +88,10 @@ def missing_events(seen: list[dict], final: list[dict]) -> list[str]:
     for e in seen:
         f = by_seq.get(e["seq"])
         if f is None or (f["type"], f["attrs"]) != (e["type"], e["attrs"]):
-            bad.append(f"seq {e['seq']} {e['type']} {e['attrs'].get('activity_id', '')}: "
-                       f"{'missing' if f is None else 'now ' + f['type']}")
+            bad.append(
+                f"seq {e['seq']} {e['type']} {e['attrs'].get('activity_id', '')}: "
+                f"{'missing' if f is None else 'now ' + f['type']}"
+            )
     return bad
 
 

@@ -9,6 +9,7 @@ computed on every ``ctl train``, ``status`` and ``show``). ``ctl train`` of a sp
 its key up and says once, at start, when no EXACT verdict is recorded for it: the bitwise-equal
 final loss its help promises is then unverified.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,9 @@ from typing import Any, Mapping
 from contracts.layout import RunHome
 from tinyllm.fsio import atomic_write
 
-NOT_TRAJECTORY = frozenset({"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every",
-                            "validation", "trainer"})
+NOT_TRAJECTORY = frozenset(
+    {"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every", "validation", "trainer"}
+)
 
 
 CODE_FILE_MAX_BYTES = 8 << 20  # a command word naming a larger file counts by its size (not read)
@@ -45,8 +47,12 @@ def spec_key(spec: Mapping[str, Any]) -> str:
     words = [str(w) for w in trainer.get("command") or []]
     cwd = Path(str(trainer.get("cwd") or "."))
     files = {w: d for w in words if (d := _file_digest(Path(w) if Path(w).is_absolute() else cwd / w))}
-    body = {"trajectory": {k: v for k, v in spec.items() if k not in NOT_TRAJECTORY},
-            "command": words, "env": dict(trainer.get("env") or {}), "files": files}
+    body = {
+        "trajectory": {k: v for k, v in spec.items() if k not in NOT_TRAJECTORY},
+        "command": words,
+        "env": dict(trainer.get("env") or {}),
+        "files": files,
+    }
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -82,14 +88,21 @@ def unverified_notice(home: Path, spec: Mapping[str, Any], spec_file: str) -> st
         segs, steps, every = found.get("segments"), spec.get("steps"), spec.get("eval_every") or 0
         cut = isinstance(steps, int) and isinstance(every, int) and 0 < every < steps  # ctl train runs segments
         if cut and isinstance(segs, list) and len(segs) <= 1:
-            return (f"ctl: the bitwise-equal final loss of this run in segments is unverified for this trainer "
-                    f"(ctl verify-resume said EXACT under interruptions, but not in segments: --segments 1); "
-                    f"verify it: ctl verify-resume --spec {spec_file}")
+            return (
+                f"ctl: the bitwise-equal final loss of this run in segments is unverified for this trainer "
+                f"(ctl verify-resume said EXACT under interruptions, but not in segments: --segments 1); "
+                f"verify it: ctl verify-resume --spec {spec_file}"
+            )
         return None
-    why = ("no ctl verify-resume of this trainer's code and trajectory" if found is None else
-           f"ctl verify-resume said {str(found.get('verdict')).upper().replace('_', ' ')} for this trainer's code and trajectory")
-    return (f"ctl: the bitwise-equal final loss after a resume is unverified for this trainer ({why}); "
-            f"verify it: ctl verify-resume --spec {spec_file}")
+    why = (
+        "no ctl verify-resume of this trainer's code and trajectory"
+        if found is None
+        else f"ctl verify-resume said {str(found.get('verdict')).upper().replace('_', ' ')} for this trainer's code and trajectory"
+    )
+    return (
+        f"ctl: the bitwise-equal final loss after a resume is unverified for this trainer ({why}); "
+        f"verify it: ctl verify-resume --spec {spec_file}"
+    )
 
 
 def verdict_of(home: Path, spec: Mapping[str, Any]) -> dict | None:
@@ -107,13 +120,29 @@ def verdict_of(home: Path, spec: Mapping[str, Any]) -> dict | None:
 def verdict_line(v: Mapping[str, Any]) -> str:
     """One line for ``verdict_of``'s answer."""
     if v.get("verdict") == "unverified":
-        return ("resume proof: unverified (no ctl verify-resume of this trainer's code and trajectory); "
-                "run ctl verify-resume --spec FILE")
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(v["time"])) if isinstance(v.get("time"), (int, float)) else "?"
-    how = ", ".join(x for x in (f"{v['kills']} interruption(s)" if v.get("kills") is not None else "",
-                                f"seed {v['seed']}" if v.get("seed") is not None else "") if x)
+        return (
+            "resume proof: unverified (no ctl verify-resume of this trainer's code and trajectory); "
+            "run ctl verify-resume --spec FILE"
+        )
+    when = (
+        time.strftime("%Y-%m-%d %H:%M", time.localtime(v["time"])) if isinstance(v.get("time"), (int, float)) else "?"
+    )
+    how = ", ".join(
+        x
+        for x in (
+            f"{v['kills']} interruption(s)" if v.get("kills") is not None else "",
+            f"seed {v['seed']}" if v.get("seed") is not None else "",
+        )
+        if x
+    )
     segs = v.get("segments")
-    untested = ("; the run in segments, as ctl train runs it, not tested" if v.get("verdict") == "exact"
-                and isinstance(segs, list) and len(segs) <= 1 else "")
-    return f"resume proof: ctl verify-resume said {str(v.get('verdict')).upper().replace('_', ' ')} on {when}" + \
-        (f" ({how})" if how else "") + untested
+    untested = (
+        "; the run in segments, as ctl train runs it, not tested"
+        if v.get("verdict") == "exact" and isinstance(segs, list) and len(segs) <= 1
+        else ""
+    )
+    return (
+        f"resume proof: ctl verify-resume said {str(v.get('verdict')).upper().replace('_', ' ')} on {when}"
+        + (f" ({how})" if how else "")
+        + untested
+    )

@@ -8,6 +8,7 @@ trainer ``CTL_RUN_STEPS``). A trainer whose trajectory depends on ``steps`` (an 
 elsewhere under ``ctl train``: the run in segments is compared bit for bit with the uninterrupted one
 and a difference is diagnosed as segment dependence.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,11 +34,15 @@ def segment_ends(steps: int, eval_every: int, count: int | None) -> list[int]:
 
 def horizon_hint(kind: str | None) -> str:
     """Where a schedule's horizon comes from, for the trainer kind in use (None: a loop of one's own)."""
-    own = ("run.run_steps (tinyllm.durable), the environment's CTL_RUN_STEPS (the run's full length, the same in "
-           "every segment), or a fixed length in the spec's config")
+    own = (
+        "run.run_steps (tinyllm.durable), the environment's CTL_RUN_STEPS (the run's full length, the same in "
+        "every segment), or a fixed length in the spec's config"
+    )
     if kind == "tinyllm.integrations.lightning":
-        return ("trainer.estimated_stepping_batches or trainer.max_steps (under DurableCallback's fit() both are the "
-                "run's full length, the same in every segment), run.run_steps, or a fixed length in the spec's config")
+        return (
+            "trainer.estimated_stepping_batches or trainer.max_steps (under DurableCallback's fit() both are the "
+            "run's full length, the same in every segment), run.run_steps, or a fixed length in the spec's config"
+        )
     if kind == "tinyllm.integrations.hf":
         return "config.schedule_steps (DurableTrainer's schedules span it: the run's total steps), or " + own
     return own
@@ -51,26 +56,34 @@ def diagnose_segments(step: int, what: list[str], ends: list[int], kind: str | N
     elif step == boundary + 1:
         where = f"step {step} is the first after the segment boundary at step {boundary}"
     else:
-        where = (f"step {step} is the first that differs, {step - boundary} step(s) after the segment boundary at "
-                 f"step {boundary}")
+        where = (
+            f"step {step} is the first that differs, {step - boundary} step(s) after the segment boundary at "
+            f"step {boundary}"
+        )
     lr = " (the learning rate differs)" if "lr" in what else ""
-    return (f"{where} of the run in segments {ends} (as ctl train runs it: each segment's spec has steps = its "
-            f"end){lr}: the trajectory depends on the spec's steps; {SCHEDULE} {horizon_hint(kind)}")
+    return (
+        f"{where} of the run in segments {ends} (as ctl train runs it: each segment's spec has steps = its "
+        f"end){lr}: the trajectory depends on the spec's steps; {SCHEDULE} {horizon_hint(kind)}"
+    )
 
 
-SCHEDULE = ("most often the LR schedule is built over steps (e.g. a linear or cosine decay to max_steps = steps, a "
-            "OneCycleLR whose total_steps is a segment's end): build it over a horizon that does not change with "
-            "steps:")
+SCHEDULE = (
+    "most often the LR schedule is built over steps (e.g. a linear or cosine decay to max_steps = steps, a "
+    "OneCycleLR whose total_steps is a segment's end): build it over a horizon that does not change with "
+    "steps:"
+)
 
 
 def diagnose_failed_segment(index: int, ends: list[int], returncode: int, error: str, kind: str | None = None) -> str:
     """The diagnosis of a run in segments whose segment ``index`` (1-based) failed while the uninterrupted
     and the interrupted runs finished: a trainer that cannot run as ``ctl train`` runs it."""
     first = ends[index - 2] + 1 if index > 1 else 1
-    return (f"segment {index} of the run in segments {ends} (steps {first}..{ends[index - 1]}, as ctl train runs "
-            f"it: each segment's spec has steps = its end) failed (exit {returncode}) where the uninterrupted and "
-            f"the interrupted runs finished: {error or '(no message on stderr)'} -- the trainer depends on the "
-            f"spec's steps; {SCHEDULE} {horizon_hint(kind)}")
+    return (
+        f"segment {index} of the run in segments {ends} (steps {first}..{ends[index - 1]}, as ctl train runs "
+        f"it: each segment's spec has steps = its end) failed (exit {returncode}) where the uninterrupted and "
+        f"the interrupted runs finished: {error or '(no message on stderr)'} -- the trainer depends on the "
+        f"spec's steps; {SCHEDULE} {horizon_hint(kind)}"
+    )
 
 
 def segment_lines(seg: dict, loss_hex: dict, digest: dict) -> list[str]:
@@ -83,15 +96,23 @@ def segment_lines(seg: dict, loss_hex: dict, digest: dict) -> list[str]:
     if failed:
         return [head + f"differ: segment {failed['segment']} (to step {failed['end']}) failed (exit {failed['exit']})"]
     first = seg.get("first_differing_step")
-    return [head + "differ" + (f" from step {first}" if first is not None else ""),
-            f"    final_loss_hex {loss_hex.get('uninterrupted')} (uninterrupted) vs {seg.get('final_loss_hex')} "
-            "(in segments)",
-            f"    digest         {str(digest.get('uninterrupted'))[:16]} (uninterrupted) vs "
-            f"{str(seg.get('digest'))[:16]} (in segments)"]
+    return [
+        head + "differ" + (f" from step {first}" if first is not None else ""),
+        f"    final_loss_hex {loss_hex.get('uninterrupted')} (uninterrupted) vs {seg.get('final_loss_hex')} "
+        "(in segments)",
+        f"    digest         {str(digest.get('uninterrupted'))[:16]} (uninterrupted) vs "
+        f"{str(seg.get('digest'))[:16]} (in segments)",
+    ]
 
 
-def run_segments(make_trainer: Callable[[dict, Path], Any], spec_raw: dict, home: Path, ends: list[int],
-                 run_attempt: Callable[..., Any], check_attempt: Callable[..., None]) -> list[Any]:
+def run_segments(
+    make_trainer: Callable[[dict, Path], Any],
+    spec_raw: dict,
+    home: Path,
+    ends: list[int],
+    run_attempt: Callable[..., Any],
+    check_attempt: Callable[..., None],
+) -> list[Any]:
     """Run the trainer segment by segment in ``home`` (resuming from LATEST, as the train activity does)."""
     attempts = []
     for index, end in enumerate(ends, 1):

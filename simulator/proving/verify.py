@@ -13,6 +13,7 @@ most likely not restored, by comparing the state fingerprint the helper printed 
 resume with the uninterrupted run's at the same step (``TINYLLM_FAULT=durable.fingerprint`` makes the reference
 run record one at every step), then the pattern of what differs at the first step.
 """
+
 from __future__ import annotations
 
 import json
@@ -94,19 +95,26 @@ class Report:
         if self.verdict == "contract_broken":
             if not self.interruptions:
                 return [f"{self.name}: CONTRACT BROKEN (nothing compared)", f"  {self.diagnosis}"]
-            return [f"{self.name}: CONTRACT BROKEN after {self.kills_landed} interruption(s)", f"  {self.diagnosis}",
-                    *interruption_lines(self.interruptions)]
+            return [
+                f"{self.name}: CONTRACT BROKEN after {self.kills_landed} interruption(s)",
+                f"  {self.diagnosis}",
+                *interruption_lines(self.interruptions),
+            ]
         verdict = {"exact": "EXACT", "not_proven": "NOT PROVEN"}.get(self.verdict, "NOT EXACT")
-        out = [f"{self.name}: {verdict} after {self.kills_landed} interruption(s) ({self.steps_compared} steps compared)",
-               f"  final_loss_hex {self.final_loss_hex.get('uninterrupted')} vs {self.final_loss_hex.get('resumed')}",
-               f"  digest         {str(self.digest.get('uninterrupted'))[:16]} vs {str(self.digest.get('resumed'))[:16]}"]
+        out = [
+            f"{self.name}: {verdict} after {self.kills_landed} interruption(s) ({self.steps_compared} steps compared)",
+            f"  final_loss_hex {self.final_loss_hex.get('uninterrupted')} vs {self.final_loss_hex.get('resumed')}",
+            f"  digest         {str(self.digest.get('uninterrupted'))[:16]} vs {str(self.digest.get('resumed'))[:16]}",
+        ]
         out += interruption_lines(self.interruptions)
         seg = self.segments
         if seg.get("exact") is not None:
             out.extend(segment_lines(seg, self.final_loss_hex, self.digest))
         elif self.verdict != "not_exact":  # a plan of one segment (--segments 1): EXACT says nothing of segments
-            out.append(f"  segments (as ctl train runs it): not tested (one segment planned, {seg.get('ends')}; "
-                       f"--segments N compares a run in N)")
+            out.append(
+                f"  segments (as ctl train runs it): not tested (one segment planned, {seg.get('ends')}; "
+                f"--segments N compares a run in N)"
+            )
         if self.diagnosis:
             out.append(f"  {self.diagnosis}")
         return out
@@ -120,8 +128,10 @@ def interruption_lines(interruptions: list[dict]) -> list[str]:
         lost = i.get("steps_lost")
         graceful = i["signal"] == "SIGTERM"
         verdict = "" if lost is None or not graceful else (" (graceful: none allowed)" if lost else "")
-        out.append(f"  interruption {n}: {i['signal']} ({i['mode']}) at step {i['step_killed']}, resumed from "
-                   f"checkpoint step {i['resumed_from']}, {lost if lost is not None else '?'} step(s) lost{verdict}")
+        out.append(
+            f"  interruption {n}: {i['signal']} ({i['mode']}) at step {i['step_killed']}, resumed from "
+            f"checkpoint step {i['resumed_from']}, {lost if lost is not None else '?'} step(s) lost{verdict}"
+        )
     return out
 
 
@@ -142,10 +152,12 @@ def graceful_loss(interruptions: list[dict]) -> str | None:
     next attempt resumes from (0 steps lost). The first graceful interruption that lost any, in words."""
     for n, i in enumerate(interruptions, 1):
         if i["signal"] == "SIGTERM" and i.get("steps_lost"):
-            return (f"a graceful stop lost {i['steps_lost']} step(s): SIGTERM at step {i['steps_done']}, checkpoint at "
-                    f"step {i['resumed_from']} (interruption {n}; the next attempt resumed from it): on SIGTERM finish "
-                    "the step in flight, checkpoint that very step (also off the checkpoint_every cadence), resume "
-                    "from it")
+            return (
+                f"a graceful stop lost {i['steps_lost']} step(s): SIGTERM at step {i['steps_done']}, checkpoint at "
+                f"step {i['resumed_from']} (interruption {n}; the next attempt resumed from it): on SIGTERM finish "
+                "the step in flight, checkpoint that very step (also off the checkpoint_every cadence), resume "
+                "from it"
+            )
     return None
 
 
@@ -167,8 +179,9 @@ class Trainer:
 
     def argv(self, home: Path, progress: Path) -> tuple[list[str], str, dict]:
         default = [self.python, "-m", "tinyllm.cli", "train"]
-        how = invocation(self.spec, "train", home=home, python=self.python, env=None, default=default,
-                         run_steps=self.run_steps)
+        how = invocation(
+            self.spec, "train", home=home, python=self.python, env=None, default=default, run_steps=self.run_steps
+        )
         argv = [*how.argv, "--spec", str(self.spec_path), "--home", str(home), "--progress", str(progress)]
         if not how.custom and self.run_steps is not None and self.run_steps != self.spec["steps"]:
             argv += ["--total-steps", str(self.run_steps)]  # as the train activity passes it to tinyllm
@@ -180,8 +193,16 @@ class Trainer:
         log = open(home / f"{progress.stem}.stderr", "wb")
         out = open(home / f"{progress.stem}.stdout", "wb")
         try:
-            return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=log,
-                                    start_new_session=True, preexec_fn=dies_with_parent())  # never an orphan
+            return subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=log,
+                start_new_session=True,
+                preexec_fn=dies_with_parent(),
+            )  # never an orphan
         except OSError as e:  # no such command, not executable: the spec's trainer.command (bad input)
             raise BadInput(f"cannot start the trainer {argv[0]!r} (in {cwd}): {e.strerror or e}") from None
         finally:
@@ -200,7 +221,11 @@ def _result(home: Path, stem: str) -> dict | None:
 
 def _stderr_last(home: Path, stem: str) -> str:
     try:
-        lines = [ln for ln in (home / f"{stem}.stderr").read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+        lines = [
+            ln
+            for ln in (home / f"{stem}.stderr").read_text(encoding="utf-8", errors="replace").splitlines()
+            if ln.strip()
+        ]
     except OSError:
         return ""
     return lines[-1] if lines else ""
@@ -226,8 +251,17 @@ def _size(path: Path) -> int:
         return -1
 
 
-def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: int | None, timeout_s: float,
-                 fingerprint: bool, log: Callable[[str], None], heartbeat_s: float = 60.0) -> Attempt:
+def _run_attempt(
+    trainer: Trainer,
+    home: Path,
+    index: int,
+    mode: str,
+    target: int | None,
+    timeout_s: float,
+    fingerprint: bool,
+    log: Callable[[str], None],
+    heartbeat_s: float = 60.0,
+) -> Attempt:
     """One run of the trainer; a kill/term attempt signals it once its metrics reach ``target``. Trainers that
     honour ``TINYLLM_FAULT=trainer.hold@S`` (tinyllm, ``tinyllm.durable``) hold at ``target`` until the signal, so it lands at
     exactly that step whatever the machine's speed; others are signalled at the first poll (10 ms) that sees it.
@@ -271,15 +305,34 @@ def _run_attempt(trainer: Trainer, home: Path, index: int, mode: str, target: in
     lines = progress_lines(progress)
     resume_state = next((ln.get("state") for ln in lines if ln.get("event") in ("resume", "start")), None)
     stopping = [s for ln in lines if ln.get("event") == "stopping" and _is_int(s := ln.get("step"))]
-    said = next((0 if ln.get("event") == "start" else ln.get("step") for ln in lines
-                 if ln.get("event") in ("resume", "start") and (ln.get("event") == "start" or _is_int(ln.get("step")))),
-                None)
-    attempt = Attempt(mode, target, resumed, rc, last_step(metrics), resume_state, signaled,
-                      stopping_step=max(stopping) if stopping else None, resume_line_step=said)
-    what = {"kill": f"SIGKILL after step {target}", "term": f"SIGTERM after step {target}",
-            "checkpoint-write": "SIGKILL inside its first checkpoint write",
-            "segment": f"steps {trainer.spec['steps']}"}.get(mode, mode)
-    log(f"  {'segment' if mode == 'segment' else 'attempt'} {index} ({what}): resumed at step {resumed}, reached step {attempt.reached_step}, exit {rc}")
+    said = next(
+        (
+            0 if ln.get("event") == "start" else ln.get("step")
+            for ln in lines
+            if ln.get("event") in ("resume", "start") and (ln.get("event") == "start" or _is_int(ln.get("step")))
+        ),
+        None,
+    )
+    attempt = Attempt(
+        mode,
+        target,
+        resumed,
+        rc,
+        last_step(metrics),
+        resume_state,
+        signaled,
+        stopping_step=max(stopping) if stopping else None,
+        resume_line_step=said,
+    )
+    what = {
+        "kill": f"SIGKILL after step {target}",
+        "term": f"SIGTERM after step {target}",
+        "checkpoint-write": "SIGKILL inside its first checkpoint write",
+        "segment": f"steps {trainer.spec['steps']}",
+    }.get(mode, mode)
+    log(
+        f"  {'segment' if mode == 'segment' else 'attempt'} {index} ({what}): resumed at step {resumed}, reached step {attempt.reached_step}, exit {rc}"
+    )
     return attempt
 
 
@@ -288,15 +341,18 @@ def _check_attempt(trainer: Trainer, home: Path, index: int, a: Attempt, steps: 
     stem = f"attempt-{index}"
     latest = latest_step(home, trainer.name)
     if a.mode == "term" and a.signaled_step is not None:
-        contract.check_sigterm(home / f"{stem}.stdout", rc=a.returncode, signaled_step=a.signaled_step,
-                               latest=latest, steps=steps)
+        contract.check_sigterm(
+            home / f"{stem}.stdout", rc=a.returncode, signaled_step=a.signaled_step, latest=latest, steps=steps
+        )
     if a.returncode == 0:
-        contract.check_done(home / f"{stem}.stdout", home / f"{stem}.jsonl", home=home, name=trainer.name,
-                            steps=steps, latest=latest)
+        contract.check_done(
+            home / f"{stem}.stdout", home / f"{stem}.jsonl", home=home, name=trainer.name, steps=steps, latest=latest
+        )
 
 
-def plan_kills(kills: int, steps: int, seed: int, signal_mode: str, helper: bool,
-               checkpoint_every: int = 1) -> list[tuple[str, int]]:
+def plan_kills(
+    kills: int, steps: int, seed: int, signal_mode: str, helper: bool, checkpoint_every: int = 1
+) -> list[tuple[str, int]]:
     """Seeded (mode, step) interruptions, each a known number of steps after a durable checkpoint: target =
     a checkpoint step c (0 < c < steps) plus 1..checkpoint_every-1, distinct checkpoints, increasing; every
     third a checkpoint-write kill for trainers built on the helper; ``both`` alternates SIGKILL and SIGTERM.
@@ -326,8 +382,10 @@ def _prepare_home(home: Path, user_home: Path, spec: Any, custom: bool, python: 
     if not source.is_dir():  # tinyllm's built-in text under that name, as ctl train would build it
         corpus_spec = home.parent / "corpus.json"
         corpus_spec.write_text(json.dumps({"name": corpus}), encoding="utf-8")
-        done = subprocess.run([python, "-m", "tinyllm.cli", "corpus", "--home", str(user_home), "--spec",
-                               str(corpus_spec)], capture_output=True)
+        done = subprocess.run(
+            [python, "-m", "tinyllm.cli", "corpus", "--home", str(user_home), "--spec", str(corpus_spec)],
+            capture_output=True,
+        )
         if done.returncode != 0:
             raise BadInput(f"cannot build corpus {corpus!r}: {done.stderr.decode(errors='replace').strip()[-300:]}")
     RunHome(home).corpora.mkdir()
@@ -342,10 +400,19 @@ def check_options(kills: int, signal_mode: str) -> None:
         raise BadInput(f"--signal must be one of {', '.join(SIGNALS)}, got {signal_mode!r}")
 
 
-def verify_resume(raw: dict, user_home: Path, *, kills: int = 3, seed: int = 0, signal_mode: str = "both",
-                  timeout_s: float = 600.0, heartbeat_s: float = 60.0, segments: int | None = None,
-                  python: str = sys.executable,
-                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> Report:
+def verify_resume(
+    raw: dict,
+    user_home: Path,
+    *,
+    kills: int = 3,
+    seed: int = 0,
+    signal_mode: str = "both",
+    timeout_s: float = 600.0,
+    heartbeat_s: float = 60.0,
+    segments: int | None = None,
+    python: str = sys.executable,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+) -> Report:
     """Run the comparison (module docstring) on the train spec ``raw`` (as loaded; a spec's own trainer with
     its ``cwd`` absolute, as ``ctl train`` records it); ``BadInput`` for bad input, before anything runs. A
     broken rule of the trainer contract ends it with the verdict ``contract_broken`` (contract.py)."""
@@ -369,8 +436,19 @@ def verify_resume(raw: dict, user_home: Path, *, kills: int = 3, seed: int = 0, 
         raise BadInput(f"cannot prepare the scratch folder {workdir}: {e.strerror or e}") from None
 
     try:
-        report = _compare(trainer, spec, ref_home, kill_home, workdir, kills=kills, seed=seed, signal_mode=signal_mode,
-                          timeout_s=timeout_s, heartbeat_s=heartbeat_s, log=log)
+        report = _compare(
+            trainer,
+            spec,
+            ref_home,
+            kill_home,
+            workdir,
+            kills=kills,
+            seed=seed,
+            signal_mode=signal_mode,
+            timeout_s=timeout_s,
+            heartbeat_s=heartbeat_s,
+            log=log,
+        )
         if report.verdict not in ("not_exact", "contract_broken") and len(ends) > 1:
             _compare_segments(report, trainer, raw, spec.steps, ref_home, seg_home, ends, timeout_s, heartbeat_s, log)
         else:
@@ -378,12 +456,29 @@ def verify_resume(raw: dict, user_home: Path, *, kills: int = 3, seed: int = 0, 
             _segments_untested(report, spec.steps, int(raw.get("eval_every") or 0))
     except contract.ContractBroken as e:
         log(f"verify-resume {name}: {e}")
-        report = Report(name=name, verdict="contract_broken", exact=False, kills_planned=0, kills_landed=0,
-                        final_loss_hex={}, digest={}, steps_compared=0, diagnosis=str(e), suspects=[e.rule],
-                        workdir=str(workdir))
+        report = Report(
+            name=name,
+            verdict="contract_broken",
+            exact=False,
+            kills_planned=0,
+            kills_landed=0,
+            final_loss_hex={},
+            digest={},
+            steps_compared=0,
+            diagnosis=str(e),
+            suspects=[e.rule],
+            workdir=str(workdir),
+        )
     # what was exercised (the interruptions that landed), not what was asked: ctl status/show print it
-    verified.record(user_home, raw, report.verdict, kills=report.kills_landed, kills_asked=kills, seed=seed,
-                    segments=report.segments.get("ends"))
+    verified.record(
+        user_home,
+        raw,
+        report.verdict,
+        kills=report.kills_landed,
+        kills_asked=kills,
+        seed=seed,
+        segments=report.segments.get("ends"),
+    )
     return report
 
 
@@ -395,12 +490,24 @@ def _segments_untested(report: Report, steps: int, eval_every: int) -> None:
     ctl_ends = train_segments(steps, eval_every)
     if len(ctl_ends) > 1:
         report.exact, report.verdict = False, "not_proven"
-        report.diagnosis = (f"the spec's ctl train runs {len(ctl_ends)} segments (eval_every {eval_every}); "
-                            "--segments 1 did not compare them")
+        report.diagnosis = (
+            f"the spec's ctl train runs {len(ctl_ends)} segments (eval_every {eval_every}); "
+            "--segments 1 did not compare them"
+        )
 
 
-def _compare_segments(report: Report, trainer: Trainer, raw: dict, steps: int, ref_home: Path, seg_home: Path,
-                      ends: list[int], timeout_s: float, heartbeat_s: float, log: Callable[[str], None]) -> None:
+def _compare_segments(
+    report: Report,
+    trainer: Trainer,
+    raw: dict,
+    steps: int,
+    ref_home: Path,
+    seg_home: Path,
+    ends: list[int],
+    timeout_s: float,
+    heartbeat_s: float,
+    log: Callable[[str], None],
+) -> None:
     """Run the trainer in segments, as ``ctl train`` does, and compare it bit for bit with the uninterrupted
     run; a difference makes the report NOT EXACT, diagnosed as segment dependence (segments.py)."""
     name = report.name
@@ -418,8 +525,11 @@ def _compare_segments(report: Report, trainer: Trainer, raw: dict, steps: int, r
     if done[-1].returncode != 0:  # as ctl train would fail it: NOT EXACT, with the verdict line and the diagnosis
         index, rc = len(done), done[-1].returncode
         error = _stderr_last(seg_home, f"attempt-{index}")
-        report.segments = {"ends": ends, "exact": False,
-                           "failed": {"segment": index, "end": ends[index - 1], "exit": rc, "error": error}}
+        report.segments = {
+            "ends": ends,
+            "exact": False,
+            "failed": {"segment": index, "end": ends[index - 1], "exit": rc, "error": error},
+        }
         report.exact, report.verdict, report.suspects = False, "not_exact", ["segments"]
         report.diagnosis = diagnose_failed_segment(index, ends, rc, error, kind)
         return
@@ -428,19 +538,39 @@ def _compare_segments(report: Report, trainer: Trainer, raw: dict, steps: int, r
     ref_result, seg_result = _result(ref_home, "attempt-0") or {}, _result(seg_home, f"attempt-{len(ends)}") or {}
     step, what = first_difference(ref_steps, seg_steps) if ref_steps else (None, [])
     equal = step is None and not differing(seg_result, ref_result)
-    report.segments = {"ends": ends, "exact": equal, "final_loss_hex": seg_result.get("final_loss_hex"),
-                       "digest": seg_result.get("digest"), "first_differing_step": step}
+    report.segments = {
+        "ends": ends,
+        "exact": equal,
+        "final_loss_hex": seg_result.get("final_loss_hex"),
+        "digest": seg_result.get("digest"),
+        "first_differing_step": step,
+    }
     if equal:
         return
     report.exact, report.verdict, report.suspects = False, "not_exact", ["segments"]
     report.first_differing_step = step
-    report.diagnosis = (diagnose_segments(step, what, ends, kind) if step is not None else
-                        "the run in segments ends with another final loss or model digest though every step's "
-                        "record is equal: " + diagnose_segments(steps, [], ends, kind).split(": ", 1)[1])
+    report.diagnosis = (
+        diagnose_segments(step, what, ends, kind)
+        if step is not None
+        else "the run in segments ends with another final loss or model digest though every step's "
+        "record is equal: " + diagnose_segments(steps, [], ends, kind).split(": ", 1)[1]
+    )
 
 
-def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workdir: Path, *, kills: int, seed: int,
-             signal_mode: str, timeout_s: float, heartbeat_s: float, log: Callable[[str], None]) -> Report:
+def _compare(
+    trainer: Trainer,
+    spec: Any,
+    ref_home: Path,
+    kill_home: Path,
+    workdir: Path,
+    *,
+    kills: int,
+    seed: int,
+    signal_mode: str,
+    timeout_s: float,
+    heartbeat_s: float,
+    log: Callable[[str], None],
+) -> Report:
     name = spec.name
     log(f"verify-resume {name}: uninterrupted run ({spec.steps} steps) in {ref_home}")
     ref = _run_attempt(trainer, ref_home, 0, "ref", None, timeout_s, True, log, heartbeat_s)
@@ -470,8 +600,10 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
         final = _run_attempt(trainer, kill_home, len(attempts) + 1, "final", None, timeout_s, False, log, heartbeat_s)
         attempts.append(final)
         if final.returncode != 0:
-            raise RunFailed(f"the resumed run failed (exit {final.returncode}): "
-                               f"{_stderr_last(kill_home, f'attempt-{len(attempts)}')}")
+            raise RunFailed(
+                f"the resumed run failed (exit {final.returncode}): "
+                f"{_stderr_last(kill_home, f'attempt-{len(attempts)}')}"
+            )
         _check_attempt(trainer, kill_home, len(attempts), final, spec.steps)
     got_result = _result(kill_home, f"attempt-{len(attempts)}") or {}
     landed = sum(1 for a in attempts if a.mode != "final" and a.returncode != 0)
@@ -488,8 +620,11 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
     differs = differing(got_result, ref_result)
     loss_equal, digest_equal = "final_loss_hex" not in differs, "digest" not in differs
     if step is None and not (loss_equal and digest_equal):
-        text = ("the per-step records are equal but the final " + ("loss" if not loss_equal else "model digest")
-                + " differs: state changed after the last step (or the result line is wrong)")
+        text = (
+            "the per-step records are equal but the final "
+            + ("loss" if not loss_equal else "model digest")
+            + " differs: state changed after the last step (or the result line is wrong)"
+        )
         suspects = ["final"]
     exact = step is None and loss_equal and digest_equal and bool(ref_steps)
     if not ref_steps:
@@ -499,28 +634,49 @@ def _compare(trainer: Trainer, spec: Any, ref_home: Path, kill_home: Path, workd
     for prev, nxt in zip(attempts, attempts[1:]):
         if prev.mode != "final" and prev.returncode != 0:
             lost, done, resumed = steps_lost(prev, nxt)
-            interruptions.append({"signal": {"term": "SIGTERM"}.get(prev.mode, "SIGKILL"), "mode": prev.mode,
-                                  "step_killed": prev.reached_step, "stopping_step": prev.stopping_step,
-                                  "steps_done": done, "resumed_from": resumed, "steps_lost": lost,
-                                  "steps_redone": max(0, (prev.reached_step or 0) - resumed)})
+            interruptions.append(
+                {
+                    "signal": {"term": "SIGTERM"}.get(prev.mode, "SIGKILL"),
+                    "mode": prev.mode,
+                    "step_killed": prev.reached_step,
+                    "stopping_step": prev.stopping_step,
+                    "steps_done": done,
+                    "resumed_from": resumed,
+                    "steps_lost": lost,
+                    "steps_redone": max(0, (prev.reached_step or 0) - resumed),
+                }
+            )
     # proven only by a resume from a mid-run checkpoint: one from step 0 restarts, one from ``steps`` (a kill
     # after the last checkpoint) trains nothing after it
     proven = any(resumed_inside(i["resumed_from"], [end]) for i in interruptions)
     verdict = "not_exact" if not exact else ("exact" if proven else "not_proven")
     if verdict == "not_proven":
         exact = False
-        text = text or ("no interruption resumed from a mid-run checkpoint" if plan else
-                        "no interruption resumed from a mid-run checkpoint: --kills 0 plans none" if kills == 0 else
-                        f"no interruption resumed from a mid-run checkpoint: steps {end} / checkpoint_every "
-                        f"{spec.checkpoint_every} allow no kill after a mid-run checkpoint")
+        text = text or (
+            "no interruption resumed from a mid-run checkpoint"
+            if plan
+            else "no interruption resumed from a mid-run checkpoint: --kills 0 plans none"
+            if kills == 0
+            else f"no interruption resumed from a mid-run checkpoint: steps {end} / checkpoint_every "
+            f"{spec.checkpoint_every} allow no kill after a mid-run checkpoint"
+        )
     lost_text = graceful_loss(interruptions)
     if lost_text is not None:  # a graceful stop that lost steps broke the contract's SIGTERM rule, exact or not
         verdict, exact, suspects = "contract_broken", False, ["SIGTERM"]
         text = f"trainer broke the contract (SIGTERM): {lost_text}"
-    return Report(name=name, verdict=verdict, interruptions=interruptions, exact=exact, kills_planned=len(plan),
-                  kills_landed=landed,
-                  final_loss_hex={"uninterrupted": ref_result.get("final_loss_hex"),
-                                  "resumed": got_result.get("final_loss_hex")},
-                  digest={"uninterrupted": ref_result.get("digest"), "resumed": got_result.get("digest")},
-                  steps_compared=len(set(ref_steps) & set(got_steps)), first_differing_step=step, diagnosis=text,
-                  suspects=suspects, attempts=[asdict(a) for a in [ref, *attempts]], workdir=str(workdir))
+    return Report(
+        name=name,
+        verdict=verdict,
+        interruptions=interruptions,
+        exact=exact,
+        kills_planned=len(plan),
+        kills_landed=landed,
+        final_loss_hex={"uninterrupted": ref_result.get("final_loss_hex"), "resumed": got_result.get("final_loss_hex")},
+        digest={"uninterrupted": ref_result.get("digest"), "resumed": got_result.get("digest")},
+        steps_compared=len(set(ref_steps) & set(got_steps)),
+        first_differing_step=step,
+        diagnosis=text,
+        suspects=suspects,
+        attempts=[asdict(a) for a in [ref, *attempts]],
+        workdir=str(workdir),
+    )

@@ -5,6 +5,7 @@ Temporal adapter lacks it says by its capability flags and ``Unsupported``, not 
 adapter is built without connecting (``object.__new__``): its unsupported members touch no cluster, which is
 the point here; its real behaviour on a dev server is tests/temporal's.
 """
+
 from __future__ import annotations
 
 import typing
@@ -24,8 +25,20 @@ def _members() -> set[str]:
 
 
 def test_the_protocol_names_what_ctl_uses() -> None:
-    assert {"store", "owner", "polite_stop", "attempt_overrides", "generations", "describe", "request_stop",
-            "preempted", "stop", "stop_grace_s", "attempt_options", "history"} <= _members()
+    assert {
+        "store",
+        "owner",
+        "polite_stop",
+        "attempt_overrides",
+        "generations",
+        "describe",
+        "request_stop",
+        "preempted",
+        "stop",
+        "stop_grace_s",
+        "attempt_options",
+        "history",
+    } <= _members()
 
 
 def test_the_embedded_engine_has_every_member(tmp_path: Path) -> None:
@@ -44,8 +57,16 @@ def test_the_temporal_adapter_has_every_member_and_says_what_it_lacks() -> None:
     missing = sorted(m for m in _members() if not hasattr(cls, m))
     assert not missing, missing
     t = object.__new__(cls)  # no cluster: only the members that need none
-    assert (t.polite_stop, t.attempt_overrides, t.store, t.owner, t.stop, t.preempted, t.stop_grace_s,
-            t.attempt_options) == (False, False, None, None, None, [], None, None)
+    assert (
+        t.polite_stop,
+        t.attempt_overrides,
+        t.store,
+        t.owner,
+        t.stop,
+        t.preempted,
+        t.stop_grace_s,
+        t.attempt_options,
+    ) == (False, False, None, None, None, [], None, None)
     with pytest.raises(Unsupported):
         t.request_stop("SIGTERM")
     with pytest.raises(Unsupported):

@@ -1,6 +1,7 @@
 """One typed request, built once from the spec (app/requests.py): ``ctl train``'s process parses a spec once,
 and the workflow run in that process (on every replay) and ctl's checks use that parse; the workflow of
 another process parses the recorded input once there (tinyllm/trainer_spec.py ``parse_run_spec``)."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,12 @@ from tinyllm import trainer_spec
 from tinyllm.spec import SpecError, TrainSpec
 from tinyllm.trainer_spec import CustomTrainSpec, has_trainer, trainer_of
 
-TINY = {"name": "once", "steps": 4, "eval_every": 2, "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16}}
+TINY = {
+    "name": "once",
+    "steps": 4,
+    "eval_every": 2,
+    "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16},
+}
 
 
 @pytest.fixture
@@ -44,8 +50,9 @@ def test_a_tinyllm_spec_is_parsed_once_in_ctls_process(tmp_path: Path, parses: l
     assert parses == ["tinyllm"]
 
 
-def test_a_spec_naming_its_trainer_is_parsed_once_too(tmp_path: Path, parses: list[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_spec_naming_its_trainer_is_parsed_once_too(
+    tmp_path: Path, parses: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "mine.json"
     path.write_text(json.dumps({"name": "mine", "steps": 4, "trainer": {"command": ["python", "train.py"]}}))

@@ -12,6 +12,7 @@ Static (ast; nothing is imported). A stray is, outside docstrings and a CLI opti
 
 Run this file directly to print every stray found.
 """
+
 from __future__ import annotations
 
 import ast
@@ -23,8 +24,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("engine", "workflows", "app", "ctl", "tinyllm", "simulator")
-PATH_NAMES = {"runs", "ckpt", "LATEST", "manifest.json", "checkpoint_artifacts", "metrics.jsonl", "corpora",
-              "releases", "evals", ".ctl", "activity", "engine.db"}
+PATH_NAMES = {
+    "runs",
+    "ckpt",
+    "LATEST",
+    "manifest.json",
+    "checkpoint_artifacts",
+    "metrics.jsonl",
+    "corpora",
+    "releases",
+    "evals",
+    ".ctl",
+    "activity",
+    "engine.db",
+}
 LITERALS = {"LATEST", "manifest.json", "checkpoint_artifacts"}  # "ckpt" is also a ledger kind: as a path only
 PATH_IN_TEXT = re.compile(r"(^|/)ckpt/|^runs/|/runs/")
 EXIT_CODES = {2, 74, 75, 130, 143}
@@ -50,8 +63,13 @@ def strays_in(path: Path) -> list[tuple[int, str]]:
     """(line, what) of each stray in one file."""
     text = path.read_text()
     tree = ast.parse(text, str(path))
-    skip = _docstrings(tree) | {id(k.value) for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords
-                                if k.arg == "help" and isinstance(k.value, ast.Constant)}  # a CLI's help: docs
+    skip = _docstrings(tree) | {
+        id(k.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        for k in n.keywords
+        if k.arg == "help" and isinstance(k.value, ast.Constant)
+    }  # a CLI's help: docs
     in_fstring = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
     out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
@@ -71,8 +89,12 @@ def strays_in(path: Path) -> list[tuple[int, str]]:
             for a, b in itertools.pairwise(parts):
                 if isinstance(a, ast.Constant) and str(a.value).endswith("step-") and isinstance(b, ast.FormattedValue):
                     out.append((node.lineno, "step directory name formatted by hand"))
-            if parts and isinstance(parts[0], ast.Constant) and str(parts[0].value).startswith(ID_PREFIXES) \
-                    and len(parts) > 1:
+            if (
+                parts
+                and isinstance(parts[0], ast.Constant)
+                and str(parts[0].value).startswith(ID_PREFIXES)
+                and len(parts) > 1
+            ):
                 out.append((node.lineno, f"activity id formatted by hand ({parts[0].value!r}...)"))
         elif isinstance(node, ast.Assign) and _int(node.value) in EXIT_CODES | {0, 1, 3, 4}:
             names = [t.id for t in node.targets if isinstance(t, ast.Name)]
@@ -82,16 +104,23 @@ def strays_in(path: Path) -> list[tuple[int, str]]:
             fn = ast.unparse(node.func)
             if fn in ("sys.exit", "os._exit", "exit", "SystemExit"):
                 out.append((node.lineno, f"{fn}({_int(node.args[0])})"))
-        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("Path", "os.path.join", "PurePath") and any(
-                isinstance(a, ast.Constant) and a.value in PATH_NAMES for a in node.args):
+        elif (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func) in ("Path", "os.path.join", "PurePath")
+            and any(isinstance(a, ast.Constant) and a.value in PATH_NAMES for a in node.args)
+        ):
             out.append((node.lineno, f"path built with {ast.unparse(node.func)}(...) of layout names"))
-        elif isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value in PATH_NAMES
-                                                   for c in node.comparators) and ast.unparse(node.left).endswith(".name"):
+        elif (
+            isinstance(node, ast.Compare)
+            and any(isinstance(c, ast.Constant) and c.value in PATH_NAMES for c in node.comparators)
+            and ast.unparse(node.left).endswith(".name")
+        ):
             out.append((node.lineno, "a folder's name compared with a layout name"))
         elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            nums = [_int(s) for s in sides] + [_int(e) for s in sides if isinstance(s, (ast.Tuple, ast.Set, ast.List))
-                                                for e in s.elts]
+            nums = [_int(s) for s in sides] + [
+                _int(e) for s in sides if isinstance(s, (ast.Tuple, ast.Set, ast.List)) for e in s.elts
+            ]
             codes = [n for n in nums if n in EXIT_CODES]
             if codes and any(EXIT_WORDS.search(ast.unparse(s)) for s in sides if _int(s) is None):
                 out.append((node.lineno, f"exit code {codes[0]} compared as a number"))

@@ -1,5 +1,6 @@
 """The run home's contract (contracts/): its paths, manifest verification, resume choice, exit codes,
 progress lines and activity ids, and that it stays importable by every side (standard library only)."""
+
 from __future__ import annotations
 
 import ast
@@ -50,8 +51,13 @@ def test_contracts_imports_nothing_but_the_standard_library() -> None:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and node.level:
                 continue  # its own modules
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for n in names:
                 top = n.split(".")[0]
                 assert top == "__future__" or top in sys.stdlib_module_names or top == "contracts", (path.name, n)
@@ -81,10 +87,15 @@ def test_activity_ids_format_and_parse_together() -> None:
     assert activity_ids.train_id(500) == "train-000500"
     assert activity_ids.eval_id("000500", "ppl") == "eval-000500-ppl" and activity_ids.eval_id("", "zoo") == "eval-zoo"
     assert activity_ids.corpus_id("default") == "corpus-default"
-    for aid, want in [("train-000500", ("train", 500, None)), ("eval-000500-ppl", ("eval", 500, "ppl")),
-                      ("eval-000500-my-suite", ("eval", 500, "my-suite")), ("eval-zoo", ("eval", None, "zoo")),
-                      ("corpus-default", ("corpus", None, "default")), ("publish-v1", ("publish", None, None)),
-                      ("x", ("other", None, None))]:
+    for aid, want in [
+        ("train-000500", ("train", 500, None)),
+        ("eval-000500-ppl", ("eval", 500, "ppl")),
+        ("eval-000500-my-suite", ("eval", 500, "my-suite")),
+        ("eval-zoo", ("eval", None, "zoo")),
+        ("corpus-default", ("corpus", None, "default")),
+        ("publish-v1", ("publish", None, None)),
+        ("x", ("other", None, None)),
+    ]:
         got = activity_ids.parse_activity_id(aid)
         assert (got.kind, got.step, got.rest) == want, aid
     with pytest.raises(ValueError):
@@ -93,8 +104,12 @@ def test_activity_ids_format_and_parse_together() -> None:
 
 def test_progress_lines_format_and_parse_together() -> None:
     line = progress.format_line({"step": 3, "loss": 1.5, "checkpoint": "runs/x/ckpt/step-000003"}, 12.0)
-    assert line.endswith("\n") and progress.parse_line(line) == {"step": 3, "loss": 1.5,
-                                                                  "checkpoint": "runs/x/ckpt/step-000003", "time": 12.0}
+    assert line.endswith("\n") and progress.parse_line(line) == {
+        "step": 3,
+        "loss": 1.5,
+        "checkpoint": "runs/x/ckpt/step-000003",
+        "time": 12.0,
+    }
     assert progress.saved_checkpoint(progress.parse_line(line)) == "runs/x/ckpt/step-000003"
     assert progress.saved_checkpoint({"event": "progress", "step": 4, "checkpoint": "c"}) is None
     assert progress.saved_checkpoint({"event": "checkpoint", "step": True, "checkpoint": "c"}) is None
@@ -103,9 +118,17 @@ def test_progress_lines_format_and_parse_together() -> None:
 
 
 def test_the_exit_codes() -> None:
-    assert (exits.EXIT_OK, exits.EXIT_FAILED, exits.EXIT_BAD_INPUT, exits.EXIT_NOT_PROVEN, exits.EXIT_CONTRACT_BROKEN,
-            exits.EXIT_DISK_FULL, exits.EXIT_LOCKED, exits.EXIT_CANCELED, exits.EXIT_PREEMPTED) == \
-        (0, 1, 2, 3, 4, 74, 75, 130, 143)
+    assert (
+        exits.EXIT_OK,
+        exits.EXIT_FAILED,
+        exits.EXIT_BAD_INPUT,
+        exits.EXIT_NOT_PROVEN,
+        exits.EXIT_CONTRACT_BROKEN,
+        exits.EXIT_DISK_FULL,
+        exits.EXIT_LOCKED,
+        exits.EXIT_CANCELED,
+        exits.EXIT_PREEMPTED,
+    ) == (0, 1, 2, 3, 4, 74, 75, 130, 143)
 
 
 def test_verification_refuses_what_is_torn_or_corrupt(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
 """Helpers of the bad-input tests: the real CLIs as subprocesses, snapshots of a home, damage."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +11,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = {"name": "mini", "steps": 6, "eval_every": 0, "checkpoint_every": 3, "batch_size": 2, "threads": 1,
-        "log_every": 1, "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 8}}
+SPEC = {
+    "name": "mini",
+    "steps": 6,
+    "eval_every": 0,
+    "checkpoint_every": 3,
+    "batch_size": 2,
+    "threads": 1,
+    "log_every": 1,
+    "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 8},
+}
 
 
 def env() -> dict:
@@ -23,13 +32,24 @@ def env() -> dict:
 
 
 def ctl(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ctl.cli", *args, "--home", str(home)], capture_output=True,
-                          text=True, timeout=timeout, env=env(), cwd=str(home) if home.is_dir() else None)
+    return subprocess.run(
+        [sys.executable, "-m", "ctl.cli", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env(),
+        cwd=str(home) if home.is_dir() else None,
+    )
 
 
 def tinyllm(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tinyllm.cli", *args, "--home", str(home)], capture_output=True,
-                          text=True, timeout=timeout, env=env())
+    return subprocess.run(
+        [sys.executable, "-m", "tinyllm.cli", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env(),
+    )
 
 
 def one_line_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> str:
@@ -74,7 +94,7 @@ def db_of(home: Path) -> Path:
 def poke(path: Path, offset: int, data: bytes) -> None:
     """Overwrite bytes of a file that no process has open (test-side damage)."""
     raw = bytearray(path.read_bytes())
-    raw[offset:offset + len(data)] = data
+    raw[offset : offset + len(data)] = data
     path.write_bytes(bytes(raw))
 
 
@@ -99,7 +119,7 @@ def event_offsets(db: Path, workflow_id: str, needle: bytes) -> list[int]:
     raw = db.read_bytes()
     out = []
     for p in pages:
-        chunk = raw[(p - 1) * ps: p * ps]
+        chunk = raw[(p - 1) * ps : p * ps]
         i = chunk.find(needle)
         while i >= 0:
             out.append((p - 1) * ps + i)
@@ -118,8 +138,9 @@ class Tmpfs:
         if os.geteuid() != 0:
             self.why = "mounting a tmpfs needs root"
             return self
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size}", "tmpfs", str(self.path)],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={self.size}", "tmpfs", str(self.path)], capture_output=True, text=True
+        )
         self.ok = r.returncode == 0
         self.why = r.stderr.strip() or f"mount exited {r.returncode}"
         return self

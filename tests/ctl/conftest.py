@@ -1,5 +1,6 @@
 """A finished tiny run (train/mini: corpus, one segment with checkpoints at steps 3 and 6, no evaluation), built once per session
 by the real ``ctl train``; tests copy it (``bi_helpers.copy_home``) before touching anything."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Helpers of the observability tests: run ctl as a real process, in a pipe or on a pseudo-terminal."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,18 @@ DEADLINE_S = 180
 SGR = re.compile(r"\x1b\[[0-9;]*m")  # colours: dropped
 CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")  # cursor moves: line breaks
 
-SPEC = {"name": "mini", "steps": 24, "seed": 3, "eval_every": 12, "eval_interval_seconds": 1, "checkpoint_every": 3,
-        "batch_size": 4, "threads": 1, "log_every": 6,
-        "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32}}
+SPEC = {
+    "name": "mini",
+    "steps": 24,
+    "seed": 3,
+    "eval_every": 12,
+    "eval_interval_seconds": 1,
+    "checkpoint_every": 3,
+    "batch_size": 4,
+    "threads": 1,
+    "log_every": 6,
+    "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32},
+}
 
 
 def env() -> dict:
@@ -35,8 +45,13 @@ def write_spec(home: Path, **over) -> Path:
 
 
 def ctl(home: Path, *args: str, check: bool = True, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    p = subprocess.run([sys.executable, "-m", "ctl.cli", *args, "--home", str(home)], capture_output=True, text=True,
-                       timeout=DEADLINE_S * 2, env={**env(), **(extra_env or {})})
+    p = subprocess.run(
+        [sys.executable, "-m", "ctl.cli", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S * 2,
+        env={**env(), **(extra_env or {})},
+    )
     if check and p.returncode != 0:
         raise AssertionError(f"ctl {' '.join(args)} exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
     return p
@@ -53,8 +68,11 @@ def wait_for(cond, what: str, deadline_s: float = DEADLINE_S):
 
 
 def last_step(metrics: Path) -> int:
-    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines() if x.strip().endswith("}")] \
-        if metrics.exists() else []
+    steps = (
+        [json.loads(x)["step"] for x in metrics.read_text().splitlines() if x.strip().endswith("}")]
+        if metrics.exists()
+        else []
+    )
     return steps[-1] if steps else 0
 
 
@@ -81,8 +99,14 @@ class Terminal:
         import termios
 
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
-                                     env={**env(), "TERM": "xterm-256color", "COLUMNS": str(columns)})
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            env={**env(), "TERM": "xterm-256color", "COLUMNS": str(columns)},
+        )
         os.close(slave)
         self.master = master
         self.raw = b""

@@ -1,5 +1,6 @@
 """Issue 10's table, each row through the real ``ctl`` (subprocesses): the exit code, one line on
 stderr, no traceback, and the home's files compared before and after."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from bi_helpers import (SPEC, Tmpfs, copy_home, ctl, db_of, event_offsets, one_line_error, poke, snapshot,
-                        tinyllm, write_json)
+from bi_helpers import (
+    SPEC,
+    Tmpfs,
+    copy_home,
+    ctl,
+    db_of,
+    event_offsets,
+    one_line_error,
+    poke,
+    snapshot,
+    tinyllm,
+    write_json,
+)
 
 pytestmark = pytest.mark.slow  # every row runs the real ctl/tinyllm as subprocesses
 
@@ -78,8 +90,9 @@ def test_garbage_in_a_recorded_spec_is_named_damaged(finished_home, tmp_path):
     for off in event_offsets(db, "train/mini", b'"threads":1'):  # every recorded copy of the spec
         poke(db, off + 4, b"GARBAGEGARBAGE00")
     before = snapshot(home)
-    err = one_line_error(ctl(home, *_train(home, home / "spec.json")), 2, "damaged", "checksum mismatch",
-                         "workflow train/mini")
+    err = one_line_error(
+        ctl(home, *_train(home, home / "spec.json")), 2, "damaged", "checksum mismatch", "workflow train/mini"
+    )
     assert "different request" not in err
     assert snapshot(home) == before
 
@@ -131,8 +144,9 @@ def test_zero_length_database_beside_runs_is_refused(finished_home, tmp_path):
         p.unlink()
     db_of(home).write_bytes(b"")
     before = snapshot(home)
-    one_line_error(ctl(home, *_train(home, home / "spec.json")), 2, "empty (0 bytes)", "runs/", "mini",
-                   "evaluation is done again")
+    one_line_error(
+        ctl(home, *_train(home, home / "spec.json")), 2, "empty (0 bytes)", "runs/", "mini", "evaluation is done again"
+    )
     one_line_error(ctl(home, "status"), 2, "empty")
     assert snapshot(home) == before
 
@@ -152,16 +166,31 @@ def test_typo_names_the_unknown_field_first_with_the_closest_known_one(tmp_path)
     spec = {k: v for k, v in SPEC.items() if k != "steps"} | {"stpes": 300, "batch_size": "4"}
     path = write_json(tmp_path / "s.json", spec)
     for proc in (ctl(home, "train", "--spec", str(path)), tinyllm(home, "train", "--spec", str(path))):
-        err = one_line_error(proc, 2, "stpes: unknown field (did you mean steps?)", "steps: required field missing",
-                             "batch_size: must be an integer")
+        err = one_line_error(
+            proc,
+            2,
+            "stpes: unknown field (did you mean steps?)",
+            "steps: required field missing",
+            "batch_size: must be an integer",
+        )
         assert err.index("stpes") < err.index("steps: required") < err.index("batch_size")
     assert snapshot(home) == {}
 
 
 def test_eval_header_describes_an_evaluation(finished_home, tmp_path):
     home = copy_home(finished_home, tmp_path / "h")
-    proc = ctl(home, "eval", "--suite", "ppl", "--subject", "final=runs/mini/ckpt/step-000006", "--name", "sp-final",
-               "--max-items", "1")
+    proc = ctl(
+        home,
+        "eval",
+        "--suite",
+        "ppl",
+        "--subject",
+        "final=runs/mini/ckpt/step-000006",
+        "--name",
+        "sp-final",
+        "--max-items",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     header = next(ln for ln in proc.stderr.splitlines() if ln.startswith("eval/sp-final:"))
     assert header == "eval/sp-final: evaluating 1 subject(s) (final) with ppl", header
@@ -184,8 +213,10 @@ def test_ctl_doctor_clean_home_and_fix_removes_only_leftovers(finished_home, tmp
     findings = json.loads(proc.stdout)["findings"]
     found = {(f["kind"], f["path"]) for f in findings}
     assert found == {
-        ("leftover", "runs/mini/ckpt/.tmp-step-000009-999999"), ("leftover", "runs/mini/metrics.jsonl.tmp-999998"),
-        ("damaged", "runs/mini/ckpt/step-000003"), ("damaged", "runs/mini/ckpt/LATEST"),
+        ("leftover", "runs/mini/ckpt/.tmp-step-000009-999999"),
+        ("leftover", "runs/mini/metrics.jsonl.tmp-999998"),
+        ("damaged", "runs/mini/ckpt/step-000003"),
+        ("damaged", "runs/mini/ckpt/LATEST"),
         ("damaged", "corpora/default/tokens.bin"),
     }, found
     assert snapshot(home) == before  # read-only
@@ -203,8 +234,12 @@ def test_corpus_spec_is_checked_strictly_before_anything_starts(tmp_path):
     home.mkdir()
     spec = write_json(tmp_path / "s.json", SPEC)
     corpus = write_json(tmp_path / "c.json", {"name": "default", "sourcs": ["a.txt"], "heldout_fraction": "0.1"})
-    one_line_error(ctl(home, "train", "--spec", str(spec), "--corpus-spec", str(corpus)), 2,
-                   "sourcs: unknown field (did you mean sources?)", "heldout_fraction: must be a number")
+    one_line_error(
+        ctl(home, "train", "--spec", str(spec), "--corpus-spec", str(corpus)),
+        2,
+        "sourcs: unknown field (did you mean sources?)",
+        "heldout_fraction: must be a number",
+    )
     assert snapshot(home) == {}
 
 
@@ -243,9 +278,16 @@ def test_duplicate_key_refused_by_the_durable_helper(tmp_path):
     import subprocess
     import sys
     from bi_helpers import env
+
     spec = tmp_path / "dup.json"
     spec.write_text('{"name": "s", "steps": 4, "config": {"lr": 0.1, "lr": 0.2}}')
-    proc = subprocess.run([sys.executable, "examples/durable_train.py", "--spec", str(spec), "--home", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, env=env(), cwd=str(Path(__file__).parents[2]))
+    proc = subprocess.run(
+        [sys.executable, "examples/durable_train.py", "--spec", str(spec), "--home", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env(),
+        cwd=str(Path(__file__).parents[2]),
+    )
     one_line_error(proc, 2, "duplicate key 'lr'", str(spec))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dup.json"]

@@ -9,6 +9,7 @@
   reported (checksums or SQLite) or leaves what is read equal to what was written: never a
   traceback, never silently wrong data; a run goes on from its undamaged state (real processes).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,12 +27,18 @@ FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=list(Healt
 DAMAGE = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 ODD_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12) | st.sampled_from(
-    ["", " ", "..", "../x", "a/b", "\u202e", "名前", "\x00", "nul\x00l", "e\u0301", "🙂" * 3, "a" * 300])
+    ["", " ", "..", "../x", "a/b", "\u202e", "名前", "\x00", "nul\x00l", "e\u0301", "🙂" * 3, "a" * 300]
+)
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2 ** 70), max_value=2 ** 70)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([0, -1, 1, 2 ** 63, 10 ** 30, 1e308, 3.0])
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from([0, -1, 1, 2**63, 10**30, 1e308, 3.0])
     | ODD_TEXT,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ODD_TEXT, inner, max_size=3), max_leaves=6)
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ODD_TEXT, inner, max_size=3),
+    max_leaves=6,
+)
 
 
 def _paths(value, prefix=()):
@@ -98,7 +105,7 @@ def test_mutated_train_specs_are_valid_or_one_clean_line(data):
         assert str(e).startswith("invalid train spec: ")
     else:
         assert isinstance(spec.steps, int) and not isinstance(spec.steps, bool)
-        assert -(2 ** 63) <= spec.seed < 2 ** 64 and spec.model.n_embd % spec.model.n_head == 0
+        assert -(2**63) <= spec.seed < 2**64 and spec.model.n_embd % spec.model.n_head == 0
     # what ctl train does with the same file, before anything is started
     import tempfile
 
@@ -172,9 +179,9 @@ def apply(path: Path, d) -> None:
     if kind == "flip":
         raw[off] ^= arg
     elif kind == "bytes":
-        raw[off:off + len(arg)] = arg
+        raw[off : off + len(arg)] = arg
     elif kind == "zero-page":
-        raw[off:off + arg] = bytes(len(raw[off:off + arg]))
+        raw[off : off + arg] = bytes(len(raw[off : off + arg]))
     else:
         del raw[off:]
     path.write_bytes(bytes(raw))
@@ -334,8 +341,9 @@ def test_a_run_goes_on_from_its_undamaged_state(pristine, tmp_path):
     equal to the undamaged run's; a damaged corpus -> exit 2 in one line, rebuilt by tinyllm corpus
     (which ctl train runs first)."""
     home, original = pristine
-    reference = next(e["attrs"]["result"]["final_loss_hex"] for e in original["train/mini"]
-                     if e["type"] == "workflow_completed")
+    reference = next(
+        e["attrs"]["result"]["final_loss_hex"] for e in original["train/mini"] if e["type"] == "workflow_completed"
+    )
     h = copy_home(home, tmp_path / "h")
     poke(h / "runs" / "mini" / "ckpt" / "step-000006" / "model.pt", 300, b"\xde\xad\xbe\xef")
     spec = h / "spec.json"

@@ -1,6 +1,7 @@
 """ctl's edges without training: bad input (exit 2, one message, nothing written), starting
 and attaching (--detach: nothing runs), refusing a different spec under the same name, and
 the read commands (status, list, history) on a real database. In process, via click's runner."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,15 @@ from click.testing import CliRunner
 
 from ctl.cli import main
 
-SPEC = {"name": "mini", "steps": 24, "eval_every": 12, "checkpoint_every": 3, "batch_size": 4, "threads": 1,
-        "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32}}
+SPEC = {
+    "name": "mini",
+    "steps": 24,
+    "eval_every": 12,
+    "checkpoint_every": 3,
+    "batch_size": 4,
+    "threads": 1,
+    "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32},
+}
 
 
 def run(home: Path, *args: str) -> tuple[int, str, str]:
@@ -35,19 +43,37 @@ BAD_TRAIN = {
     "not json": (lambda h: ["train", "--spec", str(_raw(h, "{name: "))], "not valid JSON"),
     "no name": (lambda h: ["train", "--spec", str(_raw(h, json.dumps({"steps": 5})))], "name"),
     "bad name": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json", **{"name": "../up"}))], "name"),
-    "negative eval_every": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json", eval_every=-1))], "eval_every"),
+    "negative eval_every": (
+        lambda h: ["train", "--spec", str(write_spec(h, file="s.json", eval_every=-1))],
+        "eval_every",
+    ),
     "unknown suite": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--suite", "nosuch"], "nosuch"),
-    "suite and no-eval": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--suite", "ppl",
-                                     "--no-eval"], "--no-eval"),
-    "missing corpus spec": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--corpus-spec",
-                                       str(h / "nope.json")], "not found"),
-    "malformed corpus spec": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--corpus-spec",
-                                         str(_raw(h, "[1, "))], "not valid JSON"),
-    "corpus spec of another corpus": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json")),
-                                                 "--corpus-spec", str(_raw(h, json.dumps({"name": "other"})))],
-                                      "'default'"),
-    "bad eval-max-items": (lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--eval-max-items",
-                                      "0"], "--eval-max-items"),
+    "suite and no-eval": (
+        lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--suite", "ppl", "--no-eval"],
+        "--no-eval",
+    ),
+    "missing corpus spec": (
+        lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--corpus-spec", str(h / "nope.json")],
+        "not found",
+    ),
+    "malformed corpus spec": (
+        lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--corpus-spec", str(_raw(h, "[1, "))],
+        "not valid JSON",
+    ),
+    "corpus spec of another corpus": (
+        lambda h: [
+            "train",
+            "--spec",
+            str(write_spec(h, file="s.json")),
+            "--corpus-spec",
+            str(_raw(h, json.dumps({"name": "other"}))),
+        ],
+        "'default'",
+    ),
+    "bad eval-max-items": (
+        lambda h: ["train", "--spec", str(write_spec(h, file="s.json")), "--eval-max-items", "0"],
+        "--eval-max-items",
+    ),
     "spec is a list": (lambda h: ["train", "--spec", str(_raw(h, "[]"))], "spec"),
 }
 
@@ -131,9 +157,18 @@ def test_unknown_and_malformed_ids(tmp_path: Path, command: str) -> None:
     assert json.loads(out)["cancel_requested"] is False  # the bad cancel touched nothing
 
 
-@pytest.mark.parametrize("args", [["status"], ["list"], ["history", "train/mini"], ["cancel", "train/mini"],
-                                  ["worker"], ["train", "--spec", "spec.json", "--detach"],
-                                  ["eval", "--suite", "ppl", "--subject", "a=ckpt"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status"],
+        ["list"],
+        ["history", "train/mini"],
+        ["cancel", "train/mini"],
+        ["worker"],
+        ["train", "--spec", "spec.json", "--detach"],
+        ["eval", "--suite", "ppl", "--subject", "a=ckpt"],
+    ],
+)
 def test_corrupt_database_is_one_line_exit_2_and_left_untouched(tmp_path: Path, args: list[str]) -> None:
     write_spec(tmp_path)
     (tmp_path / "ckpt").mkdir()
@@ -170,15 +205,18 @@ def test_ctl_help_names_every_command_and_the_exit_codes() -> None:
     assert "Default: ppl" in train_help and "--no-eval" in train_help
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["eval", "--suite", "ppl", "--subject", "no-equals-sign"], "ID=CHECKPOINT"),
-    (["eval", "--suite", "ppl", "--subject", "a=runs/x/ckpt/step-000001"], "not found"),
-    (["eval", "--suite", "bogus", "--subject", "a=b"], "bogus"),
-    (["eval", "--suite", "ppl", "--subject", "a=b", "--name", "../x"], "eval name"),
-    (["eval", "--suite", "ppl", "--subject", "../x=b"], "subject id"),
-    (["eval", "--suite", "ppl", "--subject", "a="], "ID=CHECKPOINT"),
-    (["eval", "--suite", "ppl", "--subject", "a=b", "--tag", "a/b"], "tag"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["eval", "--suite", "ppl", "--subject", "no-equals-sign"], "ID=CHECKPOINT"),
+        (["eval", "--suite", "ppl", "--subject", "a=runs/x/ckpt/step-000001"], "not found"),
+        (["eval", "--suite", "bogus", "--subject", "a=b"], "bogus"),
+        (["eval", "--suite", "ppl", "--subject", "a=b", "--name", "../x"], "eval name"),
+        (["eval", "--suite", "ppl", "--subject", "../x=b"], "subject id"),
+        (["eval", "--suite", "ppl", "--subject", "a="], "ID=CHECKPOINT"),
+        (["eval", "--suite", "ppl", "--subject", "a=b", "--tag", "a/b"], "tag"),
+    ],
+)
 def test_bad_eval_input(tmp_path: Path, args: list[str], needle: str) -> None:
     code, _, err = run(tmp_path, *args)
     assert code == 2 and needle in err, err
@@ -189,11 +227,17 @@ def test_version_prints_package_and_torch_versions_without_importing_torch():
     import subprocess
     import sys
     from importlib.metadata import version
-    code = ("import sys; from ctl.cli import main\n"
-            "try:\n    main(['--version'])\nexcept SystemExit as e:\n"
-            "    print('torch imported' if 'torch' in sys.modules else 'no torch'); sys.exit(e.code)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=str(Path(__file__).parents[2]))
+
+    code = (
+        "import sys; from ctl.cli import main\n"
+        "try:\n    main(['--version'])\nexcept SystemExit as e:\n"
+        "    print('torch imported' if 'torch' in sys.modules else 'no torch'); sys.exit(e.code)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(Path(__file__).parents[2])
+    )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [f"ctl (durable-train) {version('durable-train')}, torch {version('torch')}",
-                                        "no torch"], proc.stdout
+    assert proc.stdout.splitlines() == [
+        f"ctl (durable-train) {version('durable-train')}, torch {version('torch')}",
+        "no torch",
+    ], proc.stdout

@@ -10,6 +10,7 @@ subprocess runner, tinyllm):
 The uninterrupted baselines run the real tinyllm CLI in this process (click's runner): one torch
 import instead of one more process on a loaded machine.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,14 +26,30 @@ pytestmark = pytest.mark.slow  # real ctl train runs
 
 DEADLINE_S = 300
 MODEL = {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.1}  # dropout: RNG in play
-GENERATION = {"enabled": True, "objective": "generation", "every_steps": 3,
-              "reward": ["exact_match", "contains", "nonempty"],
-              "data": {"path": "builtin:prompts.jsonl", "prompt_column": "question", "response_column": "answer"},
-              "batch_size": 4, "max_samples": 4,
-              "sampling": {"temperature": 1.0, "top_k": None, "n_generation": 2, "max_tokens": 4}}
-SPEC = {"name": "vseg", "steps": 6, "eval_every": 4, "seed": 3, "checkpoint_every": 100, "batch_size": 2,
-        "warmup_steps": 1, "lr_decay_steps": 6, "threads": 1, "log_every": 100, "model": MODEL,
-        "validation": GENERATION}
+GENERATION = {
+    "enabled": True,
+    "objective": "generation",
+    "every_steps": 3,
+    "reward": ["exact_match", "contains", "nonempty"],
+    "data": {"path": "builtin:prompts.jsonl", "prompt_column": "question", "response_column": "answer"},
+    "batch_size": 4,
+    "max_samples": 4,
+    "sampling": {"temperature": 1.0, "top_k": None, "n_generation": 2, "max_tokens": 4},
+}
+SPEC = {
+    "name": "vseg",
+    "steps": 6,
+    "eval_every": 4,
+    "seed": 3,
+    "checkpoint_every": 100,
+    "batch_size": 2,
+    "warmup_steps": 1,
+    "lr_decay_steps": 6,
+    "threads": 1,
+    "log_every": 100,
+    "model": MODEL,
+    "validation": GENERATION,
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +69,12 @@ def new_home(tmp_path: Path, corpora: Path, name: str) -> Path:
 
 
 def ctl(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ctl.cli", *args, "--home", str(home)],
-                          capture_output=True, text=True, timeout=DEADLINE_S)
+    return subprocess.run(
+        [sys.executable, "-m", "ctl.cli", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
 
 
 def tinyllm_here(home: Path, spec: dict, *args: str) -> dict:
@@ -123,8 +144,10 @@ def test_ctl_names_the_refused_checkpoint_and_the_one_used(tmp_path, corpora):
     assert f"refused checkpoint runs/refuse/ckpt/step-000004: {why}" in proc.stderr
     assert "resumed from runs/refuse/ckpt/step-000002 at step 2 instead" in proc.stderr
     # the final summary (stdout)
-    assert f"refused checkpoint runs/refuse/ckpt/step-000004: {why}; resumed from runs/refuse/ckpt/step-000002" \
+    assert (
+        f"refused checkpoint runs/refuse/ckpt/step-000004: {why}; resumed from runs/refuse/ckpt/step-000002"
         in proc.stdout
+    )
     history = ctl(home, "history", "train/refuse")
     assert history.returncode == 0, history.stderr
     assert f"refused checkpoint runs/refuse/ckpt/step-000004: {why}" in history.stdout

@@ -9,6 +9,7 @@ everything already) runs the commands in-process through ``ctl.cli.main`` and pr
 process for all of them keeps it in the fast lane (~1 s). The home is a synthetic TrainRun history written
 in the engine's own schema (tests/ui/synth.py): no trainer is run, which is not the point here.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,10 +21,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 NOT_FOR_READERS = (
-    "torch", "numpy", "rich", "pydantic", "pydantic_core", "temporalio", "mlflow", "opentelemetry",
-    "transformers", "lightning", "jinja2", "matplotlib",
-    "workflows.models", "workflows.release", "tinyllm.spec", "engine._engine", "engine._worker",
-    "engine._subprocess_runner", "importlib.metadata", "multiprocessing", "ctl.doctor",
+    "torch",
+    "numpy",
+    "rich",
+    "pydantic",
+    "pydantic_core",
+    "temporalio",
+    "mlflow",
+    "opentelemetry",
+    "transformers",
+    "lightning",
+    "jinja2",
+    "matplotlib",
+    "workflows.models",
+    "workflows.release",
+    "tinyllm.spec",
+    "engine._engine",
+    "engine._worker",
+    "engine._subprocess_runner",
+    "importlib.metadata",
+    "multiprocessing",
+    "ctl.doctor",
 )
 """Packages and modules no read command may load (a name and everything under it)."""
 
@@ -49,16 +67,23 @@ def loaded_by(commands: list[list[str]]) -> tuple[dict, list[str]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("CTL_HOME", None)
     env.pop("CTL_BACKEND", None)
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(commands)], capture_output=True, text=True,
-                          env=env, timeout=120, cwd=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(commands)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=str(ROOT),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
     return out["codes"], out["modules"]
 
 
 def forbidden(modules: list[str], allowed: tuple[str, ...] = ()) -> list[str]:
-    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in NOT_FOR_READERS
-                                            if n not in allowed))
+    return sorted(
+        m for m in modules if any(m == n or m.startswith(n + ".") for n in NOT_FOR_READERS if n not in allowed)
+    )
 
 
 def test_read_commands_import_nothing_heavy(tmp_path: Path) -> None:
@@ -74,9 +99,17 @@ def test_read_commands_import_nothing_heavy(tmp_path: Path) -> None:
     finally:
         w.close()
     h = ["--home", str(home)]
-    commands = [["status", *h], ["status", wid, "--json", *h], ["list", *h], ["list", "--json", *h],
-                ["history", wid, *h], ["history", wid, "--json", *h], ["show", wid, *h], ["show", wid, "--json", *h],
-                ["status", "nope/1", *h]]
+    commands = [
+        ["status", *h],
+        ["status", wid, "--json", *h],
+        ["list", *h],
+        ["list", "--json", *h],
+        ["history", wid, *h],
+        ["history", wid, "--json", *h],
+        ["show", wid, *h],
+        ["show", wid, "--json", *h],
+        ["status", "nope/1", *h],
+    ]
     codes, modules = loaded_by(commands)
     nope = " ".join(commands[-1])
     assert {k: v[0] for k, v in codes.items()} == {**{" ".join(c): 0 for c in commands}, nope: 2}, codes

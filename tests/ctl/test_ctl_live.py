@@ -3,6 +3,7 @@ progress bar with step/total, ETA and the phase; `ctl status` naming the live wo
 SIGKILL, `ctl status` saying nobody runs it; the same command again printing one resume line
 (the checkpoint it resumes from and how many steps are redone, both checked against the run's
 files) instead of replaying the dead attempt's events."""
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,11 @@ def test_live_display_then_kill_then_one_resume_line(tmp_path: Path) -> None:
     try:
         term.wait_text(r"train/slow: 4000 steps in 2 segment\(s\)", "the opening line")
         wait_for(lambda: last_step(metrics) >= 12, "a checkpoint and a few steps more")
-        term.wait_text(r"train/slow\s+\S*━+.*step \d+/4000 \(\d+%\) \| ETA \d+:\d\d \| loss \d+\.\d{4} "
-                       r"\(last \d+\.\d{4}\) \| [\d.]+k? tok/s \| elapsed \d+:\d\d", "the whole-run bar with its ETA")
+        term.wait_text(
+            r"train/slow\s+\S*━+.*step \d+/4000 \(\d+%\) \| ETA \d+:\d\d \| loss \d+\.\d{4} "
+            r"\(last \d+\.\d{4}\) \| [\d.]+k? tok/s \| elapsed \d+:\d\d",
+            "the whole-run bar with its ETA",
+        )
         term.wait_text(r"training segment 1/2\s+\S*━+\S*\s+steps 1\.\.2000", "the phase row")
         term.wait_text(r"checkpoint step 10  loss \d+\.\d{4}  runs/slow/ckpt/step-000010", "a checkpoint line")
         status = ctl(home, "status", "train/slow").stdout
@@ -41,9 +45,11 @@ def test_live_display_then_kill_then_one_resume_line(tmp_path: Path) -> None:
     assert latest < lost_at or latest == lost_at
     term = Terminal(argv)
     try:
-        m = term.wait_text(r"train/slow: resumed train-002000 \(segment 1/2\) from step (\d+) "
-                           r"\(runs/slow/ckpt/step-(\d+)\); (\d+) step\(s\) since that checkpoint are redone",
-                           "the resume line")
+        m = term.wait_text(
+            r"train/slow: resumed train-002000 \(segment 1/2\) from step (\d+) "
+            r"\(runs/slow/ckpt/step-(\d+)\); (\d+) step\(s\) since that checkpoint are redone",
+            "the resume line",
+        )
         assert int(m.group(1)) == int(m.group(2)) == latest and int(m.group(3)) == lost_at - latest
         term.wait_text(r"step \d+/4000", "the bar again")
         wait_for(lambda: last_step(metrics) > lost_at, "training past the lost steps")
@@ -94,10 +100,36 @@ def test_ctl_eval_shows_the_evaluations_own_count_else_the_time(tmp_path: Path) 
     (home / "stub_eval.py").write_text(STUB_EVAL)
     (home / "ckpt").mkdir()
     spec = home / "spec.json"
-    spec.write_text(json.dumps({"name": "stub", "steps": 2, "trainer": {
-        "command": ["python", "-c", "pass"], "eval_command": ["python", str(home / "stub_eval.py")]}}))
-    term = Terminal([sys.executable, "-m", "ctl.cli", "eval", "--spec", str(spec), "--suite", "counted",
-                     "--suite", "plain", "--subject", "a=ckpt", "--home", str(home)])
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "stub",
+                "steps": 2,
+                "trainer": {
+                    "command": ["python", "-c", "pass"],
+                    "eval_command": ["python", str(home / "stub_eval.py")],
+                },
+            }
+        )
+    )
+    term = Terminal(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "eval",
+            "--spec",
+            str(spec),
+            "--suite",
+            "counted",
+            "--suite",
+            "plain",
+            "--subject",
+            "a=ckpt",
+            "--home",
+            str(home),
+        ]
+    )
     try:
         term.wait_text(r"evaluating counted \(1/2\)\s+\S*━+\S*\s+37/120 windows, ETA \d+:\d\d", "the suite's own count")
         (home / "release-counted").touch()

@@ -3,6 +3,7 @@ the run's home (``runs/<name>/activity/<id>/logs/g<G>-a<N>/``), on failure and o
 prints them; ``--follow`` follows a live attempt until it ends. Real ``ctl train``, a real trainer held at a
 step (TINYLLM_FAULT=trainer.hold, so the attempt is live however fast the machine) and a real SIGKILL; the
 bound on the files is checked with a real child process writing 2 MiB through the files the runner gives it."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,16 @@ from bi_helpers import ctl, env, one_line_error, write_json
 
 pytestmark = pytest.mark.slow
 
-SPEC = {"name": "mini", "steps": 6, "eval_every": 0, "checkpoint_every": 3, "batch_size": 2, "threads": 1,
-        "log_every": 1, "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 8}}
+SPEC = {
+    "name": "mini",
+    "steps": 6,
+    "eval_every": 0,
+    "checkpoint_every": 3,
+    "batch_size": 2,
+    "threads": 1,
+    "log_every": 1,
+    "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 8},
+}
 DEADLINE_S = 240.0
 LOGS = "runs/mini/activity/train-000006/logs"
 
@@ -64,13 +73,31 @@ def test_each_attempts_output_is_kept_and_followed_live(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     write_json(home / "s.json", SPEC)
-    train = subprocess.Popen([sys.executable, "-m", "ctl.cli", "train", "--spec", str(home / "s.json"), "--no-eval",
-                              "--quiet", "--home", str(home)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env={**env(), "TINYLLM_FAULT": "trainer.hold@3"})
+    train = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "train",
+            "--spec",
+            str(home / "s.json"),
+            "--no-eval",
+            "--quiet",
+            "--home",
+            str(home),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**env(), "TINYLLM_FAULT": "trainer.hold@3"},
+    )
     try:
         _wait(lambda: "step      3/6" in _read(home / LOGS / "g1-a1/stderr.log"), "the trainer's step 3 line", train)
-        follow = subprocess.Popen([sys.executable, "-m", "ctl.cli", "logs", "train/mini", "--follow", "--home",
-                                   str(home)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "ctl.cli", "logs", "train/mini", "--follow", "--home", str(home)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env(),
+        )
         seen = b""
         os.set_blocking(follow.stdout.fileno(), False)
 
@@ -114,7 +141,11 @@ def test_each_attempts_output_is_kept_and_followed_live(tmp_path: Path) -> None:
     assert f"{LOGS}/g2-a1" in shown.stdout and "ctl logs train/mini" in shown.stdout, shown.stdout
     logs = json.loads(ctl(home, "show", "train/mini", "--json").stdout)["logs"]
     assert [(x["activity_id"], x["generation"], x["attempt"]) for x in logs] == [
-        ("corpus-default", 1, 1), ("corpus-default", 2, 1), ("train-000006", 1, 1), ("train-000006", 2, 1)], logs
+        ("corpus-default", 1, 1),
+        ("corpus-default", 2, 1),
+        ("train-000006", 1, 1),
+        ("train-000006", 2, 1),
+    ], logs
 
 
 def test_an_attempts_output_is_bounded_head_and_tail_kept(tmp_path: Path) -> None:
@@ -125,11 +156,18 @@ def test_an_attempts_output_is_bounded_head_and_tail_kept(tmp_path: Path) -> Non
     from engine.testing import AttemptOutput
 
     kept = AttemptOutput(tmp_path / "out", head_bytes=16384, tail_bytes=65536, slack_bytes=32768)
-    child = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                              "for i in range(100000):\n"
-                              "    sys.stdout.write(f'line {i:07d} ' + 'x' * 8 + '\\n')\n"
-                              "    if i % 2000 == 0: sys.stdout.flush(); time.sleep(0.01)\n"],
-                             stdout=kept.stdout, stderr=kept.stderr)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "for i in range(100000):\n"
+            "    sys.stdout.write(f'line {i:07d} ' + 'x' * 8 + '\\n')\n"
+            "    if i % 2000 == 0: sys.stdout.flush(); time.sleep(0.01)\n",
+        ],
+        stdout=kept.stdout,
+        stderr=kept.stderr,
+    )
     while child.poll() is None:
         kept.bound()
         time.sleep(0.02)
@@ -159,8 +197,12 @@ def test_follow_waits_for_a_detached_runs_first_attempt(tmp_path: Path) -> None:
     detached = ctl(home, "train", "--spec", str(home / "s.json"), "--no-eval", "--detach")
     assert detached.returncode == 0, detached.stderr
     one_line_error(ctl(home, "logs", "train/mini"), 2, "train/mini has started no activity yet")
-    follow = subprocess.Popen([sys.executable, "-m", "ctl.cli", "logs", "train/mini", "-f", "--home", str(home)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "ctl.cli", "logs", "train/mini", "-f", "--home", str(home)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env(),
+    )
     try:
         time.sleep(1.0)
         assert follow.poll() is None, follow.communicate()  # waiting, not failed

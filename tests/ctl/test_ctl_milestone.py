@@ -8,6 +8,7 @@ without evaluating again what the canceled workflow evaluated.
 Nothing is faked: ctl, the engine, the subprocess runner and tinyllm (torch) all run.
 Waits poll files with a generous deadline; nothing sleeps and hopes.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,17 +26,30 @@ from tinyllm import runlock
 pytestmark = pytest.mark.slow  # real ctl train runs, killed and canceled (~25 s each)
 
 SPEC = {
-    "name": "mini", "steps": 24, "seed": 5, "eval_every": 12, "eval_interval_seconds": 0,
-    "checkpoint_every": 3, "batch_size": 4, "lr": 0.003, "warmup_steps": 3, "lr_decay_steps": 24,
-    "threads": 1, "log_every": 6,
+    "name": "mini",
+    "steps": 24,
+    "seed": 5,
+    "eval_every": 12,
+    "eval_interval_seconds": 0,
+    "checkpoint_every": 3,
+    "batch_size": 4,
+    "lr": 0.003,
+    "warmup_steps": 3,
+    "lr_decay_steps": 24,
+    "threads": 1,
+    "log_every": 6,
     "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.1},
 }
 DEADLINE_S = 120
 
 
 def ctl(home: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run([sys.executable, "-m", "ctl.cli", *args, "--home", str(home)],
-                       capture_output=True, text=True, timeout=DEADLINE_S * 2)
+    p = subprocess.run(
+        [sys.executable, "-m", "ctl.cli", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S * 2,
+    )
     if check and p.returncode != 0:
         raise AssertionError(f"ctl {' '.join(args)} exited {p.returncode}: {p.stderr[-2000:]}")
     return p
@@ -51,8 +65,13 @@ def spawn_train(home: Path, spec_path: Path, evals: bool = True, hold_at: int | 
     """``hold_at``: the trainer holds at that step until stopped (TINYLLM_FAULT=trainer.hold, tinyllm/faults.py), so
     a kill or cancel after a checkpoint of the segment lands inside it however fast the machine."""
     env = {**os.environ, **({"TINYLLM_FAULT": f"trainer.hold@{hold_at}"} if hold_at is not None else {})}
-    return subprocess.Popen([sys.executable, "-m", "ctl.cli", *train_args(spec_path, evals), "--json", "--home", str(home)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ctl.cli", *train_args(spec_path, evals), "--json", "--home", str(home)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def wait_for(cond, what: str, proc: subprocess.Popen | None = None):
@@ -84,7 +103,9 @@ def history(home: Path, wid: str) -> list[dict]:
 
 def completed_ids(home: Path, *wids: str) -> list[str]:
     """Activity ids completed in the given workflows (`ctl history --json`), sorted, repeats kept."""
-    return sorted(e["attrs"]["activity_id"] for w in wids for e in history(home, w) if e["type"] == "activity_completed")
+    return sorted(
+        e["attrs"]["activity_id"] for w in wids for e in history(home, w) if e["type"] == "activity_completed"
+    )
 
 
 def make_home(tmp_path_factory, label: str) -> tuple[Path, Path]:
@@ -161,8 +182,21 @@ def test_kill_in_second_segment_resumes_bitwise(tmp_path_factory, reference: Ref
     assert third["result"] == res and len(history(home, "train/mini")) == len(events)
 
     # ctl eval of the final checkpoint: an EvalSuite workflow writing the suite's files
-    ev = json.loads(ctl(home, "eval", "--suite", "ppl", "--subject", "final=runs/mini/ckpt/step-000024",
-                        "--max-items", "2", "--name", "check", "--json").stdout)
+    ev = json.loads(
+        ctl(
+            home,
+            "eval",
+            "--suite",
+            "ppl",
+            "--subject",
+            "final=runs/mini/ckpt/step-000024",
+            "--max-items",
+            "2",
+            "--name",
+            "check",
+            "--json",
+        ).stdout
+    )
     assert ev["state"] == "completed" and ev["workflow_id"] == "eval/check"
     assert [s["suite"] for s in ev["result"]["suites"]] == ["ppl"]
     assert (home / ev["result"]["suites"][0]["summary_path"]).is_file()
@@ -195,12 +229,23 @@ def test_cancel_during_a_segment_then_same_command_finishes(tmp_path_factory, re
     res, ref = again["result"], reference.result()
     assert res["final_loss_hex"] == ref["final_loss_hex"] and res["digest"] == ref["digest"]
     assert [(s["until"], s["train"]["final_loss_hex"], s["train"]["digest"]) for s in res["segments"]] == [
-        (s["until"], s["train"]["final_loss_hex"], s["train"]["digest"]) for s in ref["segments"]]
+        (s["until"], s["train"]["final_loss_hex"], s["train"]["digest"]) for s in ref["segments"]
+    ]
     # every segment listed with its evaluation, as an uninterrupted run lists them
     assert [[(e["suite"], e["run"]) for e in s["evals"]["suites"]] for s in res["segments"]] == [
-        [("ppl", "mini-000012")], [("ppl", "mini-000024")]]
+        [("ppl", "mini-000012")],
+        [("ppl", "mini-000024")],
+    ]
     assert completed_ids(home, "train/mini/1", "train/mini/2") == [
-        "corpus-default", "corpus-default", "eval-000012-ppl", "eval-000024-ppl", "train-000012", "train-000024"]
-    scheduled_2 = [e["attrs"]["activity_id"] for e in history(home, "train/mini/2") if e["type"] == "activity_scheduled"]
+        "corpus-default",
+        "corpus-default",
+        "eval-000012-ppl",
+        "eval-000024-ppl",
+        "train-000012",
+        "train-000024",
+    ]
+    scheduled_2 = [
+        e["attrs"]["activity_id"] for e in history(home, "train/mini/2") if e["type"] == "activity_scheduled"
+    ]
     assert scheduled_2 == ["corpus-default", "train-000024", "eval-000024-ppl"]  # held: canceled mid-segment
     assert set(kept) <= {p.name for p in ckpts.iterdir()}  # nothing deleted

@@ -2,6 +2,7 @@
 when stderr is not a terminal, --quiet, `ctl status` (--json fields), `ctl history` (aligned
 columns, ISO local times, figures), `ctl show`. Every figure is checked against the files the
 run wrote (metrics.jsonl, the evaluations' summary.json)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -83,12 +84,12 @@ def test_history_is_aligned_with_iso_local_times_and_figures(finished) -> None:
     starts = [header.index(c) for c in ("TIME", "EVENT", "ACTIVITY", "DETAILS")]
     for line, e in zip(body, events):
         assert re.match(r"\s*\d+  " + ISO + "  ", line), line
-        time_col = line[starts[0]:starts[1]].strip()
+        time_col = line[starts[0] : starts[1]].strip()
         assert dt.datetime.fromisoformat(time_col) == dt.datetime.fromtimestamp(int(e["time"])).astimezone()
-        assert line[starts[1]:starts[2]].strip() == e["type"]  # every column starts at its header
+        assert line[starts[1] : starts[2]].strip() == e["type"]  # every column starts at its header
         act = e["attrs"].get("activity_id", "")
         if act:
-            assert line[starts[2]:starts[3]].strip().split("#")[0] == act
+            assert line[starts[2] : starts[3]].strip().split("#")[0] == act
     text = "\n".join(body)
     ppl = summary(home, 12)
     assert f"ppl: heldout/bpb={ppl['heldout/bpb']:.4g}" in text  # an evaluation shows its figures
@@ -144,12 +145,14 @@ def test_status_shows_a_pending_timer_in_local_time(tmp_path: Path) -> None:
     m = re.search(r"timer: fires at (" + ISO + r") \(in ([\d:]+)\)", p.stdout)
     assert m, p.stdout
     parts = [int(x) for x in m.group(2).split(":")]
-    left_s = sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
+    left_s = sum(v * 60**i for i, v in enumerate(reversed(parts)))
     assert 3000 < left_s <= 3600
     assert not re.search(r"\b1\d{9}\b", p.stdout)  # no epoch seconds anywhere
     st = json.loads(ctl(tmp_path, "status", "sleep/1", "--json").stdout)
     (timer,) = st["timers"]
-    assert 3000 < timer["remaining_s"] <= 3600 and dt.datetime.fromisoformat(timer["fire_at_local"]).timestamp() == int(timer["fire_at"])
+    assert 3000 < timer["remaining_s"] <= 3600 and dt.datetime.fromisoformat(timer["fire_at_local"]).timestamp() == int(
+        timer["fire_at"]
+    )
 
 
 def test_plot_series_are_the_run_files(finished) -> None:
@@ -202,7 +205,9 @@ def test_plot_to_a_path_that_cannot_be_written_is_one_line_exit_2(finished, tmp_
     home, _ = finished
     (tmp_path / "a-file").write_text("x")
     for target in (tmp_path / "a-file" / "p.png", Path("/proc/no-such-dir-for-a-plot/p.png")):
-        one_line_error(ctl(home, "plot", "train/mini", "-o", str(target), check=False), 2, f"cannot write the plot {target}")
+        one_line_error(
+            ctl(home, "plot", "train/mini", "-o", str(target), check=False), 2, f"cannot write the plot {target}"
+        )
 
 
 class _Backend:
@@ -227,9 +232,10 @@ def _until_eval_started(home: Path) -> tuple[list, float]:
         events = eng.history("train/mini")
     finally:
         eng.close()
-    cut = next(i for i, e in enumerate(events)
-               if e.type == "activity_started" and e.attrs["activity_id"] == "eval-000012-ppl")
-    return events[:cut + 1], events[cut].time
+    cut = next(
+        i for i, e in enumerate(events) if e.type == "activity_started" and e.attrs["activity_id"] == "eval-000012-ppl"
+    )
+    return events[: cut + 1], events[cut].time
 
 
 def _display(home: Path, events: list, now: float):
@@ -256,7 +262,9 @@ def test_the_eval_phase_shows_the_count_of_its_progress_file(finished, tmp_path:
 
     home, _ = finished
     events, started = _until_eval_started(home)
-    lines = [json.loads(x) for x in (home / "runs/mini/activity/eval-000012-ppl/progress-1.jsonl").read_text().splitlines()]
+    lines = [
+        json.loads(x) for x in (home / "runs/mini/activity/eval-000012-ppl/progress-1.jsonl").read_text().splitlines()
+    ]
     counted = [x for x in lines if "done" in x]
     assert (counted[0]["event"], counted[0]["done"], counted[-1]["done"], counted[-1]["of"]) == ("ready", 0, 4, 4)
     _, text = _display(home, events, counted[-1]["time"])
@@ -266,19 +274,37 @@ def test_the_eval_phase_shows_the_count_of_its_progress_file(finished, tmp_path:
     shutil.copytree(home / "runs/mini", mid / "runs/mini", ignore=shutil.ignore_patterns("ckpt", "activity"))
     progress = mid / "runs/mini/activity/eval-000012-ppl/progress-1.jsonl"
     progress.parent.mkdir(parents=True)
-    progress.write_text("".join(json.dumps(x) + "\n" for x in (
-        {"event": "starting", "time": started}, {"event": "ready", "done": 0, "of": 120, "unit": "windows", "time": started},
-        {"event": "progress", "done": 37, "of": 120, "unit": "windows", "time": started + 10})) + '{"event": "progress", "do')
+    progress.write_text(
+        "".join(
+            json.dumps(x) + "\n"
+            for x in (
+                {"event": "starting", "time": started},
+                {"event": "ready", "done": 0, "of": 120, "unit": "windows", "time": started},
+                {"event": "progress", "done": 37, "of": 120, "unit": "windows", "time": started + 10},
+            )
+        )
+        + '{"event": "progress", "do'
+    )
     d, text = _display(mid, events, started + 12)
     assert "evaluating ppl (1/1) of step-000012: 37/120 windows, ETA 0:20 |" in text
-    assert d.phase_line(d._view(), started + 12) == ("evaluating ppl (1/1)", "step-000012: 37/120 windows, ETA 0:20",
-                                                     120.0, 37.0)  # the terminal's bar: 37 of 120
+    assert d.phase_line(d._view(), started + 12) == (
+        "evaluating ppl (1/1)",
+        "step-000012: 37/120 windows, ETA 0:20",
+        120.0,
+        37.0,
+    )  # the terminal's bar: 37 of 120
     st = SimpleNamespace(workflow_id="train/mini", workflow="TrainRun", state="running")
     extra = runstatus.describe(_Backend(events), mid, st, started + 12)
-    assert extra["progress"]["eval_progress"] == {"done": 37, "of": 120, "unit": "windows",
-                                                  "eta_s": pytest.approx(83 / 3.7 - 2)}
-    assert any(line.endswith("evaluating ppl (1/1) of step-000012: 37/120 windows, ETA 0:20")
-               for line in runstatus.status_lines(st, extra, started + 12))
+    assert extra["progress"]["eval_progress"] == {
+        "done": 37,
+        "of": 120,
+        "unit": "windows",
+        "eta_s": pytest.approx(83 / 3.7 - 2),
+    }
+    assert any(
+        line.endswith("evaluating ppl (1/1) of step-000012: 37/120 windows, ETA 0:20")
+        for line in runstatus.status_lines(st, extra, started + 12)
+    )
 
     progress.write_text(json.dumps({"event": "starting", "time": started}) + "\n")  # an eval_command without counts
     _, text = _display(mid, events, started + 2)

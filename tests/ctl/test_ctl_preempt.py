@@ -8,6 +8,7 @@ stop's own checkpoint can save the steps trained: "0 steps lost" is checked agai
 per-step records (metrics.jsonl, one frame a step), independently of what ctl recorded. Waits are
 bounded polls; nothing asserts a wall-clock time.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,16 @@ pytestmark = pytest.mark.slow  # real ctl/trainer processes and signals
 
 BOUND_S = 180
 SPEC = {
-    "name": "pre", "steps": 1500, "seed": 7, "eval_every": 0, "checkpoint_every": 100000,
-    "batch_size": 2, "warmup_steps": 1, "lr_decay_steps": 1500, "threads": 1, "log_every": 1,
+    "name": "pre",
+    "steps": 1500,
+    "seed": 7,
+    "eval_every": 0,
+    "checkpoint_every": 100000,
+    "batch_size": 2,
+    "warmup_steps": 1,
+    "lr_decay_steps": 1500,
+    "threads": 1,
+    "log_every": 1,
     "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
 }
 
@@ -69,14 +78,23 @@ def reference(tmp_path_factory) -> str:
 
 
 def _start(home: Path, spec: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([*procs.CTL, "train", "--spec", str(spec), "--no-eval", "--home", str(home), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=env or procs.env())
+    return subprocess.Popen(
+        [*procs.CTL, "train", "--spec", str(spec), "--no-eval", "--home", str(home), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env or procs.env(),
+    )
 
 
 def _training(home: Path, p: subprocess.Popen, at_least: int = 30) -> None:
-    procs.wait_for(f"training past step {at_least}", lambda: _frames_step(home) >= at_least and _trainers(home),
-                   timeout_s=BOUND_S, alive=p)
+    procs.wait_for(
+        f"training past step {at_least}",
+        lambda: _frames_step(home) >= at_least and _trainers(home),
+        timeout_s=BOUND_S,
+        alive=p,
+    )
 
 
 def _check_saved(home: Path, err: str) -> dict:
@@ -192,8 +210,16 @@ def _stubborn_spec(tmp: Path) -> Path:
     """A spec whose own trainer ignores SIGTERM and reports a step every 0.2 s."""
     (tmp / "stubborn.py").write_text(STUBBORN)
     spec = tmp / "stub.json"
-    spec.write_text(json.dumps({"name": "stub", "steps": 100, "checkpoint_every": 10,
-                                "trainer": {"command": [sys.executable, str(tmp / "stubborn.py")]}}))
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "stub",
+                "steps": 100,
+                "checkpoint_every": 10,
+                "trainer": {"command": [sys.executable, str(tmp / "stubborn.py")]},
+            }
+        )
+    )
     return spec
 
 
@@ -201,13 +227,19 @@ def test_a_trainer_that_ignores_the_stop_is_killed_at_the_grace_and_its_attempt_
     """ctl never outlives its grace: the stubborn trainer is killed, the attempt is recorded preempted with
     killed_at_grace and its steps lost, ctl exits 143 before the grace has passed twice over."""
     home, spec = tmp_path / "home", _stubborn_spec(tmp_path)
-    p = subprocess.Popen([*procs.CTL, "train", "--spec", str(spec), "--no-eval", "--home", str(home),
-                          "--stop-grace", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True, env=procs.env())
+    p = subprocess.Popen(
+        [*procs.CTL, "train", "--spec", str(spec), "--no-eval", "--home", str(home), "--stop-grace", "5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=procs.env(),
+    )
     try:
         procs.wait_for("the stubborn trainer", lambda: _trainers(home), timeout_s=BOUND_S, alive=p)
-        procs.wait_for("its progress", lambda: list(home.glob("runs/stub/activity/*/progress-1.jsonl")),
-                       timeout_s=BOUND_S, alive=p)
+        procs.wait_for(
+            "its progress", lambda: list(home.glob("runs/stub/activity/*/progress-1.jsonl")), timeout_s=BOUND_S, alive=p
+        )
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=BOUND_S)
     finally:
@@ -224,12 +256,18 @@ def test_a_second_signal_later_stops_at_once(tmp_path: Path) -> None:
     """The first SIGTERM starts the polite stop; a second one more than a moment later (the user's second
     Ctrl-C) stops now: exit 130, nothing of the attempt left."""
     home, spec = tmp_path / "home", _stubborn_spec(tmp_path)
-    p = subprocess.Popen([*procs.CTL, "train", "--spec", str(spec), "--no-eval", "--home", str(home)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         env=procs.env())
+    p = subprocess.Popen(
+        [*procs.CTL, "train", "--spec", str(spec), "--no-eval", "--home", str(home)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=procs.env(),
+    )
     try:
-        procs.wait_for("its progress", lambda: list(home.glob("runs/stub/activity/*/progress-1.jsonl")),
-                       timeout_s=BOUND_S, alive=p)
+        procs.wait_for(
+            "its progress", lambda: list(home.glob("runs/stub/activity/*/progress-1.jsonl")), timeout_s=BOUND_S, alive=p
+        )
         p.send_signal(signal.SIGINT)
         time.sleep(2.5)  # more than SAME_SIGNAL_S after the first: a second signal, not a copy
         assert p.poll() is None  # the stubborn trainer holds the polite stop (grace 25 s)
@@ -250,9 +288,12 @@ def test_a_stop_during_a_durable_wait_is_recorded_and_the_rest_is_waited_later(t
     spec = _spec(tmp_path, name="wait", steps=40, eval_every=20, eval_interval_seconds=20, lr_decay_steps=40)
     p = _start(home, spec)
     try:
-        procs.wait_for("the wait", lambda: any(e["type"] == "timer_started"
-                                               for e in procs.history(home, "train/wait") or []),
-                       timeout_s=BOUND_S, alive=p)
+        procs.wait_for(
+            "the wait",
+            lambda: any(e["type"] == "timer_started" for e in procs.history(home, "train/wait") or []),
+            timeout_s=BOUND_S,
+            alive=p,
+        )
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=BOUND_S)
     finally:

@@ -11,6 +11,7 @@ another process was never seen. Real processes, real SIGKILL; the checks:
 - after a SIGKILL of `ctl train`, every event any reader printed is still in the history;
 - a `ctl cancel` from another process stops the resumed run (exit 130, workflow canceled).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,16 +26,29 @@ pytestmark = pytest.mark.slow  # ctl readers in other processes (~20 s)
 
 TIMEOUT_S = 180
 SPEC = {  # long enough never to finish before the cancel; a checkpoint every few steps
-    "name": "readers", "steps": 4000, "seed": 5, "eval_every": 0, "checkpoint_every": 5,
-    "batch_size": 2, "warmup_steps": 1, "lr_decay_steps": 4000, "threads": 1, "log_every": 50,
+    "name": "readers",
+    "steps": 4000,
+    "seed": 5,
+    "eval_every": 0,
+    "checkpoint_every": 5,
+    "batch_size": 2,
+    "warmup_steps": 1,
+    "lr_decay_steps": 4000,
+    "threads": 1,
+    "log_every": 50,
     "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
 }
 WID = "train/readers"
 
 
 def _checkpoint_heartbeats(events: list[dict] | None, attempt: int) -> int:
-    return sum(1 for e in events or [] if e["type"] == "activity_heartbeat" and e["attrs"].get("attempt") == attempt
-               and "checkpoint" in (e["attrs"].get("details") or {}))
+    return sum(
+        1
+        for e in events or []
+        if e["type"] == "activity_heartbeat"
+        and e["attrs"].get("attempt") == attempt
+        and "checkpoint" in (e["attrs"].get("details") or {})
+    )
 
 
 def _readers(home: Path, ctl_pid: int, rounds: int) -> list[list[dict]]:
@@ -59,12 +73,20 @@ def test_readers_in_other_processes_lose_nothing_and_a_cancel_is_seen(tmp_path: 
     spec.write_text(json.dumps(SPEC))
     train = procs.spawn(home, "train", "--spec", str(spec), "--no-eval", "--json")
     try:
-        procs.wait_for("a checkpoint heartbeat", lambda: _checkpoint_heartbeats(procs.history(home, WID), 1) >= 1,
-                       timeout_s=TIMEOUT_S, alive=train)
+        procs.wait_for(
+            "a checkpoint heartbeat",
+            lambda: _checkpoint_heartbeats(procs.history(home, WID), 1) >= 1,
+            timeout_s=TIMEOUT_S,
+            alive=train,
+        )
         seen = _readers(home, train.pid, rounds=3)
         # the run went on while the readers came and went: more heartbeats than the first one
-        procs.wait_for("more checkpoints", lambda: _checkpoint_heartbeats(procs.history(home, WID), 1)
-                       > _checkpoint_heartbeats(seen[-1], 1), timeout_s=TIMEOUT_S, alive=train)
+        procs.wait_for(
+            "more checkpoints",
+            lambda: _checkpoint_heartbeats(procs.history(home, WID), 1) > _checkpoint_heartbeats(seen[-1], 1),
+            timeout_s=TIMEOUT_S,
+            alive=train,
+        )
         seen.append(procs.history(home, WID))
         assert procs.deleted_db_files(train.pid) == []
         procs.killpg(train)  # SIGKILL: what was committed must be what readers saw, and more
@@ -75,9 +97,12 @@ def test_readers_in_other_processes_lose_nothing_and_a_cancel_is_seen(tmp_path: 
         assert len(after_kill) >= len(seen[-1])
 
         train = procs.spawn(home, "train", "--spec", str(spec), "--no-eval", "--json")
-        procs.wait_for("a checkpoint of the resumed attempt",
-                       lambda: _checkpoint_heartbeats(procs.history(home, WID), 2) >= 1,
-                       timeout_s=TIMEOUT_S, alive=train)
+        procs.wait_for(
+            "a checkpoint of the resumed attempt",
+            lambda: _checkpoint_heartbeats(procs.history(home, WID), 2) >= 1,
+            timeout_s=TIMEOUT_S,
+            alive=train,
+        )
         seen += _readers(home, train.pid, rounds=1)
         cancel = procs.run(home, "cancel", WID)
         assert cancel.returncode == 0 and "cancel requested" in cancel.stdout, cancel.stdout + cancel.stderr

@@ -3,6 +3,7 @@
 outcome, not just "completed"; a gate on a figure the suite does not produce (``ppl/nosuch<=2``) is bad input
 (exit 2) before any work, not a failed gate after a whole evaluation. Real ``ctl`` processes on the finished
 tiny run of conftest.py."""
+
 from __future__ import annotations
 
 import json
@@ -26,11 +27,19 @@ def _releases(home: Path) -> list[dict]:
 
 def test_a_gate_on_a_figure_the_suite_lacks_is_bad_input(finished_home: Path, tmp_path: Path) -> None:
     home = copy_home(finished_home, tmp_path / "home")
-    one_line_error(_release(home, "--suite", "ppl", "--gate", "ppl/nosuch<=2"), 2,
-                   "gate ppl/nosuch<=2: suite ppl has no figure 'nosuch'", "heldout/loss, heldout/ppl, heldout/bpb",
-                   "(or just bpb, loss, ppl)")
-    one_line_error(_release(home, "--suite", "zoo", "--gate", "zoo/acc>=0.5"), 2,
-                   "'acc' is a figure of several tasks: name one as TASK/acc", "capitals/acc")
+    one_line_error(
+        _release(home, "--suite", "ppl", "--gate", "ppl/nosuch<=2"),
+        2,
+        "gate ppl/nosuch<=2: suite ppl has no figure 'nosuch'",
+        "heldout/loss, heldout/ppl, heldout/bpb",
+        "(or just bpb, loss, ppl)",
+    )
+    one_line_error(
+        _release(home, "--suite", "zoo", "--gate", "zoo/acc>=0.5"),
+        2,
+        "'acc' is a figure of several tasks: name one as TASK/acc",
+        "capitals/acc",
+    )
     assert _releases(home) == [] and not (home / "evals").exists()  # no workflow started, nothing evaluated
 
 

@@ -5,6 +5,7 @@ waits; a failure with another message is retried as before.
 
 A spec's own trainer (a real subprocess of ``ctl train``) that writes a progress line and then raises: on its
 first attempt with one message, on every later one with another (a counter file in the home)."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ from bi_helpers import ctl, write_json
 
 pytestmark = pytest.mark.slow  # real ctl train and trainer processes
 
-TRAINER = '''import argparse, json, pathlib
+TRAINER = """import argparse, json, pathlib
 p = argparse.ArgumentParser()
 for a in ("--spec", "--home", "--progress", "--resume", "--total-steps"):
     p.add_argument(a)
@@ -28,13 +29,19 @@ count.write_text(str(n))
 if n == 1:
     raise ConnectionError("flaky: connection reset by peer")
 raise ValueError("Tried to step 41 times. The specified number of total steps is 40")
-'''
+"""
 
 
 def test_the_same_failure_twice_in_a_row_is_not_retried_again(tmp_path: Path) -> None:
     (tmp_path / "trainer.py").write_text(TRAINER)
-    write_json(tmp_path / "s.json", {"name": "det", "steps": 10, "trainer": {
-        "command": ["python", str(tmp_path / "trainer.py")], "cwd": str(tmp_path)}})
+    write_json(
+        tmp_path / "s.json",
+        {
+            "name": "det",
+            "steps": 10,
+            "trainer": {"command": ["python", str(tmp_path / "trainer.py")], "cwd": str(tmp_path)},
+        },
+    )
     proc = ctl(tmp_path, "train", "--spec", str(tmp_path / "s.json"))
     assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
     assert (tmp_path / "attempts").read_text() == "3"  # 1: flaky (retried); 2 and 3: the same failure: stop
@@ -43,8 +50,11 @@ def test_the_same_failure_twice_in_a_row_is_not_retried_again(tmp_path: Path) ->
     assert "ValueError: Tried to step 41 times" in lines[0], lines[0]
     assert "the same failure before any checkpoint in attempts 2 and 3: not retried again" in lines[0], lines[0]
     events = json.loads(ctl(tmp_path, "history", "train/det", "--json").stdout)["events"]
-    started = [e["attrs"]["attempt"] for e in events if e["type"] == "activity_started"
-               and e["attrs"]["activity_id"] == "train-000010"]
+    started = [
+        e["attrs"]["attempt"]
+        for e in events
+        if e["type"] == "activity_started" and e["attrs"]["activity_id"] == "train-000010"
+    ]
     assert started == [1, 2, 3]
     last = [e for e in events if e["type"] == "activity_failed"][-1]["attrs"]
     assert last["final"] is True and last["error"]["type"] == "RepeatedFailure", last

@@ -11,6 +11,7 @@
 - A permission error is not retried: one ``ctl:`` line naming the folder, exit 2, and a rerun while it is
   still not writable is refused before a new workflow is made.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,17 @@ pytestmark = pytest.mark.slow  # real ctl/trainer processes and signals
 
 BOUND_S = 180
 SPEC = {
-    "name": "edge", "steps": 20, "seed": 5, "eval_every": 0, "eval_interval_seconds": 0, "checkpoint_every": 5,
-    "batch_size": 2, "warmup_steps": 1, "lr_decay_steps": 20, "threads": 1, "log_every": 5,
+    "name": "edge",
+    "steps": 20,
+    "seed": 5,
+    "eval_every": 0,
+    "eval_interval_seconds": 0,
+    "checkpoint_every": 5,
+    "batch_size": 2,
+    "warmup_steps": 1,
+    "lr_decay_steps": 20,
+    "threads": 1,
+    "log_every": 5,
     "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
 }
 NO_EVAL = ["--no-eval"]  # one segment, one trainer start: a few seconds a run
@@ -48,8 +58,9 @@ def _train_argv(home: Path, *extra: str, evals: list[str] = NO_EVAL) -> list[str
 
 def _result(home: Path, evals: list[str] = NO_EVAL) -> dict:
     """The same command run to its end: its final loss bits and digest (what is golden)."""
-    p = subprocess.run([*_train_argv(home, evals=evals), "--json"], capture_output=True, text=True,
-                       timeout=BOUND_S, env=procs.env())
+    p = subprocess.run(
+        [*_train_argv(home, evals=evals), "--json"], capture_output=True, text=True, timeout=BOUND_S, env=procs.env()
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout)["result"]
     return {"final_loss_hex": r["final_loss_hex"], "digest": r["digest"]}
@@ -86,23 +97,38 @@ def _run_processes(home: Path) -> list:
     return procs.processes_in(home)
 
 
-@pytest.mark.parametrize("wrapper,moment", [
-    ("timeout", "starting"), ("timeout", "checkpoint"), ("timeout", "evaluating"), ("group", "checkpoint"),
-])
-def test_sigint_to_the_process_group_is_one_interrupt(tmp_path: Path, golden: dict, wrapper: str,
-                                                      moment: str) -> None:
+@pytest.mark.parametrize(
+    "wrapper,moment",
+    [
+        ("timeout", "starting"),
+        ("timeout", "checkpoint"),
+        ("timeout", "evaluating"),
+        ("group", "checkpoint"),
+    ],
+)
+def test_sigint_to_the_process_group_is_one_interrupt(tmp_path: Path, golden: dict, wrapper: str, moment: str) -> None:
     home = tmp_path / "home"
     _spec(home)
-    prefix = {"timeout": ["timeout", "300"],
-              "group": []}[wrapper]
+    prefix = {"timeout": ["timeout", "300"], "group": []}[wrapper]
     evals = EVAL if moment == "evaluating" else NO_EVAL
     # mid-segment for sure: after the checkpoint at step 5 the trainer holds at step 7 until it is asked to stop
     # (20 tiny steps end in well under a second: on a loaded machine the signal landed after the last one)
     # and an evaluation holds after its first window (a warm-started one ends four windows before the signal lands)
-    hold = ({"TINYLLM_FAULT": "trainer.hold@7"} if moment == "checkpoint"
-            else {"TINYLLM_FAULT": "eval.hold@1"} if moment == "evaluating" else {})
-    p = subprocess.Popen([*prefix, *_train_argv(home, evals=evals)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True, env={**procs.env(), "CTL_PROGRESS_EVERY_S": "0.2", **hold})
+    hold = (
+        {"TINYLLM_FAULT": "trainer.hold@7"}
+        if moment == "checkpoint"
+        else {"TINYLLM_FAULT": "eval.hold@1"}
+        if moment == "evaluating"
+        else {}
+    )
+    p = subprocess.Popen(
+        [*prefix, *_train_argv(home, evals=evals)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**procs.env(), "CTL_PROGRESS_EVERY_S": "0.2", **hold},
+    )
     try:
         procs.wait_for(moment, lambda: _moment(home, moment), timeout_s=BOUND_S, poll_s=0.05, alive=p)
         os.killpg(p.pid, signal.SIGINT)  # the whole group: timeout (if any) and ctl
@@ -125,8 +151,14 @@ def test_sigint_to_the_process_group_is_one_interrupt(tmp_path: Path, golden: di
 def test_heartbeat_timeout_is_operational(tmp_path: Path, golden: dict) -> None:
     home = tmp_path / "home"
     _spec(home)
-    p = subprocess.Popen(_train_argv(home, "--heartbeat-timeout", "30"), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True, env=procs.env())
+    p = subprocess.Popen(
+        _train_argv(home, "--heartbeat-timeout", "30"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=procs.env(),
+    )
     try:
         procs.wait_for("a checkpoint", lambda: _moment(home, "checkpoint"), timeout_s=BOUND_S, poll_s=0.05, alive=p)
     finally:
@@ -135,12 +167,14 @@ def test_heartbeat_timeout_is_operational(tmp_path: Path, golden: dict) -> None:
     rerun = subprocess.run(_train_argv(home), capture_output=True, text=True, timeout=BOUND_S, env=procs.env())
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert [ln for ln in rerun.stderr.splitlines() if "--heartbeat-timeout" in ln] == [
-        "ctl: --heartbeat-timeout 60 s from now on (the run had 30 s)"], rerun.stderr[-3000:]
+        "ctl: --heartbeat-timeout 60 s from now on (the run had 30 s)"
+    ], rerun.stderr[-3000:]
     events = procs.history(home, "train/edge")
     listed = procs.run(home, "list", "--json")
     assert [w["workflow_id"] for w in json.loads(listed.stdout)] == ["train/edge"]  # the same run, continued
-    started = [e["attrs"] for e in events if e["type"] == "activity_started"
-               and e["attrs"]["activity_id"].startswith("train-")]
+    started = [
+        e["attrs"] for e in events if e["type"] == "activity_started" and e["attrs"]["activity_id"].startswith("train-")
+    ]
     assert started[0].get("heartbeat_timeout_s") is None  # the first attempt ran with the scheduled 30 s
     assert all(a.get("heartbeat_timeout_s") == 60.0 for a in started[1:]) and len(started) >= 2, started
     assert _result(home) == golden  # and its result is the uninterrupted run's
@@ -167,20 +201,35 @@ def test_a_permission_error_is_not_retried(tmp_path: Path, golden: dict) -> None
     home = tmp_path / "home"
     _spec(home)
     ckpt = home / "runs" / "edge" / "ckpt"
-    p = subprocess.Popen(_train_argv(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True, env=procs.env())
+    p = subprocess.Popen(
+        _train_argv(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=procs.env(),
+    )
     try:
         procs.wait_for("a checkpoint", lambda: _moment(home, "checkpoint"), timeout_s=BOUND_S, poll_s=0.05, alive=p)
         _make_unwritable(ckpt)
         try:
             _, err = p.communicate(timeout=BOUND_S)
             assert p.returncode == 2, err[-3000:]
-            assert err.splitlines()[-1].startswith(f"ctl: train/edge stopped: permission denied writing {ckpt}: make it "
-                                                   f"writable by this user"), err[-3000:]
+            assert err.splitlines()[-1].startswith(
+                f"ctl: train/edge stopped: permission denied writing {ckpt}: make it writable by this user"
+            ), err[-3000:]
             assert "Traceback" not in err
             events = procs.history(home, "train/edge")
-            assert len([e for e in events if e["type"] == "activity_started"
-                        and e["attrs"]["activity_id"].startswith("train-")]) == 1  # not retried
+            assert (
+                len(
+                    [
+                        e
+                        for e in events
+                        if e["type"] == "activity_started" and e["attrs"]["activity_id"].startswith("train-")
+                    ]
+                )
+                == 1
+            )  # not retried
             again = procs.run(home, "train", "--spec", str(home / "edge.json"), *NO_EVAL)
             assert again.returncode == 2 and again.stderr.startswith(f"ctl: {ckpt} is not writable"), again.stderr
             assert len(again.stderr.strip().splitlines()) == 1

@@ -2,6 +2,7 @@
 ends the run as a normal completion (exit 0), the later segments never run, and ``ctl status`` /
 ``ctl show`` say where it stopped and mark the best checkpoint; a bad selection field is one line,
 exit 2, before any work."""
+
 from __future__ import annotations
 
 import json
@@ -14,13 +15,29 @@ from bi_helpers import ctl, one_line_error
 
 pytestmark = pytest.mark.slow
 
-SPEC = {"name": "small", "steps": 12, "seed": 3, "eval_every": 4, "checkpoint_every": 4, "batch_size": 4, "lr": 0.003,
-        "warmup_steps": 5, "lr_decay_steps": 40, "threads": 1, "log_every": 10,
-        "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.1},
-        "validation": {"enabled": True, "every_steps": 2, "batch_size": 4, "max_samples": 4,
-                       "data": {"path": "builtin:heldout.txt"}},
-        "early_stopping": {"metric": "val/loss", "mode": "max", "patience": 2},
-        "keep_checkpoints": {"last": 1, "best": {"metric": "val/loss", "mode": "max", "k": 1}}}
+SPEC = {
+    "name": "small",
+    "steps": 12,
+    "seed": 3,
+    "eval_every": 4,
+    "checkpoint_every": 4,
+    "batch_size": 4,
+    "lr": 0.003,
+    "warmup_steps": 5,
+    "lr_decay_steps": 40,
+    "threads": 1,
+    "log_every": 10,
+    "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.1},
+    "validation": {
+        "enabled": True,
+        "every_steps": 2,
+        "batch_size": 4,
+        "max_samples": 4,
+        "data": {"path": "builtin:heldout.txt"},
+    },
+    "early_stopping": {"metric": "val/loss", "mode": "max", "patience": 2},
+    "keep_checkpoints": {"last": 1, "best": {"metric": "val/loss", "mode": "max", "k": 1}},
+}
 
 
 @pytest.fixture
@@ -85,9 +102,26 @@ def _release(home: Path, *args: str, kill: str | None = None):
     e = env()
     if kill:
         e["TINYLLM_FAULT"] = f"release.{kill}@1"  # publishing v0001
-    return subprocess.run([sys.executable, "-m", "ctl.cli", "release", "train/small", "--suite", "ppl",
-                           "--eval-max-items", "4", *args, "--home", str(home)], capture_output=True, text=True,
-                          timeout=300, env=e)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "release",
+            "train/small",
+            "--suite",
+            "ppl",
+            "--eval-max-items",
+            "4",
+            *args,
+            "--home",
+            str(home),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=e,
+    )
 
 
 def _eval_starts(home: Path) -> int:
@@ -99,7 +133,11 @@ def _eval_starts(home: Path) -> int:
         if str(w["workflow_id"]).startswith("release/"):
             events = json.loads(ctl(home, "history", w["workflow_id"], "--json").stdout)
             events = events if isinstance(events, list) else events.get("events", [])
-            n += sum(1 for e in events if e["type"] == "activity_started" and str(e["attrs"]["activity_id"]).startswith("eval-"))
+            n += sum(
+                1
+                for e in events
+                if e["type"] == "activity_started" and str(e["attrs"]["activity_id"]).startswith("eval-")
+            )
     return n
 
 
@@ -122,7 +160,9 @@ def test_release_gates_kills_and_publishes_once(home: Path) -> None:
     done = _release(home, "--gate", "ppl/ppl<=1e6", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)["result"]
-    assert result["published"] and result["version"] == "v0001" and result["checkpoint"] == "runs/small/ckpt/step-000002"
+    assert (
+        result["published"] and result["version"] == "v0001" and result["checkpoint"] == "runs/small/ckpt/step-000002"
+    )
     assert _eval_starts(home) == 2  # the failed-gate release's and the killed one's: its two resumes reused it
     assert sorted(p.name for p in (home / "releases/small").iterdir()) == ["CURRENT", "v0001"]  # published once
     other = _release(home, "--gate", "ppl/ppl<=1e7")  # another request for the same digest: the same release
@@ -163,8 +203,19 @@ def _release_interrupted_and_resumed(home: Path) -> None:
 
     from bi_helpers import env
 
-    argv = [sys.executable, "-m", "ctl.cli", "release", "train/small", "--suite", "zoo", "--eval-max-items", "4",
-            "--home", str(home)]
+    argv = [
+        sys.executable,
+        "-m",
+        "ctl.cli",
+        "release",
+        "train/small",
+        "--suite",
+        "zoo",
+        "--eval-max-items",
+        "4",
+        "--home",
+        str(home),
+    ]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
     deadline = time.monotonic() + 120
     while not _descendants(p.pid) and p.poll() is None and time.monotonic() < deadline:

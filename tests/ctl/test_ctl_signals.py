@@ -7,6 +7,7 @@ count is bounded before any work (exit 2, one line naming the limit, nothing wri
 processes and signals; waits are bounded polls, never timing assertions (the time from the
 signal to the exit is measured in the note: milliseconds).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,16 @@ pytestmark = pytest.mark.slow  # real ctl/worker processes and signals
 
 BOUND_S = 120
 SPEC = {
-    "name": "sig", "steps": 4000, "seed": 5, "eval_every": 0, "checkpoint_every": 5,
-    "batch_size": 2, "warmup_steps": 1, "lr_decay_steps": 4000, "threads": 1, "log_every": 50,
+    "name": "sig",
+    "steps": 4000,
+    "seed": 5,
+    "eval_every": 0,
+    "checkpoint_every": 5,
+    "batch_size": 2,
+    "warmup_steps": 1,
+    "lr_decay_steps": 4000,
+    "threads": 1,
+    "log_every": 50,
     "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
 }
 
@@ -78,16 +87,24 @@ def test_ctl_train_stops_on_sigterm_and_on_ctrl_c_with_its_trainer(tmp_path: Pat
     for sig, event in plan:
         before = _checkpoints(home)
         seen = _events(home, event)
-        p = subprocess.Popen([*procs.CTL, "train", "--spec", str(spec), "--no-eval", "--home", str(home)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                             env=procs.env(), preexec_fn=_ignoring_sigint if sig == signal.SIGINT else None)
+        p = subprocess.Popen(
+            [*procs.CTL, "train", "--spec", str(spec), "--no-eval", "--home", str(home)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env=procs.env(),
+            preexec_fn=_ignoring_sigint if sig == signal.SIGINT else None,
+        )
         try:
             if event is None:
-                procs.wait_for("a checkpoint", lambda: _checkpoints(home) > before and _trainers(home),
-                               timeout_s=BOUND_S, alive=p)
+                procs.wait_for(
+                    "a checkpoint", lambda: _checkpoints(home) > before and _trainers(home), timeout_s=BOUND_S, alive=p
+                )
             else:
-                procs.wait_for(f"the trainer's {event} line", lambda: _events(home, event) > seen,
-                               timeout_s=BOUND_S, alive=p)
+                procs.wait_for(
+                    f"the trainer's {event} line", lambda: _events(home, event) > seen, timeout_s=BOUND_S, alive=p
+                )
             p.send_signal(sig)  # to ctl alone, as `kill` or Ctrl-C would (the trainer is in its own group)
             _, err = p.communicate(timeout=BOUND_S)
         finally:

@@ -2,6 +2,7 @@
 failure's stderr line is not repeated, status takes a newer LATEST and gives no ETA without a live worker, the
 resume line names a checkpoint that verifies, and the interrupt handler kills what ctl started.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,13 +37,25 @@ def test_a_segment_counts_its_attempts_time_not_the_time_the_run_sat_stopped() -
         _ev(1, "workflow_started", 0.0, input={"spec": SPEC, "eval_suites": []}),
         _ev(2, "activity_scheduled", 0.0, activity_id="train-000020", name="train"),
         _ev(3, "activity_started", 0.0, activity_id="train-000020", attempt=1),
-        _ev(4, "activity_heartbeat", 10.0, activity_id="train-000020", attempt=1,
-            details={"checkpoint": "runs/w/ckpt/step-000005", "step": 5}),
+        _ev(
+            4,
+            "activity_heartbeat",
+            10.0,
+            activity_id="train-000020",
+            attempt=1,
+            details={"checkpoint": "runs/w/ckpt/step-000005", "step": 5},
+        ),
         # killed at ~12 s; nobody ran it for an hour; the next ctl records the dead lease, then attempt 2
         _ev(5, "activity_timed_out", 3610.0, activity_id="train-000020", attempt=1),
         _ev(6, "activity_started", 3610.0, activity_id="train-000020", attempt=2),
-        _ev(7, "activity_completed", 3640.0, activity_id="train-000020", attempt=2,
-            result={"checkpoint": "runs/w/ckpt/step-000020", "final_loss": 1.0, "final_loss_hex": "0x1p+0"}),
+        _ev(
+            7,
+            "activity_completed",
+            3640.0,
+            activity_id="train-000020",
+            attempt=2,
+            result={"checkpoint": "runs/w/ckpt/step-000020", "final_loss": 1.0, "final_loss_hex": "0x1p+0"},
+        ),
         _ev(8, "workflow_completed", 3640.0, result={}),
     ]
     view = run_view("train/w", events, "completed")
@@ -57,11 +70,19 @@ def test_a_segment_counts_its_attempts_time_not_the_time_the_run_sat_stopped() -
 
 def test_the_stderr_line_is_not_repeated_after_the_same_message() -> None:
     msg = "tinyllm: disk full writing runs/x/ckpt/.tmp-1; free some space and run the same command again"
-    error = {"type": "ActivityError", "message": "train-000100 failed",
-             "cause": {"type": "DiskFull", "message": msg}, "details": {"stderr_tail": "noise\n" + msg + "\n"}}
+    error = {
+        "type": "ActivityError",
+        "message": "train-000100 failed",
+        "cause": {"type": "DiskFull", "message": msg},
+        "details": {"stderr_tail": "noise\n" + msg + "\n"},
+    }
     assert app.error_line(error).count("disk full writing") == 1
-    same = {"type": "ActivityError", "message": f"train-000100 failed: {msg}", "cause": {"type": "DiskFull",
-            "message": msg}, "details": {"stderr_tail": msg}}
+    same = {
+        "type": "ActivityError",
+        "message": f"train-000100 failed: {msg}",
+        "cause": {"type": "DiskFull", "message": msg},
+        "details": {"stderr_tail": msg},
+    }
     assert app.error_line(same) == f"ActivityError: train-000100 failed: {msg}"
     other = {"type": "X", "message": "m", "details": {"stderr_tail": "the real reason\n"}}
     assert app.error_line(other) == "X: m | stderr: the real reason"
@@ -72,9 +93,15 @@ def _checkpoint(root: Path, step: int, *, corrupt: bool = False) -> str:
     d.mkdir(parents=True)
     data = b"weights %d" % step
     (d / "model.pt").write_bytes(data + (b"!" if corrupt else b""))
-    body = {"format": 1, "step": step, "resumable": True,
-            "files": {"model.pt": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}}
-    body["manifest_sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    body = {
+        "format": 1,
+        "step": step,
+        "resumable": True,
+        "files": {"model.pt": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}},
+    }
+    body["manifest_sha256"] = hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
     (d / "manifest.json").write_text(json.dumps(body))
     return d.name
 
@@ -106,8 +133,17 @@ def test_status_takes_a_newer_latest_and_no_eta_without_a_live_worker(tmp_path: 
     runstatus._newer_latest(progress, tmp_path, "w")
     assert progress["last_checkpoint_step"] == 20
     st = SimpleNamespace(state="running")
-    p = {"step": 12, "total_steps": 20, "last_loss": None, "segments_done": 0, "segments": 1, "phase": "training",
-         "last_checkpoint": None, "last_eval": None, "eta_s": None}
+    p = {
+        "step": 12,
+        "total_steps": 20,
+        "last_loss": None,
+        "segments_done": 0,
+        "segments": 1,
+        "phase": "training",
+        "last_checkpoint": None,
+        "last_eval": None,
+        "eta_s": None,
+    }
     dead = {"live": False, "activity_id": "train-000020", "attempt": 1, "reason": "lease owner process is gone"}
     lines = runstatus.status_lines(st, {"worker": dead, "progress": {**p, "eta_s": 30.0}}, time.time())
     assert "  ETA: none (no live worker runs it)" in lines
@@ -116,8 +152,10 @@ def test_status_takes_a_newer_latest_and_no_eta_without_a_live_worker(tmp_path: 
 @pytest.mark.slow  # starts processes
 def test_kill_descendants_leaves_nothing_of_what_this_process_started() -> None:
     # a child that starts a grandchild in its own session (as the runner starts a trainer), both sleeping
-    code = ("import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)'], "
-            "start_new_session=True); time.sleep(60)")
+    code = (
+        "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)'], "
+        "start_new_session=True); time.sleep(60)"
+    )
     child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     deadline = time.monotonic() + 30
     while len(interrupt.descendants(os.getpid())) < 2 and time.monotonic() < deadline:
@@ -137,8 +175,14 @@ def test_no_status_line_is_printed_after_the_final_line(tmp_path: Path) -> None:
         _ev(1, "workflow_started", 0.0, input={"spec": SPEC, "eval_suites": []}),
         _ev(2, "activity_scheduled", 0.0, activity_id="train-000020", name="train"),
         _ev(3, "activity_started", 0.0, activity_id="train-000020", attempt=1),
-        _ev(4, "activity_completed", 5.0, activity_id="train-000020", attempt=1,
-            result={"checkpoint": "runs/w/ckpt/step-000020", "final_loss": 1.0, "final_loss_hex": "0x1p+0"}),
+        _ev(
+            4,
+            "activity_completed",
+            5.0,
+            activity_id="train-000020",
+            attempt=1,
+            result={"checkpoint": "runs/w/ckpt/step-000020", "final_loss": 1.0, "final_loss_hex": "0x1p+0"},
+        ),
         _ev(5, "workflow_completed", 5.0, result={}),
     ]
     out = io.StringIO()

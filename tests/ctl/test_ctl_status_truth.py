@@ -10,6 +10,7 @@
   after that setting, not a fixed 120 s.
 
 Real ``ctl`` and trainer processes, real signals; waits poll with generous deadlines."""
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,14 @@ DEADLINE_S = 240.0
 
 
 def spawn(home: Path, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ctl.cli", "train", *args, "--home", str(home)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env(), **(extra_env or {})},
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ctl.cli", "train", *args, "--home", str(home)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**env(), **(extra_env or {})},
+        start_new_session=True,
+    )
 
 
 def wait_for(cond, what: str, proc: subprocess.Popen | None = None):
@@ -56,8 +62,9 @@ def test_status_after_a_kill_during_a_durable_wait_says_no_live_worker(tmp_path:
     write_json(tmp_path / "s.json", {**SPEC, "eval_every": 3, "eval_interval_seconds": 3600})
     proc = spawn(tmp_path, "--spec", str(tmp_path / "s.json"), "--no-eval", "--quiet")
     try:
-        waiting = wait_for(lambda: (s := status_json(tmp_path, "train/mini")).get("timers") and s, "the durable wait",
-                           proc)
+        waiting = wait_for(
+            lambda: (s := status_json(tmp_path, "train/mini")).get("timers") and s, "the durable wait", proc
+        )
         assert waiting["worker"]["live"] is True and waiting["worker"]["pid"] == proc.pid, waiting["worker"]
         alive = ctl(tmp_path, "status", "train/mini").stdout
         assert f"worker: live, pid {proc.pid}" in alive and "ETA: " in alive and "no live worker" not in alive, alive
@@ -65,8 +72,10 @@ def test_status_after_a_kill_during_a_durable_wait_says_no_live_worker(tmp_path:
         proc.wait(timeout=60)
         dead = ctl(tmp_path, "status", "train/mini")
         assert dead.returncode == 0, dead.stderr
-        assert "worker: no live worker (no ctl train, eval, release or worker process is running it): run the same " \
-               "`ctl train`" in dead.stdout, dead.stdout
+        assert (
+            "worker: no live worker (no ctl train, eval, release or worker process is running it): run the same "
+            "`ctl train`" in dead.stdout
+        ), dead.stdout
         assert "  ETA: none (no live worker runs it)" in dead.stdout, dead.stdout
         assert "timer: fires at" in dead.stdout  # the wait is still recorded: the same command waits the rest
         js = status_json(tmp_path, "train/mini")
@@ -79,8 +88,14 @@ def test_status_after_a_kill_during_a_durable_wait_says_no_live_worker(tmp_path:
 
 def test_a_canceled_run_names_its_stop_checkpoint_as_the_last(tmp_path: Path) -> None:
     write_json(tmp_path / "s.json", {**SPEC, "steps": 20, "checkpoint_every": 10})
-    proc = spawn(tmp_path, "--spec", str(tmp_path / "s.json"), "--no-eval", "--quiet",
-                 extra_env={"TINYLLM_FAULT": "trainer.hold@14"})  # holds at step 14 until stopped
+    proc = spawn(
+        tmp_path,
+        "--spec",
+        str(tmp_path / "s.json"),
+        "--no-eval",
+        "--quiet",
+        extra_env={"TINYLLM_FAULT": "trainer.hold@14"},
+    )  # holds at step 14 until stopped
     try:
         metrics = tmp_path / "runs/mini/metrics.jsonl"
         wait_for(lambda: metrics.exists() and '"step": 14' in metrics.read_text(), "step 14", proc)
@@ -111,15 +126,21 @@ def test_a_hung_evaluation_is_said_and_stopped_after_eval_heartbeat_timeout(tmp_
 
     spec = json.loads((ROOT / "examples/specs/durable.json").read_text())
     spec.update(name="hang", steps=10, eval_every=5, checkpoint_every=5)
-    spec["trainer"] = {"command": ["python", "examples/durable_train.py"], "cwd": str(ROOT),
-                       "eval_command": ["python", "-c", "import time; time.sleep(3600)"]}
+    spec["trainer"] = {
+        "command": ["python", "examples/durable_train.py"],
+        "cwd": str(ROOT),
+        "eval_command": ["python", "-c", "import time; time.sleep(3600)"],
+    }
     write_json(tmp_path / "hang.json", spec)
-    proc = spawn(tmp_path, "--spec", str(tmp_path / "hang.json"), "--suite", "acc", "--eval-heartbeat-timeout", "20",
-                 "--quiet")
+    proc = spawn(
+        tmp_path, "--spec", str(tmp_path / "hang.json"), "--suite", "acc", "--eval-heartbeat-timeout", "20", "--quiet"
+    )
     try:
+
         def stalled():
-            w = (status_json(tmp_path, "train/hang").get("worker") or {})
+            w = status_json(tmp_path, "train/hang").get("worker") or {}
             return w.get("activity_id") == "eval-000005-acc" and (w.get("heartbeat_age_s") or 0) > 7 and w
+
         w = wait_for(stalled, "the evaluation to go silent", proc)
         assert w["live"] is True and w["heartbeat_timeout_s"] == pytest.approx(20)
         text = ctl(tmp_path, "status", "train/hang").stdout
@@ -128,15 +149,25 @@ def test_a_hung_evaluation_is_said_and_stopped_after_eval_heartbeat_timeout(tmp_
         assert line.endswith(" s (stopped after 20 s)"), text
 
         def retried():
-            return any(e["type"] == "activity_started" and e["attrs"]["activity_id"] == "eval-000005-acc"
-                       and e["attrs"]["attempt"] == 2 for e in _history(tmp_path, "train/hang"))
+            return any(
+                e["type"] == "activity_started"
+                and e["attrs"]["activity_id"] == "eval-000005-acc"
+                and e["attrs"]["attempt"] == 2
+                for e in _history(tmp_path, "train/hang")
+            )
+
         wait_for(retried, "the hung evaluation's attempt 1 to be stopped and retried", proc)
         events = _history(tmp_path, "train/hang")
-        scheduled = next(e for e in events if e["type"] == "activity_scheduled"
-                         and e["attrs"]["activity_id"] == "eval-000005-acc")
+        scheduled = next(
+            e for e in events if e["type"] == "activity_scheduled" and e["attrs"]["activity_id"] == "eval-000005-acc"
+        )
         assert scheduled["attrs"]["options"]["heartbeat_timeout_s"] == 20  # the setting, not a fixed 120 s
-        failed = next(e for e in events if e["type"] in ("activity_failed", "activity_timed_out", "activity_retry")
-                      and e["attrs"].get("activity_id") == "eval-000005-acc")
+        failed = next(
+            e
+            for e in events
+            if e["type"] in ("activity_failed", "activity_timed_out", "activity_retry")
+            and e["attrs"].get("activity_id") == "eval-000005-acc"
+        )
         assert "no progress line for" in json.dumps(failed["attrs"]) or "heartbeat" in json.dumps(failed["attrs"])
     finally:
         if proc.poll() is None:
@@ -149,8 +180,17 @@ def test_eval_heartbeat_timeout_is_operational(tmp_path: Path) -> None:
     write_json(tmp_path / "s.json", SPEC)
     first = ctl(tmp_path, "train", "--spec", str(tmp_path / "s.json"), "--eval-max-items", "2", "--detach")
     assert first.returncode == 0, first.stderr
-    again = ctl(tmp_path, "train", "--spec", str(tmp_path / "s.json"), "--eval-max-items", "2", "--detach",
-                "--eval-heartbeat-timeout", "30")
+    again = ctl(
+        tmp_path,
+        "train",
+        "--spec",
+        str(tmp_path / "s.json"),
+        "--eval-max-items",
+        "2",
+        "--detach",
+        "--eval-heartbeat-timeout",
+        "30",
+    )
     assert again.returncode == 0, again.stderr
     assert "ctl: --eval-heartbeat-timeout 30 s from now on (the run had 120 s)" in again.stderr, again.stderr
 
@@ -159,10 +199,30 @@ def test_ctl_eval_stops_a_hung_evaluation_after_its_heartbeat_timeout(tmp_path: 
     """``ctl eval --heartbeat-timeout 3`` of an eval_command that hangs silently: each of the 3 attempts is
     stopped after 3 s without progress, then the evaluation fails (exit 1) naming the silence."""
     (tmp_path / "ck").mkdir()
-    write_json(tmp_path / "s.json", {"name": "hang", "steps": 2, "trainer": {
-        "command": ["python", "-c", "pass"], "eval_command": ["python", "-c", "import time; time.sleep(3600)"]}})
-    proc = ctl(tmp_path, "eval", "--spec", str(tmp_path / "s.json"), "--suite", "acc", "--subject", "a=ck",
-               "--heartbeat-timeout", "3", timeout=150)  # 120 s (the old fixed timeout) would not end in time
+    write_json(
+        tmp_path / "s.json",
+        {
+            "name": "hang",
+            "steps": 2,
+            "trainer": {
+                "command": ["python", "-c", "pass"],
+                "eval_command": ["python", "-c", "import time; time.sleep(3600)"],
+            },
+        },
+    )
+    proc = ctl(
+        tmp_path,
+        "eval",
+        "--spec",
+        str(tmp_path / "s.json"),
+        "--suite",
+        "acc",
+        "--subject",
+        "a=ck",
+        "--heartbeat-timeout",
+        "3",
+        timeout=150,
+    )  # 120 s (the old fixed timeout) would not end in time
     assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
     assert "eval/a failed: Timeout: activity 'eval-acc' timed out (attempt 3)" in proc.stderr, proc.stderr[-3000:]
     events = _history(tmp_path, "eval/a")

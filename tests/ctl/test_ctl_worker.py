@@ -5,6 +5,7 @@ then stops the idle worker cleanly (exit 0, as `ctl worker --help` documents).
 Real processes: ctl, the engine, the subprocess runner, tinyllm. The smallest spec that shows
 it: one segment of 6 steps. Waits poll with a generous deadline.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,21 +22,33 @@ pytestmark = pytest.mark.slow  # real ctl train --detach and ctl worker
 
 DEADLINE_S = 120
 SPEC = {
-    "name": "own", "corpus": "mine", "steps": 6, "seed": 3, "eval_every": 0, "checkpoint_every": 3,
-    "batch_size": 2, "warmup_steps": 1, "lr_decay_steps": 6, "threads": 1, "log_every": 3,
+    "name": "own",
+    "corpus": "mine",
+    "steps": 6,
+    "seed": 3,
+    "eval_every": 0,
+    "checkpoint_every": 3,
+    "batch_size": 2,
+    "warmup_steps": 1,
+    "lr_decay_steps": 6,
+    "threads": 1,
+    "log_every": 3,
     "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
 }
 
 
 def ctl(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ctl.cli", *args, "--home", str(home)],
-                          capture_output=True, text=True, timeout=DEADLINE_S)
+    return subprocess.run(
+        [sys.executable, "-m", "ctl.cli", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
 
 
 def user_text() -> str:
     """A user's own text file: deterministic lines no built-in corpus contains."""
-    return "".join(f"line {i}: the quick brown fox number {i * 7 % 13} jumps over fence {i % 5}.\n"
-                   for i in range(300))
+    return "".join(f"line {i}: the quick brown fox number {i * 7 % 13} jumps over fence {i % 5}.\n" for i in range(300))
 
 
 def test_detached_run_served_by_a_worker_on_a_user_corpus(tmp_path: Path) -> None:
@@ -45,14 +58,28 @@ def test_detached_run_served_by_a_worker_on_a_user_corpus(tmp_path: Path) -> Non
     (home / "own.json").write_text(json.dumps(SPEC))
     (home / "mine.json").write_text(json.dumps({"name": "mine", "sources": [str(text)]}))
 
-    started = ctl(home, "train", "--spec", str(home / "own.json"), "--corpus-spec", str(home / "mine.json"),
-                  "--eval-max-items", "2", "--detach", "--json")
+    started = ctl(
+        home,
+        "train",
+        "--spec",
+        str(home / "own.json"),
+        "--corpus-spec",
+        str(home / "mine.json"),
+        "--eval-max-items",
+        "2",
+        "--detach",
+        "--json",
+    )
     assert started.returncode == 0, started.stderr
     assert json.loads(started.stdout)["state"] == "running"
     assert not (home / "runs").exists()  # detached: nothing ran yet
 
-    worker = subprocess.Popen([sys.executable, "-m", "ctl.cli", "worker", "--home", str(home)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "ctl.cli", "worker", "--home", str(home)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + DEADLINE_S
         summary = home / "evals/ppl/own-000006/summary.json"
@@ -94,6 +121,9 @@ def test_detached_run_served_by_a_worker_on_a_user_corpus(tmp_path: Path) -> Non
     assert [s["suite"] for s in seg["evals"]["suites"]] == ["ppl"]  # the default suite
     assert (home / seg["evals"]["suites"][0]["summary_path"]).is_file()
     events = json.loads(ctl(home, "history", "train/own", "--json").stdout)["events"]
-    evals = [e["attrs"]["input"]["spec"] for e in events
-             if e["type"] == "activity_scheduled" and e["attrs"]["activity_id"] == "eval-000006-ppl"]
+    evals = [
+        e["attrs"]["input"]["spec"]
+        for e in events
+        if e["type"] == "activity_scheduled" and e["attrs"]["activity_id"] == "eval-000006-ppl"
+    ]
     assert [e["corpus"] for e in evals] == ["mine"]  # ppl read the user's held-out text

@@ -1,6 +1,7 @@
 """A full disk: one line naming the file, exit 74, no temporary left, and the same command resumes
 bit for bit once space is freed. The real thing on a real 20 MB tmpfs (root); the clean-up of
 temporaries also with an injected ENOSPC, which runs anywhere."""
+
 from __future__ import annotations
 
 import errno
@@ -32,14 +33,18 @@ def _fill(fs: Path) -> Path:
 
 
 def _temporaries(home: Path) -> list[str]:
-    return [str(p.relative_to(home)) for p in home.rglob("*")
-            if "tmp-" in p.name or p.name.startswith(".replaced-")]
+    return [str(p.relative_to(home)) for p in home.rglob("*") if "tmp-" in p.name or p.name.startswith(".replaced-")]
 
 
 def test_disk_full_exit_74_one_line_no_temporaries_then_resumes_bitwise(tmp_path, finished_home):
-    reference = json.loads(subprocess.run(
-        [sys.executable, "-m", "ctl.cli", "status", "train/mini", "--json", "--home", str(finished_home)],
-        capture_output=True, text=True, env=env()).stdout)["result"]["final_loss_hex"]
+    reference = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "ctl.cli", "status", "train/mini", "--json", "--home", str(finished_home)],
+            capture_output=True,
+            text=True,
+            env=env(),
+        ).stdout
+    )["result"]["final_loss_hex"]
     with Tmpfs(tmp_path / "fs", "20m") as fs:
         if not fs.ok:
             pytest.skip(f"a real full disk needs a tmpfs mount: {fs.why}")

@@ -1,5 +1,6 @@
 """ctl doctor's leftover temporaries: one whose writer (the pid in its name) still runs is not a leftover;
 one whose writer is gone, or a zombie, is."""
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ sink's state already records is not set again (the store is not contacted); a de
 warning line. End to end: a ``ctl train`` SIGKILLed in its last segment leaves the run RUNNING (never
 FINISHED while a segment remains), the same command finishes it FINISHED, and a kill between the
 workflow's end and the status (simulated) is caught up by the next ``ctl train``, which trains nothing."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -47,9 +48,14 @@ def _attempt(run_dir: Path, uri: str, resumed_step: int, steps: int) -> str:
     (its frames written to metrics.jsonl first, as the trainer's reporter does: the delivery process reads them there)."""
     err = io.StringIO()
     jsonl = JsonlSink(run_dir / "metrics.jsonl", resumed_step)
-    sink = mlflow_sink.MlflowSink(SimpleNamespace(tracking_uri=uri, experiment="t", flush_timeout_s=600),
-                                  run_dir=run_dir, home=run_dir.parent.parent, spec={"name": "r", "steps": steps},
-                                  resumed_step=resumed_step, warn_stream=err)
+    sink = mlflow_sink.MlflowSink(
+        SimpleNamespace(tracking_uri=uri, experiment="t", flush_timeout_s=600),
+        run_dir=run_dir,
+        home=run_dir.parent.parent,
+        spec={"name": "r", "steps": steps},
+        resumed_step=resumed_step,
+        warn_stream=err,
+    )
     for step in range(resumed_step + 1, steps + 1):
         jsonl.write(step, {"train/loss": 1.0 / max(step, 1)})
         sink.write(step, {"train/loss": 1.0 / max(step, 1)})
@@ -90,21 +96,38 @@ def test_the_status_follows_the_workflow(tmp_path: Path, capsys) -> None:
     assert _status(uri, run_dir) == "KILLED"
     assert capsys.readouterr().err == ""
     # a dead store: one warning line, the recorded status unchanged (the next ctl train tries again)
-    atomic_write(mlflow_sink.state_path(run_dir),
-                 json.dumps({**mlflow_sink.read_state(run_dir), "tracking_uri": f"sqlite:///{tmp_path}/no/such/dir/x.db"}).encode())
+    atomic_write(
+        mlflow_sink.state_path(run_dir),
+        json.dumps(
+            {**mlflow_sink.read_state(run_dir), "tracking_uri": f"sqlite:///{tmp_path}/no/such/dir/x.db"}
+        ).encode(),
+    )
     runsinks.workflow_state(home, "train/r/3", "completed")
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("ctl: warning: mlflow: run ") and "not set to FINISHED" in err, err
     assert mlflow_sink.read_state(run_dir)["run_status"] == "KILLED" and _status(uri, run_dir) == "KILLED"
 
 
-SPEC = {"name": "mini", "steps": 8, "seed": 5, "eval_every": 4, "eval_interval_seconds": 0.2, "checkpoint_every": 2,
-        "batch_size": 2, "threads": 1, "log_every": 2,
-        "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 8}}
+SPEC = {
+    "name": "mini",
+    "steps": 8,
+    "seed": 5,
+    "eval_every": 4,
+    "eval_interval_seconds": 0.2,
+    "checkpoint_every": 2,
+    "batch_size": 2,
+    "threads": 1,
+    "log_every": 2,
+    "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 8},
+}
 
 
 def _env(**extra: str) -> dict:
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLFLOW_")) and k not in ("CTL_HOME", "TRACEPARENT")}
+    e = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OTEL_", "MLFLOW_")) and k not in ("CTL_HOME", "TRACEPARENT")
+    }
     e.update(PYTHONPATH=str(ROOT) + os.pathsep + e.get("PYTHONPATH", ""), OMP_NUM_THREADS="1", **extra)
     return e
 
@@ -116,19 +139,41 @@ def test_killed_in_its_last_segment_running_then_finished_by_the_rerun(tmp_path:
     home = tmp_path / "home"
     home.mkdir()
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
-    (home / "mini.json").write_text(json.dumps({**SPEC, "sinks": {"mlflow": {"tracking_uri": uri, "flush_timeout_s": 600}}}))
-    args = [sys.executable, "-m", "ctl.cli", "train", "--spec", str(home / "mini.json"), "--no-eval", "--json",
-            "--home", str(home)]
+    (home / "mini.json").write_text(
+        json.dumps({**SPEC, "sinks": {"mlflow": {"tracking_uri": uri, "flush_timeout_s": 600}}})
+    )
+    args = [
+        sys.executable,
+        "-m",
+        "ctl.cli",
+        "train",
+        "--spec",
+        str(home / "mini.json"),
+        "--no-eval",
+        "--json",
+        "--home",
+        str(home),
+    ]
     run_dir = home / "runs" / "mini"
     # segment 2's trainer holds at step 7, after its checkpoint at 6, until killed (tinyllm/faults.py)
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(TINYLLM_FAULT="trainer.hold@7"), start_new_session=True)
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(TINYLLM_FAULT="trainer.hold@7"),
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             state = mlflow_sink.read_state(run_dir)
-            if (run_dir / "ckpt" / "step-000006").is_dir() and state and state.get("run_id") \
-                    and (state.get("delivered_step") or 0) >= 5:
+            if (
+                (run_dir / "ckpt" / "step-000006").is_dir()
+                and state
+                and state.get("run_id")
+                and (state.get("delivered_step") or 0) >= 5
+            ):
                 break
             assert proc.poll() is None, proc.stderr.read()[-3000:]
             time.sleep(0.1)  # a poll interval, not a wait for the outcome
@@ -144,12 +189,20 @@ def test_killed_in_its_last_segment_running_then_finished_by_the_rerun(tmp_path:
     assert _status(uri, run_dir) == "FINISHED" and "warning" not in again.stderr, again.stderr[-3000:]
     runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("mini").experiment_id])
     assert len(runs) == 1
-    shown = subprocess.run([sys.executable, "-m", "ctl.cli", "show", "train/mini", "--home", str(home)],
-                           capture_output=True, text=True, env=_env(), timeout=120)
+    shown = subprocess.run(
+        [sys.executable, "-m", "ctl.cli", "show", "train/mini", "--home", str(home)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
     assert f"mlflow: run {runs[0].info.run_id} " in shown.stdout and "; status FINISHED" in shown.stdout, shown.stdout
     # killed between the workflow's end and the status (as if): the next ctl train, which trains nothing, sets it
     MlflowClient(uri).update_run(runs[0].info.run_id, status="RUNNING")
-    atomic_write(mlflow_sink.state_path(run_dir), json.dumps({**mlflow_sink.read_state(run_dir), "run_status": "RUNNING"}).encode())
+    atomic_write(
+        mlflow_sink.state_path(run_dir),
+        json.dumps({**mlflow_sink.read_state(run_dir), "run_status": "RUNNING"}).encode(),
+    )
     third = subprocess.run(args, capture_output=True, text=True, env=_env(), timeout=300)
     assert third.returncode == 0, third.stderr[-3000:]
     assert _status(uri, run_dir) == "FINISHED"

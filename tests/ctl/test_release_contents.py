@@ -2,6 +2,7 @@
 and the manifest with each file's sha256 and the gates -- and never the optimizer or resume state, which stay
 with the run. The real ``ctl release`` of a real finished run; the released weights, loaded into a model
 built from the released config alone, give the run's digest bit for bit."""
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,20 @@ def test_a_release_holds_what_one_serves_and_no_optimizer(finished_home: Path, t
 
     home = copy_home(finished_home, tmp_path / "home")
     run = json.loads(ctl(home, "status", "train/mini", "--json").stdout)["result"]
-    p = ctl(home, "release", "train/mini", "--suite", "ppl", "--eval-max-items", "2", "--select", "latest",
-            "--gate", "ppl/ppl<=1e9", "--json")
+    p = ctl(
+        home,
+        "release",
+        "train/mini",
+        "--suite",
+        "ppl",
+        "--eval-max-items",
+        "2",
+        "--select",
+        "latest",
+        "--gate",
+        "ppl/ppl<=1e9",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)["result"]
     assert out["checkpoint"] == run["checkpoint"] == "runs/mini/ckpt/step-000006", out

@@ -4,6 +4,7 @@ the ids (the same history gives the same spans; the trainer joins its attempt's 
 TRACEPARENT), each span sent once across ctl runs (the mark), a failing exporter (one warning, the mark
 kept), and the trace id recorded in the history and read back. No process is started here; the real
 ctl train with an OTLP collector stand-in, killed and resumed, is tests/ctl/test_traces_otlp.py."""
+
 from __future__ import annotations
 
 import io
@@ -49,42 +50,94 @@ class History:
         return self.add("activity_started", activity_id=aid, attempt=attempt, cmd=0, worker="vm:1")
 
     def heartbeat(self, aid: str, attempt: int, dt: float = 1.0, **details) -> "History":
-        return self.add("activity_heartbeat", dt, activity_id=aid, attempt=attempt, details={"time": self.t + dt - 0.1,
-                                                                                             **details})
+        return self.add(
+            "activity_heartbeat", dt, activity_id=aid, attempt=attempt, details={"time": self.t + dt - 0.1, **details}
+        )
 
 
 def killed_run() -> History:
     """corpus, segment 1, its evaluation, a wait, segment 2 killed after its checkpoint at step 6 (the
     recovery records "worker lost"), attempt 2 resumed from step 6, the last evaluation, completed."""
     h = History("train/mini", trace={"trace_id": TRACE, "parent_span_id": None})
-    h.attempt("corpus-default", "corpus").add("activity_completed", 0.5, activity_id="corpus-default", attempt=1,
-                                              result={"name": "default", "checksum": "9a2e", "tokens": 100})
+    h.attempt("corpus-default", "corpus").add(
+        "activity_completed",
+        0.5,
+        activity_id="corpus-default",
+        attempt=1,
+        result={"name": "default", "checksum": "9a2e", "tokens": 100},
+    )
     h.attempt("train-000004", "train", inp={"spec": {"steps": 4}})
     h.heartbeat("train-000004", 1, event="resume", resumed_from=None, step=0)
     h.heartbeat("train-000004", 1, checkpoint="runs/mini/ckpt/step-000002", step=2, loss=5.5, loss_hex="0x1.6p+2")
     h.heartbeat("train-000004", 1, checkpoint="runs/mini/ckpt/step-000004", step=4, loss=5.4, loss_hex="0x1.59p+2")
-    h.add("activity_completed", 0.3, activity_id="train-000004", attempt=1,
-          result={"steps": 4, "final_loss_hex": "0x1.59p+2", "resumed_from": None, "checkpoint": "runs/mini/ckpt/step-000004"})
+    h.add(
+        "activity_completed",
+        0.3,
+        activity_id="train-000004",
+        attempt=1,
+        result={
+            "steps": 4,
+            "final_loss_hex": "0x1.59p+2",
+            "resumed_from": None,
+            "checkpoint": "runs/mini/ckpt/step-000004",
+        },
+    )
     h.attempt("eval-000004-ppl", "eval", inp={"spec": {"suite": "ppl", "tag": "000004"}})
-    h.add("activity_completed", 2.0, activity_id="eval-000004-ppl", attempt=1,
-          result={"suite": "ppl", "summary": {"metrics": {"mini-000004": {"heldout/loss": 5.54}}}})
+    h.add(
+        "activity_completed",
+        2.0,
+        activity_id="eval-000004-ppl",
+        attempt=1,
+        result={"suite": "ppl", "summary": {"metrics": {"mini-000004": {"heldout/loss": 5.54}}}},
+    )
     h.add("timer_started", 0.0, cmd=3, seconds=0.5).add("timer_fired", 0.5, cmd=3)
     h.attempt("train-000008", "train", inp={"spec": {"steps": 8}})
-    h.heartbeat("train-000008", 1, checkpoint="runs/mini/ckpt/step-000004", event="resume",
-                resumed_from="runs/mini/ckpt/step-000004", step=4)
+    h.heartbeat(
+        "train-000008",
+        1,
+        checkpoint="runs/mini/ckpt/step-000004",
+        event="resume",
+        resumed_from="runs/mini/ckpt/step-000004",
+        step=4,
+    )
     h.heartbeat("train-000008", 1, checkpoint="runs/mini/ckpt/step-000006", step=6, loss=5.3)
-    h.add("activity_timed_out", 30.0, activity_id="train-000008", attempt=1, kind="worker lost", final=False,
-          error={"type": "WorkerLost", "message": "attempt 1: worker lost"})
+    h.add(
+        "activity_timed_out",
+        30.0,
+        activity_id="train-000008",
+        attempt=1,
+        kind="worker lost",
+        final=False,
+        error={"type": "WorkerLost", "message": "attempt 1: worker lost"},
+    )
     h.attempt("train-000008", "train", attempt=2, schedule=False)
-    h.heartbeat("train-000008", 2, checkpoint="runs/mini/ckpt/step-000006", event="resume",
-                resumed_from="runs/mini/ckpt/step-000006", step=6)
+    h.heartbeat(
+        "train-000008",
+        2,
+        checkpoint="runs/mini/ckpt/step-000006",
+        event="resume",
+        resumed_from="runs/mini/ckpt/step-000006",
+        step=6,
+    )
     h.heartbeat("train-000008", 2, checkpoint="runs/mini/ckpt/step-000008", step=8, loss=5.2)
-    h.add("activity_completed", 0.3, activity_id="train-000008", attempt=2,
-          result={"steps": 8, "final_loss_hex": "0x1.4cp+2", "resumed_from": "runs/mini/ckpt/step-000006"})
+    h.add(
+        "activity_completed",
+        0.3,
+        activity_id="train-000008",
+        attempt=2,
+        result={"steps": 8, "final_loss_hex": "0x1.4cp+2", "resumed_from": "runs/mini/ckpt/step-000006"},
+    )
     h.attempt("eval-000008-ppl", "eval", inp={"spec": {"suite": "ppl", "tag": "000008"}})
-    h.add("activity_completed", 2.0, activity_id="eval-000008-ppl", attempt=1,
-          result={"suite": "ppl", "summary": {"metrics": {"mini-000008": {"heldout/loss": 5.5}}}})
-    h.add("workflow_completed", 0.0, result={"name": "mini", "steps": 8, "final_loss_hex": "0x1.4cp+2", "digest": "f3b5"})
+    h.add(
+        "activity_completed",
+        2.0,
+        activity_id="eval-000008-ppl",
+        attempt=1,
+        result={"suite": "ppl", "summary": {"metrics": {"mini-000008": {"heldout/loss": 5.5}}}},
+    )
+    h.add(
+        "workflow_completed", 0.0, result={"name": "mini", "steps": 8, "final_loss_hex": "0x1.4cp+2", "digest": "f3b5"}
+    )
     return h
 
 
@@ -96,12 +149,26 @@ def tracer_for(home: Path, histories, exporter: SpanExporter, stream=None) -> tr
 
 def tree(spans) -> dict:
     """{span name (attempt spans with their attempt): parent's name, or its id in hex when not sent}."""
+
     def label(s):
         a = s.attributes or {}
-        return f"{s.name}#{a['durable.attempt']}" if "durable.attempt" in a and s.name.split()[0] != "checkpoint" else s.name
+        return (
+            f"{s.name}#{a['durable.attempt']}"
+            if "durable.attempt" in a and s.name.split()[0] != "checkpoint"
+            else s.name
+        )
+
     by_id = {s.context.span_id: s for s in spans}
-    return {label(s): (None if s.parent is None else label(by_id[s.parent.span_id]) if s.parent.span_id in by_id
-                       else f"{s.parent.span_id:016x}") for s in spans}
+    return {
+        label(s): (
+            None
+            if s.parent is None
+            else label(by_id[s.parent.span_id])
+            if s.parent.span_id in by_id
+            else f"{s.parent.span_id:016x}"
+        )
+        for s in spans
+    }
 
 
 def test_span_tree_and_attributes_of_a_killed_and_resumed_run(tmp_path: Path) -> None:
@@ -133,10 +200,16 @@ def test_span_tree_and_attributes_of_a_killed_and_resumed_run(tmp_path: Path) ->
     assert lost.attributes["durable.resume_checkpoint"] == "runs/mini/ckpt/step-000004"
     assert lost.attributes["durable.outcome"] == "worker lost" and lost.status.status_code.name == "ERROR"
     assert resumed.attributes["durable.resume_checkpoint"] == "runs/mini/ckpt/step-000006"
-    assert resumed.attributes["durable.outcome"] == "completed" and resumed.attributes["train.final_loss_hex"] == "0x1.4cp+2"
+    assert (
+        resumed.attributes["durable.outcome"] == "completed"
+        and resumed.attributes["train.final_loss_hex"] == "0x1.4cp+2"
+    )
     # the lost attempt ends at its last recorded event, not when the recovery found it dead 30 s later
-    last_hb = [e for e in h.events if e.type == "activity_heartbeat" and e.attrs["attempt"] == 1
-               and e.attrs["activity_id"] == "train-000008"][-1]
+    last_hb = [
+        e
+        for e in h.events
+        if e.type == "activity_heartbeat" and e.attrs["attempt"] == 1 and e.attrs["activity_id"] == "train-000008"
+    ][-1]
     assert lost.end_time == round(last_hb.time * 1e9)
     ev = by[("eval eval-000004-ppl", 1)].attributes
     assert ev["eval.suite"] == "ppl" and ev["eval.mini-000004.heldout.loss"] == 5.54
@@ -153,20 +226,25 @@ def test_the_same_history_gives_the_same_ids_and_the_attempt_span_is_the_trainer
     a, b = InMemorySpanExporter(), InMemorySpanExporter()
     tracer_for(tmp_path / "a", lambda: [(h.wid, h.events)], a).export_new()
     tracer_for(tmp_path / "b", lambda: [(h.wid, h.events)], b).export_new()
-    ids = lambda m: sorted((s.name, s.context.span_id, s.parent.span_id if s.parent else 0)  # noqa: E731
-                           for s in m.get_finished_spans())
+    ids = lambda m: sorted(  # noqa: E731
+        (s.name, s.context.span_id, s.parent.span_id if s.parent else 0) for s in m.get_finished_spans()
+    )
     assert ids(a) == ids(b)
     t = tracer_for(tmp_path / "c", lambda: [(h.wid, h.events)], InMemorySpanExporter())
 
     class Ctx:
         workflow_id, activity_id, attempt = "train/mini", "train-000008", 2
+
     parent = t.attempt_env(Ctx())["TRACEPARENT"]
-    span = next(s for s in a.get_finished_spans() if s.name == "train train-000008" and s.attributes["durable.attempt"] == 2)
+    span = next(
+        s for s in a.get_finished_spans() if s.name == "train train-000008" and s.attributes["durable.attempt"] == 2
+    )
     assert parent == f"00-{TRACE}-{span.context.span_id:016x}-01"
     assert tracing.parse_traceparent(parent) == (TRACE, f"{span.context.span_id:016x}")
 
     class Other:
         workflow_id, activity_id, attempt = "train/other", "train-000008", 1
+
     assert t.attempt_env(Other()) == {}
 
 
@@ -198,18 +276,27 @@ def test_a_continued_run_is_one_trace_and_its_root_comes_at_completion(tmp_path:
     gens = [(one.wid, one.events)]
     t = tracer_for(tmp_path, lambda: gens, mem)
     t.export_new()
-    assert tree(mem.get_finished_spans()) == {"workflow train/mini": tracing.span_id(TRACE, "run"),  # not sent yet
-                                              "train train-000004#1": "workflow train/mini"}
+    assert tree(mem.get_finished_spans()) == {
+        "workflow train/mini": tracing.span_id(TRACE, "run"),  # not sent yet
+        "train train-000004#1": "workflow train/mini",
+    }
     two = History("train/mini/2", trace={"trace_id": TRACE, "parent_span_id": None}, t0=2000.0)
-    two.attempt("train-000004", "train").add("activity_completed", 1.0, activity_id="train-000004", attempt=1, result={})
+    two.attempt("train-000004", "train").add(
+        "activity_completed", 1.0, activity_id="train-000004", attempt=1, result={}
+    )
     two.add("workflow_completed", 0.0, result={"steps": 4})
     gens.append((two.wid, two.events))
     t.export_new()
     spans = mem.get_finished_spans()
     assert {s.context.trace_id for s in spans} == {int(TRACE, 16)} and len(spans) == 5
     root = next(s for s in spans if s.parent is None)
-    assert root.start_time == round(1000.0 * 1e9) and root.attributes["durable.workflow_ids"] == ("train/mini", "train/mini/2")
-    canceled = next(s for s in spans if s.name == "train train-000004" and s.attributes["durable.workflow_id"] == "train/mini")
+    assert root.start_time == round(1000.0 * 1e9) and root.attributes["durable.workflow_ids"] == (
+        "train/mini",
+        "train/mini/2",
+    )
+    canceled = next(
+        s for s in spans if s.name == "train train-000004" and s.attributes["durable.workflow_id"] == "train/mini"
+    )
     assert canceled.attributes["durable.outcome"] == "canceled" and canceled.status.status_code.name == "UNSET"
 
 
@@ -239,14 +326,18 @@ def test_a_failing_destination_warns_once_and_keeps_the_mark(tmp_path: Path) -> 
 def test_trace_context_recorded_then_read_back_derived_or_the_callers(tmp_path: Path) -> None:
     recorded = History("train/mini", trace={"trace_id": TRACE, "parent_span_id": "00f067aa0ba902b7"})
     assert traces.trace_context([(recorded.wid, recorded.events)], tmp_path, "train/mini", {}) == {
-        "trace_id": TRACE, "parent_span_id": "00f067aa0ba902b7"}
+        "trace_id": TRACE,
+        "parent_span_id": "00f067aa0ba902b7",
+    }
     untraced = History("train/mini")  # started without tracing: derived from its first start, the same each time
     a = traces.trace_context([(untraced.wid, untraced.events)], tmp_path, "train/mini", {})
     assert a == traces.trace_context([(untraced.wid, untraced.events)], tmp_path, "train/mini", {})
     assert a["trace_id"] == tracing.derived_trace_id(tmp_path, "train/mini", 1000.0) != TRACE
     caller = {"TRACEPARENT": f"00-{TRACE}-00f067aa0ba902b7-01"}
-    assert traces.trace_context([], tmp_path, "train/mini", caller) == {"trace_id": TRACE,
-                                                                         "parent_span_id": "00f067aa0ba902b7"}
+    assert traces.trace_context([], tmp_path, "train/mini", caller) == {
+        "trace_id": TRACE,
+        "parent_span_id": "00f067aa0ba902b7",
+    }
     fresh = traces.trace_context([], tmp_path, "train/mini", {"TRACEPARENT": "garbage"})
     assert len(fresh["trace_id"]) == 32 and fresh["parent_span_id"] is None
     # the root span is the caller's child
@@ -255,7 +346,7 @@ def test_trace_context_recorded_then_read_back_derived_or_the_callers(tmp_path: 
     h.events[0] = recorded.events[0]
     tracer_for(tmp_path, lambda: [(h.wid, h.events)], mem).export_new()
     root = next(s for s in mem.get_finished_spans() if s.name.startswith("TrainRun"))
-    assert root.parent.span_id == 0x00f067aa0ba902b7 and root.parent.is_remote
+    assert root.parent.span_id == 0x00F067AA0BA902B7 and root.parent.is_remote
 
 
 def test_the_input_records_the_trace_only_when_there_is_one() -> None:
@@ -272,15 +363,25 @@ def test_trainer_step_spans_join_the_attempt_span_sampled_every_log_every() -> N
     parent_span = "00f067aa0ba902b7"
     sink = trace_export.StepSpanSink(2, 5, f"00-{TRACE}-{parent_span}-01", "file:/unused", span_exporter=mem)
     for step in range(1, 6):
-        sink.write(step, {"train/loss": 5.0 - step / 10, "timer/step_s": 0.01, "timer/tokens_per_s": 1000.0 * step,
-                          "optim/lr": 1e-3, **({"val/loss": 4.9} if step == 3 else {})})
+        sink.write(
+            step,
+            {
+                "train/loss": 5.0 - step / 10,
+                "timer/step_s": 0.01,
+                "timer/tokens_per_s": 1000.0 * step,
+                "optim/lr": 1e-3,
+                **({"val/loss": 4.9} if step == 3 else {}),
+            },
+        )
     sink.close()
     spans = mem.get_finished_spans()
     assert [s.attributes["train.step"] for s in spans] == [2, 3, 4, 5]  # every 2nd, the validation frame, the last
     assert {s.context.trace_id for s in spans} == {int(TRACE, 16)}
     assert {s.parent.span_id for s in spans} == {int(parent_span, 16)}
     s2 = spans[0]
-    assert s2.name == "train.step" and s2.attributes["train.loss"] == 4.8 and s2.attributes["timer.tokens_per_s"] == 2000.0
+    assert (
+        s2.name == "train.step" and s2.attributes["train.loss"] == 4.8 and s2.attributes["timer.tokens_per_s"] == 2000.0
+    )
     assert s2.end_time - s2.start_time == 10_000_000
     assert spans[1].attributes["val.loss"] == 4.9
 
@@ -309,8 +410,13 @@ def test_destination_and_traceparent_parsing() -> None:
     assert tracing.trainer_tracing({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}) is None  # no parent: no spans
     good = f"00-{TRACE}-00f067aa0ba902b7-01"
     assert tracing.trainer_tracing({"TRACEPARENT": good, "CTL_TRACE_FILE": "/tmp/t"}) == (good, "file:/tmp/t")
-    for bad in ("", "00-0000-00f067aa0ba902b7-01", f"00-{'0' * 32}-00f067aa0ba902b7-01",
-                f"00-{TRACE}-{'0' * 16}-01", f"ff-{TRACE}-00f067aa0ba902b7-01"):
+    for bad in (
+        "",
+        "00-0000-00f067aa0ba902b7-01",
+        f"00-{'0' * 32}-00f067aa0ba902b7-01",
+        f"00-{TRACE}-{'0' * 16}-01",
+        f"ff-{TRACE}-00f067aa0ba902b7-01",
+    ):
         assert tracing.parse_traceparent(bad) is None, bad
 
 
@@ -325,7 +431,13 @@ def test_nothing_of_opentelemetry_is_imported_when_tracing_is_off(tmp_path: Path
         "r.close()\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry') or m in ('app.traces', 'tinyllm.sinks.trace_export')))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
-                         timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"

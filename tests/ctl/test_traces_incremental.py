@@ -3,6 +3,7 @@ last (``RunTracer.bind(..., new_events)``, as ``ctl train`` binds it) and ``Hist
 still open in between. Checked: a history fed in pieces (every cut) gives the records of the whole; a
 tracer polled after every event sends the same spans (ids, parents, attributes, times) as one export of
 the whole history; a poll with nothing new reads no more than the new events and exports nothing."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,7 +25,9 @@ def _continued() -> list[tuple[str, list]]:
     one.add("activity_canceled", 1.0, activity_id="train-000004", attempt=1)
     one.add("workflow_canceled", 0.0, error={"type": "Canceled", "message": "canceled"})
     two = History("train/mini/2", t0=2000.0)
-    two.attempt("train-000004", "train").add("activity_completed", 1.0, activity_id="train-000004", attempt=1, result={})
+    two.attempt("train-000004", "train").add(
+        "activity_completed", 1.0, activity_id="train-000004", attempt=1, result={}
+    )
     two.add("workflow_completed", 0.0, result={"steps": 4})
     return [(one.wid, one.events), (two.wid, two.events)]
 
@@ -45,9 +48,18 @@ def test_fed_in_pieces_gives_the_records_of_the_whole(make) -> None:
 
 
 def _ids(mem: InMemorySpanExporter) -> list:
-    return sorted((s.name, s.context.span_id, s.parent.span_id if s.parent else 0, s.start_time, s.end_time,
-                   tuple(sorted((s.attributes or {}).items())), s.status.status_code.name)
-                  for s in mem.get_finished_spans())
+    return sorted(
+        (
+            s.name,
+            s.context.span_id,
+            s.parent.span_id if s.parent else 0,
+            s.start_time,
+            s.end_time,
+            tuple(sorted((s.attributes or {}).items())),
+            s.status.status_code.name,
+        )
+        for s in mem.get_finished_spans()
+    )
 
 
 def test_polled_after_every_event_sends_what_one_export_of_the_whole_sends(tmp_path: Path) -> None:
@@ -65,8 +77,11 @@ def test_polled_after_every_event_sends_what_one_export_of_the_whole_sends(tmp_p
 
     mem = InMemorySpanExporter()
     t = traces.RunTracer(tmp_path / "polled", "train/mini", "file:/unused", span_exporter=mem)
-    t.bind(lambda: [("train/mini", grown)], traces.trace_context([("train/mini", full)], tmp_path, "train/mini", {}),
-           new_events)
+    t.bind(
+        lambda: [("train/mini", grown)],
+        traces.trace_context([("train/mini", full)], tmp_path, "train/mini", {}),
+        new_events,
+    )
     for e in full:
         grown.append(e)
         t.export_new()

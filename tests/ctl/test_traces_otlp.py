@@ -11,6 +11,7 @@ names one span (a span the killed ctl sent just before its mark would be sent ag
 train.step spans' losses equal metrics.jsonl's; the final loss is the untraced golden-path value of
 this spec (tracing changes no bit).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -36,9 +37,18 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: 
 pytestmark = pytest.mark.slow  # real ctl train runs (two), a kill (~20 s)
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = {"name": "mini", "steps": 8, "seed": 5, "eval_every": 4, "eval_interval_seconds": 0.2, "checkpoint_every": 2,
-        "batch_size": 2, "threads": 1, "log_every": 2,
-        "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 8}}
+SPEC = {
+    "name": "mini",
+    "steps": 8,
+    "seed": 5,
+    "eval_every": 4,
+    "eval_interval_seconds": 0.2,
+    "checkpoint_every": 2,
+    "batch_size": 2,
+    "threads": 1,
+    "log_every": 2,
+    "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 8},
+}
 UNTRACED_FINAL_LOSS_HEX = "0x1.61f1320000000p+2"  # this spec's ctl train without tracing, on this machine's kernels
 DEADLINE_S = 120
 
@@ -71,10 +81,19 @@ class Collector:
                     service = {a.key: _value(a.value) for a in rs.resource.attributes}.get("service.name")
                     for ss in rs.scope_spans:
                         for s in ss.spans:
-                            got.append({"name": s.name, "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
-                                        "parent_id": s.parent_span_id.hex() or None, "start": s.start_time_unix_nano,
-                                        "end": s.end_time_unix_nano, "status": s.status.code, "service": service,
-                                        "attributes": {a.key: _value(a.value) for a in s.attributes}})
+                            got.append(
+                                {
+                                    "name": s.name,
+                                    "trace_id": s.trace_id.hex(),
+                                    "span_id": s.span_id.hex(),
+                                    "parent_id": s.parent_span_id.hex() or None,
+                                    "start": s.start_time_unix_nano,
+                                    "end": s.end_time_unix_nano,
+                                    "status": s.status.code,
+                                    "service": service,
+                                    "attributes": {a.key: _value(a.value) for a in s.attributes},
+                                }
+                            )
                 with outer.lock:
                     outer.spans.extend(got)
                 out = ExportTraceServiceResponse().SerializeToString()
@@ -110,14 +129,30 @@ def collector():
 
 def env(collector: Collector, **extra: str) -> dict:
     e = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k not in ("TRACEPARENT", "CTL_HOME")}
-    e.update(PYTHONPATH=str(ROOT) + os.pathsep + e.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
-             OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint, OTEL_BSP_SCHEDULE_DELAY="100", **extra)
+    e.update(
+        PYTHONPATH=str(ROOT) + os.pathsep + e.get("PYTHONPATH", ""),
+        OMP_NUM_THREADS="1",
+        OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
+        OTEL_BSP_SCHEDULE_DELAY="100",
+        **extra,
+    )
     return e
 
 
 def ctl_args(home: Path) -> list[str]:
-    return [sys.executable, "-m", "ctl.cli", "train", "--spec", str(home / "mini.json"), "--eval-max-items", "1",
-            "--json", "--home", str(home)]
+    return [
+        sys.executable,
+        "-m",
+        "ctl.cli",
+        "train",
+        "--spec",
+        str(home / "mini.json"),
+        "--eval-max-items",
+        "1",
+        "--json",
+        "--home",
+        str(home),
+    ]
 
 
 def wait_for(cond, what: str, proc: subprocess.Popen):
@@ -137,14 +172,28 @@ def test_one_trace_across_a_sigkill_through_otlp(tmp_path: Path, collector: Coll
     home.mkdir()
     (home / "mini.json").write_text(json.dumps(SPEC))
     # the trainer of segment 2 holds at step 7 (after its checkpoint at 6) until killed (tinyllm/faults.py)
-    proc = subprocess.Popen(ctl_args(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env(collector, TINYLLM_FAULT="trainer.hold@7"), start_new_session=True)
+    proc = subprocess.Popen(
+        ctl_args(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(collector, TINYLLM_FAULT="trainer.hold@7"),
+        start_new_session=True,
+    )
     try:
         # the killed attempt's checkpoint is recorded, and its trainer's step-6 span has arrived
-        wait_for(lambda: any(s["name"] == "train.step" and s["attributes"].get("train.step") == 6
-                             for s in collector.snapshot()), "the trainer's step 6 span", proc)
-        wait_for(lambda: any(s["name"] == "checkpoint step-000006" for s in collector.snapshot()),
-                 "the checkpoint step-000006 span (ctl's poll of the history)", proc)
+        wait_for(
+            lambda: any(
+                s["name"] == "train.step" and s["attributes"].get("train.step") == 6 for s in collector.snapshot()
+            ),
+            "the trainer's step 6 span",
+            proc,
+        )
+        wait_for(
+            lambda: any(s["name"] == "checkpoint step-000006" for s in collector.snapshot()),
+            "the checkpoint step-000006 span (ctl's poll of the history)",
+            proc,
+        )
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # ctl and its trainer
         proc.wait(timeout=30)
@@ -158,12 +207,22 @@ def test_one_trace_across_a_sigkill_through_otlp(tmp_path: Path, collector: Coll
 
     spans = collector.snapshot()
     # one trace: the id the history records (the first start's input) and ctl show prints
-    history = json.loads(subprocess.run([sys.executable, "-m", "ctl.cli", "history", "train/mini", "--json", "--home",
-                                         str(home)], capture_output=True, text=True, env=env(collector)).stdout)
+    history = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "ctl.cli", "history", "train/mini", "--json", "--home", str(home)],
+            capture_output=True,
+            text=True,
+            env=env(collector),
+        ).stdout
+    )
     recorded = history["events"][0]["attrs"]["input"]["trace"]["trace_id"]
     assert {s["trace_id"] for s in spans} == {recorded}
-    shown = subprocess.run([sys.executable, "-m", "ctl.cli", "show", "train/mini", "--home", str(home)],
-                           capture_output=True, text=True, env=env(collector)).stdout
+    shown = subprocess.run(
+        [sys.executable, "-m", "ctl.cli", "show", "train/mini", "--home", str(home)],
+        capture_output=True,
+        text=True,
+        env=env(collector),
+    ).stdout
     assert f"trace: {recorded}" in shown
     # each span id names one span (a re-sent span is the same span)
     by_id: dict[str, dict] = {}
@@ -176,7 +235,9 @@ def test_one_trace_across_a_sigkill_through_otlp(tmp_path: Path, collector: Coll
         a = s["attributes"]
         if s["name"] == "train.step":
             return f"train.step {a['train.step']}"
-        return f"{s['name']}#{a['durable.attempt']}" if s["name"].split()[0] in ("train", "eval", "corpus") else s["name"]
+        return (
+            f"{s['name']}#{a['durable.attempt']}" if s["name"].split()[0] in ("train", "eval", "corpus") else s["name"]
+        )
 
     tree = {label(s): (label(by_id[s["parent_id"]]) if s["parent_id"] else None) for s in unique}
     assert tree == {
@@ -200,12 +261,22 @@ def test_one_trace_across_a_sigkill_through_otlp(tmp_path: Path, collector: Coll
     }
     att = {(s["name"], s["attributes"].get("durable.attempt")): s["attributes"] for s in unique}
     killed, resumed = att[("train train-000008", 1)], att[("train train-000008", 2)]
-    assert killed["durable.outcome"] == "worker lost" and killed["durable.resume_checkpoint"] == "runs/mini/ckpt/step-000004"
-    assert resumed["durable.outcome"] == "completed" and resumed["durable.resume_checkpoint"] == "runs/mini/ckpt/step-000006"
+    assert (
+        killed["durable.outcome"] == "worker lost"
+        and killed["durable.resume_checkpoint"] == "runs/mini/ckpt/step-000004"
+    )
+    assert (
+        resumed["durable.outcome"] == "completed"
+        and resumed["durable.resume_checkpoint"] == "runs/mini/ckpt/step-000006"
+    )
     assert resumed["train.final_loss_hex"] == UNTRACED_FINAL_LOSS_HEX
     assert att[("eval eval-000004-ppl", 1)]["eval.suite"] == "ppl"
-    assert by_id[next(k for k, s in by_id.items() if s["name"] == "TrainRun train/mini")]["attributes"][
-        "train.final_loss_hex"] == UNTRACED_FINAL_LOSS_HEX
+    assert (
+        by_id[next(k for k, s in by_id.items() if s["name"] == "TrainRun train/mini")]["attributes"][
+            "train.final_loss_hex"
+        ]
+        == UNTRACED_FINAL_LOSS_HEX
+    )
     # the trainer's sampled steps carry the frame's loss (as metrics.jsonl has it) and tokens/s
     frames = {f["step"]: f for f in map(json.loads, (home / "runs/mini/metrics.jsonl").read_text().splitlines())}
     for s in unique:

@@ -19,6 +19,7 @@ test races the run's end. Waits are bounded polls of files and pids, never timin
 The 2-node test runs two torchrun agents on this machine (``TINYLLM_NNODES=2``, c10d rendezvous on
 loopback, one rank each), SIGTERMs the agent of the node that does not hold rank 0, and reruns both.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,16 @@ DEADLINE_S = 240
 STOP_WAIT_S = 120  # from the signal to the attempt's end (a step, a tiny checkpoint, exits): generous
 STEPS = 80
 SPEC = {
-    "name": "stop", "steps": STEPS, "seed": 7, "checkpoint_every": 1000, "batch_size": 4, "lr": 0.003,
-    "warmup_steps": 4, "lr_decay_steps": STEPS, "threads": 1, "log_every": 1000,
+    "name": "stop",
+    "steps": STEPS,
+    "seed": 7,
+    "checkpoint_every": 1000,
+    "batch_size": 4,
+    "lr": 0.003,
+    "warmup_steps": 4,
+    "lr_decay_steps": STEPS,
+    "threads": 1,
+    "log_every": 1000,
     "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.1},
     "distributed": {"world_size": 2},
 }
@@ -131,8 +140,14 @@ def checkpoints(home: Path) -> set[str]:
 
 def launch(home: Path, spec_path: Path, progress: Path, env: dict) -> subprocess.Popen:
     """A launcher in a session of its own, so that a group signal reaches this attempt only."""
-    return subprocess.Popen(train_cmd(home, spec_path, progress), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True)
+    return subprocess.Popen(
+        train_cmd(home, spec_path, progress),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -175,14 +190,21 @@ def assert_stopped(out: str, err: str, rc: int, progress: Path, home: Path, befo
 
 
 # what each attempt's signal goes to, the signal, and $DURABLE_STOP_SIGNAL
-ATTEMPTS = [("rank 1", signal.SIGTERM, None), ("agent", signal.SIGTERM, None), ("group", signal.SIGTERM, None),
-            ("rank 1", signal.SIGUSR1, "SIGUSR1"), ("group", signal.SIGUSR1, "SIGUSR1"),
-            ("launcher", signal.SIGTERM, None), ("every process", signal.SIGTERM, None)]
+ATTEMPTS = [
+    ("rank 1", signal.SIGTERM, None),
+    ("agent", signal.SIGTERM, None),
+    ("group", signal.SIGTERM, None),
+    ("rank 1", signal.SIGUSR1, "SIGUSR1"),
+    ("group", signal.SIGUSR1, "SIGUSR1"),
+    ("launcher", signal.SIGTERM, None),
+    ("every process", signal.SIGTERM, None),
+]
 
 
 @pytest.mark.timeout(600)  # 8 torchrun runs: 111 to 201 s on the loaded 2-core machine
 def test_a_stop_reaching_one_rank_the_agent_the_group_or_the_launcher_stops_every_rank_at_one_step(
-        tmp_path, reference, started) -> None:
+    tmp_path, reference, started
+) -> None:
     home, spec_path = make_home(tmp_path / "h")
     at, resumed_from = 0, None
     for n, (target, sig, stop_env) in enumerate(ATTEMPTS, 1):
@@ -204,10 +226,16 @@ def test_a_stop_reaching_one_rank_the_agent_the_group_or_the_launcher_stops_ever
         if target == "group":
             os.killpg(proc.pid, sig)  # the launcher and the agent (the ranks are in their own sessions)
         else:  # "every process": what Slurm does (the job step's cgroup), and the engine's attempt sweep
-            for pid in {"rank 1": [ranks[1]], "agent": [agent], "launcher": [proc.pid]}.get(target, [proc.pid, agent, *ranks]):
+            for pid in {"rank 1": [ranks[1]], "agent": [agent], "launcher": [proc.pid]}.get(
+                target, [proc.pid, agent, *ranks]
+            ):
                 os.kill(pid, sig)
-        poll(lambda: proc.poll() is not None, f"the attempt to stop after {sig.name} to {target} (the ranks hold at "
-             f"step {at + HOLD_AFTER} until they agree on a stop)", bound_s=STOP_WAIT_S)
+        poll(
+            lambda: proc.poll() is not None,
+            f"the attempt to stop after {sig.name} to {target} (the ranks hold at "
+            f"step {at + HOLD_AFTER} until they agree on a stop)",
+            bound_s=STOP_WAIT_S,
+        )
         out, err = proc.communicate(timeout=DEADLINE_S)
         at = assert_stopped(out, err, proc.returncode, progress, home, before, sig.name)
         print(f"attempt {n}: {sig.name} to {target} after step {last_signal_step}: stopped at step {at}")
@@ -216,8 +244,9 @@ def test_a_stop_reaching_one_rank_the_agent_the_group_or_the_launcher_stops_ever
             poll(lambda: not alive(p), f"process {p} to end")
         resumed_from = f"runs/stop/ckpt/step-{at:06d}"
 
-    done = subprocess.run(train_cmd(home, spec_path, tmp_path / "last.jsonl"), capture_output=True, text=True,
-                          timeout=DEADLINE_S, env=ENV)
+    done = subprocess.run(
+        train_cmd(home, spec_path, tmp_path / "last.jsonl"), capture_output=True, text=True, timeout=DEADLINE_S, env=ENV
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     final, ref = json.loads(done.stdout.strip().splitlines()[-1]), reference["result"]
     assert final["resumed_from"] == resumed_from
@@ -237,8 +266,12 @@ def test_two_nodes_one_agent_sigtermed_stop_at_one_step_and_resume_bitwise(tmp_p
     home, spec_path = make_home(tmp_path / "h")
 
     def nodes(n: int, hold: bool) -> tuple[list[subprocess.Popen], list[Path]]:
-        env = {**ENV, "TINYLLM_NNODES": "2", "TINYLLM_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
-               "TINYLLM_RDZV_ID": f"stop-{n}"}
+        env = {
+            **ENV,
+            "TINYLLM_NNODES": "2",
+            "TINYLLM_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
+            "TINYLLM_RDZV_ID": f"stop-{n}",
+        }
         if hold:
             env["TINYLLM_FAULT"] = f"trainer.hold@{HOLD_AFTER}"
         progress = [tmp_path / f"n{n}-node{r}.jsonl" for r in (0, 1)]
@@ -255,8 +288,11 @@ def test_two_nodes_one_agent_sigtermed_stop_at_one_step_and_resume_bitwise(tmp_p
     agent = agent_of(procs[other].pid)
     assert children(agent) == [ranks[1]]
     os.kill(agent, signal.SIGTERM)
-    poll(lambda: all(p.poll() is not None for p in procs), "both nodes to stop after SIGTERM to an agent",
-         bound_s=STOP_WAIT_S)
+    poll(
+        lambda: all(p.poll() is not None for p in procs),
+        "both nodes to stop after SIGTERM to an agent",
+        bound_s=STOP_WAIT_S,
+    )
     ended = [p.communicate(timeout=DEADLINE_S) for p in procs]
     step = assert_stopped(*ended[lead], procs[lead].returncode, progress[lead], home, set(), "SIGTERM")
     assert procs[other].returncode == 130, ended[other][1][-3000:]

@@ -7,6 +7,7 @@ loss equal the reference's. A 1-rank distributed run equals the plain one-proces
 Resuming at another world size is refused with one line, exit 2, nothing written.
 Waits are bounded polls of files and pids, never timings.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,28 @@ pytestmark = pytest.mark.slow  # torchrun with 2 gloo ranks, real signals (up to
 
 DEADLINE_S = 180
 SPEC = {
-    "name": "ddp", "steps": 120, "seed": 7, "checkpoint_every": 10, "batch_size": 4, "lr": 0.003,
-    "warmup_steps": 4, "lr_decay_steps": 120, "threads": 1, "log_every": 1000,
+    "name": "ddp",
+    "steps": 120,
+    "seed": 7,
+    "checkpoint_every": 10,
+    "batch_size": 4,
+    "lr": 0.003,
+    "warmup_steps": 4,
+    "lr_decay_steps": 120,
+    "threads": 1,
+    "log_every": 1000,
     "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.1},
     "distributed": {"world_size": 2},
     # held-out validation on every rank: 5 windows over 2 ranks (3 + 2 and one all-ignored pad window)
-    "validation": {"enabled": True, "objective": "lm", "before_training": True, "every_steps": 30, "batch_size": 2,
-                   "max_samples": 5, "data": {"path": "builtin:heldout.txt", "shuffle": False}},
+    "validation": {
+        "enabled": True,
+        "objective": "lm",
+        "before_training": True,
+        "every_steps": 30,
+        "batch_size": 2,
+        "max_samples": 5,
+        "data": {"path": "builtin:heldout.txt", "shuffle": False},
+    },
 }
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -100,8 +116,14 @@ def checkpoint_after(progress: Path, step: int) -> dict | None:
 
 def step_losses(home: Path, name: str) -> dict[int, tuple]:
     """Each step's frame: train loss bits, and the held-out loss bits and token count where it validated."""
-    return {x["step"]: (float(x.get("train/loss", "nan")).hex(), float(x.get("val/loss", "nan")).hex(),
-                        x.get("val/token_count")) for x in lines(home / "runs" / name / "metrics.jsonl")}
+    return {
+        x["step"]: (
+            float(x.get("train/loss", "nan")).hex(),
+            float(x.get("val/loss", "nan")).hex(),
+            x.get("val/token_count"),
+        )
+        for x in lines(home / "runs" / name / "metrics.jsonl")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +153,9 @@ def test_two_ranks_resume_bitwise_after_sigkill_of_launcher_and_rank_and_sigterm
     home, spec_path = make_home(tmp_path / "faults", SPEC)
 
     def start(progress: Path) -> tuple[subprocess.Popen, list[int]]:
-        proc = subprocess.Popen(train_cmd(home, spec_path, progress), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=ENV)
+        proc = subprocess.Popen(
+            train_cmd(home, spec_path, progress), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+        )
         started.append(proc)
         pids = poll(lambda: ranks_of(progress), "the ranks' pids", proc)
         started.extend(pids)
@@ -151,8 +174,11 @@ def test_two_ranks_resume_bitwise_after_sigkill_of_launcher_and_rank_and_sigterm
 
     # 2. SIGKILL of rank 1: the attempt ends (retryable exit 1, one line naming it), no rank left
     proc, pids = start(tmp_path / "p2.jsonl")
-    resumed = poll(lambda: next((x for x in lines(tmp_path / "p2.jsonl") if x.get("event") == "resume"), None),
-                   "the resume line", proc)
+    resumed = poll(
+        lambda: next((x for x in lines(tmp_path / "p2.jsonl") if x.get("event") == "resume"), None),
+        "the resume line",
+        proc,
+    )
     assert resumed["resumed_from"] == f"runs/ddp/ckpt/{at_kill}"  # from LATEST
     first = int(at_kill.split("-")[1])
     poll(lambda: checkpoint_after(tmp_path / "p2.jsonl", first), "a checkpoint of attempt 2", proc)
@@ -193,8 +219,10 @@ def test_one_rank_distributed_equals_the_plain_run_bitwise(tmp_path) -> None:
     home, one_path = make_home(tmp_path / "h", spec)
     plain_path = home / "plain.json"
     plain_path.write_text(json.dumps({**plain, "name": "plain"}))
-    procs = [subprocess.Popen(train_cmd(home, p), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-             for p in (one_path, plain_path)]
+    procs = [
+        subprocess.Popen(train_cmd(home, p), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        for p in (one_path, plain_path)
+    ]
     results = []
     for p in procs:
         out, err = p.communicate(timeout=DEADLINE_S)
@@ -240,16 +268,37 @@ def test_nccl_is_refused_in_one_line_before_any_process(tmp_path) -> None:
 def test_bad_distributed_specs_are_one_line() -> None:
     from tinyllm.spec import SpecError, parse_train_spec
 
-    for bad, words in (({"world_size": 3}, "not a multiple of world_size 3"), ({"world_size": 0}, "world_size"),
-                       ({"world_size": 2, "backend": "mpi"}, "backend"), ({"world_size": 2, "nodes": 2}, "unknown field")):
+    for bad, words in (
+        ({"world_size": 3}, "not a multiple of world_size 3"),
+        ({"world_size": 0}, "world_size"),
+        ({"world_size": 2, "backend": "mpi"}, "backend"),
+        ({"world_size": 2, "nodes": 2}, "unknown field"),
+    ):
         with pytest.raises(SpecError, match=words):
             parse_train_spec({**SPEC, "distributed": bad})
 
 
 def ctl_train(home: Path, spec_path: Path, heartbeat_s: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec_path), "--no-eval", "--json",
-                             "--heartbeat-timeout", str(heartbeat_s), "--home", str(home)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "train",
+            "--spec",
+            str(spec_path),
+            "--no-eval",
+            "--json",
+            "--heartbeat-timeout",
+            str(heartbeat_s),
+            "--home",
+            str(home),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
 
 
 @pytest.mark.soak  # ~50 s; the two-rank SIGKILL/SIGTERM resume test stays in CI
@@ -275,7 +324,10 @@ def test_ctl_train_of_two_ranks_killed_and_a_hung_rank_end_with_the_same_loss(tm
     started.append(proc)
     n = poll(attempt_with_checkpoint, "a checkpoint", proc)
     progress = lines(work / f"progress-{n}.jsonl")
-    attempt = [next(x["pid"] for x in progress if x.get("event") == "starting"), *ranks_of(work / f"progress-{n}.jsonl")]
+    attempt = [
+        next(x["pid"] for x in progress if x.get("event") == "starting"),
+        *ranks_of(work / f"progress-{n}.jsonl"),
+    ]
     started.extend(attempt)
     proc.kill()
     proc.communicate(timeout=DEADLINE_S)
@@ -299,8 +351,17 @@ def test_ctl_train_of_two_ranks_killed_and_a_hung_rank_end_with_the_same_loss(tm
     assert res["state"] == "completed"
     ref = reference["result"]
     assert (res["result"]["final_loss_hex"], res["result"]["digest"]) == (ref["final_loss_hex"], ref["digest"])
-    events = json.loads(subprocess.run([sys.executable, "-m", "ctl.cli", "history", "train/ddp", "--json", "--home",
-                                        str(home)], capture_output=True, text=True, timeout=DEADLINE_S).stdout)["events"]
-    ended = [e.get("attrs", {}).get("kind") or e["attrs"].get("error", {}).get("type") for e in events
-             if e["type"] in ("activity_timed_out", "activity_failed") and e["attrs"].get("attempt") == m]
+    events = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "ctl.cli", "history", "train/ddp", "--json", "--home", str(home)],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+        ).stdout
+    )["events"]
+    ended = [
+        e.get("attrs", {}).get("kind") or e["attrs"].get("error", {}).get("type")
+        for e in events
+        if e["type"] in ("activity_timed_out", "activity_failed") and e["attrs"].get("attempt") == m
+    ]
     assert ended and ended[0] in ("heartbeat timeout", "ProgressTimeout"), ended

@@ -1,4 +1,5 @@
 """Shared bits of the tests/durable tests: the example trainer's specs, bounded polling."""
+
 from __future__ import annotations
 
 import json
@@ -44,6 +45,10 @@ def lines(path: Path) -> list[dict]:
 
 
 def start_example(spec_path: Path, home: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(EXAMPLES / "durable_train.py"), "--spec", str(spec_path),
-                             "--home", str(home), *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "durable_train.py"), "--spec", str(spec_path), "--home", str(home), *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

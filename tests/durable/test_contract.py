@@ -3,6 +3,7 @@
 Unit checks of workflows/trainer_command.py, and the real path: ``ctl train`` of specs whose
 trainer is a small stdlib-only script that breaks one rule each (no torch, so these are quick).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ from engine import NonRetryableError
 from workflows.trainer_command import check_progress, check_train_result, invocation
 
 # A trainer that follows the contract except where its config's "break" says otherwise.
-BAD_TRAINER = r'''
+BAD_TRAINER = r"""
 import argparse, json, os, sys
 p = argparse.ArgumentParser()
 for a in ("--spec", "--home", "--progress", "--resume"):
@@ -38,22 +39,40 @@ if brk == "result":
 loss = 0.5
 print(json.dumps({"name": spec["name"], "steps": spec["steps"], "checkpoint": "runs/%s/ckpt/step-%06d" % (spec["name"], spec["steps"]),
                   "final_loss": loss, "final_loss_hex": loss.hex(), "digest": "d", "resumed_from": None, "canceled": False}))
-'''
+"""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rule, message", [
-    ("result", "trainer broke the contract (result line): it exited 0, but its last stdout line is not a JSON object"),
-    ("progress", "trainer broke the contract (progress lines): line 1 of progress-1.jsonl is not JSON"),
-    ("checkpoint", "trainer broke the contract (checkpoint layout): the result's checkpoint runs/bad-checkpoint/ckpt/step-000002 is not there"),
-])
+@pytest.mark.parametrize(
+    "rule, message",
+    [
+        (
+            "result",
+            "trainer broke the contract (result line): it exited 0, but its last stdout line is not a JSON object",
+        ),
+        ("progress", "trainer broke the contract (progress lines): line 1 of progress-1.jsonl is not JSON"),
+        (
+            "checkpoint",
+            "trainer broke the contract (checkpoint layout): the result's checkpoint runs/bad-checkpoint/ckpt/step-000002 is not there",
+        ),
+    ],
+)
 def test_ctl_train_names_the_rule_a_trainer_broke(tmp_path: Path, rule: str, message: str) -> None:
     (tmp_path / "bad_trainer.py").write_text(BAD_TRAINER)
-    spec = {"name": f"bad-{rule}", "steps": 2, "trainer": {"command": ["python", "bad_trainer.py"]},
-            "config": {"break": rule}}
+    spec = {
+        "name": f"bad-{rule}",
+        "steps": 2,
+        "trainer": {"command": ["python", "bad_trainer.py"]},
+        "config": {"break": rule},
+    }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    p = subprocess.run([sys.executable, "-m", "ctl.cli", "train", "--spec", "spec.json", "--home", str(tmp_path / "home")],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "ctl.cli", "train", "--spec", "spec.json", "--home", str(tmp_path / "home")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert p.returncode == 1, p.stderr[-2000:]
     assert message in p.stderr, p.stderr[-2000:]
     assert "Traceback" not in p.stderr
@@ -64,8 +83,14 @@ def result(home: Path, **changes) -> dict:
     ckpt.mkdir(parents=True, exist_ok=True)
     (ckpt / "manifest.json").write_text("{}")
     (home / "runs/r/ckpt/LATEST").write_text("step-000002\n")
-    out = {"name": "r", "steps": 2, "checkpoint": "runs/r/ckpt/step-000002", "final_loss": 0.25,
-           "final_loss_hex": (0.25).hex(), "digest": "d"}
+    out = {
+        "name": "r",
+        "steps": 2,
+        "checkpoint": "runs/r/ckpt/step-000002",
+        "final_loss": 0.25,
+        "final_loss_hex": (0.25).hex(),
+        "digest": "d",
+    }
     return {**out, **changes}
 
 
@@ -79,11 +104,15 @@ def rule_of(fn, *args, **kwargs) -> str:
 def test_result_line_rules(tmp_path: Path) -> None:
     assert check_train_result(result(tmp_path), home=tmp_path, name="r")["steps"] == 2
     assert rule_of(check_train_result, None, home=tmp_path, name="r") == "result line"
-    assert rule_of(check_train_result, result(tmp_path, final_loss_hex="0x1p-1"), home=tmp_path, name="r") == "result line"
+    assert (
+        rule_of(check_train_result, result(tmp_path, final_loss_hex="0x1p-1"), home=tmp_path, name="r") == "result line"
+    )
     assert rule_of(check_train_result, result(tmp_path, digest=None), home=tmp_path, name="r") == "result line"
     assert rule_of(check_train_result, result(tmp_path, name="other"), home=tmp_path, name="r") == "result line"
-    assert rule_of(check_train_result, result(tmp_path, checkpoint="runs/r/ckpt/step-000009"), home=tmp_path,
-                   name="r") == "checkpoint layout"
+    assert (
+        rule_of(check_train_result, result(tmp_path, checkpoint="runs/r/ckpt/step-000009"), home=tmp_path, name="r")
+        == "checkpoint layout"
+    )
     (tmp_path / "runs/r/ckpt/LATEST").unlink()
     good = {k: v for k, v in result(tmp_path).items()}
     (tmp_path / "runs/r/ckpt/LATEST").write_text("step-000001\n")
@@ -113,7 +142,9 @@ def test_invocation_of_a_spec_trainer(tmp_path: Path) -> None:
     seg = invocation({**spec, "steps": 20}, "train", home=tmp_path, python="/py", env={}, default=[], run_steps=60)
     assert seg.env == {"A": "1", "CTL_RUN_STEPS": "60"}  # a segment's trainer learns the run's full length
     assert invocation({**spec, "steps": 20}, "train", home=tmp_path, python="/py", env={}, default=[]).env == {
-        "A": "1", "CTL_RUN_STEPS": "20"}
+        "A": "1",
+        "CTL_RUN_STEPS": "20",
+    }
     assert invocation({}, "train", home=tmp_path, python="/py", env=None, default=["tinyllm"]).argv == ["tinyllm"]
     with pytest.raises(NonRetryableError):
         invocation(spec, "eval", home=tmp_path, python="/py", env=None, default=["tinyllm"])  # no eval_command

@@ -3,6 +3,7 @@ in the reference run, and again by ``ctl eval --spec``): killed with SIGKILL and
 run again, it ends bitwise equal to an uninterrupted run; canceled, it stops after a checkpoint
 (exit 130) and the same command finishes it, bitwise equal too. Real ctl, engine, runner, trainer.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,27 +21,41 @@ from tinyllm import runlock
 pytestmark = pytest.mark.slow  # real ctl train/eval of the example trainer
 
 NAME = "usr"
-SPEC = example_spec(name=NAME, steps=60, checkpoint_every=5, eval_every=0, config={
-    **example_spec()["config"], "step_sleep_s": 0.05})
+SPEC = example_spec(
+    name=NAME, steps=60, checkpoint_every=5, eval_every=0, config={**example_spec()["config"], "step_sleep_s": 0.05}
+)
 
 
 def ctl(home: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run([sys.executable, "-m", "ctl.cli", *args, "--home", str(home)], capture_output=True, text=True,
-                       cwd=ROOT, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "ctl.cli", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     if check and p.returncode != 0:
         raise AssertionError(f"ctl {' '.join(args)} exited {p.returncode}: {p.stderr[-2000:]}")
     return p
 
 
 def spawn(home: Path, spec_path: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec_path), "--json", "--home",
-                             str(home)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec_path), "--json", "--home", str(home)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def checkpointed(home: Path) -> int | None:
     """A checkpoint step between 10 and the end, from the attempt's progress file."""
-    steps = [ln["step"] for ln in lines(home / f"runs/{NAME}/activity/train-000060/progress-1.jsonl")
-             if ln.get("event") == "checkpoint" and 10 <= ln["step"] < 60]
+    steps = [
+        ln["step"]
+        for ln in lines(home / f"runs/{NAME}/activity/train-000060/progress-1.jsonl")
+        if ln.get("event") == "checkpoint" and 10 <= ln["step"] < 60
+    ]
     return max(steps) if steps else None
 
 
@@ -67,8 +82,21 @@ def reference(reference_run) -> dict:
 def test_ctl_eval_runs_the_trainers_eval_command_on_any_checkpoint(reference_run) -> None:
     """EvalSuite on its own (`ctl eval --spec`): the same figures as TrainRun's evaluation of that checkpoint."""
     home, res = reference_run
-    out = json.loads(ctl(home, "eval", "--spec", str(home / "spec.json"), "--suite", "acc",
-                         "--subject", f"final={res['checkpoint']}", "--name", "again", "--json").stdout)
+    out = json.loads(
+        ctl(
+            home,
+            "eval",
+            "--spec",
+            str(home / "spec.json"),
+            "--suite",
+            "acc",
+            "--subject",
+            f"final={res['checkpoint']}",
+            "--name",
+            "again",
+            "--json",
+        ).stdout
+    )
     assert out["state"] == "completed" and out["workflow_id"] == "eval/again"
     suite = out["result"]["suites"][0]
     assert (suite["suite"], suite["run"]) == ("acc", "again")
@@ -77,14 +105,19 @@ def test_ctl_eval_runs_the_trainers_eval_command_on_any_checkpoint(reference_run
     assert (home / "evals/acc/again/summary.json").is_file()
 
 
-@pytest.mark.parametrize("spec,message", [({"name": "tiny", "steps": 2}, "names no trainer of its own"),
-                                          ({**SPEC, "trainer": {"command": SPEC["trainer"]["command"]}},
-                                           "the spec's trainer has no eval_command")])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ({"name": "tiny", "steps": 2}, "names no trainer of its own"),
+        ({**SPEC, "trainer": {"command": SPEC["trainer"]["command"]}}, "the spec's trainer has no eval_command"),
+    ],
+)
 def test_ctl_eval_refuses_a_spec_without_an_eval_command(tmp_path: Path, spec: dict, message: str) -> None:
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     (tmp_path / "ckpt").mkdir()
-    p = ctl(tmp_path, "eval", "--spec", str(tmp_path / "spec.json"), "--suite", "acc", "--subject", "a=ckpt",
-            check=False)
+    p = ctl(
+        tmp_path, "eval", "--spec", str(tmp_path / "spec.json"), "--suite", "acc", "--subject", "a=ckpt", check=False
+    )
     assert p.returncode == 2 and message in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not (tmp_path / "engine.db").exists()  # nothing started
 
@@ -117,4 +150,7 @@ def test_canceled_then_the_same_command_finishes_it(tmp_path: Path, reference: d
     assert last["event"] == "checkpoint" and f"step-{last['step']:06d}" == latest  # SIGTERM: checkpoint, exit 130
     out = json.loads(ctl(tmp_path, "train", "--spec", str(tmp_path / "spec.json"), "--json").stdout)
     assert out["state"] == "completed" and out["workflow_id"] == f"train/{NAME}/2"
-    assert (out["result"]["final_loss_hex"], out["result"]["digest"]) == (reference["final_loss_hex"], reference["digest"])
+    assert (out["result"]["final_loss_hex"], out["result"]["digest"]) == (
+        reference["final_loss_hex"],
+        reference["digest"],
+    )

@@ -9,6 +9,7 @@ through the real checkpoint files, and puts it back on resume, so a loop drawing
 RNG continues bit for bit. It proves nothing about real CUDA generators (offsets, graphs, more
 devices): that is untested here.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,8 +37,9 @@ class FakeCudaRng:
 
     def manual_seed_all(self, seed: int) -> None:
         for i in range(len(self.states)):
-            self.states[i] = torch.frombuffer(bytearray(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:16]),
-                                              dtype=torch.uint8).clone()
+            self.states[i] = torch.frombuffer(
+                bytearray(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:16]), dtype=torch.uint8
+            ).clone()
 
     def get_rng_state_all(self) -> list[torch.Tensor]:
         return [s.clone() for s in self.states]
@@ -82,8 +84,7 @@ def test_every_devices_rng_state_round_trips_through_a_checkpoint(fake_cuda: Fak
 
 def _loop(home: Path, steps: int, fake: FakeCudaRng) -> tuple[DurableRun, list[str]]:
     """A loop whose loss depends on both fake devices' RNGs (as dropout on a GPU would)."""
-    run = DurableRun({"name": "cuda", "steps": steps, "seed": 4, "checkpoint_every": 3, "log_every": 1000},
-                     home=home)
+    run = DurableRun({"name": "cuda", "steps": steps, "seed": 4, "checkpoint_every": 3, "log_every": 1000}, home=home)
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     run.track(model=model, optimizer=opt)
@@ -101,8 +102,12 @@ def _loop(home: Path, steps: int, fake: FakeCudaRng) -> tuple[DurableRun, list[s
 
 @pytest.mark.slow
 def test_a_resumed_loop_drawing_from_the_device_rng_continues_bit_for_bit(fake_cuda: FakeCudaRng) -> None:
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b, \
-            contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with (
+        tempfile.TemporaryDirectory() as a,
+        tempfile.TemporaryDirectory() as b,
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
         ref, ref_losses = _loop(Path(a), 8, fake_cuda)
         _, head = _loop(Path(b), 5, fake_cuda)  # ends with a checkpoint at step 5
         resumed, tail = _loop(Path(b), 8, fake_cuda)

@@ -2,6 +2,7 @@
 
 Real processes (the example trainer) and real signals.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,10 @@ pytestmark = pytest.mark.slow  # the example trainer as a subprocess
 
 
 def test_the_helper_imports_torch_and_nothing_else_of_the_project() -> None:
-    code = ("import sys, tinyllm.durable; bad = [m for m in sys.modules if m.split('.')[0] in "
-            "('pydantic', 'click', 'engine', 'workflows', 'ctl', 'rich')]; print(bad)")
+    code = (
+        "import sys, tinyllm.durable; bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('pydantic', 'click', 'engine', 'workflows', 'ctl', 'rich')]; print(bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -29,10 +32,17 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path) -> None:
     bad_name = tmp_path / "bad.json"
     bad_name.write_text(json.dumps({**example_spec(), "name": "../up"}))
     home = tmp_path / "home"
-    for args, message in [([], "bad arguments"), (["--spec", str(tmp_path / "missing.json")], "not found"),
-                          (["--spec", str(bad_name)], "not a plain identifier")]:
-        p = subprocess.run([sys.executable, str(ROOT / "examples/durable_train.py"), *args, "--home", str(home)],
-                           capture_output=True, text=True, cwd=ROOT)
+    for args, message in [
+        ([], "bad arguments"),
+        (["--spec", str(tmp_path / "missing.json")], "not found"),
+        (["--spec", str(bad_name)], "not a plain identifier"),
+    ]:
+        p = subprocess.run(
+            [sys.executable, str(ROOT / "examples/durable_train.py"), *args, "--home", str(home)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         assert p.returncode == 2, (args, p.stderr)
         err = [ln for ln in p.stderr.splitlines() if ln.strip()]
         assert len(err) == 1 and message in err[0], (args, p.stderr)
@@ -55,7 +65,9 @@ def test_sigterm_checkpoints_at_the_step_boundary_and_exits_130(tmp_path) -> Non
     assert ckpt.name == f"step-{result['steps']:06d}" and (ckpt / "manifest.json").is_file()
     assert (tmp_path / "runs/term/ckpt/LATEST").read_text().strip() == ckpt.name
     last = lines(progress)[-1]
-    assert last["event"] == "checkpoint" and last["step"] == result["steps"] and last["checkpoint"] == result["checkpoint"]
+    assert (
+        last["event"] == "checkpoint" and last["step"] == result["steps"] and last["checkpoint"] == result["checkpoint"]
+    )
 
 
 def test_a_locked_run_directory_exits_75(tmp_path) -> None:

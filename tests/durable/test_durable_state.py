@@ -5,6 +5,7 @@ round-trip through tinyllm's checkpoint writer and ``torch.load(weights_only=Tru
 optimizer, LR scheduler, grad scaler and data sampler saved by a DurableRun at a random step and
 restored by a fresh process-like DurableRun continue bit for bit like an uninterrupted run.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,16 +30,27 @@ torch.set_num_threads(1)
 
 
 def generators(seed: int) -> dict:
-    return {"torch": torch.Generator().manual_seed(seed), "pcg": np.random.default_rng(seed),
-            "mt": np.random.Generator(np.random.MT19937(seed)), "legacy": np.random.RandomState(seed % 2**32),
-            "py": random.Random(seed)}
+    return {
+        "torch": torch.Generator().manual_seed(seed),
+        "pcg": np.random.default_rng(seed),
+        "mt": np.random.Generator(np.random.MT19937(seed)),
+        "legacy": np.random.RandomState(seed % 2**32),
+        "py": random.Random(seed),
+    }
 
 
 def draw(gens: dict) -> list:
     """One draw from every RNG, as exact values."""
-    return [random.random().hex(), float(np.random.random()).hex(), torch.rand(3).tolist(),
-            torch.rand(2, generator=gens["torch"]).tolist(), float(gens["pcg"].random()).hex(),
-            int(gens["mt"].integers(0, 2**62)), float(gens["legacy"].randn()).hex(), gens["py"].random().hex()]
+    return [
+        random.random().hex(),
+        float(np.random.random()).hex(),
+        torch.rand(3).tolist(),
+        torch.rand(2, generator=gens["torch"]).tolist(),
+        float(gens["pcg"].random()).hex(),
+        int(gens["mt"].integers(0, 2**62)),
+        float(gens["legacy"].randn()).hex(),
+        gens["py"].random().hex(),
+    ]
 
 
 @settings(max_examples=25, deadline=None)
@@ -84,8 +96,8 @@ def _loop(home: Path, steps: int, every: int, seed: int, scaler_on: bool) -> tup
     run = DurableRun(spec, home=home)
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, foreach=False)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4, growth_interval=2, enabled=scaler_on)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9**s)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4, growth_interval=2, enabled=scaler_on)
     xs = torch.randn(10, 3, generator=torch.Generator().manual_seed(seed))
     sampler = DurableSampler(10, seed=seed)
     noise = np.random.default_rng(seed)
@@ -109,11 +121,20 @@ def _loop(home: Path, steps: int, every: int, seed: int, scaler_on: bool) -> tup
 
 @pytest.mark.slow
 @settings(max_examples=6, deadline=None)
-@given(first=st.integers(1, 6), more=st.integers(1, 4), every=st.integers(1, 3), seed=st.integers(0, 1000),
-       scaler_on=st.booleans())
+@given(
+    first=st.integers(1, 6),
+    more=st.integers(1, 4),
+    every=st.integers(1, 3),
+    seed=st.integers(0, 1000),
+    scaler_on=st.booleans(),
+)
 def test_a_resumed_loop_continues_bit_for_bit(first: int, more: int, every: int, seed: int, scaler_on: bool) -> None:
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b, \
-            contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with (
+        tempfile.TemporaryDirectory() as a,
+        tempfile.TemporaryDirectory() as b,
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
         ref, ref_losses = _loop(Path(a), first + more, every, seed, scaler_on)
         _, head = _loop(Path(b), first, every, seed, scaler_on)  # ends with a checkpoint at `first`
         resumed, tail = _loop(Path(b), first + more, every, seed, scaler_on)

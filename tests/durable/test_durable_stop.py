@@ -11,6 +11,7 @@ real signals (issue 39):
   written (SIGTERM twice, SIGINT, USR1, a group SIGTERM; the write held open by
   ``checkpoint.hold_write``) change nothing; a bad name is one line, exit 2, nothing written.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,10 +29,24 @@ pytestmark = pytest.mark.slow  # 6 example processes, each imports torch (~40 s 
 
 
 def start(spec_path: Path, home: Path, progress: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(EXAMPLES / "durable_train.py"), "--spec", str(spec_path),
-                             "--home", str(home), "--progress", str(progress)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(EXAMPLES / "durable_train.py"),
+            "--spec",
+            str(spec_path),
+            "--home",
+            str(home),
+            "--progress",
+            str(progress),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+    )
 
 
 def held(progress: Path, step: int):
@@ -73,7 +88,7 @@ def stopped_at(home: Path, spec: dict, step: int, sig: int, group: bool, env: di
     got = lines(progress)
     i = [k for k, ln in enumerate(got) if ln.get("event") == "stopping"]
     assert len(i) == 1 and got[i[0]]["step"] == step, got
-    assert [ln["step"] for ln in got[i[0]:] if ln.get("event") == "checkpoint"] == [step]
+    assert [ln["step"] for ln in got[i[0] :] if ln.get("event") == "checkpoint"] == [step]
     result = json.loads(out.strip().splitlines()[-1])
     assert result["canceled"] and result["steps"] == step
     assert result["checkpoint"] == f"runs/{spec['name']}/ckpt/step-{step:06d}"
@@ -85,15 +100,39 @@ def test_a_group_sigterm_with_two_loader_workers_checkpoints_the_step_three_time
     ref_home.mkdir()
     home.mkdir()
     spec = example_spec(eval_every=0)  # checkpoint_every 5, 40 steps
-    ref = subprocess.run([sys.executable, str(EXAMPLES / "durable_train.py"), "--spec", str(write_spec(ref_home, spec)),
-                          "--home", str(ref_home)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    ref = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "durable_train.py"),
+            "--spec",
+            str(write_spec(ref_home, spec)),
+            "--home",
+            str(ref_home),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ref.returncode == 0, ref.stderr[-2000:]
     workers = {**spec, "config": {**spec["config"], "workers": 2}}
     seen = [stopped_at(home, workers, step, signal.SIGTERM, True, {}, n) for n, step in enumerate((7, 16, 23))]
     assert [s["signal"] for s in seen] == ["SIGTERM"] * 3
     assert [s["resumed_from"] for s in seen] == [None, "runs/spirals/ckpt/step-000007", "runs/spirals/ckpt/step-000016"]
-    last = subprocess.run([sys.executable, str(EXAMPLES / "durable_train.py"), "--spec", str(write_spec(home, workers)),
-                           "--home", str(home)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    last = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "durable_train.py"),
+            "--spec",
+            str(write_spec(home, workers)),
+            "--home",
+            str(home),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert last.returncode == 0, last.stderr[-2000:]
     a, b = json.loads(ref.stdout.strip().splitlines()[-1]), json.loads(last.stdout.strip().splitlines()[-1])
     assert b["resumed_from"] == "runs/spirals/ckpt/step-000023"
@@ -105,7 +144,9 @@ def test_the_stop_signal_from_the_environment_stops_the_helper_and_a_bad_name_is
     seen = stopped_at(tmp_path, spec, 8, signal.SIGUSR1, False, {"DURABLE_STOP_SIGNAL": "USR1"}, 0, more=True)
     assert seen["signal"] == "SIGUSR1"
     progress = tmp_path / "bad.jsonl"
-    proc = start(write_spec(tmp_path, {**spec, "name": "other"}), tmp_path, progress, {"DURABLE_STOP_SIGNAL": "SIGNOPE"})
+    proc = start(
+        write_spec(tmp_path, {**spec, "name": "other"}), tmp_path, progress, {"DURABLE_STOP_SIGNAL": "SIGNOPE"}
+    )
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2 and out == "" and err.count("\n") == 1 and "DURABLE_STOP_SIGNAL" in err, err
     assert not progress.exists() and not (tmp_path / "runs/other").exists()

@@ -8,6 +8,7 @@ as it was at its step; an error of the writer raised on the training thread; liv
 training loop itself, never waiting for the writer. The writer's batch interval is made huge in the
 tests that are about a flush, so only the flush can have put the frame there.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,8 +35,13 @@ def frames(path: Path) -> list[dict]:
 
 
 def make_run(home: Path, steps: int = 6, checkpoint_every: int = 3, **kw) -> DurableRun:
-    run = DurableRun({"name": "fw", "steps": steps, "checkpoint_every": checkpoint_every, "log_every": 1},
-                     home=home, progress=home / "progress.jsonl", console=io.StringIO(), **kw)
+    run = DurableRun(
+        {"name": "fw", "steps": steps, "checkpoint_every": checkpoint_every, "log_every": 1},
+        home=home,
+        progress=home / "progress.jsonl",
+        console=io.StringIO(),
+        **kw,
+    )
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -83,12 +89,33 @@ def test_a_snapshot_digest_is_the_batch_as_it_was_even_if_refilled_in_place() ->
     assert digest_of_snapshots([snap, snapshot(batch)]) == digest([want, digest(batch)])
 
 
-@pytest.mark.parametrize("t", [torch.randint(0, 256, (8, 32)), torch.randn(4, 5).t(), torch.randn(3, requires_grad=True),
-                               torch.zeros(0, 3), torch.randn(2, 3, dtype=torch.bfloat16), torch.tensor([True, False]),
-                               torch.randn(2, dtype=torch.complex64), torch.randn(4, dtype=torch.float16)[::2],
-                               torch.tensor(3.5), torch.arange(6, dtype=torch.uint8).reshape(2, 3)[:, 1:]],
-                         ids=["int64", "transposed", "requires_grad", "empty", "bfloat16", "bool", "complex",
-                              "strided_half", "scalar", "sliced_uint8"])
+@pytest.mark.parametrize(
+    "t",
+    [
+        torch.randint(0, 256, (8, 32)),
+        torch.randn(4, 5).t(),
+        torch.randn(3, requires_grad=True),
+        torch.zeros(0, 3),
+        torch.randn(2, 3, dtype=torch.bfloat16),
+        torch.tensor([True, False]),
+        torch.randn(2, dtype=torch.complex64),
+        torch.randn(4, dtype=torch.float16)[::2],
+        torch.tensor(3.5),
+        torch.arange(6, dtype=torch.uint8).reshape(2, 3)[:, 1:],
+    ],
+    ids=[
+        "int64",
+        "transposed",
+        "requires_grad",
+        "empty",
+        "bfloat16",
+        "bool",
+        "complex",
+        "strided_half",
+        "scalar",
+        "sliced_uint8",
+    ],
+)
 def test_a_snapshot_digest_equals_the_tensors_digest_for_every_kind(t: torch.Tensor) -> None:
     assert digest(snapshot(t)) == digest(t)
     assert digest(snapshot({"a": [t, (t, 1.5)], "b": "x"})) == digest({"a": [t, (t, 1.5)], "b": "x"})
@@ -126,7 +153,8 @@ def test_every_frame_is_on_disk_before_each_checkpoint_is_written(tmp_path: Path
 
 
 def test_a_stop_writes_its_frames_before_its_checkpoint_and_its_console_lines_before_its_own(
-        tmp_path: Path, monkeypatch, slow_writer) -> None:
+    tmp_path: Path, monkeypatch, slow_writer
+) -> None:
     seen: dict[int, list[int]] = {}
     real = ckpt.save_checkpoint
 
@@ -145,8 +173,9 @@ def test_a_stop_writes_its_frames_before_its_checkpoint_and_its_console_lines_be
     assert list(seen) == [4] and seen[4][:4] == [1, 2, 3, 4]
     console = run.console.getvalue().splitlines()
     at = next(i for i, line in enumerate(console) if "stopping at step 4" in line)
-    assert [line.split("|")[0].strip() for line in console[:at] if "| loss" in line] == \
-        [f"fw: step      {s}/10" for s in range(1, 5)]
+    assert [line.split("|")[0].strip() for line in console[:at] if "| loss" in line] == [
+        f"fw: step      {s}/10" for s in range(1, 5)
+    ]
 
 
 def test_a_held_trainer_has_its_frame_on_disk_while_it_holds(tmp_path: Path, slow_writer) -> None:

@@ -1,6 +1,7 @@
 """tinyllm.stopping.quiet_workers on a real DataLoader: its worker processes ignore the stop signals (a real
 SIGTERM to a worker leaves it alive), with the fork and the spawn start methods (spawn pickles the process
 object: the quiet process classes must be importable), and the loader's own worker_init_fn still runs."""
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,16 @@ def mark(worker_id: int) -> None:
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_loader_workers_ignore_sigterm_and_the_users_worker_init_fn_still_runs(method: str, monkeypatch) -> None:
     monkeypatch.setenv(stopping.STOP_SIGNAL_ENV, "USR1")
-    loader = stopping.quiet_workers(DataLoader(Pids(), batch_size=4, num_workers=2, worker_init_fn=mark,
-                                               multiprocessing_context=method, persistent_workers=True))
+    loader = stopping.quiet_workers(
+        DataLoader(
+            Pids(),
+            batch_size=4,
+            num_workers=2,
+            worker_init_fn=mark,
+            multiprocessing_context=method,
+            persistent_workers=True,
+        )
+    )
     it = iter(loader)
     first = next(it)
     pids = {int(p) for p in first[:, 0]}

@@ -4,6 +4,7 @@
 The end-to-end tests run the real CLI, which runs the real trainers and kills them for real
 (SIGKILL, SIGTERM, SIGKILL inside a checkpoint write). ``diagnose`` is also tested on its own.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,24 @@ pytestmark = pytest.mark.slow  # ctl verify-resume kills real trainers (~15-25 s
 
 
 def verify(home, spec_path, *args: str) -> tuple[int, dict | None, str]:
-    p = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(spec_path), "--home", str(home),
-                        "--json", *args], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "verify-resume",
+            "--spec",
+            str(spec_path),
+            "--home",
+            str(home),
+            "--json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+    )
     try:
         report = json.loads(p.stdout)
     except ValueError:
@@ -39,13 +56,16 @@ def test_the_durable_example_resumes_exactly_through_kill_term_and_a_kill_in_a_c
     assert report["final_loss_hex"]["uninterrupted"] == report["final_loss_hex"]["resumed"]
 
 
-@pytest.mark.parametrize("piece, first_after, words", [
-    # (data, generators: the soak lane; CI has those diagnoses with the toy trainer, test_verify_contract.py)
-    pytest.param("data", 1, "the data position was not restored", marks=pytest.mark.soak),
-    pytest.param("generators", 1, "an RNG the helper does not see was not restored", marks=pytest.mark.soak),
-    ("scheduler", 1, "the LR scheduler was not restored"),
-    ("optimizer", 2, "not restored: the optimizer state"),
-])
+@pytest.mark.parametrize(
+    "piece, first_after, words",
+    [
+        # (data, generators: the soak lane; CI has those diagnoses with the toy trainer, test_verify_contract.py)
+        pytest.param("data", 1, "the data position was not restored", marks=pytest.mark.soak),
+        pytest.param("generators", 1, "an RNG the helper does not see was not restored", marks=pytest.mark.soak),
+        ("scheduler", 1, "the LR scheduler was not restored"),
+        ("optimizer", 2, "not restored: the optimizer state"),
+    ],
+)
 def test_a_variant_missing_one_piece_of_state_is_caught_and_diagnosed(tmp_path, piece, first_after, words) -> None:
     spec_path = EXAMPLES / f"specs/forget-{piece}.json"
     rc, report, err = verify(tmp_path, spec_path, "--kills", "1", "--seed", "0", "--signal", "kill")
@@ -56,9 +76,18 @@ def test_a_variant_missing_one_piece_of_state_is_caught_and_diagnosed(tmp_path, 
 
 
 def test_tinyllm_resumes_exactly(tmp_path) -> None:
-    spec = {"name": "vt", "steps": 10, "seed": 2, "checkpoint_every": 3, "batch_size": 2, "threads": 1,
-            "warmup_steps": 2, "lr_decay_steps": 10, "log_every": 5,
-            "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.1}}
+    spec = {
+        "name": "vt",
+        "steps": 10,
+        "seed": 2,
+        "checkpoint_every": 3,
+        "batch_size": 2,
+        "threads": 1,
+        "warmup_steps": 2,
+        "lr_decay_steps": 10,
+        "log_every": 5,
+        "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.1},
+    }
     rc, report, err = verify(tmp_path, write_spec(tmp_path, spec), "--kills", "2", "--seed", "1", "--signal", "both")
     assert rc == 0, err[-3000:]
     assert report["exact"] and report["steps_compared"] == 10 and report["kills_landed"] >= 1, report
@@ -93,6 +122,7 @@ def test_bad_input_exits_2(tmp_path) -> None:
 
 
 # --- diagnose on its own -------------------------------------------------------------------------
+
 
 def rec(loss: str, lr: str = "a", batch: str = "b") -> dict:
     return {"loss": loss, "lr": [lr], "batch": batch}
@@ -158,4 +188,3 @@ def test_diagnose_tells_the_data_mistakes_apart_by_the_batches_after_the_resume(
     assert "no data is tracked" in text and "data position was not restored" in text, text
     step, text, suspects = diagnose(ref, {**ref, 5: rec("x", batch="b5")}, resumes, states, ["model"])
     assert suspects == ["rng"] and "DataLoader.__iter__" in text and "an RNG the helper does not see" in text
-

@@ -2,6 +2,7 @@
 exactness (exit 4, verdict ``contract_broken``): a tiny torch-free trainer (toy_trainer.py) breaks one
 rule at a time; the same trainer unbroken is EXACT, so each verdict is the broken rule's.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,38 @@ pytestmark = pytest.mark.slow  # real trainer processes, ~1-3 s each
 
 
 def verify(tmp_path: Path, bad: str = "", *args: str, **config) -> tuple[int, dict | None, str]:
-    spec = {"name": "toy", "steps": 12, "seed": 0, "checkpoint_every": 3,
-            "trainer": {"command": ["python", str(TOY)]}, "config": {"bad": bad, **config}}
+    spec = {
+        "name": "toy",
+        "steps": 12,
+        "seed": 0,
+        "checkpoint_every": 3,
+        "trainer": {"command": ["python", str(TOY)]},
+        "config": {"bad": bad, **config},
+    }
     path = tmp_path / "toy.json"
     path.write_text(json.dumps(spec))
-    p = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(path), "--home", str(tmp_path),
-                        "--json", "--kills", "2", "--seed", "1", *args], capture_output=True, text=True, cwd=ROOT,
-                       timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "verify-resume",
+            "--spec",
+            str(path),
+            "--home",
+            str(tmp_path),
+            "--json",
+            "--kills",
+            "2",
+            "--seed",
+            "1",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     try:
         report = json.loads(p.stdout)
     except ValueError:
@@ -37,16 +63,22 @@ def test_the_toy_trainer_unbroken_is_exact_through_kill_and_term(tmp_path) -> No
     rc, report, err = verify(tmp_path, "", "--signal", "both")
     assert rc == 0 and report["verdict"] == "exact", err[-2000:]
     assert all(i["resumed_from"] > 0 for i in report["interruptions"]) and report["interruptions"], report
-    assert report["segments"] == {"ends": [6, 12], "exact": True, "final_loss_hex": report["final_loss_hex"]["resumed"],
-                                  "digest": report["digest"]["resumed"], "first_differing_step": None}, report
+    assert report["segments"] == {
+        "ends": [6, 12],
+        "exact": True,
+        "final_loss_hex": report["final_loss_hex"]["resumed"],
+        "digest": report["digest"]["resumed"],
+        "first_differing_step": None,
+    }, report
 
 
 def test_an_interruption_after_the_last_checkpoint_proves_nothing(tmp_path) -> None:
     """A trainer that does not hold at the planned step is signalled when its step records reach it; one that
     writes them only at the end is killed after its last checkpoint, and the restart resumes at ``steps``,
     training nothing: no resume from a mid-run checkpoint was exercised, so NOT PROVEN (exit 3), never EXACT."""
-    rc, report, err = verify(tmp_path, "", "--signal", "kill", "--kills", "1", "--segments", "1",
-                             metrics_at_end=True, end_s=1.0)
+    rc, report, err = verify(
+        tmp_path, "", "--signal", "kill", "--kills", "1", "--segments", "1", metrics_at_end=True, end_s=1.0
+    )
     assert [i["resumed_from"] for i in report["interruptions"]] == [12], report
     assert rc == 3 and report["verdict"] == "not_proven" and not report["exact"], (rc, report, err[-2000:])
     assert "no interruption resumed from a mid-run checkpoint" in report["diagnosis"], report["diagnosis"]
@@ -103,11 +135,20 @@ def test_a_killed_verify_resume_leaves_no_trainer_behind(tmp_path) -> None:
     import signal
     import time
 
-    spec = {"name": "orphan", "steps": 12, "checkpoint_every": 3, "trainer": {"command": ["python", str(TOY)]},
-            "config": {"step_s": 1.0}}
+    spec = {
+        "name": "orphan",
+        "steps": 12,
+        "checkpoint_every": 3,
+        "trainer": {"command": ["python", str(TOY)]},
+        "config": {"step_s": 1.0},
+    }
     (tmp_path / "o.json").write_text(json.dumps(spec))
-    p = subprocess.Popen([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(tmp_path / "o.json"),
-                          "--home", str(tmp_path)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(tmp_path / "o.json"), "--home", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while not _toys_of(tmp_path) and time.monotonic() < deadline:
@@ -125,17 +166,30 @@ def test_a_killed_verify_resume_leaves_no_trainer_behind(tmp_path) -> None:
     assert not left, f"trainer(s) {left} outlived the killed ctl verify-resume"
 
 
-@pytest.mark.parametrize("bad, args, rule, words", [
-    ("short", (), "exit codes", "exited 0 at step 8 of 12"),
-    ("no-result", (), "result line", "nothing on stdout"),
-    ("malformed", (), "result line", "is not float.hex(final_loss)"),
-    ("not-last", (), "result line", "not the last"),
-    ("term-exit0", ("--signal", "term"), "SIGTERM", "answered with exit 0"),
-    ("term-no-ckpt", ("--signal", "term"), "SIGTERM", "but LATEST is at step"),
-    ("term-train-on", ("--signal", "term"), "SIGTERM", "a graceful stop lost 2 step(s): SIGTERM at step 8, checkpoint at step 6"),
-    ("resume-cadence", ("--signal", "term"), "SIGTERM", "a graceful stop lost 2 step(s): SIGTERM at step 11, checkpoint at step 9"),
-    ("silent", ("--heartbeat-timeout", "1"), "liveness", "no progress line for"),
-])
+@pytest.mark.parametrize(
+    "bad, args, rule, words",
+    [
+        ("short", (), "exit codes", "exited 0 at step 8 of 12"),
+        ("no-result", (), "result line", "nothing on stdout"),
+        ("malformed", (), "result line", "is not float.hex(final_loss)"),
+        ("not-last", (), "result line", "not the last"),
+        ("term-exit0", ("--signal", "term"), "SIGTERM", "answered with exit 0"),
+        ("term-no-ckpt", ("--signal", "term"), "SIGTERM", "but LATEST is at step"),
+        (
+            "term-train-on",
+            ("--signal", "term"),
+            "SIGTERM",
+            "a graceful stop lost 2 step(s): SIGTERM at step 8, checkpoint at step 6",
+        ),
+        (
+            "resume-cadence",
+            ("--signal", "term"),
+            "SIGTERM",
+            "a graceful stop lost 2 step(s): SIGTERM at step 11, checkpoint at step 9",
+        ),
+        ("silent", ("--heartbeat-timeout", "1"), "liveness", "no progress line for"),
+    ],
+)
 def test_a_broken_rule_is_named_never_exact(tmp_path, bad, args, rule, words) -> None:
     rc, report, err = verify(tmp_path, bad, *args, silent_s=2.5)
     assert rc == 4, (rc, err[-2000:])
@@ -156,21 +210,49 @@ def test_steps_lost_are_reported_per_interruption_and_fail_only_a_graceful_stop(
     rc, report, err = verify(tmp_path, "", "--signal", "term", "--segments", "1")
     assert rc == 0 and report["verdict"] == "exact", (rc, report, err[-2000:])
     stops = report["interruptions"]
-    assert [i["steps_lost"] for i in stops] == [0, 0] and all(i["stopping_step"] == i["resumed_from"] for i in stops), stops
+    assert [i["steps_lost"] for i in stops] == [0, 0] and all(i["stopping_step"] == i["resumed_from"] for i in stops), (
+        stops
+    )
     rc, report, err = verify(tmp_path, "resume-cadence", "--signal", "term", "--segments", "1")
     assert rc == 4 and report["verdict"] == "contract_broken", (rc, report, err[-2000:])
     assert report["final_loss_hex"]["uninterrupted"] == report["final_loss_hex"]["resumed"], report
-    assert [(i["steps_done"], i["resumed_from"], i["steps_lost"]) for i in report["interruptions"]] == \
-        [(6, 6, 0), (11, 9, 2)], report["interruptions"]
+    assert [(i["steps_done"], i["resumed_from"], i["steps_lost"]) for i in report["interruptions"]] == [
+        (6, 6, 0),
+        (11, 9, 2),
+    ], report["interruptions"]
 
 
 def test_the_human_report_of_a_graceful_stop_that_lost_steps(tmp_path) -> None:
-    spec = {"name": "toy", "steps": 12, "checkpoint_every": 3, "trainer": {"command": ["python", str(TOY)]},
-            "config": {"bad": "term-train-on"}}
+    spec = {
+        "name": "toy",
+        "steps": 12,
+        "checkpoint_every": 3,
+        "trainer": {"command": ["python", str(TOY)]},
+        "config": {"bad": "term-train-on"},
+    }
     (tmp_path / "toy.json").write_text(json.dumps(spec))
-    p = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(tmp_path / "toy.json"),
-                        "--home", str(tmp_path), "--signal", "term", "--kills", "1", "--seed", "1"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "verify-resume",
+            "--spec",
+            str(tmp_path / "toy.json"),
+            "--home",
+            str(tmp_path),
+            "--signal",
+            "term",
+            "--kills",
+            "1",
+            "--seed",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     lines = p.stdout.splitlines()
     assert p.returncode == 4 and lines[0] == "toy: CONTRACT BROKEN after 1 interruption(s)", p.stdout + p.stderr[-2000:]
     assert "a graceful stop lost 2 step(s)" in lines[1], lines
@@ -178,12 +260,34 @@ def test_the_human_report_of_a_graceful_stop_that_lost_steps(tmp_path) -> None:
 
 
 def test_the_human_output_is_one_line_naming_the_rule(tmp_path) -> None:
-    spec = {"name": "toy", "steps": 12, "checkpoint_every": 3, "trainer": {"command": ["python", str(TOY)]},
-            "config": {"bad": "term-exit0"}}
+    spec = {
+        "name": "toy",
+        "steps": 12,
+        "checkpoint_every": 3,
+        "trainer": {"command": ["python", str(TOY)]},
+        "config": {"bad": "term-exit0"},
+    }
     (tmp_path / "toy.json").write_text(json.dumps(spec))
-    p = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(tmp_path / "toy.json"),
-                        "--home", str(tmp_path), "--signal", "term", "--kills", "1"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "verify-resume",
+            "--spec",
+            str(tmp_path / "toy.json"),
+            "--home",
+            str(tmp_path),
+            "--signal",
+            "term",
+            "--kills",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert p.returncode == 4 and "EXACT" not in p.stdout, p.stdout + p.stderr[-2000:]
     assert p.stdout.splitlines()[0] == "toy: CONTRACT BROKEN (nothing compared)", p.stdout
     assert "trainer broke the contract (SIGTERM)" in p.stdout.splitlines()[1]
@@ -196,26 +300,56 @@ def test_a_schedule_over_steps_is_exact_under_kills_but_caught_in_segments(tmp_p
     assert report["first_differing_step"] == 2 and report["suspects"] == ["segments"], report  # lr(2) uses steps
     assert "step 2 is the first that differs, inside the first segment (its spec says steps 4)" in report["diagnosis"]
     assert "(the learning rate differs)" in report["diagnosis"]
-    assert "the trajectory depends on the spec's steps" in report["diagnosis"] and "run.run_steps" in report["diagnosis"]
+    assert (
+        "the trajectory depends on the spec's steps" in report["diagnosis"] and "run.run_steps" in report["diagnosis"]
+    )
 
 
 def _train(home: Path, spec: dict) -> subprocess.CompletedProcess:
     path = home / f"{spec['name']}.json"
     path.write_text(json.dumps(spec))
-    return subprocess.run([sys.executable, "-m", "ctl.cli", "train", "--spec", str(path), "--home", str(home), "--json"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ctl.cli", "train", "--spec", str(path), "--home", str(home), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
 def test_ctl_train_says_once_when_the_trainer_is_unverified_and_not_after_an_exact_verdict(tmp_path) -> None:
-    spec = {"name": "toy", "steps": 6, "seed": 0, "checkpoint_every": 3,
-            "trainer": {"command": ["python", str(TOY)]}, "config": {"bad": ""}}
+    spec = {
+        "name": "toy",
+        "steps": 6,
+        "seed": 0,
+        "checkpoint_every": 3,
+        "trainer": {"command": ["python", str(TOY)]},
+        "config": {"bad": ""},
+    }
     p = _train(tmp_path, {**spec, "name": "fresh"})  # never verified
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stderr.count("unverified for this trainer") == 1 and "ctl verify-resume --spec" in p.stderr, p.stderr
     (tmp_path / "toy.json").write_text(json.dumps(spec))
-    v = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(tmp_path / "toy.json"),
-                        "--home", str(tmp_path), "--kills", "1", "--signal", "kill"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=120)
+    v = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "verify-resume",
+            "--spec",
+            str(tmp_path / "toy.json"),
+            "--home",
+            str(tmp_path),
+            "--kills",
+            "1",
+            "--signal",
+            "kill",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert v.returncode == 0, v.stdout + v.stderr[-2000:]
     records = [json.loads(p.read_text()) for p in (tmp_path / ".ctl/verified").glob("*.json")]
     assert [r["verdict"] for r in records] == ["exact"], records
@@ -227,15 +361,27 @@ def test_ctl_train_says_once_when_the_trainer_is_unverified_and_not_after_an_exa
         for cmd in ("status", "show"):
             out = _ctl(tmp_path, cmd, f"train/{name}", "--json")
             assert out["resume_proof"]["verdict"] == verdict, (name, cmd, out)
-            text = subprocess.run([sys.executable, "-m", "ctl.cli", cmd, f"train/{name}", "--home", str(tmp_path)],
-                                  capture_output=True, text=True, cwd=ROOT, timeout=60).stdout
-            want = "resume proof: unverified" if verdict == "unverified" else "resume proof: ctl verify-resume said EXACT"
+            text = subprocess.run(
+                [sys.executable, "-m", "ctl.cli", cmd, f"train/{name}", "--home", str(tmp_path)],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                timeout=60,
+            ).stdout
+            want = (
+                "resume proof: unverified" if verdict == "unverified" else "resume proof: ctl verify-resume said EXACT"
+            )
             assert want in text, (name, cmd, text)
 
 
 def _ctl(home, *args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "ctl.cli", *args, "--home", str(home)], capture_output=True, text=True,
-                         cwd=ROOT, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "ctl.cli", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
@@ -248,19 +394,27 @@ def test_a_trainer_refusing_the_contracts_arguments_fails_once_with_one_line_not
     assert p.returncode == 1, p.stderr[-2000:]
     assert "trainer broke the contract (arguments): on its first attempt it exited 1" in p.stdout + p.stderr
     assert "--spec FILE --home DIR" in p.stdout + p.stderr
-    hist = subprocess.run([sys.executable, "-m", "ctl.cli", "history", "train/cfg", "--json", "--home", str(tmp_path)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    hist = subprocess.run(
+        [sys.executable, "-m", "ctl.cli", "history", "train/cfg", "--json", "--home", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     starts = [e for e in json.loads(hist.stdout)["events"] if e["type"] == "activity_started"]
     assert len(starts) == 1, starts  # not retried
 
 
-@pytest.mark.parametrize("bad, suspects, words", [
-    ("read-ahead", ["data/read-ahead"], "the loader reads 1 batch(es) ahead of the step"),
-    # a position that restarts and an unregistered generator that restarts from its seed give the same batches:
-    ("plain-cursor", ["cursor", "rng/data"], "keep it in run.cursor"),
-    ("unregistered-shuffle", ["cursor", "rng/data"], "register it: run.track(generators={'data': g})"),
-    ("draw-after-restore", ["rng"], "DataLoader.__iter__"),
-])
+@pytest.mark.parametrize(
+    "bad, suspects, words",
+    [
+        ("read-ahead", ["data/read-ahead"], "the loader reads 1 batch(es) ahead of the step"),
+        # a position that restarts and an unregistered generator that restarts from its seed give the same batches:
+        ("plain-cursor", ["cursor", "rng/data"], "keep it in run.cursor"),
+        ("unregistered-shuffle", ["cursor", "rng/data"], "register it: run.track(generators={'data': g})"),
+        ("draw-after-restore", ["rng"], "DataLoader.__iter__"),
+    ],
+)
 def test_each_real_data_mistake_gets_its_own_fix(tmp_path, bad, suspects, words) -> None:
     rc, report, err = verify(tmp_path, bad, "--signal", "kill", "--kills", "1", "--segments", "1")
     assert rc == 1 and report["verdict"] == "not_exact", err[-2000:]

@@ -20,6 +20,7 @@ On SIGTERM it writes the contract's ``{"event": "stopping", "step", "signal"}`` 
 ``config.stop_at``: early stopping at that step (a checkpoint there, ``stopped_early`` in the result, exit 0
 before ``steps``), and at once when resumed there, as tinyllm reads its decision from the checkpoint.
 """
+
 import argparse
 import hashlib
 import json
@@ -65,15 +66,33 @@ def save(step, w):
     with open(os.path.join(ckdir, "LATEST.tmp"), "w") as f:
         f.write(f"step-{step:06d}")
     os.replace(os.path.join(ckdir, "LATEST.tmp"), os.path.join(ckdir, "LATEST"))
-    emit(step=step, loss=loss_at(step, w), loss_hex=loss_at(step, w).hex(), checkpoint=f"runs/{name}/ckpt/step-{step:06d}")
+    emit(
+        step=step,
+        loss=loss_at(step, w),
+        loss_hex=loss_at(step, w).hex(),
+        checkpoint=f"runs/{name}/ckpt/step-{step:06d}",
+    )
 
 
 def result(step, w, canceled=False):
     loss = loss_at(step, w)
-    early = {"stopped_early": {"step": step, "best_step": step}} if cfg.get("stop_at") and step == cfg["stop_at"] else {}
-    return json.dumps({"name": name, "steps": step, "checkpoint": f"runs/{name}/ckpt/step-{step:06d}",
-                       "final_loss": loss, "final_loss_hex": loss.hex(), "digest": hashlib.sha256(str(w).encode()).hexdigest(),
-                       "resumed_from": None, "canceled": canceled, **early}, sort_keys=True)
+    early = (
+        {"stopped_early": {"step": step, "best_step": step}} if cfg.get("stop_at") and step == cfg["stop_at"] else {}
+    )
+    return json.dumps(
+        {
+            "name": name,
+            "steps": step,
+            "checkpoint": f"runs/{name}/ckpt/step-{step:06d}",
+            "final_loss": loss,
+            "final_loss_hex": loss.hex(),
+            "digest": hashlib.sha256(str(w).encode()).hexdigest(),
+            "resumed_from": None,
+            "canceled": canceled,
+            **early,
+        },
+        sort_keys=True,
+    )
 
 
 step, w, pos = 0, 0.0, 0
@@ -147,8 +166,18 @@ while step < last and not (stop and bad != "term-train-on") and not (stop_at and
     else:
         batch = next_batch()
     w = w * 0.5 + step * lr + batch * 0.01 + random.random() * 1e-3
-    frame = json.dumps({"step": step, "train/loss": loss_at(step, w), "train/loss_hex": loss_at(step, w).hex(),
-                        "optim/lr_hex": [lr.hex()], "data/batch": str(batch)}) + "\n"
+    frame = (
+        json.dumps(
+            {
+                "step": step,
+                "train/loss": loss_at(step, w),
+                "train/loss_hex": loss_at(step, w).hex(),
+                "optim/lr_hex": [lr.hex()],
+                "data/batch": str(batch),
+            }
+        )
+        + "\n"
+    )
     if late is not None:
         late.append(frame)
     else:

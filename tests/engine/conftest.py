@@ -1,4 +1,5 @@
 """Fixtures for the engine tests (helpers live in eng_helpers.py)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,22 +1,23 @@
 """A small trainer-like child for the subprocess-runner tests (no tinyllm needed).
 
-    python eng_child.py whoami                           a result line: pid, ppid, session, command line, tags, cwd
-    python eng_child.py progress <progress-file> <n>   n progress lines, then a JSON result line
-    python eng_child.py badinput                        one line on stderr, exit 2
-    python eng_child.py crash                           exit 3 with a message
-    python eng_child.py term <pid-file>                 runs until SIGTERM, then "checkpoints" and exits 130
-    python eng_child.py forever <out-file> <pid-file>   appends to out-file every 20 ms until killed
-    python eng_child.py launcher <progress> <out-file> <pid-file> <n>
-        a launcher (like torchrun): forks a rank that calls setsid and appends to out-file every
-        20 ms (its "pid start" in pid-file), writes n progress lines, then falls silent; on SIGTERM
-        it exits 130 at once, leaving the rank to whoever cleans up
-    python eng_child.py check <pid-file> <report>        writes "alive" or "gone": the process named
-        in pid-file (pid and start time) at this child's start; then a result line
-    python eng_child.py locker <progress> <lock> <log> <hang|finish> <grace-s>
-        a trainer-contract child: flock(lock) or exit 75; logs "started"/"locked"/"released";
-        hang: one progress line, then silent; on SIGTERM "checkpoints" for grace-s, exits 130.
-        finish: one progress line, a result line, exit 0
+python eng_child.py whoami                           a result line: pid, ppid, session, command line, tags, cwd
+python eng_child.py progress <progress-file> <n>   n progress lines, then a JSON result line
+python eng_child.py badinput                        one line on stderr, exit 2
+python eng_child.py crash                           exit 3 with a message
+python eng_child.py term <pid-file>                 runs until SIGTERM, then "checkpoints" and exits 130
+python eng_child.py forever <out-file> <pid-file>   appends to out-file every 20 ms until killed
+python eng_child.py launcher <progress> <out-file> <pid-file> <n>
+    a launcher (like torchrun): forks a rank that calls setsid and appends to out-file every
+    20 ms (its "pid start" in pid-file), writes n progress lines, then falls silent; on SIGTERM
+    it exits 130 at once, leaving the rank to whoever cleans up
+python eng_child.py check <pid-file> <report>        writes "alive" or "gone": the process named
+    in pid-file (pid and start time) at this child's start; then a result line
+python eng_child.py locker <progress> <lock> <log> <hang|finish> <grace-s>
+    a trainer-contract child: flock(lock) or exit 75; logs "started"/"locked"/"released";
+    hang: one progress line, then silent; on SIGTERM "checkpoints" for grace-s, exits 130.
+    finish: one progress line, a result line, exit 0
 """
+
 import json
 import os
 import signal
@@ -36,7 +37,7 @@ def proc_start(pid):
             stat = f.read()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return None if fields[0] in ("Z", "X") else fields[19]
 
 
@@ -66,9 +67,19 @@ def main():
             tags = [x for x in f.read().split(b"\0") if x.startswith(b"DURABLE_ATTEMPT=")]
         with open("/proc/self/cmdline", "rb") as f:
             cmdline = [x.decode() for x in f.read().split(b"\0") if x]
-        print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0), "cmdline": cmdline,
-                          "proc_tag": tags[0].decode().partition("=")[2] if tags else None,
-                          "env_tag": os.environ.get("DURABLE_ATTEMPT"), "cwd": os.getcwd()}))
+        print(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "ppid": os.getppid(),
+                    "sid": os.getsid(0),
+                    "cmdline": cmdline,
+                    "proc_tag": tags[0].decode().partition("=")[2] if tags else None,
+                    "env_tag": os.environ.get("DURABLE_ATTEMPT"),
+                    "cwd": os.getcwd(),
+                }
+            )
+        )
         return 0
     if mode == "progress":
         path, n = sys.argv[2], int(sys.argv[3])

@@ -3,6 +3,7 @@
 Regenerate the file with ``python tests/engine/golden/make_golden.py`` only when the
 history format changes on purpose; the replay test then proves old histories still replay.
 """
+
 from __future__ import annotations
 
 from pydantic import BaseModel
@@ -42,15 +43,21 @@ async def golden(rt, inp: GoldenInput):
     while until < inp.steps:
         until = min(until + inp.every, inp.steps)
         seg = await rt.execute_activity(
-            "train", {"until": until, "every": inp.every},
-            StepOptions(id=f"train-{until:06d}", heartbeat_timeout_s=60, retry=RetryPolicy(max_attempts=3, initial_interval_s=2)),
+            "train",
+            {"until": until, "every": inp.every},
+            StepOptions(
+                id=f"train-{until:06d}", heartbeat_timeout_s=60, retry=RetryPolicy(max_attempts=3, initial_interval_s=2)
+            ),
             result_type=Segment,
         )
         segments.append(seg.model_dump())
         for suite in ("ppl", "zoo"):
             try:
-                evals.append(await rt.execute_activity("evaluate", {"until": until, "suite": suite},
-                                                       StepOptions(id=f"eval-{until:06d}-{suite}")))
+                evals.append(
+                    await rt.execute_activity(
+                        "evaluate", {"until": until, "suite": suite}, StepOptions(id=f"eval-{until:06d}-{suite}")
+                    )
+                )
             except ActivityError as e:
                 errors.append([e.activity_id, e.type])
         if until < inp.steps:

@@ -7,6 +7,7 @@ them on the threaded worker until all have ended. Every attempt an activity func
 appends ``<workflow> <activity> <attempt>`` to <ledger> first (one O_APPEND write: a SIGKILL leaves
 whole lines), so the test can tell what this process acted on.
 """
+
 import os
 import sys
 

@@ -1,4 +1,5 @@
 """Helpers for the engine tests: a crash-injecting store, an engine factory."""
+
 from __future__ import annotations
 
 import os

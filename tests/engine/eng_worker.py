@@ -7,6 +7,7 @@ Modes: ``log`` (activity ``work`` logs its start/end to <dir>/log), ``train`` (a
 runs a launcher whose rank has its own session, later attempts check in-process that it is gone). Runs until SIGTERM. Writes
 <dir>/ready-<pid> once its Engine is open.
 """
+
 import os
 import signal
 import sys
@@ -52,8 +53,15 @@ def launch(ctx, x):
     if ctx.attempt > 1:  # in this process, no runner: only the recovering worker's kill can have helped
         pid, start = open(x["pidfile"]).read().split()
         return {"attempt": ctx.attempt, "rank": "alive" if proc_start(int(pid)) == start else "gone"}
-    argv = [sys.executable, os.path.join(HERE, "eng_child.py"), "launcher", x["progress"] + "1", x["out"],
-            x["pidfile"], "100000"]
+    argv = [
+        sys.executable,
+        os.path.join(HERE, "eng_child.py"),
+        "launcher",
+        x["progress"] + "1",
+        x["out"],
+        x["pidfile"],
+        "100000",
+    ]
     res = run_subprocess(ctx, argv, progress_path=x["progress"] + "1", poll_interval_s=0.05)
     return {"attempt": ctx.attempt, "result": res.result}
 

@@ -1,4 +1,5 @@
 """Activities: heartbeat timeout and redelivery, fencing, retries and their recorded due times."""
+
 from __future__ import annotations
 
 import threading
@@ -38,7 +39,9 @@ def test_heartbeat_timeout_redelivers_next_attempt_with_last_details(db, clock):
             raise AssertionError("a stale heartbeat must raise")
         return {"resumed_from": ctx.last_heartbeat_details["checkpoint"]}
 
-    opts = StepOptions(id="train-001000", heartbeat_timeout_s=60, retry=RetryPolicy(max_attempts=3, initial_interval_s=1))
+    opts = StepOptions(
+        id="train-001000", heartbeat_timeout_s=60, retry=RetryPolicy(max_attempts=3, initial_interval_s=1)
+    )
     eng = make_engine(db, clock, workflows=[("w", one_activity("train", opts))], activities=[("train", train)])
     eng.start("w", "w", None)
     eng.run_until_complete("w")
@@ -67,8 +70,14 @@ def test_threaded_heartbeat_timeout_fences_the_stale_attempt(db):
         return f"from attempt {ctx.attempt} after {ctx.last_heartbeat_details}"
 
     opts = StepOptions(id="t", heartbeat_timeout_s=0.3, retry=RetryPolicy(max_attempts=5, initial_interval_s=0.01))
-    eng = make_engine(db, SystemClock(), workflows=[("w", one_activity("train", opts))], activities=[("train", train)],
-                      inline=False, poll_interval_s=0.02)
+    eng = make_engine(
+        db,
+        SystemClock(),
+        workflows=[("w", one_activity("train", opts))],
+        activities=[("train", train)],
+        inline=False,
+        poll_interval_s=0.02,
+    )
     eng.start("w", "w", None)
     eng.run_until_complete("w", timeout_s=30)
     assert eng.result("w") == "from attempt 2 after {'step': 10}"

@@ -1,4 +1,5 @@
 """The public surface end to end: start, run, status, result, history, idempotent start, bad input."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,7 +42,8 @@ async def broken(rt, inp):
 
 def engine(db, clock, **kw):
     return make_engine(
-        db, clock,
+        db,
+        clock,
         workflows=[("counter", counter, AddIn), ("broken", broken)],
         activities=[("add_one", add_one)],
         **kw,
@@ -178,8 +180,11 @@ def test_activities_of_every_end_from_open_rows_and_history(db, clock):
     clock.advance(2)
     eng.run_until_idle()
     got = [(a.activity_id, a.name, a.state, a.attempt, a.last_heartbeat_details) for a in eng.activities("w")]
-    assert got == [("f", "flaky", "completed", 2, {"try": 2}), ("d", "doomed", "failed", 1, None),
-                   ("n", "never-run", "scheduled", 0, None)]
+    assert got == [
+        ("f", "flaky", "completed", 2, {"try": 2}),
+        ("d", "doomed", "failed", 1, None),
+        ("n", "never-run", "scheduled", 0, None),
+    ]
     assert eng.store.query("SELECT activity_id FROM activities") == [("n",)]
     eng.cancel("w")
     eng.run_until_idle()

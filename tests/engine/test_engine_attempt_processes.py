@@ -3,6 +3,7 @@ progress. Real processes (eng_child.py): a launcher whose rank calls setsid (as 
 a silent child, a trainer-like child holding the run lock through a slow SIGTERM checkpoint; real
 SIGKILL of a worker process. Short heartbeat timeouts, set in the tests; waits are bounded polls.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,11 @@ def kill_rank(pidfile: str) -> None:
 
 def workflow(max_attempts: int = 5):
     async def wf(rt, _):
-        opts = StepOptions(id="train-000010", heartbeat_timeout_s=HEARTBEAT_S,
-                           retry=RetryPolicy(max_attempts=max_attempts, initial_interval_s=0.05))
+        opts = StepOptions(
+            id="train-000010",
+            heartbeat_timeout_s=HEARTBEAT_S,
+            retry=RetryPolicy(max_attempts=max_attempts, initial_interval_s=0.05),
+        )
         return await rt.execute_activity("run", None, opts)
 
     return wf
@@ -83,10 +87,14 @@ def launcher_then_check(tmp_path, n_lines: int, silence_s: float | None = None):
             argv = python_cmd("eng_child.py", "launcher", progress, out, pidfile, str(n_lines))
         else:
             argv = python_cmd("eng_child.py", "check", pidfile, report)
-        res = run_subprocess(ctx, argv, progress_path=progress, poll_interval_s=0.05, term_grace_s=10,
-                             heartbeat_timeout_s=silence_s)
-        return {"attempt": ctx.attempt, "report": open(report).read() if ctx.attempt > 1 else None,
-                "result": res.result}
+        res = run_subprocess(
+            ctx, argv, progress_path=progress, poll_interval_s=0.05, term_grace_s=10, heartbeat_timeout_s=silence_s
+        )
+        return {
+            "attempt": ctx.attempt,
+            "report": open(report).read() if ctx.attempt > 1 else None,
+            "result": res.result,
+        }
 
     return act, pidfile
 
@@ -99,8 +107,14 @@ def test_a_silent_launcher_is_stopped_with_its_rank_and_redelivered(tmp_path, db
     and the runner, seeing its lease lost, stops the tree (the runner's own limit is off).
     runner-silence: an inline worker (its loop is busy running the attempt) relies on the runner's limit."""
     act, pidfile = launcher_then_check(tmp_path, n_lines=3, silence_s=0 if who == "lease-expiry" else None)
-    eng = make_engine(db, SystemClock(), workflows=[("w", workflow())], activities=[("run", act)],
-                      inline=who == "runner-silence", poll_interval_s=0.05)
+    eng = make_engine(
+        db,
+        SystemClock(),
+        workflows=[("w", workflow())],
+        activities=[("run", act)],
+        inline=who == "runner-silence",
+        poll_interval_s=0.05,
+    )
     eng.start("w", "w", None)
     try:
         t, out = run_in_thread(eng, "w")
@@ -121,8 +135,9 @@ def test_cancel_stops_the_rank_in_its_own_session(tmp_path, db):
     """Defect 3: on cancel the launcher exits 130 at once; its rank (another session) is gone too by the
     time the cancel is recorded."""
     act, pidfile = launcher_then_check(tmp_path, n_lines=100_000)  # keeps making progress
-    eng = make_engine(db, SystemClock(), workflows=[("w", workflow())], activities=[("run", act)],
-                      inline=False, poll_interval_s=0.05)
+    eng = make_engine(
+        db, SystemClock(), workflows=[("w", workflow())], activities=[("run", act)], inline=False, poll_interval_s=0.05
+    )
     eng.start("w", "w", None)
     try:
         t, out = run_in_thread(eng, "w")
@@ -146,8 +161,11 @@ def test_sigkilled_worker_its_rank_is_gone_before_attempt_2(tmp_path):
     worker2 = None
     try:
         starter.start("launch", "launch/one", x)
-        wait_for(lambda: os.path.exists(x["pidfile"]) and os.path.exists(x["out"]), timeout_s=DEADLINE_S,
-                 what="the rank to write")
+        wait_for(
+            lambda: os.path.exists(x["pidfile"]) and os.path.exists(x["out"]),
+            timeout_s=DEADLINE_S,
+            what="the rank to write",
+        )
         worker.kill()
         worker.wait(timeout=20)
         assert alive(x["pidfile"])  # the parent-death signal reaches the launcher only
@@ -172,12 +190,23 @@ def test_redelivered_attempt_waits_for_the_stale_trainer_it_never_burns_attempts
     def act(ctx, _):
         progress = str(tmp_path / f"progress-{ctx.attempt}")
         how = "hang" if ctx.attempt == 1 else "finish"
-        res = run_subprocess(ctx, python_cmd("eng_child.py", "locker", progress, lock, log, how, "3"),
-                             progress_path=progress, poll_interval_s=0.05, term_grace_s=20)
+        res = run_subprocess(
+            ctx,
+            python_cmd("eng_child.py", "locker", progress, lock, log, how, "3"),
+            progress_path=progress,
+            poll_interval_s=0.05,
+            term_grace_s=20,
+        )
         return {"attempt": ctx.attempt, "result": res.result}
 
-    eng = make_engine(db, SystemClock(), workflows=[("w", workflow(max_attempts=4))], activities=[("run", act)],
-                      inline=False, poll_interval_s=0.05)
+    eng = make_engine(
+        db,
+        SystemClock(),
+        workflows=[("w", workflow(max_attempts=4))],
+        activities=[("run", act)],
+        inline=False,
+        poll_interval_s=0.05,
+    )
     eng.start("w", "w", None)
     t, out = run_in_thread(eng, "w")
     join(t)

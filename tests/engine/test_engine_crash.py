@@ -5,6 +5,7 @@ hooks (or by an activity): it must propagate out of ``run_until_complete``
 untouched; the Engine object is then thrown away. Executions are counted in a
 dict outside the engine.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -141,7 +142,9 @@ def test_crash_inside_an_activity_redelivers_at_once(tmp_path, activity_id):
     t_crash = clock.now()
     eng2 = make_engine(path, clock, workflows=[("sample", sample)], activities=fakes.activities())
     eng2.run_until_idle()
-    started = [e for e in eng2.history("wf/1") if e.type == "activity_started" and e.attrs["activity_id"] == activity_id]
+    started = [
+        e for e in eng2.history("wf/1") if e.type == "activity_started" and e.attrs["activity_id"] == activity_id
+    ]
     assert len(started) >= 2 and started[1].attrs["attempt"] == started[0].attrs["attempt"] + 1
     assert started[1].time == t_crash  # redelivered without waiting for any timeout
     eng2.run_until_complete("wf/1")
@@ -178,7 +181,9 @@ class CrashClock(VirtualClock):
 def test_crash_from_the_clock_anywhere_propagates_and_recovers(tmp_path):
     expected, _, _, _ = run_clean(str(tmp_path / "clean.db"))
     probe = CrashClock(crash_at=None)
-    eng = make_engine(str(tmp_path / "probe.db"), probe, workflows=[("sample", sample)], activities=Fakes().activities())
+    eng = make_engine(
+        str(tmp_path / "probe.db"), probe, workflows=[("sample", sample)], activities=Fakes().activities()
+    )
     eng.start("sample", "wf/1", None)
     eng.run_until_complete("wf/1")
     reads = probe.reads

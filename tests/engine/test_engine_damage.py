@@ -1,6 +1,7 @@
 """Damaged records: every event carries a crc32, so a changed byte that SQLite's integrity check
 cannot see is named (database, workflow, event) and nothing is written; readable workflows are
 still listed; a read-only store never writes."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -41,11 +42,17 @@ def _raw(path, sql, params=()):
 
 def test_changed_event_text_is_named_by_its_checksum(tmp_path):
     path = _two_workflows(tmp_path)
-    _raw(path, "UPDATE events SET attrs = replace(attrs, '\"threads\":1', '\"thrGARBAGE\":1') "
-               "WHERE workflow_id='wf/a' AND seq=1")  # the crc column is left as it was
+    _raw(
+        path,
+        "UPDATE events SET attrs = replace(attrs, '\"threads\":1', '\"thrGARBAGE\":1') "
+        "WHERE workflow_id='wf/a' AND seq=1",
+    )  # the crc column is left as it was
     eng = _engine(path)
-    with pytest.raises(DamagedRecord, match=r"engine\.db is damaged: workflow wf/a: event 1 cannot be read "
-                                            r"\(checksum mismatch\)") as info:
+    with pytest.raises(
+        DamagedRecord,
+        match=r"engine\.db is damaged: workflow wf/a: event 1 cannot be read "
+        r"\(checksum mismatch\)",
+    ) as info:
         eng.history("wf/a")
     assert info.value.workflow_id == "wf/a" and info.value.record == "event 1"
     assert eng.history("wf/b")[0].attrs["input"] == {"spec": {"threads": 2}}  # the other one reads fine
@@ -94,16 +101,19 @@ def test_read_only_store_never_writes_and_refuses_old_schema(tmp_path):
         Store(tmp_path / "empty.db", readonly=True)
 
 
-@pytest.mark.parametrize("attrs, typ, time", [
-    ('{"cmd":0}', "activity_started", 5.0),           # plain (the text read)
-    (' {"cmd":0}\n', "activity_started", 5.0),        # JSON with whitespace around (json.loads' answer)
-    ('{"cmd":0} x', "activity_started", 5.0),         # trailing text: not JSON
-    ('[1]', "activity_started", 5.0),                 # JSON, not an object
-    ('{"a":' * 100000, "activity_started", 5.0),      # too deep for the decoder
-    ('{"cmd":0}', 7, 5.0),                            # a number in the type column
-    ('{"cmd":0}', "activity_started", "later"),       # text in the time column
-    ('{"cmd":0}', "activity_started", 5),             # an integer time (REAL affinity: read as 5.0)
-])
+@pytest.mark.parametrize(
+    "attrs, typ, time",
+    [
+        ('{"cmd":0}', "activity_started", 5.0),  # plain (the text read)
+        (' {"cmd":0}\n', "activity_started", 5.0),  # JSON with whitespace around (json.loads' answer)
+        ('{"cmd":0} x', "activity_started", 5.0),  # trailing text: not JSON
+        ("[1]", "activity_started", 5.0),  # JSON, not an object
+        ('{"a":' * 100000, "activity_started", 5.0),  # too deep for the decoder
+        ('{"cmd":0}', 7, 5.0),  # a number in the type column
+        ('{"cmd":0}', "activity_started", "later"),  # text in the time column
+        ('{"cmd":0}', "activity_started", 5),  # an integer time (REAL affinity: read as 5.0)
+    ],
+)
 def test_events_read_as_text_give_what_reading_them_as_bytes_gives(tmp_path, attrs, typ, time):
     """``read_events`` reads text columns as text and goes back to reading them as bytes where a column
     is not what it expects: both ways give the same events or the same error, for old events without a
@@ -114,8 +124,11 @@ def test_events_read_as_text_give_what_reading_them_as_bytes_gives(tmp_path, att
     for with_crc in (False, True):
         crc = event_crc("wf/b", 2, str(typ), float(time), attrs) if with_crc and not isinstance(time, str) else None
         _raw(path, "DELETE FROM events WHERE workflow_id='wf/b' AND seq>=2")
-        _raw(path, "INSERT INTO events(workflow_id, seq, type, time, attrs, crc) VALUES ('wf/b', 2, ?, ?, ?, ?)",
-             (typ, time, attrs, crc))
+        _raw(
+            path,
+            "INSERT INTO events(workflow_id, seq, type, time, attrs, crc) VALUES ('wf/b', 2, ?, ?, ?, ?)",
+            (typ, time, attrs, crc),
+        )
         conn = sqlite3.connect(path)
         got = []
         for read in (read_events, _read_events_as_bytes):

@@ -2,6 +2,7 @@
 completed event in one INSERT with the next task's events) falls back to the plain path whenever its
 assumptions fail: a row that is not this running attempt's, a late attempt, an event appended by
 someone else since the replayer last saw the history."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,11 @@ from eng_helpers import make_engine
 async def two_steps(rt, n):
     out = []
     for i in range(n):
-        out.append(await rt.execute_activity("step", i, StepOptions(id=f"s{i}", start_to_close_timeout_s=5,
-                                                                    retry=RetryPolicy(initial_interval_s=0))))
+        out.append(
+            await rt.execute_activity(
+                "step", i, StepOptions(id=f"s{i}", start_to_close_timeout_s=5, retry=RetryPolicy(initial_interval_s=0))
+            )
+        )
     return out
 
 

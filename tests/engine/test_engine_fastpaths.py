@@ -1,4 +1,5 @@
 """The engine's fast paths record exactly what the plain paths record."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, fields
@@ -15,8 +16,12 @@ from eng_helpers import make_engine
 
 def test_step_options_json_is_the_dataclass_dump():
     """``to_json`` is written out by hand (speed): it must keep every field ``asdict`` has."""
-    o = StepOptions(id="x", start_to_close_timeout_s=5.0, heartbeat_timeout_s=2,
-                    retry=RetryPolicy(max_attempts=7, non_retryable=("A", "B")))
+    o = StepOptions(
+        id="x",
+        start_to_close_timeout_s=5.0,
+        heartbeat_timeout_s=2,
+        retry=RetryPolicy(max_attempts=7, non_retryable=("A", "B")),
+    )
     want = asdict(o)
     want["retry"]["non_retryable"] = ["A", "B"]
     assert o.to_json() == want
@@ -38,10 +43,19 @@ def test_json_texts_built_by_hand_are_dumps():
     cyc.append(cyc)
     with pytest.raises(ValueError):
         dumps(cyc)
-    for retry in (RetryPolicy(), RetryPolicy(initial_interval_s=1), RetryPolicy(initial_interval_s=1.0),
-                  RetryPolicy(max_attempts=True), RetryPolicy(non_retryable=("A",)), RetryPolicy(non_retryable=("A",))):
-        for o in (StepOptions(id="a", retry=retry), StepOptions(id="ü", heartbeat_timeout_s=2, retry=retry),
-                  StepOptions(id="b", start_to_close_timeout_s=2.5, heartbeat_timeout_s=2.0, retry=retry)):
+    for retry in (
+        RetryPolicy(),
+        RetryPolicy(initial_interval_s=1),
+        RetryPolicy(initial_interval_s=1.0),
+        RetryPolicy(max_attempts=True),
+        RetryPolicy(non_retryable=("A",)),
+        RetryPolicy(non_retryable=("A",)),
+    ):
+        for o in (
+            StepOptions(id="a", retry=retry),
+            StepOptions(id="ü", heartbeat_timeout_s=2, retry=retry),
+            StepOptions(id="b", start_to_close_timeout_s=2.5, heartbeat_timeout_s=2.0, retry=retry),
+        ):
             assert o.to_text() == ref(o.to_json())
 
 

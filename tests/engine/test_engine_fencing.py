@@ -11,6 +11,7 @@ the attempts apart, so deleting either check turns one of these tests red.
 Deterministic: one virtual clock, two Engines on one database (as two worker processes),
 each running its attempt inline on its own thread; events order the steps.
 """
+
 from __future__ import annotations
 
 import threading
@@ -70,6 +71,7 @@ def _run_stale_attempt(db, clock, attempt1):
                 fn()
             except BaseException as e:  # noqa: BLE001 - reported by the test
                 errors.append(e)
+
         t = threading.Thread(target=main, daemon=True)
         t.start()
         return t
@@ -101,8 +103,7 @@ def test_a_stale_attempts_result_is_dropped_while_the_current_attempt_runs(db, c
     assert b.result("w") == {"attempt": 2, "resumed_from": {"checkpoint": "step-000010"}}
     completed = [e for e in b.history("w") if e.type == "activity_completed"]
     assert [e.attrs["attempt"] for e in completed] == [2]
-    assert [e.type for e in _activity_events(b, 1)] == ["activity_started", "activity_heartbeat",
-                                                        "activity_timed_out"]
+    assert [e.type for e in _activity_events(b, 1)] == ["activity_started", "activity_heartbeat", "activity_timed_out"]
 
 
 def test_a_stale_attempts_heartbeat_raises_lease_lost_and_records_nothing(db, clock):
@@ -115,7 +116,10 @@ def test_a_stale_attempts_heartbeat_raises_lease_lost_and_records_nothing(db, cl
     a, b, outcome = _run_stale_attempt(db, clock, attempt1)
     assert outcome.get("lease_lost")
     assert b.result("w") == {"attempt": 2, "resumed_from": {"checkpoint": "step-000010"}}
-    assert [e.type for e in _activity_events(b, 1)] == ["activity_started", "activity_heartbeat",
-                                                        "activity_timed_out"]  # no heartbeat, no failure of 1
+    assert [e.type for e in _activity_events(b, 1)] == [
+        "activity_started",
+        "activity_heartbeat",
+        "activity_timed_out",
+    ]  # no heartbeat, no failure of 1
     details = b.activities("w")[0].last_heartbeat_details
     assert details is not None and "step-000020" not in dumps(details)  # the stale heartbeat's details were not kept

@@ -2,6 +2,7 @@
 child is a fresh process the runner treats like a cold one (own session, tag, command line, stop, nothing left),
 and any doubt or crash starts the command the ordinary way. The child is tests/engine/eng_child.py run as
 ``python -m eng_child`` (no tinyllm: the engine's part; tests/workflows/test_warm_start.py runs real trainers)."""
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,15 @@ def server():
 
 def activity(tmp_path, launcher, argv_of):
     def act(ctx, _):
-        res = run_subprocess(ctx, [*MODULE, *argv_of(ctx)], progress_path=str(tmp_path / f"p-{ctx.attempt}.jsonl"),
-                             cwd=HERE, env=launcher.env, poll_interval_s=0.02, launcher=launcher)  # not
+        res = run_subprocess(
+            ctx,
+            [*MODULE, *argv_of(ctx)],
+            progress_path=str(tmp_path / f"p-{ctx.attempt}.jsonl"),
+            cwd=HERE,
+            env=launcher.env,
+            poll_interval_s=0.02,
+            launcher=launcher,
+        )  # not
         # os.environ: pytest changes PYTEST_CURRENT_TEST between the fixture and the test (the server declines that)
         return res.result
 
@@ -57,14 +65,23 @@ def activity(tmp_path, launcher, argv_of):
 
 
 async def one(rt, _):
-    return await rt.execute_activity("run", None, StepOptions(
-        id="train-000030", heartbeat_timeout_s=300, retry=RetryPolicy(max_attempts=2, initial_interval_s=0.01)))
+    return await rt.execute_activity(
+        "run",
+        None,
+        StepOptions(
+            id="train-000030", heartbeat_timeout_s=300, retry=RetryPolicy(max_attempts=2, initial_interval_s=0.01)
+        ),
+    )
 
 
 @pytest.mark.slow
 def test_a_warm_child_is_a_fresh_tagged_process_in_its_own_session(tmp_path, server, db) -> None:
-    eng = make_engine(db, SystemClock(), workflows=[("w", one)],
-                      activities=[("run", activity(tmp_path, server, lambda ctx: ["whoami"]))])
+    eng = make_engine(
+        db,
+        SystemClock(),
+        workflows=[("w", one)],
+        activities=[("run", activity(tmp_path, server, lambda ctx: ["whoami"]))],
+    )
     eng.start("w", "w", None)
     eng.run_until_complete("w", timeout_s=60)
     me = eng.result("w")
@@ -80,9 +97,14 @@ def test_a_stop_reaches_the_warm_child_which_exits_130(tmp_path, server, db) -> 
     """The runner's SIGTERM goes to the warm child's pid; it exits 130 (its "checkpoint"): Canceled. A stop signal
     to every process of the job (Slurm's) does not end the server under it: the server blocks them."""
     pidfile = str(tmp_path / "child.pid")
-    eng = make_engine(db, SystemClock(), workflows=[("w", one)],
-                      activities=[("run", activity(tmp_path, server, lambda ctx: ["term", pidfile]))],
-                      inline=False, poll_interval_s=0.02)
+    eng = make_engine(
+        db,
+        SystemClock(),
+        workflows=[("w", one)],
+        activities=[("run", activity(tmp_path, server, lambda ctx: ["term", pidfile]))],
+        inline=False,
+        poll_interval_s=0.02,
+    )
     eng.start("w", "w", None)
     out: dict = {}
     t = threading.Thread(target=lambda: out.setdefault("st", eng.run_until_complete("w", timeout_s=60)))
@@ -116,8 +138,12 @@ def _ppid(pid: int) -> int:
 def test_a_crashed_server_runs_commands_cold(tmp_path, server, db) -> None:
     server._proc.kill()
     wait_for(lambda: server._proc.poll() is not None, what="the server to die")
-    eng = make_engine(db, SystemClock(), workflows=[("w", one)],
-                      activities=[("run", activity(tmp_path, server, lambda ctx: ["whoami"]))])
+    eng = make_engine(
+        db,
+        SystemClock(),
+        workflows=[("w", one)],
+        activities=[("run", activity(tmp_path, server, lambda ctx: ["whoami"]))],
+    )
     eng.start("w", "w", None)
     eng.run_until_complete("w", timeout_s=60)
     me = eng.result("w")
@@ -130,8 +156,16 @@ def test_a_server_dying_under_its_child_takes_it_along_and_the_retry_runs_cold(t
     """The server is killed while its child runs: the child dies too (parent-death signal), the attempt fails
     retryably, and attempt 2 starts cold (a redelivery never needs the server)."""
     pidfile = str(tmp_path / "child.pid")
-    eng = make_engine(db, SystemClock(), workflows=[("w", one)], inline=False, poll_interval_s=0.02, activities=[(
-        "run", activity(tmp_path, server, lambda ctx: ["term", pidfile] if ctx.attempt == 1 else ["whoami"]))])
+    eng = make_engine(
+        db,
+        SystemClock(),
+        workflows=[("w", one)],
+        inline=False,
+        poll_interval_s=0.02,
+        activities=[
+            ("run", activity(tmp_path, server, lambda ctx: ["term", pidfile] if ctx.attempt == 1 else ["whoami"]))
+        ],
+    )
     eng.start("w", "w", None)
     out: dict = {}
     t = threading.Thread(target=lambda: out.setdefault("st", eng.run_until_complete("w", timeout_s=60)))

@@ -7,6 +7,7 @@ ledger must be in the history (its ``activity_started`` was durable before it ra
 may have run twice (a lease acted on before its commit, then lost with it, is handed out again with the
 same number).
 """
+
 from __future__ import annotations
 
 import os
@@ -64,8 +65,16 @@ class FailingGroupStore(Store):
 
 
 def _engine(path, ledger, store=None, inline=False):
-    return make_engine(path, VirtualClock(), workflows=[("steps", steps)], activities=[("step", ledger.step)],
-                       store=store, inline=inline, max_concurrent_activities=WORKFLOWS, poll_interval_s=0.01)
+    return make_engine(
+        path,
+        VirtualClock(),
+        workflows=[("steps", steps)],
+        activities=[("step", ledger.step)],
+        store=store,
+        inline=inline,
+        max_concurrent_activities=WORKFLOWS,
+        poll_interval_s=0.01,
+    )
 
 
 def _run_all(eng):

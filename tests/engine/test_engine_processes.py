@@ -1,4 +1,5 @@
 """Two real worker processes on one database never run the same attempt at once."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """The subprocess runner's progress reader (engine/_subprocess_runner.py) under damaged lines: a
 torn or garbage line is skipped, never raised, and every line it returns can be recorded as a
 heartbeat. (Moved here from tests/ctl/test_badinput_fuzz.py: it tests an engine internal.)"""
+
 from __future__ import annotations
 
 import json

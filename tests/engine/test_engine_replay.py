@@ -1,4 +1,5 @@
 """Replay: every recorded prefix reproduces the same commands; the golden history still replays."""
+
 from __future__ import annotations
 
 import json
@@ -35,10 +36,13 @@ async def program(rt, plan):
     out = []
     for i, (kind, arg) in enumerate(plan):
         if kind == "act":
-            out.append(await rt.execute_activity(
-                "act", {"i": i, "fail": arg},
-                StepOptions(id=f"step-{i}", retry=RetryPolicy(max_attempts=3, initial_interval_s=1)),
-            ))
+            out.append(
+                await rt.execute_activity(
+                    "act",
+                    {"i": i, "fail": arg},
+                    StepOptions(id=f"step-{i}", retry=RetryPolicy(max_attempts=3, initial_interval_s=1)),
+                )
+            )
         else:
             await rt.sleep(arg)
             out.append(rt.now())
@@ -47,7 +51,9 @@ async def program(rt, plan):
 
 def recorded_commands(events):
     return [
-        ("activity", e.attrs["activity_id"], e.attrs["name"]) if e.type == "activity_scheduled" else ("timer", None, None)
+        ("activity", e.attrs["activity_id"], e.attrs["name"])
+        if e.type == "activity_scheduled"
+        else ("timer", None, None)
         for e in events
         if e.type in ("activity_scheduled", "timer_started")
     ]
@@ -62,7 +68,9 @@ def as_tuples(commands):
 def test_replay_of_every_prefix_reproduces_the_same_commands(plan):
     plan = [list(p) for p in plan]
     with tempfile.TemporaryDirectory() as d:
-        eng = make_engine(os.path.join(d, "e.db"), VirtualClock(), workflows=[("p", program)], activities=[("act", act)])
+        eng = make_engine(
+            os.path.join(d, "e.db"), VirtualClock(), workflows=[("p", program)], activities=[("act", act)]
+        )
         eng.start("p", "p", plan)
         eng.run_until_complete("p")
         result = eng.result("p")
@@ -87,7 +95,9 @@ def test_golden_history_replays_to_the_recorded_result():
     with open(GOLDEN) as f:
         golden = json.load(f)
     events = [Event.from_json(e) for e in golden["events"]]
-    res = replay_history(eng_golden.golden, events, workflow_id=golden["workflow_id"], input_type=eng_golden.GoldenInput)
+    res = replay_history(
+        eng_golden.golden, events, workflow_id=golden["workflow_id"], input_type=eng_golden.GoldenInput
+    )
     assert as_tuples(res.commands) == recorded_commands(events)
     assert res.new_commands == []
     assert res.done and res.outcome == ("completed", golden["result"])

@@ -4,6 +4,7 @@ The activities here are plain functions that raise ``Preempted`` as the subproce
 trainer that checkpointed and exited on the stop (fakes: what is tested is the engine's bookkeeping).
 Each "life" is a fresh Engine on the same file, as ``ctl train`` run again after its exit 143.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,13 @@ def test_preemptions_use_no_retry_of_max_attempts_1(db, clock):
     def act(ctx, _):
         ran.append(ctx.attempt)
         if ctx.attempt <= 2:
-            raise Preempted("stopped by SIGTERM", signal="SIGTERM", checkpoint=f"ck-{ctx.attempt}", step=ctx.attempt,
-                            stopping_step=ctx.attempt)
+            raise Preempted(
+                "stopped by SIGTERM",
+                signal="SIGTERM",
+                checkpoint=f"ck-{ctx.attempt}",
+                step=ctx.attempt,
+                stopping_step=ctx.attempt,
+            )
         return "done"
 
     for life in range(3):
@@ -57,9 +63,16 @@ def test_preemptions_use_no_retry_of_max_attempts_1(db, clock):
             assert [p["attempt"] for p in eng.preempted] == [life + 1]
             eng.close()
     assert st.state == "completed" and st.result == "done" and ran == [1, 2, 3]
-    assert types(eng) == [(h.ACTIVITY_SCHEDULED, None), (h.ACTIVITY_STARTED, 1), (h.ACTIVITY_PREEMPTED, 1),
-                          (h.ACTIVITY_STARTED, 2), (h.ACTIVITY_PREEMPTED, 2), (h.ACTIVITY_STARTED, 3),
-                          (h.ACTIVITY_COMPLETED, 3), (h.WORKFLOW_COMPLETED, None)]
+    assert types(eng) == [
+        (h.ACTIVITY_SCHEDULED, None),
+        (h.ACTIVITY_STARTED, 1),
+        (h.ACTIVITY_PREEMPTED, 1),
+        (h.ACTIVITY_STARTED, 2),
+        (h.ACTIVITY_PREEMPTED, 2),
+        (h.ACTIVITY_STARTED, 3),
+        (h.ACTIVITY_COMPLETED, 3),
+        (h.WORKFLOW_COMPLETED, None),
+    ]
     pre = [e.attrs for e in eng.history("w") if e.type == h.ACTIVITY_PREEMPTED]
     assert [(a["step"], a["steps_lost"], a["checkpoint"]) for a in pre] == [(1, 0, "ck-1"), (2, 0, "ck-2")]
     eng.close()
@@ -152,6 +165,7 @@ def test_a_stop_during_a_durable_wait_is_recorded_and_the_rest_waited_later(db, 
 def test_a_cancel_during_a_stop_ends_canceled(db, clock):
     """The workflow's cancel is recorded while its attempt is being stopped politely: the attempt ends
     canceled (not preempted, not due again) and so does the workflow."""
+
     def act(ctx, _):
         other = make_engine(db, clock)
         assert other.cancel("w")
@@ -182,9 +196,22 @@ def test_the_golden_history_with_preemptions_replays_to_the_same_result():
         if e.type == h.ACTIVITY_STARTED and first_start:
             first_start = False
             a = e.attrs
-            out.append(Event(0, h.ACTIVITY_PREEMPTED, e.time, {"cmd": a["cmd"], "activity_id": a["activity_id"],
-                                                                "attempt": a["attempt"], "signal": "SIGTERM",
-                                                                "step": 1, "steps_lost": 0, "retry_at": e.time}))
+            out.append(
+                Event(
+                    0,
+                    h.ACTIVITY_PREEMPTED,
+                    e.time,
+                    {
+                        "cmd": a["cmd"],
+                        "activity_id": a["activity_id"],
+                        "attempt": a["attempt"],
+                        "signal": "SIGTERM",
+                        "step": 1,
+                        "steps_lost": 0,
+                        "retry_at": e.time,
+                    },
+                )
+            )
             out.append(Event(0, h.ACTIVITY_STARTED, e.time, {**a, "attempt": a["attempt"] + 1}))
         elif e.type == h.TIMER_STARTED and first_timer:
             first_timer = False
@@ -196,7 +223,7 @@ def test_the_golden_history_with_preemptions_replays_to_the_same_result():
     assert res.done and res.outcome == ("completed", golden["result"])
 
 
-HELPER_STYLE_CHILD = r'''
+HELPER_STYLE_CHILD = r"""
 import json, os, signal, sys, time
 progress, pidfile = sys.argv[1], sys.argv[2]
 stop = []
@@ -221,7 +248,7 @@ while step < 10_000:
             sys.exit(130)
     else:
         emit(event="step", step=step)
-'''
+"""
 
 
 def test_a_stop_of_a_trainer_writing_the_helper_s_checkpoint_lines_records_the_step_it_saved(tmp_path, db):
@@ -240,8 +267,12 @@ def test_a_stop_of_a_trainer_writing_the_helper_s_checkpoint_lines_records_the_s
     pidfile, progress = tmp_path / "child.pid", tmp_path / "progress.jsonl"
 
     def act(ctx, _):
-        res = run_subprocess(ctx, [__import__("sys").executable, str(child), str(progress), str(pidfile)],
-                             progress_path=str(progress), poll_interval_s=0.02)
+        res = run_subprocess(
+            ctx,
+            [__import__("sys").executable, str(child), str(progress), str(pidfile)],
+            progress_path=str(progress),
+            poll_interval_s=0.02,
+        )
         return res.returncode
 
     opts = StepOptions(id="train-000100", heartbeat_timeout_s=300)
@@ -249,8 +280,9 @@ def test_a_stop_of_a_trainer_writing_the_helper_s_checkpoint_lines_records_the_s
     async def wf(rt, _):
         return await rt.execute_activity("run", None, opts)
 
-    eng = make_engine(db, SystemClock(), workflows=[("w", wf)], activities=[("run", act)], inline=False,
-                      poll_interval_s=0.02)
+    eng = make_engine(
+        db, SystemClock(), workflows=[("w", wf)], activities=[("run", act)], inline=False, poll_interval_s=0.02
+    )
     eng.start("w", "w", None)
     out = {}
     t = threading.Thread(target=lambda: out.setdefault("st", eng.run_until_complete("w", timeout_s=120)))

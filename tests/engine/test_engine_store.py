@@ -1,4 +1,5 @@
 """The store: refuses corrupt, foreign and newer databases without touching them; WAL; one tx helper."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -99,14 +100,19 @@ def test_migrations_apply_in_order_and_keep_data(tmp_path, monkeypatch):
     p = str(tmp_path / "engine.db")
     s = Store(p)
     with s.transaction("seed") as db:
-        db.execute("INSERT INTO workflows(id, name, input, state, created_at, updated_at) VALUES ('w', 'n', '1', 'running', 0, 0)")
+        db.execute(
+            "INSERT INTO workflows(id, name, input, state, created_at, updated_at) VALUES ('w', 'n', '1', 'running', 0, 0)"
+        )
     s.close()
     extra = (schema.VERSION + 1, "ALTER TABLE workflows ADD COLUMN note TEXT; UPDATE workflows SET note = 'migrated'")
     monkeypatch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS + [extra])
     monkeypatch.setattr(schema, "VERSION", extra[0])
     s2 = Store(p)
     assert s2.query("SELECT id, note FROM workflows") == [("w", "migrated")]
-    assert [v for (v,) in s2.query("SELECT version FROM schema_version ORDER BY version")][-2:] == [extra[0] - 1, extra[0]]
+    assert [v for (v,) in s2.query("SELECT version FROM schema_version ORDER BY version")][-2:] == [
+        extra[0] - 1,
+        extra[0],
+    ]
 
 
 @pytest.mark.slow
@@ -123,17 +129,23 @@ def test_a_second_store_in_this_process_keeps_its_locks_and_another_process_keep
     p = str(tmp_path / "engine.db")
     live = Store(p)
     with live.transaction("seed") as db:
-        db.execute("INSERT INTO workflows(id, name, input, state, created_at, updated_at) "
-                   "VALUES ('w1', 'n', '1', 'running', 0, 0)")
+        db.execute(
+            "INSERT INTO workflows(id, name, input, state, created_at, updated_at) "
+            "VALUES ('w1', 'n', '1', 'running', 0, 0)"
+        )
     Store(p).close()  # a second store of this process (as the old progress display opened)
-    reader = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
-              "print(c.execute('SELECT COUNT(*) FROM workflows').fetchone()[0]); c.close()")
+    reader = (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+        "print(c.execute('SELECT COUNT(*) FROM workflows').fetchone()[0]); c.close()"
+    )
     out = subprocess.run([sys.executable, "-c", reader, p], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
     assert (tmp_path / "engine.db-wal").exists(), "another process's close deleted the live WAL"
     with live.transaction("more") as db:
-        db.execute("INSERT INTO workflows(id, name, input, state, created_at, updated_at) "
-                   "VALUES ('w2', 'n', '1', 'running', 0, 0)")
+        db.execute(
+            "INSERT INTO workflows(id, name, input, state, created_at, updated_at) "
+            "VALUES ('w2', 'n', '1', 'running', 0, 0)"
+        )
     out = subprocess.run([sys.executable, "-c", reader, p], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "2"  # what the live connection commits reaches other processes
     live.close()
@@ -159,26 +171,35 @@ def test_a_version_2_database_migrates_and_its_workflow_goes_on(tmp_path, monkey
         old.start("two", "w", 1)
         old.run_until_idle()
         with old.store.transaction("as version 2 left it") as db:  # it kept closed rows, state 'completed'
-            db.execute("INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, attempt, "
-                       "due_at) SELECT 'w', 'a', 0, 'first', '1', '{}', 'completed', 1, 0")
+            db.execute(
+                "INSERT INTO activities(workflow_id, activity_id, cmd, name, input, options, state, attempt, "
+                "due_at) SELECT 'w', 'a', 0, 'first', '1', '{}', 'completed', 1, 0"
+            )
         events = old.history("w")
         old.close()
     v2 = sqlite3.connect(p)
     assert v2.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 2
     assert v2.execute("SELECT activity_id, state FROM activities ORDER BY cmd").fetchall() == [
-        ("a", "completed"), ("b", "scheduled")]
+        ("a", "completed"),
+        ("b", "scheduled"),
+    ]
     v2.close()
 
     eng = Engine(p, clock=clock, inline_activities=True)
     eng.register_workflow("two", two)
     eng.register_activity("first", lambda ctx, x: x + 1)
     eng.register_activity("second", lambda ctx, x: x * 10)
-    assert eng.store.query("SELECT version FROM schema_version ORDER BY version") == [(v,) for v, _ in schema.MIGRATIONS]
+    assert eng.store.query("SELECT version FROM schema_version ORDER BY version") == [
+        (v,) for v, _ in schema.MIGRATIONS
+    ]
     assert eng.store.query("SELECT activity_id, state FROM activities") == [("b", "scheduled")]
     names = {n for (n,) in eng.store.query("SELECT name FROM sqlite_master")}
     assert "activities_state" not in names and "events_by_rowid" not in names
     assert eng.history("w") == events  # read through the new table, checksums verified
     assert eng.run_until_complete("w").result == 2 + 20
-    assert [(a.activity_id, a.state, a.attempt) for a in eng.activities("w")] == [("a", "completed", 1), ("b", "completed", 1)]
+    assert [(a.activity_id, a.state, a.attempt) for a in eng.activities("w")] == [
+        ("a", "completed", 1),
+        ("b", "completed", 1),
+    ]
     assert eng.store.query("SELECT COUNT(*) FROM activities") == [(0,)]
     eng.close()

@@ -1,4 +1,5 @@
 """The subprocess runner with real child processes: progress heartbeats, exit codes, cancel, no orphans."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,12 @@ def wait_for(cond, timeout_s=20.0, what="condition"):
 
 def runner_activity(tmp_path, *child_args):
     def act(ctx, _):
-        res = run_subprocess(ctx, python_cmd("eng_child.py", *child_args),
-                             progress_path=str(tmp_path / f"progress-{ctx.attempt}.jsonl"), poll_interval_s=0.02)
+        res = run_subprocess(
+            ctx,
+            python_cmd("eng_child.py", *child_args),
+            progress_path=str(tmp_path / f"progress-{ctx.attempt}.jsonl"),
+            poll_interval_s=0.02,
+        )
         return {"rc": res.returncode, "result": res.result, "stdout_tail": res.stdout_tail}
 
     return act
@@ -39,13 +44,21 @@ def runner_activity(tmp_path, *child_args):
 
 async def one(rt, _):
     return await rt.execute_activity(
-        "run", None, StepOptions(id="train-000030", heartbeat_timeout_s=300, retry=RetryPolicy(max_attempts=2, initial_interval_s=0.01))
+        "run",
+        None,
+        StepOptions(
+            id="train-000030", heartbeat_timeout_s=300, retry=RetryPolicy(max_attempts=2, initial_interval_s=0.01)
+        ),
     )
 
 
 def test_progress_lines_become_heartbeats_and_result_is_the_last_stdout_line(tmp_path, db):
-    eng = make_engine(db, SystemClock(), workflows=[("w", one)],
-                      activities=[("run", runner_activity(tmp_path, "progress", str(tmp_path / "progress-1.jsonl"), "3"))])
+    eng = make_engine(
+        db,
+        SystemClock(),
+        workflows=[("w", one)],
+        activities=[("run", runner_activity(tmp_path, "progress", str(tmp_path / "progress-1.jsonl"), "3"))],
+    )
     eng.start("w", "w", None)
     eng.run_until_complete("w", timeout_s=30)
     out = eng.result("w")
@@ -57,7 +70,9 @@ def test_progress_lines_become_heartbeats_and_result_is_the_last_stdout_line(tmp
 
 
 def test_exit_2_is_non_retryable_bad_input(tmp_path, db):
-    eng = make_engine(db, SystemClock(), workflows=[("w", one)], activities=[("run", runner_activity(tmp_path, "badinput"))])
+    eng = make_engine(
+        db, SystemClock(), workflows=[("w", one)], activities=[("run", runner_activity(tmp_path, "badinput"))]
+    )
     eng.start("w", "w", None)
     eng.run_until_complete("w", timeout_s=30)
     with pytest.raises(WorkflowFailed) as ei:
@@ -70,9 +85,15 @@ def test_exit_2_is_non_retryable_bad_input(tmp_path, db):
 def test_a_command_that_cannot_start_is_non_retryable_bad_input(tmp_path, db):
     """No such program (a spec's trainer.command misspelt): the same argv fails the same way on every attempt;
     it was retried to max_attempts (ctl train: 'FileNotFoundError ... (attempt 5)'); now it fails at once."""
+
     def act(ctx, _):
-        run_subprocess(ctx, ["no-such-trainer-xyz", "--spec", "s.json"], progress_path=str(tmp_path / "p.jsonl"),
-                       cwd=str(tmp_path), poll_interval_s=0.02)
+        run_subprocess(
+            ctx,
+            ["no-such-trainer-xyz", "--spec", "s.json"],
+            progress_path=str(tmp_path / "p.jsonl"),
+            cwd=str(tmp_path),
+            poll_interval_s=0.02,
+        )
 
     eng = make_engine(db, SystemClock(), workflows=[("w", one)], activities=[("run", act)])
     eng.start("w", "w", None)
@@ -84,7 +105,9 @@ def test_a_command_that_cannot_start_is_non_retryable_bad_input(tmp_path, db):
 
 
 def test_other_exit_codes_are_retried(tmp_path, db):
-    eng = make_engine(db, SystemClock(), workflows=[("w", one)], activities=[("run", runner_activity(tmp_path, "crash"))])
+    eng = make_engine(
+        db, SystemClock(), workflows=[("w", one)], activities=[("run", runner_activity(tmp_path, "crash"))]
+    )
     eng.start("w", "w", None)
     eng.run_until_complete("w", timeout_s=30)
     failed = [e for e in eng.history("w") if e.type == "activity_failed"]
@@ -96,8 +119,14 @@ def test_other_exit_codes_are_retried(tmp_path, db):
 
 def test_cancel_sigterms_the_child_which_exits_130(tmp_path, db):
     pidfile = str(tmp_path / "child.pid")
-    eng = make_engine(db, SystemClock(), workflows=[("w", one)], activities=[("run", runner_activity(tmp_path, "term", pidfile))],
-                      inline=False, poll_interval_s=0.02)
+    eng = make_engine(
+        db,
+        SystemClock(),
+        workflows=[("w", one)],
+        activities=[("run", runner_activity(tmp_path, "term", pidfile))],
+        inline=False,
+        poll_interval_s=0.02,
+    )
     eng.start("w", "w", None)
     out = {}
     t = threading.Thread(target=lambda: out.setdefault("st", eng.run_until_complete("w", timeout_s=60)))
@@ -147,8 +176,10 @@ def test_sigkilled_worker_leaves_no_child_writing_and_is_redelivered(tmp_path):
 
         starter = eng_worker.make(db)
         starter.start("train", "train/tiny", {"out": out, "pidfile": pidfile, "progress": progress})
-        wait_for(lambda: os.path.exists(pidfile) and os.path.exists(out) and os.path.getsize(out) > 20,
-                 what="the child to write")
+        wait_for(
+            lambda: os.path.exists(pidfile) and os.path.exists(out) and os.path.getsize(out) > 20,
+            what="the child to write",
+        )
         child = int(open(pidfile).read())
         worker.kill()
         worker.wait(timeout=20)
@@ -175,11 +206,17 @@ def test_output_dir_keeps_both_streams_of_each_attempt_and_the_error_still_names
     """``output_dir`` (issue 40 item 8; ctl logs): each attempt's stdout and stderr stay in files of its own
     folder after it ended, a failure's message still carries the last stderr line, a success's result is still
     its last stdout line."""
+
     def act(ctx, _):
         mode = "crash" if ctx.attempt == 1 else "progress"
         args = ("crash",) if mode == "crash" else ("progress", str(tmp_path / f"progress-{ctx.attempt}.jsonl"), "1")
-        res = run_subprocess(ctx, python_cmd("eng_child.py", *args), output_dir=tmp_path / f"out-{ctx.attempt}",
-                             progress_path=str(tmp_path / f"progress-{ctx.attempt}.jsonl"), poll_interval_s=0.02)
+        res = run_subprocess(
+            ctx,
+            python_cmd("eng_child.py", *args),
+            output_dir=tmp_path / f"out-{ctx.attempt}",
+            progress_path=str(tmp_path / f"progress-{ctx.attempt}.jsonl"),
+            poll_interval_s=0.02,
+        )
         return {"result": res.result}
 
     eng = make_engine(db, SystemClock(), workflows=[("w", one)], activities=[("run", act)])
@@ -190,6 +227,9 @@ def test_output_dir_keeps_both_streams_of_each_attempt_and_the_error_still_names
     last_err = (tmp_path / "out-1/stderr.log").read_text().strip().splitlines()[-1]
     assert last_err and last_err in failed.attrs["error"]["message"], (last_err, failed.attrs)
     import json
-    assert json.loads((tmp_path / "out-2/stdout.log").read_text().strip().splitlines()[-1]) == \
-        {"steps": 10, "final_loss_hex": "0x1.8000000000000p+0"}
+
+    assert json.loads((tmp_path / "out-2/stdout.log").read_text().strip().splitlines()[-1]) == {
+        "steps": 10,
+        "final_loss_hex": "0x1.8000000000000p+0",
+    }
     assert "some log line" in (tmp_path / "out-2/stdout.log").read_text()

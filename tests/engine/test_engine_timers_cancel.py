@@ -1,4 +1,5 @@
 """Durable timers, cancel (during an activity, a timer, between commands) and nondeterminism."""
+
 from __future__ import annotations
 
 import threading
@@ -113,8 +114,9 @@ def test_cancel_before_the_first_command_and_code_that_catches_it(db, clock):
         except Canceled as e:
             raise RuntimeError("wrapped") from e  # still canceled: the error wraps Canceled
 
-    eng = make_engine(db, clock, workflows=[("w", eval_then_wait), ("c", catches)],
-                      activities=[("act", counting(calls))])
+    eng = make_engine(
+        db, clock, workflows=[("w", eval_then_wait), ("c", catches)], activities=[("act", counting(calls))]
+    )
     for wf, wid in (("w", "w1"), ("c", "c1")):
         eng.start(wf, wid, None)
         eng.cancel(wid)
@@ -139,8 +141,9 @@ def test_cancel_from_another_thread_reaches_a_threaded_activity(db):
     async def wf(rt, _):
         return await rt.execute_activity("long", 1, StepOptions(id="long", heartbeat_timeout_s=30))
 
-    eng = make_engine(db, SystemClock(), workflows=[("w", wf)], activities=[("long", long)], inline=False,
-                      poll_interval_s=0.02)
+    eng = make_engine(
+        db, SystemClock(), workflows=[("w", wf)], activities=[("long", long)], inline=False, poll_interval_s=0.02
+    )
     eng.start("w", "w", None)
     out = {}
     t = threading.Thread(target=lambda: out.setdefault("st", eng.run_until_complete("w", timeout_s=30)))
@@ -169,7 +172,9 @@ def test_changed_workflow_code_is_a_nondeterminism_error(db, clock, change):
             await rt.sleep(5)
         return "v2"
 
-    eng2 = make_engine(db, clock, workflows=[("w", v2)], activities=[("act", counting(calls)), ("act2", counting(calls))])
+    eng2 = make_engine(
+        db, clock, workflows=[("w", v2)], activities=[("act", counting(calls)), ("act2", counting(calls))]
+    )
     clock.advance(100)  # the timer fires: the new code runs a workflow task over the old history
     eng2.run_until_idle()
     st = eng2.status("w")

@@ -2,6 +2,7 @@
 a plain torch module whose forward adds noise drawn from a ``torch.Generator`` of the script's own,
 registered with ``DurableTrainer(track_generators=...)`` when the spec's ``config.register`` is true.
 """
+
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded
@@ -41,8 +42,15 @@ def main() -> None:
     run = DurableRun.from_args()
     torch.set_num_threads(1)
     noise = torch.Generator().manual_seed(7)
-    args = TrainingArguments(output_dir="hf-out", max_steps=run.spec["steps"], per_device_train_batch_size=8,
-                             learning_rate=0.05, lr_scheduler_type="constant", use_cpu=True, report_to="none")
+    args = TrainingArguments(
+        output_dir="hf-out",
+        max_steps=run.spec["steps"],
+        per_device_train_batch_size=8,
+        learning_rate=0.05,
+        lr_scheduler_type="constant",
+        use_cpu=True,
+        report_to="none",
+    )
     tracked = {"noise": noise} if run.config.get("register") else None
     DurableTrainer(run, model=Noisy(noise), args=args, train_dataset=Points(48), track_generators=tracked).train()
 

@@ -7,6 +7,7 @@ would from the docs, with Lightning's defaults left on (``logger``, ``enable_che
 - ``config.private_rng``: the training step adds noise drawn from a ``torch.Generator`` of its own,
   registered with ``DurableCallback(track_generators=...)`` when ``config.register`` is true.
 """
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -29,8 +30,11 @@ class Net(L.LightningModule):
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=0.01, foreach=False)
-        total = {"estimated": lambda: self.trainer.estimated_stepping_batches, "max_steps": lambda: self.trainer.max_steps,
-                 "spec": lambda: self.spec_steps}[self.horizon]()
+        total = {
+            "estimated": lambda: self.trainer.estimated_stepping_batches,
+            "max_steps": lambda: self.trainer.max_steps,
+            "spec": lambda: self.spec_steps,
+        }[self.horizon]()
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=int(total))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
@@ -44,8 +48,14 @@ def main() -> None:
     data = TensorDataset(torch.randn(48, 2, generator=g), torch.arange(48) % 3)
     loader = DataLoader(data, batch_size=8, sampler=DurableSampler(len(data), seed=run.seed))
     tracked = {"noise": noise} if noise is not None and cfg.get("register") else None
-    trainer = L.Trainer(max_steps=run.spec["steps"], accelerator="cpu", devices=1, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[DurableCallback(run, track_generators=tracked)])
+    trainer = L.Trainer(
+        max_steps=run.spec["steps"],
+        accelerator="cpu",
+        devices=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[DurableCallback(run, track_generators=tracked)],
+    )
     fit(trainer, Net(cfg.get("horizon", "estimated"), run.spec["steps"], noise), loader)
 
 

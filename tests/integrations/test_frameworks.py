@@ -9,6 +9,7 @@
 
 Nothing is downloaded (models from configs, data made on the spot, HF_HUB_OFFLINE=1).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,9 +49,29 @@ def write(folder: Path, spec: dict) -> Path:
 
 
 def verify(home: Path, spec: dict, *args: str) -> tuple[int, dict | None, str]:
-    p = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(write(home, spec)), "--home",
-                        str(home), "--json", "--kills", "3", "--signal", "both", *args], capture_output=True,
-                       text=True, cwd=ROOT, env=ENV, timeout=900)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "verify-resume",
+            "--spec",
+            str(write(home, spec)),
+            "--home",
+            str(home),
+            "--json",
+            "--kills",
+            "3",
+            "--signal",
+            "both",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=ENV,
+        timeout=900,
+    )
     try:
         report = json.loads(p.stdout)
     except ValueError:
@@ -84,9 +105,14 @@ def ctl_train_killed_then_rerun(home: Path, spec: dict, kill_after: int, hold_at
     proc = subprocess.Popen(argv, cwd=ROOT, env=first_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     segment = home / f"runs/{spec['name']}/activity/train-{spec['eval_every']:06d}"
     deadline = time.monotonic() + 600
-    while not any(ln.get("event") == "checkpoint" and ln["step"] >= kill_after
-                  for attempt in segment.glob("progress-*.jsonl") for ln in lines(attempt)):
-        assert proc.poll() is None, f"ctl train ended (exit {proc.returncode}) before its kill: {proc.stderr.read()[-2000:]}"
+    while not any(
+        ln.get("event") == "checkpoint" and ln["step"] >= kill_after
+        for attempt in segment.glob("progress-*.jsonl")
+        for ln in lines(attempt)
+    ):
+        assert proc.poll() is None, (
+            f"ctl train ended (exit {proc.returncode}) before its kill: {proc.stderr.read()[-2000:]}"
+        )
         assert time.monotonic() < deadline, "no checkpoint to kill after"
         time.sleep(0.05)  # a poll interval
     os.kill(proc.pid, signal.SIGKILL)
@@ -115,7 +141,9 @@ def hf_verified(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def lightning_verified(tmp_path_factory) -> dict:
     home = tmp_path_factory.mktemp("lightning")
-    rc, report, err = verify(home, spec_of("lightning", steps=30), "--seed", "3")  # a SIGTERM stop at the epoch end (15)
+    rc, report, err = verify(
+        home, spec_of("lightning", steps=30), "--seed", "3"
+    )  # a SIGTERM stop at the epoch end (15)
     assert_exact(rc, report, err, 30)
     return report
 
@@ -132,21 +160,26 @@ def test_lightning_resumes_exactly(lightning_verified) -> None:
 def test_hf_ctl_train_killed_mid_segment_then_rerun_is_bitwise_equal(tmp_path, hf_verified) -> None:
     res = ctl_train_killed_then_rerun(tmp_path, spec_of("hf", eval_every=12), kill_after=4)
     assert len(res["segments"]) == 2
-    assert (res["final_loss_hex"], res["digest"]) == (hf_verified["final_loss_hex"]["uninterrupted"],
-                                                      hf_verified["digest"]["uninterrupted"])
+    assert (res["final_loss_hex"], res["digest"]) == (
+        hf_verified["final_loss_hex"]["uninterrupted"],
+        hf_verified["digest"]["uninterrupted"],
+    )
 
 
 @soak
 def test_lightning_ctl_train_killed_mid_segment_then_rerun_is_bitwise_equal(tmp_path, lightning_verified) -> None:
     res = ctl_train_killed_then_rerun(tmp_path, spec_of("lightning", steps=30, eval_every=15), kill_after=5)
     assert len(res["segments"]) == 2
-    assert (res["final_loss_hex"], res["digest"]) == (lightning_verified["final_loss_hex"]["uninterrupted"],
-                                                      lightning_verified["digest"]["uninterrupted"])
+    assert (res["final_loss_hex"], res["digest"]) == (
+        lightning_verified["final_loss_hex"]["uninterrupted"],
+        lightning_verified["digest"]["uninterrupted"],
+    )
 
 
 @soak
-@pytest.mark.parametrize("variant,steps", [("hf-forget-rng", 24), ("lightning-forget-rng", 20),
-                                           ("lightning-forget-none", 20)])
+@pytest.mark.parametrize(
+    "variant,steps", [("hf-forget-rng", 24), ("lightning-forget-rng", 20), ("lightning-forget-none", 20)]
+)
 def test_the_broken_variants_are_not_exact(tmp_path, variant: str, steps: int) -> None:
     rc, report, err = verify(tmp_path, spec_of(variant), "--signal", "kill", "--kills", "1")  # one resume shows it
     assert rc == 1 and report is not None, err[-3000:]

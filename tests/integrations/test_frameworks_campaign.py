@@ -14,6 +14,7 @@ and its oracle compares the result with an uninterrupted run's bit for bit (docs
 Each campaign takes about 45-75 s on 2 loaded cores (two trainers at once: the uninterrupted one and
 the faulted one, each attempt importing transformers or lightning): the soak lane.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,13 +27,33 @@ import pytest
 from test_frameworks import ENV, ROOT, SPECS, spec_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # ~5 min in all; CI's lane runs the seed-1 campaign of
-soak = pytest.mark.soak  # each framework (~2 min), the soak lane the HF end-inside-an-epoch case and the broken variants
+soak = (
+    pytest.mark.soak
+)  # each framework (~2 min), the soak lane the HF end-inside-an-epoch case and the broken variants
 
 
 def campaign(spec: Path, seed: int) -> tuple[int, str]:
-    p = subprocess.run([sys.executable, "-m", "simulator", "campaign", "--spec", str(spec), "--seed", str(seed),
-                        "--runs", "1", "--faults", "2"], capture_output=True, text=True, cwd=ROOT, env=ENV,
-                       timeout=850)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "simulator",
+            "campaign",
+            "--spec",
+            str(spec),
+            "--seed",
+            str(seed),
+            "--runs",
+            "1",
+            "--faults",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=ENV,
+        timeout=850,
+    )
     return p.returncode, p.stdout + p.stderr
 
 

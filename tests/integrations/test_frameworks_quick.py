@@ -8,6 +8,7 @@
 - (CI's lane for HF, the soak lane for Lightning, whose CI campaign kills there) a rerun resumed at a
   segment's end trains nothing and gives the same result.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,8 @@ def uninterrupted(home: Path, spec: dict) -> dict:
 @pytest.mark.soak  # (~2 min for both) CI's lane has the same kill through the fault campaign with loader workers
 @pytest.mark.parametrize("example,steps,every,kill_after", [("hf", 16, 8, 4), ("lightning", 20, 10, 5)])
 def test_a_framework_trainer_killed_mid_segment_with_loader_workers_ends_where_an_uninterrupted_run_ends(
-        tmp_path: Path, example: str, steps: int, every: int, kill_after: int) -> None:
+    tmp_path: Path, example: str, steps: int, every: int, kill_after: int
+) -> None:
     base = spec_of(example, steps=steps, eval_every=every)
     spec = {**base, "config": {**base["config"], "workers": 2}}
     for folder in ("whole", "ref", "killed"):
@@ -47,12 +49,17 @@ def test_a_framework_trainer_killed_mid_segment_with_loader_workers_ends_where_a
     assert (res["final_loss_hex"], res["digest"]) == (ref["final_loss_hex"], ref["digest"])
 
 
-@pytest.mark.parametrize("example,script,steps", [("hf", "examples/hf_trainer.py", 8),
-                                                  pytest.param("lightning", "examples/lightning_train.py", 10,
-                                                               marks=pytest.mark.soak)])  # (CI: its campaign
+@pytest.mark.parametrize(
+    "example,script,steps",
+    [
+        ("hf", "examples/hf_trainer.py", 8),
+        pytest.param("lightning", "examples/lightning_train.py", 10, marks=pytest.mark.soak),
+    ],
+)  # (CI: its campaign
 # kills ctl train after the run's last checkpoint, the same rerun at the end; HF's campaign cannot: an epoch end)
 def test_a_rerun_from_the_checkpoint_at_the_end_trains_nothing_and_gives_the_same_result(
-        tmp_path: Path, example: str, script: str, steps: int) -> None:
+    tmp_path: Path, example: str, script: str, steps: int
+) -> None:
     """A kill after a segment's last checkpoint and before ctl recorded the segment: the next attempt resumes
     at the segment's end. Seen broken: HF's train() took one more step (step 9 of 8), Lightning's fit ran no
     step and the result line failed (no model registered), so ctl retried 5 times and failed the run."""

@@ -25,6 +25,7 @@ processes and real signals (issue 39):
 - ``DURABLE_STOP_SIGNAL=USR1`` stops them like SIGTERM, and more signals while the stop checkpoint is
   being written (SIGTERM twice, SIGINT, USR1, a group SIGTERM) never interrupt it.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,14 @@ def lines(path: Path) -> list[dict]:
 
 
 def run_to_end(example: str, home: Path, spec: dict) -> dict:
-    done = subprocess.run([sys.executable, SCRIPTS[example], "--spec", str(write(home, spec)), "--home", str(home)],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=DEADLINE_S)
+    done = subprocess.run(
+        [sys.executable, SCRIPTS[example], "--spec", str(write(home, spec)), "--home", str(home)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -79,18 +86,46 @@ def more_signals_during_the_write(proc: subprocess.Popen, ckpt_root: Path, stop_
     held.unlink()
 
 
-def stopped_at(example: str, home: Path, spec: dict, step: int, *, n: int, sig: int = signal.SIGTERM,
-               group: bool = True, fault: str = "trainer.hold", env: dict | None = None, more: bool = False) -> dict:
+def stopped_at(
+    example: str,
+    home: Path,
+    spec: dict,
+    step: int,
+    *,
+    n: int,
+    sig: int = signal.SIGTERM,
+    group: bool = True,
+    fault: str = "trainer.hold",
+    env: dict | None = None,
+    more: bool = False,
+) -> dict:
     """One attempt held at ``step`` and stopped there by ``sig`` (to the group, or the main process); checks
     the stop (stopping line, checkpoint at the step, exit 130); returns the stopping line and the result."""
     import time
 
     progress = home / f"progress-{n}.jsonl"
-    proc = subprocess.Popen([sys.executable, SCRIPTS[example], "--spec", str(write(home, spec)), "--home", str(home),
-                             "--progress", str(progress)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True,
-                            env={**ENV, **(env or {}), "TINYLLM_FAULT": f"{fault}@{step}" + (
-                                f",checkpoint.hold_write@{step}" if more else "")})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            SCRIPTS[example],
+            "--spec",
+            str(write(home, spec)),
+            "--home",
+            str(home),
+            "--progress",
+            str(progress),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={
+            **ENV,
+            **(env or {}),
+            "TINYLLM_FAULT": f"{fault}@{step}" + (f",checkpoint.hold_write@{step}" if more else ""),
+        },
+    )
     deadline = time.monotonic() + DEADLINE_S
     frames = home / f"runs/{spec['name']}/metrics.jsonl"  # the step's frame (written before its evaluation)
     seen = lambda: any(ln.get("step") == step for ln in lines(progress) + lines(frames))  # noqa: E731
@@ -109,7 +144,7 @@ def stopped_at(example: str, home: Path, spec: dict, step: int, *, n: int, sig: 
     got = lines(progress)
     i = [k for k, ln in enumerate(got) if ln.get("event") == "stopping"]
     assert len(i) == 1 and got[i[0]]["step"] == step, got
-    assert [ln["step"] for ln in got[i[0]:] if ln.get("event") == "checkpoint"] == [step]
+    assert [ln["step"] for ln in got[i[0] :] if ln.get("event") == "checkpoint"] == [step]
     result = json.loads(out.strip().splitlines()[-1])
     assert result["canceled"] and result["steps"] == step
     assert result["checkpoint"] == f"runs/{spec['name']}/ckpt/step-{step:06d}"
@@ -121,20 +156,25 @@ def with_workers(example: str) -> dict:
     return {**spec, "config": {**spec["config"], "workers": 2}}
 
 
-@pytest.mark.parametrize("example,steps", [
-    ("hf", (7,)),
-    pytest.param("hf", (3, 9, 14), marks=pytest.mark.soak, id="hf-three-times"),
-    ("lightning", (7,)),
-    pytest.param("lightning", (7, 16, 23), marks=pytest.mark.soak, id="lightning-three-times"),
-])
+@pytest.mark.parametrize(
+    "example,steps",
+    [
+        ("hf", (7,)),
+        pytest.param("hf", (3, 9, 14), marks=pytest.mark.soak, id="hf-three-times"),
+        ("lightning", (7,)),
+        pytest.param("lightning", (7, 16, 23), marks=pytest.mark.soak, id="lightning-three-times"),
+    ],
+)
 def test_a_group_sigterm_with_two_loader_workers_checkpoints_the_step_and_the_run_ends_exact(
-        tmp_path: Path, example: str, steps: tuple[int, ...]) -> None:
+    tmp_path: Path, example: str, steps: tuple[int, ...]
+) -> None:
     spec = with_workers(example)
     (tmp_path / "ref").mkdir()
     (tmp_path / "home").mkdir()
     ref = run_to_end(example, tmp_path / "ref", spec)
-    resumed = [stopped_at(example, tmp_path / "home", spec, s, n=n)["result"]["resumed_from"]
-               for n, s in enumerate(steps)]
+    resumed = [
+        stopped_at(example, tmp_path / "home", spec, s, n=n)["result"]["resumed_from"] for n, s in enumerate(steps)
+    ]
     name = spec["name"]
     assert resumed == [None] + [f"runs/{name}/ckpt/step-{s:06d}" for s in steps[:-1]]
     end = run_to_end(example, tmp_path / "home", spec)
@@ -184,7 +224,8 @@ def val_rows(home: Path, name: str) -> list[tuple[int, str]]:
 
 @pytest.mark.parametrize("fault", ["validation.hold", "trainer.hold"])
 def test_lightning_a_sigterm_during_its_validation_abandons_it_and_the_rerun_validates_that_step_once(
-        tmp_path: Path, fault: str):
+    tmp_path: Path, fault: str
+):
     """``validation.hold``: the signal lands in the validation after step 8; ``trainer.hold``: at step 8's end,
     before it (the stop checkpoint is written first, marked pending; the validation is not run)."""
     base = spec_of("lightning", steps=12)
@@ -217,9 +258,14 @@ def test_lightning_a_validation_after_a_checkpoint_at_its_step_survives_a_kill_a
     ref_rows = val_rows(tmp_path / "ref", name)
     assert [step for step, _ in ref_rows] == [3, 7, 11]
     home = tmp_path / "killed"  # SIGKILLed in step 8's validation (held after its first batch), after step 8's save
-    proc = subprocess.Popen([sys.executable, SCRIPTS["lightning"], "--spec", str(write(home, spec)), "--home",
-                             str(home)], cwd=ROOT, env={**ENV, "TINYLLM_FAULT": "validation.hold@8"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPTS["lightning"], "--spec", str(write(home, spec)), "--home", str(home)],
+        cwd=ROOT,
+        env={**ENV, "TINYLLM_FAULT": "validation.hold@8"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + DEADLINE_S
     while not (home / f"runs/{name}/ckpt/step-000008/manifest.json").exists():  # (written whole, then renamed)
         assert proc.poll() is None, proc.stderr.read()[-3000:]
@@ -233,14 +279,24 @@ def test_lightning_a_validation_after_a_checkpoint_at_its_step_survives_a_kill_a
     assert val_rows(home, name) == ref_rows  # (seen red: [3, 11], other bits)
     assert (end["final_loss_hex"], end["digest"]) == (ref["final_loss_hex"], ref["digest"])
     home = tmp_path / "segments"
-    segment = subprocess.run([sys.executable, SCRIPTS["lightning"], "--spec", str(write(home, {**spec, "steps": 8})),
-                              "--home", str(home)], cwd=ROOT, env={**ENV, "CTL_RUN_STEPS": "12"}, capture_output=True,
-                             text=True, timeout=DEADLINE_S)
+    segment = subprocess.run(
+        [sys.executable, SCRIPTS["lightning"], "--spec", str(write(home, {**spec, "steps": 8})), "--home", str(home)],
+        cwd=ROOT,
+        env={**ENV, "CTL_RUN_STEPS": "12"},
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
     assert segment.returncode == 0, segment.stderr[-3000:]
     assert val_rows(home, name) == ref_rows[:1]  # step 8's is the next segment's
-    done = subprocess.run([sys.executable, SCRIPTS["lightning"], "--spec", str(write(home, spec)), "--home", str(home)],
-                          cwd=ROOT, env={**ENV, "CTL_RUN_STEPS": "12"}, capture_output=True, text=True,
-                          timeout=DEADLINE_S)
+    done = subprocess.run(
+        [sys.executable, SCRIPTS["lightning"], "--spec", str(write(home, spec)), "--home", str(home)],
+        cwd=ROOT,
+        env={**ENV, "CTL_RUN_STEPS": "12"},
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     end = json.loads(done.stdout.strip().splitlines()[-1])
     assert val_rows(home, name) == ref_rows
@@ -249,6 +305,15 @@ def test_lightning_a_validation_after_a_checkpoint_at_its_step_survives_a_kill_a
 
 @pytest.mark.parametrize("example", ["hf", "lightning"])
 def test_the_stop_signal_from_the_environment_stops_the_framework_trainer_at_the_step(tmp_path: Path, example: str):
-    seen = stopped_at(example, tmp_path, spec_of(example), 5, n=0, sig=signal.SIGUSR1, group=False,
-                      env={"DURABLE_STOP_SIGNAL": "USR1"}, more=True)
+    seen = stopped_at(
+        example,
+        tmp_path,
+        spec_of(example),
+        5,
+        n=0,
+        sig=signal.SIGUSR1,
+        group=False,
+        env={"DURABLE_STOP_SIGNAL": "USR1"},
+        more=True,
+    )
     assert seen["stopping"]["signal"] == "SIGUSR1"

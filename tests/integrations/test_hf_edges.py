@@ -5,6 +5,7 @@ script's own): unregistered, a resume is NOT EXACT and the diagnosis names ``Dur
 (~4 min on 2 loaded cores); CI's lane has the same for Lightning (test_lightning_edges.py) and the
 diagnosis' wording per trainer kind (tests/ctl/test_verify_report.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,17 +20,53 @@ pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "hf_edges.py"
-ENV = {**{k: v for k, v in os.environ.items() if k not in ("CTL_RUN_STEPS", "TINYLLM_FAULT")},
-       "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+ENV = {
+    **{k: v for k, v in os.environ.items() if k not in ("CTL_RUN_STEPS", "TINYLLM_FAULT")},
+    "PYTHONPATH": str(ROOT),
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
 
 
 def verify(home: Path, **config) -> tuple[int, dict]:
     path = home / f"hfedges-{len(config)}.json"
-    path.write_text(json.dumps({"name": "hfedges", "steps": 8, "seed": 1, "checkpoint_every": 2, "log_every": 2,
-                                "trainer": {"command": [sys.executable, str(SCRIPT)]}, "config": config}))
-    done = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(path), "--home", str(home),
-                           "--json", "--kills", "1", "--signal", "kill", "--segments", "1"], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=900)
+    path.write_text(
+        json.dumps(
+            {
+                "name": "hfedges",
+                "steps": 8,
+                "seed": 1,
+                "checkpoint_every": 2,
+                "log_every": 2,
+                "trainer": {"command": [sys.executable, str(SCRIPT)]},
+                "config": config,
+            }
+        )
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "verify-resume",
+            "--spec",
+            str(path),
+            "--home",
+            str(home),
+            "--json",
+            "--kills",
+            "1",
+            "--signal",
+            "kill",
+            "--segments",
+            "1",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     try:
         return done.returncode, json.loads(done.stdout)
     except ValueError:

@@ -1,6 +1,7 @@
 """The integrations' small parts, in process: the examples' diffs stay small, HF's files are sorted into
 the contract's pieces, a mirrored checkpoint is written back byte for byte, a missing extra is one line
 and exit 2."""
+
 from __future__ import annotations
 
 import difflib
@@ -21,12 +22,16 @@ def code_lines(path: Path) -> list[str]:
     return text[end:].splitlines()
 
 
-@pytest.mark.parametrize("plain,durable", [("hf_trainer_plain.py", "hf_trainer.py"),
-                                           ("lightning_train_plain.py", "lightning_train.py")])
+@pytest.mark.parametrize(
+    "plain,durable", [("hf_trainer_plain.py", "hf_trainer.py"), ("lightning_train_plain.py", "lightning_train.py")]
+)
 def test_the_user_change_is_at_most_ten_lines(plain: str, durable: str) -> None:
     a, b = code_lines(ROOT / "examples" / plain), code_lines(ROOT / "examples" / durable)
-    changed = [ln for ln in difflib.unified_diff(a, b, lineterm="", n=0)
-               if ln[:1] in "+-" and not ln.startswith(("+++", "---")) and ln[1:].strip()]
+    changed = [
+        ln
+        for ln in difflib.unified_diff(a, b, lineterm="", n=0)
+        if ln[:1] in "+-" and not ln.startswith(("+++", "---")) and ln[1:].strip()
+    ]
     added = sum(1 for ln in changed if ln.startswith("+"))
     assert 0 < added <= 10, changed
 
@@ -41,21 +46,39 @@ def test_a_missing_extra_is_one_line_and_exit_2(monkeypatch, capsys) -> None:
 
 
 def test_materialize_writes_the_files_back_byte_for_byte(tmp_path: Path) -> None:
-    comps = {"model": {"model.safetensors": b"\x00w"}, "optimizer": {"optimizer.pt": b"o", "scheduler.pt": b"s"},
-             "training_state": {"format": "x", "step": 3, "files": {"rng_state.pth": b"r", "sub/t.json": b"{}"}}}
+    comps = {
+        "model": {"model.safetensors": b"\x00w"},
+        "optimizer": {"optimizer.pt": b"o", "scheduler.pt": b"s"},
+        "training_state": {"format": "x", "step": 3, "files": {"rng_state.pth": b"r", "sub/t.json": b"{}"}},
+    }
     out = contract.FrameworkRun.materialize(comps, tmp_path / "checkpoint-3")
     got = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    assert got == {"model.safetensors": b"\x00w", "optimizer.pt": b"o", "scheduler.pt": b"s", "rng_state.pth": b"r",
-                   "sub/t.json": b"{}"}
+    assert got == {
+        "model.safetensors": b"\x00w",
+        "optimizer.pt": b"o",
+        "scheduler.pt": b"s",
+        "rng_state.pth": b"r",
+        "sub/t.json": b"{}",
+    }
 
 
 @pytest.mark.slow  # imports transformers (seconds)
 def test_hf_files_go_to_their_pieces() -> None:
     from tinyllm.integrations import hf  # the [hf] extra (CI installs it)
 
-    assert [hf.classify(n) for n in ("model.safetensors", "config.json", "optimizer.pt", "scheduler.pt",
-                                     "scaler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin")] == [
-        "model", "model", "optimizer", "optimizer", "optimizer", "training_state", "training_state", "training_state"]
+    assert [
+        hf.classify(n)
+        for n in (
+            "model.safetensors",
+            "config.json",
+            "optimizer.pt",
+            "scheduler.pt",
+            "scaler.pt",
+            "rng_state.pth",
+            "trainer_state.json",
+            "training_args.bin",
+        )
+    ] == ["model", "model", "optimizer", "optimizer", "optimizer", "training_state", "training_state", "training_state"]
 
 
 def test_the_integrations_use_only_durable_runs_public_seam() -> None:
@@ -69,7 +92,9 @@ def test_the_integrations_use_only_durable_runs_public_seam() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
                 owner = node.value
-                name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+                name = (
+                    owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+                )
                 if name == "run":
                     private.append(f"{path.name}:{node.lineno}: run.{node.attr}")
     assert not private, private

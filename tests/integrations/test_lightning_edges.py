@@ -14,6 +14,7 @@ checkpointing left on):
 CI's lane: 10 starts of Lightning (142 s on 2 cores with other jobs on them, load average 5 to 6,
 2026-12-04); the ``ctl train`` retry test and the unregistered generator's diagnosis are the soak lane's.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,19 @@ ENV["PYTHONPATH"] = str(ROOT)
 
 def spec(folder: Path, steps: int, name: str = "edges", **config) -> Path:
     path = folder / f"{name}-{steps}.json"
-    path.write_text(json.dumps({"name": name, "steps": steps, "seed": 1, "checkpoint_every": 2, "log_every": 2,
-                                "trainer": {"command": [sys.executable, str(SCRIPT)], "cwd": str(folder / "work")},
-                                "config": config}))
+    path.write_text(
+        json.dumps(
+            {
+                "name": name,
+                "steps": steps,
+                "seed": 1,
+                "checkpoint_every": 2,
+                "log_every": 2,
+                "trainer": {"command": [sys.executable, str(SCRIPT)], "cwd": str(folder / "work")},
+                "config": config,
+            }
+        )
+    )
     (folder / "work").mkdir(exist_ok=True)
     return path
 
@@ -44,8 +55,14 @@ def spec(folder: Path, steps: int, name: str = "edges", **config) -> Path:
 def trainer(folder: Path, spec_path: Path, home: Path, run_steps: int | None = None) -> subprocess.CompletedProcess:
     """The script run as ctl train runs one segment: in the spec's trainer.cwd, CTL_RUN_STEPS the run's length."""
     env = {**ENV, "CTL_RUN_STEPS": str(run_steps)} if run_steps else ENV
-    return subprocess.run([sys.executable, str(SCRIPT), "--spec", str(spec_path), "--home", str(home)],
-                          cwd=folder / "work", env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--spec", str(spec_path), "--home", str(home)],
+        cwd=folder / "work",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def result(done: subprocess.CompletedProcess) -> dict:
@@ -54,7 +71,8 @@ def result(done: subprocess.CompletedProcess) -> dict:
 
 
 def test_onecycle_over_estimated_stepping_batches_runs_in_segments_exactly_with_lightnings_files_in_the_home(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     whole = result(trainer(tmp_path, spec(tmp_path, 8), tmp_path / "whole"))
     first = result(trainer(tmp_path, spec(tmp_path, 4), tmp_path / "home", run_steps=8))
     assert first["steps"] == 4
@@ -73,14 +91,33 @@ def test_onecycle_over_estimated_stepping_batches_runs_in_segments_exactly_with_
 
 
 def test_a_schedule_over_a_segments_steps_fails_once_with_one_line_and_verify_resume_says_not_exact(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     path = spec(tmp_path, 8, horizon="spec")
     raw = json.loads(path.read_text())
     path.write_text(json.dumps({**raw, "eval_every": 4}))  # ctl train: two segments, 1..4 and 5..8
     home = tmp_path / "home"
-    done = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(path), "--home", str(home),
-                           "--kills", "0", "--segments", "2"], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "verify-resume",
+            "--spec",
+            str(path),
+            "--home",
+            str(home),
+            "--kills",
+            "0",
+            "--segments",
+            "2",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     out = done.stdout.splitlines()
     # seen red: no verdict line at all, only "ctl: segment 2 (to step 8) failed (exit 2): durable: the LR schedule ..."
     assert done.returncode == 1 and out and out[0].startswith("edges: NOT EXACT"), (done.stdout, done.stderr[-2000:])
@@ -94,8 +131,14 @@ def test_ctl_train_does_not_retry_a_schedule_over_a_segments_steps(tmp_path: Pat
     path = spec(tmp_path, 8, horizon="spec")
     path.write_text(json.dumps({**json.loads(path.read_text()), "eval_every": 4}))
     home = tmp_path / "home"
-    done = subprocess.run([sys.executable, "-m", "ctl.cli", "train", "--spec", str(path), "--home", str(home)],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "ctl.cli", "train", "--spec", str(path), "--home", str(home)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
     assert "durable: the LR schedule ran past its last step at step 5 of 8" in done.stderr, done.stderr[-2000:]
     attempts = sorted(p.name for p in (home / "runs/edges/activity/train-000008").glob("progress-*.jsonl"))
@@ -103,9 +146,30 @@ def test_ctl_train_does_not_retry_a_schedule_over_a_segments_steps(tmp_path: Pat
 
 
 def verify(home: Path, path: Path) -> tuple[int, dict]:
-    done = subprocess.run([sys.executable, "-m", "ctl.cli", "verify-resume", "--spec", str(path), "--home", str(home),
-                           "--json", "--kills", "1", "--signal", "kill", "--segments", "1"], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "verify-resume",
+            "--spec",
+            str(path),
+            "--home",
+            str(home),
+            "--json",
+            "--kills",
+            "1",
+            "--signal",
+            "kill",
+            "--segments",
+            "1",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     try:
         return done.returncode, json.loads(done.stdout)
     except ValueError:

@@ -5,6 +5,7 @@ Skipped, with the exact reason, where Slurm cannot run here (not installed, not 
 failing); a configuration Slurm refuses is an error. The bring-up time is printed (``-s`` shows it)
 and kept on the cluster (``startup_s``).
 """
+
 from __future__ import annotations
 
 import pytest

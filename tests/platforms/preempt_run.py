@@ -5,6 +5,7 @@ own checkpoint can save work and a stop that is not polite shows as steps lost. 
 definition of issue 39 (COMMON.md): the stopped attempt's ``stopping`` line is at step S, it wrote a
 checkpoint at a step >= S, and the next attempt's ``resume`` line names that checkpoint.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,16 @@ from simulator.proving import procs
 NAME = "slq"
 STEPS = 500
 SPEC = {
-    "name": NAME, "steps": STEPS, "seed": 5, "eval_every": 0, "checkpoint_every": 100000,
-    "batch_size": 2, "warmup_steps": 1, "lr_decay_steps": STEPS, "threads": 1, "log_every": 50,
+    "name": NAME,
+    "steps": STEPS,
+    "seed": 5,
+    "eval_every": 0,
+    "checkpoint_every": 100000,
+    "batch_size": 2,
+    "warmup_steps": 1,
+    "lr_decay_steps": STEPS,
+    "threads": 1,
+    "log_every": 50,
     "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
 }
 BOUND_S = 240.0  # the most any wait here may take (a loaded machine); never asserted as a time
@@ -45,8 +54,10 @@ def _json_lines(path: Path) -> list[dict]:
 
 def attempts(home: Path) -> list[tuple[int, list[dict]]]:
     """The training activity's attempts in order: (attempt, its progress lines)."""
-    out = [(int(f.stem.rsplit("-", 1)[1]), _json_lines(f))
-           for f in home.glob(f"runs/{NAME}/activity/train-*/progress-*.jsonl")]
+    out = [
+        (int(f.stem.rsplit("-", 1)[1]), _json_lines(f))
+        for f in home.glob(f"runs/{NAME}/activity/train-*/progress-*.jsonl")
+    ]
     return sorted(out, key=lambda a: a[0])
 
 
@@ -71,17 +82,23 @@ def steps_lost(runs: list[tuple[int, list[dict]]]) -> list[str]:
         if not stopping and final and resume is not None and resume["checkpoint"] == final[-1]["checkpoint"]:
             continue  # stopped after its last step was saved (the loop had ended): nothing to lose
         if not stopping:
-            out.append(f"attempt {n}: no 'stopping' line (it reached step {reached} or later); attempt {n2} "
-                       f"started from step {resumed}: at least {reached - resumed} steps lost")
+            out.append(
+                f"attempt {n}: no 'stopping' line (it reached step {reached} or later); attempt {n2} "
+                f"started from step {resumed}: at least {reached - resumed} steps lost"
+            )
             continue
         s = stopping[-1]["step"]
         saved = [x for x in lines if "checkpoint" in x and "event" not in x and x.get("step", -1) >= s]
         if not saved:
-            out.append(f"attempt {n}: stopping at step {s}, but no checkpoint at or after it; attempt {n2} started "
-                       f"from step {resumed}: {s - resumed} steps lost")
+            out.append(
+                f"attempt {n}: stopping at step {s}, but no checkpoint at or after it; attempt {n2} started "
+                f"from step {resumed}: {s - resumed} steps lost"
+            )
         elif resume is None or resume["checkpoint"] != saved[-1]["checkpoint"]:
-            out.append(f"attempt {n}: checkpoint {saved[-1]['checkpoint']} at the stop, but attempt {n2} resumed from "
-                       f"{resume and resume['checkpoint']}: {saved[-1]['step'] - resumed} steps lost")
+            out.append(
+                f"attempt {n}: checkpoint {saved[-1]['checkpoint']} at the stop, but attempt {n2} resumed from "
+                f"{resume and resume['checkpoint']}: {saved[-1]['step'] - resumed} steps lost"
+            )
     return out
 
 

@@ -22,6 +22,7 @@ root under one scratch root in /tmp (``/work/shared/slurm.md`` has the facts thi
 failing): the tests skip with that reason. A slurmctld or slurmd that fails to come up with this
 configuration is an error, not a skip (it would hide a broken configuration). Never a fake scheduler.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,9 +38,9 @@ from pathlib import Path
 BINARIES = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel", "sinfo")
 INSTALL_HINT = "apt-get install slurmctld slurmd slurm-client munge"
 MARKER = "DURABLE_SLURM_TEST_ROOT"  # in the daemons' and the jobs' environment: the teardown's sweep finds them by it
-KILL_WAIT_S = 10      # TERM -> KILL at requeue, time limit, scancel, the end of a preemption grace
-GRACE_TIME_S = 5      # partition low's preemption GraceTime
-CRED_EXPIRE_S = 5     # a requeued job is held about this long (Slurm's default: 120 s)
+KILL_WAIT_S = 10  # TERM -> KILL at requeue, time limit, scancel, the end of a preemption grace
+GRACE_TIME_S = 5  # partition low's preemption GraceTime
+CRED_EXPIRE_S = 5  # a requeued job is held about this long (Slurm's default: 120 s)
 DEBIAN_MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
@@ -115,8 +116,11 @@ class Cluster:
         self.host = socket.gethostname().split(".")[0]
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.sock"
-        self.pid_files = {"slurmd": self.root / "slurmd.pid", "slurmctld": self.root / "slurmctld.pid",
-                          "munged": self.root / "munge" / "munged.pid"}
+        self.pid_files = {
+            "slurmd": self.root / "slurmd.pid",
+            "slurmctld": self.root / "slurmctld.pid",
+            "munged": self.root / "munge" / "munged.pid",
+        }
         self.own_munged = False
         self.startup_s: float | None = None  # measured: from nothing to the node idle
 
@@ -132,8 +136,9 @@ class Cluster:
 
     def cmd(self, *args: str, check: bool = True, timeout_s: float = 60.0, **kw) -> subprocess.CompletedProcess:
         """A Slurm command against this cluster (its output captured)."""
-        p = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout_s, env=kw.pop("env", self.env()),
-                           **kw)
+        p = subprocess.run(
+            list(args), capture_output=True, text=True, timeout=timeout_s, env=kw.pop("env", self.env()), **kw
+        )
         if check and p.returncode != 0:
             raise AssertionError(f"{' '.join(args)} exited {p.returncode}: {p.stderr.strip()[-2000:]}")
         return p
@@ -153,20 +158,25 @@ class Cluster:
             (self.root / d).mkdir()
         for daemon in ("slurmctld", "slurmd"):
             exe = shutil.which(daemon) or f"/usr/sbin/{daemon}"
-            p = subprocess.run([exe, "-f", str(self.conf)], capture_output=True, text=True, env=self.env(),
-                               timeout=START_TIMEOUT_S)
+            p = subprocess.run(
+                [exe, "-f", str(self.conf)], capture_output=True, text=True, env=self.env(), timeout=START_TIMEOUT_S
+            )
             if p.returncode != 0:
-                raise AssertionError(f"{daemon} did not start ({p.returncode}): {p.stderr.strip()}\n"
-                                     f"{_tail(self.root / (daemon + '.log'))}")
+                raise AssertionError(
+                    f"{daemon} did not start ({p.returncode}): {p.stderr.strip()}\n"
+                    f"{_tail(self.root / (daemon + '.log'))}"
+                )
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             p = self.cmd("sinfo", "-h", "-N", "-o", "%T", check=False)
             if p.returncode == 0 and set(p.stdout.split()) == {"idle"}:  # one line per partition
                 break
             if time.monotonic() > deadline:
-                raise AssertionError(f"the node is not idle after {START_TIMEOUT_S} s (sinfo: {p.stdout.strip()!r} "
-                                     f"{p.stderr.strip()!r})\nslurmctld.log:\n{_tail(self.root / 'slurmctld.log')}\n"
-                                     f"slurmd.log:\n{_tail(self.root / 'slurmd.log')}")
+                raise AssertionError(
+                    f"the node is not idle after {START_TIMEOUT_S} s (sinfo: {p.stdout.strip()!r} "
+                    f"{p.stderr.strip()!r})\nslurmctld.log:\n{_tail(self.root / 'slurmctld.log')}\n"
+                    f"slurmd.log:\n{_tail(self.root / 'slurmd.log')}"
+                )
             time.sleep(0.1)
         self.startup_s = time.monotonic() - t0
 
@@ -176,8 +186,9 @@ class Cluster:
             cred = subprocess.run(["munge", "-n", "-S", str(sock)], capture_output=True, text=True, timeout=30)
             if cred.returncode != 0:
                 return cred.stderr.strip()
-            back = subprocess.run(["unmunge", "-S", str(sock)], input=cred.stdout, capture_output=True, text=True,
-                                  timeout=30)
+            back = subprocess.run(
+                ["unmunge", "-S", str(sock)], input=cred.stdout, capture_output=True, text=True, timeout=30
+            )
             return None if back.returncode == 0 else back.stderr.strip()
         except (OSError, subprocess.TimeoutExpired) as e:
             return str(e)
@@ -190,10 +201,20 @@ class Cluster:
         with open(key, "wb", opener=lambda p, f: os.open(p, f, 0o400)) as f:
             f.write(os.urandom(128))
         exe = shutil.which("munged") or "/usr/sbin/munged"
-        p = subprocess.run([exe, f"--key-file={key}", f"--socket={self.munge_socket}",
-                            f"--pid-file={self.pid_files['munged']}", f"--log-file={d / 'munged.log'}",
-                            f"--seed-file={d / 'munged.seed'}"], capture_output=True, text=True, env=self.env(),
-                           timeout=START_TIMEOUT_S)
+        p = subprocess.run(
+            [
+                exe,
+                f"--key-file={key}",
+                f"--socket={self.munge_socket}",
+                f"--pid-file={self.pid_files['munged']}",
+                f"--log-file={d / 'munged.log'}",
+                f"--seed-file={d / 'munged.seed'}",
+            ],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            timeout=START_TIMEOUT_S,
+        )
         own_error = p.stderr.strip() or f"exit {p.returncode}"
         if p.returncode == 0:
             self.own_munged = True
@@ -204,8 +225,9 @@ class Cluster:
         if DEBIAN_MUNGE_SOCKET.exists() and self._munge_works(DEBIAN_MUNGE_SOCKET) is None:
             self.munge_socket = DEBIAN_MUNGE_SOCKET  # Debian's munged (not ours: left running at teardown)
             return
-        raise Unavailable(f"munged cannot start here ({own_error}) and no working munged answers on "
-                          f"{DEBIAN_MUNGE_SOCKET}")
+        raise Unavailable(
+            f"munged cannot start here ({own_error}) and no working munged answers on {DEBIAN_MUNGE_SOCKET}"
+        )
 
     def _write_conf(self) -> None:
         r = self.root
@@ -215,21 +237,33 @@ class Cluster:
             f"SlurmctldHost={self.host}(127.0.0.1)",
             f"SlurmctldPort={ctld_port}",
             f"SlurmdPort={slurmd_port}",
-            "SlurmUser=root", "SlurmdUser=root",
-            "AuthType=auth/munge", "CredType=cred/munge",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
             f"AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE_S}",
-            f"StateSaveLocation={r / 'state'}", f"SlurmdSpoolDir={r / 'spool'}",
-            f"SlurmctldPidFile={self.pid_files['slurmctld']}", f"SlurmdPidFile={self.pid_files['slurmd']}",
-            f"SlurmctldLogFile={r / 'slurmctld.log'}", f"SlurmdLogFile={r / 'slurmd.log'}",
-            "SlurmctldDebug=info", "SlurmdDebug=info",
-            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
-            "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
-            "MpiDefault=none", "ReturnToService=2",
+            f"StateSaveLocation={r / 'state'}",
+            f"SlurmdSpoolDir={r / 'spool'}",
+            f"SlurmctldPidFile={self.pid_files['slurmctld']}",
+            f"SlurmdPidFile={self.pid_files['slurmd']}",
+            f"SlurmctldLogFile={r / 'slurmctld.log'}",
+            f"SlurmdLogFile={r / 'slurmd.log'}",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "MpiDefault=none",
+            "ReturnToService=2",
             f"KillWait={KILL_WAIT_S}",
             "SlurmdParameters=config_overrides",
             "SchedulerParameters=bf_interval=1,sched_interval=1",
-            "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE", "SlurmctldParameters=preempt_send_user_signal",
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
+            "SlurmctldParameters=preempt_send_user_signal",
             "MinJobAge=600",  # finished jobs stay visible to `scontrol show job` (no slurmdbd here)
             f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs=1 RealMemory=1000 State=UNKNOWN",
             f"PartitionName=low Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 "
@@ -257,8 +291,9 @@ class Cluster:
     def stop(self) -> list[int]:
         """Cancel what runs, stop the daemons by pid, SIGKILL what the jobs left; the pids swept (should be none)."""
         if self.pid_files["slurmctld"].exists():
-            self.cmd("scancel", "--full", "--quiet", "--state=RUNNING", f"--user={os.geteuid()}", check=False,
-                     timeout_s=30)
+            self.cmd(
+                "scancel", "--full", "--quiet", "--state=RUNNING", f"--user={os.geteuid()}", check=False, timeout_s=30
+            )
             self.cmd("scancel", "--quiet", f"--user={os.geteuid()}", check=False, timeout_s=30)
             deadline = time.monotonic() + KILL_WAIT_S + STOP_TIMEOUT_S  # TERM, KILL after KillWait, then gone
             while time.monotonic() < deadline:

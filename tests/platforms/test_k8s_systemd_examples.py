@@ -16,6 +16,7 @@ Neither platform runs on these machines, so this checks what can be checked with
   the restart: the same command again, which must end with the uninterrupted run's bits and 0 steps
   lost (preempt_run.py).
 """
+
 from __future__ import annotations
 
 import configparser
@@ -35,8 +36,8 @@ from simulator.proving import procs
 ROOT = Path(__file__).resolve().parents[2]
 JOB_YAML = ROOT / "examples" / "k8s" / "job.yaml"
 UNIT = ROOT / "examples" / "systemd" / "ctl-train.service"
-PREEMPTED = 143     # the contract's exit status of a polite stop (app.errors.EXIT_PREEMPTED, issue 39)
-MARGIN_S = 5        # ctl needs a moment after its grace: kill the trainer's tree, record, exit
+PREEMPTED = 143  # the contract's exit status of a polite stop (app.errors.EXIT_PREEMPTED, issue 39)
+MARGIN_S = 5  # ctl needs a moment after its grace: kill the trainer's tree, record, exit
 
 
 def _stop_grace(argv: list[str]) -> float:
@@ -49,6 +50,7 @@ def test_the_preempted_exit_status_is_the_one_the_examples_name() -> None:
 
 
 # -- Kubernetes ------------------------------------------------------------------------------
+
 
 def _k8s() -> tuple[dict, dict]:
     yaml = pytest.importorskip("yaml", reason="PyYAML reads the manifest (it comes with the mlflow and hf extras)")
@@ -81,9 +83,9 @@ def test_k8s_job_restarts_a_preempted_pod_without_counting_it_and_gives_ctl_its_
     # SIGTERM -> SIGKILL after terminationGracePeriodSeconds: ctl must be done before
     assert _stop_grace(argv) + MARGIN_S <= pod["terminationGracePeriodSeconds"]
     policy = job["spec"]["podFailurePolicy"]
-    assert pod_failure_action(policy, PREEMPTED) == "Ignore"                       # stopped politely: resume
+    assert pod_failure_action(policy, PREEMPTED) == "Ignore"  # stopped politely: resume
     assert pod_failure_action(policy, PREEMPTED, ("DisruptionTarget",)) == "Ignore"  # evicted, drained
-    assert pod_failure_action(policy, 137, ("DisruptionTarget",)) == "Ignore"       # killed at the grace
+    assert pod_failure_action(policy, 137, ("DisruptionTarget",)) == "Ignore"  # killed at the grace
     assert pod_failure_action(policy, errors.EXIT_FAILED) == "Count" and job["spec"]["backoffLimit"] >= 1
     assert pod_failure_action(policy, errors.EXIT_BAD_INPUT) == "FailJob"
     # the home outlives the pod: a PersistentVolumeClaim mounted where --home points
@@ -94,6 +96,7 @@ def test_k8s_job_restarts_a_preempted_pod_without_counting_it_and_gives_ctl_its_
 
 
 # -- systemd ----------------------------------------------------------------------------------
+
 
 def _unit() -> configparser.SectionProxy:
     cp = configparser.ConfigParser(strict=False, interpolation=None, comment_prefixes=("#", ";"))
@@ -106,14 +109,22 @@ def _statuses(service: configparser.SectionProxy, key: str) -> set[int]:
     return {int(x) for x in service.get(key, "").split() if x.isdigit()}
 
 
-def systemd_restarts(service: configparser.SectionProxy, exit_code: int | None, *, signal_name: str | None = None,
-                     asked_to_stop: bool = False) -> tuple[bool, str]:
+def systemd_restarts(
+    service: configparser.SectionProxy,
+    exit_code: int | None,
+    *,
+    signal_name: str | None = None,
+    asked_to_stop: bool = False,
+) -> tuple[bool, str]:
     """(restarted, the unit's result) after the main process ended (systemd.service(5)): a unit asked to stop
     is never restarted; RestartPreventExitStatus wins, then RestartForceExitStatus; Restart=on-failure restarts
     an unclean end (an exit status that is not 0 nor in SuccessExitStatus, a kill by an unclean signal)."""
     clean = ({0} | _statuses(service, "SuccessExitStatus")) if exit_code is not None else set()
-    unclean = exit_code not in clean if exit_code is not None else signal_name not in ("SIGHUP", "SIGINT", "SIGTERM",
-                                                                                        "SIGPIPE")
+    unclean = (
+        exit_code not in clean
+        if exit_code is not None
+        else signal_name not in ("SIGHUP", "SIGINT", "SIGTERM", "SIGPIPE")
+    )
     result = "failed" if unclean else "success"
     if asked_to_stop or exit_code in _statuses(service, "RestartPreventExitStatus"):
         return False, result
@@ -127,15 +138,16 @@ def test_systemd_unit_restarts_a_preempted_run_and_stops_cleanly_when_asked() ->
     assert service["KillSignal"] == "SIGTERM"
     assert service["KillMode"] == "mixed"  # SIGTERM to ctl alone, SIGKILL to the whole cgroup after TimeoutStopSec
     assert _stop_grace(shlex.split(service["ExecStart"])) + MARGIN_S <= float(service["TimeoutStopSec"])
-    assert systemd_restarts(service, PREEMPTED) == (True, "success")     # a SIGTERM not from systemd: resume
+    assert systemd_restarts(service, PREEMPTED) == (True, "success")  # a SIGTERM not from systemd: resume
     assert systemd_restarts(service, PREEMPTED, asked_to_stop=True) == (False, "success")  # systemctl stop
-    assert systemd_restarts(service, errors.EXIT_FAILED) == (True, "failed")                # a crash: retried
-    assert systemd_restarts(service, None, signal_name="SIGKILL") == (True, "failed")       # kill -9, OOM
-    assert systemd_restarts(service, errors.EXIT_BAD_INPUT) == (False, "failed")            # bad input: not
+    assert systemd_restarts(service, errors.EXIT_FAILED) == (True, "failed")  # a crash: retried
+    assert systemd_restarts(service, None, signal_name="SIGKILL") == (True, "failed")  # kill -9, OOM
+    assert systemd_restarts(service, errors.EXIT_BAD_INPUT) == (False, "failed")  # bad input: not
     assert systemd_restarts(service, 0) == (False, "success")
 
 
 # -- the stop both platforms perform, with real processes --------------------------------------
+
 
 @pytest.mark.slow  # real ctl and trainer processes and signals
 def test_sigterm_to_ctl_alone_then_sigkill_after_the_grace_loses_no_step(reference, tmp_path: Path) -> None:
@@ -149,8 +161,9 @@ def test_sigterm_to_ctl_alone_then_sigkill_after_the_grace_loses_no_step(referen
     home = tmp_path / "home"
     env = {**procs.env(), "CTL_STOP_GRACE": str(stop_grace_s)}
     argv = [*procs.CTL, "train", "--spec", str(spec), "--no-eval", "--home", str(home)]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         env=env)
+    p = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
+    )
     killed_at_grace, err = [], ""
     try:
         procs.wait_for("training past step 20", lambda: furthest_step(home) >= 20, timeout_s=BOUND_S, alive=p)

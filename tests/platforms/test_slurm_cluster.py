@@ -5,6 +5,7 @@ The missing binary and the non-root user are simulated (monkeypatched names, a p
 machine under test has Slurm and runs as root, and what is checked is the message and the cleanup, not
 Slurm. munged failing and two clusters side by side are real.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,9 @@ def test_a_missing_binary_is_named_with_the_install_command(monkeypatch) -> None
 
 
 def test_not_root_is_said(monkeypatch) -> None:
-    if any(slurm_cluster.shutil.which(b) is None and not os.path.exists(f"/usr/sbin/{b}")
-           for b in slurm_cluster.BINARIES):
+    if any(
+        slurm_cluster.shutil.which(b) is None and not os.path.exists(f"/usr/sbin/{b}") for b in slurm_cluster.BINARIES
+    ):
         pytest.skip("Slurm is not installed here (the missing-binary message comes first)")
     monkeypatch.setattr(slurm_cluster.os, "geteuid", lambda: 1000)
     c = Cluster()

@@ -20,6 +20,7 @@ preemption grace, which would otherwise cost minutes of CPU; it sleeps, writing 
 the stop arrives, and changes no bit. (a) is interrupted while it trains. Scheduler, signals,
 processes and files are all real; waits are bounded polls, never timing assertions.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,8 @@ pytestmark = pytest.mark.slow  # a real Slurm cluster, real ctl/trainer processe
 
 ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
-HOLD_AT = 50          # (b), (c): the first run holds at this step until it is stopped
-STOP_GRACE_S = 8      # ctl's --stop-grace (CTL_STOP_GRACE): below the cluster's KillWait (10 s)
+HOLD_AT = 50  # (b), (c): the first run holds at this step until it is stopped
+STOP_GRACE_S = 8  # ctl's --stop-grace (CTL_STOP_GRACE): below the cluster's KillWait (10 s)
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
@@ -55,17 +56,26 @@ class Run:
         command = f"{sys.executable} -m ctl.cli"
         if hold:  # test only: the first run (no SLURM_RESTART_COUNT yet) holds at HOLD_AT; see the docstring
             wrapper = tmp_path / "ctl-holding-first-run"
-            wrapper.write_text("#!/bin/bash\n"
-                               f'[ -n "${{SLURM_RESTART_COUNT:-}}" ] || export TINYLLM_FAULT=trainer.hold@{HOLD_AT}\n'
-                               f'exec {command} "$@"\n')
+            wrapper.write_text(
+                "#!/bin/bash\n"
+                f'[ -n "${{SLURM_RESTART_COUNT:-}}" ] || export TINYLLM_FAULT=trainer.hold@{HOLD_AT}\n'
+                f'exec {command} "$@"\n'
+            )
             wrapper.chmod(0o755)
             command = str(wrapper)
-        self.env = {**procs.env(), "CTL_HOME": str(self.home), "CTL_SPEC": str(self.spec), "CTL_COMMAND": command,
-                    "CTL_TRAIN_ARGS": f"--no-eval --trace-file {self.trace}", "CTL_STOP_GRACE": str(STOP_GRACE_S)}
+        self.env = {
+            **procs.env(),
+            "CTL_HOME": str(self.home),
+            "CTL_SPEC": str(self.spec),
+            "CTL_COMMAND": command,
+            "CTL_TRAIN_ARGS": f"--no-eval --trace-file {self.trace}",
+            "CTL_STOP_GRACE": str(STOP_GRACE_S),
+        }
 
     def submit(self, *args: str) -> str:
-        return self.cluster.sbatch(f"--output={self.dir}/job-%j.out", f"--chdir={self.dir}", *args, str(SBATCH),
-                                   env=self.env)
+        return self.cluster.sbatch(
+            f"--output={self.dir}/job-%j.out", f"--chdir={self.dir}", *args, str(SBATCH), env=self.env
+        )
 
     def output(self) -> str:
         return "\n".join(f.read_text(errors="replace") for f in sorted(self.dir.glob("job-*.out")))
@@ -77,12 +87,14 @@ class Run:
 
     def wait_job(self, job: str, state: str) -> dict:
         """Poll ``scontrol show job`` until the job is in ``state``; fail at once if it ended otherwise."""
+
         def seen():
             info = self.cluster.job(job)
             got = info.get("JobState")
             if got != state and got in ENDED:
                 raise AssertionError(f"job {job} ended {got} (waiting for {state}): {info}\n{self.output()[-3000:]}")
             return info if got == state else None
+
         return procs.wait_for(f"job {job} {state}", seen, timeout_s=BOUND_S, poll_s=0.3)
 
     def check_finished(self, job: str, reference: dict, *, interruptions: int) -> None:
@@ -113,7 +125,9 @@ def test_scontrol_requeue_mid_segment_loses_no_step(cluster, reference, tmp_path
     the queue with its id; the script's next start resumes from the stop's checkpoint. With the MLflow sink
     (its delivery process gets the job's TERM too): one MLflow run across the restarts, each step once; in
     the soak lane only, as the sink's import and delivery add about a minute on 2 loaded cores."""
-    mlflow = pytest.importorskip("mlflow", reason="the MLflow sink's check needs the mlflow extra") if with_mlflow else None
+    mlflow = (
+        pytest.importorskip("mlflow", reason="the MLflow sink's check needs the mlflow extra") if with_mlflow else None
+    )
     run = Run(cluster, tmp_path, mlflow=with_mlflow)
     job = run.submit()
     procs.wait_for("training past step 20", lambda: run.step() >= 20, timeout_s=BOUND_S)
@@ -150,8 +164,9 @@ def test_partition_preemption_requeues_and_resumes(cluster, reference, tmp_path:
     run = Run(cluster, tmp_path, hold=True)
     job = run.submit()
     procs.wait_for(f"the first run at step {HOLD_AT}", lambda: run.step() >= HOLD_AT, timeout_s=BOUND_S)
-    high = cluster.sbatch("--partition=high", f"--output={tmp_path}/high-%j.out", "--wrap", "echo high ran",
-                          env=procs.env())
+    high = cluster.sbatch(
+        "--partition=high", f"--output={tmp_path}/high-%j.out", "--wrap", "echo high ran", env=procs.env()
+    )
     run.check_finished(job, reference, interruptions=1)
     assert cluster.job(high).get("JobState") == "COMPLETED"
     assert "USR1 (time limit near, or preempted): requeueing job" in run.output()

@@ -3,6 +3,7 @@
 Everything is minuscule (1 layer, 16 wide, block 16, a few steps) with dropout and sampling on, so
 the RNG and the sampler are part of every exactness check.
 """
+
 from __future__ import annotations
 
 import io
@@ -21,16 +22,43 @@ COMMON = {"seed": 3, "checkpoint_every": 100, "lr": 0.003, "warmup_steps": 2, "t
 BASE = {"name": "base", "steps": 3, "batch_size": 4, "model": MODEL, **COMMON}
 TEACHER = {**BASE, "name": "teacher", "model": TEACHER_MODEL}
 
-RL = {"data": {"path": "prompts.jsonl", "prompt_column": "q", "response_column": "a"},
-      "reward": ["exact_match", "numeric"], "n_generation": 3, "n_mini": 2, "sampling": {"max_tokens": 3}}
-GEN_VAL = {"enabled": True, "objective": "generation", "batch_size": 4, "every_steps": 2,
-           "data": {"path": "val-prompts.jsonl", "prompt_column": "q", "response_column": "a"}}
+RL = {
+    "data": {"path": "prompts.jsonl", "prompt_column": "q", "response_column": "a"},
+    "reward": ["exact_match", "numeric"],
+    "n_generation": 3,
+    "n_mini": 2,
+    "sampling": {"max_tokens": 3},
+}
+GEN_VAL = {
+    "enabled": True,
+    "objective": "generation",
+    "batch_size": 4,
+    "every_steps": 2,
+    "data": {"path": "val-prompts.jsonl", "prompt_column": "q", "response_column": "a"},
+}
 DPO_VAL = {"enabled": True, "objective": "dpo", "batch_size": 3, "every_steps": 2, "data": {"path": "val-pairs.jsonl"}}
 
-DPO = {**COMMON, "name": "dpo", "steps": 4, "batch_size": 4, "model": MODEL, "objective": "dpo", "init_from": "base@3",
-       "ref": {"build_ref": True}, "dpo": {"beta": 0.1, "data": {"path": "pairs.jsonl"}}}
-GRPO = {**COMMON, "name": "grpo", "steps": 3, "batch_size": 2, "model": MODEL, "objective": "grpo",
-        "init_from": "base@3", "rl": RL}
+DPO = {
+    **COMMON,
+    "name": "dpo",
+    "steps": 4,
+    "batch_size": 4,
+    "model": MODEL,
+    "objective": "dpo",
+    "init_from": "base@3",
+    "ref": {"build_ref": True},
+    "dpo": {"beta": 0.1, "data": {"path": "pairs.jsonl"}},
+}
+GRPO = {
+    **COMMON,
+    "name": "grpo",
+    "steps": 3,
+    "batch_size": 2,
+    "model": MODEL,
+    "objective": "grpo",
+    "init_from": "base@3",
+    "rl": RL,
+}
 OPD = {**GRPO, "name": "opd", "objective": "opd", "teacher": "teacher@3"}
 SPECS = {"dpo": DPO, "grpo": GRPO, "opd": OPD}
 VALIDATION = {"dpo": DPO_VAL, "grpo": GEN_VAL, "opd": GEN_VAL}
@@ -52,8 +80,14 @@ def build_base_home(home: Path) -> Path:
     for spec in (BASE, TEACHER):
         train_inprocess(home, spec)
     train, held = _problems(0, 4), _problems(4, 6)
-    write_jsonl(home / "pairs.jsonl", [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)} for a, b in train])
-    write_jsonl(home / "val-pairs.jsonl", [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a * b)} for a, b in held[:7]])
+    write_jsonl(
+        home / "pairs.jsonl",
+        [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)} for a, b in train],
+    )
+    write_jsonl(
+        home / "val-pairs.jsonl",
+        [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a * b)} for a, b in held[:7]],
+    )
     write_jsonl(home / "prompts.jsonl", [{"q": f"{a}+{b}=", "a": str(a + b)} for a, b in train])
     write_jsonl(home / "val-prompts.jsonl", [{"q": f"{a}+{b}=", "a": str(a + b)} for a, b in held[:5]])
     return home
@@ -91,15 +125,22 @@ def write_spec(home: Path, spec: dict) -> Path:
     return p
 
 
-def tinyllm_popen(home: Path, spec: dict, progress: Path | None = None, env: dict | None = None,
-                  nice: int = 0) -> subprocess.Popen:
+def tinyllm_popen(
+    home: Path, spec: dict, progress: Path | None = None, env: dict | None = None, nice: int = 0
+) -> subprocess.Popen:
     """``nice`` > 0: the trainer yields the CPUs to this test process (a poller that must see a step
     before the run ends); scheduling only, never the numbers."""
     args = [sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(write_spec(home, spec)), "--home", str(home)]
     if progress is not None:
         args += ["--progress", str(progress)]
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, preexec_fn=(lambda: os.nice(nice)) if nice else None)
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        preexec_fn=(lambda: os.nice(nice)) if nice else None,
+    )
 
 
 def frames(home: Path, name: str) -> list[dict]:

@@ -2,6 +2,7 @@
 SIGKILLed in the middle of its second segment, then the same command again: the final loss, the
 weights digest and the final frame (train/* and val/*) equal an uninterrupted run's, bit for bit.
 Real processes throughout (ctl, the engine's worker and runner, tinyllm); the three runs go at once."""
+
 import json
 import os
 import signal
@@ -25,7 +26,18 @@ DEADLINE_S = 240
 
 
 def ctl_cmd(home, spec_path):
-    return [sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec_path), "--no-eval", "--json", "--home", str(home)]
+    return [
+        sys.executable,
+        "-m",
+        "ctl.cli",
+        "train",
+        "--spec",
+        str(spec_path),
+        "--no-eval",
+        "--json",
+        "--home",
+        str(home),
+    ]
 
 
 def progress_in_segment_2(home, s) -> bool:
@@ -47,8 +59,11 @@ def resumed(pt_home, tmp_path_factory):
         # cannot let a run finish before its kill; the kill still lands anywhere from segment 2's first
         # checkpoint to the hold. The second command has no hold.
         hold = {**os.environ, "TINYLLM_FAULT": f"trainer.hold@{s['steps'] - 1}"}
-        runs[kind] = (home, path, subprocess.Popen(ctl_cmd(home, path), stdout=subprocess.PIPE,
-                                                   stderr=subprocess.PIPE, text=True, env=hold))
+        runs[kind] = (
+            home,
+            path,
+            subprocess.Popen(ctl_cmd(home, path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=hold),
+        )
     deadline = time.monotonic() + DEADLINE_S
     pending = dict(runs)
     while pending and time.monotonic() < deadline:
@@ -63,8 +78,10 @@ def resumed(pt_home, tmp_path_factory):
         assert p.returncode == -signal.SIGKILL, f"{kind}: ctl ended before the kill: {p.stderr.read()[-2000:]}"
         while runlock.is_locked(home / "runs" / CTL_SPECS[kind]["name"]) and time.monotonic() < deadline:
             time.sleep(0.05)  # the orphaned trainer dies with its worker
-    again = {kind: subprocess.Popen(ctl_cmd(home, path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for kind, (home, path, _) in runs.items()}
+    again = {
+        kind: subprocess.Popen(ctl_cmd(home, path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for kind, (home, path, _) in runs.items()
+    }
     out = {}
     for kind, p in again.items():
         stdout, stderr = p.communicate(timeout=DEADLINE_S)

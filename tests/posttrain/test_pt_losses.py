@@ -1,4 +1,5 @@
 """Losses and advantages on hand-computed tiny cases, and the step-0 identities inside the trainer."""
+
 import math
 
 import pytest
@@ -55,10 +56,12 @@ def test_k3_kl_by_hand():
 
 def test_opd_leave_one_out_baseline_by_hand():
     # two prompts x three rollouts; rollout 3 of prompt 1 is one token shorter (mask 0 at position 2)
-    k = torch.tensor([[1.0, 4.0, 2.0], [3.0, 0.0, 6.0], [5.0, 2.0, 9.0],
-                      [1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [6.0, 3.0, 0.0]])
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0],
-                         [0.0, 1.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    k = torch.tensor(
+        [[1.0, 4.0, 2.0], [3.0, 0.0, 6.0], [5.0, 2.0, 9.0], [1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [6.0, 3.0, 0.0]]
+    )
+    mask = torch.tensor(
+        [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [0.0, 1.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
+    )
     b = loo_baseline(k * mask, mask, group=3)
     assert b[:3].tolist() == [[4.0, 1.0, 6.0], [3.0, 3.0, 2.0], [2.0, 2.0, 0.0]]  # position 2: others of row 3 absent
     # prompt 2, position 0: only row 6 has a token there, no other rollout -> baseline 0
@@ -96,8 +99,18 @@ def test_grpo_one_update_per_batch_has_ratio_1_and_no_clipping(home):
 def test_grpo_frame_and_generation_validation_counts(home):
     train_inprocess(home, spec("grpo", {**GEN_VAL, "before_training": True}))
     f = frames(home, "grpo")[-1]
-    for k in ("train/reward_mean", "train/reward_std", "train/frac_reward_zero_std", "train/kl", "train/clip_ratio",
-              "rollout/mean_length", "rollout/count", "val/reward_avg", "val/exact_match", "val/numeric_count"):
+    for k in (
+        "train/reward_mean",
+        "train/reward_std",
+        "train/frac_reward_zero_std",
+        "train/kl",
+        "train/clip_ratio",
+        "rollout/mean_length",
+        "rollout/count",
+        "val/reward_avg",
+        "val/exact_match",
+        "val/numeric_count",
+    ):
         assert k in f, k
     v = val_frames(home, "grpo")
     # 3 batches x n_mini 2 = 6 model steps; every_steps 2 -> model steps 0, 2, 4, 6 (trainer steps 0..3)

@@ -3,6 +3,7 @@
 the trainer warns once, that step's frame carries the warning, a resume or a later segment neither
 repeats nor misses it, and the training bits are those of a run without the watch. OPD (its signal is
 the teacher's KL) never warns."""
+
 from __future__ import annotations
 
 import io
@@ -85,7 +86,9 @@ def test_the_window_resets_on_any_signal_and_names_one_value_only():
     assert w.observe([[0.0, 0.0], [1.0, 1.0]]) == {} and w.observe([[1.0, 1.0], [1.0, 1.0]]) == {}
     got = w.observe([[0.0, 0.0], [0.0, 0.0]])
     assert got == {STEPS_KEY: 3.0}  # each group constant, but not one value for the window: no reward named
-    assert "same within every group" in warning_text({**got, "step": 5}) and "steps 3-5" in warning_text({**got, "step": 5})
+    assert "same within every group" in warning_text({**got, "step": 5}) and "steps 3-5" in warning_text(
+        {**got, "step": 5}
+    )
     assert w.observe([[0.0, 0.0]]) == {}  # warned: once per run
     again = NoSignalWatch(100, window=2)
     again.restore(w.state())
@@ -107,13 +110,19 @@ def test_ctl_train_prints_the_warning_once_and_ctl_show_shows_it(never_home):
     path = write_spec(never_home, spec("grpo", name="never-ctl", rl=NEVER, steps=12, eval_every=6))
     env = {**os.environ, "CTL_PROGRESS_EVERY_S": "600"}
     env.pop("CTL_HOME", None)
-    ctl = lambda *a: subprocess.run([sys.executable, "-m", "ctl.cli", *a, "--home", str(never_home)],  # noqa: E731
-                                    capture_output=True, text=True, timeout=240, env=env)
+    ctl = lambda *a: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "ctl.cli", *a, "--home", str(never_home)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     p = ctl("train", "--spec", str(path), "--no-eval", "--json")
     assert p.returncode == 0, p.stderr[-3000:]
     shown = [ln for ln in p.stderr.splitlines() if "warning" in ln]
-    assert len(shown) == 1 and "warning at step 10: reward constant (0.0) for steps 1-10: no learning signal" in shown[0], \
-        p.stderr[-3000:]
+    assert (
+        len(shown) == 1 and "warning at step 10: reward constant (0.0) for steps 1-10: no learning signal" in shown[0]
+    ), p.stderr[-3000:]
     sh = ctl("show", "train/never-ctl")
     assert sh.returncode == 0 and "warning at step 10: reward constant (0.0) for steps 1-10" in sh.stdout, sh.stdout
     data = json.loads(ctl("show", "train/never-ctl", "--json").stdout)

@@ -5,6 +5,7 @@ The kills are real: a ``tinyllm train`` process per objective (all started at on
 imports overlap) is SIGKILLed as soon as its progress file shows a checkpoint at step >= 2, wherever
 it then is; the resume runs in process and must equal an uninterrupted run bit for bit: final loss,
 weights digest, every step's loss (float.hex) and every validation frame."""
+
 import json
 import shutil
 import signal
@@ -12,8 +13,19 @@ import time
 
 import pytest
 
-from pt_helpers import (BASE, SPECS, VALIDATION, copy_home, frames, spec, tinyllm_popen, train_inprocess,
-                        train_losses, val_frames, without_timers)
+from pt_helpers import (
+    BASE,
+    SPECS,
+    VALIDATION,
+    copy_home,
+    frames,
+    spec,
+    tinyllm_popen,
+    train_inprocess,
+    train_losses,
+    val_frames,
+    without_timers,
+)
 from tinyllm.spec import SpecError
 from tinyllm.trainer import TrainerHooks
 from tinyllm.validation.errors import NonFiniteMetricError
@@ -27,13 +39,17 @@ KILL_SPECS = {
     # killed after its durable validation at trainer step 2 recorded completion, before the frame was emitted
     "grpo-unframed": spec("grpo", {**VALIDATION["grpo"], "save_checkpoint": True}, name="grpo-unframed", steps=3),
 }
-KILL_ENV = {"grpo-pending": {"TINYLLM_FAULT": "validation.during_evaluation@2"},
-            "grpo-unframed": {"TINYLLM_FAULT": "validation.before_frame@2"}}
+KILL_ENV = {
+    "grpo-pending": {"TINYLLM_FAULT": "validation.during_evaluation@2"},
+    "grpo-unframed": {"TINYLLM_FAULT": "validation.before_frame@2"},
+}
 # The others are SIGKILLed by the poller below wherever they are once a checkpoint >= 2 shows; they hold
 # (TINYLLM_FAULT=trainer.hold) two steps before their end so that a starved poller cannot let one finish first (a CI
 # run on a contended machine had grpo and opd end before their kill). The hold is not a kill point: the kill
 # lands anywhere from checkpoint 2 to the hold.
-HOLD_ENV = {kind: {"TINYLLM_FAULT": f"trainer.hold@{s['steps'] - 2}"} for kind, s in KILL_SPECS.items() if kind not in KILL_ENV}
+HOLD_ENV = {
+    kind: {"TINYLLM_FAULT": f"trainer.hold@{s['steps'] - 2}"} for kind, s in KILL_SPECS.items() if kind not in KILL_ENV
+}
 
 
 def _progress_step(path) -> int:
@@ -55,8 +71,12 @@ def _undelivered(home, name: str, pid: int) -> set[int]:
     out = set()
     for d in sorted((home / "runs" / name / "ckpt").glob("step-*")):
         journal = read_journal(d, None)
-        if journal is not None and journal.phase == "completed" and journal.completed_pid == pid \
-                and journal.step not in written:
+        if (
+            journal is not None
+            and journal.phase == "completed"
+            and journal.completed_pid == pid
+            and journal.step not in written
+        ):
             out.add(journal.step)
     return out
 
@@ -69,7 +89,11 @@ def killed(pt_home, tmp_path_factory):
         progress = home / "progress.jsonl"
         # niced: four trainers on two CPUs must not starve the poller below past the kill point (a CI run
         # had two of them finish before their kill)
-        procs[kind] = (home, progress, tinyllm_popen(home, s, progress, env=KILL_ENV.get(kind) or HOLD_ENV[kind], nice=10))
+        procs[kind] = (
+            home,
+            progress,
+            tinyllm_popen(home, s, progress, env=KILL_ENV.get(kind) or HOLD_ENV[kind], nice=10),
+        )
     deadline = time.monotonic() + 300
     out = {}
     while procs and time.monotonic() < deadline:
@@ -78,8 +102,13 @@ def killed(pt_home, tmp_path_factory):
                 p.send_signal(signal.SIGKILL)
             if p.poll() is not None or kind not in KILL_ENV and _progress_step(progress) >= 2:
                 p.wait(timeout=60)
-                out[kind] = (home, p.returncode, p.stderr.read(), _progress_step(progress),
-                             _undelivered(home, KILL_SPECS[kind]["name"], p.pid))
+                out[kind] = (
+                    home,
+                    p.returncode,
+                    p.stderr.read(),
+                    _progress_step(progress),
+                    _undelivered(home, KILL_SPECS[kind]["name"], p.pid),
+                )
                 del procs[kind]
         time.sleep(0.01)
     assert not procs, f"not killed in time: {sorted(procs)}"

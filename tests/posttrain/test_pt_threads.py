@@ -4,6 +4,7 @@ chosen by load at each start, tinyllm/runtime_env.py; a spec's threads is only t
 Each kind trains in a child process: MKL's strict CNR mode (MKL_CBWR, applied when the trainer
 starts, tinyllm/runtime_env.py) is fixed at MKL's first call, and this pytest process may have run
 tensor math first (then MKL's gemm differs at 3 threads)."""
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,14 @@ def test_objective_is_the_same_bits_for_1_2_3_threads(pt_home, tmp_path, kind):
     repo = str(HERE.parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), repo, os.environ.get("PYTHONPATH", "")])}
     env.pop("MKL_CBWR", None)
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(pt_home), str(tmp_path), kind], capture_output=True,
-                          text=True, env=env, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(pt_home), str(tmp_path), kind],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["2"] == got["1"] and got["3"] == got["1"], got

@@ -1,5 +1,6 @@
 """``ctl verify-resume``'s human report (simulator/proving/verify.py ``Report.lines``): no verdict line without the thing
 it names being exercised."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,10 +17,18 @@ STATE = {"model": "m", "optimizer": "o", "optimizer/entries": 4, "lr": ["a"], "r
 
 
 def _report(verdict: str, segments: dict) -> Report:
-    return Report(name="toy", exact=verdict == "exact", kills_planned=1, kills_landed=1,
-                  final_loss_hex={"uninterrupted": "0x1p-1", "resumed": "0x1p-1"}, digest={"uninterrupted": "ab", "resumed": "ab"},
-                  steps_compared=12, verdict=verdict, segments=segments,
-                  interruptions=[{"signal": "SIGKILL", "mode": "kill", "step_killed": 4, "resumed_from": 3, "steps_redone": 1}])
+    return Report(
+        name="toy",
+        exact=verdict == "exact",
+        kills_planned=1,
+        kills_landed=1,
+        final_loss_hex={"uninterrupted": "0x1p-1", "resumed": "0x1p-1"},
+        digest={"uninterrupted": "ab", "resumed": "ab"},
+        steps_compared=12,
+        verdict=verdict,
+        segments=segments,
+        interruptions=[{"signal": "SIGKILL", "mode": "kill", "step_killed": 4, "resumed_from": 3, "steps_redone": 1}],
+    )
 
 
 def test_the_human_report_says_when_the_run_in_segments_was_not_tested() -> None:
@@ -27,8 +36,10 @@ def test_the_human_report_says_when_the_run_in_segments_was_not_tested() -> None
     instead of staying silent about how ctl train runs it."""
     for verdict in ("exact", "not_proven"):
         lines = _report(verdict, {"ends": [12], "exact": None}).lines()
-        assert "  segments (as ctl train runs it): not tested (one segment planned, [12]; --segments N compares a run in N)" \
-            in lines, lines
+        assert (
+            "  segments (as ctl train runs it): not tested (one segment planned, [12]; --segments N compares a run in N)"
+            in lines
+        ), lines
     lines = _report("exact", {"ends": [6, 12], "exact": True}).lines()
     assert lines[0] == "toy: EXACT after 1 interruption(s) (12 steps compared)", lines
     assert "  segments [6, 12] (as ctl train runs it): equal" in lines and not any("not tested" in ln for ln in lines)
@@ -68,8 +79,9 @@ def test_a_timeout_that_no_run_can_meet_is_bad_input(tmp_path) -> None:
 
     (tmp_path / "s.json").write_text('{"name": "t", "steps": 4, "trainer": {"command": ["true"]}}')
     for bad in ("0", "-5"):
-        r = CliRunner().invoke(main, ["verify-resume", "--spec", str(tmp_path / "s.json"), "--home", str(tmp_path),
-                                      "--timeout", bad])
+        r = CliRunner().invoke(
+            main, ["verify-resume", "--spec", str(tmp_path / "s.json"), "--home", str(tmp_path), "--timeout", bad]
+        )
         assert r.exit_code == 2 and "--timeout" in r.output, (bad, r.exit_code, r.output)
         assert not (tmp_path / ".ctl").exists()
 
@@ -100,12 +112,14 @@ def test_a_nul_byte_in_the_trainer_command_or_env_is_refused_with_the_spec() -> 
     from tinyllm.trainer_spec import parse_run_spec
 
     base = {"name": "n", "steps": 2}
-    for trainer, field in (({"command": ["tr\0ue"]}, "trainer.command"),
-                           ({"command": ["true"], "eval_command": ["x\0"]}, "trainer.eval_command"),
-                           ({"command": ["true"], "cwd": "/tmp\0"}, "trainer.cwd"),
-                           ({"command": ["true"], "env": {"A\0": "x"}}, "trainer.env"),
-                           ({"command": ["true"], "env": {"A": "x\0"}}, "trainer.env"),
-                           ({"command": ["true"], "env": {"A=B": "x"}}, "trainer.env")):
+    for trainer, field in (
+        ({"command": ["tr\0ue"]}, "trainer.command"),
+        ({"command": ["true"], "eval_command": ["x\0"]}, "trainer.eval_command"),
+        ({"command": ["true"], "cwd": "/tmp\0"}, "trainer.cwd"),
+        ({"command": ["true"], "env": {"A\0": "x"}}, "trainer.env"),
+        ({"command": ["true"], "env": {"A": "x\0"}}, "trainer.env"),
+        ({"command": ["true"], "env": {"A=B": "x"}}, "trainer.env"),
+    ):
         with pytest.raises(SpecError, match=field.replace(".", r"\.")):
             parse_run_spec({**base, "trainer": trainer})
     parse_run_spec({**base, "trainer": {"command": ["true"], "env": {"A": "x=y"}}})  # '=' in a value is fine
@@ -182,7 +196,10 @@ def test_json_output_is_strict_json_when_a_loss_is_not_finite(capsys):
     out = capsys.readouterr().out
     assert "Infinity" not in out and "NaN" not in out
     assert json.loads(out, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))["loss"] == [
-        [1, None], [2, None], [3, 1.5]]
+        [1, None],
+        [2, None],
+        [3, 1.5],
+    ]
 
 
 def test_segments_1_on_a_spec_ctl_train_runs_in_segments_is_not_proven() -> None:
@@ -215,24 +232,28 @@ def test_an_attempts_process_that_left_its_group_is_gone_when_the_attempt_ends(t
     from simulator.proving.verify import _run_attempt
 
     pidfile, out = tmp_path / "child.pid", tmp_path / "child.out"
-    script = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
-              f"    while True:\n        open({str(out)!r}, 'a').write('x')\n        time.sleep(0.02)\n"
-              f"while not os.path.exists({str(pidfile)!r}):\n    time.sleep(0.01)\n")
+    script = (
+        f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+        f"    while True:\n        open({str(out)!r}, 'a').write('x')\n        time.sleep(0.02)\n"
+        f"while not os.path.exists({str(pidfile)!r}):\n    time.sleep(0.01)\n"
+    )
 
     class Fake:
         name, spec = "toy", {"steps": 1}
 
         def start(self, home, progress, extra_env):
-            return subprocess.Popen([sys.executable, "-c", script], env={**os.environ, **extra_env},
-                                    start_new_session=True)
+            return subprocess.Popen(
+                [sys.executable, "-c", script], env={**os.environ, **extra_env}, start_new_session=True
+            )
 
     home = tmp_path / "home"
     home.mkdir()
     _run_attempt(Fake(), home, 1, "final", None, 30.0, False, lambda s: None)
     pid = int(pidfile.read_text())
     try:
-        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", \
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", (
             "the setsid child outlived its attempt"
+        )
         size = out.stat().st_size
         time.sleep(0.2)
         assert out.stat().st_size == size  # it writes no more
@@ -261,9 +282,14 @@ def test_diagnose_says_what_the_compared_states_show_when_the_data_position_was_
     assert "DurableCallback(run, track_generators={'data': g})" in text, text
 
 
-@pytest.mark.parametrize("kind,call", [(None, "run.track(generators={'...': g})"),
-                                       ("tinyllm.integrations.hf", "DurableTrainer(run, ..., track_generators={'aug': g})"),
-                                       ("tinyllm.integrations.lightning", "DurableCallback(run, track_generators={'aug': g})")])
+@pytest.mark.parametrize(
+    "kind,call",
+    [
+        (None, "run.track(generators={'...': g})"),
+        ("tinyllm.integrations.hf", "DurableTrainer(run, ..., track_generators={'aug': g})"),
+        ("tinyllm.integrations.lightning", "DurableCallback(run, track_generators={'aug': g})"),
+    ],
+)
 def test_the_private_rng_diagnosis_names_the_call_of_the_trainer_kind_in_use(kind, call) -> None:
     """Issue 40: the "private RNG" diagnosis told DurableTrainer/DurableCallback users to call
     run.track(generators=...), which neither integration has; it names each trainer's own call."""
@@ -278,9 +304,11 @@ def test_the_tracked_pieces_come_from_the_start_line_not_the_integrations_early_
     from simulator.proving.diagnose import tracked_and_kind
 
     kind = "tinyllm.integrations.lightning"
-    lines = [{"event": "ready", "tracked": ["model"], "trainer": kind},
-             {"event": "start", "tracked": ["model", "optimizer", "scheduler", "data"], "trainer": kind},
-             {"event": "step", "tracked": ["model", "optimizer", "scheduler", "data"]}]
+    lines = [
+        {"event": "ready", "tracked": ["model"], "trainer": kind},
+        {"event": "start", "tracked": ["model", "optimizer", "scheduler", "data"], "trainer": kind},
+        {"event": "step", "tracked": ["model", "optimizer", "scheduler", "data"]},
+    ]
     assert tracked_and_kind(lines) == (["model", "optimizer", "scheduler", "data"], kind)
     assert tracked_and_kind([{"event": "start", "tracked": ["model", "data"]}]) == (["model", "data"], None)
     assert tracked_and_kind([{"step": 3}]) == (None, None)  # tinyllm's own trainer: nothing tracked listed
@@ -289,8 +317,13 @@ def test_the_tracked_pieces_come_from_the_start_line_not_the_integrations_early_
 def test_a_not_exact_run_in_segments_prints_its_own_figures_beside_the_uninterrupted_runs() -> None:
     """Issue 40: the report printed the uninterrupted and the killed runs' equal figures above the line that
     said the segments differ, and never the run in segments' own figures."""
-    seg = {"ends": [6, 12], "exact": False, "final_loss_hex": "0x1.8p-1", "digest": "cdcdcdcdcdcdcdcdcdcd",
-           "first_differing_step": 7}
+    seg = {
+        "ends": [6, 12],
+        "exact": False,
+        "final_loss_hex": "0x1.8p-1",
+        "digest": "cdcdcdcdcdcdcdcdcdcd",
+        "first_differing_step": 7,
+    }
     lines = _report("not_exact", seg).lines()
     assert "  segments [6, 12] (as ctl train runs it): differ from step 7" in lines, lines
     assert "    final_loss_hex 0x1p-1 (uninterrupted) vs 0x1.8p-1 (in segments)" in lines, lines
@@ -304,7 +337,9 @@ def test_a_not_exact_run_in_segments_prints_its_own_figures_beside_the_uninterru
 def test_a_failed_segment_is_diagnosed_with_the_schedule_horizon_of_the_trainer_kind() -> None:
     from simulator.proving.segments import diagnose_failed_segment, diagnose_segments
 
-    text = diagnose_failed_segment(2, [20, 40], 1, "ValueError: Tried to step 21 times.", "tinyllm.integrations.lightning")
+    text = diagnose_failed_segment(
+        2, [20, 40], 1, "ValueError: Tried to step 21 times.", "tinyllm.integrations.lightning"
+    )
     assert text.startswith("segment 2 of the run in segments [20, 40] (steps 21..40, "), text
     assert "Tried to step 21 times" in text and "OneCycleLR" in text and "trainer.estimated_stepping_batches" in text
     assert "config.schedule_steps" in diagnose_segments(13, ["lr"], [12, 24], "tinyllm.integrations.hf")
@@ -330,4 +365,6 @@ def test_steps_lost_reads_the_stopping_line_then_the_step_records_and_the_resume
     term = {"signal": "SIGTERM", "steps_lost": 0, "steps_done": 5, "resumed_from": 5}
     assert graceful_loss([kill, term]) is None
     lost = graceful_loss([kill, {**term, "steps_lost": 1, "resumed_from": 4}])
-    assert lost.startswith("a graceful stop lost 1 step(s): SIGTERM at step 5, checkpoint at step 4 (interruption 2"), lost
+    assert lost.startswith("a graceful stop lost 1 step(s): SIGTERM at step 5, checkpoint at step 4 (interruption 2"), (
+        lost
+    )

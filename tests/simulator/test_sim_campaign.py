@@ -15,6 +15,7 @@ checkpoint write and a SIGKILL of the trainer, held to the same oracle. Its soak
 
 The oracle's checks are also fed violations directly, so that each can be seen to fail.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,11 +38,16 @@ def want():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed,kinds", [pytest.param(340, {"readers", "kill-trainer", "kill-ctl", "stop-trainer"},
-                                                     marks=pytest.mark.soak),  # (~40 s; in CI: readers
-                                        # test_ctl_readers, SIGSTOP test_wf_hung_trainer, kill-ctl the framework campaigns)
-                                        pytest.param(103, {"kill-trainer", "cancel", "second-train"},
-                                                     marks=pytest.mark.soak)])  # (~30 s: the soak lane)
+@pytest.mark.parametrize(
+    "seed,kinds",
+    [
+        pytest.param(
+            340, {"readers", "kill-trainer", "kill-ctl", "stop-trainer"}, marks=pytest.mark.soak
+        ),  # (~40 s; in CI: readers
+        # test_ctl_readers, SIGSTOP test_wf_hung_trainer, kill-ctl the framework campaigns)
+        pytest.param(103, {"kill-trainer", "cancel", "second-train"}, marks=pytest.mark.soak),
+    ],
+)  # (~30 s: the soak lane)
 def test_a_campaign_run_survives_its_faults(seed, kinds, want):
     lines: list[str] = []
     rc = campaign(seed, 1, faults_per_run=4, want=want, log=lines.append, allow_untested=True)
@@ -96,11 +102,25 @@ def _progress(home, activity, attempt, lines):
 def test_the_oracle_reads_the_checkpoint_lines_of_a_durable_run_trainer(tmp_path):
     m = Monitor(tmp_path)
     ck = {"checkpoint": "runs/camp/ckpt/step-000005"}
-    _progress(tmp_path, "train-000020", 1, [{"event": "start", "step": 0, "time": 0.5, "checkpoint": None},
-                                            {"event": "checkpoint", "step": 5, "time": 1.0, **ck},
-                                            {"event": "step", "step": 6, "time": 2.0, **ck}])
-    _progress(tmp_path, "train-000020", 2, [{"event": "resume", "step": 5, "time": 3.0, "resumed_from": ck["checkpoint"], **ck},
-                                            {"event": "checkpoint", "step": 5, "time": 4.0, **ck}])
+    _progress(
+        tmp_path,
+        "train-000020",
+        1,
+        [
+            {"event": "start", "step": 0, "time": 0.5, "checkpoint": None},
+            {"event": "checkpoint", "step": 5, "time": 1.0, **ck},
+            {"event": "step", "step": 6, "time": 2.0, **ck},
+        ],
+    )
+    _progress(
+        tmp_path,
+        "train-000020",
+        2,
+        [
+            {"event": "resume", "step": 5, "time": 3.0, "resumed_from": ck["checkpoint"], **ck},
+            {"event": "checkpoint", "step": 5, "time": 4.0, **ck},
+        ],
+    )
     m.sample()
     assert any("checkpoint step 5 written by" in b for b in m.violations())  # only checkpoint lines count
     assert m.mid_segment_resumes() == 1  # attempt 2 resumed from step 5, inside the segment 0..20
@@ -110,8 +130,17 @@ def test_the_oracle_sees_two_trainers_at_once_a_redone_step_and_a_rewritten_eval
     home = tmp_path
     m = Monitor(home)
     ck = {"checkpoint": "runs/camp/ckpt/step-00000N"}
-    _progress(home, "train-000010", 1, [{"event": "starting", "time": 0.5}, {"step": 2, "time": 1.0, **ck},
-                                        {"step": 4, "time": 3.0, **ck}, {"step": 5, "time": 9.0}])
+    _progress(
+        home,
+        "train-000010",
+        1,
+        [
+            {"event": "starting", "time": 0.5},
+            {"step": 2, "time": 1.0, **ck},
+            {"step": 4, "time": 3.0, **ck},
+            {"step": 5, "time": 9.0},
+        ],
+    )
     _progress(home, "train-000010", 2, [{"step": 6, "time": 4.0, **ck}])
     m.sample()
     assert m.violations() == []  # one trainer after the other, each step once
@@ -153,12 +182,16 @@ def test_an_unfinished_eval_published_again_alike_is_not_a_rewrite(tmp_path):
     publish(out / "summary.json", '{"ppl": 2.6}', 5)  # other bytes
     m.sample()
     assert sorted(b.rsplit("/", 1)[1] for b in m.violations() if "eval output rewritten" in b) == [
-        "results.jsonl", "summary.json"]
+        "results.jsonl",
+        "summary.json",
+    ]
 
 
 def test_the_oracle_sees_a_lost_event():
-    seen = [{"seq": 1, "type": "workflow_started", "attrs": {}},
-            {"seq": 2, "type": "activity_started", "attrs": {"activity_id": "train-000010", "attempt": 1}}]
+    seen = [
+        {"seq": 1, "type": "workflow_started", "attrs": {}},
+        {"seq": 2, "type": "activity_started", "attrs": {"activity_id": "train-000010", "attempt": 1}},
+    ]
     assert procs.missing_events(seen, seen) == []
     assert procs.missing_events(seen, seen[:1]) == ["seq 2 activity_started train-000010: missing"]
 
@@ -185,17 +218,24 @@ def _ev(t, type_, aid, attempt=1, ckpt=None):
 
 
 def test_resumes_are_counted_from_the_engine_history_inside_a_segment_only():
-    hist = {"train/camp/1": [
-        _ev(1, "activity_started", "train-000010"),
-        _ev(2, "activity_heartbeat", "train-000010", ckpt="runs/camp/ckpt/step-000004"),
-        _ev(3, "activity_started", "train-000010", 2),  # resumed from step 4: inside the segment 0..10
-        _ev(4, "activity_heartbeat", "train-000010", 2, ckpt="runs/camp/ckpt/step-000010"),
-        _ev(5, "activity_started", "train-000020"),  # from step 10, the segment's start: not counted
-        _ev(6, "activity_heartbeat", "train-000020", ckpt="runs/camp/ckpt/step-000010"),
-        _ev(7, "activity_started", "train-000020", 2)]}  # again from the segment's start
+    hist = {
+        "train/camp/1": [
+            _ev(1, "activity_started", "train-000010"),
+            _ev(2, "activity_heartbeat", "train-000010", ckpt="runs/camp/ckpt/step-000004"),
+            _ev(3, "activity_started", "train-000010", 2),  # resumed from step 4: inside the segment 0..10
+            _ev(4, "activity_heartbeat", "train-000010", 2, ckpt="runs/camp/ckpt/step-000010"),
+            _ev(5, "activity_started", "train-000020"),  # from step 10, the segment's start: not counted
+            _ev(6, "activity_heartbeat", "train-000020", ckpt="runs/camp/ckpt/step-000010"),
+            _ev(7, "activity_started", "train-000020", 2),
+        ]
+    }  # again from the segment's start
     assert history_resumes(hist) == [("train-000010", 2, 4)]
-    later = {"train/camp/2": [_ev(8, "activity_heartbeat", "train-000020", ckpt="runs/camp/ckpt/step-000014"),
-                              _ev(9, "activity_started", "train-000020")]}  # a new workflow, after a cancel
+    later = {
+        "train/camp/2": [
+            _ev(8, "activity_heartbeat", "train-000020", ckpt="runs/camp/ckpt/step-000014"),
+            _ev(9, "activity_started", "train-000020"),
+        ]
+    }  # a new workflow, after a cancel
     assert history_resumes({**hist, **later})[-1] == ("train-000020", 1, 14)
     assert history_resumes({"train/camp/1": hist["train/camp/1"][:2]}) == []  # no attempt after the checkpoint
 
@@ -207,7 +247,11 @@ def test_faults_are_due_at_steps_of_the_run_drawn_by_the_seed():
     assert all(s % 2 == 0 for w, s in a if w == "checkpoint") and all(s == 10 for w, s in a if w == "segment boundary")
     assert {w for w, _ in fault_points(random.Random(1), 30, 20, 2, 10)} == {"step", "checkpoint", "segment boundary"}
     one = fault_points(random.Random(1), 30, 24, 4, 0)  # one segment: its only boundary is the run's end
-    assert {s for w, s in one if w == "segment boundary"} == {24} and {w for w, _ in one} == {"step", "checkpoint", "segment boundary"}
+    assert {s for w, s in one if w == "segment boundary"} == {24} and {w for w, _ in one} == {
+        "step",
+        "checkpoint",
+        "segment boundary",
+    }
 
 
 def test_faults_due_at_a_checkpoint_wait_for_that_checkpoint_not_the_step_s_metrics_frame(tmp_path):
@@ -264,8 +308,9 @@ def test_a_run_whose_ctl_keeps_failing_gives_up_instead_of_restarting_until_the_
 
     def start():
         starts.append(1)
-        run.primary = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"], stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True)
+        run.primary = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.exit(1)"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
     monkeypatch.setattr(run, "start", start)
     monkeypatch.setattr(c, "RUN_TIMEOUT_S", 10.0)  # (without the give-up it restarts until then)
@@ -286,8 +331,12 @@ def test_a_failed_uninterrupted_run_is_reported_while_the_run_is_driven(tmp_path
     ref = Reference(tmp_path, tmp_path / "s.json", want={"x": 1})
     assert ref.failed() is None
     ref.want = None
-    ref.proc = subprocess.Popen([sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(1)"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ref.proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(1)"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     ref.proc.wait()
     assert "the uninterrupted run ended None (exit 1): boom" in (ref.failed() or "")
 
@@ -302,17 +351,20 @@ def test_an_attempt_s_recorded_resume_line_decides_where_it_resumed():
     """A kill after checkpoint 18 but before its heartbeat: the retry resumes from LATEST (18), which the
     heartbeats do not show (the last heartbeated checkpoint is the segment's start); its recorded resume line
     does (seen missed: campaign seed 11 reported both runs UNTESTED after kills at checkpoints 18 and 4)."""
-    hist = {"train/camp/1": [
-        _ev(1, "activity_started", "train-000020"),
-        _ev(2, "activity_heartbeat", "train-000020", ckpt="runs/camp/ckpt/step-000010"),
-        _ev(3, "activity_started", "train-000020", 2),
-        _resume(4, "train-000020", 2, "runs/camp/ckpt/step-000018"),  # resumed inside the segment 10..20
-        _ev(5, "activity_started", "train-000020", 3),
-        _resume(6, "train-000020", 3, "runs/camp/ckpt/step-000020"),  # at the segment's end: not inside
-        _ev(7, "activity_started", "train-000030"),
-        _ev(8, "activity_heartbeat", "train-000030", ckpt="runs/camp/ckpt/step-000024"),
-        _ev(9, "activity_started", "train-000030", 2),
-        _resume(10, "train-000030", 2, None)]}  # it says it started fresh: what it said wins over the heartbeat
+    hist = {
+        "train/camp/1": [
+            _ev(1, "activity_started", "train-000020"),
+            _ev(2, "activity_heartbeat", "train-000020", ckpt="runs/camp/ckpt/step-000010"),
+            _ev(3, "activity_started", "train-000020", 2),
+            _resume(4, "train-000020", 2, "runs/camp/ckpt/step-000018"),  # resumed inside the segment 10..20
+            _ev(5, "activity_started", "train-000020", 3),
+            _resume(6, "train-000020", 3, "runs/camp/ckpt/step-000020"),  # at the segment's end: not inside
+            _ev(7, "activity_started", "train-000030"),
+            _ev(8, "activity_heartbeat", "train-000030", ckpt="runs/camp/ckpt/step-000024"),
+            _ev(9, "activity_started", "train-000030", 2),
+            _resume(10, "train-000030", 2, None),
+        ]
+    }  # it says it started fresh: what it said wins over the heartbeat
     start = _ev(12, "activity_heartbeat", "train-000030", 3)
     start["attrs"]["details"] = {"event": "start", "resumed_from": None}  # the helper's line when it starts fresh
     hist["train/camp/1"] += [_ev(11, "activity_started", "train-000030", 3), start]
@@ -322,10 +374,19 @@ def test_an_attempt_s_recorded_resume_line_decides_where_it_resumed():
 def test_a_continuation_s_attempt_is_not_taken_for_the_first_workflow_s():
     """train/camp/2's train-000020 attempt 1 (after a cancel) resumes from 15; train/camp/1's attempt 1 of the
     same activity started at the segment's start: each attempt's own line decides, per workflow."""
-    first = {"train/camp/1": [_ev(0, "activity_started", "train-000010"), _ev(1, "activity_started", "train-000020"),
-                              _resume(2, "train-000020", 1, "runs/camp/ckpt/step-000010")]}
-    later = {"train/camp/2": [_ev(5, "activity_started", "train-000020"),
-                              _resume(6, "train-000020", 1, "runs/camp/ckpt/step-000015")]}
+    first = {
+        "train/camp/1": [
+            _ev(0, "activity_started", "train-000010"),
+            _ev(1, "activity_started", "train-000020"),
+            _resume(2, "train-000020", 1, "runs/camp/ckpt/step-000010"),
+        ]
+    }
+    later = {
+        "train/camp/2": [
+            _ev(5, "activity_started", "train-000020"),
+            _resume(6, "train-000020", 1, "runs/camp/ckpt/step-000015"),
+        ]
+    }
     assert history_resumes({**first, **later}) == [("train-000020", 1, 15)]
 
 
@@ -338,8 +399,9 @@ def test_faults_of_an_untested_run_are_not_counted_as_survived(monkeypatch, tmp_
     def fake_one_run(seed, i, base, spec, ref, faults_per_run, target):
         home = tmp_path / f"run-{i}"
         home.mkdir()
-        run = types.SimpleNamespace(faults=["SIGKILL of trainer a", "SIGKILL of trainer b"], worker_mode=False,
-                                    mid_resumes=0, home=home)
+        run = types.SimpleNamespace(
+            faults=["SIGKILL of trainer a", "SIGKILL of trainer b"], worker_mode=False, mid_resumes=0, home=home
+        )
         return run, []
 
     monkeypatch.setattr(c, "one_run", fake_one_run)

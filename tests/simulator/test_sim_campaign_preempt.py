@@ -9,6 +9,7 @@ trainer holds at the fault's step (``TINYLLM_FAULT=trainer.hold@5``, test-only, 
 the ctl processes started before the first preemption only: a trainer resumed at step 5 would hold
 again) so that the stop lands there whatever the machine's speed. The oracle's checks are also fed violations directly.
 """
+
 from __future__ import annotations
 
 import random
@@ -51,8 +52,9 @@ def test_a_graceful_preemption_of_the_whole_job_at_step_5_loses_none_and_resumes
     rc = campaign(26, 1, faults_per_run=2, want=want, log=lines.append, target=target)
     out = "\n".join(lines)
     assert rc == 0, out  # passed and tested: a preemption made a trainer resume inside a segment
-    assert "preempt-group at step 5: SIGTERM of the whole job: ctl train (exit 143; train-000010 saved at step 5)" \
-        in out, out
+    assert (
+        "preempt-group at step 5: SIGTERM of the whole job: ctl train (exit 143; train-000010 saved at step 5)" in out
+    ), out
     assert "preempt at step 15: SIGTERM of ctl train (exit 143; " in out, out
     assert "2 faults injected, 2 survived" in out, out
     rng = random.Random("26:0")
@@ -65,19 +67,36 @@ def _started(seq, aid, attempt):
 
 
 def _preempted(seq, aid, attempt, step):
-    return {"seq": seq, "time": seq, "type": "activity_preempted",
-            "attrs": {"activity_id": aid, "attempt": attempt, "step": step, "steps_lost": 0}}
+    return {
+        "seq": seq,
+        "time": seq,
+        "type": "activity_preempted",
+        "attrs": {"activity_id": aid, "attempt": attempt, "step": step, "steps_lost": 0},
+    }
 
 
 def _resume(seq, aid, attempt, ckpt):
-    return {"seq": seq, "time": seq, "type": "activity_heartbeat",
-            "attrs": {"activity_id": aid, "attempt": attempt,
-                      "details": {"event": "resume", "resumed_from": ckpt, "step": int(ckpt[-6:])}}}
+    return {
+        "seq": seq,
+        "time": seq,
+        "type": "activity_heartbeat",
+        "attrs": {
+            "activity_id": aid,
+            "attempt": attempt,
+            "details": {"event": "resume", "resumed_from": ckpt, "step": int(ckpt[-6:])},
+        },
+    }
 
 
 def test_the_oracle_sees_an_attempt_that_did_not_resume_from_the_preemption_s_checkpoint():
-    ok = {"train/camp/1": [_started(1, "train-000010", 1), _preempted(2, "train-000010", 1, 5),
-                           _started(3, "train-000010", 2), _resume(4, "train-000010", 2, "runs/camp/ckpt/step-000005")]}
+    ok = {
+        "train/camp/1": [
+            _started(1, "train-000010", 1),
+            _preempted(2, "train-000010", 1, 5),
+            _started(3, "train-000010", 2),
+            _resume(4, "train-000010", 2, "runs/camp/ckpt/step-000005"),
+        ]
+    }
     assert resume_violations(ok) == []
     bad = {"train/camp/1": [*ok["train/camp/1"][:3], _resume(4, "train-000010", 2, "runs/camp/ckpt/step-000004")]}
     (line,) = resume_violations(bad)

@@ -6,6 +6,7 @@ compared with the folds on real ledgers (the uninterrupted run's and its positio
 ledgers broken at random, whole and piecewise: a prefix fold, own entries, and a target's tail
 whose head differs from the position's (``TailIndex.fast_clean`` must then prove nothing false).
 """
+
 from __future__ import annotations
 
 import random
@@ -51,13 +52,15 @@ def _old_check_evaluations(entries: list[dict], scn: Scenario, *, wf: str | None
         runs = starts[key]
         for prev, nxt in zip(runs, runs[1:]):
             if not _old_interrupted_alone(entries, prev, nxt, key):
-                bad.append(f"evaluation {key[0]} {key[1]} executed again (ledger #{entries[nxt]['seq']}) "
-                           f"though it was not interrupted")
+                bad.append(
+                    f"evaluation {key[0]} {key[1]} executed again (ledger #{entries[nxt]['seq']}) "
+                    f"though it was not interrupted"
+                )
     return bad
 
 
 def _old_interrupted_alone(entries: list[dict], prev: int, nxt: int, key: tuple) -> bool:
-    for e in entries[prev + 1:nxt]:
+    for e in entries[prev + 1 : nxt]:
         if e["kind"] == "crash":
             return True
         if e["kind"] in WORK_KINDS and (e.get("run"), e.get("suite")) != key:
@@ -132,7 +135,7 @@ def _break(entries: list[dict], rng: random.Random) -> list[dict]:
         elif op == 6 and evals:  # a restart of an evaluation right after its start, a crash between or not
             j = rng.choice(evals)
             extra = [{"kind": "crash", "position": j, "where": "test"}] if rng.random() < 0.5 else []
-            out[j + 1:j + 1] = extra + [dict(out[j], kind="eval-start", steps=out[j].get("steps", [0]))]
+            out[j + 1 : j + 1] = extra + [dict(out[j], kind="eval-start", steps=out[j].get("steps", [0]))]
         elif op == 7:  # two neighbours swapped
             if i + 1 < len(out):
                 out[i], out[i + 1] = out[i + 1], out[i]
@@ -143,12 +146,13 @@ def _break(entries: list[dict], rng: random.Random) -> list[dict]:
     return out
 
 
-def _piecewise(prefix: list[dict], own: list[dict], tail: list[dict], t: int, scn: Scenario, wf: str,
-               tails: TailCache) -> tuple[list[str], list[dict]]:
+def _piecewise(
+    prefix: list[dict], own: list[dict], tail: list[dict], t: int, scn: Scenario, wf: str, tails: TailCache
+) -> tuple[list[str], list[dict]]:
     """The lines ``position_lines`` gives for prefix + own + tail[t:], and that ledger, made whole."""
     led = _ledger(list(prefix[:-1]))
     folds = PrefixFold(led, scn, wf)
-    for e in prefix[len(led.entries):]:  # the prefix grows as the uninterrupted run's does
+    for e in prefix[len(led.entries) :]:  # the prefix grows as the uninterrupted run's does
         folds.at()
         led.entries.append(e)
     fold, generation = folds.at()
@@ -208,19 +212,21 @@ def test_a_tail_is_read_where_the_position_differs_from_its_target_in_what_the_t
     cases = {}
     j = next(i for i, e in enumerate(ref) if e["kind"] == "eval-start")
     # a key the tail starts: the position started it already (not interrupted), the target had not
-    cases["fresh key"] = (ref[:j + 1], ref[:j], ref[j:])
+    cases["fresh key"] = (ref[: j + 1], ref[:j], ref[j:])
     # a key the tail starts again: the target's start was interrupted, the position's was not
-    cases["key's state"] = (ref[:j + 1], ref[:j + 1] + [crash], ref[j:])
+    cases["key's state"] = (ref[: j + 1], ref[: j + 1] + [crash], ref[j:])
     c = [i for i, e in enumerate(ref) if e["kind"] == "ckpt"][2]
     start = next(e for e in ref if e["kind"] == "train-start")
     older = [e["step"] for e in ref[:c] if e["kind"] == "ckpt"][-1]
-    resume = [{**start, "attempt": 2, "from_step": older}, {**ref[c - 1], "kind": "steps", "first": older + 1,
-                                                             "last": ref[c]["step"]}]
+    resume = [
+        {**start, "attempt": 2, "from_step": older},
+        {**ref[c - 1], "kind": "steps", "first": older + 1, "last": ref[c]["step"]},
+    ]
     # a trainer the tail resumes from the older checkpoint: the position has the newer one, the target not
-    cases["checkpoint"] = (ref[:c + 1], ref[:c], resume + ref[c + 1:])
+    cases["checkpoint"] = (ref[: c + 1], ref[:c], resume + ref[c + 1 :])
     t0 = next(i for i, e in enumerate(ref) if e["kind"] == "train-start" and i > c)
     # a pending start the tail's steps read: the position's resumes from step 0
-    cases["pending start"] = (ref[:t0] + [{**ref[t0], "from_step": 0, "attempt": 2}], ref[:t0 + 1], ref[t0 + 1:])
+    cases["pending start"] = (ref[:t0] + [{**ref[t0], "from_step": 0, "attempt": 2}], ref[: t0 + 1], ref[t0 + 1 :])
     tails = TailCache(scn, wf, ref=ref)
     for name, (mine, theirs, tail) in cases.items():
         target = _renumbered(theirs + tail)
@@ -229,8 +235,7 @@ def test_a_tail_is_read_where_the_position_differs_from_its_target_in_what_the_t
         want = _old(whole, scn, wf)
         assert want, name  # the position is not
         for a in (1, len(mine) // 2, len(mine)):
-            lines, made = _piecewise(_renumbered(mine[:a]), _renumbered(mine)[a:], target, len(theirs), scn, wf,
-                                     tails)
+            lines, made = _piecewise(_renumbered(mine[:a]), _renumbered(mine)[a:], target, len(theirs), scn, wf, tails)
             assert made == whole and lines == want, (name, a)
 
 
@@ -253,8 +258,14 @@ def test_in_a_sweep_each_positions_piecewise_ledger_lines_are_the_whole_ledgers(
 
             def noted(self, ctx, input):
                 if ctx.attempt > 1:
-                    self.ledger.record("eval-start", wf=ctx.workflow_id, run="tiny-000060", suite="ppl",
-                                       activity="eval-000060-ppl", steps=[1])
+                    self.ledger.record(
+                        "eval-start",
+                        wf=ctx.workflow_id,
+                        run="tiny-000060",
+                        suite="ppl",
+                        activity="eval-000060-ppl",
+                        steps=[1],
+                    )
                 return train(self, ctx, input)
 
             monkeypatch.setattr(FakeActivities, "train", noted)
@@ -325,20 +336,25 @@ def test_a_spliced_outcomes_event_checks_piecewise_give_the_whole_historys_lines
     dirty = 0
     for sim, o, copied, own, target, lines in calls:
         t = target.run
-        whole = replace(o, events=sim.reference().events[:copied] + own + t.events[target.events_at:])
+        whole = replace(o, events=sim.reference().events[:copied] + own + t.events[target.events_at :])
         assert lines == sim.state_lines(whole, file_lines=t.file_lines)
         for _ in range(3):
             broken = _break_events(own, rng)
-            whole = replace(o, events=sim.reference().events[:copied] + broken + t.events[target.events_at:])
+            whole = replace(o, events=sim.reference().events[:copied] + broken + t.events[target.events_at :])
             want = sim.state_lines(whole, file_lines=t.file_lines)
             assert real(sim, whole, copied, broken, target) == want
             dirty += bool(want) and not sim.check_reference()
         if copied > 1:  # a target whose past differs from the reference's before the position's kill
             head = _break_events(t.events[1:copied], rng)
-            other = Target(replace(t, events=t.events[:1] + head + t.events[copied:]),
-                           target.events_at + len(head) - (copied - 1), target.ledger_at)
-            want = sim.state_lines(replace(o, events=sim.reference().events[:copied] + own + t.events[target.events_at:]),
-                                   file_lines=t.file_lines)
+            other = Target(
+                replace(t, events=t.events[:1] + head + t.events[copied:]),
+                target.events_at + len(head) - (copied - 1),
+                target.ledger_at,
+            )
+            want = sim.state_lines(
+                replace(o, events=sim.reference().events[:copied] + own + t.events[target.events_at :]),
+                file_lines=t.file_lines,
+            )
             assert real(sim, o, copied, own, other) == want
     assert dirty > 10
     assert sum(sim.stats["outcome checks as the target's"] for sim in {c[0] for c in calls}) > 20

@@ -2,6 +2,7 @@
 
 These use the fakes directly (no engine) where the engine is not the point.
 """
+
 from __future__ import annotations
 
 import json
@@ -101,9 +102,14 @@ def test_random_kills_are_seeded_and_increasing():
 
 def test_expected_commands_are_the_seeds_hand_example():
     assert expected_commands(Scenario()) == [
-        "train-000500", "eval-000500-ppl", "timer 30s",
-        "train-001000", "eval-001000-ppl", "timer 30s",
-        "train-001200", "eval-001200-ppl",
+        "train-000500",
+        "eval-000500-ppl",
+        "timer 30s",
+        "train-001000",
+        "eval-001000-ppl",
+        "timer 30s",
+        "train-001200",
+        "eval-001200-ppl",
     ]
     assert Scenario(steps=1000, eval_every=500).ends() == [500, 1000]
     assert Scenario(steps=300, eval_every=0).ends() == [300]

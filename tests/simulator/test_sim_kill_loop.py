@@ -3,6 +3,7 @@
 Real processes, real files, real SIGKILL: the final loss and the model digest must equal an
 uninterrupted run's bit for bit, and no trainer may outlive its killed worker.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,8 +28,13 @@ def test_three_sigkills_then_the_same_command_ends_bitwise_equal(capsys, tmp_pat
 
 
 def test_the_comparison_reports_a_single_different_bit():
-    want = {"steps": 60, "final_loss_hex": "0x1.9c6d2c0000000p+1", "digest": "ab", "checkpoint": "c",
-            "segments": [{"until": 60, "train": {"final_loss_hex": "0x1.9c6d2c0000000p+1", "digest": "ab"}}]}
+    want = {
+        "steps": 60,
+        "final_loss_hex": "0x1.9c6d2c0000000p+1",
+        "digest": "ab",
+        "checkpoint": "c",
+        "segments": [{"until": 60, "train": {"final_loss_hex": "0x1.9c6d2c0000000p+1", "digest": "ab"}}],
+    }
     got = {**want, "final_loss_hex": "0x1.9c6d2c0000001p+1"}
     assert compare(want, want) == []
     assert compare(got, want) == ["final_loss_hex: 0x1.9c6d2c0000001p+1 != uninterrupted 0x1.9c6d2c0000000p+1"]
@@ -49,11 +55,24 @@ def test_no_kill_that_landed_is_not_tested_exit_3_never_bitwise_equal(capsys, tm
 
     toy = Path(__file__).parents[1] / "durable" / "toy_trainer.py"
     spec = tmp_path / "toy.json"
-    spec.write_text(json.dumps({"name": "toy", "steps": 6, "checkpoint_every": 3, "config": {"step_s": 0.01},
-                                "trainer": {"command": [sys.executable, str(toy)]}}))
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "toy",
+                "steps": 6,
+                "checkpoint_every": 3,
+                "config": {"step_s": 0.01},
+                "trainer": {"command": [sys.executable, str(toy)]},
+            }
+        )
+    )
     home = tmp_path / "killed"
-    done = subprocess.run([sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec), "--home", str(home), "--quiet"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec), "--home", str(home), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     rc = kill_loop(str(spec), kills=2, seed=0, home=str(home), timeout_s=120)
     out = capsys.readouterr().out

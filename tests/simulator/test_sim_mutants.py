@@ -3,6 +3,7 @@
 The mutants are the current ``workflows.train_run`` with one dependency swapped or one call
 site changed (simulator/mutants.py), so they follow the real workflow as it evolves.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -36,8 +37,13 @@ def test_the_required_pitfalls_are_planted():
     assert set(SYMPTOM) == set(MUTANTS)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "s07-cancel-moves-on" else n  # ~2.6 s
-                                  for n in sorted(MUTANTS)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow) if n == "s07-cancel-moves-on" else n  # ~2.6 s
+        for n in sorted(MUTANTS)
+    ],
+)
 def test_the_simulator_fails_on_the_mutant(name):
     found = catch_mutant(name)
     assert found, f"mutant {name} ({MUTANTS[name][1]}) was not caught"
@@ -55,8 +61,11 @@ def test_the_real_workflow_passes_where_the_mutants_fail():
 
 def test_one_activity_for_all_suites_reruns_the_finished_suite_after_a_kill():
     """Pitfall 8's symptom itself: a kill in the zoo suite runs ppl again (the ledger shows it)."""
-    sim = Simulator(Scenario(suites=("ppl", "zoo")), workflow_fn=make_mutant("s10-one-eval-activity"),
-                    mutant="s10-one-eval-activity")
+    sim = Simulator(
+        Scenario(suites=("ppl", "zoo")),
+        workflow_fn=make_mutant("s10-one-eval-activity"),
+        mutant="s10-one-eval-activity",
+    )
     sim.reference()
     in_zoo = [k for k, (kind, label) in enumerate(sim.trace) if kind == "eval" and label.endswith(":zoo")]
     report = sim.kill_every_position(positions=in_zoo[:1])

@@ -3,6 +3,7 @@ prefix's, byte for byte (their checksums); any other history is replayed from sc
 
 A real engine on a virtual clock; the copies are made with SQLite's backup API (nothing else opens the file).
 """
+
 from __future__ import annotations
 
 import json
@@ -50,11 +51,14 @@ def _prefix_and_two_copies(tmp_path, clock):
     copy_db(eng, tmp_path / "other.db")
     eng.close()
     db = sqlite3.connect(str(tmp_path / "other.db"))
-    seq, typ, t, attrs = db.execute("SELECT seq, type, time, attrs FROM events WHERE workflow_id='w/1' "
-                                    "AND type='activity_completed'").fetchone()
+    seq, typ, t, attrs = db.execute(
+        "SELECT seq, type, time, attrs FROM events WHERE workflow_id='w/1' AND type='activity_completed'"
+    ).fetchone()
     changed = json.dumps({**json.loads(attrs), "result": 41}, separators=(",", ":"))
-    db.execute("UPDATE events SET attrs=?, crc=? WHERE workflow_id='w/1' AND seq=?",
-               (changed, event_crc("w/1", seq, typ, t, changed), seq))
+    db.execute(
+        "UPDATE events SET attrs=?, crc=? WHERE workflow_id='w/1' AND seq=?",
+        (changed, event_crc("w/1", seq, typ, t, changed), seq),
+    )
     db.commit()
     db.close()
     return prefix
@@ -78,8 +82,9 @@ def test_a_shared_replay_is_taken_only_where_the_history_is_the_prefixs(tmp_path
     assert prefix.used  # the same history took the shared replay
 
 
-def test_a_replay_from_scratch_copies_the_spines_indexes_only_where_the_history_is_the_prefixs(tmp_path,
-                                                                                            monkeypatch) -> None:
+def test_a_replay_from_scratch_copies_the_spines_indexes_only_where_the_history_is_the_prefixs(
+    tmp_path, monkeypatch
+) -> None:
     """``use_prefix``'s ``index`` (module docstring, 6.): the code replays from its start, the indexes of
     events 1..c come from the prefix, only for a database whose events 1..c have the prefix's checksums."""
     import simulator.prefix as prefix_mod

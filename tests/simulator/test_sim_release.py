@@ -1,5 +1,6 @@
 """The simulator covers ModelRelease: the real release workflow after the simulated TrainRun, killed at
 every position of its requests (simulator/release.py), with its oracle."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,7 +28,7 @@ def test_the_uninterrupted_release_publishes_once_and_reuses_the_evaluation():
     assert passed["result"]["published"] and passed["result"]["version"] == "v0001"
     kinds = [e["kind"] for e in ref.ledger.entries if str(e.get("wf", "")).startswith("release/")]
     assert kinds == ["eval-start", "eval-done", "eval-reused", "publish-start", "published", "publish-done"]
-    labels = [label for _, label in sim.trace[sim.release_from:] if label.startswith("publish")]
+    labels = [label for _, label in sim.trace[sim.release_from :] if label.startswith("publish")]
     assert labels == ["publish:start", "publish:after_copy:v0001", "publish:after_rename:v0001"]
 
 
@@ -69,8 +70,26 @@ def test_a_second_publication_and_a_second_evaluation_are_caught():
 
 
 def test_kill_every_position_of_a_run_then_its_release_with_best_selection(capsys):
-    rc = main(["kill-every-position", "--steps", "200", "--eval-every", "100", "--checkpoint-every", "50",
-               "--stop-at", "150", "--suites", "ppl,zoo", "--release", "--gate", "fail,pass", "--select", "best"])
+    rc = main(
+        [
+            "kill-every-position",
+            "--steps",
+            "200",
+            "--eval-every",
+            "100",
+            "--checkpoint-every",
+            "50",
+            "--stop-at",
+            "150",
+            "--suites",
+            "ppl,zoo",
+            "--release",
+            "--gate",
+            "fail,pass",
+            "--select",
+            "best",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     tried = int(out.split(" tried")[0].rsplit(" ", 1)[1])
@@ -85,11 +104,14 @@ def test_release_best_runs_on_the_early_stops_best_checkpoint():
     assert rel["result"]["checkpoint"] == "runs/tiny/ckpt/step-000200" and rel["result"]["published"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--release", "--select", "best"], "--select best needs a selection metric"),
-    (["--release-only"], "--release-only needs --release"),
-    (["--release", "--oom-at", "50x1"], "not with --fail-suites or --oom-at"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--release", "--select", "best"], "--select best needs a selection metric"),
+        (["--release-only"], "--release-only needs --release"),
+        (["--release", "--oom-at", "50x1"], "not with --fail-suites or --oom-at"),
+    ],
+)
 def test_bad_release_arguments_are_one_line_and_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         main(["kill-every-position", "--steps", "100", "--eval-every", "50", "--checkpoint-every", "50", *argv])

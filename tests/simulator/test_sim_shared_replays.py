@@ -6,6 +6,7 @@ Both ways are compared with literal reruns from the start, run for run, on a sam
 cut, other visible history, code that read is_replaying), and a mutant without the is_replaying guard
 is caught (its outcomes change).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,11 @@ def _merged(entries: list[dict]) -> list[tuple]:
 def _sample(sim: Simulator) -> list[int]:
     """Every distinct kind of position of three segments in the middle, and a few near the end."""
     n = len(sim.trace)
-    segs = [k for k, (kind, label) in enumerate(sim.trace) if label.startswith(("train-000100:", "train-000102:",
-                                                                               "train-000104:"))]
+    segs = [
+        k
+        for k, (kind, label) in enumerate(sim.trace)
+        if label.startswith(("train-000100:", "train-000102:", "train-000104:"))
+    ]
     lo, hi = segs[0] - 4, segs[-1] + 12
     return sorted(set(range(lo, hi)) | set(range(n - 30, n, 3)))
 
@@ -34,8 +38,12 @@ def _runs(sim: Simulator, picks: list[int], mode: str) -> dict:
 
     def on_outcome(what, kills, o):
         if what == "kill":
-            seen[kills[0]] = (o.state, o.result, [(e.type, e.time, e.attrs) for e in o.events],
-                              _merged(o.ledger.entries))
+            seen[kills[0]] = (
+                o.state,
+                o.result,
+                [(e.type, e.time, e.attrs) for e in o.events],
+                _merged(o.ledger.entries),
+            )
 
     sim.on_outcome = on_outcome
     report = sim.kill_every_position(positions=picks, mode=mode)
@@ -77,7 +85,7 @@ def _replayer(events, chunks=None, runtime=None):
     r = Replayer("train/tiny", train_run, TrainRunInput.model_validate(events[0].attrs["input"]), DrySink())
     r.rt = (runtime or prefix.NotingRuntime)(r)
     at = 0
-    for stop in (chunks or [len(events)]):
+    for stop in chunks or [len(events)]:
         r.feed(events[at:stop])
         r.advance()
         at = stop
@@ -125,7 +133,7 @@ def test_a_donor_is_admitted_only_where_its_visible_history_is_the_uninterrupted
     cuts = [i + 1 for i, e in enumerate(ev) if e.type == h.TIMER_STARTED]
     c1 = cuts[1]
     spine = prefix.ReplayPrefix("train/tiny", c1, "crcs", "input", _replayer(ev[:c1]))
-    donors = {cuts[0]: [(_replayer(ev[:cuts[0]]), b"d0")], c1: [(_replayer(ev[:c1]), b"other")]}
+    donors = {cuts[0]: [(_replayer(ev[: cuts[0]]), b"d0")], c1: [(_replayer(ev[:c1]), b"other")]}
     ready: list = []
     sim._snapshots._admit(spine, b"d1", donors, ready)
     assert not ready and not donors and sim.stats["refused donations"] == 1
@@ -176,8 +184,9 @@ def test_a_workflow_that_reads_is_replaying_is_not_shared_and_the_guard_is_what_
     runs, sim = sweep_of(True)
     assert runs == base and sim.stats["refused donations"] >= 3 and sim.stats["donated replays"] == 0
 
-    monkeypatch.setattr(prefix.NotingRuntime, "is_replaying",
-                        property(lambda self: self._r.next_cmd < len(self._r.commands)))
+    monkeypatch.setattr(
+        prefix.NotingRuntime, "is_replaying", property(lambda self: self._r.next_cmd < len(self._r.commands))
+    )
     runs, sim = sweep_of(True)
     assert sim.stats["donated replays"] >= 3
     assert runs != base  # the mutant is caught
@@ -186,8 +195,11 @@ def test_a_workflow_that_reads_is_replaying_is_not_shared_and_the_guard_is_what_
 def test_the_spine_refuses_a_history_that_resolves_a_command_twice():
     from engine import testing as h
 
-    ev = [h.Event(1, h.ACTIVITY_COMPLETED, 0.0, {"cmd": 0}), h.Event(2, h.TIMER_FIRED, 1.0, {"cmd": 1}),
-          h.Event(3, h.ACTIVITY_FAILED, 2.0, {"cmd": 0, "final": False})]
+    ev = [
+        h.Event(1, h.ACTIVITY_COMPLETED, 0.0, {"cmd": 0}),
+        h.Event(2, h.TIMER_FIRED, 1.0, {"cmd": 1}),
+        h.Event(3, h.ACTIVITY_FAILED, 2.0, {"cmd": 0, "final": False}),
+    ]
     assert not prefix._resolved_twice(ev, set())  # a retried failure resolves nothing
     assert prefix._resolved_twice(ev + [h.Event(4, h.ACTIVITY_TIMED_OUT, 3.0, {"cmd": 1, "final": True})], set())
     assert prefix._resolved_twice(ev[1:], {1})

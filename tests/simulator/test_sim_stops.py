@@ -9,6 +9,7 @@ command starts again. Every run must end with the uninterrupted run's result and
 each evaluation once, no step lost to the stop, no preemption counted as a failure, and a wait's
 remainder waited later. Fakes: the activities (the real engine and workflow code run).
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,8 +25,13 @@ from simulator.sweep import Simulator
 pytestmark = pytest.mark.slow  # hundreds of simulated runs, a few seconds
 
 SCN = Scenario(steps=40, eval_every=20, checkpoint_every=10, eval_interval_s=30)
-KINDS = {"preempted: train", "preempted: eval", "preempted: not started", "preempted: waiting on timer",
-         "preempted: waiting on workflow"}
+KINDS = {
+    "preempted: train",
+    "preempted: eval",
+    "preempted: not started",
+    "preempted: waiting on timer",
+    "preempted: waiting on workflow",
+}
 
 
 def _position(sim: Simulator, kind: str, label: str) -> int:
@@ -45,8 +51,12 @@ def test_kills_at_every_position_after_a_stop_until_ctl_exits_and_after() -> Non
     task's commit; then a kill at every position from the stop to three past the stopped life's end."""
     sim = Simulator(SCN)
     sim.reference()
-    where = [_position(sim, "step", "train-000020:14"), _position(sim, "eval", "eval-000020-ppl:ppl"),
-             _position(sim, "timer-wait", "30s"), _position(sim, "before-commit", "task")]
+    where = [
+        _position(sim, "step", "train-000020:14"),
+        _position(sim, "eval", "eval-000020-ppl:ppl"),
+        _position(sim, "timer-wait", "30s"),
+        _position(sim, "before-commit", "task"),
+    ]
     report = StopSweep(sim).stops(positions=where)
     assert report.ok, "\n".join(map(str, report.mismatches[:3]))
     assert sim.stats["kills after a stop"] >= 4 * 4, sim.stats
@@ -81,8 +91,24 @@ def test_the_stops_command_refuses_release_and_reruns_one_stop(capsys) -> None:
     with pytest.raises(SystemExit) as e:
         main(["stops", "--steps", "40", "--eval-every", "20", "--checkpoint-every", "10", "--release"])
     assert e.value.code == 2 and "not with --release" in capsys.readouterr().err
-    assert main(["kill-at", "--steps", "40", "--eval-every", "20", "--checkpoint-every", "10", "--kills", "22",
-                 "--stop-at-position", "20"]) == 0
+    assert (
+        main(
+            [
+                "kill-at",
+                "--steps",
+                "40",
+                "--eval-every",
+                "20",
+                "--checkpoint-every",
+                "10",
+                "--kills",
+                "22",
+                "--stop-at-position",
+                "20",
+            ]
+        )
+        == 0
+    )
     assert "matched" in capsys.readouterr().out
 
 

@@ -4,6 +4,7 @@ Fakes stand in for tinyllm here (simulator/fakes.py: a float-recurrence trainer 
 checkpoint files), because the point is the engine's and the workflow's behaviour under kills,
 not the model; tests/simulator/test_sim_kill_loop.py kills the real processes.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -59,7 +60,10 @@ def test_a_retryable_trainer_failure_resumes_from_its_checkpoint():
     assert sim.check_reference() is None
     starts = [e for e in sim.reference().ledger.entries if e["kind"] == "train-start"]
     assert [(e["activity"], e["attempt"], e["from_step"]) for e in starts] == [
-        ("train-000500", 1, 0), ("train-001000", 1, 500), ("train-001000", 2, 700), ("train-001000", 3, 700),
+        ("train-000500", 1, 0),
+        ("train-001000", 1, 500),
+        ("train-001000", 2, 700),
+        ("train-001000", 3, 700),
         ("train-001200", 1, 1000),
     ]
     report = sim.kill_every_position(positions=range(0, len(sim.trace), 37))
@@ -79,25 +83,32 @@ def test_an_early_stop_is_the_same_step_and_best_checkpoint_after_a_kill_at_ever
     """Early stopping (issue 28) under the simulator: the trainer stops at ``stop_at`` (its decision in
     that checkpoint); killed at every position, every run stops there with the same result, the later
     segments never run, and each evaluation sees the stop's checkpoint."""
-    scn = Scenario(steps=300, eval_every=100, checkpoint_every=25, eval_interval_s=5, stop_at=stop_at,
-                   suites=("ppl", "zoo"))
+    scn = Scenario(
+        steps=300, eval_every=100, checkpoint_every=25, eval_interval_s=5, stop_at=stop_at, suites=("ppl", "zoo")
+    )
     sim = Simulator(scn)
     assert sim.check_reference() is None
     ref = sim.reference()
     assert ref.state == "completed" and ref.result["steps"] == stop_at
-    assert ref.result["stopped_early"]["best_checkpoint"] == f"runs/tiny/ckpt/step-{stop_at - 50:06d}"  # the fake: 2 checks back
+    assert (
+        ref.result["stopped_early"]["best_checkpoint"] == f"runs/tiny/ckpt/step-{stop_at - 50:06d}"
+    )  # the fake: 2 checks back
     assert [s["until"] for s in ref.result["segments"]] == [100, 200]
     for mode in ("dedup", "rerun"):
         positions = None if mode == "dedup" else range(0, len(sim.trace), 7)
         report = sim.kill_every_position(positions=positions, mode=mode)
-        assert report.ok and report.tried > 50 // (1 if mode == "dedup" else 7), \
-            "\n".join(str(m) for m in report.mismatches[:3])
+        assert report.ok and report.tried > 50 // (1 if mode == "dedup" else 7), "\n".join(
+            str(m) for m in report.mismatches[:3]
+        )
 
 
 @pytest.mark.slow
 def test_a_mismatch_names_its_positions_and_a_command_that_reproduces_it():
-    sim = Simulator(Scenario(steps=300, eval_every=100, checkpoint_every=50), mutant="s05-train-to-end",
-                    workflow_fn=make_mutant("s05-train-to-end"))
+    sim = Simulator(
+        Scenario(steps=300, eval_every=100, checkpoint_every=50),
+        mutant="s05-train-to-end",
+        workflow_fn=make_mutant("s05-train-to-end"),
+    )
     report = sim.kill_every_position(positions=[40], stop_at_first=False)
     assert not report.ok
     text = str(report.mismatches[-1])
@@ -116,8 +127,13 @@ def _merged(entries):
     for e in entries:
         e = {k: v for k, v in e.items() if k not in ("seq", "where")}
         prev = out[-1] if out else None
-        if (e["kind"] == "steps" and prev and prev["kind"] == "steps" and prev["activity"] == e["activity"]
-                and prev["last"] + 1 == e["first"]):
+        if (
+            e["kind"] == "steps"
+            and prev
+            and prev["kind"] == "steps"
+            and prev["activity"] == e["activity"]
+            and prev["last"] + 1 == e["first"]
+        ):
             prev["last"] = e["last"]
         else:
             out.append(e)
@@ -133,8 +149,13 @@ def test_the_fast_modes_make_the_same_runs_as_the_literal_one():
     def record(mode):
         def on_outcome(what, kills, o):
             if what == "kill":
-                seen[mode][kills[0]] = (o.state, o.result, [(e.type, e.time, e.attrs) for e in o.events],
-                                        _merged(o.ledger.entries))
+                seen[mode][kills[0]] = (
+                    o.state,
+                    o.result,
+                    [(e.type, e.time, e.attrs) for e in o.events],
+                    _merged(o.ledger.entries),
+                )
+
         return on_outcome
 
     sim = Simulator(Scenario(steps=400, eval_every=150, checkpoint_every=50, suites=("ppl", "zoo")))
@@ -164,8 +185,13 @@ def test_at_100_segments_converged_recoveries_are_the_runs_that_ran_to_the_end()
         def on_outcome(what, kills, o):
             homes[mode].add(o.home)
             if what == "kill":
-                seen[mode][kills[0]] = (o.state, o.result, [(e.type, e.time, e.attrs) for e in o.events],
-                                        _merged(o.ledger.entries))
+                seen[mode][kills[0]] = (
+                    o.state,
+                    o.result,
+                    [(e.type, e.time, e.attrs) for e in o.events],
+                    _merged(o.ledger.entries),
+                )
+
         return on_outcome
 
     sim = Simulator(Scenario(steps=200, eval_every=2, checkpoint_every=10, eval_interval_s=5))
@@ -232,10 +258,12 @@ def test_a_checked_splice_is_refused_when_the_code_passes_what_differs_into_late
         def on_outcome(what, kills, o):
             if what == "kill":
                 seen[mode][kills[0]] = (o.state, o.result, [(e.type, e.time, e.attrs) for e in o.events])
+
         return on_outcome
 
-    sim = Simulator(Scenario(steps=60, eval_every=10, checkpoint_every=10, eval_interval_s=5),
-                    workflow_fn=_leaky_train_run)
+    sim = Simulator(
+        Scenario(steps=60, eval_every=10, checkpoint_every=10, eval_interval_s=5), workflow_fn=_leaky_train_run
+    )
     sim.share_min_events, sim.share_every = 0, 1  # the recoveries fork off a shared fresh replay
     sim.reference()
     picks = [k for k, (kind, label) in enumerate(sim.trace) if kind == "ckpt" and label.endswith(":20")]
@@ -250,15 +278,24 @@ def test_a_checked_splice_is_refused_when_the_code_passes_what_differs_into_late
     assert sim.stats["splices on the recovery's own replayer"] >= 1 and sim.stats["recoveries made again"] >= 1
 
 
-
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "simulator", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow
 def test_the_command_prints_positions_tried_and_matched_and_exits_by_the_outcome():
-    small = ["--steps", "120", "--eval-every", "50", "--eval-interval", "30", "--suites", "ppl,zoo",
-             "--checkpoint-every", "20"]
+    small = [
+        "--steps",
+        "120",
+        "--eval-every",
+        "50",
+        "--eval-interval",
+        "30",
+        "--suites",
+        "ppl,zoo",
+        "--checkpoint-every",
+        "20",
+    ]
     ok = _cli("kill-every-position", *small)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     tried = int(ok.stdout.split(" tried")[0].split()[-1])
@@ -269,9 +306,13 @@ def test_the_command_prints_positions_tried_and_matched_and_exits_by_the_outcome
 
 @pytest.mark.slow
 def test_bad_arguments_exit_2_before_any_run():
-    for args in (["kill-at", "--kills", "3", "--steps", "0"], ["kill-at", "--kills", "x"],
-                 ["kill-every-position", "--suites", "nope"], ["kill-at", "--kills", "1", "--mutant", "nope"],
-                 ["kill-every-position", "--stop-at", "130", "--checkpoint-every", "25", "--steps", "300"]):
+    for args in (
+        ["kill-at", "--kills", "3", "--steps", "0"],
+        ["kill-at", "--kills", "x"],
+        ["kill-every-position", "--suites", "nope"],
+        ["kill-at", "--kills", "1", "--mutant", "nope"],
+        ["kill-every-position", "--stop-at", "130", "--checkpoint-every", "25", "--steps", "300"],
+    ):
         r = _cli(*args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert r.stderr.strip()
@@ -304,9 +345,14 @@ def test_a_sweep_of_nothing_is_refused_exit_2(capsys):
     random-kills --kills 0 failed with randint's ValueError traceback. Both: exit 2 before any run."""
     from simulator.__main__ import main
 
-    for args in (["random-kills", "--runs", "0"], ["random-kills", "--kills", "0"], ["cancels", "--runs", "0"],
-                 ["kill-loop", "--spec", "x.json", "--kills", "0"], ["campaign", "--runs", "0"],
-                 ["kill-every-position", "--jobs", "0"]):
+    for args in (
+        ["random-kills", "--runs", "0"],
+        ["random-kills", "--kills", "0"],
+        ["cancels", "--runs", "0"],
+        ["kill-loop", "--spec", "x.json", "--kills", "0"],
+        ["campaign", "--runs", "0"],
+        ["kill-every-position", "--jobs", "0"],
+    ):
         with pytest.raises(SystemExit) as e:
             main(args)
         assert e.value.code == 2, args

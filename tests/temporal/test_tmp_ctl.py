@@ -10,6 +10,7 @@
 - ``$CTL_TEMPORAL_API_KEY`` is never printed, logged, written under the home, or recorded in
   the workflow's history or the server's state.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,18 @@ from tinyllm import runlock  # noqa: E402
 pytestmark = pytest.mark.slow  # real ctl processes on a real Temporal dev server
 
 SPEC = {
-    "name": "mini", "steps": 24, "seed": 5, "eval_every": 12, "eval_interval_seconds": 0,
-    "checkpoint_every": 3, "batch_size": 4, "lr": 0.003, "warmup_steps": 3, "lr_decay_steps": 24,
-    "threads": 1, "log_every": 6,
+    "name": "mini",
+    "steps": 24,
+    "seed": 5,
+    "eval_every": 12,
+    "eval_interval_seconds": 0,
+    "checkpoint_every": 3,
+    "batch_size": 4,
+    "lr": 0.003,
+    "warmup_steps": 3,
+    "lr_decay_steps": 24,
+    "threads": 1,
+    "log_every": 6,
     "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.1},
 }
 # one long segment (a cancel reaches an activity only with a heartbeat's answer: after the trainer's
@@ -49,8 +59,14 @@ class Ctl:
 
     def __init__(self, server, namespace: str, home: Path):
         self.home = home
-        self.env = {**os.environ, "CTL_TEMPORAL_ADDRESS": server.address, "CTL_TEMPORAL_NAMESPACE": namespace,
-                    "CTL_TEMPORAL_API_KEY": SECRET, "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}
+        self.env = {
+            **os.environ,
+            "CTL_TEMPORAL_ADDRESS": server.address,
+            "CTL_TEMPORAL_NAMESPACE": namespace,
+            "CTL_TEMPORAL_API_KEY": SECRET,
+            "PYTHONPATH": os.getcwd(),
+            "OMP_NUM_THREADS": "1",
+        }
         self.env.pop("CTL_BACKEND", None)
         self.outputs: list[str] = []
 
@@ -60,8 +76,7 @@ class Ctl:
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         """A process for train (it runs a worker and its trainers); in process for the quick commands."""
         if args[0] == "train":
-            p = subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=DEADLINE_S * 2,
-                               env=self.env)
+            p = subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=DEADLINE_S * 2, env=self.env)
         else:
             from click.testing import CliRunner
 
@@ -75,8 +90,9 @@ class Ctl:
         return p
 
     def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        return subprocess.Popen(self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**self.env, **(env or {})})
+        return subprocess.Popen(
+            self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**self.env, **(env or {})}
+        )
 
     def finish(self, proc: subprocess.Popen, timeout_s: float = DEADLINE_S) -> tuple[str, str]:
         stdout, stderr = proc.communicate(timeout=timeout_s)
@@ -89,8 +105,15 @@ class Ctl:
 
 def train_args(spec_path: Path, evals: bool = True) -> list[str]:
     """Evaluations (ppl on 4 windows) only where the test counts them."""
-    return ["train", "--spec", str(spec_path), *(["--eval-max-items", "4"] if evals else ["--no-eval"]),
-            "--heartbeat-timeout", HEARTBEAT_S, "--json"]
+    return [
+        "train",
+        "--spec",
+        str(spec_path),
+        *(["--eval-max-items", "4"] if evals else ["--no-eval"]),
+        "--heartbeat-timeout",
+        HEARTBEAT_S,
+        "--json",
+    ]
 
 
 def make_home(tmp_path_factory, label: str, spec: dict | None = None) -> tuple[Path, Path]:
@@ -127,8 +150,24 @@ def start_reference(tmp_path_factory, label: str, spec: dict):
     home, spec_path = make_home(tmp_path_factory, label, spec)
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}
     env.pop("CTL_BACKEND", None)
-    proc = subprocess.Popen([sys.executable, "-m", "ctl.cli", "train", "--spec", str(spec_path), "--no-eval", "--json",
-                             "--home", str(home)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            "train",
+            "--spec",
+            str(spec_path),
+            "--no-eval",
+            "--json",
+            "--home",
+            str(home),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     cache: dict = {}
 
     def result() -> dict:
@@ -143,8 +182,10 @@ def start_reference(tmp_path_factory, label: str, spec: dict):
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
-    started = {"kill": start_reference(tmp_path_factory, "ref", SPEC),
-               "cancel": start_reference(tmp_path_factory, "ref-long", LONG_SPEC)}
+    started = {
+        "kill": start_reference(tmp_path_factory, "ref", SPEC),
+        "cancel": start_reference(tmp_path_factory, "ref-long", LONG_SPEC),
+    }
     yield {k: result for k, (_, result) in started.items()}
     for proc, _ in started.values():
         if proc.poll() is None:
@@ -166,8 +207,13 @@ def killed_run(temporal_server, tmp_path_factory):
     wait_for(lambda: not runlock.is_locked(home / "runs/mini"), "the killed worker's trainer to die")
     latest_at_kill = (home / "runs/mini/ckpt/LATEST").read_text().strip()
     again = json.loads(ctl.run(*train_args(spec_path)).stdout)  # the same command: a new worker
-    return {"ctl": ctl, "out": again, "killed_after": killed_after, "latest_at_kill": latest_at_kill,
-            "events": ctl.history("train/mini")}
+    return {
+        "ctl": ctl,
+        "out": again,
+        "killed_after": killed_after,
+        "latest_at_kill": latest_at_kill,
+        "events": ctl.history("train/mini"),
+    }
 
 
 @pytest.mark.ns("kill")
@@ -179,8 +225,13 @@ def test_worker_killed_mid_segment_resumes_bitwise(killed_run, references) -> No
     assert res["digest"] == ref["digest"]
     assert [s["train"]["digest"] for s in res["segments"]] == [s["train"]["digest"] for s in ref["segments"]]
     completed = [e["attrs"]["activity_id"] for e in events if e["type"] == "activity_completed"]
-    assert sorted(completed) == ["corpus-default", "eval-000012-ppl", "eval-000024-ppl", "train-000012",
-                                 "train-000024"]  # each once, each evaluation once
+    assert sorted(completed) == [
+        "corpus-default",
+        "eval-000012-ppl",
+        "eval-000024-ppl",
+        "train-000012",
+        "train-000024",
+    ]  # each once, each evaluation once
     starts = {e["attrs"]["activity_id"]: e["attrs"]["attempt"] for e in events if e["type"] == "activity_started"}
     assert starts["train-000024"] >= 2 and starts["train-000012"] == 1 and starts["eval-000012-ppl"] == 1
     # attempt 2 resumed from the checkpoint heartbeated before the kill: only the steps after it were redone
@@ -201,15 +252,19 @@ def test_api_key_never_printed_logged_or_recorded(killed_run, temporal_server) -
 def checkpoints(home: Path, activity_id: str) -> list[int]:
     progress = home / f"runs/mini/activity/{activity_id}/progress-1.jsonl"
     try:
-        return [x["step"] for x in map(json.loads, filter(str.strip, progress.read_text().splitlines()))
-                if "checkpoint" in x and "event" not in x]  # not the resume line
+        return [
+            x["step"]
+            for x in map(json.loads, filter(str.strip, progress.read_text().splitlines()))
+            if "checkpoint" in x and "event" not in x
+        ]  # not the resume line
     except (OSError, ValueError):
         return []
 
 
 @pytest.mark.ns("cancel")
-def test_cancel_mid_segment_exits_130_then_same_command_continues(temporal_server, tmp_path_factory,
-                                                                  references) -> None:
+def test_cancel_mid_segment_exits_130_then_same_command_continues(
+    temporal_server, tmp_path_factory, references
+) -> None:
     home, spec_path = make_home(tmp_path_factory, "cancel", LONG_SPEC)
     ctl = Ctl(temporal_server, "cancel", home)
     # the trainer holds at step 6 (its second checkpoint) until stopped: the cancel lands mid-segment however
@@ -247,8 +302,14 @@ def test_ui_serves_the_same_pages_through_the_temporal_backend(killed_run) -> No
     import urllib.request
 
     ctl = killed_run["ctl"]
-    proc = subprocess.Popen(ctl.argv("ui", "--port", "0"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=ctl.env, start_new_session=True)
+    proc = subprocess.Popen(
+        ctl.argv("ui", "--port", "0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ctl.env,
+        start_new_session=True,
+    )
     try:
         banner, url, deadline = "", None, time.monotonic() + 60
         while url is None and time.monotonic() < deadline and proc.poll() is None:

@@ -7,6 +7,7 @@ evaluation before it nor the wait; a failed attempt resumes from the checkpoint 
 recorded (``activity.info().heartbeat_details``); a bad spec fails the workflow at once,
 non-retryable, before any activity.
 """
+
 from __future__ import annotations
 
 import threading
@@ -84,16 +85,27 @@ def test_hand_example_same_as_embedded(temporal_config, tmp_path: Path) -> None:
         events = eng.history("train/tiny")
     world.engine.close()
 
-    expected = ["corpus-default", "train-000500", "eval-000500-ppl", "sleep 2s", "train-001000", "eval-001000-ppl",
-                "sleep 2s", "train-001200", "eval-001200-ppl"]
+    expected = [
+        "corpus-default",
+        "train-000500",
+        "eval-000500-ppl",
+        "sleep 2s",
+        "train-001000",
+        "eval-001000-ppl",
+        "sleep 2s",
+        "train-001200",
+        "eval-001200-ppl",
+    ]
     assert commands(events) == embedded_commands == expected
     assert st.result == embedded.result  # segments, checkpoints, losses, evaluations: all equal
     assert st.result["final_loss_hex"] == reference_loss(1200, 7).hex()
     assert fakes.steps_taken == 1200
     evals = [(c.activity_id, c.input["subjects"][0]["model"]) for c in fakes.calls if c.name == "eval"]
-    assert evals == [("eval-000500-ppl", "runs/tiny/ckpt/step-000500"),
-                     ("eval-001000-ppl", "runs/tiny/ckpt/step-001000"),
-                     ("eval-001200-ppl", "runs/tiny/ckpt/step-001200")]
+    assert evals == [
+        ("eval-000500-ppl", "runs/tiny/ckpt/step-000500"),
+        ("eval-001000-ppl", "runs/tiny/ckpt/step-001000"),
+        ("eval-001200-ppl", "runs/tiny/ckpt/step-001200"),
+    ]
     completed = [e.attrs["activity_id"] for e in events if e.type == "activity_completed"]
     assert sorted(completed) == sorted(expected[:2] + expected[2:3] + expected[4:6] + expected[7:])
     # the activity id is the idempotency key: Temporal's activity id, and the activity's second argument
@@ -116,8 +128,10 @@ def test_durable_wait_not_repeated_on_worker_restart(temporal_config, tmp_path: 
     serving = threading.Thread(target=first.run_forever, args=(stop,))
     serving.start()
     try:
-        timer = wait_for(lambda: next((e for e in first.history("train/tiny") if e.type == "timer_started"), None),
-                         "the durable wait to start")
+        timer = wait_for(
+            lambda: next((e for e in first.history("train/tiny") if e.type == "timer_started"), None),
+            "the durable wait to start",
+        )
     finally:
         stop.set()  # the worker goes away during the wait
         serving.join(timeout=DEADLINE_S)
@@ -129,13 +143,24 @@ def test_durable_wait_not_repeated_on_worker_restart(temporal_config, tmp_path: 
         st = second.run_until_complete("train/tiny", timeout_s=DEADLINE_S)
         assert st.state == "completed", st.error
         events = second.history("train/tiny")
-    assert commands(events) == ["corpus-default", "train-000020", "eval-000020-ppl", "sleep 4s", "train-000040",
-                                "eval-000040-ppl"]
+    assert commands(events) == [
+        "corpus-default",
+        "train-000020",
+        "eval-000020-ppl",
+        "sleep 4s",
+        "train-000040",
+        "eval-000040-ppl",
+    ]
     assert [e.type for e in events].count("timer_fired") == 1
     assert next(e for e in events if e.type == "timer_started").attrs["fire_at"] == timer.attrs["fire_at"]
     # the evaluation before the wait ran once; nothing ran twice
-    assert [c.activity_id for c in fakes.calls] == ["corpus-default", "train-000020", "eval-000020-ppl",
-                                                    "train-000040", "eval-000040-ppl"]
+    assert [c.activity_id for c in fakes.calls] == [
+        "corpus-default",
+        "train-000020",
+        "eval-000020-ppl",
+        "train-000040",
+        "eval-000040-ppl",
+    ]
     assert st.result["final_loss_hex"] == reference_loss(40, 7).hex()
 
 
@@ -161,7 +186,10 @@ def test_failed_attempt_resumes_from_heartbeated_checkpoint(temporal_config, tmp
     assert fakes.resumed_from == [None, "runs/tiny/ckpt/step-000010"]  # attempt 2 from the heartbeat's checkpoint
     assert st.result["final_loss_hex"] == reference_loss(40, 7).hex()
     assert [(e.type, e.attrs.get("attempt")) for e in events if e.type.startswith("activity_")] == [
-        ("activity_scheduled", None), ("activity_started", 2), ("activity_completed", 2)]
+        ("activity_scheduled", None),
+        ("activity_started", 2),
+        ("activity_completed", 2),
+    ]
 
 
 @pytest.mark.ns("badspec")
@@ -193,8 +221,12 @@ def test_ctl_read_commands_and_cancel_on_temporal(temporal_config, tmp_path: Pat
 
     spec = tmp_path / "s.json"
     spec.write_text(json.dumps({"name": "mini", "steps": 10, "eval_every": 5, "checkpoint_every": 5}))
-    env = {"CTL_BACKEND": "temporal", "CTL_TEMPORAL_ADDRESS": temporal_config.address,
-           "CTL_TEMPORAL_NAMESPACE": temporal_config.namespace, "CTL_TEMPORAL_TASK_QUEUE": temporal_config.task_queue}
+    env = {
+        "CTL_BACKEND": "temporal",
+        "CTL_TEMPORAL_ADDRESS": temporal_config.address,
+        "CTL_TEMPORAL_NAMESPACE": temporal_config.namespace,
+        "CTL_TEMPORAL_TASK_QUEUE": temporal_config.task_queue,
+    }
 
     def ctl(*args: str) -> tuple[int, str, str]:
         r = CliRunner().invoke(main, [*args, "--home", str(tmp_path)], env=env, catch_exceptions=False)
@@ -237,8 +269,13 @@ def test_non_retryable_activity_failure_fails_the_run_at_once(temporal_config, t
         events = eng.history("train/nocorpus")
     assert st.state == "failed" and st.error["type"] == "BadInput" and st.error["non_retryable"] is True
     assert [(c.name, c.attempt) for c in fakes.calls] == [("corpus", 1)]  # one attempt, no retry
-    assert kinds(events) == ["workflow_started", "activity_scheduled", "activity_started", "activity_failed",
-                             "workflow_failed"]
+    assert kinds(events) == [
+        "workflow_started",
+        "activity_scheduled",
+        "activity_started",
+        "activity_failed",
+        "workflow_failed",
+    ]
 
 
 class _Deaf:
@@ -264,14 +301,20 @@ def test_cancel_reaches_the_next_command_when_the_activity_completed(temporal_co
 
     def train(ctx, input):
         holder["engine"].cancel("train/late")
-        wait_for(lambda: (ctx.heartbeat(), ctx.cancel_requested)[1], "the cancel to reach the activity (a heartbeat's answer)")
+        wait_for(
+            lambda: (ctx.heartbeat(), ctx.cancel_requested)[1],
+            "the cancel to reach the activity (a heartbeat's answer)",
+        )
         return fakes.train(_Deaf(ctx), input)
 
     with TemporalEngine(temporal_config) as eng:
         holder["engine"] = eng
         workflows.register(eng, activities={**fakes.activities(), "train": train})
-        eng.start("TrainRun", "train/late", {"spec": hand_spec(steps=10, eval_every=5, checkpoint_every=5),
-                                             "eval_suites": ["ppl"]})
+        eng.start(
+            "TrainRun",
+            "train/late",
+            {"spec": hand_spec(steps=10, eval_every=5, checkpoint_every=5), "eval_suites": ["ppl"]},
+        )
         st = eng.run_until_complete("train/late", timeout_s=DEADLINE_S)
         events = eng.history("train/late")
     assert st.state == "canceled"

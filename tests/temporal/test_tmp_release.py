@@ -6,6 +6,7 @@ the same command: the dead worker's publish attempt stops heartbeating, Temporal
 worker (attempt 2), which finds the version of the same digest and publishes nothing twice; the
 evaluation is not run again. Nothing of this touches the embedded engine (no ``.ctl/engine.db``).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,21 @@ HEARTBEAT_S = "3"  # the killed publish attempt moves to the next worker after t
 
 
 def _release(ctl: Ctl, gate: str, *extra: str) -> list[str]:
-    return ["release", "train/mini", "--suite", "ppl", "--gate", gate, "--select", "latest",
-            "--eval-max-items", "4", "--heartbeat-timeout", HEARTBEAT_S, *extra]
+    return [
+        "release",
+        "train/mini",
+        "--suite",
+        "ppl",
+        "--gate",
+        gate,
+        "--select",
+        "latest",
+        "--eval-max-items",
+        "4",
+        "--heartbeat-timeout",
+        HEARTBEAT_S,
+        *extra,
+    ]
 
 
 def _process(ctl: Ctl, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -71,7 +85,10 @@ def test_release_on_temporal_gates_and_publishes_once_after_a_kill(temporal_serv
     started = [(e["attrs"]["activity_id"], e["attrs"]["attempt"]) for e in events if e["type"] == "activity_started"]
     completed = [e["attrs"]["activity_id"] for e in events if e["type"] == "activity_completed"]
     assert completed == [f"eval-r{res['digest'][:12]}-ppl", "publish"]  # each once
-    assert (f"eval-r{res['digest'][:12]}-ppl", 1) in started and ("publish", 2) in started  # the dead one's, redelivered
+    assert (f"eval-r{res['digest'][:12]}-ppl", 1) in started and (
+        "publish",
+        2,
+    ) in started  # the dead one's, redelivered
     assert not (home / ".ctl" / "engine.db").exists()  # all of it on the Temporal backend
 
     listed = ctl.run("release", "--list")

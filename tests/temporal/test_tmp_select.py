@@ -1,6 +1,7 @@
 """Choosing the backend: the embedded engine stays the default and imports nothing of Temporal;
 bad connection options are bad input (exit 2, one line); an unreachable cluster is one line, exit 1;
 the API key is never in a repr. (No server needed.)"""
+
 from __future__ import annotations
 
 import json
@@ -39,11 +40,14 @@ def test_embedded_default_imports_no_temporal(tmp_path: Path) -> None:
     assert (tmp_path / ".ctl" / "engine.db").exists()
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--address", "no-port"], "bad Temporal address"),
-    (["--address", "h:1", "--tls-cert", "/nonexistent.pem"], "--tls-key go together"),
-    (["--address", "h:1", "--tls-ca", "/nonexistent.pem"], "no such file"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--address", "no-port"], "bad Temporal address"),
+        (["--address", "h:1", "--tls-cert", "/nonexistent.pem"], "--tls-key go together"),
+        (["--address", "h:1", "--tls-ca", "/nonexistent.pem"], "no such file"),
+    ],
+)
 def test_bad_connection_options_are_bad_input(tmp_path: Path, args: list[str], needle: str) -> None:
     pytest.importorskip("temporalio", reason="the [temporal] extra is not installed")
     code, out, err = invoke("--backend", "temporal", *args, "list", "--home", str(tmp_path))
@@ -56,13 +60,18 @@ def test_backend_from_environment_and_unreachable_cluster(tmp_path: Path) -> Non
     from engine.temporal.server import free_port
 
     secret = "not-printed-0b5e1d"
-    env = {"CTL_BACKEND": "temporal", "CTL_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",
-           "CTL_TEMPORAL_API_KEY": secret}
+    env = {
+        "CTL_BACKEND": "temporal",
+        "CTL_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",
+        "CTL_TEMPORAL_API_KEY": secret,
+    }
     code, out, err = invoke("--no-tls", "status", "train/x", "--home", str(tmp_path), env=env)
     assert code == 1 and "cannot reach Temporal 127.0.0.1:" in err and "API key" in err
     assert "nothing listens at 127.0.0.1:" in err
     warning, line = err.strip().splitlines()  # the clear-text warning once, then the one error line
-    assert warning == f"ctl: warning: --no-tls sends $CTL_TEMPORAL_API_KEY to {env['CTL_TEMPORAL_ADDRESS']} in clear text"
+    assert (
+        warning == f"ctl: warning: --no-tls sends $CTL_TEMPORAL_API_KEY to {env['CTL_TEMPORAL_ADDRESS']} in clear text"
+    )
     assert secret not in out + err and "cannot reach Temporal" in line
 
 
@@ -82,8 +91,13 @@ def test_ctl_server_starts_a_local_dev_server(tmp_path: Path) -> None:
     from engine.temporal.server import _listening, free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ctl.cli", "server", "--port", str(port), "--home", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctl.cli", "server", "--port", str(port), "--home", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not _listening("127.0.0.1", port):

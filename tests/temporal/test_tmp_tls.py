@@ -14,6 +14,7 @@ Both give the same loss bits. A login the front refuses (no client certificate, 
 trust, another CA, no TLS; a wrong or missing key) is one line saying which, exit 1, no
 traceback, nothing written.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,11 +29,16 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("temporalio", reason="the [temporal] extra is not installed: pip install -e '.[temporal]'")
-pytest.importorskip("grpc", reason="the TLS front of these tests needs grpcio (the [tensorboard] extra brings it; "
-                                   "CI installs it): pip install -c constraints.txt -e '.[tensorboard]'")
+pytest.importorskip(
+    "grpc",
+    reason="the TLS front of these tests needs grpcio (the [tensorboard] extra brings it; "
+    "CI installs it): pip install -c constraints.txt -e '.[tensorboard]'",
+)
 if shutil.which("openssl") is None:
-    pytest.skip("the TLS tests make throwaway certificates with the openssl command, which is not installed",
-                allow_module_level=True)
+    pytest.skip(
+        "the TLS tests make throwaway certificates with the openssl command, which is not installed",
+        allow_module_level=True,
+    )
 
 from click.testing import CliRunner  # noqa: E402
 from no_leak import assert_secret_nowhere  # noqa: E402
@@ -44,9 +50,20 @@ pytestmark = pytest.mark.slow  # a real Temporal dev server behind a TLS front, 
 
 SECRET = "ctl-tls-test-key-9d41c07a3e"
 WRONG = "ctl-tls-wrong-key-5e2b8f"
-SPEC = {"name": "tiny", "steps": 4, "seed": 5, "eval_every": 0, "checkpoint_every": 2, "batch_size": 4, "lr": 0.003,
-        "warmup_steps": 1, "lr_decay_steps": 4, "threads": 1, "log_every": 2,
-        "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16, "dropout": 0.0}}
+SPEC = {
+    "name": "tiny",
+    "steps": 4,
+    "seed": 5,
+    "eval_every": 0,
+    "checkpoint_every": 2,
+    "batch_size": 4,
+    "lr": 0.003,
+    "warmup_steps": 1,
+    "lr_decay_steps": 4,
+    "threads": 1,
+    "log_every": 2,
+    "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16, "dropout": 0.0},
+}
 DEADLINE_S = 240
 
 
@@ -65,14 +82,31 @@ def fronts(temporal_server, certs):
 
 
 def mtls_args(fronts, certs, *, cert=None, key=None, ca=None) -> list[str]:
-    return ["--backend", "temporal", "--address", fronts["mtls"].address, "--namespace", "mtls",
-            "--tls-cert", str(cert or certs.client_cert), "--tls-key", str(key or certs.client_key),
-            "--tls-ca", str(ca or certs.ca)]
+    return [
+        "--backend",
+        "temporal",
+        "--address",
+        fronts["mtls"].address,
+        "--namespace",
+        "mtls",
+        "--tls-cert",
+        str(cert or certs.client_cert),
+        "--tls-key",
+        str(key or certs.client_key),
+        "--tls-ca",
+        str(ca or certs.ca),
+    ]
 
 
 def key_env(fronts, key: str | None = SECRET) -> dict[str, str]:
-    env = {**os.environ, "CTL_BACKEND": "temporal", "CTL_TEMPORAL_ADDRESS": fronts["key"].address,
-           "CTL_TEMPORAL_NAMESPACE": "apikey", "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "CTL_BACKEND": "temporal",
+        "CTL_TEMPORAL_ADDRESS": fronts["key"].address,
+        "CTL_TEMPORAL_NAMESPACE": "apikey",
+        "PYTHONPATH": os.getcwd(),
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop("CTL_TEMPORAL_API_KEY", None)
     if key is not None:
         env["CTL_TEMPORAL_API_KEY"] = key
@@ -99,21 +133,58 @@ def runs(fronts, certs, tmp_path_factory):
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CTL_")}
     mtls_home, mtls_spec = home_with_spec(tmp_path_factory, "mtls")
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "ctl.cli", *mtls_args(fronts, certs), "train", "--spec", str(mtls_spec), "--no-eval",
-         "--json", "--home", str(mtls_home)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**clean, "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"})
+        [
+            sys.executable,
+            "-m",
+            "ctl.cli",
+            *mtls_args(fronts, certs),
+            "train",
+            "--spec",
+            str(mtls_spec),
+            "--no-eval",
+            "--json",
+            "--home",
+            str(mtls_home),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**clean, "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"},
+    )
     key_home, key_spec = home_with_spec(tmp_path_factory, "apikey")
     outputs: list[str] = []
-    code, out, err = ctl(["--tls-ca", str(certs.ca), "train", "--spec", str(key_spec), "--no-eval", "--detach",
-                          "--json", "--home", str(key_home)], key_env(fronts))
+    code, out, err = ctl(
+        [
+            "--tls-ca",
+            str(certs.ca),
+            "train",
+            "--spec",
+            str(key_spec),
+            "--no-eval",
+            "--detach",
+            "--json",
+            "--home",
+            str(key_home),
+        ],
+        key_env(fronts),
+    )
     outputs += [out, err]
     assert code == 0 and json.loads(out)["state"] == "running", err
-    worker = subprocess.Popen([sys.executable, "-m", "ctl.cli", "--tls-ca", str(certs.ca), "worker", "--home",
-                               str(key_home)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=key_env(fronts))
-    yield {"trainer": trainer, "mtls_home": mtls_home, "worker": worker, "key_home": key_home, "outputs": outputs,
-           "done": {}}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "ctl.cli", "--tls-ca", str(certs.ca), "worker", "--home", str(key_home)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=key_env(fronts),
+    )
+    yield {
+        "trainer": trainer,
+        "mtls_home": mtls_home,
+        "worker": worker,
+        "key_home": key_home,
+        "outputs": outputs,
+        "done": {},
+    }
     for proc in (trainer, worker):
         if proc.poll() is None:
             proc.kill()
@@ -134,18 +205,23 @@ def mtls_result(runs) -> dict:
 def test_mtls_login_trains_through_the_front(runs, fronts, certs, temporal_server) -> None:
     out = mtls_result(runs)
     assert out["state"] == "completed" and out["workflow_id"] == "train/tiny"
-    code, status, err = ctl([*mtls_args(fronts, certs), "status", "train/tiny", "--json", "--home",
-                             str(runs["mtls_home"])])
+    code, status, err = ctl(
+        [*mtls_args(fronts, certs), "status", "train/tiny", "--json", "--home", str(runs["mtls_home"])]
+    )
     assert code == 0 and json.loads(status)["state"] == "completed", err
-    code, hist, err = ctl([*mtls_args(fronts, certs), "history", "train/tiny", "--json", "--home",
-                           str(runs["mtls_home"])])
+    code, hist, err = ctl(
+        [*mtls_args(fronts, certs), "history", "train/tiny", "--json", "--home", str(runs["mtls_home"])]
+    )
     events = json.loads(hist)["events"]
     assert [e["attrs"]["activity_id"] for e in events if e["type"] == "activity_completed"] == [
-        "corpus-default", "train-000004"]
+        "corpus-default",
+        "train-000004",
+    ]
     assert fronts["mtls"].forwarded > 0  # the only way to the server: through the front's mTLS
     private = certs.client_key.read_text().splitlines()[2]  # a line of the private key itself (not its header)
-    assert_secret_nowhere(private, [*runs["done"]["mtls outputs"], status, hist], runs["mtls_home"], temporal_server,
-                          "mtls", "train/tiny")
+    assert_secret_nowhere(
+        private, [*runs["done"]["mtls outputs"], status, hist], runs["mtls_home"], temporal_server, "mtls", "train/tiny"
+    )
 
 
 @pytest.mark.ns("apikey")
@@ -191,8 +267,17 @@ def refused(args: list[str], env: dict[str, str] | None, tmp_path: Path, needle:
 
 
 @pytest.mark.ns("mtls")
-@pytest.mark.parametrize("case", ["no client certificate", "untrusted client certificate", "other CA",
-                                  "system roots", "no TLS", "TLS to a plain server"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "no client certificate",
+        "untrusted client certificate",
+        "other CA",
+        "system roots",
+        "no TLS",
+        "TLS to a plain server",
+    ],
+)
 def test_mtls_login_refused_is_one_line(case, fronts, certs, temporal_server, tmp_path: Path) -> None:
     args = mtls_args(fronts, certs)
     if case == "no client certificate":
@@ -221,6 +306,12 @@ def test_mtls_login_refused_is_one_line(case, fronts, certs, temporal_server, tm
 def test_api_key_login_refused_is_one_line(key, fronts, certs, tmp_path: Path) -> None:
     fix = "check $CTL_TEMPORAL_API_KEY" if key else "it needs an API key ($CTL_TEMPORAL_API_KEY)"
     before = fronts["key"].refused
-    refused(["--tls-ca", str(certs.ca)], key_env(fronts, key), tmp_path,
-            f"the cluster refused the login (Unauthenticated: missing or invalid API key): {fix}", SECRET, WRONG)
+    refused(
+        ["--tls-ca", str(certs.ca)],
+        key_env(fronts, key),
+        tmp_path,
+        f"the cluster refused the login (Unauthenticated: missing or invalid API key): {fix}",
+        SECRET,
+        WRONG,
+    )
     assert fronts["key"].refused > before

@@ -2,6 +2,7 @@
 examples/durable_train.py in two segments, each evaluated by its eval_command (suite ``acc``),
 ends with the same loss bits and digest as one direct run of the trainer to the same steps.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,12 +28,19 @@ def test_a_spec_with_its_own_trainer_runs_and_is_evaluated_on_temporal(temporal_
     spec_path = tmp_path / "tmpusr.json"
     spec_path.write_text(json.dumps(spec))
     direct_home = tmp_path / "direct"  # the trainer alone, one process, no engine
-    direct = subprocess.Popen([sys.executable, str(ROOT / "examples/durable_train.py"), "--spec", str(spec_path),
-                               "--home", str(direct_home)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=ROOT)
+    direct = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples/durable_train.py"), "--spec", str(spec_path), "--home", str(direct_home)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     ctl = Ctl(temporal_server, "user", tmp_path / "home")
-    out = json.loads(ctl.run("train", "--spec", str(spec_path), "--suite", "acc", "--heartbeat-timeout", HEARTBEAT_S,
-                             "--json").stdout)
+    out = json.loads(
+        ctl.run(
+            "train", "--spec", str(spec_path), "--suite", "acc", "--heartbeat-timeout", HEARTBEAT_S, "--json"
+        ).stdout
+    )
     stdout, stderr = direct.communicate(timeout=300)
     assert direct.returncode == 0, stderr[-2000:]
     want = json.loads(stdout.splitlines()[-1])
@@ -42,6 +50,9 @@ def test_a_spec_with_its_own_trainer_runs_and_is_evaluated_on_temporal(temporal_
     suites = [seg["evals"]["suites"][0] for seg in res["segments"]]
     assert [(s["suite"], s["run"]) for s in suites] == [("acc", "tmpusr-000010"), ("acc", "tmpusr-000020")]
     events = ctl.history("train/tmpusr")
-    evals = [e["attrs"]["activity_id"] for e in events
-             if e["type"] == "activity_completed" and e["attrs"]["activity_id"].startswith("eval-")]
+    evals = [
+        e["attrs"]["activity_id"]
+        for e in events
+        if e["type"] == "activity_completed" and e["attrs"]["activity_id"].startswith("eval-")
+    ]
     assert evals == ["eval-000010-acc", "eval-000020-acc"]  # each checkpoint evaluated once

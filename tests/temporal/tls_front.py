@@ -13,6 +13,7 @@ call whose ``authorization`` header is not ``Bearer <api_key>`` (and forwards th
 cluster's frontend hands it to its authorizer). Every Temporal frontend call is unary (the long
 polls too), so nothing else is needed.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -76,20 +77,74 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def _key_and_csr(d: Path, name: str, cn: str, cnf: Path) -> None:
-    _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-config", str(cnf), "-subj", f"/CN={cn}", cwd=d)
+    _openssl(
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-config",
+        str(cnf),
+        "-subj",
+        f"/CN={cn}",
+        cwd=d,
+    )
 
 
 def _ca(d: Path, name: str, cnf: Path) -> None:
-    _openssl("req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2", "-config", str(cnf),
-             "-extensions", "ca", "-subj", f"/CN=ctl test {name}", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-config",
+        str(cnf),
+        "-extensions",
+        "ca",
+        "-subj",
+        f"/CN=ctl test {name}",
+        cwd=d,
+    )
 
 
 def _sign(d: Path, name: str, ca: str, section: str, cnf: Path) -> None:
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-             "-set_serial", str(secrets.randbits(63)), "-days", "2", "-out", f"{name}.pem",
-             "-extfile", str(cnf), "-extensions", section, cwd=d)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        f"{ca}.pem",
+        "-CAkey",
+        f"{ca}.key",
+        "-set_serial",
+        str(secrets.randbits(63)),
+        "-days",
+        "2",
+        "-out",
+        f"{name}.pem",
+        "-extfile",
+        str(cnf),
+        "-extensions",
+        section,
+        cwd=d,
+    )
 
 
 def make_certs(d: Path) -> Certs:
@@ -99,12 +154,23 @@ def make_certs(d: Path) -> Certs:
     cnf.write_text(_CNF)
     _ca(d, "ca", cnf)
     _ca(d, "other-ca", cnf)
-    for name, cn, ca, section in (("server", "localhost", "ca", "server"), ("client", "ctl worker", "ca", "client"),
-                                  ("other-client", "intruder", "other-ca", "client")):
+    for name, cn, ca, section in (
+        ("server", "localhost", "ca", "server"),
+        ("client", "ctl worker", "ca", "client"),
+        ("other-client", "intruder", "other-ca", "client"),
+    ):
         _key_and_csr(d, name, cn, cnf)
         _sign(d, name, ca, section, cnf)
-    return Certs(d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key",
-                 d / "other-ca.pem", d / "other-client.pem", d / "other-client.key")
+    return Certs(
+        d / "ca.pem",
+        d / "server.pem",
+        d / "server.key",
+        d / "client.pem",
+        d / "client.key",
+        d / "other-ca.pem",
+        d / "other-client.pem",
+        d / "other-client.key",
+    )
 
 
 class TlsFront:
@@ -115,15 +181,17 @@ class TlsFront:
         self.refused = 0  # calls refused for a missing or wrong API key
         self.forwarded = 0
         self._lock = threading.Lock()
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
         self._channel = grpc.insecure_channel(upstream, options=options)
-        self._server = grpc.server(ThreadPoolExecutor(max_workers=THREADS), handlers=[_Forward(self)],
-                                   options=options)
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=THREADS), handlers=[_Forward(self)], options=options)
         creds = grpc.ssl_server_credentials(
             [(certs.server_key.read_bytes(), certs.server_cert.read_bytes())],
             root_certificates=certs.ca.read_bytes() if require_client_cert else None,
-            require_client_auth=require_client_cert)
+            require_client_auth=require_client_cert,
+        )
         self.port = self._server.add_secure_port("127.0.0.1:0", creds)
         assert self.port > 0, "the front could not bind a port"
 
@@ -153,8 +221,7 @@ class TlsFront:
         forwarded = [(k, v) for k, v in metadata if k not in _DROPPED and not k.startswith((":", "grpc-"))]
         remaining = context.time_remaining()
         try:
-            response, call = self._channel.unary_unary(method).with_call(
-                request, timeout=remaining, metadata=forwarded)
+            response, call = self._channel.unary_unary(method).with_call(request, timeout=remaining, metadata=forwarded)
         except grpc.RpcError as e:
             context.set_trailing_metadata(tuple(e.trailing_metadata() or ()))
             context.abort(e.code(), e.details() or "")
@@ -174,4 +241,5 @@ class _Forward(grpc.GenericRpcHandler):
     def service(self, handler_call_details):
         method = handler_call_details.method
         return grpc.unary_unary_rpc_method_handler(
-            lambda request, context: self.front.forward(method, request, context))
+            lambda request, context: self.front.forward(method, request, context)
+        )

@@ -1,4 +1,5 @@
 """Shared fixtures: a home with the built-in corpus (helpers live in tl_helpers.py)."""
+
 from __future__ import annotations
 
 import shutil

@@ -6,6 +6,7 @@ home), which sets ``TINYLLM_FAULT`` to that point and runs the production path t
 The parent computes nothing before forking (no thread pool to inherit) and prints one JSON object:
 point -> {"signal": N or null, "exit": N or null, ...what the child left}, to OUT/report.json.
 """
+
 from __future__ import annotations
 
 import io
@@ -26,11 +27,30 @@ from tinyllm.spec import parse_train_spec
 from tinyllm.trainer import Trainer
 
 MODEL = {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.0}
-BASE = {"name": "f", "steps": 6, "seed": 3, "checkpoint_every": 1, "batch_size": 4, "lr": 0.003, "warmup_steps": 2,
-        "threads": 1, "log_every": 1000, "model": MODEL}
-VALIDATION = {**BASE, "checkpoint_every": 3,  # step 2 validated with a full checkpoint: every phase
-              "validation": {"enabled": True, "data": {"path": "builtin:heldout.txt"},
-              "batch_size": 4, "max_samples": 6, "every_steps": 2, "save_checkpoint": True}}
+BASE = {
+    "name": "f",
+    "steps": 6,
+    "seed": 3,
+    "checkpoint_every": 1,
+    "batch_size": 4,
+    "lr": 0.003,
+    "warmup_steps": 2,
+    "threads": 1,
+    "log_every": 1000,
+    "model": MODEL,
+}
+VALIDATION = {
+    **BASE,
+    "checkpoint_every": 3,  # step 2 validated with a full checkpoint: every phase
+    "validation": {
+        "enabled": True,
+        "data": {"path": "builtin:heldout.txt"},
+        "batch_size": 4,
+        "max_samples": 6,
+        "every_steps": 2,
+        "save_checkpoint": True,
+    },
+}
 RETENTION = {**BASE, "keep_checkpoints": {"last": 1, "boundaries": False}}  # step-000001 pruned at step 2
 DURABLE = {"name": "d", "steps": 4, "checkpoint_every": 2}
 
@@ -65,10 +85,15 @@ def resave(home: Path) -> int:
 # point -> (its TINYLLM_FAULT entry, what the child runs)
 CASES = {
     "checkpoint.between_renames": ("checkpoint.between_renames@4", resave),
-    **{p: (f"{p}@2#0", lambda h: train(h, RETENTION))
-       for p in ("retention.after_rename", "retention.during_delete", "retention.after_delete")},
-    **{p: (f"{p}@2", lambda h: train(h, VALIDATION)) for p in faults.POINTS
-       if p.startswith("validation.") and p != "validation.hold"},  # (a hold, not a kill: test_val_stop.py)
+    **{
+        p: (f"{p}@2#0", lambda h: train(h, RETENTION))
+        for p in ("retention.after_rename", "retention.during_delete", "retention.after_delete")
+    },
+    **{
+        p: (f"{p}@2", lambda h: train(h, VALIDATION))
+        for p in faults.POINTS
+        if p.startswith("validation.") and p != "validation.hold"
+    },  # (a hold, not a kill: test_val_stop.py)
     "durable.checkpoint_write": ("durable.checkpoint_write@1", durable_loop),
     "durable.checkpoint_write armed": ("durable.checkpoint_write@armed:arm", durable_loop),
     "durable.fingerprint": ("durable.fingerprint", durable_loop),
@@ -93,8 +118,10 @@ def start(name: str, home: Path) -> int:
 
 def status(pid: int) -> dict:
     _, st = os.waitpid(pid, 0)
-    return {"signal": os.WTERMSIG(st) if os.WIFSIGNALED(st) else None,
-            "exit": os.WEXITSTATUS(st) if os.WIFEXITED(st) else None}
+    return {
+        "signal": os.WTERMSIG(st) if os.WIFSIGNALED(st) else None,
+        "exit": os.WEXITSTATUS(st) if os.WIFEXITED(st) else None,
+    }
 
 
 def latest(home: Path, name: str) -> str | None:

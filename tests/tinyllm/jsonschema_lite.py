@@ -1,6 +1,7 @@
 """A small JSON Schema validator for the keywords our generated schemas use (no jsonschema package
 is installed): type, properties, required, additionalProperties, items, $ref, anyOf, enum, const,
 pattern, minimum/maximum (exclusive too), minLength/maxLength, minItems."""
+
 from __future__ import annotations
 
 import re
@@ -18,9 +19,13 @@ def errors(instance, schema: dict, root: dict | None = None, path: str = "$") ->
         out.append(f"{path}: matches none of anyOf")
     t = schema.get("type")
     if t is not None:
-        ok = (isinstance(instance, int) and not isinstance(instance, bool)) if t == "integer" else \
-             (isinstance(instance, (int, float)) and not isinstance(instance, bool)) if t == "number" else \
-             isinstance(instance, _TYPES[t])
+        ok = (
+            (isinstance(instance, int) and not isinstance(instance, bool))
+            if t == "integer"
+            else (isinstance(instance, (int, float)) and not isinstance(instance, bool))
+            if t == "number"
+            else isinstance(instance, _TYPES[t])
+        )
         if not ok:
             return [f"{path}: expected {t}, got {type(instance).__name__}"]
     if "enum" in schema and instance not in schema["enum"]:
@@ -33,9 +38,12 @@ def errors(instance, schema: dict, root: dict | None = None, path: str = "$") ->
         if len(instance) < schema.get("minLength", 0) or len(instance) > schema.get("maxLength", 10**9):
             out.append(f"{path}: bad length")
     if isinstance(instance, (int, float)) and not isinstance(instance, bool):
-        if ("minimum" in schema and instance < schema["minimum"]) or ("maximum" in schema and instance > schema["maximum"]) \
-                or ("exclusiveMinimum" in schema and instance <= schema["exclusiveMinimum"]) \
-                or ("exclusiveMaximum" in schema and instance >= schema["exclusiveMaximum"]):
+        if (
+            ("minimum" in schema and instance < schema["minimum"])
+            or ("maximum" in schema and instance > schema["maximum"])
+            or ("exclusiveMinimum" in schema and instance <= schema["exclusiveMinimum"])
+            or ("exclusiveMaximum" in schema and instance >= schema["exclusiveMaximum"])
+        ):
             out.append(f"{path}: {instance} out of range")
     if isinstance(instance, list):
         if len(instance) < schema.get("minItems", 0):

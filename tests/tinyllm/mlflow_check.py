@@ -1,4 +1,5 @@
 """Reading an MLflow run back against metrics.jsonl (the tracking tests' one comparison)."""
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """The char tokenizer: a corpus's vocabulary built once and stored with it, the model's vocab_size
 following it, every text of the run encoded with it, the checkpoint pinning it, and bit-exact resume
 of nanoGPT's recipe (specs/nanogpt-char.json) after a SIGKILL."""
+
 from __future__ import annotations
 
 import json
@@ -53,6 +54,7 @@ def chome(tmp_path, char_corpora) -> Path:
 
 # -- the tokenizer ----------------------------------------------------------------------------
 
+
 def test_vocabulary_is_the_sorted_characters_and_round_trips():
     from tinyllm import tokenizer
 
@@ -87,8 +89,9 @@ def test_char_corpus_stores_its_vocabulary_and_splits_in_characters(tmp_path):
 
 def test_char_corpus_of_non_utf8_text_is_one_clear_error(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"abc\xffdef" * 10)
-    proc = cli_in_process(tmp_path, "corpus", "--spec", str(_json(tmp_path / "c.json", name="bad", sources=["bad.txt"],
-                                                                    tokenizer="char")))
+    proc = cli_in_process(
+        tmp_path, "corpus", "--spec", str(_json(tmp_path / "c.json", name="bad", sources=["bad.txt"], tokenizer="char"))
+    )
     assert proc.exit_code == 2, proc.output
     assert "the char tokenizer reads UTF-8 text; the source text is not UTF-8 (byte 0xff at offset 3)" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -101,6 +104,7 @@ def _json(path: Path, **data) -> Path:
 
 # -- training ----------------------------------------------------------------------------------
 
+
 def test_vocab_size_follows_the_corpus_and_a_too_small_one_is_refused(chome, tmp_path):
     from tinyllm.sinks.metrics import Reporter
     from tinyllm.spec import load_train_spec
@@ -110,17 +114,26 @@ def test_vocab_size_follows_the_corpus_and_a_too_small_one_is_refused(chome, tmp
     trainer.run(reporter=Reporter([]))
     assert trainer.spec.model.vocab_size == 69 and tuple(trainer.model.wte.weight.shape) == (69, 128)
     manifest = json.loads((chome / "runs/nanogpt-char/ckpt/step-000001/manifest.json").read_text())
-    assert manifest["meta"]["tokenizer"]["kind"] == "char" and manifest["meta"]["trajectory"]["model"]["vocab_size"] == 69
+    assert (
+        manifest["meta"]["tokenizer"]["kind"] == "char" and manifest["meta"]["trajectory"]["model"]["vocab_size"] == 69
+    )
     assert int(trainer.data.batch(0)[0].max()) < 69
 
-    small = char_spec(tmp_path / "small.json", name="small", model={**json.loads(CHAR_SPEC.read_text())["model"],
-                                                                     "vocab_size": 60})
+    small = char_spec(
+        tmp_path / "small.json", name="small", model={**json.loads(CHAR_SPEC.read_text())["model"], "vocab_size": 60}
+    )
     proc = cli_in_process(chome, "train", "--spec", str(small))
     assert proc.exit_code == 2
-    assert ("invalid train spec: model.vocab_size 60 is smaller than the char tokenizer (69 characters" in proc.stderr
-            and "omit it (it follows the tokenizer) or give at least 69" in proc.stderr)
-    byte = char_spec(tmp_path / "byte.json", name="byte", corpus="default", model={**json.loads(CHAR_SPEC.read_text())["model"],
-                                                                                  "vocab_size": 100})
+    assert (
+        "invalid train spec: model.vocab_size 60 is smaller than the char tokenizer (69 characters" in proc.stderr
+        and "omit it (it follows the tokenizer) or give at least 69" in proc.stderr
+    )
+    byte = char_spec(
+        tmp_path / "byte.json",
+        name="byte",
+        corpus="default",
+        model={**json.loads(CHAR_SPEC.read_text())["model"], "vocab_size": 100},
+    )
     proc = cli_in_process(chome, "train", "--spec", str(byte))
     assert proc.exit_code == 2 and "model.vocab_size 100 is smaller than the byte tokenizer (vocab 256)" in proc.stderr
     assert not (chome / "runs" / "small").exists() or not any((chome / "runs" / "small").rglob("step-*"))
@@ -193,6 +206,7 @@ def test_generation_samples_in_the_runs_vocabulary():
 
 # -- evaluation and held-out validation ----------------------------------------------------------
 
+
 def _eval_spec(path: Path, suite: str, corpus: str, model: str = "runs/nanogpt-char/ckpt/step-000030") -> Path:
     return _json(path, name="e", suite=suite, corpus=corpus, max_items=4, subjects=[{"id": "c", "model": model}])
 
@@ -215,8 +229,9 @@ def test_zoo_with_a_character_outside_the_vocabulary_is_refused_before_work(chom
     build(chome, name="lower", sources=["lower.txt"], tokenizer="char")
     spec = char_spec(tmp_path / "s.json", name="lower", corpus="lower", steps=1)
     assert cli_in_process(chome, "train", "--spec", str(spec)).exit_code == 0
-    proc = cli_in_process(chome, "eval", "--spec", str(_eval_spec(tmp_path / "z.json", "zoo", "lower",
-                                                                  "runs/lower/ckpt/step-000001")))
+    proc = cli_in_process(
+        chome, "eval", "--spec", str(_eval_spec(tmp_path / "z.json", "zoo", "lower", "runs/lower/ckpt/step-000001"))
+    )
     assert proc.exit_code == 2, proc.output
     assert "for subject 'c': character" in proc.stderr and "is not in the vocabulary (char tokenizer (28" in proc.stderr
     assert "Traceback" not in proc.stderr and not (chome / "evals").exists()
@@ -240,8 +255,14 @@ def test_validation_of_a_char_run_uses_its_vocabulary(chome, tmp_path):
     from tinyllm.validation.lm import evaluate_lm
     from tinyllm.validation.isolation import isolated
 
-    validation = {"enabled": True, "objective": "lm", "every_steps": 2, "batch_size": 8,
-                  "data": {"path": "builtin:heldout.txt"}}
+    validation = {
+        "enabled": True,
+        "objective": "lm",
+        "every_steps": 2,
+        "batch_size": 8,
+        "data": {"path": "builtin:heldout.txt"},
+    }
+
     class Frames(Reporter):
         def report(self, step, frame):
             frames.append(frame)

@@ -12,6 +12,7 @@ behaviour is about them:
 Only the kill runs ``tinyllm train`` as its own process; the other runs use the real CLI in this
 process (``cli_in_process``: one torch import, the slow part on a loaded machine).
 """
+
 from __future__ import annotations
 
 import io
@@ -28,9 +29,16 @@ import torch
 from tinyllm import checkpoint as ckpt
 from tl_helpers import cli_in_process, last_json, tinyllm_cmd, write_spec
 
-FAST = {"name": "crash", "steps": 6, "checkpoint_every": 2, "batch_size": 2, "warmup_steps": 1,
-        "lr_decay_steps": 6, "log_every": 100, "model": {"block_size": 16, "n_layer": 1, "n_head": 2,
-                                                        "n_embd": 16, "dropout": 0.1}}
+FAST = {
+    "name": "crash",
+    "steps": 6,
+    "checkpoint_every": 2,
+    "batch_size": 2,
+    "warmup_steps": 1,
+    "lr_decay_steps": 6,
+    "log_every": 100,
+    "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.1},
+}
 
 
 def run_tinyllm(home: Path, *args: str):
@@ -42,8 +50,11 @@ def run_tinyllm(home: Path, *args: str):
 
 
 def _full(step: int) -> dict:
-    return {"model": {"w": torch.full((3,), float(step))}, "optimizer": {"state": {}},
-            "training_state": {"step": step, "cursor": step}}
+    return {
+        "model": {"w": torch.full((3,), float(step))},
+        "optimizer": {"state": {}},
+        "training_state": {"step": step, "cursor": step},
+    }
 
 
 # --- the fsync protocol ---------------------------------------------------------------------
@@ -127,13 +138,20 @@ def test_real_sigkill_between_the_renames_keeps_the_checkpoint(home, tmp_path):
     root = home / "runs/crash/ckpt"
     _corrupt(root / "step-000004/model.pt")
     env = {**os.environ, "TINYLLM_FAULT": "checkpoint.between_renames@4"}
-    killed = subprocess.run(tinyllm_cmd("train", "--spec", str(spec), "--home", str(home)),
-                            capture_output=True, text=True, timeout=120, env=env)
+    killed = subprocess.run(
+        tinyllm_cmd("train", "--spec", str(spec), "--home", str(home)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert killed.returncode == -9, killed.stderr
     assert "refused checkpoint runs/crash/ckpt/step-000004" in killed.stderr
     assert not (root / "step-000004").exists() and (root / "LATEST").read_text().strip() == "step-000004"
     assert sorted(p.name.rsplit("-", 1)[0] for p in root.glob(".*-step-000004-*")) == [
-        ".replaced-step-000004", ".tmp-step-000004"]
+        ".replaced-step-000004",
+        ".tmp-step-000004",
+    ]
     again = run_tinyllm(home, "train", "--spec", str(spec))
     assert again.returncode == 0, again.stderr
     result = last_json(again.stdout)
@@ -191,7 +209,8 @@ def test_corrupt_explicit_resume_gives_way_to_newer_valid_latest(tmp_path):
     choice = ckpt.choose_resume(run, run / "ckpt/step-000004")
     assert choice.path == run / "ckpt/step-000006"
     assert [(r.checkpoint.name, r.reason) for r in choice.refused] == [
-        ("step-000004", "model.pt fails its sha256 checksum (corrupt)")]
+        ("step-000004", "model.pt fails its sha256 checksum (corrupt)")
+    ]
     assert ckpt.choose_resume(run, run / "ckpt/step-000004", max_step=5).path == run / "ckpt/step-000002"
     _corrupt(run / "ckpt/step-000006/optimizer.pt")  # LATEST corrupt too: the newest valid older one
     choice = ckpt.choose_resume(run, run / "ckpt/step-000004")
@@ -205,8 +224,9 @@ def test_trainer_reports_the_refused_checkpoint_on_stderr_progress_and_result(ho
     _corrupt(home / "runs/crash/ckpt/step-000002/model.pt")
     progress = tmp_path / "progress.jsonl"
     spec6 = write_spec(tmp_path / "crash6.json", **FAST)
-    proc = run_tinyllm(home, "train", "--spec", str(spec6), "--resume", "runs/crash/ckpt/step-000002",
-                       "--progress", str(progress))
+    proc = run_tinyllm(
+        home, "train", "--spec", str(spec6), "--resume", "runs/crash/ckpt/step-000002", "--progress", str(progress)
+    )
     assert proc.returncode == 0, proc.stderr
     why = "model.pt fails its sha256 checksum (corrupt)"
     assert f"tinyllm: refused checkpoint runs/crash/ckpt/step-000002: {why}" in proc.stderr
@@ -221,14 +241,22 @@ def test_trainer_reports_the_refused_checkpoint_on_stderr_progress_and_result(ho
 # --- validation_phase.json under a checksum ---------------------------------------------------------
 
 
-VALIDATION = {"enabled": True, "every_steps": 3, "data": {"path": "builtin:heldout.txt"}, "batch_size": 2,
-              "max_samples": 4}
+VALIDATION = {
+    "enabled": True,
+    "every_steps": 3,
+    "data": {"path": "builtin:heldout.txt"},
+    "batch_size": 2,
+    "max_samples": 4,
+}
 
 
 def _val_frames(home: Path) -> dict[int, dict]:
     rows = [json.loads(line) for line in (home / "runs/crash/metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: {k: float(v).hex() for k, v in r.items() if k.startswith("val/")}
-            for r in rows if any(k.startswith("val/") for k in r)}
+    return {
+        r["step"]: {k: float(v).hex() for k, v in r.items() if k.startswith("val/")}
+        for r in rows
+        if any(k.startswith("val/") for k in r)
+    }
 
 
 @pytest.mark.slow

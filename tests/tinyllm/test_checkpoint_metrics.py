@@ -1,4 +1,5 @@
 """Checkpoint component sets and the metrics reporter, in-process (real files)."""
+
 from __future__ import annotations
 
 import io
@@ -12,8 +13,11 @@ from tinyllm.sinks.metrics import JsonlSink, Reporter
 
 
 def _full(step: int) -> dict:
-    return {"model": {"w": torch.full((3,), float(step))}, "optimizer": {"state": {}},
-            "training_state": {"step": step, "cursor": step}}
+    return {
+        "model": {"w": torch.full((3,), float(step))},
+        "optimizer": {"state": {}},
+        "training_state": {"step": step, "cursor": step},
+    }
 
 
 def test_full_set_moves_latest_and_subset_is_an_artifact(tmp_path):

@@ -6,6 +6,7 @@ point is the order of events, not the file system), the snapshot's exactness on 
 changes nothing in it), and a real in-process ``Trainer`` whose writer fails (a full disk injected
 into the real write path): the same ``DiskFull`` surfaces from ``run()`` and ``LATEST`` stays.
 """
+
 from __future__ import annotations
 
 import io
@@ -47,6 +48,7 @@ def test_one_in_flight_and_each_done_handed_out_once_in_order() -> None:
             with lock:
                 running[0] -= 1
             return name
+
         return body
 
     writer.submit(persist("a", block=True), tag=1)
@@ -140,12 +142,18 @@ def test_the_snapshot_saves_the_same_bytes_and_training_does_not_reach_it() -> N
         opt.zero_grad()
 
     step()
-    live = {"model": model.state_dict(), "optimizer": opt.state_dict(),
-            "training_state": {"step": 1, "torch_rng": torch.get_rng_state(), "loss": 0.5}}
+    live = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "training_state": {"step": 1, "torch_rng": torch.get_rng_state(), "loss": 0.5},
+    }
     before = {k: _saved(v) for k, v in live.items()}
     snap = snapshot(live)
     assert {k: _saved(v) for k, v in snap.items()} == before  # byte for byte: the same checkpoint files
-    assert snap["model"]["head.weight"].untyped_storage().data_ptr() == snap["model"]["emb.weight"].untyped_storage().data_ptr()
+    assert (
+        snap["model"]["head.weight"].untyped_storage().data_ptr()
+        == snap["model"]["emb.weight"].untyped_storage().data_ptr()
+    )
     assert snap["model"]["emb.weight"].untyped_storage().data_ptr() != model.emb.weight.untyped_storage().data_ptr()
     step()  # the next optimizer step changes every tensor of the live state ...
     assert _saved(live["model"]) != before["model"]
@@ -175,8 +183,17 @@ def test_trainer_surfaces_the_writers_disk_full_and_keeps_latest(home: Path, mon
         real(path, data)
 
     monkeypatch.setattr(ckpt, "_write_file", write_file)
-    spec = parse_train_spec({"name": "w", "steps": 8, "checkpoint_every": 2, "batch_size": 2, "threads": 1,
-                             "log_every": 100, "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16}})
+    spec = parse_train_spec(
+        {
+            "name": "w",
+            "steps": 8,
+            "checkpoint_every": 2,
+            "batch_size": 2,
+            "threads": 1,
+            "log_every": 100,
+            "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16},
+        }
+    )
     progress = home / "p.jsonl"
     trainer = Trainer(spec, home, progress=progress, log=io.StringIO())
     assert trainer.async_checkpoints
@@ -202,8 +219,13 @@ def _helper_run(home: Path, asynchronous: bool) -> tuple[list[dict], dict[str, b
     defer_dynamo_in_optimizers()
     progress = home / "p.jsonl"
     with contextlib.redirect_stdout(io.StringIO()):
-        run = DurableRun({"name": "h", "steps": 5, "checkpoint_every": 2, "seed": 1}, home=home, progress=progress,
-                         console=io.StringIO(), async_checkpoints=asynchronous)
+        run = DurableRun(
+            {"name": "h", "steps": 5, "checkpoint_every": 2, "seed": 1},
+            home=home,
+            progress=progress,
+            console=io.StringIO(),
+            async_checkpoints=asynchronous,
+        )
         model = torch.nn.Linear(3, 2)
         opt = torch.optim.AdamW(model.parameters(), lr=0.1, foreach=True)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
@@ -258,8 +280,17 @@ def test_a_stop_while_a_checkpoint_is_in_flight_writes_its_line_before_stopping(
     monkeypatch.setitem(STOP, "requested", False)
     monkeypatch.setitem(STOP, "signal", None)
     real = ckpt._write_file
-    spec = parse_train_spec({"name": "s", "steps": 40, "checkpoint_every": 4, "batch_size": 2, "threads": 1,
-                             "log_every": 100, "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16}})
+    spec = parse_train_spec(
+        {
+            "name": "s",
+            "steps": 40,
+            "checkpoint_every": 4,
+            "batch_size": 2,
+            "threads": 1,
+            "log_every": 100,
+            "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16},
+        }
+    )
     progress = home / "p.jsonl"
     trainer = Trainer(spec, home, progress=progress, log=io.StringIO())
 

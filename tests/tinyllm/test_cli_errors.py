@@ -1,4 +1,5 @@
 """Bad input: one clear line on stderr, exit 2, nothing written; a locked run: exit 75."""
+
 from __future__ import annotations
 
 import fcntl
@@ -10,15 +11,18 @@ from tl_helpers import SMALL_SPEC, run_tinyllm, tree, write_spec
 pytestmark = pytest.mark.slow  # every case runs the real tinyllm CLI
 
 
-@pytest.mark.parametrize("changes,needle", [
-    ({"name": "../x"}, "name"),
-    ({"name": "a b"}, "name"),
-    ({"name": ""}, "name"),
-    ({"steps": -5}, "steps"),
-    ({"batch_size": 0}, "batch_size"),
-    ({"bogus_field": 1}, "bogus_field"),
-    ({"model": {"n_embd": 30, "n_head": 4}}, "n_embd"),
-])
+@pytest.mark.parametrize(
+    "changes,needle",
+    [
+        ({"name": "../x"}, "name"),
+        ({"name": "a b"}, "name"),
+        ({"name": ""}, "name"),
+        ({"steps": -5}, "steps"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"bogus_field": 1}, "bogus_field"),
+        ({"model": {"n_embd": 30, "n_head": 4}}, "n_embd"),
+    ],
+)
 def test_bad_train_spec_exits_2_and_writes_nothing(home, tmp_path, changes, needle):
     spec = write_spec(tmp_path / "bad.json", **changes)
     before = tree(home)

@@ -1,4 +1,5 @@
 """Corpus building: user files and globs, built-in text, explicit held-out part, idempotence."""
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ def test_user_files_with_explicit_heldout_are_disjoint_and_idempotent(texts):
     assert first["built"] is True
     folder = texts / "corpora" / "mine"
     train = (folder / "tokens.bin").read_bytes()
-    expected = ((texts / "texts/a.txt").read_bytes() + b"\n\n" + (texts / "texts/b.txt").read_bytes())
+    expected = (texts / "texts/a.txt").read_bytes() + b"\n\n" + (texts / "texts/b.txt").read_bytes()
     assert np.frombuffer(train, dtype="<u2").astype(np.uint8).tobytes() == expected
     held = np.frombuffer((folder / "heldout.bin").read_bytes(), dtype="<u2").astype(np.uint8).tobytes()
     assert held == (texts / "held/h.txt").read_bytes()
@@ -63,13 +64,21 @@ def test_an_interleaved_split_holds_out_every_kth_block_of_every_part_of_the_tex
     result = build_corpus(CorpusSpec(name="mix", heldout_split="interleaved", tokenizer=tokenizer), tmp_path)
     tokens, meta = open_corpus(tmp_path, "mix", "tokens")
     held, _ = open_corpus(tmp_path, "mix", "heldout")
-    assert meta["heldout"] == {"kind": "interleaved", "block": HELDOUT_BLOCK, "every": 10, "fraction": 0.1,
-                               "unit": "characters" if tokenizer == "char" else "bytes"}
+    assert meta["heldout"] == {
+        "kind": "interleaved",
+        "block": HELDOUT_BLOCK,
+        "every": 10,
+        "fraction": 0.1,
+        "unit": "characters" if tokenizer == "char" else "bytes",
+    }
     full = builtin_text() if tokenizer == "char" else builtin_text().encode()
-    decode = ((lambda ids: "".join(meta["vocab"][i] for i in np.asarray(ids))) if tokenizer == "char"
-              else (lambda ids: np.asarray(ids).astype(np.uint8).tobytes()))
+    decode = (
+        (lambda ids: "".join(meta["vocab"][i] for i in np.asarray(ids)))
+        if tokenizer == "char"
+        else (lambda ids: np.asarray(ids).astype(np.uint8).tobytes())
+    )
     train_text, held_text = decode(tokens), decode(held)
-    blocks = [full[i:i + HELDOUT_BLOCK] for i in range(0, len(full), HELDOUT_BLOCK)]
+    blocks = [full[i : i + HELDOUT_BLOCK] for i in range(0, len(full), HELDOUT_BLOCK)]
     assert held_text == full[:0].join(blocks[5::10]) and len(train_text) + len(held_text) == len(full)
     assert train_text == full[:0].join(b for j, b in enumerate(blocks) if j % 10 != 5)
     classics = (files("tinyllm") / "data" / "classics.txt").read_text(encoding="utf-8")  # the text's first part

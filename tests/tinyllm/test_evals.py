@@ -1,4 +1,5 @@
 """Eval suites: outputs match the schema, repeat byte for byte, ppl is token-weighted."""
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,21 @@ def trained(tmp_path_factory, built_corpus):
 
 def _spec(home, suite, **extra):
     path = home / f"eval-{suite}.json"
-    path.write_text(json.dumps({"name": "small", "tag": "000020", "suite": suite, "seed": 3, **extra,
-                                "subjects": [{"id": "s10", "model": "runs/small/ckpt/step-000010"},
-                                             {"id": "s20", "model": str(home / "runs/small/ckpt/step-000020")}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "name": "small",
+                "tag": "000020",
+                "suite": suite,
+                "seed": 3,
+                **extra,
+                "subjects": [
+                    {"id": "s10", "model": "runs/small/ckpt/step-000010"},
+                    {"id": "s20", "model": str(home / "runs/small/ckpt/step-000020")},
+                ],
+            }
+        )
+    )
     return path
 
 
@@ -109,7 +122,7 @@ def test_ppl_is_the_token_weighted_mean_over_all_heldout_tokens(trained):
     T, nll = model.cfg.block_size, 0.0
     with torch.no_grad():
         for s in range(0, len(tokens) - 1, T):
-            seq = torch.from_numpy(tokens[s:s + T + 1].astype(np.int64))
+            seq = torch.from_numpy(tokens[s : s + T + 1].astype(np.int64))
             logits, _ = model(seq[None, :-1])
             nll += F.cross_entropy(logits[0], seq[1:], reduction="sum").item()
     assert total == pytest.approx(nll, rel=1e-5)
@@ -117,7 +130,9 @@ def test_ppl_is_the_token_weighted_mean_over_all_heldout_tokens(trained):
 
 def test_missing_checkpoint_is_bad_input_and_writes_nothing(trained, tmp_path):
     spec = tmp_path / "e.json"
-    spec.write_text(json.dumps({"name": "x", "suite": "zoo", "subjects": [{"id": "a", "model": "runs/none/ckpt/step-000001"}]}))
+    spec.write_text(
+        json.dumps({"name": "x", "suite": "zoo", "subjects": [{"id": "a", "model": "runs/none/ckpt/step-000001"}]})
+    )
     before = tree(trained)
     proc = cli_in_process(trained, "eval", "--spec", str(spec))
     assert proc.exit_code == 2 and "checkpoint not found" in proc.stderr

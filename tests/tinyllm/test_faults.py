@@ -1,6 +1,7 @@
 """tinyllm/faults.py: every fault point declared there is used in production code and reachable (armed,
 it fires: a real SIGKILL in a real process); ``TINYLLM_FAULT``'s grammar is enforced (an unknown name
 or a retired variable is one line, exit 2, nothing written); the hold point holds only at its step."""
+
 from __future__ import annotations
 
 import json
@@ -28,17 +29,24 @@ def disarmed():
 
 
 def test_the_grammar_arms_named_points_and_refuses_everything_else() -> None:
-    assert faults.parse("checkpoint.between_renames@4, retention.after_rename@6#0,durable.fingerprint,"
-                        "durable.checkpoint_write@armed:a/b") == {
-        "checkpoint.between_renames": "4", "retention.after_rename": "6#0", "durable.fingerprint": "",
-        "durable.checkpoint_write": "armed:a/b"}
+    assert faults.parse(
+        "checkpoint.between_renames@4, retention.after_rename@6#0,durable.fingerprint,"
+        "durable.checkpoint_write@armed:a/b"
+    ) == {
+        "checkpoint.between_renames": "4",
+        "retention.after_rename": "6#0",
+        "durable.fingerprint": "",
+        "durable.checkpoint_write": "armed:a/b",
+    }
     assert faults.parse("") == {}
-    for bad, says in [("checkpoint.between_rename@4", "unknown fault point 'checkpoint.between_rename'"),
-                      ("checkpoint.between_renames@x", "is not of the form checkpoint.between_renames@S"),
-                      ("retention.after_rename@6", "is not of the form retention.after_rename@S#I"),
-                      ("trainer.hold", "is not of the form trainer.hold@S"),
-                      ("durable.fingerprint@1", "is a switch"),
-                      ("trainer.hold@1,trainer.hold@2", "named twice")]:
+    for bad, says in [
+        ("checkpoint.between_rename@4", "unknown fault point 'checkpoint.between_rename'"),
+        ("checkpoint.between_renames@x", "is not of the form checkpoint.between_renames@S"),
+        ("retention.after_rename@6", "is not of the form retention.after_rename@S#I"),
+        ("trainer.hold", "is not of the form trainer.hold@S"),
+        ("durable.fingerprint@1", "is a switch"),
+        ("trainer.hold@1,trainer.hold@2", "named twice"),
+    ]:
         with pytest.raises(faults.FaultError) as e:
             faults.parse(bad)
         assert says in str(e.value) and "\n" not in str(e.value)
@@ -124,8 +132,11 @@ def test_every_declared_point_fires_in_a_real_process(built_corpus: Path, tmp_pa
     kills = [p for p in trainer_points if p not in ("trainer.hold", "durable.fingerprint")]
     assert {p.split(" ")[0] for p in report} == trainer_points  # a case for every declared trainer point
     for name in kills + ["durable.checkpoint_write armed"]:
-        assert report[name]["signal"] == signal.SIGKILL, (name, report[name],
-                                                          (Path(report[name]["home"]) / "child.log").read_text())
+        assert report[name]["signal"] == signal.SIGKILL, (
+            name,
+            report[name],
+            (Path(report[name]["home"]) / "child.log").read_text(),
+        )
     armed = report["durable.checkpoint_write armed"]["files"]
     assert any(f.startswith("arm.fired-") for f in armed) and "arm" not in armed  # claimed by the rename
     assert report["durable.checkpoint_write"]["frames_with_state"] == 0  # the switch is off unless named
@@ -138,11 +149,23 @@ def test_every_declared_point_fires_in_a_real_process(built_corpus: Path, tmp_pa
 @pytest.mark.slow  # a real tinyllm train: refused before anything is written
 def test_tinyllm_train_refuses_a_misspelled_fault_in_one_line(home: Path) -> None:
     spec = home / "s.json"
-    spec.write_text(json.dumps({"name": "s", "steps": 2, "threads": 1,
-                                "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16}}))
-    p = subprocess.run([sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(spec), "--home", str(home)],
-                       capture_output=True, text=True, timeout=120,
-                       env={**os.environ, faults.ENV: "checkpoint.between_rename@4"})
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "s",
+                "steps": 2,
+                "threads": 1,
+                "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16},
+            }
+        )
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(spec), "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, faults.ENV: "checkpoint.between_rename@4"},
+    )
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("tinyllm: TINYLLM_FAULT: unknown fault point 'checkpoint.between_rename'")
     assert p.stderr.count("\n") == 1 and p.stdout == ""

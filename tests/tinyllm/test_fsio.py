@@ -1,4 +1,5 @@
 """tinyllm.fsio: one home resolution for tinyllm, ctl and DurableRun; no descriptor leaked by a failing fsync."""
+
 from __future__ import annotations
 
 import errno

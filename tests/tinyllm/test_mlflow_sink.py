@@ -5,6 +5,7 @@ What is checked: one MLflow run per TrainRun (found again by its workflow id, ne
 after kills, resumes and a dead server, every metric's history has each step exactly once and equals
 metrics.jsonl; a dead server costs one warning line, never the run or its bits; ``ctl show`` and
 ``ctl doctor`` say the sink fell behind; the next attempt catches up."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -33,8 +34,13 @@ if importlib.util.find_spec("mlflow") is None:
 
 
 def test_flatten_gives_dotted_params():
-    assert mlflow_sink.flatten({"a": 1, "m": {"n": 2, "l": [1, 2]}, "s": "x", "z": None}) == \
-        {"a": "1", "m.n": "2", "m.l": "[1, 2]", "s": "x", "z": "null"}
+    assert mlflow_sink.flatten({"a": 1, "m": {"n": 2, "l": [1, 2]}, "s": "x", "z": None}) == {
+        "a": "1",
+        "m.n": "2",
+        "m.l": "[1, 2]",
+        "s": "x",
+        "z": "null",
+    }
 
 
 def test_behind_says_how_far():
@@ -48,9 +54,14 @@ def _attempt(run_dir: Path, uri: str, resumed_step: int, steps: range) -> str:
     """One trainer attempt as tinyllm.sinks.metrics runs it: JSONL (cut back to the resume) and MLflow sinks."""
     err = io.StringIO()
     jsonl = JsonlSink(run_dir / "metrics.jsonl", resumed_step)
-    sink = mlflow_sink.MlflowSink(SimpleNamespace(tracking_uri=uri, experiment="t", flush_timeout_s=600), run_dir=run_dir,
-                                  home=run_dir.parent.parent, spec={"name": "r", "steps": 20}, resumed_step=resumed_step,
-                                  warn_stream=err)
+    sink = mlflow_sink.MlflowSink(
+        SimpleNamespace(tracking_uri=uri, experiment="t", flush_timeout_s=600),
+        run_dir=run_dir,
+        home=run_dir.parent.parent,
+        spec={"name": "r", "steps": 20},
+        resumed_step=resumed_step,
+        warn_stream=err,
+    )
     for step in steps:
         frame = {"train/loss": 1.0 / step, "optim/lr": 0.001 * step}
         jsonl.write(step, frame)
@@ -91,6 +102,7 @@ def test_redone_steps_are_not_delivered_twice_and_a_dead_server_is_caught_up(tmp
     got, want = history_vs_jsonl(uri, run_dir)
     assert got == want and sorted(got["train/loss"]) == list(range(1, 18))
     from mlflow.tracking import MlflowClient
+
     runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("t").experiment_id])
     assert len(runs) == 1 and runs[0].info.run_id == state["run_id"]
 
@@ -147,8 +159,9 @@ def test_frames_are_delivered_from_another_process_and_a_stop_delivers_every_pen
     delivering process, not the trainer; and the trainer never imported mlflow."""
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     run_dir = tmp_path / "home" / "runs" / "r"
-    proc = subprocess.run([sys.executable, "-c", TRAINER, str(run_dir), uri, "350", "go"], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", TRAINER, str(run_dir), uri, "350", "go"], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
     started, ended = (json.loads(x) for x in proc.stdout.splitlines())
     assert ended == {"mlflow_imported": False}
@@ -164,8 +177,13 @@ def test_a_sigkilled_trainer_leaves_no_delivery_process(tmp_path):
     so stdin's end never comes): the kernel's parent-death signal ends the delivery process too."""
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     run_dir = tmp_path / "home" / "runs" / "r"
-    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(run_dir), uri, "5", "hold"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(run_dir), uri, "5", "hold"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         started = json.loads(proc.stdout.readline())
         deadline = time.monotonic() + 120
@@ -210,8 +228,9 @@ def test_sigkill_mid_run_then_resume_has_each_step_once_and_the_same_bits(home, 
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     spec = _spec(home, uri)
     progress = home / "progress-1.jsonl"
-    proc = start_tinyllm(home, "train", "--spec", str(spec), "--progress", str(progress),
-                         env={"TINYLLM_FAULT": "trainer.hold@25"})
+    proc = start_tinyllm(
+        home, "train", "--spec", str(spec), "--progress", str(progress), env={"TINYLLM_FAULT": "trainer.hold@25"}
+    )
     wait_for_progress(progress, 20, proc)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the sink has delivered something: the kill lands mid-delivery
@@ -226,17 +245,32 @@ def test_sigkill_mid_run_then_resume_has_each_step_once_and_the_same_bits(home, 
     assert again.returncode == 0, again.stderr
     result = last_json(again.stdout)
     assert result["resumed_from"] is not None
-    assert (result["final_loss_hex"], result["digest"]) == (last_json(base.stdout)["final_loss_hex"],
-                                                            last_json(base.stdout)["digest"])
+    assert (result["final_loss_hex"], result["digest"]) == (
+        last_json(base.stdout)["final_loss_hex"],
+        last_json(base.stdout)["digest"],
+    )
     assert "mlflow" not in again.stderr, again.stderr  # no warning: nothing failed
     got, want = history_vs_jsonl(uri, home / "runs" / "small")
     assert got == want and sorted(got["train/loss"]) == list(range(1, 41))
 
 
 def _server(tmp_path: Path, port: int) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-            "--default-artifact-root", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-            "--workers", "1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'server.db'}",
+        "--default-artifact-root",
+        str(tmp_path / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 400  # a loaded 2-core machine took over three minutes once
     while time.monotonic() < deadline:
@@ -272,8 +306,15 @@ def test_a_killed_tracking_server_costs_a_warning_not_the_run(home, tmp_path):
     try:
         spec = _spec(home, uri)
         progress = home / "progress-1.jsonl"
-        proc = start_tinyllm(home, "train", "--spec", str(spec), "--progress", str(progress),
-                             env={"TINYLLM_FAULT": "trainer.hold@10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"})
+        proc = start_tinyllm(
+            home,
+            "train",
+            "--spec",
+            str(spec),
+            "--progress",
+            str(progress),
+            env={"TINYLLM_FAULT": "trainer.hold@10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"},
+        )
         wait_for_progress(progress, 10, proc, deadline_s=300)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -290,12 +331,18 @@ def test_a_killed_tracking_server_costs_a_warning_not_the_run(home, tmp_path):
         finish = run_tinyllm(home, "train", "--spec", str(spec), timeout=300)  # no server: warns, finishes
         assert finish.returncode == 0, finish.stderr
         assert finish.stderr.count("metrics sink 'mlflow'") == 1, finish.stderr
-        assert (last_json(finish.stdout)["final_loss_hex"], last_json(finish.stdout)["digest"]) == \
-            (last_json(base.stdout)["final_loss_hex"], last_json(base.stdout)["digest"])
+        assert (last_json(finish.stdout)["final_loss_hex"], last_json(finish.stdout)["digest"]) == (
+            last_json(base.stdout)["final_loss_hex"],
+            last_json(base.stdout)["digest"],
+        )
         line = mlflow_sink.behind(mlflow_sink.read_state(home / "runs" / "small"), 40)
         assert line and "fell behind" in line
-        doctor = subprocess.run([sys.executable, "-m", "ctl.cli", "doctor", "--home", str(home)],
-                                capture_output=True, text=True, timeout=120)
+        doctor = subprocess.run(
+            [sys.executable, "-m", "ctl.cli", "doctor", "--home", str(home)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert "mlflow sink fell behind" in doctor.stdout, doctor.stdout + doctor.stderr
         server = _server(tmp_path, port)
         again = run_tinyllm(home, "train", "--spec", str(spec), timeout=300)

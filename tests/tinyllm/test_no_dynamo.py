@@ -1,6 +1,7 @@
 """tinyllm/runtime_env.py: a trainer never imports torch._dynamo / torch._inductor (seconds of
 every start, bench/restart.py), and its optimizer steps equal ``optimizer.step()`` bit for bit.
 Each check runs in a fresh interpreter: whether dynamo is loaded is process-wide state."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 same steps as AdamW with foreach=False (the trainer's optimizer until now, and the checkpoints it
 wrote), on the real GPT with the trainer's two parameter groups; and a checkpoint's optimizer state
 saved with foreach=False resumes with foreach on."""
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,8 @@ def _steps(spec, build, n: int = 12):
         opt.step()
         opt.zero_grad(set_to_none=True)
     return [p.detach().clone() for p in model.parameters()] + [
-        v.clone() for s in opt.state.values() for v in s.values()]
+        v.clone() for s in opt.state.values() for v in s.values()
+    ]
 
 
 @pytest.mark.slow
@@ -47,9 +49,12 @@ def test_trainer_optimizer_steps_equal_single_tensor_adamw_bitwise():
     def single(model):
         decay = [p for p in model.parameters() if p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.dim() < 2]
-        return torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
-                                  {"params": no_decay, "weight_decay": 0.0}],
-                                 lr=lr_at(0, spec), betas=(spec.beta1, spec.beta2), foreach=False)
+        return torch.optim.AdamW(
+            [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=lr_at(0, spec),
+            betas=(spec.beta1, spec.beta2),
+            foreach=False,
+        )
 
     ours = _steps(spec, lambda m: make_optimizer(m, spec))
     reference = _steps(spec, single)

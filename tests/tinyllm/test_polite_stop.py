@@ -8,6 +8,7 @@
   checkpoint is being written (held there by ``TINYLLM_FAULT=checkpoint.hold_write@S``) change
   nothing: the write finishes, the checkpoint verifies, exit 130, no traceback.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,18 @@ from tl_helpers import REPO
 
 pytestmark = pytest.mark.slow  # real trainer processes (~5 s each on 2 loaded cores)
 
-SPEC = {"name": "stop", "steps": 40, "seed": 3, "checkpoint_every": 10, "batch_size": 4, "lr": 0.003,
-        "warmup_steps": 2, "threads": 1, "log_every": 1000,
-        "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.1}}
+SPEC = {
+    "name": "stop",
+    "steps": 40,
+    "seed": 3,
+    "checkpoint_every": 10,
+    "batch_size": 4,
+    "lr": 0.003,
+    "warmup_steps": 2,
+    "threads": 1,
+    "log_every": 1000,
+    "model": {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.1},
+}
 
 
 def progress_lines(path: Path) -> list[dict]:
@@ -45,10 +55,27 @@ def progress_lines(path: Path) -> list[dict]:
 def start(home: Path, progress: Path, env: dict) -> subprocess.Popen:
     spec = home / "stop.json"
     spec.write_text(json.dumps(SPEC))
-    argv = [sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(spec), "--home", str(home),
-            "--progress", str(progress)]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=home,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **env}, start_new_session=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "tinyllm.cli",
+        "train",
+        "--spec",
+        str(spec),
+        "--home",
+        str(home),
+        "--progress",
+        str(progress),
+    ]
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=home,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        start_new_session=True,
+    )
 
 
 def wait_until(what, proc: subprocess.Popen, label: str, deadline_s: float = 120) -> None:
@@ -62,9 +89,12 @@ def wait_until(what, proc: subprocess.Popen, label: str, deadline_s: float = 120
 
 def held_at(progress: Path, step: int):
     """True once the trainer's liveness shows it reached ``step`` (trainer.hold keeps it there)."""
+
     def check() -> bool:
-        return any(ln.get("step") == step and ln.get("event") in (None, "progress") for ln in progress_lines(progress)) \
-            or any(ln.get("step", -1) >= step for ln in progress_lines(progress) if "checkpoint" in ln)
+        return any(
+            ln.get("step") == step and ln.get("event") in (None, "progress") for ln in progress_lines(progress)
+        ) or any(ln.get("step", -1) >= step for ln in progress_lines(progress) if "checkpoint" in ln)
+
     return check
 
 
@@ -77,9 +107,15 @@ def test_the_stop_signal_from_the_environment_checkpoints_the_step_it_is_at_and_
     progress = home / "progress.jsonl"
     proc = start(home, progress, {"DURABLE_STOP_SIGNAL": "USR1", "TINYLLM_FAULT": "trainer.hold@13"})
     run_dir = home / "runs/stop"
-    wait_until(lambda: (run_dir / "ckpt/step-000010").is_dir() and any(
-        ln.get("event") == "progress" and ln.get("step") == 13 for ln in progress_lines(progress)), proc, "step 13",
-        deadline_s=180)
+    wait_until(
+        lambda: (
+            (run_dir / "ckpt/step-000010").is_dir()
+            and any(ln.get("event") == "progress" and ln.get("step") == 13 for ln in progress_lines(progress))
+        ),
+        proc,
+        "step 13",
+        deadline_s=180,
+    )
     os.kill(proc.pid, signal.SIGUSR1)
     code, out, err = finish(proc)
     assert code == 130, err[-2000:]
@@ -88,7 +124,7 @@ def test_the_stop_signal_from_the_environment_checkpoints_the_step_it_is_at_and_
     stopping = [i for i, ln in enumerate(lines) if ln.get("event") == "stopping"]
     assert len(stopping) == 1, lines
     assert lines[stopping[0]]["step"] == 13 and lines[stopping[0]]["signal"] == "SIGUSR1"
-    after = [ln for ln in lines[stopping[0] + 1:] if "checkpoint" in ln and "event" not in ln]
+    after = [ln for ln in lines[stopping[0] + 1 :] if "checkpoint" in ln and "event" not in ln]
     assert [ln["step"] for ln in after] == [13] and after[0]["checkpoint"] == "runs/stop/ckpt/step-000013"
     result = json.loads(out.strip().splitlines()[-1])
     assert result["canceled"] and result["steps"] == 13 and result["checkpoint"] == "runs/stop/ckpt/step-000013"
@@ -117,11 +153,16 @@ def test_more_stop_signals_during_the_stop_checkpoint_write_do_not_interrupt_it(
     Seen red with a handler that puts the default action back after the first signal (the classic
     "second Ctrl-C kills" pattern): the trainer died inside the write (-15) and left a torn temporary."""
     progress = home / "progress.jsonl"
-    proc = start(home, progress, {"DURABLE_STOP_SIGNAL": "SIGUSR2",
-                                  "TINYLLM_FAULT": "trainer.hold@13,checkpoint.hold_write@13"})
+    proc = start(
+        home, progress, {"DURABLE_STOP_SIGNAL": "SIGUSR2", "TINYLLM_FAULT": "trainer.hold@13,checkpoint.hold_write@13"}
+    )
     ckpt_root = home / "runs/stop/ckpt"
-    wait_until(lambda: any(ln.get("event") == "progress" and ln.get("step") == 13 for ln in progress_lines(progress)),
-               proc, "step 13", deadline_s=180)
+    wait_until(
+        lambda: any(ln.get("event") == "progress" and ln.get("step") == 13 for ln in progress_lines(progress)),
+        proc,
+        "step 13",
+        deadline_s=180,
+    )
     os.kill(proc.pid, signal.SIGTERM)
     held = ckpt_root / "write-held"
     wait_until(held.exists, proc, "the stop checkpoint's write")

@@ -3,6 +3,7 @@
 The promise under test: any interruption and resume ends with the same final_loss_hex and model
 digest as one uninterrupted run (the small spec has dropout 0.1, so the RNG state must resume too).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,15 @@ def test_sigkill_at_every_checkpoint_then_resume_is_bitwise_equal(home, referenc
     for attempt, kill_after in enumerate((10, 20, 30), start=1):
         progress = home / f"progress-{attempt}.jsonl"
         # held right after that checkpoint (TINYLLM_FAULT=trainer.hold): a slow poller cannot let the run go past it
-        proc = start_tinyllm(home, "train", "--spec", str(SMALL_SPEC), "--progress", str(progress),
-                             env={"TINYLLM_FAULT": f"trainer.hold@{kill_after}"})
+        proc = start_tinyllm(
+            home,
+            "train",
+            "--spec",
+            str(SMALL_SPEC),
+            "--progress",
+            str(progress),
+            env={"TINYLLM_FAULT": f"trainer.hold@{kill_after}"},
+        )
         wait_for_progress(progress, kill_after, proc)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)

@@ -1,6 +1,7 @@
 """Checkpoint retention (keep_checkpoints): what is pruned and what never is, the log, and real
 SIGKILLs in the middle of pruning (after the rename, after the delete) followed by a resume
 that ends bit for bit where an uninterrupted run without retention ends."""
+
 from __future__ import annotations
 
 import json
@@ -21,10 +22,19 @@ TINY = dict(batch_size=4, model={"block_size": 32, "n_layer": 1, "n_head": 2, "n
 LAST_ONE = KeepCheckpoints(last=1)
 
 
-def _plan(keep=LAST_ONE, step=60, eval_every=0, final_step=60, latest="step-000060", resumed=None,
-          protected=frozenset()):
-    return plan(names=NAMES, keep=keep, step=step, eval_every=eval_every, final_step=final_step, latest=latest,
-                resumed_from=resumed, protected=set(protected))
+def _plan(
+    keep=LAST_ONE, step=60, eval_every=0, final_step=60, latest="step-000060", resumed=None, protected=frozenset()
+):
+    return plan(
+        names=NAMES,
+        keep=keep,
+        step=step,
+        eval_every=eval_every,
+        final_step=final_step,
+        latest=latest,
+        resumed_from=resumed,
+        protected=set(protected),
+    )
 
 
 def test_plan_keeps_the_last_n_and_prunes_the_rest_oldest_first() -> None:
@@ -36,8 +46,13 @@ def test_plan_keeps_the_last_n_and_prunes_the_rest_oldest_first() -> None:
 def test_each_protection_keeps_its_checkpoint(case: str) -> None:
     """Each reason alone keeps step-000020; without it, the same plan prunes it."""
     name = "step-000020"
-    kwargs = {"latest": dict(latest=name), "resumed": dict(resumed=name), "protected": dict(protected={name}),
-              "boundary": dict(eval_every=20, keep=KeepCheckpoints(last=1)), "beyond": dict(step=15)}[case]
+    kwargs = {
+        "latest": dict(latest=name),
+        "resumed": dict(resumed=name),
+        "protected": dict(protected={name}),
+        "boundary": dict(eval_every=20, keep=KeepCheckpoints(last=1)),
+        "beyond": dict(step=15),
+    }[case]
     prune, why = _plan(**kwargs)
     assert name not in prune and name in why
     assert name in _plan()[0]

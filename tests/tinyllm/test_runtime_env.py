@@ -1,5 +1,6 @@
 """tinyllm/runtime_env.py: what a run's process is set up with when it starts (never on import), and
 the thread-invariance setting (MKL's strict CNR mode) applied and checked, in real processes."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,19 @@ def _env(**extra: str) -> dict:
     return {**env, "PYTHONPATH": str(REPO), **extra}
 
 
-@pytest.mark.parametrize("busy, cpus, most, threads, policy", [
-    (0, 2, 2, 2, "ACTIVE"), (1, 2, 2, 1, "ACTIVE"), (3, 2, 2, 1, "PASSIVE"), (0.0, 16, 4, 4, "ACTIVE"),
-    (10, 16, 8, 6, "ACTIVE"), (None, 2, 2, 2, "PASSIVE"), (0, 1, 4, 1, "ACTIVE"), (1.5, 2, 2, 1, "PASSIVE")])
+@pytest.mark.parametrize(
+    "busy, cpus, most, threads, policy",
+    [
+        (0, 2, 2, 2, "ACTIVE"),
+        (1, 2, 2, 1, "ACTIVE"),
+        (3, 2, 2, 1, "PASSIVE"),
+        (0.0, 16, 4, 4, "ACTIVE"),
+        (10, 16, 8, 6, "ACTIVE"),
+        (None, 2, 2, 2, "PASSIVE"),
+        (0, 1, 4, 1, "ACTIVE"),
+        (1.5, 2, 2, 1, "PASSIVE"),
+    ],
+)
 def test_threads_are_the_free_cpus_and_spin_only_where_each_has_one(busy, cpus, most, threads, policy):
     got = runtime_env.choose(busy, cpus, most, None)
     assert (got["threads"], got["wait_policy"]) == (threads, policy), got
@@ -43,23 +54,31 @@ def test_prepare_sets_what_libgomp_and_mkl_read_and_a_users_setting_wins():
     env: dict = {}
     got = runtime_env.prepare(2, env=env, busy=lambda: 0.0, modules={})
     assert env == {"MKL_CBWR": "AUTO,STRICT", "OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"}
-    assert got["omp"]["threads"] == min(2, runtime_env.cpu_count()) and runtime_env.train_threads(2) == got["omp"]["threads"]
+    assert (
+        got["omp"]["threads"] == min(2, runtime_env.cpu_count())
+        and runtime_env.train_threads(2) == got["omp"]["threads"]
+    )
     assert runtime_env.train_threads(4) == 4  # another spec's maximum (an in-process caller): its own
     env = {"OMP_WAIT_POLICY": "passive", "MKL_CBWR": "AVX2,STRICT"}
     got = runtime_env.prepare(2, env=env, busy=lambda: 0.0, modules={})
     assert env == {"OMP_WAIT_POLICY": "passive", "MKL_CBWR": "AVX2,STRICT"}
     assert got["omp"]["wait_policy"] == "passive" and "set in the environment" in got["omp"]["reason"]
     env = {}
-    assert runtime_env.prepare(2, env=env, busy=lambda: 0.0, modules={"torch": None})["omp"]["reason"] == \
-        "torch was loaded before the run started"
+    assert (
+        runtime_env.prepare(2, env=env, busy=lambda: 0.0, modules={"torch": None})["omp"]["reason"]
+        == "torch was loaded before the run started"
+    )
     assert env == {"MKL_CBWR": "AUTO,STRICT"}  # the wait policy would come too late for libgomp
 
 
 @pytest.mark.slow
 def test_importing_tinyllm_sets_nothing():
-    code = "import os, tinyllm, tinyllm.spec, tinyllm.cli; print(json.dumps({k: os.environ.get(k) for k in %r}))" % (CLEAN,)
-    out = subprocess.run([sys.executable, "-c", "import json; " + code], env=_env(), capture_output=True, text=True,
-                         timeout=60)
+    code = "import os, tinyllm, tinyllm.spec, tinyllm.cli; print(json.dumps({k: os.environ.get(k) for k in %r}))" % (
+        CLEAN,
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", "import json; " + code], env=_env(), capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert set(json.loads(out.stdout).values()) == {None}
 
@@ -82,10 +101,20 @@ WARNING = "tinyllm: warning: MKL runs without strict CNR mode"
 
 @pytest.mark.slow
 def test_durable_run_applies_the_setting_after_import_torch_and_warns_once_when_too_late(tmp_path):
-    applied = subprocess.run([sys.executable, "-c", DURABLE, str(tmp_path), "torch first"], env=_env(),
-                             capture_output=True, text=True, timeout=120)
-    late = subprocess.run([sys.executable, "-c", DURABLE, str(tmp_path), "math first"], env=_env(),
-                          capture_output=True, text=True, timeout=120)
+    applied = subprocess.run(
+        [sys.executable, "-c", DURABLE, str(tmp_path), "torch first"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    late = subprocess.run(
+        [sys.executable, "-c", DURABLE, str(tmp_path), "math first"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert applied.returncode == 0 and late.returncode == 0, applied.stderr + late.stderr
     if applied.stdout.strip() == "unknown":
         pytest.skip("torch without MKL here")
@@ -118,9 +147,14 @@ def test_both_policies_train_bit_for_bit_alike_and_say_which_ran(home):
         home_p.mkdir()
         (home_p / "corpora").symlink_to(home / "corpora")
         progress = home_p / "progress.jsonl"
-        proc = subprocess.run(tinyllm_cmd("train", "--spec", str(spec), "--progress", str(progress), "--home",
-                                          str(home_p)), capture_output=True, text=True, timeout=120, cwd=home_p,
-                              env=_env(OMP_WAIT_POLICY=policy, TINYLLM_THREADS="2"))  # the count pinned
+        proc = subprocess.run(
+            tinyllm_cmd("train", "--spec", str(spec), "--progress", str(progress), "--home", str(home_p)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=home_p,
+            env=_env(OMP_WAIT_POLICY=policy, TINYLLM_THREADS="2"),
+        )  # the count pinned
         assert proc.returncode == 0, proc.stderr
         results[policy] = last_json(proc.stdout)
         ready[policy] = next(json.loads(x) for x in progress.read_text().splitlines() if '"ready"' in x)["omp"]
@@ -159,7 +193,12 @@ print(json.dumps({"faults": sum(per_step)}))
 def test_a_training_step_faults_in_no_fresh_pages(home):
     # measured 185-297 over these 16 steps; without the setting 17,833-18,759 (bursts of 2,000-3,900 faults
     # on about half of the steps, where glibc gave the heap's top back or mapped a block afresh)
-    out = subprocess.run([sys.executable, "-c", FAULTS, str(home), "keep"], env=_env(TINYLLM_THREADS="1"),
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", FAULTS, str(home), "keep"],
+        env=_env(TINYLLM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert last_json(out.stdout)["faults"] < 2000

@@ -1,4 +1,5 @@
 """Spec models: JSON round-trips (hypothesis), rejection of bad specs, schemas in sync."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinyllm.schemas import MODELS, render, stale
-from tinyllm.spec import (EvalSpec, SpecError, TrainSpec, parse_corpus_spec, parse_eval_spec,
-                          parse_train_spec)
+from tinyllm.spec import EvalSpec, SpecError, TrainSpec, parse_corpus_spec, parse_eval_spec, parse_train_spec
 
 from jsonschema_lite import errors as schema_errors
 
@@ -27,8 +27,13 @@ train_specs = st.builds(
     batch_size=st.integers(1, 512),
     lr=st.floats(1e-6, 1.0),
     lr_decay_steps=st.none() | st.integers(1, 10**6),
-    model=st.builds(dict, n_layer=st.integers(1, 8), n_head=st.sampled_from([1, 2, 4, 8]),
-                    dropout=st.floats(0, 0.9), bias=st.booleans()),
+    model=st.builds(
+        dict,
+        n_layer=st.integers(1, 8),
+        n_head=st.sampled_from([1, 2, 4, 8]),
+        dropout=st.floats(0, 0.9),
+        bias=st.booleans(),
+    ),
 )
 
 
@@ -43,19 +48,31 @@ def test_train_spec_round_trips_through_json(data):
 
 
 @settings(max_examples=40, deadline=None)
-@given(name=identifiers, tag=st.none() | identifiers, suite=st.sampled_from(["ppl", "zoo"]),
-       ids=st.lists(identifiers, min_size=1, max_size=4, unique=True), seed=st.integers(-(2**31), 2**31),
-       max_items=st.none() | st.integers(1, 1000))
+@given(
+    name=identifiers,
+    tag=st.none() | identifiers,
+    suite=st.sampled_from(["ppl", "zoo"]),
+    ids=st.lists(identifiers, min_size=1, max_size=4, unique=True),
+    seed=st.integers(-(2**31), 2**31),
+    max_items=st.none() | st.integers(1, 1000),
+)
 def test_eval_spec_round_trips_through_json(name, tag, suite, ids, seed, max_items):
-    spec = parse_eval_spec({"name": name, "tag": tag, "suite": suite, "seed": seed, "max_items": max_items,
-                            "subjects": [{"id": i, "model": f"runs/{name}/ckpt/step-000010"} for i in ids]})
+    spec = parse_eval_spec(
+        {
+            "name": name,
+            "tag": tag,
+            "suite": suite,
+            "seed": seed,
+            "max_items": max_items,
+            "subjects": [{"id": i, "model": f"runs/{name}/ckpt/step-000010"} for i in ids],
+        }
+    )
     assert parse_eval_spec(json.loads(spec.model_dump_json())) == spec
     assert spec.run == (f"{name}-{tag}" if tag else name)
 
 
 @settings(max_examples=40, deadline=None)
-@given(name=identifiers, sources=st.lists(st.text(min_size=1, max_size=20), max_size=3),
-       fraction=st.floats(0.01, 0.99))
+@given(name=identifiers, sources=st.lists(st.text(min_size=1, max_size=20), max_size=3), fraction=st.floats(0.01, 0.99))
 def test_corpus_spec_round_trips_through_json(name, sources, fraction):
     spec = parse_corpus_spec({"name": name, "sources": sources, "heldout_fraction": fraction})
     assert parse_corpus_spec(json.loads(spec.model_dump_json())) == spec
@@ -72,13 +89,22 @@ def test_bad_names_are_rejected_everywhere(name):
         parse_eval_spec({"name": name, "suite": "ppl", "subjects": [{"id": "a", "model": "m"}]})
 
 
-@pytest.mark.parametrize("changes,where", [
-    ({"steps": 0}, "steps"), ({"steps": -1}, "steps"), ({"eval_every": -1}, "eval_every"),
-    ({"eval_interval_seconds": -0.5}, "eval_interval_seconds"), ({"lr": -1e-3}, "lr"),
-    ({"checkpoint_every": 0}, "checkpoint_every"), ({"threads": 0}, "threads"),
-    ({"unknown": 1}, "unknown"), ({"model": {"dropout": 1.5}}, "model.dropout"),
-    ({"model": {"n_layr": 2}}, "model.n_layr"), ({"steps": "ten"}, "steps"),
-])
+@pytest.mark.parametrize(
+    "changes,where",
+    [
+        ({"steps": 0}, "steps"),
+        ({"steps": -1}, "steps"),
+        ({"eval_every": -1}, "eval_every"),
+        ({"eval_interval_seconds": -0.5}, "eval_interval_seconds"),
+        ({"lr": -1e-3}, "lr"),
+        ({"checkpoint_every": 0}, "checkpoint_every"),
+        ({"threads": 0}, "threads"),
+        ({"unknown": 1}, "unknown"),
+        ({"model": {"dropout": 1.5}}, "model.dropout"),
+        ({"model": {"n_layr": 2}}, "model.n_layr"),
+        ({"steps": "ten"}, "steps"),
+    ],
+)
 def test_bad_train_specs_name_the_field(changes, where):
     with pytest.raises(SpecError) as err:
         parse_train_spec({"name": "ok", "steps": 10, **changes})
@@ -93,8 +119,14 @@ def test_missing_name_and_steps_are_rejected():
 
 def test_bad_eval_specs():
     base = {"name": "e", "suite": "ppl", "subjects": [{"id": "a", "model": "m"}]}
-    for bad in ({"suite": "mmlu"}, {"subjects": []}, {"subjects": [{"id": "a", "model": "m"}, {"id": "a", "model": "n"}]},
-                {"max_items": 0}, {"tag": "a/b"}, {"extra": True}):
+    for bad in (
+        {"suite": "mmlu"},
+        {"subjects": []},
+        {"subjects": [{"id": "a", "model": "m"}, {"id": "a", "model": "n"}]},
+        {"max_items": 0},
+        {"tag": "a/b"},
+        {"extra": True},
+    ):
         with pytest.raises(SpecError):
             parse_eval_spec({**base, **bad})
 

@@ -8,6 +8,7 @@ corpus: a stop before the write (``corpus.hold@1``): exit 130, nothing written, 
 in the middle of the write (``corpus.hold@2``): the write finishes (a corpus appears whole or not at all),
 exit 0, and the rerun keeps it (``built: false``).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,14 @@ pytestmark = pytest.mark.slow  # real tinyllm processes (~30 s in all on 2 loade
 
 
 def start(home: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tinyllm.cli", *args, "--home", str(home)], cwd=home,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-m", "tinyllm.cli", *args, "--home", str(home)],
+        cwd=home,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
 
 
 def stop_when(flag: Path, proc: subprocess.Popen) -> tuple[int, str, str]:
@@ -57,16 +63,28 @@ def trained(home: Path) -> Path:
 
 
 def test_eval_stopped_mid_suite_exits_130_writes_nothing_and_the_rerun_writes_the_uninterrupted_files(trained: Path):
-    spec = {"name": "small", "suite": "zoo", "seed": 3, "max_items": 4,
-            "subjects": [{"id": "s10", "model": "runs/small/ckpt/step-000010"}]}
+    spec = {
+        "name": "small",
+        "suite": "zoo",
+        "seed": 3,
+        "max_items": 4,
+        "subjects": [{"id": "s10", "model": "runs/small/ckpt/step-000010"}],
+    }
     for tag in ("ref", "cut"):  # the same suite into evals/zoo/small-ref and small-cut
         (trained / f"{tag}.json").write_text(json.dumps({**spec, "tag": tag}))
     ref = start(trained, "eval", "--spec", str(trained / "ref.json"))
     out, err = ref.communicate(timeout=300)
     assert ref.returncode == 0, err
     progress = trained / "progress.jsonl"
-    proc = start(trained, "eval", "--spec", str(trained / "cut.json"), "--progress", str(progress),
-                 env={"TINYLLM_FAULT": "eval.hold@3"})
+    proc = start(
+        trained,
+        "eval",
+        "--spec",
+        str(trained / "cut.json"),
+        "--progress",
+        str(progress),
+        env={"TINYLLM_FAULT": "eval.hold@3"},
+    )
     code, out, err = stop_when(trained / "evals/zoo/held", proc)
     assert code == 130, err
     assert "Traceback" not in err and out == ""

@@ -2,6 +2,7 @@
 metrics.jsonl, one event per frame, and a run resumed from an older checkpoint continuing the
 same step axis without duplicates (the resumed steps' figures are metrics.jsonl's, whose
 bitwise equality with an uninterrupted run tests/tinyllm/test_resume.py proves)."""
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,14 @@ def test_resumed_run_continues_the_step_axis_without_duplicates(home: Path) -> N
     assert [e.step for e in events] == list(range(1, 9))  # one event per frame, all of its scalars in it
     assert {v.tag for v in events[0].summary.value} == {k for k in frames(home)[0] if k not in ("step", "time")}
     # resume from the older checkpoint at step 4: the events of steps 5..8 are written again
-    p = run_tinyllm(home, "train", "--spec", str(write_spec(home / "b.json", steps=10, **TINY)),
-                    "--resume", str(home / "runs/small/ckpt/step-000004"))
+    p = run_tinyllm(
+        home,
+        "train",
+        "--spec",
+        str(write_spec(home / "b.json", steps=10, **TINY)),
+        "--resume",
+        str(home / "runs/small/ckpt/step-000004"),
+    )
     assert p.returncode == 0, p.stderr
     scalars = read_scalars(home / "runs/small/tensorboard")
     jsonl = frames(home)

@@ -5,6 +5,7 @@ ran with 2, then 1 thread must equal one uninterrupted run. The gradient check r
 above the 32,768-element size where PyTorch's CPU reductions to one value split into per-thread
 partials (and where MKL's gemm, outside strict CNR mode, differs at 3 threads).
 """
+
 from __future__ import annotations
 
 import json
@@ -53,7 +54,13 @@ print(json.dumps(out))
 def test_loss_and_every_gradient_are_the_same_bits_for_1_2_3_threads_above_the_split_size(dropout, N, T):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("MKL_CBWR", None)
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(dropout), str(N), str(T)], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, str(dropout), str(N), str(T)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     for t in ("2", "3"):
@@ -78,9 +85,14 @@ def runs(tmp_path_factory, built_corpus) -> dict:
 def _train(home, spec, threads: int) -> dict:
     env = {**os.environ, runtime_env.THREADS_ENV: str(threads)}
     env.pop("MKL_CBWR", None)
-    proc = subprocess.run(tinyllm_cmd("train", "--spec", str(spec), "--home", str(home), "--progress",
-                                      str(home / "progress.jsonl")),
-                          capture_output=True, text=True, timeout=120, cwd=home, env=env)
+    proc = subprocess.run(
+        tinyllm_cmd("train", "--spec", str(spec), "--home", str(home), "--progress", str(home / "progress.jsonl")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=home,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     ready = [json.loads(ln) for ln in (home / "progress.jsonl").read_text().splitlines() if '"ready"' in ln]
     assert ready and ready[-1]["omp"]["threads"] == threads, ready  # the count in use is recorded

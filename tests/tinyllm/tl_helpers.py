@@ -2,6 +2,7 @@
 
 A module of its own (not conftest): several test folders have a conftest.py, and
 ``from conftest import ...`` would pick whichever was imported first."""
+
 from __future__ import annotations
 
 import json
@@ -27,12 +28,20 @@ def tinyllm_cmd(*args: str) -> list[str]:
 
 
 def run_tinyllm(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(tinyllm_cmd(*args, "--home", str(home)), capture_output=True, text=True, timeout=timeout, cwd=home)
+    return subprocess.run(
+        tinyllm_cmd(*args, "--home", str(home)), capture_output=True, text=True, timeout=timeout, cwd=home
+    )
 
 
 def start_tinyllm(home: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(tinyllm_cmd(*args, "--home", str(home)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=home, env={**os.environ, **env} if env else None)
+    return subprocess.Popen(
+        tinyllm_cmd(*args, "--home", str(home)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=home,
+        env={**os.environ, **env} if env else None,
+    )
 
 
 def last_json(stdout: str) -> dict:

@@ -1,4 +1,5 @@
 """Real processes for the UI's browser tests: ``ctl ui`` on a free port, headless Debian chromium via selenium."""
+
 from __future__ import annotations
 
 import os
@@ -14,9 +15,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--window-size=1400,1000")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1000",
+)
 
 
 def env() -> dict[str, str]:
@@ -31,9 +41,14 @@ class Ui:
     """``ctl ui --home HOME --port 0`` in its own process group; ``url`` once it listens."""
 
     def __init__(self, home: Path, *extra: str, timeout_s: float = 60):
-        self.proc = subprocess.Popen([sys.executable, "-m", "ctl.cli", "ui", "--home", str(home), "--port", "0",
-                                      *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=env(), start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ctl.cli", "ui", "--home", str(home), "--port", "0", *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env(),
+            start_new_session=True,
+        )
         self.banner = ""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -48,7 +63,9 @@ class Ui:
             if self.proc.poll() is not None:
                 break
         self.close()
-        raise AssertionError(f"ctl ui did not start: {self.banner}{self.proc.stderr.read() if self.proc.stderr else ''}")
+        raise AssertionError(
+            f"ctl ui did not start: {self.banner}{self.proc.stderr.read() if self.proc.stderr else ''}"
+        )
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -72,7 +89,9 @@ def chromium():
     binary = shutil.which("chromium")
     driver = shutil.which("chromedriver")
     if not binary or not driver:
-        pytest.skip("Debian's chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")
+        pytest.skip(
+            "Debian's chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)"
+        )
     from selenium.webdriver.chrome.service import Service  # lazy: the optional [ui-test] extra
 
     opts = webdriver.ChromeOptions()

@@ -7,6 +7,7 @@
   showed is still in the history, the running engine never held a deleted WAL, ``ctl ui`` opened
   engine.db once.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,13 +29,35 @@ pytestmark = pytest.mark.slow  # real ctl train / ctl ui / chromium processes
 
 TIMEOUT_S = 180
 HOSTILE = '<script>window.pwned=1</script> "><img src=x onerror="window.pwned=2">'
-DONE = {"name": "done", "steps": 6, "eval_every": 0, "checkpoint_every": 3, "batch_size": 2, "threads": 1,
-        "log_every": 1, "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 8}}
-LIVE = {"name": "live", "steps": 4000, "seed": 5, "eval_every": 0, "checkpoint_every": 5, "batch_size": 2,
-        "warmup_steps": 1, "lr_decay_steps": 4000, "threads": 1, "log_every": 1,
-        "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16}}
-BROKE = {"name": "broke", "steps": 4, "config": {"note": HOSTILE}, "trainer": {"command": [
-    "python", "-c", f"import sys; sys.stderr.write({HOSTILE!r} + '\\n'); sys.exit(2)"]}}
+DONE = {
+    "name": "done",
+    "steps": 6,
+    "eval_every": 0,
+    "checkpoint_every": 3,
+    "batch_size": 2,
+    "threads": 1,
+    "log_every": 1,
+    "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 8},
+}
+LIVE = {
+    "name": "live",
+    "steps": 4000,
+    "seed": 5,
+    "eval_every": 0,
+    "checkpoint_every": 5,
+    "batch_size": 2,
+    "warmup_steps": 1,
+    "lr_decay_steps": 4000,
+    "threads": 1,
+    "log_every": 1,
+    "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
+}
+BROKE = {
+    "name": "broke",
+    "steps": 4,
+    "config": {"note": HOSTILE},
+    "trainer": {"command": ["python", "-c", f"import sys; sys.stderr.write({HOSTILE!r} + '\\n'); sys.exit(2)"]},
+}
 
 
 ROWS_JS = """return Array.from(document.querySelectorAll('tr.run')).map(function (r) {
@@ -68,8 +91,11 @@ def _status(home: Path, wid: str) -> dict:
 
 
 def _checkpoints(home: Path) -> int:
-    return sum(1 for e in procs.history(home, "train/live") or [] if e["type"] == "activity_heartbeat"
-               and "checkpoint" in (e["attrs"].get("details") or {}))
+    return sum(
+        1
+        for e in procs.history(home, "train/live") or []
+        if e["type"] == "activity_heartbeat" and "checkpoint" in (e["attrs"].get("details") or {})
+    )
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +112,9 @@ def home(tmp_path_factory):
     assert broke.returncode == 1, err[-2000:]
     train = procs.spawn(home, "train", "--spec", str(home / "live.json"), "--no-eval", "--quiet")
     try:
-        procs.wait_for("a checkpoint of the live run", lambda: _checkpoints(home) >= 1, timeout_s=TIMEOUT_S,
-                       alive=train)
+        procs.wait_for(
+            "a checkpoint of the live run", lambda: _checkpoints(home) >= 1, timeout_s=TIMEOUT_S, alive=train
+        )
         with Ui(home) as ui:
             yield home, train, ui
     finally:
@@ -166,8 +193,10 @@ def test_runs_page_matches_ctl_status_and_the_live_run_advances_in_the_browser(h
 def _events_shown(url: str) -> list[tuple[int, str]]:
     with urllib.request.urlopen(url, timeout=30) as r:
         page = r.read().decode("utf-8")
-    return [(int(seq), kind) for kind, seq in
-            re.findall(r'<tr class="event" data-kind="(\w+)"><td class="num">(\d+)</td>', page)]
+    return [
+        (int(seq), kind)
+        for kind, seq in re.findall(r'<tr class="event" data-kind="(\w+)"><td class="num">(\d+)</td>', page)
+    ]
 
 
 def test_ui_reads_at_full_rate_during_a_run_and_a_sigkill_loses_nothing(home) -> None:
@@ -184,8 +213,12 @@ def test_ui_reads_at_full_rate_during_a_run_and_a_sigkill_loses_nothing(home) ->
     reader.start()
     try:
         start = _checkpoints(home_dir)
-        procs.wait_for("more checkpoints while the UI reads", lambda: _checkpoints(home_dir) >= start + 2,
-                       timeout_s=TIMEOUT_S, alive=train)
+        procs.wait_for(
+            "more checkpoints while the UI reads",
+            lambda: _checkpoints(home_dir) >= start + 2,
+            timeout_s=TIMEOUT_S,
+            alive=train,
+        )
         assert procs.deleted_db_files(train.pid) == [], "a UI read deleted the running engine's WAL"
         assert procs.deleted_db_files(ui.proc.pid) == []
         opened = [f for f in procs.db_files(ui.proc.pid) if f.endswith("engine.db")]

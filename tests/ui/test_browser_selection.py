@@ -18,6 +18,7 @@ gate fails, one that publishes v0001. In the browser:
 
 Screenshots go to $CTL_UI_ARTIFACTS (else the test's temporary folder).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,13 +35,29 @@ from browser import Ui, chromium, quit_browser
 pytestmark = pytest.mark.slow  # real ctl train / ctl release / ctl ui / chromium processes
 
 TIMEOUT_S = 300
-SPEC = {"name": "early", "steps": 12, "seed": 3, "eval_every": 4, "checkpoint_every": 4, "batch_size": 4,
-        "lr": 0.003, "warmup_steps": 5, "lr_decay_steps": 40, "threads": 1, "log_every": 1,
-        "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.1},
-        "validation": {"enabled": True, "every_steps": 2, "batch_size": 4, "max_samples": 4,
-                       "data": {"path": "builtin:heldout.txt"}},
-        "early_stopping": {"metric": "val/loss", "mode": "max", "patience": 1},
-        "keep_checkpoints": {"last": 1, "best": {"metric": "val/loss", "mode": "max", "k": 1}}}
+SPEC = {
+    "name": "early",
+    "steps": 12,
+    "seed": 3,
+    "eval_every": 4,
+    "checkpoint_every": 4,
+    "batch_size": 4,
+    "lr": 0.003,
+    "warmup_steps": 5,
+    "lr_decay_steps": 40,
+    "threads": 1,
+    "log_every": 1,
+    "model": {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.1},
+    "validation": {
+        "enabled": True,
+        "every_steps": 2,
+        "batch_size": 4,
+        "max_samples": 4,
+        "data": {"path": "builtin:heldout.txt"},
+    },
+    "early_stopping": {"metric": "val/loss", "mode": "max", "patience": 1},
+    "keep_checkpoints": {"last": 1, "best": {"metric": "val/loss", "mode": "max", "k": 1}},
+}
 
 # every chart's geometry, read from the rendered DOM (where each text is laid out on screen, not the markup)
 CHARTS_JS = """return Array.from(document.querySelectorAll('svg.chart')).map(function (svg) {
@@ -80,8 +97,9 @@ def _json(home: Path, *args: str) -> dict:
 
 
 def _release(home: Path, gate: str) -> tuple[int, str]:
-    p = procs.run(home, "release", "train/early", "--suite", "ppl", "--eval-max-items", "4", "--gate", gate,
-                  timeout_s=TIMEOUT_S)
+    p = procs.run(
+        home, "release", "train/early", "--suite", "ppl", "--eval-max-items", "4", "--gate", gate, timeout_s=TIMEOUT_S
+    )
     return p.returncode, p.stderr
 
 
@@ -90,8 +108,9 @@ def home(tmp_path_factory):
     home = tmp_path_factory.mktemp("ui-selection") / "home"
     home.mkdir()
     (home / "early.json").write_text(json.dumps(SPEC))
-    p = procs.run(home, "train", "--spec", str(home / "early.json"), "--eval-max-items", "4", "--quiet",
-                  timeout_s=TIMEOUT_S)
+    p = procs.run(
+        home, "train", "--spec", str(home / "early.json"), "--eval-max-items", "4", "--quiet", timeout_s=TIMEOUT_S
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     failed = _release(home, "ppl/ppl<=6.5")  # a tiny model's perplexity is far above 6.5
     assert failed[0] == 1 and "not published: gate ppl/ppl<=6.5 failed" in failed[1], failed
@@ -131,8 +150,12 @@ def test_early_stop_best_checkpoint_skipped_segments_and_readable_charts(home, a
         assert "runs/early/ckpt/step-000002 (val/loss" in browser.find_element("css selector", ".best-checkpoint").text
         rows = browser.execute_script(TIMELINE_JS)
         skipped = [r["what"] for r in rows if r["state"] == "skipped"]
-        assert skipped == ["segment 2/3 (train-000008)", "ppl of step-000008", "segment 3/3 (train-000012)",
-                           "ppl of step-000012"], rows
+        assert skipped == [
+            "segment 2/3 (train-000008)",
+            "ppl of step-000008",
+            "segment 3/3 (train-000012)",
+            "ppl of step-000012",
+        ], rows
         assert any(r["state"] == "stopped early" and "stopped early at step 4" in r["what"] for r in rows), rows
         final = browser.find_element("id", "final").text
         assert shown["final"]["final_loss_hex"] in final and shown["final"]["digest"] in final
@@ -156,8 +179,12 @@ def test_early_stop_best_checkpoint_skipped_segments_and_readable_charts(home, a
             assert max(float(t["text"]) for t in x_ticks) == SPEC["steps"], (title, x_ticks)  # planned 1..12
             assert len(x_ticks) >= 4 and len(c["ticks"]) - len(x_ticks) >= 3 and c["grid"] >= 6, title
             for t in c["texts"]:  # nothing clipped: every label inside the chart
-                assert t["x"] >= -0.5 and t["y"] >= -0.5 and t["x"] + t["w"] <= c["width"] + 0.5 \
-                    and t["y"] + t["h"] <= c["height"] + 0.5, (title, t)
+                assert (
+                    t["x"] >= -0.5
+                    and t["y"] >= -0.5
+                    and t["x"] + t["w"] <= c["width"] + 0.5
+                    and t["y"] + t["h"] <= c["height"] + 0.5
+                ), (title, t)
             for t in c["legend"]:  # the legend never covers a curve: it is above the plot frame
                 assert t["y"] + t["h"] <= frame["y"] + 0.5, (title, t)
         _full_page(browser, artifacts / "early-stopped-run.png")
@@ -169,8 +196,11 @@ def test_early_stop_best_checkpoint_skipped_segments_and_readable_charts(home, a
 def test_release_rows_show_version_checkpoint_gates_and_figures(home, artifacts) -> None:
     home_dir, ui = home
     listed = _json(home_dir, "list")
-    ids = sorted(w["workflow_id"] for w in (listed if isinstance(listed, list) else listed["workflows"])
-                 if w["workflow_id"].startswith("release/"))
+    ids = sorted(
+        w["workflow_id"]
+        for w in (listed if isinstance(listed, list) else listed["workflows"])
+        if w["workflow_id"].startswith("release/")
+    )
     results = {wid: _json(home_dir, "status", wid)["result"] for wid in ids}
     failed = next(w for w, r in results.items() if not r["published"])
     published = next(w for w, r in results.items() if r["published"])

@@ -1,4 +1,5 @@
 """``ctl ui`` as a process: loopback by default, a warning for another host, GET/HEAD only, exit 0 on SIGTERM."""
+
 from __future__ import annotations
 
 import urllib.error

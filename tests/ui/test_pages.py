@@ -1,6 +1,7 @@
 """The pages of ``ctl ui`` rendered by direct calls (``App.render``) on a synthetic home: the figures
 are those of ``ctl status --json`` (runstatus.describe), hostile strings are escaped, unknown ids are a
 404 page, a live page polls and a finished one does not."""
+
 from __future__ import annotations
 
 import re
@@ -37,6 +38,7 @@ def ui(home: Path):
 def _get(ui: server.App, url: str) -> tuple[int, str]:
     path, _, query = url.partition("?")
     from urllib.parse import parse_qs
+
     return ui.render(path, parse_qs(query))
 
 
@@ -95,7 +97,10 @@ def test_hostile_strings_are_text(ui: server.App) -> None:
     for url in ("/", "/run/train/broke", "/run/train/broke?partial=1"):
         page = _get(ui, url)[1]
         assert HOSTILE not in page and "<img" not in page and "window.pwned=1</script>" not in page
-        assert "&lt;script&gt;window.pwned=1&lt;/script&gt; &#34;&gt;&lt;img src=x onerror=&#34;window.pwned=2&#34;&gt;" in page
+        assert (
+            "&lt;script&gt;window.pwned=1&lt;/script&gt; &#34;&gt;&lt;img src=x onerror=&#34;window.pwned=2&#34;&gt;"
+            in page
+        )
     page = _get(ui, "/run/train/broke")[1]
     assert page.count("<script") == 1  # the page's own poller, nothing else
 
@@ -120,8 +125,17 @@ def test_chart_and_card_labels_are_escaped() -> None:
     """Series names, marks and figure names come from trainers' files (an eval_command's figures): text only."""
     from ctl.ui import svg
 
-    markup = svg.chart(svg.Chart(HOSTILE, {HOSTILE: [(1, 1.0), (2, 2.0)]}, (1, 10), marks=[(2, 2.0, HOSTILE)],
-                                 stars=[(1, 1.0, HOSTILE)], vlines=[(2, HOSTILE, "stop")], shade=(2, 10, HOSTILE)))
+    markup = svg.chart(
+        svg.Chart(
+            HOSTILE,
+            {HOSTILE: [(1, 1.0), (2, 2.0)]},
+            (1, 10),
+            marks=[(2, 2.0, HOSTILE)],
+            stars=[(1, 1.0, HOSTILE)],
+            vlines=[(2, HOSTILE, "stop")],
+            shade=(2, 10, HOSTILE),
+        )
+    )
     card = svg.figure_card(HOSTILE, 1.0, HOSTILE)
     for out in (markup, card):
         assert "<script" not in out and "<img" not in out and "&lt;script&gt;" in out
@@ -131,8 +145,13 @@ def test_ticks_are_round_and_cover_the_range() -> None:
     from ctl.ui import svg
 
     assert svg.ticks(1, 300, integer=True) == [50, 100, 150, 200, 250, 300]
-    assert [svg.tick_text(v, 0.0005) for v in svg.ticks(0.0006, 0.003)] == ["0.0010", "0.0015", "0.0020", "0.0025",
-                                                                           "0.0030"]
+    assert [svg.tick_text(v, 0.0005) for v in svg.ticks(0.0006, 0.003)] == [
+        "0.0010",
+        "0.0015",
+        "0.0020",
+        "0.0025",
+        "0.0030",
+    ]
     assert [svg.tick_text(v, 2.5) for v in (2.5, 5.0)] == ["2.5", "5.0"]
 
 

@@ -1,4 +1,5 @@
 """The validation block: seed defaults, and every invalid combination rejected at load with a clear line."""
+
 import subprocess
 import sys
 
@@ -8,8 +9,12 @@ from tinyllm.spec import SpecError, parse_train_spec
 from tinyllm.validation_config import DEFAULT_MAX_TOKENS, ValidationConfig
 
 LM = {"enabled": True, "data": {"path": "builtin:heldout.txt"}}
-GEN = {"enabled": True, "objective": "generation", "reward": ["exact_match", "contains"],
-       "data": {"path": "builtin:prompts.jsonl", "prompt_column": "question", "response_column": "answer"}}
+GEN = {
+    "enabled": True,
+    "objective": "generation",
+    "reward": ["exact_match", "contains"],
+    "data": {"path": "builtin:prompts.jsonl", "prompt_column": "question", "response_column": "answer"},
+}
 
 
 def spec(validation):
@@ -22,7 +27,14 @@ def test_seed_defaults():
     assert c.checkpoint_components == ("model", "optimizer", "training_state")
     assert (c.batch_size, c.max_samples, c.seed, c.data) == (1, None, 0, None)
     s = c.sampling
-    assert (s.temperature, s.top_p, s.top_k, s.repetition_penalty, s.n_generation, s.max_tokens) == (0.0, None, 1, 1.0, 1, None)
+    assert (s.temperature, s.top_p, s.top_k, s.repetition_penalty, s.n_generation, s.max_tokens) == (
+        0.0,
+        None,
+        1,
+        1.0,
+        1,
+        None,
+    )
     r = s.resolved()
     assert r["top_p"] == 1.0 and r["max_tokens"] == DEFAULT_MAX_TOKENS and r["top_k"] == 1
     assert c.checkpoint.archive_dir is None
@@ -33,7 +45,9 @@ def test_valid_lm_and_generation_blocks_load():
     g = spec(GEN).validation
     assert g.reward == ["exact_match", "contains"] and g.data.prompt_column == "question"
     assert spec({**GEN, "reward": "exact_match"}).validation.reward == ["exact_match"]
-    assert spec({**GEN, "reward": ["nonempty"], "data": {"path": "p.jsonl", "prompt_column": "q"}}).validation.reward == ["nonempty"]
+    assert spec(
+        {**GEN, "reward": ["nonempty"], "data": {"path": "p.jsonl", "prompt_column": "q"}}
+    ).validation.reward == ["nonempty"]
     assert spec({**GEN, "sampling": {"top_k": None, "temperature": 0.7}}).validation.sampling.top_k is None
 
 

@@ -1,4 +1,5 @@
 """Held-out lm loss and generation against tinyllm's real GPT (small config, CPU, seconds)."""
+
 import math
 import random
 
@@ -17,8 +18,11 @@ from tinyllm.validation.lm import IGNORE, evaluate_lm, windows
 BLOCK = 16
 CFG = ModelConfig(block_size=BLOCK, n_layer=1, n_head=2, n_embd=16)
 TEXT = "The keeper climbed the stairs before dawn, counting each step.\nBelow the tower the harbour lay quiet."
-PROMPTS = [{"prompt": "Q: two plus two?\nA:", "response": "4"}, {"prompt": "Q: sky?\nA:", "response": "blue"},
-           {"prompt": "Q: no answer\nA:", "response": None}]
+PROMPTS = [
+    {"prompt": "Q: two plus two?\nA:", "response": "4"},
+    {"prompt": "Q: sky?\nA:", "response": "blue"},
+    {"prompt": "Q: no answer\nA:", "response": None},
+]
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 1, "repetition_penalty": 1.0, "n_generation": 1, "max_tokens": 6}
 
 

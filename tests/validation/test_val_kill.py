@@ -6,6 +6,7 @@ itself when validation at that step reaches that phase. The resume runs in proce
 ``tinyllm train``, without a second torch import). Spec: 6 steps, regular checkpoints every 3,
 validation every 2 with save_checkpoint (durable at 2, 4, 6); the kill is at step 4.
 """
+
 import signal
 
 import pytest
@@ -42,8 +43,9 @@ CHANGED_DATA = "An original held-out line, written for this test only.\nAnd a se
 
 
 def changed_spec(home):
-    return spec_dict({**LM, "data": {"path": str(home / "h.txt")}, "every_steps": 2, "save_checkpoint": True},
-                     checkpoint_every=3)
+    return spec_dict(
+        {**LM, "data": {"path": str(home / "h.txt")}, "every_steps": 2, "save_checkpoint": True}, checkpoint_every=3
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,10 @@ def killed(corpus_home, tmp_path_factory):
         procs[phase] = (home, tinyllm_popen(home, SPEC, env={"TINYLLM_FAULT": f"validation.{phase}@4"}))
     home = make_home(corpus_home, tmp_path_factory.mktemp("changed"))
     (home / "h.txt").write_text(CHANGED_DATA)
-    procs["changed"] = (home, tinyllm_popen(home, changed_spec(home), env={"TINYLLM_FAULT": "validation.after_marker@2"}))
+    procs["changed"] = (
+        home,
+        tinyllm_popen(home, changed_spec(home), env={"TINYLLM_FAULT": "validation.after_marker@2"}),
+    )
     home = make_home(corpus_home, tmp_path_factory.mktemp("ephemeral"))
     procs["ephemeral"] = (home, tinyllm_popen(home, EPHEMERAL, env={"TINYLLM_FAULT": "validation.during_evaluation@4"}))
     home = make_home(corpus_home, tmp_path_factory.mktemp("fresh"))
@@ -110,7 +115,9 @@ def test_kill_during_an_ephemeral_validation_resumes_from_the_latest_full_checkp
     result = train_inprocess(home, EPHEMERAL)
     assert (result["final_loss_hex"], result["digest"]) == (base["final_loss_hex"], base["digest"])
     assert [f["step"] for f in frames(home)] == [1, 2, 3, 4, 5, 6]
-    assert {s: f["val/loss"].hex() for s, f in val_frames(home).items()} == {s: base_val[s]["val/loss"].hex() for s in (2, 4, 6)}
+    assert {s: f["val/loss"].hex() for s, f in val_frames(home).items()} == {
+        s: base_val[s]["val/loss"].hex() for s in (2, 4, 6)
+    }
 
 
 def test_kill_before_the_first_checkpoint_restarts_fresh_with_the_before_training_pass(killed, baseline):

@@ -1,4 +1,5 @@
 """Checkpoint component planning: union with a regular save, full/partial/none, and the exceptions."""
+
 import warnings
 
 import pytest

@@ -1,4 +1,5 @@
 """The schedule: step 0 fresh model, step k after update k; periodic, before_training, final always, dedup."""
+
 from hypothesis import given, strategies as st
 
 from tinyllm.validation_config import ValidationConfig

@@ -1,4 +1,5 @@
 """The explicit held-out source: parsing errors, identity, and disjointness from the training data."""
+
 import json
 from pathlib import Path
 
@@ -17,8 +18,12 @@ def lm(path):
 
 
 def gen(path, rcol="answer"):
-    return ValidationConfig(enabled=True, objective="generation", reward=["nonempty"] + (["exact_match"] if rcol else []),
-                            data={"path": str(path), "prompt_column": "question", "response_column": rcol})
+    return ValidationConfig(
+        enabled=True,
+        objective="generation",
+        reward=["nonempty"] + (["exact_match"] if rcol else []),
+        data={"path": str(path), "prompt_column": "question", "response_column": rcol},
+    )
 
 
 def test_shipped_sources_load_and_are_disjoint_from_the_builtin_training_text():
@@ -53,7 +58,7 @@ def test_training_text_used_as_prompts_is_rejected(tmp_path):
         (None, "not found"),
         (b"\xff\xfe bad", "not UTF-8"),
         (b'{"question": "q"}\nnot json\n', "line 2 is not valid JSON"),
-        (b'[1, 2]\n', "not a JSON object"),
+        (b"[1, 2]\n", "not a JSON object"),
         (b'{"prompt": "q"}\n', "column 'question' missing"),
         (b'{"question": "q", "answer": 3}\n', "'answer' is not a string"),
         (b"\n\n", "no prompts"),

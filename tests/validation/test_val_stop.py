@@ -4,6 +4,7 @@ first batch until the signal lands), nothing of it is recorded (no val/* figure,
 frame, in metrics.jsonl), the stop checkpoint is at that step with the validation pending in its
 journal, exit 130; the rerun evaluates step 4 once, before update 5, and ends with the uninterrupted
 run's bits and figures."""
+
 from __future__ import annotations
 
 import json
@@ -26,10 +27,24 @@ def test_sigterm_during_validation_abandons_it_checkpoints_the_step_and_the_reru
     assert base.returncode == 0, base.stderr
     spec = spec_dict(v)
     progress = home / "progress.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(write_spec(home, spec)),
-                             "--home", str(home), "--progress", str(progress)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TINYLLM_FAULT": "validation.hold@4"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tinyllm.cli",
+            "train",
+            "--spec",
+            str(write_spec(home, spec)),
+            "--home",
+            str(home),
+            "--progress",
+            str(progress),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TINYLLM_FAULT": "validation.hold@4"},
+    )
     deadline = time.monotonic() + 120
     while not any(f.get("step") == 3 for f in frames(home)):  # step 3's frame: step 4's validation is next
         assert proc.poll() is None, proc.stderr.read()
@@ -47,7 +62,7 @@ def test_sigterm_during_validation_abandons_it_checkpoints_the_step_and_the_reru
     lines = [json.loads(x) for x in progress.read_text().splitlines()]
     stop = [i for i, ln in enumerate(lines) if ln.get("event") == "stopping"]
     assert len(stop) == 1 and lines[stop[0]]["step"] == 4 and lines[stop[0]]["signal"] == "SIGTERM"
-    assert [ln["step"] for ln in lines[stop[0]:] if "checkpoint" in ln and "event" not in ln] == [4]
+    assert [ln["step"] for ln in lines[stop[0] :] if "checkpoint" in ln and "event" not in ln] == [4]
     again = tinyllm_cli(home, spec)
     assert again.returncode == 0, again.stderr
     r = json.loads(again.stdout.strip().splitlines()[-1])
@@ -55,6 +70,7 @@ def test_sigterm_during_validation_abandons_it_checkpoints_the_step_and_the_reru
     assert [f["step"] for f in frames(home)] == [1, 2, 3, 4, 5, 6] and sorted(val_frames(home)) == [2, 4, 6]
     b = json.loads(base.stdout.strip().splitlines()[-1])
     assert (r["final_loss_hex"], r["digest"]) == (b["final_loss_hex"], b["digest"])
-    assert {s: f["val/loss"].hex() for s, f in val_frames(home).items()} == \
-        {s: f["val/loss"].hex() for s, f in val_frames(home, "base").items()}
+    assert {s: f["val/loss"].hex() for s, f in val_frames(home).items()} == {
+        s: f["val/loss"].hex() for s, f in val_frames(home, "base").items()
+    }
     assert journal(home, 6)["phase"] == "completed"

@@ -1,4 +1,5 @@
 """Validation inside the real trainer (in process): frames, isolation, planning, failures, SIGTERM."""
+
 import io
 import json
 import warnings
@@ -27,8 +28,9 @@ def train_losses(home, name="v"):
 def test_validation_does_not_perturb_training_bitwise(home, validation, accum):
     """Dropout is on, so a validation pass that touched the RNG or the mode would change the losses."""
     off = train_inprocess(home, spec_dict(name="off", grad_accum_steps=accum))
-    on = train_inprocess(home, spec_dict({**validation, "before_training": True, "every_steps": 2},
-                                         name="on", grad_accum_steps=accum))
+    on = train_inprocess(
+        home, spec_dict({**validation, "before_training": True, "every_steps": 2}, name="on", grad_accum_steps=accum)
+    )
     assert (on["final_loss_hex"], on["digest"]) == (off["final_loss_hex"], off["digest"])
     assert train_losses(home, "on") == train_losses(home, "off") and len(train_losses(home, "off")) == 6
     assert sorted(val_frames(home, "on")) == [0, 2, 4, 6]
@@ -53,8 +55,17 @@ def test_lm_frame_keys_and_counts(home):
 def test_generation_frame_keys(home):
     train_inprocess(home, spec_dict({**GEN, "every_steps": 0}, steps=2))
     f = val_frames(home)[2]
-    for k in ("val/reward_avg", "val/reward_std", "val/reward_min", "val/reward_max", "val/exact_match",
-              "val/exact_match_count", "val/contains", "val/nonempty_count", "timer/validation_s"):
+    for k in (
+        "val/reward_avg",
+        "val/reward_std",
+        "val/reward_min",
+        "val/reward_max",
+        "val/exact_match",
+        "val/exact_match_count",
+        "val/contains",
+        "val/nonempty_count",
+        "timer/validation_s",
+    ):
         assert k in f, k
     assert (f["val/rollout_count"], f["val/step"], f["val/train_total_steps"]) == (8 * 2, 2, 2)
 
@@ -82,7 +93,10 @@ def test_partial_components_warn_and_make_a_non_resumable_artifact(home):
     assert sorted(p.name for p in art.iterdir()) == ["iter_000002"]  # step 4 is final: unioned to full
     assert json.loads((art / "iter_000002/manifest.json").read_text())["components"] == ["model"]
     assert (home / "runs/v/ckpt/LATEST").read_text().strip() == "step-000004"
-    assert sorted(p.name for p in (home / "runs/v/ckpt").iterdir() if p.name.startswith("step-")) == ["step-000003", "step-000004"]
+    assert sorted(p.name for p in (home / "runs/v/ckpt").iterdir() if p.name.startswith("step-")) == [
+        "step-000003",
+        "step-000004",
+    ]
 
 
 def test_inactive_subset_does_not_warn(home):
@@ -166,8 +180,13 @@ def test_strict_archive_failure_stops_and_resume_retries_only_publication(home):
 def test_partial_artifact_archive_is_best_effort_full_one_strict(home):
     """Archive copies always fail here: step 2 (partial artifact) warns and goes on; step 4 (final,
     full) stops before completing, with the publication pending."""
-    v = {**LM, "every_steps": 2, "save_checkpoint": True, "checkpoint_components": ["model", "optimizer"],
-         "checkpoint": {"archive_dir": "archive"}}
+    v = {
+        **LM,
+        "every_steps": 2,
+        "save_checkpoint": True,
+        "checkpoint_components": ["model", "optimizer"],
+        "checkpoint": {"archive_dir": "archive"},
+    }
     (home / "archive").write_text("a file: every archive copy fails")
     log = io.StringIO()
     with pytest.warns(PartialCheckpointWarning), pytest.raises(ArchiveError, match="strict archive copy"):
@@ -209,8 +228,9 @@ def test_sigterm_during_an_ephemeral_validation_abandons_it_and_the_resume_runs_
     r2 = train_inprocess(home, spec_dict(v))
     assert [f["step"] for f in frames(home)] == [1, 2, 3, 4, 5, 6] and sorted(val_frames(home)) == [2, 4, 6]
     assert (r2["final_loss_hex"], r2["digest"]) == (base["final_loss_hex"], base["digest"])
-    assert {s: f["val/loss"].hex() for s, f in val_frames(home).items()} == \
-        {s: f["val/loss"].hex() for s, f in val_frames(home, "base").items()}
+    assert {s: f["val/loss"].hex() for s, f in val_frames(home).items()} == {
+        s: f["val/loss"].hex() for s, f in val_frames(home, "base").items()
+    }
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
 """ValidationTransaction phases on disk, and the five resume rules as a decision table."""
+
 import json
 import math
 
@@ -6,7 +7,13 @@ import pytest
 
 from tinyllm.validation.errors import NonFiniteMetricError, ValidationIdentityError
 from tinyllm.validation.transaction import (
-    PHASE_FILE, Journal, ValidationTransaction, check_identity, read_journal, resume_action)
+    PHASE_FILE,
+    Journal,
+    ValidationTransaction,
+    check_identity,
+    read_journal,
+    resume_action,
+)
 
 ID = {"config": {"seed": 0}, "source": {"sha256": "ab"}, "model": {"n": 1}, "weights_digest": "d"}
 

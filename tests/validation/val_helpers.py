@@ -1,4 +1,5 @@
 """Shared helpers of the validation integration tests: a corpus, small specs, running trainers."""
+
 from __future__ import annotations
 
 import io
@@ -12,12 +13,27 @@ from pathlib import Path
 from tinyllm.spec import parse_train_spec
 
 MODEL = {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.1}  # dropout: RNG in play
-BASE = {"name": "v", "steps": 6, "seed": 3, "checkpoint_every": 100, "batch_size": 4, "lr": 0.003,
-        "warmup_steps": 2, "threads": 1, "log_every": 1000, "model": MODEL}
+BASE = {
+    "name": "v",
+    "steps": 6,
+    "seed": 3,
+    "checkpoint_every": 100,
+    "batch_size": 4,
+    "lr": 0.003,
+    "warmup_steps": 2,
+    "threads": 1,
+    "log_every": 1000,
+    "model": MODEL,
+}
 LM = {"enabled": True, "data": {"path": "builtin:heldout.txt"}, "batch_size": 4, "max_samples": 6}
-GEN = {"enabled": True, "objective": "generation", "reward": ["exact_match", "contains", "nonempty"],
-       "data": {"path": "builtin:prompts.jsonl", "prompt_column": "question", "response_column": "answer"},
-       "batch_size": 4, "sampling": {"temperature": 1.0, "top_k": None, "n_generation": 2, "max_tokens": 4}}
+GEN = {
+    "enabled": True,
+    "objective": "generation",
+    "reward": ["exact_match", "contains", "nonempty"],
+    "data": {"path": "builtin:prompts.jsonl", "prompt_column": "question", "response_column": "answer"},
+    "batch_size": 4,
+    "sampling": {"temperature": 1.0, "top_k": None, "n_generation": 2, "max_tokens": 4},
+}
 
 
 def make_home(corpus_home: Path, tmp: Path) -> Path:
@@ -48,14 +64,24 @@ def write_spec(home: Path, spec: dict) -> Path:
 def tinyllm_cli(home: Path, spec: dict, env: dict | None = None) -> subprocess.CompletedProcess:
     """``tinyllm train`` in a real process (``python -m tinyllm.cli``: the console script's target)."""
     path = write_spec(home, spec)
-    return subprocess.run([sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(path), "--home", str(home)],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(path), "--home", str(home)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
 
 
 def tinyllm_popen(home: Path, spec: dict, env: dict | None = None) -> subprocess.Popen:
     path = write_spec(home, spec)
-    return subprocess.Popen([sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(path), "--home", str(home)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-m", "tinyllm.cli", "train", "--spec", str(path), "--home", str(home)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def frames(home: Path, name: str = "v") -> list[dict]:

@@ -1,4 +1,5 @@
 """Fixtures of the workflow tests (helpers live in wf_world.py, fakes in wf_fakes.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path

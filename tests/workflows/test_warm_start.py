@@ -2,6 +2,7 @@
 runs: a run whose segments are forked by the warm server gives the same bits as one whose segments each start a
 fresh interpreter (every checkpoint's loss, the final loss and the model digest; each segment's evaluation, also
 forked warm, byte for byte), and nothing of either is left running afterwards (no trainer, no server)."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,21 @@ from simulator.proving import procs
 pytestmark = pytest.mark.slow  # two real ctl train runs of a tiny model
 
 SPEC = {
-    "name": "warm", "steps": 12, "corpus": "default", "seed": 5, "eval_every": 4, "eval_interval_seconds": 0,
-    "checkpoint_every": 2, "batch_size": 2, "lr": 0.003, "min_lr": 0.0003, "warmup_steps": 2, "lr_decay_steps": 12,
-    "threads": 1, "log_every": 1, "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
+    "name": "warm",
+    "steps": 12,
+    "corpus": "default",
+    "seed": 5,
+    "eval_every": 4,
+    "eval_interval_seconds": 0,
+    "checkpoint_every": 2,
+    "batch_size": 2,
+    "lr": 0.003,
+    "min_lr": 0.0003,
+    "warmup_steps": 2,
+    "lr_decay_steps": 12,
+    "threads": 1,
+    "log_every": 1,
+    "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
 }
 WARM_REASON = "chosen when the warm trainer server loaded torch"
 
@@ -27,8 +40,14 @@ def _train(tmp: Path, kind: str, **env: str) -> tuple[dict, Path]:
     home = tmp / kind
     spec = tmp / "warm.json"
     spec.write_text(json.dumps(SPEC))
-    p = subprocess.run([*procs.CTL, "train", "--spec", str(spec), "--suite", "ppl", "--json", "--home", str(home)],
-                       check=False, capture_output=True, text=True, timeout=600, env={**procs.env(), **env})
+    p = subprocess.run(
+        [*procs.CTL, "train", "--spec", str(spec), "--suite", "ppl", "--json", "--home", str(home)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**procs.env(), **env},
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout)["result"], home
 
@@ -44,7 +63,9 @@ def _segments(home: Path) -> dict[str, list[dict]]:
 
 def _logs(home: Path) -> str:
     """The kept stderr of every attempt (why a segment was not warm, when it was not)."""
-    return "\n".join(f"{p}: {p.read_text(errors='replace')[-300:]}" for p in sorted(home.glob("runs/*/activity/*/logs/*/stderr.log")))
+    return "\n".join(
+        f"{p}: {p.read_text(errors='replace')[-300:]}" for p in sorted(home.glob("runs/*/activity/*/logs/*/stderr.log"))
+    )
 
 
 def _left_in(home: Path) -> list[int]:
@@ -71,7 +92,12 @@ def test_warm_segments_give_the_bits_of_cold_ones_and_leave_nothing_running(tmp_
         assert not cold_ready["omp"]["reason"].startswith(WARM_REASON), cold_ready
 
     def saved(segs: dict[str, list[dict]]) -> list[tuple[int, str]]:
-        return [(x["step"], x["loss_hex"]) for lines in segs.values() for x in lines if "checkpoint" in x and "event" not in x]
+        return [
+            (x["step"], x["loss_hex"])
+            for lines in segs.values()
+            for x in lines
+            if "checkpoint" in x and "event" not in x
+        ]
 
     assert saved(warm_segs) == saved(cold_segs) and len(saved(cold_segs)) >= 6
     assert (warm["final_loss_hex"], warm["digest"]) == (cold["final_loss_hex"], cold["digest"])

@@ -1,5 +1,6 @@
 """The real activities' pure parts: which checkpoint a segment resumes from, atomic writes,
 and that the registration helper takes pluggable activities (real files, no trainer)."""
+
 from __future__ import annotations
 
 from pathlib import Path

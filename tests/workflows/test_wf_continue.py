@@ -6,6 +6,7 @@ every segment with its evaluations, as an uninterrupted run does.
 
 Real engine on the VirtualClock, fake activities (wf_fakes.py): the trainer is not the point.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -57,8 +58,11 @@ def same_run(got: TrainRunResult, want: TrainRunResult) -> None:
     """Every segment, its checkpoint, its loss bits, its digest and its evaluations, as uninterrupted."""
     assert [s.until for s in got.segments] == [s.until for s in want.segments]
     for g, w in zip(got.segments, want.segments):
-        assert (g.checkpoint, g.train.final_loss_hex, g.train.digest) == (w.checkpoint, w.train.final_loss_hex,
-                                                                          w.train.digest)
+        assert (g.checkpoint, g.train.final_loss_hex, g.train.digest) == (
+            w.checkpoint,
+            w.train.final_loss_hex,
+            w.train.digest,
+        )
         assert g.evals == w.evals
     assert got.final_loss_hex == want.final_loss_hex == reference_loss(1200, 7).hex()
 
@@ -67,6 +71,7 @@ def cancel_at_step(step_wanted: int, activity: str):
     def hook(fakes, activity_id, attempt, step):
         if activity_id == activity and step == step_wanted:
             fakes.engine.cancel(WID)
+
     return hook
 
 
@@ -78,12 +83,23 @@ class TestContinueAfterCancel:
         st = continue_run(world, [WID], WID + "/2", with_prior=with_prior)
         assert st.state == "completed", st.error
         # the wait after 500 had ended (train-001000 was scheduled): not waited again
-        assert commands(world, WID + "/2") == ["corpus-default", "train-001000", "eval-001000-ppl", "sleep 30s",
-                                               "train-001200", "eval-001200-ppl"]
+        assert commands(world, WID + "/2") == [
+            "corpus-default",
+            "train-001000",
+            "eval-001000-ppl",
+            "sleep 30s",
+            "train-001200",
+            "eval-001200-ppl",
+        ]
         done = completed(world, WID, WID + "/2")
         assert {a: n for a, n in done.items() if a.startswith(("eval-", "train-"))} == {
-            "train-000500": 1, "eval-000500-ppl": 1, "train-001000": 1, "eval-001000-ppl": 1,
-            "train-001200": 1, "eval-001200-ppl": 1}
+            "train-000500": 1,
+            "eval-000500-ppl": 1,
+            "train-001000": 1,
+            "eval-001000-ppl": 1,
+            "train-001200": 1,
+            "eval-001200-ppl": 1,
+        }
         assert world.fakes.steps_taken == 1200
         same_run(TrainRunResult.model_validate(st.result), uninterrupted(tmp_path))
 
@@ -97,8 +113,9 @@ class TestContinueAfterCancel:
     def test_third_workflow_sees_both_earlier_ones(self, world: World, tmp_path: Path) -> None:
         world.fakes.on_step = cancel_at_step(740, "train-001000")
         assert world.run("TrainRun", WID, request()).state == "canceled"
-        world.fakes.on_step = lambda f, a, att, step: f.engine.cancel(WID + "/2") if (a, step) == (
-            "train-001200", 1100) else None
+        world.fakes.on_step = lambda f, a, att, step: (
+            f.engine.cancel(WID + "/2") if (a, step) == ("train-001200", 1100) else None
+        )
         assert continue_run(world, [WID], WID + "/2").state == "canceled"
         world.fakes.on_step = None
         st = continue_run(world, [WID, WID + "/2"], WID + "/3")
@@ -106,7 +123,10 @@ class TestContinueAfterCancel:
         assert commands(world, WID + "/3") == ["corpus-default", "train-001200", "eval-001200-ppl"]
         done = completed(world, WID, WID + "/2", WID + "/3")
         assert sorted(a for a, n in done.items() if a.startswith("eval-") for _ in range(n)) == [
-            "eval-000500-ppl", "eval-001000-ppl", "eval-001200-ppl"]
+            "eval-000500-ppl",
+            "eval-001000-ppl",
+            "eval-001200-ppl",
+        ]
         same_run(TrainRunResult.model_validate(st.result), uninterrupted(tmp_path))
 
 
@@ -128,9 +148,11 @@ def test_partially_evaluated_boundary_runs_only_the_missing_suite(world: World, 
 def test_cancel_during_the_wait_rewaits_without_reevaluating(world: World, tmp_path: Path) -> None:
     """Canceled in the durable wait after eval-000500-ppl: the next workflow does not evaluate
     500 again; it waits the full interval again (documented in workflows/continuation.py)."""
+
     def on_event(fakes, what):
         if what == "done eval-000500-ppl#1":
             fakes.engine.cancel(WID)
+
     world.fakes.on_event = on_event
     assert world.run("TrainRun", WID, request()).state == "canceled"
     assert "train-001000" not in commands(world, WID)

@@ -1,6 +1,7 @@
 """EvalSuite on the real engine over the fake eval activity (the real evaluator is not the
 point: tests/ctl runs it). One activity per suite, in order, each with the spec of one suite;
 a crash in one suite does not rerun the finished ones; the first failed suite stops the rest."""
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,16 @@ SUITES = ["ppl", "zoo", "arith"]
 
 
 def suite_input(**over) -> dict:
-    inp = {"name": "release", "tag": "", "suites": SUITES, "seed": 3,
-           "subjects": [{"id": "cand", "model": "runs/tiny/ckpt/step-000500"},
-                        {"id": "base", "model": "runs/tiny/ckpt/step-000100"}]}
+    inp = {
+        "name": "release",
+        "tag": "",
+        "suites": SUITES,
+        "seed": 3,
+        "subjects": [
+            {"id": "cand", "model": "runs/tiny/ckpt/step-000500"},
+            {"id": "base", "model": "runs/tiny/ckpt/step-000100"},
+        ],
+    }
     inp.update(over)
     return inp
 
@@ -32,6 +40,7 @@ def crash_once_at(what: str):
         if event == what and not fired:
             fired.append(event)
             raise Crash(event)
+
     return hook
 
 
@@ -76,6 +85,7 @@ class TestEvalSuiteOneActivityPerSuite:
 
     def test_failed_suite_fails_the_train_run(self, world: World) -> None:
         from wf_world import hand_spec
+
         world.fakes.fail_eval = {"zoo"}
         st = world.run("TrainRun", "train/tiny", {"spec": hand_spec(), "eval_suites": ["ppl", "zoo", "arith"]})
         assert st.state == "failed"
@@ -83,11 +93,22 @@ class TestEvalSuiteOneActivityPerSuite:
         assert ids == ["train-000500", "eval-000500-ppl", "eval-000500-zoo"]
 
     def test_marshal_spec_names_one_suite(self) -> None:
-        inp = EvalSuiteInput(name="tiny", tag="000500", suites=["ppl", "zoo"], seed=9,
-                             subjects=[EvalSubject(id="tiny-000500", model="runs/tiny/ckpt/step-000500")])
+        inp = EvalSuiteInput(
+            name="tiny",
+            tag="000500",
+            suites=["ppl", "zoo"],
+            seed=9,
+            subjects=[EvalSubject(id="tiny-000500", model="runs/tiny/ckpt/step-000500")],
+        )
         spec = json.loads(marshal_spec(inp, "zoo"))
-        assert spec == {"name": "tiny", "tag": "000500", "suite": "zoo", "seed": 9, "corpus": "default",
-                        "subjects": [{"id": "tiny-000500", "model": "runs/tiny/ckpt/step-000500"}]}
+        assert spec == {
+            "name": "tiny",
+            "tag": "000500",
+            "suite": "zoo",
+            "seed": 9,
+            "corpus": "default",
+            "subjects": [{"id": "tiny-000500", "model": "runs/tiny/ckpt/step-000500"}],
+        }
         with pytest.raises(ValueError):
             marshal_spec(inp, "arith")
         untagged = json.loads(marshal_spec(inp.model_copy(update={"tag": ""}), "ppl"))
@@ -95,8 +116,14 @@ class TestEvalSuiteOneActivityPerSuite:
 
     def test_marshal_spec_is_a_valid_tinyllm_eval_spec(self) -> None:
         from tinyllm.spec import EvalSpec
-        inp = EvalSuiteInput(name="tiny", tag="000500", suites=["ppl", "zoo"], seed=9,
-                             subjects=[EvalSubject(id="tiny-000500", model="runs/tiny/ckpt/step-000500")])
+
+        inp = EvalSuiteInput(
+            name="tiny",
+            tag="000500",
+            suites=["ppl", "zoo"],
+            seed=9,
+            subjects=[EvalSubject(id="tiny-000500", model="runs/tiny/ckpt/step-000500")],
+        )
         for suite in inp.suites:
             spec = EvalSpec.model_validate_json(marshal_spec(inp, suite))
             assert spec.suite == suite and spec.run == "tiny-000500"

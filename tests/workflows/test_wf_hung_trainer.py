@@ -6,6 +6,7 @@ timeout the attempt is stopped (SIGTERM and SIGCONT: it checkpoints and exits) a
 The frozen process is gone before attempt 2 starts, and the run ends with the same final loss
 bits and digest as one uninterrupted `tinyllm train`. Waits are bounded polls, never timings.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,17 @@ pytestmark = pytest.mark.slow  # a real trainer frozen by SIGSTOP (~33 s)
 HEARTBEAT_S = 12.0  # covers the trainer's longest silent phase here (the torch import, ~3 s) ~4x over
 DEADLINE_S = 240
 SPEC = {
-    "name": "hang", "corpus": "default", "steps": 300, "seed": 3, "eval_every": 0, "checkpoint_every": 50,
-    "batch_size": 2, "warmup_steps": 1, "lr_decay_steps": 300, "threads": 1, "log_every": 100,
+    "name": "hang",
+    "corpus": "default",
+    "steps": 300,
+    "seed": 3,
+    "eval_every": 0,
+    "checkpoint_every": 50,
+    "batch_size": 2,
+    "warmup_steps": 1,
+    "lr_decay_steps": 300,
+    "threads": 1,
+    "log_every": 100,
     "model": {"block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16},
 }
 
@@ -40,13 +50,17 @@ def proc_start(pid: int) -> str | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def tinyllm(home: Path, *args: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "tinyllm.cli", *args, "--home", str(home)],
-                          capture_output=True, text=True, timeout=DEADLINE_S)
+    done = subprocess.run(
+        [sys.executable, "-m", "tinyllm.cli", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -128,8 +142,11 @@ def test_a_trainer_frozen_by_sigstop_is_stopped_redelivered_and_exact(tmp_path: 
     finally:
         eng.close()
     train_events = [e for e in history if e.attrs.get("activity_id") == "train-000300"]
-    ended = [(e.type, e.attrs.get("kind") or e.attrs["error"]["type"]) for e in train_events
-             if e.type in ("activity_timed_out", "activity_failed") and e.attrs["attempt"] == n]
+    ended = [
+        (e.type, e.attrs.get("kind") or e.attrs["error"]["type"])
+        for e in train_events
+        if e.type in ("activity_timed_out", "activity_failed") and e.attrs["attempt"] == n
+    ]
     assert ended and ended[0][1] in ("heartbeat timeout", "ProgressTimeout"), ended
     [done] = [e for e in train_events if e.type == "activity_completed"]
     assert done.attrs["attempt"] > n and done.attrs["result"]["resumed_from"] is not None  # from a checkpoint

@@ -5,6 +5,7 @@ lost, and after it, so it is kept) and every optimizer step of the fake trainer.
 crash the Engine object is dropped and a new one recovers from the same SQLite file, as a
 restarted worker does. The fakes stand in for tinyllm (tests/ctl kills real processes).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -41,8 +42,9 @@ class CrashStore(Store):
 def strip(result: dict) -> dict:
     """The result without ``resumed_from`` (where a resumed attempt started is allowed to differ)."""
     out = dict(result)
-    out["segments"] = [{**s, "train": {k: v for k, v in s["train"].items() if k != "resumed_from"}}
-                       for s in result["segments"]]
+    out["segments"] = [
+        {**s, "train": {k: v for k, v in s["train"].items() if k != "resumed_from"}} for s in result["segments"]
+    ]
     return out
 
 
@@ -50,6 +52,7 @@ def baseline(tmp_path_factory) -> tuple[dict, int]:
     home = tmp_path_factory.mktemp("baseline")
     from engine import VirtualClock
     from wf_fakes import Fakes
+
     clock = VirtualClock()
     w = World(home=home, clock=clock, fakes=Fakes(home=home, clock=clock))
     eng = w.open()
@@ -89,6 +92,7 @@ class TestKillLoopResumesBitwise:
         assert commits > 20
         from engine import VirtualClock
         from wf_fakes import Fakes
+
         for k in range(1, commits + 1):
             home = tmp_path_factory.mktemp(f"{when}{k}")
             clock = VirtualClock()
@@ -104,6 +108,7 @@ class TestKillLoopResumesBitwise:
         expected, _ = reference
         from engine import VirtualClock
         from wf_fakes import Fakes
+
         for crash_step in range(1, 51):
             home = tmp_path_factory.mktemp(f"step{crash_step}")
             clock = VirtualClock()
@@ -112,6 +117,7 @@ class TestKillLoopResumesBitwise:
             def hook(fakes, activity_id, attempt, step, at=crash_step):
                 if attempt == 1 and step == at:
                     raise Crash(f"step {step}")
+
             world.fakes.on_step = hook
             eng = world.open()
             with pytest.raises(Crash):

@@ -1,5 +1,6 @@
 """ModelRelease's pieces without processes: gate parsing and checking, and the publication's
 idempotence by checkpoint digest (a second publish of the same digest is the first one)."""
+
 from __future__ import annotations
 
 import json
@@ -12,11 +13,17 @@ from workflows.release import ModelReleaseInput, PublishInput, check_gate, list_
 FIGURES = {"ppl/heldout/ppl": 6.2, "ppl/heldout/loss": 1.8, "zoo/a/acc": 0.5, "zoo/b/acc": 0.7}
 
 
-@pytest.mark.parametrize("text, passed, figure", [
-    ("ppl/ppl<=6.5", True, 6.2), ("ppl/heldout/ppl < 6", False, 6.2), ("ppl/loss>=1.8", True, 1.8),
-    ("zoo/a/acc==0.5", True, 0.5), ("zoo/acc>0.1", False, None),  # acc is not unique in zoo: no such figure
-    ("ppl/nope<=1", False, None),
-])
+@pytest.mark.parametrize(
+    "text, passed, figure",
+    [
+        ("ppl/ppl<=6.5", True, 6.2),
+        ("ppl/heldout/ppl < 6", False, 6.2),
+        ("ppl/loss>=1.8", True, 1.8),
+        ("zoo/a/acc==0.5", True, 0.5),
+        ("zoo/acc>0.1", False, None),  # acc is not unique in zoo: no such figure
+        ("ppl/nope<=1", False, None),
+    ],
+)
 def test_gates_resolve_figures_and_compare(text: str, passed: bool, figure) -> None:
     out = check_gate(parse_gate(text), FIGURES)
     assert (out.passed, out.figure) == (passed, figure)
@@ -33,8 +40,15 @@ def test_publish_is_once_per_digest(tmp_path: Path) -> None:
     ck.mkdir(parents=True)
     (ck / "model.pt").write_bytes(b"weights")
     (ck / "manifest.json").write_text("{}")
-    rel = ModelReleaseInput(name="r", select="best", checkpoint="runs/r/ckpt/step-000002", step=2, digest="ab" * 32,
-                            suites=["ppl"], spec={"name": "r"})
+    rel = ModelReleaseInput(
+        name="r",
+        select="best",
+        checkpoint="runs/r/ckpt/step-000002",
+        step=2,
+        digest="ab" * 32,
+        suites=["ppl"],
+        spec={"name": "r"},
+    )
     inp = PublishInput(release=rel, figures={"ppl/heldout/ppl": 6.0}, gates=[])
     (tmp_path / "releases/r/.tmp-v0001-123/model").mkdir(parents=True)  # a publication killed before its rename
     first = publish(tmp_path, inp)
@@ -57,8 +71,11 @@ def test_a_damaged_release_manifest_is_listed_without_its_figures_never_a_traceb
 
     from ctl.release import release
 
-    for version, body in (("v0001", []), ("v0002", {"figures": {"ppl/ppl": "x", "ok": 1.5}, "checkpoint": 3}),
-                          ("v0003", {"figures": ["x"]})):
+    for version, body in (
+        ("v0001", []),
+        ("v0002", {"figures": {"ppl/ppl": "x", "ok": 1.5}, "checkpoint": 3}),
+        ("v0003", {"figures": ["x"]}),
+    ):
         (tmp_path / "releases/small" / version).mkdir(parents=True)
         (tmp_path / "releases/small" / version / "manifest.json").write_text(json.dumps(body))
     rows = list_releases(tmp_path)
@@ -81,10 +98,23 @@ def test_publish_holds_the_weights_config_and_tokenizer_never_the_optimizer_nor_
     for name, data in files.items():
         (ck / name).write_bytes(data)
     meta = {"trajectory": {"model": {"n_layer": 1}}, "tokenizer": {"kind": "byte"}}
-    (ck / "manifest.json").write_text(json.dumps({"files": {n: {"bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()}
-                                                            for n, d in files.items()}, "meta": meta}))
-    rel = ModelReleaseInput(name="r", select="best", checkpoint="runs/r/ckpt/step-000002", step=2, digest="ab" * 32,
-                            suites=["ppl"], spec={"name": "r"})
+    (ck / "manifest.json").write_text(
+        json.dumps(
+            {
+                "files": {n: {"bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in files.items()},
+                "meta": meta,
+            }
+        )
+    )
+    rel = ModelReleaseInput(
+        name="r",
+        select="best",
+        checkpoint="runs/r/ckpt/step-000002",
+        step=2,
+        digest="ab" * 32,
+        suites=["ppl"],
+        spec={"name": "r"},
+    )
     publish(tmp_path, PublishInput(release=rel, figures={}, gates=[]))
     model = tmp_path / "releases/r/v0001/model"
     assert sorted(p.name for p in model.iterdir()) == ["config.json", "model.pt", "tokenizer.json"]

@@ -1,4 +1,5 @@
 """workflows/repeats.py: when two failures in a row count as the same (type, message, point) and when not."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """segments() and the step options: pure functions, checked against independent arithmetic."""
+
 from __future__ import annotations
 
 import math
@@ -28,15 +29,18 @@ def check_segments(fn, steps: int, every: int) -> None:
 class TestSegmentsMath:
     """Boundaries end at N, never repeat; e = 0 and e >= N are one segment."""
 
-    @pytest.mark.parametrize("steps,every,expected", [
-        (1200, 500, [500, 1000, 1200]),
-        (1000, 500, [500, 1000]),
-        (1000, 0, [1000]),
-        (1000, 1000, [1000]),
-        (1000, 5000, [1000]),
-        (1, 1, [1]),
-        (7, 3, [3, 6, 7]),
-    ])
+    @pytest.mark.parametrize(
+        "steps,every,expected",
+        [
+            (1200, 500, [500, 1000, 1200]),
+            (1000, 500, [500, 1000]),
+            (1000, 0, [1000]),
+            (1000, 1000, [1000]),
+            (1000, 5000, [1000]),
+            (1, 1, [1]),
+            (7, 3, [3, 6, 7]),
+        ],
+    )
     def test_table(self, steps: int, every: int, expected: list[int]) -> None:
         assert segments(steps, every) == expected
 
@@ -82,6 +86,7 @@ class TestOptionsIDs:
 
     def test_run_input_sets_the_heartbeat_timeout(self, world) -> None:
         from wf_world import hand_spec
+
         world.run("TrainRun", "train/tiny", {"spec": hand_spec(steps=100), "train_heartbeat_timeout_s": 7})
         sched = [e for e in world.events("train/tiny") if e.type == "activity_scheduled"]
         assert sched[0].attrs["options"]["heartbeat_timeout_s"] == 7
@@ -89,11 +94,14 @@ class TestOptionsIDs:
     def test_workflow_uses_these_options(self) -> None:
         assert tr_mod.train_options is opt_mod.train_options
 
-    @pytest.mark.parametrize("mutant,which", [
-        (m.s12_train_options_no_heartbeat, "train"),
-        (m.s02_train_options_unnamed, "train"),
-        (m.s03_eval_options_unnamed, "eval"),
-    ])
+    @pytest.mark.parametrize(
+        "mutant,which",
+        [
+            (m.s12_train_options_no_heartbeat, "train"),
+            (m.s02_train_options_unnamed, "train"),
+            (m.s03_eval_options_unnamed, "eval"),
+        ],
+    )
     def test_catches_s02_s03_s12(self, mutant, which: str) -> None:
         with pytest.raises(AssertionError):
             if which == "train":

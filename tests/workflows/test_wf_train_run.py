@@ -5,6 +5,7 @@ the resume contract and a deterministic loss whose reference value ``reference_l
 computed independently of the workflow. Each class is one row of the seed's test table;
 ``test_catches_*`` plant the pitfall of section 5 and assert the same check fails.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,9 +33,14 @@ class TestHandExampleSegmentsAndEvals:
 
     EXPECTED = [
         "corpus-default",
-        "train-000500", "eval-000500-ppl", "sleep 30s",
-        "train-001000", "eval-001000-ppl", "sleep 30s",
-        "train-001200", "eval-001200-ppl",
+        "train-000500",
+        "eval-000500-ppl",
+        "sleep 30s",
+        "train-001000",
+        "eval-001000-ppl",
+        "sleep 30s",
+        "train-001200",
+        "eval-001200-ppl",
     ]
 
     def check(self, world: World) -> None:
@@ -44,12 +50,17 @@ class TestHandExampleSegmentsAndEvals:
         res = TrainRunResult.model_validate(st.result)
         assert [s.until for s in res.segments] == [500, 1000, 1200]
         assert [s.checkpoint for s in res.segments] == [
-            "runs/tiny/ckpt/step-000500", "runs/tiny/ckpt/step-001000", "runs/tiny/ckpt/step-001200"]
+            "runs/tiny/ckpt/step-000500",
+            "runs/tiny/ckpt/step-001000",
+            "runs/tiny/ckpt/step-001200",
+        ]
         assert world.fakes.steps_taken == 1200  # each optimizer step once
         evals = [(c.activity_id, c.input["subjects"][0]["model"]) for c in world.fakes.calls if c.name == "eval"]
-        assert evals == [("eval-000500-ppl", "runs/tiny/ckpt/step-000500"),
-                         ("eval-001000-ppl", "runs/tiny/ckpt/step-001000"),
-                         ("eval-001200-ppl", "runs/tiny/ckpt/step-001200")]
+        assert evals == [
+            ("eval-000500-ppl", "runs/tiny/ckpt/step-000500"),
+            ("eval-001000-ppl", "runs/tiny/ckpt/step-001000"),
+            ("eval-001200-ppl", "runs/tiny/ckpt/step-001200"),
+        ]
         assert [s.evals.suites[0].suite for s in res.segments] == ["ppl"] * 3
         assert res.steps == 1200 and res.final_loss_hex == reference_loss(1200, 7).hex()
         assert res.segments[1].train.resumed_from == "runs/tiny/ckpt/step-000500"
@@ -61,7 +72,9 @@ class TestHandExampleSegmentsAndEvals:
         st = world.run("TrainRun", WID, hand_input())
         res = TrainRunResult.model_validate(st.result)
         assert TrainRunResult.model_validate_json(res.model_dump_json()) == res
-        assert TrainRunInput.model_validate_json(TrainRunInput(**hand_input()).model_dump_json()) == TrainRunInput(**hand_input())
+        assert TrainRunInput.model_validate_json(TrainRunInput(**hand_input()).model_dump_json()) == TrainRunInput(
+            **hand_input()
+        )
 
     def test_catches_s01_last_segment_dropped(self, world: World, monkeypatch) -> None:
         monkeypatch.setattr(tr_mod, "segments", m.s01_segments_drop_last)
@@ -177,6 +190,7 @@ class TestCancelStopsTheRun:
         def hook(fakes, activity_id, attempt, step):
             if activity_id == activity and step == step_wanted:
                 fakes.engine.cancel(WID)  # as `ctl cancel` does, from the database
+
         return hook
 
     def check(self, world: World) -> None:

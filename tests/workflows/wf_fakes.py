@@ -8,6 +8,7 @@ resume from the wrong state gives another loss), writes checkpoints as real file
 ``<home>/runs/<name>/ckpt/step-NNNNNN.json`` with ``LATEST``, heartbeats each one, and
 counts every step it takes. Time comes from the engine's VirtualClock.
 """
+
 from __future__ import annotations
 
 import json
@@ -132,8 +133,13 @@ class Fakes:
             ckpt = self.save(name, step, x, loss)
         self.event(f"done {ctx.activity_id}#{ctx.attempt}")
         return TrainActivityResult(
-            name=name, steps=step, checkpoint=ckpt, final_loss=loss, final_loss_hex=loss.hex(),
-            digest=f"{x:016x}", resumed_from=resume,
+            name=name,
+            steps=step,
+            checkpoint=ckpt,
+            final_loss=loss,
+            final_loss_hex=loss.hex(),
+            digest=f"{x:016x}",
+            resumed_from=resume,
         ).model_dump(mode="json")
 
     def eval(self, ctx: Any, input: Any) -> dict:
@@ -146,8 +152,11 @@ class Fakes:
         metrics = {s["id"]: {"fake/score": float(len(s["model"]) + len(spec["suite"]))} for s in spec["subjects"]}
         self.event(f"done {ctx.activity_id}#{ctx.attempt}")
         return SuiteOutputs(
-            suite=spec["suite"], run=run, results=f"evals/{spec['suite']}/{run}/results.jsonl",
-            summary_path=f"evals/{spec['suite']}/{run}/summary.json", summary={"metrics": metrics},
+            suite=spec["suite"],
+            run=run,
+            results=f"evals/{spec['suite']}/{run}/results.jsonl",
+            summary_path=f"evals/{spec['suite']}/{run}/summary.json",
+            summary={"metrics": metrics},
         ).model_dump(mode="json")
 
     def corpus(self, ctx: Any, input: Any) -> dict:
@@ -160,8 +169,9 @@ class Fakes:
         path.mkdir(parents=True, exist_ok=True)
         (path / "meta.json").write_text("{}")
         self.event(f"done {ctx.activity_id}#{ctx.attempt}")
-        return CorpusBuildResult(name=spec["name"], path=f"corpora/{spec['name']}", tokens=1000,
-                                 heldout_tokens=100, checksum="0" * 64).model_dump(mode="json")
+        return CorpusBuildResult(
+            name=spec["name"], path=f"corpora/{spec['name']}", tokens=1000, heldout_tokens=100, checksum="0" * 64
+        ).model_dump(mode="json")
 
     def activities(self) -> dict[str, Callable[[Any, Any], Any]]:
         return {"train": self.train, "eval": self.eval, "corpus": self.corpus}

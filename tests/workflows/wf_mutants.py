@@ -5,6 +5,7 @@ asserts that the check FAILS (raises AssertionError). Mutants are installed with
 pytest's ``monkeypatch`` over the module globals the real workflow code calls, or are
 short planted-bug copies of a workflow where the bug is in the control flow itself.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,15 +53,23 @@ def s04_segments_repeat_boundary(steps: int, every: int) -> list[int]:
 def s02_train_options_unnamed(until: int, **kw) -> StepOptions:
     """s02: train ids that do not name the segment."""
     o = real_train_options(until, **kw)
-    return StepOptions(id="train", start_to_close_timeout_s=o.start_to_close_timeout_s,
-                       heartbeat_timeout_s=o.heartbeat_timeout_s, retry=o.retry)
+    return StepOptions(
+        id="train",
+        start_to_close_timeout_s=o.start_to_close_timeout_s,
+        heartbeat_timeout_s=o.heartbeat_timeout_s,
+        retry=o.retry,
+    )
 
 
 def s03_eval_options_unnamed(tag: str, suite: str, *heartbeat: float) -> StepOptions:
     """s03: eval ids that do not name the suite."""
     o = real_eval_options(tag, suite, *heartbeat)
-    return StepOptions(id=f"eval-{tag}" if tag else "eval", start_to_close_timeout_s=o.start_to_close_timeout_s,
-                       heartbeat_timeout_s=o.heartbeat_timeout_s, retry=o.retry)
+    return StepOptions(
+        id=f"eval-{tag}" if tag else "eval",
+        start_to_close_timeout_s=o.start_to_close_timeout_s,
+        heartbeat_timeout_s=o.heartbeat_timeout_s,
+        retry=o.retry,
+    )
 
 
 def s05_segment_spec_to_the_end(run_spec: dict, until: int) -> dict:
@@ -71,8 +80,12 @@ def s05_segment_spec_to_the_end(run_spec: dict, until: int) -> dict:
 def s06_train_options_no_retries(until: int, **kw) -> StepOptions:
     """s06: no retries for train."""
     o = real_train_options(until, **kw)
-    return StepOptions(id=o.id, start_to_close_timeout_s=o.start_to_close_timeout_s,
-                       heartbeat_timeout_s=o.heartbeat_timeout_s, retry=RetryPolicy(max_attempts=1))
+    return StepOptions(
+        id=o.id,
+        start_to_close_timeout_s=o.start_to_close_timeout_s,
+        heartbeat_timeout_s=o.heartbeat_timeout_s,
+        retry=RetryPolicy(max_attempts=1),
+    )
 
 
 async def s08_corpus_build_ignored(rt, input):
@@ -85,16 +98,27 @@ async def s08_corpus_build_ignored(rt, input):
 
 def s09_no_validation(raw):
     """s09: no spec validation (the spec is taken as given)."""
-    return TrainSpec.model_construct(**{**{"name": "", "steps": 0, "eval_every": 0, "eval_interval_seconds": 0.0,
-                                          "corpus": raw.get("corpus", "default")}, **raw})
+    return TrainSpec.model_construct(
+        **{
+            **{
+                "name": "",
+                "steps": 0,
+                "eval_every": 0,
+                "eval_interval_seconds": 0.0,
+                "corpus": raw.get("corpus", "default"),
+            },
+            **raw,
+        }
+    )
 
 
 async def s10_all_suites_one_activity(rt, input: EvalSuiteInput) -> EvalSuiteResult:
     """s10: all suites in one activity."""
     spec = json.loads(eval_mod.marshal_spec(input, input.suites[0]))
     spec["suite"] = ",".join(input.suites)
-    out = await rt.execute_activity(ACTIVITY_EVAL, EvalActivityInput(spec=spec),
-                                     real_eval_options(input.tag, "all"), result_type=SuiteOutputs)
+    out = await rt.execute_activity(
+        ACTIVITY_EVAL, EvalActivityInput(spec=spec), real_eval_options(input.tag, "all"), result_type=SuiteOutputs
+    )
     one = SuiteOutputs.model_validate(out)
     return EvalSuiteResult(suites=[one.model_copy(update={"suite": s}) for s in input.suites])
 
@@ -104,8 +128,12 @@ async def s11_continue_after_failed_suite(rt, input: EvalSuiteInput) -> EvalSuit
     outs = []
     for suite in input.suites:
         try:
-            r = await rt.execute_activity(ACTIVITY_EVAL, EvalActivityInput(spec=json.loads(eval_mod.marshal_spec(input, suite))),
-                                          real_eval_options(input.tag, suite), result_type=SuiteOutputs)
+            r = await rt.execute_activity(
+                ACTIVITY_EVAL,
+                EvalActivityInput(spec=json.loads(eval_mod.marshal_spec(input, suite))),
+                real_eval_options(input.tag, suite),
+                result_type=SuiteOutputs,
+            )
             outs.append(SuiteOutputs.model_validate(r))
         except ActivityError:
             continue
@@ -115,8 +143,9 @@ async def s11_continue_after_failed_suite(rt, input: EvalSuiteInput) -> EvalSuit
 def s12_train_options_no_heartbeat(until: int, **kw) -> StepOptions:
     """s12: no heartbeat timeout on train."""
     o = real_train_options(until, **kw)
-    return StepOptions(id=o.id, start_to_close_timeout_s=o.start_to_close_timeout_s, heartbeat_timeout_s=None,
-                       retry=o.retry)
+    return StepOptions(
+        id=o.id, start_to_close_timeout_s=o.start_to_close_timeout_s, heartbeat_timeout_s=None, retry=o.retry
+    )
 
 
 async def s13_wall_clock_wait(rt, seconds: float) -> None:
@@ -131,8 +160,12 @@ async def s07_cancel_moves_on(rt, input):
     done = []
     for until in tr_mod.segments(spec.steps, spec.eval_every):
         try:
-            r = await rt.execute_activity(ACTIVITY_TRAIN, TrainActivityInput(spec=tr_mod.segment_spec(run_spec, until)),
-                                          real_train_options(until), result_type=TrainActivityResult)
+            r = await rt.execute_activity(
+                ACTIVITY_TRAIN,
+                TrainActivityInput(spec=tr_mod.segment_spec(run_spec, until)),
+                real_train_options(until),
+                result_type=TrainActivityResult,
+            )
         except (ActivityError, Canceled) as e:
             if is_canceled(e):
                 continue  # the bug
@@ -141,4 +174,3 @@ async def s07_cancel_moves_on(rt, input):
         done.append(Segment(until=until, checkpoint=r.checkpoint, train=r))
     last = done[-1]
     return TrainRunResult(name=spec.name, steps=last.until, checkpoint=last.checkpoint, segments=done)
-

@@ -1,5 +1,6 @@
 """The test world: the real engine (VirtualClock, inline activities) running the real workflow
 functions over the fake activities of ``fakes.py``."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,8 +34,13 @@ class World:
                 self.engine.close()
             except Exception:
                 pass
-        self.engine = Engine(self.db, clock=self.clock, inline_activities=True, poll_interval_s=0.01,
-                             store=store if store is not None else Store(self.db))
+        self.engine = Engine(
+            self.db,
+            clock=self.clock,
+            inline_activities=True,
+            poll_interval_s=0.01,
+            store=store if store is not None else Store(self.db),
+        )
         if not self.overrides:
             workflows.register(self.engine, activities=self.fakes.activities())
         else:  # a planted-bug workflow in place of a real one
@@ -59,8 +65,14 @@ class World:
 
 def hand_spec(**over: Any) -> dict:
     """Section 3's spec (the fields that matter to the workflow; the rest are tinyllm's defaults)."""
-    spec = {"name": "tiny", "steps": 1200, "eval_every": 500, "eval_interval_seconds": 30, "seed": 7,
-            "checkpoint_every": 100}
+    spec = {
+        "name": "tiny",
+        "steps": 1200,
+        "eval_every": 500,
+        "eval_interval_seconds": 30,
+        "seed": 7,
+        "checkpoint_every": 100,
+    }
     spec.update(over)
     return spec
 

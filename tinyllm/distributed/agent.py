@@ -19,6 +19,7 @@ fatal. Ranks are found by the ``started-<rank>.json`` files they write once thei
 place (``$TINYLLM_DDP_STATUS``); ranks that start after the signal get it when they appear. Without
 that variable (run by hand, not by tinyllm's launcher) it is plain torchrun.
 """
+
 from __future__ import annotations
 
 import os

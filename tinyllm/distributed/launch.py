@@ -41,6 +41,7 @@ each rank's environment) reaches the ranks too. Either way every rank stops at t
 - ``RANK_STATUS_ENV`` names a temporary folder where each rank writes ``started-<rank>.json`` (its
   pid, once its handlers are in place) and ``rank-<rank>.json`` (its exit code, message, result).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -68,7 +69,11 @@ from ..world_size import check_world_size
 RANK_STATUS_ENV = "TINYLLM_DDP_STATUS"
 NNODES_ENV, NODE_RANK_ENV = "TINYLLM_NNODES", "TINYLLM_NODE_RANK"
 RDZV_ENDPOINT_ENV, RDZV_ID_ENV = "TINYLLM_RDZV_ENDPOINT", "TINYLLM_RDZV_ID"
-REPORTED_CODES = (EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_LOCKED)  # a rank's own verdict the launcher passes on (bad input, disk full, locked)
+REPORTED_CODES = (
+    EXIT_BAD_INPUT,
+    EXIT_DISK_FULL,
+    EXIT_LOCKED,
+)  # a rank's own verdict the launcher passes on (bad input, disk full, locked)
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.1
 RANK_EXIT_WAIT_S = 30.0  # after torchrun ended: how long its ranks may take to disappear
@@ -129,6 +134,7 @@ def home_relative(path: Path, home: Path) -> str:
 
 # -- the rank side (no torch needed either) -------------------------------------------------
 
+
 def _set_parent_death_signal(sig: int) -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
@@ -156,8 +162,10 @@ class RankStatus:
     def finish(self, code: int, message: str | None = None) -> None:
         if not self.done:
             self.done = True
-            self._write(f"rank-{self.rank}.json", {"rank": self.rank, "pid": os.getpid(), "code": code,
-                                                   "message": message, "result": self.result})
+            self._write(
+                f"rank-{self.rank}.json",
+                {"rank": self.rank, "pid": os.getpid(), "code": code, "message": message, "result": self.result},
+            )
 
 
 def enter_rank() -> RankStatus:
@@ -173,6 +181,7 @@ def enter_rank() -> RankStatus:
 
 
 # -- the launcher ----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Nodes:
@@ -221,8 +230,10 @@ def nodes_from_env(spec: TrainSpec) -> Nodes:
         raise SpecError(f"world_size {ws} is not a multiple of {NNODES_ENV}={nnodes} (each node runs as many ranks)")
     endpoint = os.environ.get(RDZV_ENDPOINT_ENV, "").strip()
     if not re.fullmatch(r"\[?[A-Za-z0-9.:_-]+\]?:[0-9]{1,5}", endpoint):
-        raise SpecError(f"{NNODES_ENV}={nnodes} needs {RDZV_ENDPOINT_ENV}=HOST:PORT, the c10d rendezvous every "
-                        f"node reaches (got {endpoint!r})")
+        raise SpecError(
+            f"{NNODES_ENV}={nnodes} needs {RDZV_ENDPOINT_ENV}=HOST:PORT, the c10d rendezvous every "
+            f"node reaches (got {endpoint!r})"
+        )
     rdzv_id = os.environ.get(RDZV_ID_ENV, "").strip() or f"tinyllm-{spec.name}"
     return Nodes(nnodes, node_rank, endpoint, rdzv_id)
 
@@ -232,13 +243,34 @@ def torchrun_argv(world_size: int, rank_args: list[str], nodes: Nodes = Nodes())
         where = ["--standalone", "--nproc-per-node", str(world_size)]
     else:
         assert nodes.endpoint is not None and nodes.rdzv_id is not None  # (nodes_from_env: set for K > 1)
-        where = ["--nnodes", str(nodes.nnodes), "--node-rank", str(nodes.node_rank),
-                 "--nproc-per-node", str(nodes.per_node(world_size)), "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", nodes.endpoint, "--rdzv-id", nodes.rdzv_id]
-    return [sys.executable, "-m", "tinyllm.distributed.agent", *where,
-            "--max-restarts", "0",  # the engine owns retries: a failed rank ends the attempt
-            "--signals-to-handle", "SIGHUP,SIGQUIT",  # the stop signals are the agent's own (see above)
-            "-m", "tinyllm.cli", "train", *rank_args]
+        where = [
+            "--nnodes",
+            str(nodes.nnodes),
+            "--node-rank",
+            str(nodes.node_rank),
+            "--nproc-per-node",
+            str(nodes.per_node(world_size)),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            nodes.endpoint,
+            "--rdzv-id",
+            nodes.rdzv_id,
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "tinyllm.distributed.agent",
+        *where,
+        "--max-restarts",
+        "0",  # the engine owns retries: a failed rank ends the attempt
+        "--signals-to-handle",
+        "SIGHUP,SIGQUIT",  # the stop signals are the agent's own (see above)
+        "-m",
+        "tinyllm.cli",
+        "train",
+        *rank_args,
+    ]
 
 
 def _torchrun_setup(parent: int, stops: tuple[int, ...]):
@@ -273,7 +305,9 @@ def forward_stop(folder: Path, signum: int, signaled: set[int]) -> None:
                 pass
 
 
-def launch(spec: TrainSpec, home: Path, rank_args: list[str], resume: Path | None, log=None) -> tuple[int, dict | None, str | None]:
+def launch(
+    spec: TrainSpec, home: Path, rank_args: list[str], resume: Path | None, log=None
+) -> tuple[int, dict | None, str | None]:
     """Run this node's ranks under torchrun; ``(exit code, result, message)`` of the whole run."""
     log = log or sys.stderr
     precheck(spec, home, resume)  # SpecError: nothing started
@@ -292,10 +326,18 @@ def launch(spec: TrainSpec, home: Path, rank_args: list[str], resume: Path | Non
     env = {**os.environ, RANK_STATUS_ENV: str(folder)}
     env.setdefault("LOGLEVEL", "ERROR")  # torchrun's own warnings; its failure report still prints
     try:
-        where = "" if nodes.nnodes == 1 else f" ({nodes.per_node(ws)} of {ws} on node {nodes.node_rank} of {nodes.nnodes})"
-        print(f"tinyllm: launching {ws} rank(s){where} with torchrun ({spec.distributed.backend})", file=log, flush=True)
-        proc = subprocess.Popen(torchrun_argv(ws, rank_args, nodes), env=env, stdin=subprocess.DEVNULL,
-                                preexec_fn=_torchrun_setup(os.getpid(), stops))
+        where = (
+            "" if nodes.nnodes == 1 else f" ({nodes.per_node(ws)} of {ws} on node {nodes.node_rank} of {nodes.nnodes})"
+        )
+        print(
+            f"tinyllm: launching {ws} rank(s){where} with torchrun ({spec.distributed.backend})", file=log, flush=True
+        )
+        proc = subprocess.Popen(
+            torchrun_argv(ws, rank_args, nodes),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_torchrun_setup(os.getpid(), stops),
+        )
         while proc.poll() is None:
             if stop["signal"]:
                 forward_stop(folder, stop["signal"], signaled)
@@ -316,8 +358,13 @@ def launch(spec: TrainSpec, home: Path, rank_args: list[str], resume: Path | Non
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def verdict(world_size: int, ended: dict[int, dict], torchrun_rc: int, local: list[int] | None = None,
-            per_node: int | None = None) -> tuple[int, dict | None, str | None]:
+def verdict(
+    world_size: int,
+    ended: dict[int, dict],
+    torchrun_rc: int,
+    local: list[int] | None = None,
+    per_node: int | None = None,
+) -> tuple[int, dict | None, str | None]:
     """One exit code from the ranks of this node (``local``, all ``world_size`` on one node): all alike (0
     or 130) pass on with the lowest local rank's result (rank 0's on its node; the same figures on every
     rank); a rank's bad input, disk full or lock (the lowest rank's first) passes on with its message;
@@ -341,13 +388,17 @@ def verdict(world_size: int, ended: dict[int, dict], torchrun_rc: int, local: li
         if r not in ended:
             parts.append(f"rank {r} ended without a verdict (killed, or lost a peer)")
         elif codes[r] not in (0, EXIT_CANCELED):
-            parts.append(f"rank {r} exited {codes[r]}" + (f": {ended[r]['message']}" if ended[r].get("message") else ""))
+            parts.append(
+                f"rank {r} exited {codes[r]}" + (f": {ended[r]['message']}" if ended[r].get("message") else "")
+            )
     if not parts:
         parts.append(f"the ranks disagree ({', '.join(f'rank {r}: {c}' for r, c in sorted(codes.items()))})")
     return EXIT_FAILED, None, f"distributed run failed (torchrun exit {torchrun_rc}): {'; '.join(parts)}"
 
 
-def rank_argv(spec_path: str, home: Path, progress: str | None, resume: Path | None, total_steps: int | None) -> list[str]:
+def rank_argv(
+    spec_path: str, home: Path, progress: str | None, resume: Path | None, total_steps: int | None
+) -> list[str]:
     """The ranks' arguments: the launcher's own, with paths made absolute."""
     args = ["--spec", os.path.abspath(spec_path), "--home", str(home)]
     if progress:
@@ -357,5 +408,3 @@ def rank_argv(spec_path: str, home: Path, progress: str | None, resume: Path | N
     if total_steps is not None:
         args += ["--total-steps", str(total_steps)]
     return args
-
-

@@ -36,6 +36,7 @@ different floating-point association than the one-process mean over all rows (an
 half the rows may block differently). A ``W``-rank run is bitwise repeatable and resumable at the
 same ``W``: each rank's shard, RNG and the reduction order are fixed by (seed, cursor, rank, W).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -86,11 +87,15 @@ class _RankHooks(TrainerHooks):
         assert isinstance(trainer, DistributedTrainer)  # (the hooks of DistributedTrainer only)
         ranks = components.get(RANKS_COMPONENT)
         if not isinstance(ranks, dict) or len(ranks.get("torch_rng", ())) != ranks.get("world_size"):
-            raise CheckpointError(f"{trainer.resumed_from}: no valid '{RANKS_COMPONENT}' component "
-                                  "(not a checkpoint of a distributed run)")
+            raise CheckpointError(
+                f"{trainer.resumed_from}: no valid '{RANKS_COMPONENT}' component "
+                "(not a checkpoint of a distributed run)"
+            )
         if ranks["world_size"] != trainer.world_size:  # the spec check said the same; never resume across
-            raise SpecError(f"checkpoint {trainer.resumed_from} holds {ranks['world_size']} ranks' state, "
-                            f"this run has {trainer.world_size}")
+            raise SpecError(
+                f"checkpoint {trainer.resumed_from} holds {ranks['world_size']} ranks' state, "
+                f"this run has {trainer.world_size}"
+            )
         torch.set_rng_state(ranks["torch_rng"][trainer.rank])
 
     def after_step(self, trainer: Trainer, step: int, frame: dict) -> None:
@@ -99,19 +104,28 @@ class _RankHooks(TrainerHooks):
 
 
 class DistributedTrainer(Trainer):
-    def __init__(self, spec: TrainSpec, home: Path, progress: Path | None = None, resume: Path | None = None,
-                 **kwargs: Any):
+    def __init__(
+        self, spec: TrainSpec, home: Path, progress: Path | None = None, resume: Path | None = None, **kwargs: Any
+    ):
         self.rank, self.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         if spec.distributed is None:
-            raise SpecError("a torchrun rank needs a spec with a distributed block (e.g. {\"world_size\": 2})")
+            raise SpecError('a torchrun rank needs a spec with a distributed block (e.g. {"world_size": 2})')
         if spec.distributed.world_size != self.world_size:
-            raise SpecError(f"torchrun started {self.world_size} ranks, the spec asks for world_size "
-                            f"{spec.distributed.world_size}")
+            raise SpecError(
+                f"torchrun started {self.world_size} ranks, the spec asks for world_size {spec.distributed.world_size}"
+            )
         if spec.distributed.backend == "nccl":  # the launcher refuses it first; a rank started by hand too
             raise SpecError("distributed.backend nccl needs CUDA devices, and tinyllm trains on CPU: use gloo")
         lead = self.rank == 0
-        super().__init__(spec, home, progress if lead else None, resume, hooks=_RankHooks(),
-                         log=None if lead else _NullLog(), **kwargs)
+        super().__init__(
+            spec,
+            home,
+            progress if lead else None,
+            resume,
+            hooks=_RankHooks(),
+            log=None if lead else _NullLog(),
+            **kwargs,
+        )
         self.per_rank = spec.batch_size // self.world_size
         if self.validator is not None:  # every rank evaluates its shard; rank 0 records (validation.py)
             from ..validation.runner import Validator
@@ -120,8 +134,7 @@ class DistributedTrainer(Trainer):
             # (a proxy: what it does not define is the wrapped Validator's)
             self.validator = cast(Validator, RankValidator(self.validator, self.rank, self.world_size))
         self.allreduce_s = 0.0  # wall time of the last step's all-reduces (gradients and loss): timer/allreduce_s
-        dist.init_process_group(spec.distributed.backend,
-                                timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        dist.init_process_group(spec.distributed.backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
 
     # -- setup: rank 0 locks and recovers; every rank builds the same model ------------------
 
@@ -154,7 +167,7 @@ class DistributedTrainer(Trainer):
 
     def shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         lo = self.rank * self.per_rank
-        return x[lo:lo + self.per_rank], y[lo:lo + self.per_rank]
+        return x[lo : lo + self.per_rank], y[lo : lo + self.per_rank]
 
     def reduce_gradients(self, loss_sum: float) -> float:
         t0 = time.perf_counter()
@@ -166,7 +179,7 @@ class DistributedTrainer(Trainer):
         offset = 0
         for p in params:
             n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
             offset += n
         losses = torch.tensor([loss_sum], dtype=torch.float64)
         dist.all_reduce(losses)
@@ -196,8 +209,7 @@ class DistributedTrainer(Trainer):
         checkpoint's RNG states are gathered by a collective anyway; docs/checkpoints.md)."""
         return False
 
-    def _write_checkpoint(self, components: dict[str, Any], step: int | None = None,
-                          meta: dict | None = None) -> Path:
+    def _write_checkpoint(self, components: dict[str, Any], step: int | None = None, meta: dict | None = None) -> Path:
         step = self.step if step is None else step
         if self.rank == 0:
             path = super()._write_checkpoint(components, step, meta)
@@ -228,8 +240,9 @@ class DistributedTrainer(Trainer):
             if not isinstance(e, dist.DistError) and "gloo" not in str(e):
                 raise
             first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". This is typically")[0]
-            raise PeerLost(f"rank {self.rank}: a collective failed, another rank died or hung ({first[:300]})") from None
+            raise PeerLost(
+                f"rank {self.rank}: a collective failed, another rank died or hung ({first[:300]})"
+            ) from None
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
-

@@ -14,6 +14,7 @@ At ``W == 1`` the shard is the whole window list and the all-reduce returns its 
 metrics equal the one-process run's bit for bit; at ``W > 1`` the loss sum is added per rank
 first, another floating-point association (deterministic for a fixed ``W``).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,7 +35,7 @@ from ..validation.transaction import read_journal, resume_action
 def shard_windows(wins: list, rank: int, world_size: int, block_size: int) -> list:
     """Rank ``rank``'s contiguous share of ``wins``, padded to ceil(n / W) with all-ignored windows."""
     per = -(-len(wins) // world_size)
-    mine = list(wins[rank * per:(rank + 1) * per])
+    mine = list(wins[rank * per : (rank + 1) * per])
     pad = (np.zeros(block_size, dtype=np.int64), np.full(block_size, IGNORE, dtype=np.int64))
     return mine + [pad] * (per - len(mine))
 
@@ -61,8 +62,9 @@ class RankValidator:
                 faults.point("validation.during_evaluation", step)
 
         with isolated(model):
-            total, count, batches = loss_sums(model, shard_windows(wins, self.rank, self.world_size, block),
-                                              cfg.batch_size, on_batch)
+            total, count, batches = loss_sums(
+                model, shard_windows(wins, self.rank, self.world_size, block), cfg.batch_size, on_batch
+            )
         sums = torch.tensor([total, float(count), float(batches)], dtype=torch.float64)
         dist.all_reduce(sums)
         return lm_metrics(sums[0].item(), int(sums[1].item()), int(sums[2].item()))

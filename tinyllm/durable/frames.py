@@ -30,6 +30,7 @@ helper flushes before it prints a line of its own (a stop, the end), so they rea
 Liveness progress lines are not frames: they stay on the training thread (the contract's "heartbeats mean
 progress": a hung loop goes silent).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -74,8 +75,17 @@ class FrameWriter:
     ``resumed_step``: frames after it are dropped first (a killed run's lost steps; -1: a fresh run).
     ``name``, ``total_steps``, ``console``: the console line ``<name>: step S/<total> | loss L | lr R``."""
 
-    def __init__(self, path: Path, resumed_step: int, *, name: str = "", total_steps: int = 0,
-                 console: IO[str] | None = None, interval_s: float = INTERVAL_S, max_pending: int = MAX_PENDING):
+    def __init__(
+        self,
+        path: Path,
+        resumed_step: int,
+        *,
+        name: str = "",
+        total_steps: int = 0,
+        console: IO[str] | None = None,
+        interval_s: float = INTERVAL_S,
+        max_pending: int = MAX_PENDING,
+    ):
         self.sink = JsonlSink(path, resumed_step)
         self.name, self.total_steps, self.console = name, int(total_steps), console or sys.stderr
         self.path = path
@@ -92,8 +102,15 @@ class FrameWriter:
 
     # -- the training thread -----------------------------------------------------------------
 
-    def put(self, step: int, loss: float, lrs: Sequence[float] | None = None,
-            batch: str | Callable[[], str] | None = None, extra: dict | None = None, say: bool = False) -> None:
+    def put(
+        self,
+        step: int,
+        loss: float,
+        lrs: Sequence[float] | None = None,
+        batch: str | Callable[[], str] | None = None,
+        extra: dict | None = None,
+        say: bool = False,
+    ) -> None:
         """Queue the frame of ``step`` (cheap: the writer formats and writes it); ``say``: its console line too."""
         if self._error is not None or self._closed:
             self._check()

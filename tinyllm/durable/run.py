@@ -46,6 +46,7 @@ process fires once, at a moment another process chose (the fault campaign arms i
 loop after step S (and its checkpoint, if due) until SIGTERM/SIGINT, as tinyllm's loop does, so
 verify-resume's kill lands at that very step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,8 +85,9 @@ from ..names import IDENTIFIER_PATTERN, DuplicateKeyError, refuse_duplicate_keys
 
 # Spec keys that may change between a checkpoint and its resume (the rest is the trajectory).
 # "threads" stays a trajectory key here: a user's own loop is not thread-invariant as tinyllm's model is.
-NON_TRAJECTORY_KEYS = frozenset({"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every",
-                                 "trainer"})
+NON_TRAJECTORY_KEYS = frozenset(
+    {"steps", "eval_every", "eval_interval_seconds", "checkpoint_every", "log_every", "trainer"}
+)
 RUN_STEPS_ENV = "CTL_RUN_STEPS"  # the run's full length (contracts/subprocess-activity.md, "segments")
 
 
@@ -131,11 +133,17 @@ def load_spec(path: str | Path) -> dict:
     name = spec.get("name")
     if not isinstance(name, str) or not re.match(IDENTIFIER_PATTERN, name) or len(name) > 128:
         raise DurableError(f"train spec {p}: name: {name!r} is not a plain identifier ([A-Za-z0-9][A-Za-z0-9._-]*)")
-    for key, default, low in (("steps", None, 1), ("checkpoint_every", 100, 1), ("seed", 0, None), ("log_every", 10, 1)):
+    for key, default, low in (
+        ("steps", None, 1),
+        ("checkpoint_every", 100, 1),
+        ("seed", 0, None),
+        ("log_every", 10, 1),
+    ):
         value = spec.get(key, default)
         if not isinstance(value, int) or isinstance(value, bool) or (low is not None and value < low):
-            raise DurableError(f"train spec {p}: {key}: expected an integer" + (f" >= {low}" if low else "")
-                               + f", got {value!r}")
+            raise DurableError(
+                f"train spec {p}: {key}: expected an integer" + (f" >= {low}" if low else "") + f", got {value!r}"
+            )
     if not isinstance(spec.get("config", {}), dict):
         raise DurableError(f"train spec {p}: config: expected a JSON object")
     return spec
@@ -192,8 +200,10 @@ class DurableSampler(torch.utils.data.Sampler):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if (state["n"], state["seed"], state["shuffle"]) != (self.n, self.seed, self.shuffle):
-            raise DurableError(f"data sampler state is for n={state['n']} seed={state['seed']} shuffle={state['shuffle']}, "
-                               f"this sampler has n={self.n} seed={self.seed} shuffle={self.shuffle}")
+            raise DurableError(
+                f"data sampler state is for n={state['n']} seed={state['seed']} shuffle={state['shuffle']}, "
+                f"this sampler has n={self.n} seed={self.seed} shuffle={self.shuffle}"
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
@@ -235,9 +245,18 @@ class DurableRun:
     _logged: float | None  # the loss log() was given this step, if any
     """One run of a user's training loop under the trainer contract (see the module docstring)."""
 
-    def __init__(self, spec: Mapping[str, Any], *, home: str | Path | None = None, progress: str | Path | None = None,
-                 resume: str | Path | None = None, progress_interval_s: float = 1.0, console=None,
-                 seed_rngs: bool = True, async_checkpoints: bool | None = None):
+    def __init__(
+        self,
+        spec: Mapping[str, Any],
+        *,
+        home: str | Path | None = None,
+        progress: str | Path | None = None,
+        resume: str | Path | None = None,
+        progress_interval_s: float = 1.0,
+        console=None,
+        seed_rngs: bool = True,
+        async_checkpoints: bool | None = None,
+    ):
         self.spec = dict(spec)
         self.name: str = self.spec["name"]
         self.total_steps: int = int(self.spec["steps"])  # this invocation's last step (a segment's end)
@@ -323,6 +342,7 @@ class DurableRun:
         flag: a second or third signal (Slurm's CONT+TERM, a terminal's Ctrl-C reaching the group, ctl's
         own) can never interrupt a checkpoint being written. A framework that installs its own handlers
         (Lightning turns SIGTERM into ``SystemExit``) calls this again after it."""
+
         def stop(signum: int, frame: Any) -> None:
             self._stop_signal = self._stop_signal or stopping.signal_name(signum)
             self._stop = True
@@ -356,8 +376,11 @@ class DurableRun:
         self._stop_noticed = True
         self.flush_frames()  # the steps' console lines before this one
         self._emit({"event": "stopping", "signal": self._stop_signal or "SIGTERM"}, sync=True)
-        print(f"{self.name}: stopping at step {self.step} ({self._stop_signal or 'SIGTERM'}): checkpointing this step",
-              file=self.console, flush=True)
+        print(
+            f"{self.name}: stopping at step {self.step} ({self._stop_signal or 'SIGTERM'}): checkpointing this step",
+            file=self.console,
+            flush=True,
+        )
 
     def checkpoint_line_written(self) -> None:
         """A checkpoint's line was just emitted (a framework's mirror): after ``stopping``, none is repeated."""
@@ -386,8 +409,16 @@ class DurableRun:
         self._saves += 1
         return self._saves
 
-    def track(self, *, model: torch.nn.Module, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
-              data: Any = None, generators: Mapping[str, Any] | None = None) -> "DurableRun":
+    def track(
+        self,
+        *,
+        model: torch.nn.Module,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        scaler: Any = None,
+        data: Any = None,
+        generators: Mapping[str, Any] | None = None,
+    ) -> "DurableRun":
         """Register what a checkpoint saves and a resume restores (call once, before ``steps()``)."""
         if self._started:
             raise RuntimeError("track() must be called before steps()")
@@ -458,11 +489,22 @@ class DurableRun:
                 _fail(str(e), EXIT_BAD_INPUT)
             self.last_saved = self.step if self.resumed_from is not None else 0
             self.last_path = self.resumed_from
-            self.metrics = FrameWriter(self.run_dir / METRICS, self.step if self.resumed_from else -1,
-                                       name=self.name, total_steps=self.total_steps, console=self.console)
+            self.metrics = FrameWriter(
+                self.run_dir / METRICS,
+                self.step if self.resumed_from else -1,
+                name=self.name,
+                total_steps=self.total_steps,
+                console=self.console,
+            )
             self._last_line = time.monotonic()
-            self._emit({"event": "resume" if self.resumed_from else "start", "state": self.fingerprint(),
-                        "resumed_from": self.rel(self.resumed_from), "refused": self.refused})
+            self._emit(
+                {
+                    "event": "resume" if self.resumed_from else "start",
+                    "state": self.fingerprint(),
+                    "resumed_from": self.rel(self.resumed_from),
+                    "refused": self.refused,
+                }
+            )
             while self.step < self.total_steps and not self._stop:
                 self._logged = None
                 yield self.step + 1
@@ -472,7 +514,9 @@ class DurableRun:
                 self.loss = self._logged
                 self._poll_checkpoint()  # a checkpoint the writer finished: its line now (before this step's save)
                 self._after_step()
-                faults.hold(self.step, lambda: self._stop, self._hold_alive)  # tests only (TINYLLM_FAULT=trainer.hold@S)
+                faults.hold(
+                    self.step, lambda: self._stop, self._hold_alive
+                )  # tests only (TINYLLM_FAULT=trainer.hold@S)
             self._finish()
         finally:
             if self._checkpoint_writer is not None:  # never release the run lock with a write in flight
@@ -488,9 +532,14 @@ class DurableRun:
         opt = self._optimizer_seen()
         lrs = None if opt is None else [float(g["lr"]) for g in opt.param_groups]  # now: a tensor lr changes in place
         snap = self._batch
-        self.metrics.put(self.step, self.loss, lrs, None if snap is None else (lambda: digest(snap)),
-                         {"state": self.fingerprint()} if self._fingerprint_steps else None,
-                         self.step % self.log_every == 0 or self.step == self.total_steps)
+        self.metrics.put(
+            self.step,
+            self.loss,
+            lrs,
+            None if snap is None else (lambda: digest(snap)),
+            {"state": self.fingerprint()} if self._fingerprint_steps else None,
+            self.step % self.log_every == 0 or self.step == self.total_steps,
+        )
         stop = self._stop and self.step < self.total_steps  # asked once: the save below follows the line
         if stop:
             self.stopping_line()
@@ -515,10 +564,17 @@ class DurableRun:
             self.stop_checkpoint_line()
         canceled = self._stop and self.step < self.total_steps
         loss = None if math.isnan(self.loss) else self.loss
-        result = {"name": self.name, "steps": self.step, "checkpoint": self.rel(self.last_path),
-                  "final_loss": loss, "final_loss_hex": None if loss is None else loss.hex(),
-                  "digest": state_digest(self._model().state_dict()), "resumed_from": self.rel(self.resumed_from),
-                  "refused_checkpoints": self.refused, "canceled": canceled}
+        result = {
+            "name": self.name,
+            "steps": self.step,
+            "checkpoint": self.rel(self.last_path),
+            "final_loss": loss,
+            "final_loss_hex": None if loss is None else loss.hex(),
+            "digest": state_digest(self._model().state_dict()),
+            "resumed_from": self.rel(self.resumed_from),
+            "refused_checkpoints": self.refused,
+            "canceled": canceled,
+        }
         sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
         sys.stdout.flush()
         if canceled:
@@ -538,12 +594,20 @@ class DurableRun:
         return pieces + [f"rng/{n}" for n in sorted(self.generators)]
 
     def components(self) -> dict[str, Any]:
-        state = {"format": "durable/1", "step": self.step, "loss": self.loss, "loss_hex": float(self.loss).hex(),
-                 "cursor": int(self.cursor), "rng": capture_rng(self.generators),
-                 "data": None if self.data is None else self._data_state()}
-        comps: dict[str, Any] = {"model": self._model().state_dict(),
-                                 "optimizer": {} if self.optimizer is None else self.optimizer.state_dict(),
-                                 "training_state": state}
+        state = {
+            "format": "durable/1",
+            "step": self.step,
+            "loss": self.loss,
+            "loss_hex": float(self.loss).hex(),
+            "cursor": int(self.cursor),
+            "rng": capture_rng(self.generators),
+            "data": None if self.data is None else self._data_state(),
+        }
+        comps: dict[str, Any] = {
+            "model": self._model().state_dict(),
+            "optimizer": {} if self.optimizer is None else self.optimizer.state_dict(),
+            "training_state": state,
+        }
         if self.scheduler is not None:
             comps["scheduler"] = self.scheduler.state_dict()
         if self.scaler is not None:
@@ -572,20 +636,35 @@ class DurableRun:
         writer = self._writer()
         opt = self._optimizer_seen()
         seen_opt = comps["optimizer"] if self.optimizer is not None else None if opt is None else opt.state_dict()
-        parts = {"optimizer": seen_opt, "scheduler": comps.get("scheduler"), "scaler": comps.get("scaler"),
-                 "data": comps["training_state"]["data"] if self.data is not None else None}
+        parts = {
+            "optimizer": seen_opt,
+            "scheduler": comps.get("scheduler"),
+            "scaler": comps.get("scaler"),
+            "data": comps["training_state"]["data"] if self.data is not None else None,
+        }
         if writer.asynchronous:
             comps, parts = snapshot((comps, parts))  # one copy, shared tensors shared
         if faults.fires("durable.checkpoint_write", self.count_save(), self.home):  # tests only (tinyllm/faults.py)
             comps["zz_fault"] = _FaultOnSave()  # sorted last: the other files are written, no manifest yet
-        meta = {"name": self.name, "trainer": "tinyllm.durable", "tracked": self.tracked(),
-                "trajectory": trajectory(self.spec)}
+        meta = {
+            "name": self.name,
+            "trainer": "tinyllm.durable",
+            "tracked": self.tracked(),
+            "trajectory": trajectory(self.spec),
+        }
 
         def persist() -> tuple[Path, dict]:
             path = ckpt.save_checkpoint(self.run_dir, step, comps, meta=meta)
             state = comps["training_state"]
-            return path, fingerprint_of(comps["model"], state["cursor"], parts["optimizer"], scheduler=parts["scheduler"],
-                                        scaler=parts["scaler"], data=parts["data"], rng=state["rng"])
+            return path, fingerprint_of(
+                comps["model"],
+                state["cursor"],
+                parts["optimizer"],
+                scheduler=parts["scheduler"],
+                scaler=parts["scaler"],
+                data=parts["data"],
+                rng=state["rng"],
+            )
 
         self.last_saved = step
         writer.submit(persist, (step, loss))
@@ -605,8 +684,16 @@ class DurableRun:
         (step, loss), (path, state) = done.tag, done.result
         self.last_path = path
         loss_value = None if math.isnan(loss) else loss
-        self._emit({"event": "checkpoint", "state": state, "step": step, "loss": loss_value,
-                    "loss_hex": None if loss_value is None else loss_value.hex()}, sync=True)
+        self._emit(
+            {
+                "event": "checkpoint",
+                "state": state,
+                "step": step,
+                "loss": loss_value,
+                "loss_hex": None if loss_value is None else loss_value.hex(),
+            },
+            sync=True,
+        )
         self.checkpoint_line_written()
 
     def _poll_checkpoint(self) -> None:
@@ -638,13 +725,19 @@ class DurableRun:
             if obj is not None and piece not in comps:
                 raise DurableError(f"checkpoint {where} has no {piece} state, but a {piece} is tracked now")
             if obj is None and piece in comps:
-                print(f"durable: warning: checkpoint {where} has {piece} state but no {piece} is tracked: not restored",
-                      file=self.console, flush=True)
+                print(
+                    f"durable: warning: checkpoint {where} has {piece} state but no {piece} is tracked: not restored",
+                    file=self.console,
+                    flush=True,
+                )
         if self.data is not None and state.get("data") is None:
             raise DurableError(f"checkpoint {where} has no data position, but data is tracked now")
         if self.data is None and state.get("data") is not None:
-            print(f"durable: warning: checkpoint {where} has a data position but no data is tracked: not restored",
-                  file=self.console, flush=True)
+            print(
+                f"durable: warning: checkpoint {where} has a data position but no data is tracked: not restored",
+                file=self.console,
+                flush=True,
+            )
         self._model().load_state_dict(comps["model"])
         if self.optimizer is not None:
             if not comps["optimizer"]:
@@ -668,10 +761,15 @@ class DurableRun:
     def fingerprint(self) -> dict[str, Any]:
         """Short digests of every piece of state the helper can see now (tracked or reachable)."""
         opt = self._optimizer_seen()
-        return fingerprint_of(self._model().state_dict(), self.cursor, None if opt is None else opt.state_dict(),
-                              scheduler=None if self.scheduler is None else self.scheduler.state_dict(),
-                              scaler=None if self.scaler is None else self.scaler.state_dict(),
-                              data=None if self.data is None else self._data_state(), rng=capture_rng(self.generators))
+        return fingerprint_of(
+            self._model().state_dict(),
+            self.cursor,
+            None if opt is None else opt.state_dict(),
+            scheduler=None if self.scheduler is None else self.scheduler.state_dict(),
+            scaler=None if self.scaler is None else self.scaler.state_dict(),
+            data=None if self.data is None else self._data_state(),
+            rng=capture_rng(self.generators),
+        )
 
     def rel(self, path: Path | None) -> str | None:
         return rel(path, self.home)
@@ -682,8 +780,15 @@ class DurableRun:
         if self.progress is None:
             return
         loss = None if math.isnan(self.loss) else self.loss
-        line = {"step": self.step, "loss": loss, "loss_hex": None if loss is None else loss.hex(),
-                "checkpoint": self.rel(self.last_path), "time": time.time(), "tracked": self.tracked(), **extra}
+        line = {
+            "step": self.step,
+            "loss": loss,
+            "loss_hex": None if loss is None else loss.hex(),
+            "checkpoint": self.rel(self.last_path),
+            "time": time.time(),
+            "tracked": self.tracked(),
+            **extra,
+        }
         self.progress.parent.mkdir(parents=True, exist_ok=True)
         with open(self.progress, "a", encoding="utf-8") as f:
             f.write(json.dumps(line, sort_keys=True) + "\n")

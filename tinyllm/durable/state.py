@@ -9,6 +9,7 @@ A *fingerprint* is a short digest of every piece of state the helper can see at 
 ``ctl verify-resume`` compares the fingerprint right after a resume with the uninterrupted run's at
 the same step, which names the piece that was not restored.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -78,8 +79,10 @@ def _generator_kind(gen: Any) -> str:
         return "numpy-legacy"
     if isinstance(gen, random.Random):
         return "python"
-    raise TypeError(f"cannot save generator of type {type(gen).__name__}: register torch.Generator, "
-                    "numpy.random.Generator, numpy.random.RandomState or random.Random")
+    raise TypeError(
+        f"cannot save generator of type {type(gen).__name__}: register torch.Generator, "
+        "numpy.random.Generator, numpy.random.RandomState or random.Random"
+    )
 
 
 def check_generators(generators: Mapping[str, Any]) -> None:
@@ -283,9 +286,16 @@ def learning_rates(optimizer: Any | None) -> list[str] | None:
     return [float(g["lr"]).hex() for g in optimizer.param_groups]
 
 
-def fingerprint_of(model: Mapping[str, Any], cursor: int, optimizer: Mapping[str, Any] | None, *,
-                   scheduler: Any = None, scaler: Any = None, data: Any = None,
-                   rng: Mapping[str, Any]) -> dict[str, Any]:
+def fingerprint_of(
+    model: Mapping[str, Any],
+    cursor: int,
+    optimizer: Mapping[str, Any] | None,
+    *,
+    scheduler: Any = None,
+    scaler: Any = None,
+    data: Any = None,
+    rng: Mapping[str, Any],
+) -> dict[str, Any]:
     """The fingerprint of state given as state dicts (``optimizer``: an optimizer's ``state_dict()``;
     None: no optimizer seen; ``scheduler``/``scaler``/``data``: None when not tracked; ``rng``:
     ``capture_rng``'s). The live state's (``DurableRun.fingerprint``) and a checkpoint snapshot's

@@ -18,6 +18,7 @@ and ``training_state`` are each ``{file name: bytes}``; ``training_state`` also 
 ``step``, ``loss``, ``loss_hex``. ``materialize`` writes them back as the framework's own checkpoint,
 which the framework's own resume then loads.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,7 +36,16 @@ from .. import checkpoint as ckpt
 from .. import faults, runlock
 from ..digest import state_digest
 from ..durable.frames import FrameWriter
-from ..durable.run import EXIT_BAD_INPUT, EXIT_CANCELED, EXIT_LOCKED, DurableError, DurableRun, _FaultOnSave, checked_state, trajectory
+from ..durable.run import (
+    EXIT_BAD_INPUT,
+    EXIT_CANCELED,
+    EXIT_LOCKED,
+    DurableError,
+    DurableRun,
+    _FaultOnSave,
+    checked_state,
+    trajectory,
+)
 from ..checkpoint_writer import CheckpointWriter, Done
 from ..errors import RunLocked
 
@@ -53,8 +63,12 @@ def require(module: str, extra: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        print(f"durable: {module} is not installed ({e.msg}): pip install 'durable-train[{extra}]' "
-              f"(in a checkout: pip install -e '.[{extra}]')", file=sys.stderr, flush=True)
+        print(
+            f"durable: {module} is not installed ({e.msg}): pip install 'durable-train[{extra}]' "
+            f"(in a checkout: pip install -e '.[{extra}]')",
+            file=sys.stderr,
+            flush=True,
+        )
         raise MissingExtra(EXIT_BAD_INPUT) from None
 
 
@@ -71,8 +85,10 @@ def schedule_overrun(exc: BaseException, run: DurableRun, horizon: str) -> str |
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     if not isinstance(exc, ValueError) or not text.startswith("Tried to step"):
         return None
-    return (f"the LR schedule ran past its last step at step {run.step + 1} of {run.run_steps} ({text}): it was "
-            f"built over fewer steps than the run has: {horizon}")
+    return (
+        f"the LR schedule ran past its last step at step {run.step + 1} of {run.run_steps} ({text}): it was "
+        f"built over fewer steps than the run has: {horizon}"
+    )
 
 
 class FrameworkRun:
@@ -117,8 +133,13 @@ class FrameworkRun:
                 fail(str(e))
         self.last_saved = run.step if comps is not None else 0
         run.last_path = run.resumed_from
-        self.metrics = FrameWriter(run.run_dir / METRICS, run.step if comps is not None else -1,
-                                   name=run.name, total_steps=run.total_steps, console=run.console)
+        self.metrics = FrameWriter(
+            run.run_dir / METRICS,
+            run.step if comps is not None else -1,
+            name=run.name,
+            total_steps=run.total_steps,
+            console=run.console,
+        )
         run.metrics = self.metrics
         self.resume_comps = comps
         return comps
@@ -155,8 +176,15 @@ class FrameworkRun:
             return
         self.started_line = True
         run = self.run
-        run.emit({"event": "resume" if run.resumed_from else "start", "state": run.fingerprint(),
-                   "resumed_from": run.rel(run.resumed_from), "refused": run.refused, "trainer": self.trainer})
+        run.emit(
+            {
+                "event": "resume" if run.resumed_from else "start",
+                "state": run.fingerprint(),
+                "resumed_from": run.rel(run.resumed_from),
+                "refused": run.refused,
+                "trainer": self.trainer,
+            }
+        )
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -169,9 +197,14 @@ class FrameworkRun:
         opt = run.optimizer
         lrs = None if opt is None else [float(g["lr"]) for g in opt.param_groups]  # now: a tensor lr changes in place
         assert self.metrics is not None  # (begin() opened it)
-        self.metrics.put(run.step, run.loss, lrs, batch,
-                         {"state": run.fingerprint()} if run.fingerprint_every_step else None,
-                         run.step % run.log_every == 0 or run.step == run.total_steps)  # and its console line
+        self.metrics.put(
+            run.step,
+            run.loss,
+            lrs,
+            batch,
+            {"state": run.fingerprint()} if run.fingerprint_every_step else None,
+            run.step % run.log_every == 0 or run.step == run.total_steps,
+        )  # and its console line
         self.poll()  # a mirror the writer finished: its line now
         run.heartbeat()
         faults.hold(run.step, lambda: run.stop_requested, self._hold_alive)  # tests only (TINYLLM_FAULT=trainer.hold@S)
@@ -210,9 +243,17 @@ class FrameworkRun:
         run = self.run
         t0 = time.perf_counter()
         run.flush_frames()  # every frame up to this step is in metrics.jsonl before LATEST can name it
-        comps: dict[str, Any] = {"model": {}, "optimizer": {}, "training_state": {
-            "format": self.fmt, "step": int(step), "loss": float(run.loss), "loss_hex": float(run.loss).hex(),
-            "files": {}}}
+        comps: dict[str, Any] = {
+            "model": {},
+            "optimizer": {},
+            "training_state": {
+                "format": self.fmt,
+                "step": int(step),
+                "loss": float(run.loss),
+                "loss_hex": float(run.loss).hex(),
+                "files": {},
+            },
+        }
         if self.eval_pending == int(step):  # a stop abandoned this step's evaluation: the resume runs it once
             comps["training_state"]["eval_pending"] = int(step)
         paths = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
@@ -230,8 +271,9 @@ class FrameworkRun:
         # the framework's files are in memory now (bytes: the snapshot); the mirror's write, fsync and LATEST
         # run on the writer thread (docs/checkpoints.md), announced at a later step_end or at finish
         writer = self._writer()
-        writer.submit(lambda: ckpt.save_checkpoint(run.run_dir, int(step), comps, meta=meta),
-                      (int(step), float(run.loss), state))
+        writer.submit(
+            lambda: ckpt.save_checkpoint(run.run_dir, int(step), comps, meta=meta), (int(step), float(run.loss), state)
+        )
         if not writer.asynchronous:
             self._announce(writer.wait())
         self.save_seconds.append(time.perf_counter() - t0)  # the training thread's share
@@ -251,8 +293,16 @@ class FrameworkRun:
         run = self.run
         run.last_path = path
         loss_value = None if math.isnan(loss) else loss
-        run.emit({"event": "checkpoint", "state": state, "step": step, "loss": loss_value,
-                  "loss_hex": None if loss_value is None else loss_value.hex()}, sync=True)
+        run.emit(
+            {
+                "event": "checkpoint",
+                "state": state,
+                "step": step,
+                "loss": loss_value,
+                "loss_hex": None if loss_value is None else loss_value.hex(),
+            },
+            sync=True,
+        )
         run.checkpoint_line_written()  # (after the `stopping` line, if any)
         self._retain()
 
@@ -288,10 +338,17 @@ class FrameworkRun:
             self.notice_stop()
             run.stop_checkpoint_line()  # the step was saved before the stop was noticed: its line again
         loss = None if math.isnan(run.loss) else run.loss
-        result = {"name": run.name, "steps": run.step, "checkpoint": run.rel(run.last_path),
-                  "final_loss": loss, "final_loss_hex": None if loss is None else loss.hex(),
-                  "digest": state_digest(dict(model_state)), "resumed_from": run.rel(run.resumed_from),
-                  "refused_checkpoints": run.refused, "canceled": canceled}
+        result = {
+            "name": run.name,
+            "steps": run.step,
+            "checkpoint": run.rel(run.last_path),
+            "final_loss": loss,
+            "final_loss_hex": None if loss is None else loss.hex(),
+            "digest": state_digest(dict(model_state)),
+            "resumed_from": run.rel(run.resumed_from),
+            "refused_checkpoints": run.refused,
+            "canceled": canceled,
+        }
         sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
         sys.stdout.flush()
         sys.stdout = sys.stderr  # the result line stays the last line on stdout, whatever the script prints next

@@ -24,6 +24,7 @@ refused (exit 2). ``track_generators={"name": g}`` registers generators of the s
 each checkpoint (``durable_generators.pt``) and restored before training continues. A schedule that
 runs past its last step ("Tried to step N times") ends the attempt with one line and exit 2.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,8 +58,10 @@ HORIZON_FREE = frozenset({"constant", "constant_with_warmup", "reduce_lr_on_plat
 OPTIMIZER_FILES = ("optimizer", "scheduler", "scaler")
 MODEL_FILES = ("config.json", "generation_config.json")
 GENERATORS_FILE = "durable_generators.pt"  # track_generators' states, beside HF's rng_state.pth
-HORIZON = ("build it over config.schedule_steps (the run's total steps; DurableTrainer's own schedules span it) "
-           "or run.run_steps, never max_steps or the spec's steps (a segment's end under ctl train)")
+HORIZON = (
+    "build it over config.schedule_steps (the run's total steps; DurableTrainer's own schedules span it) "
+    "or run.run_steps, never max_steps or the spec's steps (a segment's end under ctl train)"
+)
 
 
 def classify(name: str) -> str:
@@ -98,10 +101,18 @@ class DurableTrainer(Trainer):
     ``"rng"`` drops HF's RNG file (and the registered generators' states) from the resume.
     """
 
-    def __init__(self, run: DurableRun, *args: Any, forget: tuple[str, ...] = (),
-                 track_generators: Mapping[str, Any] | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        run: DurableRun,
+        *args: Any,
+        forget: tuple[str, ...] = (),
+        track_generators: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ):
         if not isinstance(run, DurableRun):
-            raise TypeError(f"DurableTrainer(run, ...): run must be a tinyllm.durable.DurableRun, got {type(run).__name__}")
+            raise TypeError(
+                f"DurableTrainer(run, ...): run must be a tinyllm.durable.DurableRun, got {type(run).__name__}"
+            )
         try:
             check_generators(track_generators or {})
         except TypeError as e:
@@ -110,27 +121,41 @@ class DurableTrainer(Trainer):
         if targs is None:
             fail("DurableTrainer needs args=TrainingArguments(...)")
         if getattr(targs, "deepspeed", None) or getattr(targs, "fsdp", None):
-            fail("DurableTrainer does not support DeepSpeed or FSDP (their sharded checkpoints are not mirrored); "
-                 "train on one process, or use tinyllm's own distributed trainer")
+            fail(
+                "DurableTrainer does not support DeepSpeed or FSDP (their sharded checkpoints are not mirrored); "
+                "train on one process, or use tinyllm's own distributed trainer"
+            )
         if getattr(targs, "world_size", 1) > 1:
             fail("DurableTrainer runs one process (world_size 1); got a distributed launch")
         horizon = run.config.get("schedule_steps")
         if horizon is None and _schedule_name(targs) not in HORIZON_FREE:
-            fail(f"config.schedule_steps is required for the {_schedule_name(targs)!r} LR schedule: HF spans it over "
-                 "max_steps, which is each segment's end under ctl train (set it to the run's total steps)")
+            fail(
+                f"config.schedule_steps is required for the {_schedule_name(targs)!r} LR schedule: HF spans it over "
+                "max_steps, which is each segment's end under ctl train (set it to the run's total steps)"
+            )
         if horizon is not None and (not isinstance(horizon, int) or isinstance(horizon, bool) or horizon < 1):
             fail(f"config.schedule_steps: expected an integer >= 1, got {horizon!r}")
-        self.durable = FrameworkRun(run, fmt=FORMAT, trainer="tinyllm.integrations.hf",
-                                    save_total_limit=targs.save_total_limit)
+        self.durable = FrameworkRun(
+            run, fmt=FORMAT, trainer="tinyllm.integrations.hf", save_total_limit=targs.save_total_limit
+        )
         self.durable_horizon = horizon
         self.durable_forget = tuple(forget)
         self.durable_generators = dict(track_generators or {})
         run.generators.update(self.durable_generators)  # the run's tracked pieces and fingerprints name them
         self.staging = run.run_dir / "hf"
         targs = dataclasses.replace(
-            targs, output_dir=str(self.staging), max_steps=run.total_steps, save_strategy="steps",
-            save_steps=run.checkpoint_every, save_total_limit=None, save_only_model=False, seed=run.seed,
-            ignore_data_skip=False, report_to="none", disable_tqdm=True)
+            targs,
+            output_dir=str(self.staging),
+            max_steps=run.total_steps,
+            save_strategy="steps",
+            save_steps=run.checkpoint_every,
+            save_total_limit=None,
+            save_only_model=False,
+            seed=run.seed,
+            ignore_data_skip=False,
+            report_to="none",
+            disable_tqdm=True,
+        )
         if len(args) > 1:
             args = (args[0], targs, *args[2:])
         else:
@@ -205,12 +230,15 @@ class DurableTrainer(Trainer):
         self._durable_batches.append(snapshot(inputs))
         return loss
 
-    def train(self, resume_from_checkpoint: Any = None, trial: Any = None,
-              ignore_keys_for_eval: list[str] | None = None) -> Any:
+    def train(
+        self, resume_from_checkpoint: Any = None, trial: Any = None, ignore_keys_for_eval: list[str] | None = None
+    ) -> Any:
         """HF's ``train()``, resumed from the contract's checkpoint; ends with the contract's result line."""
         if resume_from_checkpoint not in (None, False):
-            fail("DurableTrainer.train() resumes from the contract's checkpoint (--resume, else LATEST): "
-                 "drop resume_from_checkpoint")
+            fail(
+                "DurableTrainer.train() resumes from the contract's checkpoint (--resume, else LATEST): "
+                "drop resume_from_checkpoint"
+            )
         run = self.durable.run
         comps = self.durable.begin()
         if self.staging.exists():  # a killed attempt's half-written HF checkpoints: the mirror is the truth
@@ -233,8 +261,11 @@ class DurableTrainer(Trainer):
             self.durable.finish(self.model.state_dict())
             return None
         try:
-            out = super().train(resume_from_checkpoint=str(resume) if resume else None, trial=trial,
-                                ignore_keys_for_eval=ignore_keys_for_eval)
+            out = super().train(
+                resume_from_checkpoint=str(resume) if resume else None,
+                trial=trial,
+                ignore_keys_for_eval=ignore_keys_for_eval,
+            )
         except _StoppedAtResume:  # the pending evaluation abandoned again: the checkpoint resumed from stays
             out = None
             self.durable.notice_stop()
@@ -283,8 +314,16 @@ class _ContractCallback(TrainerCallback):
     def __init__(self, trainer: DurableTrainer):
         self.trainer = trainer
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                       lr_scheduler: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        model: Any = None,
+        optimizer: Any = None,
+        lr_scheduler: Any = None,
+        **kwargs: Any,
+    ) -> None:
         run = self.trainer.durable.run
         run.model, run.optimizer, run.scheduler = model, optimizer, lr_scheduler
 

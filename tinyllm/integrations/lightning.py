@@ -35,6 +35,7 @@ in the home instead of the trainer's working folder; the contract's checkpoints 
 ``forget`` (test-only: the broken variants verify-resume diagnoses): ``"rng"`` leaves the RNG states
 out, ``"data"`` the loader position (both: Lightning's own resume).
 """
+
 from __future__ import annotations
 
 import os
@@ -65,9 +66,11 @@ FORMAT = "durable-lightning/1"
 CKPT_NAME = "lightning.ckpt"
 LOGS = "lightning_logs"  # Lightning's own files, in the run's folder (module docstring)
 # where a schedule built over a segment's steps should take its horizon from (the exit-2 line says it)
-HORIZON = ("build it over trainer.estimated_stepping_batches or trainer.max_steps (under fit() both are the run's "
-           "full length), run.run_steps, or a fixed length in the spec's config, never the spec's steps (a "
-           "segment's end under ctl train)")
+HORIZON = (
+    "build it over trainer.estimated_stepping_batches or trainer.max_steps (under fit() both are the run's "
+    "full length), run.run_steps, or a fixed length in the spec's config, never the spec's steps (a "
+    "segment's end under ctl train)"
+)
 
 
 class _ValidationAbandoned(Exception):
@@ -86,8 +89,9 @@ def _loss_of(outputs: Any) -> torch.Tensor | None:
 class DurableCallback(pl.Callback):
     """The contract for one ``lightning.Trainer.fit`` of the ``DurableRun`` ``run`` (see the module docstring)."""
 
-    def __init__(self, run: DurableRun, *, forget: tuple[str, ...] = (),
-                 track_generators: Mapping[str, Any] | None = None):
+    def __init__(
+        self, run: DurableRun, *, forget: tuple[str, ...] = (), track_generators: Mapping[str, Any] | None = None
+    ):
         if not isinstance(run, DurableRun):
             raise TypeError(f"DurableCallback(run): run must be a tinyllm.durable.DurableRun, got {type(run).__name__}")
         try:
@@ -117,7 +121,9 @@ class DurableCallback(pl.Callback):
         data = None
         if self.sampler is not None and "data" not in self.forget:
             state = self.sampler.state_dict()  # what the finished steps consumed, should the fetcher run ahead
-            state["position"] = min(self.sampler.n, self._consumed * self.batch_size)  # = its own count unless Lightning ran ahead
+            state["position"] = min(
+                self.sampler.n, self._consumed * self.batch_size
+            )  # = its own count unless Lightning ran ahead
             data = state
         rng = None if "rng" in self.forget else capture_rng(self.generators)
         return {"format": FORMAT, "rng": rng, "data": data}
@@ -146,23 +152,29 @@ class DurableCallback(pl.Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         strategy = type(trainer.strategy).__name__
         if trainer.world_size > 1 or any(s in strategy for s in ("DDP", "DeepSpeed", "FSDP", "ModelParallel")):
-            fail(f"DurableCallback runs one process; the {strategy} strategy (world size {trainer.world_size}) "
-                 "is not supported")
+            fail(
+                f"DurableCallback runs one process; the {strategy} strategy (world size {trainer.world_size}) "
+                "is not supported"
+            )
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.run.install_signal_handlers()  # after Lightning's own (which would end in SystemExit): stop at a step boundary
         loader = trainer.train_dataloader
         if not isinstance(loader, torch.utils.data.DataLoader):
-            fail("DurableCallback needs one torch DataLoader for training (got "
-                 f"{type(loader).__name__}); combined loaders are not supported")
+            fail(
+                "DurableCallback needs one torch DataLoader for training (got "
+                f"{type(loader).__name__}); combined loaders are not supported"
+            )
         stopping.quiet_workers(loader)  # a loader fit() was not given: quiet from its next workers on
         if loader.generator is None:  # starting an epoch draws a seed from it instead of the global RNG
             loader.generator = torch.Generator().manual_seed(self.run.seed)
         if isinstance(loader.sampler, DurableSampler):
             self.sampler, self.batch_size = loader.sampler, int(loader.batch_size or 1)
         elif isinstance(loader.sampler, torch.utils.data.RandomSampler) and "data" not in self.forget:
-            fail("the training DataLoader shuffles with a RandomSampler, whose position a resume cannot restore: "
-                 "use sampler=DurableSampler(len(dataset), seed=run.seed) instead of shuffle=True")
+            fail(
+                "the training DataLoader shuffles with a RandomSampler, whose position a resume cannot restore: "
+                "use sampler=DurableSampler(len(dataset), seed=run.seed) instead of shuffle=True"
+            )
         self._validates = bool(trainer.enable_validation)
         self.run.model = pl_module
         self.run.optimizer = trainer.optimizers[0] if trainer.optimizers else None
@@ -179,8 +191,10 @@ class DurableCallback(pl.Callback):
                 try:
                     restore_rng(pending["rng"], self.generators)
                 except KeyError as e:  # a generator registered now that the checkpoint lacks
-                    fail(f"checkpoint {self.run.rel(self.run.resumed_from)}: {e.args[0]} (registered with "
-                         "track_generators after it was written)")
+                    fail(
+                        f"checkpoint {self.run.rel(self.run.resumed_from)}: {e.args[0]} (registered with "
+                        "track_generators after it was written)"
+                    )
         if self.durable.eval_pending_at_resume() is not None:
             self._validate_first(trainer)
         self.durable.start_line()
@@ -208,8 +222,9 @@ class DurableCallback(pl.Callback):
         if not trainer.sanity_checking and self._abandon(trainer):  # (a stop since the step's end)
             raise _ValidationAbandoned()
 
-    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
-                                dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         """After each validation batch: a stop signal abandons the validation here (tests can hold it after
         its first batch, TINYLLM_FAULT=validation.hold@S, until the signal lands); at the run's end it runs on."""
         if trainer.sanity_checking:
@@ -253,14 +268,21 @@ class DurableCallback(pl.Callback):
             return
         self._last_step = step
         losses = self._losses  # one batch a step: its loss as it is (the mean of one, bit for bit)
-        value = (float(losses[0].item()) if len(losses) == 1 else float(torch.stack(losses).mean().item()) if losses
-                 else float("nan"))
+        value = (
+            float(losses[0].item())
+            if len(losses) == 1
+            else float(torch.stack(losses).mean().item())
+            if losses
+            else float("nan")
+        )
         snaps = self._batches
         self.durable.step_end(step, value, lambda: digest_of_snapshots(snaps))
         self._losses, self._batches = [], []
         # the step's end, for a validation a stop abandons (``abandoned``): only where one can run
         self._at_step = (capture_rng_raw(self.generators), trainer.fit_loop.state_dict()) if self._validates else None
-        if self._validates and step < self.run.run_steps and _validation_due(trainer):  # saved now, the checkpoint is before it:
+        if (
+            self._validates and step < self.run.run_steps and _validation_due(trainer)
+        ):  # saved now, the checkpoint is before it:
             self.durable.eval_pending = step  # a resume from it runs this step's validation (Lightning's would skip it)
         if self.durable.should_save(step):
             self._save(trainer, step)
@@ -357,8 +379,11 @@ def _keep_files_in_home(trainer: Any, run: DurableRun) -> None:
     loggers = []
     for logger in trainer.loggers:
         kind = type(logger)
-        if kind in (pl.loggers.TensorBoardLogger, pl.loggers.CSVLogger) and logger.save_dir == default \
-                and logger.name == LOGS:  # Lightning's default logger (logger_connector.configure_logger)
+        if (
+            kind in (pl.loggers.TensorBoardLogger, pl.loggers.CSVLogger)
+            and logger.save_dir == default
+            and logger.name == LOGS
+        ):  # Lightning's default logger (logger_connector.configure_logger)
             logger = kind(save_dir=root, name="", version=SLURMEnvironment.job_id())
         loggers.append(logger)
     trainer.loggers = loggers

@@ -8,6 +8,7 @@ dpo.py, grpo.py, opd.py. Their spec blocks and rules (no torch) are ``tinyllm/ob
 beside the spec, which imports nothing of this package; their data (pairs and prompts, cursor-addressed)
 is ``tinyllm/posttrain_data.py``, which held-out validation reads too.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

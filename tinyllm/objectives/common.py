@@ -1,5 +1,6 @@
 """Pieces every post-training objective shares: token log-probabilities of completions, the
 optimizer update with the trainer's LR schedule, and the objective base class the trainer calls."""
+
 from __future__ import annotations
 
 import time
@@ -69,8 +70,10 @@ class Objective:
     def on_resume(self, trainer, components: dict[str, Any]) -> None:
         state = components.get("posttrain")
         if not isinstance(state, dict) or state.get("objective") != self.name:
-            raise SpecError(f"checkpoint {trainer.resumed_from} holds no {self.name} post-training state "
-                            f"(found {None if not isinstance(state, dict) else state.get('objective')!r})")
+            raise SpecError(
+                f"checkpoint {trainer.resumed_from} holds no {self.name} post-training state "
+                f"(found {None if not isinstance(state, dict) else state.get('objective')!r})"
+            )
 
     def identity(self) -> dict:
         """Recorded in every checkpoint's meta; a resume whose identity differs is refused."""
@@ -79,13 +82,16 @@ class Objective:
     def check_identity(self, recorded: dict | None, where) -> None:
         current = self.identity()
         if recorded is None:
-            raise SpecError(f"checkpoint {where} records no post-training identity; it was not written by "
-                            f"objective {self.name!r}")
+            raise SpecError(
+                f"checkpoint {where} records no post-training identity; it was not written by objective {self.name!r}"
+            )
         diff = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
         if diff:
             shown = "; ".join(f"{k}: {recorded.get(k)} != {current.get(k)}" for k in diff)
-            raise SpecError(f"checkpoint {where} was written with another post-training identity ({shown[:300]}); "
-                            "refusing to resume")
+            raise SpecError(
+                f"checkpoint {where} was written with another post-training identity ({shown[:300]}); "
+                "refusing to resume"
+            )
 
     def validation_model(self):
         """What validation evaluates (GRPO/OPD: the rollout module; DPO: the policy with its reference)."""

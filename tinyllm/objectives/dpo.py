@@ -12,6 +12,7 @@ margins 0. ``steps`` counts optimizer updates; each reads ``batch_size`` pairs p
 (``evaluate``) over every held-out pair once, in file order; a short last batch only has fewer
 rows, so each pair weighs once.
 """
+
 from __future__ import annotations
 
 import time
@@ -57,8 +58,14 @@ class DPOObjective(Objective):
         check_pairs_disjoint(self.pairs, heldout)
 
     def identity(self) -> dict:
-        return {"objective": self.name, "init_digest": self.init.digest, "ref_digest": self.init.digest,
-                "tokenizer": self.init.tokenizer, "pairs": self.pairs.identity(), "beta": self.cfg.beta}
+        return {
+            "objective": self.name,
+            "init_digest": self.init.digest,
+            "ref_digest": self.init.digest,
+            "tokenizer": self.init.tokenizer,
+            "pairs": self.pairs.identity(),
+            "beta": self.cfg.beta,
+        }
 
     def attach(self, trainer) -> None:
         load_weights(trainer.model, self.init)
@@ -71,8 +78,12 @@ class DPOObjective(Objective):
         sums = dict.fromkeys(("loss", "rc", "rr", "acc", "pc", "pr", "refc", "refr"), 0.0)
         tokens = 0
         for _ in range(accum):
-            rows = [self.pairs.rows[i] for i in cursor_indices(len(self.pairs.rows), spec.batch_size, trainer.cursor,
-                                                                 spec.seed, self.cfg.data.shuffle)]
+            rows = [
+                self.pairs.rows[i]
+                for i in cursor_indices(
+                    len(self.pairs.rows), spec.batch_size, trainer.cursor, spec.seed, self.cfg.data.shuffle
+                )
+            ]
             trainer.cursor += 1
             tr = time.perf_counter()
             with torch.no_grad():
@@ -83,19 +94,37 @@ class DPOObjective(Objective):
             (losses.mean() / accum).backward()
             timer.add("policy", t1)
             tokens += int(nc.sum() + nr.sum())
-            for k, v in (("loss", losses), ("rc", rew_c), ("rr", rew_r), ("acc", (rew_c > rew_r).float()),
-                         ("pc", pc), ("pr", pr), ("refc", refc), ("refr", refr)):
+            for k, v in (
+                ("loss", losses),
+                ("rc", rew_c),
+                ("rr", rew_r),
+                ("acc", (rew_c > rew_r).float()),
+                ("pc", pc),
+                ("pr", pr),
+                ("refc", refc),
+                ("refr", refr),
+            ):
                 sums[k] += float(v.detach().mean()) / accum
         frame = optimizer_update(trainer, None, trainer.step)
         trainer.step += 1
         trainer.loss = sums["loss"]
         dt = time.perf_counter() - t0
-        return {"train/loss": trainer.loss, "train/reward_chosen": sums["rc"], "train/reward_rejected": sums["rr"],
-                "train/reward_margin": sums["rc"] - sums["rr"], "train/accuracy": sums["acc"],
-                "train/logp_chosen": sums["pc"], "train/logp_rejected": sums["pr"],
-                "train/ref_logp_chosen": sums["refc"], "train/ref_logp_rejected": sums["refr"],
-                "train/pairs": trainer.cursor * spec.batch_size, **frame, **timer.frame(),
-                "timer/step_s": dt, "timer/tokens_per_s": tokens / dt}
+        return {
+            "train/loss": trainer.loss,
+            "train/reward_chosen": sums["rc"],
+            "train/reward_rejected": sums["rr"],
+            "train/reward_margin": sums["rc"] - sums["rr"],
+            "train/accuracy": sums["acc"],
+            "train/logp_chosen": sums["pc"],
+            "train/logp_rejected": sums["pr"],
+            "train/ref_logp_chosen": sums["refc"],
+            "train/ref_logp_rejected": sums["refr"],
+            "train/pairs": trainer.cursor * spec.batch_size,
+            **frame,
+            **timer.frame(),
+            "timer/step_s": dt,
+            "timer/tokens_per_s": tokens / dt,
+        }
 
     def evaluate(self, model, pairs: list[dict], batch_size: int, max_samples: int | None, on_batch=None) -> dict:
         """Held-out DPO metrics (call inside ``isolated(model)``); the seed's val/* set."""
@@ -108,18 +137,36 @@ class DPOObjective(Objective):
             pc, pr, nc, nr = pair_logps(model, chunk)
             refc, refr, _, _ = pair_logps(self.ref, chunk)
             losses, rew_c, rew_r = dpo_loss(pc, pr, refc, refr, self.cfg.beta)
-            for k, v in (("loss", losses), ("rc", rew_c), ("rr", rew_r), ("acc", (rew_c > rew_r).double()),
-                         ("p_err_c", -pc / nc), ("p_err_r", -pr / nr), ("r_err_c", -refc / nc),
-                         ("r_err_r", -refr / nr), ("p_raw", -(pc + pr) / 2), ("r_raw", -(refc + refr) / 2)):
+            for k, v in (
+                ("loss", losses),
+                ("rc", rew_c),
+                ("rr", rew_r),
+                ("acc", (rew_c > rew_r).double()),
+                ("p_err_c", -pc / nc),
+                ("p_err_r", -pr / nr),
+                ("r_err_c", -refc / nc),
+                ("r_err_r", -refr / nr),
+                ("p_raw", -(pc + pr) / 2),
+                ("r_raw", -(refc + refr) / 2),
+            ):
                 sums[k] += float(v.double().sum())
             batches += 1
             if on_batch is not None:
                 on_batch(batches)
         n = len(rows)
         m = {k: v / n for k, v in sums.items()}
-        return {"val/loss": m["loss"], "val/reward_chosen": m["rc"], "val/reward_rejected": m["rr"],
-                "val/reward_margin": m["rc"] - m["rr"], "val/accuracy": m["acc"],
-                "val/policy_err_chosen": m["p_err_c"], "val/policy_err_rejected": m["p_err_r"],
-                "val/ref_err_chosen": m["r_err_c"], "val/ref_err_rejected": m["r_err_r"],
-                "val/policy_raw_loss": m["p_raw"], "val/ref_raw_loss": m["r_raw"],
-                "val/pair_count": n, "val/batch_count": batches}
+        return {
+            "val/loss": m["loss"],
+            "val/reward_chosen": m["rc"],
+            "val/reward_rejected": m["rr"],
+            "val/reward_margin": m["rc"] - m["rr"],
+            "val/accuracy": m["acc"],
+            "val/policy_err_chosen": m["p_err_c"],
+            "val/policy_err_rejected": m["p_err_r"],
+            "val/ref_err_chosen": m["r_err_c"],
+            "val/ref_err_rejected": m["r_err_r"],
+            "val/policy_raw_loss": m["p_raw"],
+            "val/ref_raw_loss": m["r_raw"],
+            "val/pair_count": n,
+            "val/batch_count": batches,
+        }

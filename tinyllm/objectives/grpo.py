@@ -15,6 +15,7 @@ averaged over the response tokens of the slice (``beta = rl.kl_beta``, default 0
 always reported as train/kl against the init_from reference). With one update per batch the ratio
 is 1 and nothing is clipped (dropout 0).
 """
+
 from __future__ import annotations
 
 import time
@@ -40,8 +41,9 @@ def group_advantages(rewards: torch.Tensor, scale_rewards: str = "group", eps: f
     return centered / (rewards.std(dim=1, unbiased=False, keepdim=True) + eps)
 
 
-def clipped_objective(new_logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                      clip_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def clipped_objective(
+    new_logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, clip_eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, clip_ratio, mean ratio) over the masked tokens; ``adv`` broadcasts to (N, T)."""
     ratio = torch.exp(new_logp - old_logp)
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
@@ -71,10 +73,18 @@ class GRPOObjective(Objective):
             self.init = load_frozen(spec.init_from, self.home, "init_from")
             check_same_architecture(self.init, spec.model, spec.init_from)
         d = self.cfg.data
-        self.prompts: JsonlFile = load_prompts(d.path, self.home, d.prompt_column, d.response_column,
-                                               spec.model.block_size, self.cfg.sampling.max_tokens, "rl.data")
-        self.build_ref = self.init is not None and (self.name == "grpo" or self.cfg.kl_beta > 0
-                                                    or bool(spec.ref and spec.ref.build_ref))
+        self.prompts: JsonlFile = load_prompts(
+            d.path,
+            self.home,
+            d.prompt_column,
+            d.response_column,
+            spec.model.block_size,
+            self.cfg.sampling.max_tokens,
+            "rl.data",
+        )
+        self.build_ref = self.init is not None and (
+            self.name == "grpo" or self.cfg.kl_beta > 0 or bool(spec.ref and spec.ref.build_ref)
+        )
         if self.cfg.kl_beta > 0 and self.init is None:
             raise SpecError("rl.kl_beta > 0 needs a reference model, built from init_from; set init_from")
 
@@ -82,10 +92,14 @@ class GRPOObjective(Objective):
         check_prompts_disjoint(self.prompts, source.path, source.sha256, [p["prompt"] for p in source.prompts])
 
     def identity(self) -> dict:
-        return {"objective": self.name, "init_digest": self.init.digest if self.init else None,
-                "ref_digest": self.init.digest if self.build_ref and self.init else None,
-                "tokenizer": {"kind": "byte", "vocab_size": self.spec.model.vocab_size},
-                "prompts": self.prompts.identity(), "sampling": self.sampling}
+        return {
+            "objective": self.name,
+            "init_digest": self.init.digest if self.init else None,
+            "ref_digest": self.init.digest if self.build_ref and self.init else None,
+            "tokenizer": {"kind": "byte", "vocab_size": self.spec.model.vocab_size},
+            "prompts": self.prompts.identity(),
+            "sampling": self.sampling,
+        }
 
     def attach(self, trainer) -> None:
         if self.init is not None:
@@ -106,8 +120,10 @@ class GRPOObjective(Objective):
         model_step = trainer.step * self.updates_per_step
         recorded = components["posttrain"].get("rollout_version")
         if recorded != model_step:
-            raise SpecError(f"checkpoint {trainer.resumed_from}: rollout weight version {recorded} != model step "
-                            f"{model_step}; refusing to resume")
+            raise SpecError(
+                f"checkpoint {trainer.resumed_from}: rollout weight version {recorded} != model step "
+                f"{model_step}; refusing to resume"
+            )
         self.rollout.sync(trainer.model, model_step)
         if self.watch is not None:
             self.watch.restore(components["posttrain"].get("no_signal"))
@@ -116,7 +132,9 @@ class GRPOObjective(Objective):
         return self.rollout
 
     # -- one collected batch --------------------------------------------------------------------
-    def advantages(self, rollouts, rewards: torch.Tensor, mask: torch.Tensor, timer: Timer) -> tuple[torch.Tensor, dict]:
+    def advantages(
+        self, rollouts, rewards: torch.Tensor, mask: torch.Tensor, timer: Timer
+    ) -> tuple[torch.Tensor, dict]:
         """(N, 1) advantages of the batch's rollouts (N = P x G), and extra train/* metrics."""
         P, G = self.spec.batch_size, self.cfg.n_generation
         adv = group_advantages(rewards.view(P, G), self.cfg.scale_rewards, self.cfg.adv_eps)
@@ -127,15 +145,21 @@ class GRPOObjective(Objective):
         timer = Timer()
         spec, cfg = trainer.spec, self.cfg
         model_step = trainer.step * self.updates_per_step
-        rows = [self.prompts.rows[i] for i in cursor_indices(len(self.prompts.rows), spec.batch_size, trainer.cursor,
-                                                               spec.seed, cfg.data.shuffle)]
+        rows = [
+            self.prompts.rows[i]
+            for i in cursor_indices(
+                len(self.prompts.rows), spec.batch_size, trainer.cursor, spec.seed, cfg.data.shuffle
+            )
+        ]
         G = cfg.n_generation
         prompts = [r["prompt"] for r in rows for _ in range(G)]
         seeds = [rollout_seed(spec.seed, trainer.cursor, i, g) for i in range(len(rows)) for g in range(G)]
         ro = self.rollout.sample(prompts, seeds, self.sampling, spec.model.block_size, expected_version=model_step)
         t1 = timer.add("rollout", t0)
-        rewards = torch.tensor([sum(score(cfg.reward, text, rows[k // G]["response"]).values())
-                                for k, text in enumerate(ro.texts)], dtype=torch.float64)
+        rewards = torch.tensor(
+            [sum(score(cfg.reward, text, rows[k // G]["response"]).values()) for k, text in enumerate(ro.texts)],
+            dtype=torch.float64,
+        )
         x, y, mask = pack(ro.prompts, ro.completions)
         ref_logp = None
         if self.ref is not None:
@@ -166,16 +190,32 @@ class GRPOObjective(Objective):
         group_std = rewards.view(len(rows), G).std(dim=1, unbiased=False)
         warn = self.watch.observe(rewards.view(len(rows), G).tolist()) if self.watch is not None else {}
         if warn:
-            print(f"tinyllm: warning: {spec.name}: {warning_text({**warn, 'step': trainer.step})}", file=trainer.log,
-                  flush=True)
-        frame = {"train/loss": trainer.loss, "train/reward_mean": float(rewards.mean()),
-                 "train/reward_std": float(rewards.std(unbiased=False)),
-                 "train/frac_reward_zero_std": float((group_std == 0).double().mean()),
-                 "train/clip_ratio": sum(clips) / len(clips), "train/ratio_mean": sum(ratios) / len(ratios),
-                 **({"train/kl": sum(kls) / len(kls)} if kls else {}), **extra,
-                 "train/model_step": trainer.step * self.updates_per_step,
-                 "rollout/mean_length": float(mask.sum(dim=1).mean()), "rollout/count": len(prompts),
-                 "rollout/weight_version": ro.version, **optim, **warn}
+            print(
+                f"tinyllm: warning: {spec.name}: {warning_text({**warn, 'step': trainer.step})}",
+                file=trainer.log,
+                flush=True,
+            )
+        frame = {
+            "train/loss": trainer.loss,
+            "train/reward_mean": float(rewards.mean()),
+            "train/reward_std": float(rewards.std(unbiased=False)),
+            "train/frac_reward_zero_std": float((group_std == 0).double().mean()),
+            "train/clip_ratio": sum(clips) / len(clips),
+            "train/ratio_mean": sum(ratios) / len(ratios),
+            **({"train/kl": sum(kls) / len(kls)} if kls else {}),
+            **extra,
+            "train/model_step": trainer.step * self.updates_per_step,
+            "rollout/mean_length": float(mask.sum(dim=1).mean()),
+            "rollout/count": len(prompts),
+            "rollout/weight_version": ro.version,
+            **optim,
+            **warn,
+        }
         dt = time.perf_counter() - t0
-        return {**frame, **timer.frame(), "timer/step_s": dt, "timer/rollouts_per_s": len(prompts) / dt,
-                "timer/updates_per_s": cfg.n_mini / dt}
+        return {
+            **frame,
+            **timer.frame(),
+            "timer/step_s": dt,
+            "timer/rollouts_per_s": len(prompts) / dt,
+            "timer/updates_per_s": cfg.n_mini / dt,
+        }

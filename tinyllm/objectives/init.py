@@ -5,6 +5,7 @@ directory (relative to the home, or absolute). It is verified (checksums) and lo
 work; a missing or corrupt one is bad input (``SpecError``, exit 2). Its identity is the state
 digest of its model weights, recorded in every checkpoint of the new run and checked on resume.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,18 +57,24 @@ def load_frozen(ref: str, home: Path, what: str) -> FrozenCheckpoint:
         raise SpecError(f"{what} checkpoint {ref!r} has no model component (components {manifest.get('components')})")
     kind = (manifest.get("meta", {}).get("tokenizer") or {}).get("kind", "byte")
     if kind != "byte":  # rollouts, prompts, pairs and rewards are byte-level (tinyllm/posttrain_data.py)
-        raise SpecError(f"{what} checkpoint {ref!r} was trained with the {kind} tokenizer; post-training "
-                        "objectives (dpo, grpo, opd) take byte-level checkpoints only")
+        raise SpecError(
+            f"{what} checkpoint {ref!r} was trained with the {kind} tokenizer; post-training "
+            "objectives (dpo, grpo, opd) take byte-level checkpoints only"
+        )
     raw_cfg = (manifest.get("meta", {}).get("trajectory") or {}).get("model")
     try:
         config = ModelConfig.model_validate(raw_cfg)
     except Exception:
-        raise SpecError(f"{what} checkpoint {ref!r} does not record its model config (not a tinyllm checkpoint?)") from None
+        raise SpecError(
+            f"{what} checkpoint {ref!r} does not record its model config (not a tinyllm checkpoint?)"
+        ) from None
     state = components["model"]
     try:
         GPT(config).load_state_dict(state)
     except RuntimeError as e:
-        raise SpecError(f"{what} checkpoint {ref!r}: its weights do not fit its model config: {str(e).splitlines()[0]}") from None
+        raise SpecError(
+            f"{what} checkpoint {ref!r}: its weights do not fit its model config: {str(e).splitlines()[0]}"
+        ) from None
     return FrozenCheckpoint(path, config, state, state_digest(state), int(manifest.get("step", -1)))
 
 

@@ -21,6 +21,7 @@ rewards, a function of the trajectory) and read-only: the training bits are the 
 OPD does not watch: its advantage is the teacher's per-token reverse KL; its rule rewards are only reported.
 No torch here (``ctl`` imports ``warning_text``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -71,7 +72,12 @@ def warning_text(frame: dict) -> str | None:
         return None
     span = f"steps {step - int(n) + 1}-{step}"
     value = frame.get(REWARD_KEY)
-    what = (f"reward constant ({float(value)}) for {span}" if isinstance(value, (int, float)) else
-            f"each prompt's rollouts got one reward (same within every group) for {span}")
-    return (f"{what}: no learning signal (GRPO advantages are all zero); start from a model that gets the reward "
-            "on some rollouts of a prompt and not on others, or change rl.reward / rl.n_generation")
+    what = (
+        f"reward constant ({float(value)}) for {span}"
+        if isinstance(value, (int, float))
+        else f"each prompt's rollouts got one reward (same within every group) for {span}"
+    )
+    return (
+        f"{what}: no learning signal (GRPO advantages are all zero); start from a model that gets the reward "
+        "on some rollouts of a prompt and not on others, or change rl.reward / rl.n_generation"
+    )

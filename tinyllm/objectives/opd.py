@@ -15,6 +15,7 @@ prompt): held-out reward 0.121 -> 0.350 with it, 0.121 -> 0.304 without (one see
 response tokens) and the rollout metrics; rule rewards (rl.reward, optional) are only reported.
 The teacher is never used in validation (held-out rollout and reward only).
 """
+
 from __future__ import annotations
 
 import time
@@ -48,15 +49,22 @@ class OPDObjective(GRPOObjective):
         self.teacher_ckpt = load_frozen(spec.teacher, self.home, "teacher")
         mine = {"kind": "byte", "vocab_size": spec.model.vocab_size}
         if self.teacher_ckpt.tokenizer != mine:
-            raise SpecError(f"teacher checkpoint {spec.teacher!r} has another tokenizer "
-                            f"({self.teacher_ckpt.tokenizer} != the student's {mine})")
+            raise SpecError(
+                f"teacher checkpoint {spec.teacher!r} has another tokenizer "
+                f"({self.teacher_ckpt.tokenizer} != the student's {mine})"
+            )
         if self.teacher_ckpt.config.block_size < spec.model.block_size:
-            raise SpecError(f"teacher checkpoint {spec.teacher!r} has block_size {self.teacher_ckpt.config.block_size}, "
-                            f"smaller than the student's {spec.model.block_size}")
+            raise SpecError(
+                f"teacher checkpoint {spec.teacher!r} has block_size {self.teacher_ckpt.config.block_size}, "
+                f"smaller than the student's {spec.model.block_size}"
+            )
 
     def identity(self) -> dict:
-        return {**super().identity(), "teacher_digest": self.teacher_ckpt.digest,
-                "teacher_tokenizer": self.teacher_ckpt.tokenizer}
+        return {
+            **super().identity(),
+            "teacher_digest": self.teacher_ckpt.digest,
+            "teacher_tokenizer": self.teacher_ckpt.tokenizer,
+        }
 
     def attach(self, trainer) -> None:
         super().attach(trainer)
@@ -71,4 +79,3 @@ class OPDObjective(GRPOObjective):
         reverse_kl = (rollouts.old_logps - teacher_logp) * mask
         adv = -(reverse_kl - loo_baseline(reverse_kl, mask, self.cfg.n_generation))
         return adv, {"train/teacher_kl": float(invariant_sum(reverse_kl) / invariant_sum(mask))}
-

@@ -10,6 +10,7 @@ ends after ``max_tokens`` tokens or with a sampled newline, which is kept (the a
 The rollout also returns the behaviour log-probabilities of its tokens (the old policy of the
 clipped objective), computed by the same frozen copy in inference mode.
 """
+
 from __future__ import annotations
 
 import copy
@@ -58,12 +59,15 @@ class RolloutModule:
 
     def _check(self, expected_version: int) -> None:
         if self.version != expected_version:
-            raise WeightVersionError(f"rollout answered by weight version {self.version}, but the request is pinned "
-                                     f"to model step {expected_version}; refusing its rollouts")
+            raise WeightVersionError(
+                f"rollout answered by weight version {self.version}, but the request is pinned "
+                f"to model step {expected_version}; refusing its rollouts"
+            )
 
     @torch.no_grad()  # not inference_mode: old_logps enter the autograd graph of the update
-    def sample(self, prompts: list[str], seeds: list[int], sampling: dict, block_size: int,
-               expected_version: int) -> Rollouts:
+    def sample(
+        self, prompts: list[str], seeds: list[int], sampling: dict, block_size: int, expected_version: int
+    ) -> Rollouts:
         self._check(expected_version)
         prompt_ids = [[int(t) for t in tokenizer.encode(p)] for p in prompts]
         gens = [torch.Generator().manual_seed(s) for s in seeds]
@@ -92,8 +96,9 @@ class RolloutModule:
         self._check(expected_version)
         return Rollouts(prompt_ids, out, texts, old, self.version)
 
-    def generate_texts(self, prompts: list[str], seeds: list[int], *, block_size: int, sampling: dict,
-                       expected_version: int) -> list[str]:
+    def generate_texts(
+        self, prompts: list[str], seeds: list[int], *, block_size: int, sampling: dict, expected_version: int
+    ) -> list[str]:
         """Held-out generation (validation), pinned to ``expected_version``."""
         self._check(expected_version)
         texts = generate(self.model, prompts, seeds, block_size=block_size, sampling=sampling)

@@ -17,6 +17,7 @@ the JSONL sink, which cuts the file back first; mlflow is imported only there), 
 (``tinyllm/sinks/trace_export.py``: sampled ``train.step`` spans, when ``$TRACEPARENT`` and a trace destination
 are set, as ``ctl train`` sets them for a traced run; OpenTelemetry is imported only then).
 """
+
 from __future__ import annotations
 
 import json
@@ -122,8 +123,11 @@ class Reporter:
 
     def _disable(self, sink, err: Exception) -> None:
         self.sinks.remove(sink)
-        print(f"tinyllm: warning: metrics sink {sink.name!r} failed ({type(err).__name__}: {err}); disabled, training goes on",
-              file=self.warn_stream, flush=True)
+        print(
+            f"tinyllm: warning: metrics sink {sink.name!r} failed ({type(err).__name__}: {err}); disabled, training goes on",
+            file=self.warn_stream,
+            flush=True,
+        )
 
     def close(self) -> None:
         for sink in list(self.sinks):
@@ -133,8 +137,17 @@ class Reporter:
                 self._disable(sink, e)
 
 
-def default_reporter(run_dir: Path, resumed_step: int, total_steps: int, log_every: int, *, sinks=None,
-                     spec=None, home: Path | None = None, corpus_checksum: str | None = None) -> Reporter:
+def default_reporter(
+    run_dir: Path,
+    resumed_step: int,
+    total_steps: int,
+    log_every: int,
+    *,
+    sinks=None,
+    spec=None,
+    home: Path | None = None,
+    corpus_checksum: str | None = None,
+) -> Reporter:
     """Console, JSONL, TensorBoard (when installed), and the spec's ``sinks`` (MLflow: tinyllm/sinks/mlflow_sink.py)."""
     out: list = [ConsoleSink(log_every, total_steps), JsonlSink(run_dir / METRICS, resumed_step)]
     try:
@@ -144,9 +157,16 @@ def default_reporter(run_dir: Path, resumed_step: int, total_steps: int, log_eve
     if sinks is not None and sinks.mlflow is not None:
         try:  # after JsonlSink (it cut metrics.jsonl back, and the sink's delivery process reads that file) and
             # closed after it (Reporter.close's order), so the sink's stop finds every frame in the file
-            out.append(MlflowSink(sinks.mlflow, run_dir=run_dir, home=home or run_dir.parent.parent,
-                                  spec=spec.model_dump(mode="json"), resumed_step=resumed_step,
-                                  corpus_checksum=corpus_checksum))
+            out.append(
+                MlflowSink(
+                    sinks.mlflow,
+                    run_dir=run_dir,
+                    home=home or run_dir.parent.parent,
+                    spec=spec.model_dump(mode="json"),
+                    resumed_step=resumed_step,
+                    corpus_checksum=corpus_checksum,
+                )
+            )
         except ValueError as e:  # no tracking URI anywhere: the sink is off, training goes on
             print(f"tinyllm: warning: metrics sink 'mlflow' off: {e}", file=sys.stderr, flush=True)
     if (traced := trainer_tracing()) is not None:  # ctl's traced run: this attempt's span is $TRACEPARENT

@@ -22,6 +22,7 @@ frames are read ahead of delivery (what replaces the in-memory queue's bound, ``
 ever dropped). The state file (``runs/<name>/sinks/mlflow.json``) is written by this process and names
 it (``pid``) beside the trainer (``trainer_pid``); ``last_step`` is the last step read from the file.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -94,10 +95,18 @@ class Delivery:
         self.cfg, self.stop = cfg, stop
         self.run_dir = Path(cfg["run_dir"])
         self.tail = Tail(self.run_dir / METRICS)
-        self.state = {"tracking_uri": cfg["tracking_uri"], "experiment": cfg["experiment"],
-                      "workflow_id": cfg["workflow_id"], "run_id": None, "delivered_step": None,
-                      "last_step": cfg["resumed_step"], "error": None, "run_status": None,
-                      "pid": os.getpid(), "trainer_pid": cfg["trainer_pid"]}
+        self.state = {
+            "tracking_uri": cfg["tracking_uri"],
+            "experiment": cfg["experiment"],
+            "workflow_id": cfg["workflow_id"],
+            "run_id": None,
+            "delivered_step": None,
+            "last_step": cfg["resumed_step"],
+            "error": None,
+            "run_status": None,
+            "pid": os.getpid(),
+            "trainer_pid": cfg["trainer_pid"],
+        }
         self._state_at = 0.0
         self._written: dict[str, Any] | None = None
 
@@ -119,8 +128,9 @@ class Delivery:
         tags = {"durable.code_version": ms.code_version()}
         if cfg.get("corpus_checksum"):
             tags["durable.corpus_checksum"] = cfg["corpus_checksum"]
-        run_id = ms.find_or_create_run(client, cfg["experiment"], cfg["workflow_id"], Path(cfg["home"]),
-                                       ms.flatten(cfg["spec"]), tags)
+        run_id = ms.find_or_create_run(
+            client, cfg["experiment"], cfg["workflow_id"], Path(cfg["home"]), ms.flatten(cfg["spec"]), tags
+        )
         status = client.get_run(run_id).info.status
         if status != "RUNNING" and cfg["trains"]:  # a continuation of a failed or canceled run trains again
             client.update_run(run_id, status="RUNNING")
@@ -145,11 +155,17 @@ class Delivery:
                         since = time.monotonic()
                     pending.append((step, frame))
                     taken = step
-            due = len(pending) >= ms.BATCH_FRAMES or (stopping and at_end) or \
-                (pending and time.monotonic() - since >= ms.BATCH_WAIT_S)
+            due = (
+                len(pending) >= ms.BATCH_FRAMES
+                or (stopping and at_end)
+                or (pending and time.monotonic() - since >= ms.BATCH_WAIT_S)
+            )
             if pending and due:
-                metrics = [m for step, f in pending
-                           for m in ms._metrics(step, f, int(float(f.get("time") or time.time()) * 1000), Metric)]
+                metrics = [
+                    m
+                    for step, f in pending
+                    for m in ms._metrics(step, f, int(float(f.get("time") or time.time()) * 1000), Metric)
+                ]
                 if metrics:
                     client.log_batch(run_id, metrics=metrics)
                 self.state["delivered_step"] = pending[-1][0]
@@ -175,8 +191,11 @@ class Delivery:
 
     def _fail(self, why: str) -> None:
         self.state["error"] = why
-        ms.warn(f"failed ({why}); disabled for this attempt, training goes on; the next attempt catches up "
-                "from metrics.jsonl", sys.stderr)
+        ms.warn(
+            f"failed ({why}); disabled for this attempt, training goes on; the next attempt catches up "
+            "from metrics.jsonl",
+            sys.stderr,
+        )
         self._write_state(force=True)
 
     def _write_state(self, force: bool = False) -> None:
@@ -217,6 +236,9 @@ if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
     except Exception as e:  # never a traceback on the trainer's stderr: one line, as any failure of the sink
-        ms.warn(f"failed ({type(e).__name__}: {e}); disabled for this attempt, training goes on; the next attempt "
-                "catches up from metrics.jsonl", sys.stderr)
+        ms.warn(
+            f"failed ({type(e).__name__}: {e}); disabled for this attempt, training goes on; the next attempt "
+            "catches up from metrics.jsonl",
+            sys.stderr,
+        )
         sys.exit(1)

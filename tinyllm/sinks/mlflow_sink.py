@@ -49,6 +49,7 @@ until it is done (a kill between the workflow's end and the status costs nothing
 that trains (a continuation ``/2`` of a failed or canceled run) sets it back to ``RUNNING``; one that
 resumes at its segment's end and trains nothing leaves it.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,11 +73,18 @@ BATCH_FRAMES = 100  # frames per log_batch (MLflow takes at most 1000 metrics a 
 BATCH_WAIT_S = 1.0  # a request waits this long for more frames: one request a second, not one a step
 STATE_EVERY_S = 2.0  # the state file is rewritten at most this often (and at the end)
 STOP_FLUSH_S = 2.0  # on a polite stop close() waits no longer than this: the stop's grace is for the checkpoint
-FLUSH_TIMEOUT_S = 60.0  # close() waits this long for undelivered frames (sinks.mlflow.flush_timeout_s); the rest: next attempt
+FLUSH_TIMEOUT_S = (
+    60.0  # close() waits this long for undelivered frames (sinks.mlflow.flush_timeout_s); the rest: next attempt
+)
 HTTP_RETRIES = "2"  # MLflow's HTTP retries (its default, 7 with backoff, waits minutes on a dead server)
 HTTP_TIMEOUT_S = "10"
-RUN_STATUS = {"completed": "FINISHED", "failed": "FAILED", "canceled": "KILLED", "running": "RUNNING",
-              "preempted": "KILLED"}
+RUN_STATUS = {
+    "completed": "FINISHED",
+    "failed": "FAILED",
+    "canceled": "KILLED",
+    "running": "RUNNING",
+    "preempted": "KILLED",
+}
 """The MLflow run's status for each state of the TrainRun's workflow (``set_run_status``); ``preempted``
 (a polite stop saved the step, ctl exited 143) is KILLED, MLflow having no status for it, and the run's
 next ``ctl train`` sets it back to RUNNING."""
@@ -128,8 +136,9 @@ def flatten(d: Any, prefix: str = "") -> dict[str, str]:
 
 def code_version() -> str:
     try:
-        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, text=True,
-                              capture_output=True, timeout=5)
+        proc = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, text=True, capture_output=True, timeout=5
+        )
         if proc.returncode == 0:
             return proc.stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -142,22 +151,28 @@ def code_version() -> str:
         return "unknown"
 
 
-def find_or_create_run(client, experiment: str, workflow_id: str, home: Path, params: dict[str, str],
-                       tags: dict[str, str]) -> str:
+def find_or_create_run(
+    client, experiment: str, workflow_id: str, home: Path, params: dict[str, str], tags: dict[str, str]
+) -> str:
     """The MLflow run of ``workflow_id`` in ``home`` (created once, with its params and tags)."""
     exp = client.get_experiment_by_name(experiment)
     exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
     found = client.search_runs(
-        [exp_id], filter_string=f"tags.`durable.workflow_id` = '{workflow_id}' and tags.`durable.home` = '{home}'",
-        max_results=2, order_by=["attributes.start_time ASC"])
+        [exp_id],
+        filter_string=f"tags.`durable.workflow_id` = '{workflow_id}' and tags.`durable.home` = '{home}'",
+        max_results=2,
+        order_by=["attributes.start_time ASC"],
+    )
     if found:
         return found[0].info.run_id
-    run = client.create_run(exp_id, tags={"durable.workflow_id": workflow_id, "durable.home": str(home),
-                                          "mlflow.runName": workflow_id, **tags})
+    run = client.create_run(
+        exp_id,
+        tags={"durable.workflow_id": workflow_id, "durable.home": str(home), "mlflow.runName": workflow_id, **tags},
+    )
     _, _, Param, _ = _import_mlflow()
     items = [Param(k, v) for k, v in params.items()]
     for i in range(0, len(items), 100):  # MLflow's batch limit for params
-        client.log_batch(run.info.run_id, params=items[i:i + 100])
+        client.log_batch(run.info.run_id, params=items[i : i + 100])
     return run.info.run_id
 
 
@@ -198,8 +213,17 @@ class MlflowSink:
 
     name = "mlflow"
 
-    def __init__(self, config: Any, *, run_dir: Path, home: Path, spec: dict, resumed_step: int,
-                 corpus_checksum: str | None = None, warn_stream=None):
+    def __init__(
+        self,
+        config: Any,
+        *,
+        run_dir: Path,
+        home: Path,
+        spec: dict,
+        resumed_step: int,
+        corpus_checksum: str | None = None,
+        warn_stream=None,
+    ):
         self.config, self.run_dir, self.home, self.spec = config, run_dir, Path(home).resolve(), spec
         self.uri = tracking_uri(config)
         self.experiment = getattr(config, "experiment", None) or spec["name"]
@@ -213,10 +237,18 @@ class MlflowSink:
         self._state: dict = {"run_id": None}
         self._state_at = 0.0
         self._relay: threading.Thread | None = None
-        cfg = {"tracking_uri": self.uri, "experiment": self.experiment, "workflow_id": self.workflow_id,
-               "home": str(self.home), "run_dir": str(Path(run_dir).resolve()), "spec": spec,
-               "resumed_step": resumed_step, "trains": self.trains, "corpus_checksum": corpus_checksum,
-               "trainer_pid": os.getpid()}
+        cfg = {
+            "tracking_uri": self.uri,
+            "experiment": self.experiment,
+            "workflow_id": self.workflow_id,
+            "home": str(self.home),
+            "run_dir": str(Path(run_dir).resolve()),
+            "spec": spec,
+            "resumed_step": resumed_step,
+            "trains": self.trains,
+            "corpus_checksum": corpus_checksum,
+            "trainer_pid": os.getpid(),
+        }
         try:  # the warning line goes to the trainer's stderr itself; a stream without a descriptor: relayed
             stderr = self.warn_stream.fileno()
             self.warn_stream.flush()
@@ -227,8 +259,12 @@ class MlflowSink:
         self.proc: subprocess.Popen | None = None
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tinyllm.sinks.mlflow_delivery", str(os.getpid())], stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+                [sys.executable, "-m", "tinyllm.sinks.mlflow_delivery", str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env=env,
+            )
             if stderr == subprocess.PIPE:
                 self._relay = threading.Thread(target=self._relay_warnings, name="mlflow-sink-stderr", daemon=True)
                 self._relay.start()
@@ -236,8 +272,11 @@ class MlflowSink:
             self.proc.stdin.write((json.dumps(cfg) + "\n").encode())
             self.proc.stdin.flush()
         except OSError as e:  # no process to start (out of memory, no descriptors): off, training goes on
-            warn(f"failed ({type(e).__name__}: {e}); disabled for this attempt, training goes on; the next "
-                 "attempt catches up from metrics.jsonl", self.warn_stream)
+            warn(
+                f"failed ({type(e).__name__}: {e}); disabled for this attempt, training goes on; the next "
+                "attempt catches up from metrics.jsonl",
+                self.warn_stream,
+            )
             self._end()
             self.proc = None
 
@@ -284,8 +323,11 @@ class MlflowSink:
             self.proc.wait()
             state = read_state(self.run_dir)
             if not (state and state.get("pid") == self.proc.pid and state.get("error")):  # failed: said so already
-                warn(f"not all frames reached {self.uri} within {wait_s:.0f} s; the next attempt "
-                     "catches up from metrics.jsonl", self.warn_stream)
+                warn(
+                    f"not all frames reached {self.uri} within {wait_s:.0f} s; the next attempt "
+                    "catches up from metrics.jsonl",
+                    self.warn_stream,
+                )
         self._end()
 
     def _end(self) -> None:
@@ -310,8 +352,10 @@ def behind(state: dict | None, last_step: int | None = None) -> str | None:
     upto = state.get("delivered_step")
     last = last_step if last_step is not None else state.get("last_step")
     if state.get("error"):
-        return (f"mlflow sink fell behind: delivered up to step {upto if upto is not None else 'none'} of "
-                f"{last} ({state['error']}); the next attempt catches up")
+        return (
+            f"mlflow sink fell behind: delivered up to step {upto if upto is not None else 'none'} of "
+            f"{last} ({state['error']}); the next attempt catches up"
+        )
     if upto is not None and last is not None and upto < last:
         return f"mlflow sink fell behind: delivered up to step {upto} of {last}; the next attempt catches up"
     return None
@@ -337,18 +381,29 @@ def set_run_status(run_dir: Path, workflow_state: str) -> str | None:
         else:
             client.set_terminated(state["run_id"], status=status)
     except Exception as e:  # a dead or failing store: the next ctl train of the run sets it
-        return (f"mlflow: run {state['run_id']} not set to {status} ({type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else ''}); the next `ctl train` of the run sets it")
+        return (
+            f"mlflow: run {state['run_id']} not set to {status} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); the next `ctl train` of the run sets it"
+        )
     try:
-        atomic_write(state_path(run_dir), (json.dumps({**state, "run_status": status, "updated": time.time()},
-                                                      sort_keys=True) + "\n").encode())
+        atomic_write(
+            state_path(run_dir),
+            (json.dumps({**state, "run_status": status, "updated": time.time()}, sort_keys=True) + "\n").encode(),
+        )
     except OSError:
         pass  # set in MLflow; the next ctl train sets it again (the same status)
     return None
 
 
-def log_evaluation(run_dir: Path, step: int, suite: str, figures: dict[str, float], checkpoint: str,
-                   digest: str | None, warn_stream=None) -> bool:
+def log_evaluation(
+    run_dir: Path,
+    step: int,
+    suite: str,
+    figures: dict[str, float],
+    checkpoint: str,
+    digest: str | None,
+    warn_stream=None,
+) -> bool:
     """Log one evaluation's figures at its checkpoint's step to the run's MLflow run (named by the sink's
     state file; no state file: the run has no MLflow sink and nothing happens). Once: a figure already
     in the history at that step is not logged again. Never fatal: False (and one warning) on failure."""
@@ -367,13 +422,22 @@ def log_evaluation(run_dir: Path, step: int, suite: str, figures: dict[str, floa
                 continue
             metrics.append(Metric(name, float(value), now_ms, step))
         run = client.get_run(run_id)
-        params = [Param(k, v) for k, v in ((f"eval.{suite}.{step_dir_name(step)}.checkpoint", checkpoint),
-                                             (f"eval.{suite}.{step_dir_name(step)}.digest", digest or ""))
-                  if k not in run.data.params]
+        params = [
+            Param(k, v)
+            for k, v in (
+                (f"eval.{suite}.{step_dir_name(step)}.checkpoint", checkpoint),
+                (f"eval.{suite}.{step_dir_name(step)}.digest", digest or ""),
+            )
+            if k not in run.data.params
+        ]
         if metrics or params:
             client.log_batch(run_id, metrics=metrics, params=params)
         return True
     except Exception as e:  # best effort, as the training sink
-        print(f"tinyllm: warning: mlflow: evaluation figures of step {step} not delivered ({type(e).__name__}: "
-              f"{str(e).splitlines()[0] if str(e) else ''})", file=warn_stream or sys.stderr, flush=True)
+        print(
+            f"tinyllm: warning: mlflow: evaluation figures of step {step} not delivered ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})",
+            file=warn_stream or sys.stderr,
+            flush=True,
+        )
         return False

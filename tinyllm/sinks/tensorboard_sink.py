@@ -19,6 +19,7 @@ that thread woke for every frame and the flush waited for it, 120-150 us of each
 hand-offs, a third runnable thread beside two OpenMP threads on two cores); now about 30 us per
 frame by a micro-benchmark (bench/train.py --only phases: 0.12-0.15 ms of a step for the sink).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -118,8 +119,11 @@ class TensorBoardSink:
             _, _, self._Summary, _ = _imports()
             self._cut_back()
             self.writer = EventFile(self.log_dir)
-        values = [self._Summary.Value(tag=k, simple_value=float(v)) for k, v in frame.items()
-                  if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        values = [
+            self._Summary.Value(tag=k, simple_value=float(v))
+            for k, v in frame.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
         if values:
             self.writer.summary(step, self._Summary(value=values))
 

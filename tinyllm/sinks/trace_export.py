@@ -15,6 +15,7 @@ otherwise, so ``opentelemetry`` is never loaded by a run without tracing).
   in batches on the SDK's thread (``OTEL_BSP_SCHEDULE_DELAY``, 5 s by default); a killed trainer loses
   at most the batch in waiting (best effort, as every sink).
 """
+
 from __future__ import annotations
 
 import json
@@ -86,7 +87,7 @@ class JsonLinesSpanExporter(SpanExporter):
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
         return SpanExportResult.SUCCESS
@@ -120,8 +121,11 @@ class WarnOnce(SpanExporter):
             with self._lock:
                 first, self.failed = self.failed is None, why
             if first:
-                print(f"{self.prefix}: warning: traces to {self.where} failed ({why}); off for this {self.then}",
-                      file=self.stream or sys.stderr, flush=True)
+                print(
+                    f"{self.prefix}: warning: traces to {self.where} failed ({why}); off for this {self.then}",
+                    file=self.stream or sys.stderr,
+                    flush=True,
+                )
         return result
 
     def shutdown(self) -> None:
@@ -140,8 +144,9 @@ def exporter(where: str) -> SpanExporter:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError:
-            raise ImportError("OTLP traces need the trace extra (opentelemetry-exporter-otlp-proto-http): "
-                              "pip install -e '.[trace]'") from None
+            raise ImportError(
+                "OTLP traces need the trace extra (opentelemetry-exporter-otlp-proto-http): pip install -e '.[trace]'"
+            ) from None
         return OTLPSpanExporter()  # endpoint, headers, timeout, compression: the OTEL_EXPORTER_OTLP_* variables
     raise ValueError(f"unknown trace destination {where!r}")
 
@@ -155,8 +160,17 @@ class StepSpanSink:
 
     name = "trace"
 
-    def __init__(self, every: int, total_steps: int, parent: str, where: str, *, span_exporter: SpanExporter | None = None,
-                 attributes: dict[str, Any] | None = None, stream=None):
+    def __init__(
+        self,
+        every: int,
+        total_steps: int,
+        parent: str,
+        where: str,
+        *,
+        span_exporter: SpanExporter | None = None,
+        attributes: dict[str, Any] | None = None,
+        stream=None,
+    ):
         self.every, self.total = max(1, int(every)), total_steps
         self.context = TraceContextTextMapPropagator().extract({"traceparent": parent})
         inner = span_exporter if span_exporter is not None else exporter(where)
@@ -177,8 +191,9 @@ class StepSpanSink:
         for key, value in frame.items():
             if (v := _attribute(value)) is not None:
                 attrs[key.replace("/", ".")] = v
-        span = self.tracer.start_span("train.step", context=self.context, kind=trace_api.SpanKind.INTERNAL,
-                                      attributes=attrs, start_time=start)
+        span = self.tracer.start_span(
+            "train.step", context=self.context, kind=trace_api.SpanKind.INTERNAL, attributes=attrs, start_time=start
+        )
         span.end(end_time=end)
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ read back by every later ``ctl train`` of it, so a resume continues the same tra
 train-000200 2``), so a span built again from the history has the same id, and the trainer's spans
 name their parent without any message between the processes but ``TRACEPARENT``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,7 +40,9 @@ def otlp_endpoint(env: Mapping[str, str] | None = None) -> str | None:
         return None
     if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
         return None
-    return (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "").strip() or None
+    return (
+        env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
+    ).strip() or None
 
 
 def destination(env: Mapping[str, str] | None = None, trace_file: str | Path | None = None) -> str | None:

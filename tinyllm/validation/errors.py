@@ -6,6 +6,7 @@ changed or overlapping held-out data; identity or weight-version mismatch; non-f
 the engine's subprocess runner treats 2 as non-retryable; 1 for a failed strict archive copy (an
 environment problem: the run resumes at the pending publication when retried).
 """
+
 from __future__ import annotations
 
 from ..errors import SpecError  # tinyllm.spec's, importable without pydantic

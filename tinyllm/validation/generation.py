@@ -10,6 +10,7 @@ after ``max_tokens`` tokens or at a newline (the tokenizers have no end-of-seque
 vocabulary without a newline never stops early); the newline is not part of the completion. Batches are right-padded: causal attention keeps each row's
 last real position exact, and logits are read there.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -52,8 +53,15 @@ def _next_token(logits: torch.Tensor, seen: list[int], sampling: dict, gen: torc
     return int(torch.multinomial(probs, 1, generator=gen))
 
 
-def generate(model, prompts: list[str], seeds: list[int], *, block_size: int, sampling: dict,
-             tok: tokenizer.Tokenizer = tokenizer.BYTE) -> list[str]:
+def generate(
+    model,
+    prompts: list[str],
+    seeds: list[int],
+    *,
+    block_size: int,
+    sampling: dict,
+    tok: tokenizer.Tokenizer = tokenizer.BYTE,
+) -> list[str]:
     """Completions of ``prompts`` (one batch) in ``tok``'s ids (stop: its newline, if it has one);
     call inside ``isolated``."""
     device = next(model.parameters()).device
@@ -114,8 +122,15 @@ def evaluate_generation(
         )
         for (i, g), text in zip(chunk, texts):
             comps = score(rewards, text, rows[i]["response"])
-            rollouts.append({"prompt_index": i, "generation": g, "completion": text,
-                             "components": comps, "reward": sum(comps.values())})
+            rollouts.append(
+                {
+                    "prompt_index": i,
+                    "generation": g,
+                    "completion": text,
+                    "components": comps,
+                    "reward": sum(comps.values()),
+                }
+            )
         if on_batch is not None:
             on_batch(b // batch_size + 1)
     totals = torch.tensor([r["reward"] for r in rollouts], dtype=torch.float64)

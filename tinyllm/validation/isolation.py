@@ -6,6 +6,7 @@ generators, and dropout is off in eval mode anyway), leave a module in eval mode
 autograd disabled. tinyllm's GPT keeps no KV cache; a module attribute ``kv_cache`` (a future
 cache) is cleared and restored too.
 """
+
 from __future__ import annotations
 
 import random

@@ -6,6 +6,7 @@ window is right-padded; padded targets are ignored (-1) and excluded from every 
 padding under causal attention cannot change a real position's logits. Loss is token-weighted:
 the sum of per-token cross-entropies over all real targets divided by their number.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,8 +52,12 @@ def evaluate_lm(
     return lm_metrics(total, count, batches)
 
 
-def loss_sums(model: torch.nn.Module, wins: list[tuple[np.ndarray, np.ndarray]], batch_size: int,
-              on_batch: Callable[[int], None] | None = None) -> tuple[float, int, int]:
+def loss_sums(
+    model: torch.nn.Module,
+    wins: list[tuple[np.ndarray, np.ndarray]],
+    batch_size: int,
+    on_batch: Callable[[int], None] | None = None,
+) -> tuple[float, int, int]:
     """(sum of per-token cross-entropies, real targets, batches) over ``wins``, in order."""
     device = next(model.parameters()).device
     total, count, batches = 0.0, 0, 0
@@ -61,9 +66,11 @@ def loss_sums(model: torch.nn.Module, wins: list[tuple[np.ndarray, np.ndarray]],
         x = torch.from_numpy(np.stack([w[0] for w in chunk])).to(device)
         y = torch.from_numpy(np.stack([w[1] for w in chunk])).to(device)
         logits, _ = model(x)
-        loss_sum = invariant_sum(F.cross_entropy(  # ignored targets give 0; the sum is thread-invariant
-            logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE, reduction="none"
-        ))
+        loss_sum = invariant_sum(
+            F.cross_entropy(  # ignored targets give 0; the sum is thread-invariant
+                logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE, reduction="none"
+            )
+        )
         total += float(loss_sum)
         count += int((y != IGNORE).sum())
         batches += 1

@@ -9,6 +9,7 @@ n_generation raises ``MetricSchemaError``: no frame is emitted, no further updat
 components are optional per name (absent when no rollout had a reference), but a component and
 its count come together.
 """
+
 from __future__ import annotations
 
 from .errors import ValidationFailure
@@ -28,19 +29,27 @@ def check_schema(metrics: dict, schema: tuple[dict[str, type], dict[str, type]],
     required, optional = schema
     missing = sorted(set(required) - set(metrics))
     unexpected = sorted(set(metrics) - set(required) - set(optional))
-    wrong = sorted(k for k, v in metrics.items() if k in required or k in optional
-                   if not _type_ok(v, {**required, **optional}[k]))
+    wrong = sorted(
+        k for k, v in metrics.items() if k in required or k in optional if not _type_ok(v, {**required, **optional}[k])
+    )
     unpaired = sorted(k for k in optional if not k.endswith("_count") and ((k in metrics) != (f"{k}_count" in metrics)))
-    problems = [f"missing {missing}" if missing else "", f"unexpected {unexpected}" if unexpected else "",
-                f"wrong type {[(k, type(metrics[k]).__name__) for k in wrong]}" if wrong else "",
-                f"component without its count {unpaired}" if unpaired else ""]
+    problems = [
+        f"missing {missing}" if missing else "",
+        f"unexpected {unexpected}" if unexpected else "",
+        f"wrong type {[(k, type(metrics[k]).__name__) for k in wrong]}" if wrong else "",
+        f"component without its count {unpaired}" if unpaired else "",
+    ]
     problems = [p for p in problems if p]
     if problems:
-        raise MetricSchemaError(f"validation at step {step}: metrics differ from the declared schema "
-                                f"({'; '.join(problems)}); training stops (no frame, no further update)")
+        raise MetricSchemaError(
+            f"validation at step {step}: metrics differ from the declared schema "
+            f"({'; '.join(problems)}); training stops (no frame, no further update)"
+        )
 
 
 def check_rollout_count(metrics: dict, expected: int, step: int) -> None:
     if metrics.get("val/rollout_count") != expected:
-        raise MetricSchemaError(f"validation at step {step}: val/rollout_count {metrics.get('val/rollout_count')} != "
-                                f"held-out prompts x n_generation = {expected}; training stops")
+        raise MetricSchemaError(
+            f"validation at step {step}: val/rollout_count {metrics.get('val/rollout_count')} != "
+            f"held-out prompts x n_generation = {expected}; training stops"
+        )

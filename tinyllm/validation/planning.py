@@ -14,6 +14,7 @@ Exceptions: the pure before-training pass (step 0 of a fresh run with training s
 nothing even with save_checkpoint; a termination request at a post-update validation boundary
 forces a full checkpoint with a pending validation and the process exits without evaluating.
 """
+
 from __future__ import annotations
 
 import warnings

@@ -4,6 +4,7 @@ Answer-checking rewards need the reference (``data.response_column``); for a pro
 is null they are *absent* (not scored, not zero), which ``val/<name>_count`` shows. A rollout's
 reward is the sum of its present components. Text is compared after stripping surrounding whitespace.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

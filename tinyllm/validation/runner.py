@@ -10,6 +10,7 @@ The trainer calls, in order:
   ``run(k, model, ckpt_dir=..., frame=..., publish=...)`` evaluates, records and publishes.
 ``publish(frame)`` is the trainer's single reporter: the step's frame with train/* and val/*.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -40,8 +41,16 @@ Publish = Callable[[dict], None]
 
 
 class Validator:
-    def __init__(self, spec, home: str | Path, run_dir: str | Path, log=None, objective=None,
-                 total_steps: int | None = None, tok: tokenizer.Tokenizer = tokenizer.BYTE):
+    def __init__(
+        self,
+        spec,
+        home: str | Path,
+        run_dir: str | Path,
+        log=None,
+        objective=None,
+        total_steps: int | None = None,
+        tok: tokenizer.Tokenizer = tokenizer.BYTE,
+    ):
         self.spec = spec
         self.tok = tok  # the run's tokenizer (its corpus's): held-out text and prompts encode with it
         self.total_steps = spec.steps if total_steps is None else total_steps  # the run's, not the segment's
@@ -71,17 +80,26 @@ class Validator:
         return is_validation_step(step * self.scale, self.total_steps * self.scale, self.cfg)
 
     def plan(self, step: int, *, regular_due: bool, fresh: bool, termination_requested: bool = False) -> StepPlan:
-        return plan_step(step, self.total_steps, validation_due=self.due(step), regular_due=regular_due,
-                         cfg=self.cfg, fresh=fresh, termination_requested=termination_requested)
+        return plan_step(
+            step,
+            self.total_steps,
+            validation_due=self.due(step),
+            regular_due=regular_due,
+            cfg=self.cfg,
+            fresh=fresh,
+            termination_requested=termination_requested,
+        )
 
     # -- identity ------------------------------------------------------------------------------
     def identity(self, model: torch.nn.Module) -> dict:
         return {
             "config": {**self.cfg.identity(), "sampling": self.sampling, "reward": self.reward},
             "source": self.source.identity(),
-            "model": {"config": self.spec.model.model_dump(mode="json"),
-                      "tokenizer": "byte" if self.tok.kind == "byte" else self.tok.identity(),
-                      **({"posttrain": self.objective.identity()} if self.objective is not None else {})},
+            "model": {
+                "config": self.spec.model.model_dump(mode="json"),
+                "tokenizer": "byte" if self.tok.kind == "byte" else self.tok.identity(),
+                **({"posttrain": self.objective.identity()} if self.objective is not None else {}),
+            },
             "weights_digest": state_digest(model.state_dict()),
         }
 
@@ -90,8 +108,16 @@ class Validator:
         return ValidationTransaction(step, self.identity(model), frame=frame).marker()
 
     # -- one pass ------------------------------------------------------------------------------
-    def run(self, step: int, model: torch.nn.Module, *, ckpt_dir: Path | None, frame: dict, publish: Publish,
-            journal: Journal | None = None) -> dict:
+    def run(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        *,
+        ckpt_dir: Path | None,
+        frame: dict,
+        publish: Publish,
+        journal: Journal | None = None,
+    ) -> dict:
         """Evaluate at ``step``; durable when ``ckpt_dir`` (its marker already written) is given.
 
         Returns the val/* and timer/validation_s metrics (already published with ``frame``).
@@ -113,7 +139,9 @@ class Validator:
             if self.cfg.objective == "generation":
                 check_rollout_count(metrics, len(self._rows()) * self.cfg.sampling.n_generation, step)
             if state_digest(model.state_dict()) != identity["weights_digest"]:  # pinned weight version
-                raise ValidationIdentityError(f"validation at step {step}: the model's weights changed during evaluation")
+                raise ValidationIdentityError(
+                    f"validation at step {step}: the model's weights changed during evaluation"
+                )
             tx.evaluated(metrics)  # non-finite: raises, nothing recorded, nothing published
         except BaseException:
             tx.failed()
@@ -140,8 +168,14 @@ class Validator:
             raise ValidationAbandoned(f"validation at step {step} abandoned before its first batch: stop requested")
         with isolated(model):
             if cfg.objective == "lm":
-                metrics = evaluate_lm(model, self.tok.encode(self.source.text), block_size=block,
-                                      batch_size=cfg.batch_size, max_samples=cfg.max_samples, on_batch=on_batch)
+                metrics = evaluate_lm(
+                    model,
+                    self.tok.encode(self.source.text),
+                    block_size=block,
+                    batch_size=cfg.batch_size,
+                    max_samples=cfg.max_samples,
+                    on_batch=on_batch,
+                )
             elif cfg.objective == "dpo":  # the training objective, in inference mode, over held-out pairs
                 metrics = self.objective.evaluate(model, self.source.pairs, cfg.batch_size, cfg.max_samples, on_batch)
             else:
@@ -150,9 +184,18 @@ class Validator:
                 if rollout is not None:  # pinned to the scheduled model step: another version is fatal
                     generate_fn = partial(rollout.generate_texts, expected_version=step * self.scale)
                 metrics, self.rollouts = evaluate_generation(
-                    model, self.source.prompts, block_size=block, batch_size=cfg.batch_size, tok=self.tok,
-                    sampling=self.sampling, rewards=self.reward, seed=cfg.seed,
-                    max_samples=cfg.max_samples, on_batch=on_batch, generate_fn=generate_fn)
+                    model,
+                    self.source.prompts,
+                    block_size=block,
+                    batch_size=cfg.batch_size,
+                    tok=self.tok,
+                    sampling=self.sampling,
+                    rewards=self.reward,
+                    seed=cfg.seed,
+                    max_samples=cfg.max_samples,
+                    on_batch=on_batch,
+                    generate_fn=generate_fn,
+                )
                 metrics["val/step"] = step * self.scale
                 metrics["val/train_total_steps"] = self.total_steps * self.scale
         return metrics
@@ -210,8 +253,15 @@ class Validator:
         return str(dest)
 
     # -- resume --------------------------------------------------------------------------------
-    def resume(self, step: int, ckpt_dir: Path, marker: dict | None, model: torch.nn.Module, publish: Publish,
-               frame: dict | None = None) -> dict | None:
+    def resume(
+        self,
+        step: int,
+        ckpt_dir: Path,
+        marker: dict | None,
+        model: torch.nn.Module,
+        publish: Publish,
+        frame: dict | None = None,
+    ) -> dict | None:
         """Apply the resume rules at checkpoint ``step`` before the next update; val metrics or None."""
         journal = read_journal(ckpt_dir, marker)
         action = resume_action(journal, ckpt_step=step, due=self.due(step))

@@ -8,6 +8,7 @@ optimizer boundary: never between the micro-batches of gradient accumulation).
 --total-steps`` for a TrainRun segment, whose own end is not a final step. A run resumed any number
 of times, in any segments, has one schedule: that of one uninterrupted run.
 """
+
 from __future__ import annotations
 
 from ..validation_config import ValidationConfig

@@ -4,6 +4,7 @@ The trainer loads it once at start (bad data fails before any work, exit 2) and 
 validation, comparing its identity (sha256 of the file's bytes) with the one recorded: a file that
 changed during a run is a data mismatch, fatal.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,7 +33,11 @@ class HeldOutSource:
     pairs: list[dict] = field(default_factory=list)  # dpo: {"prompt", "chosen", "rejected"} in file order
 
     def identity(self) -> dict:
-        return {"sha256": self.sha256, "size_bytes": self.size_bytes, "records": len(self.prompts or self.pairs) or None}
+        return {
+            "sha256": self.sha256,
+            "size_bytes": self.size_bytes,
+            "records": len(self.prompts or self.pairs) or None,
+        }
 
     def records(self) -> list[str]:
         """Texts that must not occur in training: lm lines, generation prompts and responses."""
@@ -69,7 +74,9 @@ def _parse_prompts(cfg: ValidationConfig, path: Path, text: str) -> list[dict]:
     for n, row in jsonl_objects(text, f"validation data {path}", ValidationDataError):
         prompt = row.get(pcol)
         if not isinstance(prompt, str) or not prompt:
-            raise ValidationDataError(f"validation data {path} line {n}: column {pcol!r} missing or not a non-empty string")
+            raise ValidationDataError(
+                f"validation data {path} line {n}: column {pcol!r} missing or not a non-empty string"
+            )
         response = row.get(rcol) if rcol else None
         if response is not None and not isinstance(response, str):
             raise ValidationDataError(f"validation data {path} line {n}: column {rcol!r} is not a string")
@@ -94,8 +101,9 @@ def check_encodes(source: HeldOutSource, tok) -> None:
         raise ValidationDataError(str(e)) from None
 
 
-def check_disjoint(source: HeldOutSource, training_tokens: np.ndarray, corpus: str = "training corpus",
-                   tok=None) -> None:
+def check_disjoint(
+    source: HeldOutSource, training_tokens: np.ndarray, corpus: str = "training corpus", tok=None
+) -> None:
     """Reject a held-out source that overlaps the training data (byte-level tokens = UTF-8 bytes;
     char-level ones are decoded with ``tok`` and compared as UTF-8).
 

@@ -23,6 +23,7 @@ Resume rules (``resume_action``), for a process starting at checkpoint step k:
 5. a completed evaluation whose publication was interrupted retries only the publication, with the
    recorded metrics (no held-out data is read again).
 """
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,9 @@ def read_journal(ckpt_dir: Path, marker: dict | None) -> Journal | None:
         try:
             return Journal.model_validate(body)
         except ValidationError as e:
-            raise CheckpointError(f"{ckpt_dir}: {PHASE_FILE} is not a validation journal: "
-                                  f"{e.errors()[0].get('msg', e)}") from None
+            raise CheckpointError(
+                f"{ckpt_dir}: {PHASE_FILE} is not a validation journal: {e.errors()[0].get('msg', e)}"
+            ) from None
     if marker is not None:
         return Journal.model_validate(json.loads(marker["json"]))
     return None
@@ -103,15 +105,22 @@ def check_identity(recorded: dict, current: dict, step: int) -> None:
 ResumeAction = Literal["none", "evaluate", "publish"]
 
 
-def resume_action(journal: Journal | None, *, ckpt_step: int | None, due: bool, init_from: bool = False) -> ResumeAction:
+def resume_action(
+    journal: Journal | None, *, ckpt_step: int | None, due: bool, init_from: bool = False
+) -> ResumeAction:
     """What validation must do at the resume step before the next update (rules in the docstring)."""
     if ckpt_step is None or init_from:
         return "none"  # rules 2, 3: a new run; the schedule (step 0 included) runs normally
     if journal is not None:
         if journal.step != ckpt_step:
-            raise ValidationIdentityError(f"checkpoint at step {ckpt_step} holds a validation journal for step {journal.step}")
-        actions: dict[str, ResumeAction] = {"completed": "none", "pending_evaluation": "evaluate",
-                                            "publication_pending": "publish"}
+            raise ValidationIdentityError(
+                f"checkpoint at step {ckpt_step} holds a validation journal for step {journal.step}"
+            )
+        actions: dict[str, ResumeAction] = {
+            "completed": "none",
+            "pending_evaluation": "evaluate",
+            "publication_pending": "publish",
+        }
         return actions[journal.phase]
     # a full checkpoint at a due step without a marker (validation enabled after it was written):
     # the step's validation never ran; run it before the next update (rule 4's spirit).
@@ -121,8 +130,14 @@ def resume_action(journal: Journal | None, *, ckpt_step: int | None, due: bool, 
 class ValidationTransaction:
     """One pass at one step. ``ckpt_dir`` set: durable (phases persisted there); else in memory only."""
 
-    def __init__(self, step: int, identity: dict, ckpt_dir: Path | None = None, frame: dict | None = None,
-                 journal: Journal | None = None):
+    def __init__(
+        self,
+        step: int,
+        identity: dict,
+        ckpt_dir: Path | None = None,
+        frame: dict | None = None,
+        journal: Journal | None = None,
+    ):
         self.step = step
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
         self.journal = journal or Journal(step=step, phase="pending_evaluation", identity=identity, frame=frame or {})

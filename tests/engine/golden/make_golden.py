@@ -1,7 +1,8 @@
 """Write tests/engine/golden/history.json: the recorded history of eng_golden.golden.
 
-    python tests/engine/golden/make_golden.py
+python tests/engine/golden/make_golden.py
 """
+
 from __future__ import annotations
 
 import json
