@@ -321,6 +321,12 @@ class LiveDisplay:
                 return "\n".join(resume_lines(d)) or None
             if isinstance(d, dict) and d.get("checkpoint"):
                 return f"  checkpoint step {d.get('step')}  loss {_loss(d.get('loss'))}  {d['checkpoint']}"
+        elif e.type == "activity_started" and not self.live:
+            seg = view.segment(aid)  # each segment's start is said even when it ends between two polls (warm starts)
+            text = f"training segment {seg.index}/{len(view.segments)}" if seg is not None else None
+            if text is not None and text != self._last_phase:
+                self._last_phase = text
+                return text
         elif e.type == "activity_completed":
             seg = view.segment(aid)
             if seg is not None:

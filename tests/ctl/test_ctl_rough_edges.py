@@ -93,6 +93,11 @@ def _moment(home: Path, moment: str) -> bool:
     return any(True for _ in _progress_lines(home, "eval"))  # an evaluation is running
 
 
+def _trainer_pids(home: Path) -> list[int]:
+    """The tinyllm trainers of this home (their command line names it)."""
+    return [pid for pid, cmd in procs.processes_in(home) if "tinyllm" in cmd and " train " in f"{cmd} "]
+
+
 def _run_processes(home: Path) -> list:
     return procs.processes_in(home)
 
@@ -119,7 +124,7 @@ def test_sigint_to_the_process_group_is_one_interrupt(tmp_path: Path, golden: di
         if moment == "checkpoint"
         else {"TINYLLM_FAULT": "eval.hold@1"}
         if moment == "evaluating"
-        else {}
+        else {"CTL_WARM_START": "0"}  # "starting": a cold trainer, in its torch import (a warm one has none)
     )
     p = subprocess.Popen(
         [*prefix, *_train_argv(home, evals=evals)],
@@ -201,17 +206,22 @@ def test_a_permission_error_is_not_retried(tmp_path: Path, golden: dict) -> None
     home = tmp_path / "home"
     _spec(home)
     ckpt = home / "runs" / "edge" / "ckpt"
+    # the trainer holds at step 7 (after its checkpoint at 5) until it is asked to stop: the folder is made
+    # unwritable while it holds, so its next write (the stop's checkpoint at 7) is the one refused (a warm trainer
+    # with asynchronous checkpoints ran all 20 steps before a chattr after the first checkpoint could land)
     p = subprocess.Popen(
         _train_argv(home),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env=procs.env(),
+        env={**procs.env(), "TINYLLM_FAULT": "trainer.hold@7"},
     )
     try:
         procs.wait_for("a checkpoint", lambda: _moment(home, "checkpoint"), timeout_s=BOUND_S, poll_s=0.05, alive=p)
         _make_unwritable(ckpt)
+        for pid in _trainer_pids(home):
+            os.kill(pid, signal.SIGTERM)
         try:
             _, err = p.communicate(timeout=BOUND_S)
             assert p.returncode == 2, err[-3000:]
