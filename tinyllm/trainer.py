@@ -587,8 +587,9 @@ class Trainer:
         return True
 
     def _held(self) -> None:
-        """``trainer.hold``'s liveness: the held step's checkpoint is announced as it becomes durable."""
-        self._poll()
+        """``trainer.hold``'s liveness: a held step is a test's fixed point, the checkpoint in flight durable
+        (and announced) before anything else is said."""
+        self._drain()
         self._liveness()
 
     def _async_checkpoints(self) -> bool:

@@ -549,8 +549,10 @@ class DurableRun:
             self.heartbeat()
 
     def _hold_alive(self) -> None:
-        self.flush_frames()  # the poller that holds this trainer waits for this step's frame
-        self._poll_checkpoint()  # the held step's checkpoint is announced as it becomes durable
+        # a held step is a test's fixed point: the checkpoint in flight is durable (and announced) before the
+        # step's frame, which the poller holding this trainer waits for before it kills or stops it
+        self._drain()
+        self.flush_frames()
         self.heartbeat()
 
     def _finish(self) -> None:

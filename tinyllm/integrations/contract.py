@@ -210,8 +210,10 @@ class FrameworkRun:
         faults.hold(run.step, lambda: run.stop_requested, self._hold_alive)  # tests only (TINYLLM_FAULT=trainer.hold@S)
 
     def _hold_alive(self) -> None:
-        self.run.flush_frames()  # the poller that holds this trainer waits for this step's frame
-        self.poll()
+        # a held step is a test's fixed point: the mirror in flight is durable (and announced) before the step's
+        # frame, which the poller holding this trainer waits for before it kills or stops it
+        self.drain()
+        self.run.flush_frames()
         self.run.heartbeat()
 
     def should_save(self, step: int) -> bool:
