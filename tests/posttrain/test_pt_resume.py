@@ -98,9 +98,12 @@ def killed(pt_home, tmp_path_factory):
     out = {}
     while procs and time.monotonic() < deadline:
         for kind, (home, progress, p) in list(procs.items()):
-            if kind not in KILL_ENV and _progress_step(progress) >= 2:
+            # one read of the progress file decides both (read twice, a checkpoint line landing in between
+            # meant a wait for a trainer never killed: it held at its hold point past the wait's 60 s)
+            kill = kind not in KILL_ENV and _progress_step(progress) >= 2
+            if kill:
                 p.send_signal(signal.SIGKILL)
-            if p.poll() is not None or kind not in KILL_ENV and _progress_step(progress) >= 2:
+            if kill or p.poll() is not None:
                 p.wait(timeout=60)
                 out[kind] = (
                     home,
