@@ -112,6 +112,11 @@ def processes_in(home: Path) -> list[tuple[int, str]]:
     return out
 
 
+def trainer_pids(home: Path) -> list[int]:
+    """The ``tinyllm train`` processes of ``home`` (cold or forked warm: both carry the real command line)."""
+    return [pid for pid, cmd in processes_in(home) if "tinyllm" in cmd and " train " in f" {cmd} "]
+
+
 def killpg(p: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     """``sig`` to ``p``'s whole process group (it was started with its own session); reap it on SIGKILL."""
     try:

@@ -93,11 +93,6 @@ def _moment(home: Path, moment: str) -> bool:
     return any(True for _ in _progress_lines(home, "eval"))  # an evaluation is running
 
 
-def _trainer_pids(home: Path) -> list[int]:
-    """The tinyllm trainers of this home (their command line names it)."""
-    return [pid for pid, cmd in procs.processes_in(home) if "tinyllm" in cmd and " train " in f"{cmd} "]
-
-
 def _run_processes(home: Path) -> list:
     return procs.processes_in(home)
 
@@ -220,7 +215,7 @@ def test_a_permission_error_is_not_retried(tmp_path: Path, golden: dict) -> None
     try:
         procs.wait_for("a checkpoint", lambda: _moment(home, "checkpoint"), timeout_s=BOUND_S, poll_s=0.05, alive=p)
         _make_unwritable(ckpt)
-        for pid in _trainer_pids(home):
+        for pid in procs.trainer_pids(home):
             os.kill(pid, signal.SIGTERM)
         try:
             _, err = p.communicate(timeout=BOUND_S)
